@@ -1,0 +1,22 @@
+"""Errors a person can meet. Each carries a one-line message that names the problem and the fix."""
+
+
+class UserError(Exception):
+    """Bad input or an unmet precondition. The CLI prints `error: <message>` and exits with status 2.
+
+    Raised before any remote side effect, so nothing has changed when a person sees one.
+    """
+
+    exit_status = 2
+
+
+class NotFound(UserError):
+    """An unknown node, type or worker."""
+
+
+class AlreadyExists(UserError):
+    """A node name that is taken."""
+
+
+class Unreachable(Exception):
+    """A worker that could not be connected to (network, auth or host key)."""

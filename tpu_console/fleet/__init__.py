@@ -1,0 +1,1 @@
+"""Talking to workers: persistent SSH connections, run-on-all, streaming, file transfer."""

@@ -1,0 +1,58 @@
+"""The provider protocol: what every source of nodes offers to the CLI and the TUI."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from tpu_console.fleet.target import SshTarget
+from tpu_console.model import CreateRequest, Node
+
+# Progress callbacks receive one short human line, e.g. "us-east5-b: no capacity, trying next zone".
+Progress = Callable[[str], None]
+
+
+def _ignore(_line: str) -> None:
+    pass
+
+
+@dataclass
+class NodeListing:
+    """A listing is partial when some location failed: the nodes that could be read, and what failed."""
+
+    nodes: list[Node] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # one line each, e.g. "zone us-east1-d: 503 ..."
+
+
+class Provider(abc.ABC):
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    async def list_nodes(self) -> NodeListing: ...
+
+    @abc.abstractmethod
+    async def get(self, name: str) -> Node:
+        """Return the node, or raise `errors.NotFound` naming the fix."""
+
+    async def create(self, request: CreateRequest, progress: Progress = _ignore) -> Node:
+        from tpu_console.errors import UserError
+
+        raise UserError(f"the {self.name} provider cannot create nodes; define them in config.toml instead")
+
+    async def delete(self, name: str, progress: Progress = _ignore) -> None:
+        from tpu_console.errors import UserError
+
+        raise UserError(f"the {self.name} provider cannot delete nodes; remove them from config.toml instead")
+
+    @abc.abstractmethod
+    async def ssh_targets(self, node: Node) -> list[SshTarget]:
+        """How to reach each worker of a READY node (worker 0 first). Raises UserError if it is not usable."""
+
+    def coordinator_env(self, node: Node, targets: list[SshTarget]) -> dict[str, str]:
+        """Environment the trainer needs to find its peers. Empty on TPU VMs, where JAX discovers them."""
+        return {}
+
+    async def close(self) -> None:
+        """Release connections, servers and threads."""
