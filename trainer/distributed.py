@@ -1,0 +1,107 @@
+"""Starting JAX's multi-process runtime and the guard against a partly launched pod.
+
+The console (local and ssh pods) names the coordinator and this process's id in the environment; on a Cloud
+TPU VM, `jax.distributed.initialize()` discovers its peers by itself. A run that sees fewer processes than
+the pod has (only worker 0 was launched) fails at once instead of training slowly on a fraction of the chips.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV_COORDINATOR = "TRAINER_COORDINATOR_ADDRESS"
+ENV_NUM_PROCESSES = "TRAINER_NUM_PROCESSES"
+ENV_PROCESS_ID = "TRAINER_PROCESS_ID"
+ENV_REQUIRE_PROCESS_COUNT = "TRAINER_REQUIRE_PROCESS_COUNT"
+# Seconds; lowered by tests so a broken multi-process run fails fast instead of waiting 5 minutes.
+ENV_INIT_TIMEOUT = "TRAINER_DISTRIBUTED_INIT_TIMEOUT_S"
+ENV_HEARTBEAT_TIMEOUT = "TRAINER_DISTRIBUTED_HEARTBEAT_TIMEOUT_S"
+
+
+class LaunchError(RuntimeError):
+    """The processes of this run do not match the pod (e.g. only some workers launched)."""
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    coordinator: str | None
+    num_processes: int | None
+    process_id: int | None
+    require_process_count: int | None
+    init_timeout_s: int
+    heartbeat_timeout_s: int
+
+    @property
+    def explicit(self) -> bool:
+        return self.coordinator is not None
+
+
+def _int_env(name: str, env: dict[str, str]) -> int | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise LaunchError(f"{name}={raw!r} is not an integer; set it to a whole number or unset it") from None
+
+
+def read_launch_env(env: dict[str, str] | None = None) -> LaunchEnv:
+    env = dict(os.environ if env is None else env)
+    launch = LaunchEnv(
+        coordinator=env.get(ENV_COORDINATOR, "").strip() or None,
+        num_processes=_int_env(ENV_NUM_PROCESSES, env),
+        process_id=_int_env(ENV_PROCESS_ID, env),
+        require_process_count=_int_env(ENV_REQUIRE_PROCESS_COUNT, env),
+        init_timeout_s=_int_env(ENV_INIT_TIMEOUT, env) or 300,
+        heartbeat_timeout_s=_int_env(ENV_HEARTBEAT_TIMEOUT, env) or 100,
+    )
+    if launch.explicit and (launch.num_processes is None or launch.process_id is None):
+        raise LaunchError(f"{ENV_COORDINATOR} is set but {ENV_NUM_PROCESSES} or {ENV_PROCESS_ID} is not; "
+                          "set all three, or none on a TPU VM")
+    if launch.explicit and not 0 <= launch.process_id < launch.num_processes:
+        raise LaunchError(f"{ENV_PROCESS_ID}={launch.process_id} is outside 0..{launch.num_processes - 1}")
+    return launch
+
+
+def process_id_hint(env: dict[str, str] | None = None) -> int:
+    """This process's index before JAX runs (for events written while validating the config)."""
+    try:
+        return _int_env(ENV_PROCESS_ID, dict(os.environ if env is None else env)) or 0
+    except LaunchError:
+        return 0
+
+
+def on_tpu_vm() -> bool:
+    """A Cloud TPU VM, where JAX finds its peers from the VM metadata."""
+    return (bool(os.environ.get("TPU_WORKER_HOSTNAMES") or os.environ.get("TPU_ACCELERATOR_TYPE"))
+            or Path("/dev/accel0").exists() or Path("/dev/vfio/0").exists())
+
+
+def initialize(launch: LaunchEnv) -> None:
+    """Start jax.distributed: explicit from the environment, automatic on a TPU VM, skipped otherwise."""
+    import jax
+
+    if launch.explicit:
+        jax.distributed.initialize(
+            coordinator_address=launch.coordinator,
+            num_processes=launch.num_processes,
+            process_id=launch.process_id,
+            initialization_timeout=launch.init_timeout_s,
+            heartbeat_timeout_seconds=launch.heartbeat_timeout_s,
+        )
+    elif on_tpu_vm():
+        jax.distributed.initialize()
+
+
+def require_process_count(expected: int | None, actual: int) -> None:
+    """Fail fast when the run sees a different number of JAX processes than the pod has workers."""
+    if expected is None or expected == actual:
+        return
+    if actual < expected:
+        raise LaunchError(f"Expected {expected} JAX processes but jax.process_count()=={actual}: only some "
+                          f"workers were launched; launch on all workers (--worker all)")
+    raise LaunchError(f"Expected {expected} JAX processes but jax.process_count()=={actual}: more processes "
+                      f"joined than the pod has workers; check {ENV_NUM_PROCESSES} and the coordinator")
