@@ -104,7 +104,8 @@ def test_invalid_toml_names_the_file(isolated_home):
 
 def test_duplicate_ssh_node_names_are_rejected(isolated_home):
     write_config(
-        isolated_home, '[[ssh.nodes]]\nname = "a"\nhosts = ["h1"]\n[[ssh.nodes]]\nname = "a"\nhosts = ["h2"]\n'
+        isolated_home,
+        '[[ssh.nodes]]\nname = "a"\nhosts = ["h1"]\n[[ssh.nodes]]\nname = "a"\nhosts = ["h2"]\n',
     )
     with pytest.raises(UserError, match="give each a unique name"):
         load_settings()

@@ -16,7 +16,9 @@ def parse_worker_selection(text: str, worker_count: int) -> list[int]:
     if spec == "all":
         return list(range(worker_count))
     if not spec:
-        raise UserError(f"empty worker selection; use all, an index ({valid}), a list like 0,2 or a range like 1-3")
+        raise UserError(
+            f"empty worker selection; use all, an index ({valid}), a list like 0,2 or a range like 1-3"
+        )
     selected: set[int] = set()
     for part in spec.split(","):
         part = part.strip()
@@ -31,7 +33,9 @@ def parse_worker_selection(text: str, worker_count: int) -> list[int]:
         if start < 0 or stop < 0:
             raise UserError(f"bad worker selection {text!r}: worker indices are {valid}")
         if stop < start:
-            raise UserError(f"bad worker range {part!r} in {text!r}: write the lower index first, e.g. {stop}-{start}")
+            raise UserError(
+                f"bad worker range {part!r} in {text!r}: write the lower index first, e.g. {stop}-{start}"
+            )
         if stop >= worker_count:
             raise UserError(
                 f"worker {stop} is out of range: this node has {worker_count} "

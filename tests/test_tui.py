@@ -1,0 +1,145 @@
+"""Pilot tests for the first screen: background refresh, `r`, `?` and `q`."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from textual.widgets import DataTable, Static
+
+from tests.fixtures_cli import NOW, FakeProvider, make_node
+from tpu_console.model import NodeState
+from tpu_console.tui.app import TpuConsoleApp
+from tpu_console.tui.help_screen import HelpScreen
+from tpu_console.tui.nodes_screen import NodesScreen
+
+
+def make_app(provider: FakeProvider, refresh_every: float = 3600.0) -> TpuConsoleApp:
+    return TpuConsoleApp({"fake": provider}, refresh_every=refresh_every, clock=lambda: NOW)
+
+
+async def wait_for_refreshes(pilot, screen: NodesScreen, count: int) -> None:
+    for _ in range(200):
+        if screen.refreshes >= count:
+            return
+        await pilot.pause(0.01)
+    raise AssertionError(f"only {screen.refreshes} refreshes happened, expected {count}")
+
+
+def cells(table: DataTable) -> list[list[str]]:
+    return [[str(cell) for cell in table.get_row_at(i)] for i in range(table.row_count)]
+
+
+async def test_table_lists_every_node_with_ls_columns():
+    provider = FakeProvider([make_node("pod-b", state=NodeState.PREEMPTED), make_node("pod-a", spot=False)])
+    app = make_app(provider)
+    async with app.run_test(size=(120, 30)) as pilot:
+        screen = app.screen
+        assert isinstance(screen, NodesScreen)
+        await wait_for_refreshes(pilot, screen, 1)
+        table = screen.query_one("#nodes", DataTable)
+        assert [str(c.label) for c in table.columns.values()] == [
+            "NAME",
+            "PROVIDER",
+            "TYPE",
+            "WORKERS",
+            "STATE",
+            "ZONE",
+            "SPOT",
+            "AGE",
+        ]
+        assert cells(table) == [
+            ["pod-a", "fake", "v6e-16", "4", "READY", "us-east5-b", "-", "3h12m"],
+            ["pod-b", "fake", "v6e-16", "4", "PREEMPTED", "us-east5-b", "spot", "3h12m"],
+        ]
+        assert "2 nodes" in str(screen.query_one("#status", Static).render())
+
+
+async def test_r_refreshes_and_shows_new_nodes():
+    provider = FakeProvider([make_node("pod-a")])
+    app = make_app(provider)
+    async with app.run_test() as pilot:
+        screen = app.screen
+        await wait_for_refreshes(pilot, screen, 1)
+        assert provider.list_calls == 1
+        provider.nodes["pod-c"] = make_node("pod-c", age=timedelta(seconds=5))
+        await pilot.press("r")
+        await wait_for_refreshes(pilot, screen, 2)
+        assert provider.list_calls == 2
+        assert [row[0] for row in cells(screen.query_one("#nodes", DataTable))] == ["pod-a", "pod-c"]
+
+
+async def test_background_refresh_runs_on_its_own():
+    provider = FakeProvider([make_node("pod-a")])
+    app = make_app(provider, refresh_every=0.05)
+    async with app.run_test() as pilot:
+        await wait_for_refreshes(pilot, app.screen, 3)
+        assert provider.list_calls >= 3
+
+
+async def test_cursor_stays_on_the_same_node_across_refreshes():
+    provider = FakeProvider([make_node("pod-a"), make_node("pod-b")])
+    app = make_app(provider)
+    async with app.run_test() as pilot:
+        screen = app.screen
+        await wait_for_refreshes(pilot, screen, 1)
+        await pilot.press("down")
+        provider.nodes["pod-0"] = make_node("pod-0")  # sorts first, shifting pod-b down a row
+        await pilot.press("r")
+        await wait_for_refreshes(pilot, screen, 2)
+        table = screen.query_one("#nodes", DataTable)
+        assert table.get_row_at(table.cursor_row)[0] == "pod-b"
+
+
+async def test_provider_problems_show_in_status_and_notification():
+    provider = FakeProvider([make_node("pod-a")], problems=["zone us-east1-d: 503 unavailable"])
+    app = make_app(provider)
+    async with app.run_test() as pilot:
+        screen = app.screen
+        await wait_for_refreshes(pilot, screen, 1)
+        assert "problem: fake: zone us-east1-d" in str(screen.query_one("#status", Static).render())
+        await pilot.pause()
+        assert [n.message for n in app._notifications] == ["fake: zone us-east1-d: 503 unavailable"]
+        assert screen.query_one("#nodes", DataTable).row_count == 1  # the listing still shows
+
+
+async def test_failing_provider_does_not_crash_the_app():
+    provider = FakeProvider([make_node("pod-a")])
+    provider.fail_listing = RuntimeError("credentials expired")
+    app = make_app(provider)
+    async with app.run_test() as pilot:
+        screen = app.screen
+        await wait_for_refreshes(pilot, screen, 1)
+        await pilot.pause()
+        assert "fake: credentials expired" in [n.message for n in app._notifications]
+        provider.fail_listing = None
+        await pilot.press("r")
+        await wait_for_refreshes(pilot, screen, 2)
+        assert screen.query_one("#nodes", DataTable).row_count == 1
+
+
+async def test_question_mark_opens_help_listing_the_keys_and_escape_closes_it():
+    app = make_app(FakeProvider())
+    async with app.run_test() as pilot:
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        text = str(app.screen.query_one("#help-keys", Static).render())
+        for key, action in (("r", "Refresh"), ("?", "Help"), ("q", "Quit")):
+            assert f"{key}  {action}" in text or f"{key} {action}" in text.replace("  ", " ")
+        await pilot.press("escape")
+        assert isinstance(app.screen, NodesScreen)
+
+
+async def test_q_quits():
+    app = make_app(FakeProvider())
+    async with app.run_test() as pilot:
+        await pilot.press("q")
+        await pilot.pause()
+        assert not app.is_running
+
+
+async def test_q_in_help_closes_help_instead_of_quitting():
+    app = make_app(FakeProvider())
+    async with app.run_test() as pilot:
+        await pilot.press("question_mark", "q")
+        assert isinstance(app.screen, NodesScreen)
+        assert app.is_running

@@ -1,0 +1,342 @@
+"""`tpu-console`: with no arguments, the terminal app; with a verb, the same action for scripts.
+
+Argument parsing and printing only; the verbs themselves live in `tpu_console.actions`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, TextIO
+
+from tpu_console import actions
+from tpu_console.errors import UserError
+from tpu_console.model import CreateRequest
+from tpu_console.node_table import COLUMNS, format_table, node_record, node_row
+from tpu_console.providers.base import Provider
+from tpu_console.providers.registry import (
+    KNOWN_PROVIDERS,
+    build_providers,
+    close_providers,
+    create_provider_name,
+)
+from tpu_console.settings import Settings, load_settings
+
+EXAMPLES = """\
+examples:
+  tpu-console                                   open the terminal app
+  tpu-console ls                                nodes of every configured provider
+  tpu-console create pod-a --type local-2x4     a simulated 2-worker pod on this machine
+  tpu-console create run-1 --type v6e-16 --zones europe-west4-a,us-east5-b
+  tpu-console exec pod-a -- hostname            run on every worker
+  tpu-console exec pod-a --worker 1-3 -- 'nvidia-smi || true'
+  tpu-console delete pod-a --yes
+
+exit status: 0 success; 2 bad input or unmet precondition (nothing was changed);
+exec: the first non-zero worker status, 255 for a worker whose command did not finish.
+"""
+
+
+def _version() -> str:
+    try:
+        return version("tpu-console")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # Options every verb accepts, so they may follow the verb: `tpu-console ls --json`.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print one JSON document on stdout at the end")
+    _add_settings_flags(common, default=argparse.SUPPRESS)
+
+    parser = argparse.ArgumentParser(
+        prog="tpu-console",
+        description="Create Cloud TPU pods (or local simulated ones), run commands on every worker, "
+        "and watch training runs. Without a command, opens the terminal app.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"tpu-console {_version()}")
+    _add_settings_flags(parser, default=argparse.SUPPRESS)
+    verbs = parser.add_subparsers(dest="verb", metavar="COMMAND")
+
+    ls = verbs.add_parser(
+        "ls",
+        parents=[common],
+        help="list nodes",
+        description="List the nodes of every "
+        "configured provider. Providers or zones that fail are warned about on stderr; "
+        "the nodes that could be read are still listed.",
+    )
+    ls.add_argument("--provider", choices=KNOWN_PROVIDERS, help="only this provider's nodes")
+
+    create = verbs.add_parser(
+        "create",
+        parents=[common],
+        help="create a node",
+        description="Create a node. Progress lines go to stderr as they happen.",
+        epilog="types: local-WxD (W workers x D devices), local-v6e-8, local-v6e-16, local-v4-16 for the local "
+        "provider; v4-16, v5p-8, v6e-8, v6e-16, ... for gcp",
+    )
+    create.add_argument(
+        "name", help="node name: lowercase letters, digits and hyphens, starting with a letter"
+    )
+    create.add_argument(
+        "--type",
+        required=True,
+        dest="accelerator_type",
+        metavar="TYPE",
+        help="accelerator type, e.g. v6e-16 or local-2x4",
+    )
+    create.add_argument(
+        "--provider",
+        choices=KNOWN_PROVIDERS,
+        help="where to create it (default: default_provider, else gcp when a project is "
+        "configured, else local)",
+    )
+    create.add_argument("--zones", metavar="Z1,Z2", help="gcp zones to try in order (default: gcp.zones)")
+    pricing = create.add_mutually_exclusive_group()
+    pricing.add_argument(
+        "--spot",
+        dest="spot",
+        action="store_true",
+        default=True,
+        help="spot capacity: cheaper, may be preempted (the default)",
+    )
+    pricing.add_argument("--on-demand", dest="spot", action="store_false", help="on-demand capacity")
+    create.add_argument("--runtime-version", metavar="V", help="gcp TPU software version")
+    create.add_argument(
+        "--label", action="append", default=[], metavar="KEY=VALUE", help="a label for the node (repeatable)"
+    )
+
+    delete = verbs.add_parser(
+        "delete",
+        parents=[common],
+        help="delete a node",
+        description="Delete a node and everything on its workers' disks.",
+    )
+    delete.add_argument("name")
+    delete.add_argument("--yes", action="store_true", help="delete without asking")
+
+    run = verbs.add_parser(
+        "exec",
+        parents=[common],
+        help="run a command on a node's workers",
+        usage="tpu-console exec NAME [--worker SEL] [--timeout S] [--json] -- COMMAND...",
+        description="Run a command on the selected workers at once. Output lines are prefixed by the "
+        "worker index ([0] ...); a summary of exit statuses follows on stderr. One argument after -- is a "
+        "shell command line as is; several are quoted one by one. Exits with the first non-zero worker status.",
+    )
+    run.add_argument("name")
+    run.add_argument(
+        "--worker",
+        default="all",
+        metavar="SEL",
+        help="workers: all (default), 0, 0,2, 1-3, or a mix such as 0,2-3",
+    )
+    run.add_argument("--timeout", type=float, metavar="S", help="give up on a worker after S seconds")
+    run.add_argument("command", nargs="*", help=argparse.SUPPRESS)
+    return parser
+
+
+def _add_settings_flags(parser: argparse.ArgumentParser, default: Any) -> None:
+    parser.add_argument("--project", default=default, help="gcp project (overrides gcp.project)")
+    parser.add_argument(
+        "--internal-ip",
+        action="store_true",
+        default=default,
+        help="reach gcp workers on their internal IPs (from inside the VPC)",
+    )
+
+
+def settings_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags that override config.toml and the environment, as a nested settings dict."""
+    return {
+        "gcp": {"project": getattr(args, "project", None), "internal_ip": getattr(args, "internal_ip", None)}
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after the first `--` is the command for `exec`, options included.
+    command: list[str] = []
+    if "--" in argv:
+        split = argv.index("--")
+        argv, command = argv[:split], argv[split + 1 :]
+    args = build_parser().parse_args(argv)
+    if args.verb == "exec":
+        args.command = list(args.command) + command
+    elif command:
+        print(f"error: unexpected arguments after --: {' '.join(command)}", file=sys.stderr)
+        return 2
+    json_mode = getattr(args, "json", False)
+    try:
+        settings = load_settings(settings_flags(args))
+        if args.verb is None:
+            return _open_app(settings)
+        return asyncio.run(_run_verb(args, settings))
+    except UserError as exc:
+        _print_error(str(exc), json_mode)
+        return exc.exit_status
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _open_app(settings: Settings) -> int:
+    from tpu_console.tui.app import TpuConsoleApp
+
+    TpuConsoleApp(build_providers(settings)).run()
+    return 0
+
+
+async def _run_verb(args: argparse.Namespace, settings: Settings) -> int:
+    handlers: dict[str, Callable[[argparse.Namespace, Settings, dict[str, Provider]], Awaitable[int]]] = {
+        "ls": _ls,
+        "create": _create,
+        "delete": _delete,
+        "exec": _exec,
+    }
+    providers = build_providers(settings)
+    try:
+        return await handlers[args.verb](args, settings, providers)
+    finally:
+        await close_providers(providers)
+
+
+async def _ls(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    listing = await actions.list_nodes(providers, args.provider)
+    now = datetime.now(UTC)
+    for problem in listing.problems:
+        print(f"warning: {problem}", file=sys.stderr)
+    if args.json:
+        _print_json({"nodes": [node_record(n, now) for n in listing.nodes], "problems": listing.problems})
+    elif listing.nodes:
+        print(format_table(COLUMNS, [node_row(n, now) for n in listing.nodes]))
+    else:
+        print("no nodes; create one with `tpu-console create NAME --type TYPE`", file=sys.stderr)
+    return 0
+
+
+async def _create(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    zones = (
+        tuple(z.strip() for z in args.zones.split(",") if z.strip())
+        if args.zones
+        else tuple(settings.gcp.zones)
+    )
+    request = CreateRequest(
+        name=args.name,
+        accelerator_type=args.accelerator_type,
+        zones=zones,
+        spot=args.spot,
+        runtime_version=args.runtime_version,
+        labels=parse_labels(args.label),
+    )
+    provider = create_provider_name(settings, args.provider)
+    node = await actions.create_node(providers, provider, request, progress=_progress)
+    if args.json:
+        _print_json({"node": node_record(node, datetime.now(UTC))})
+    else:
+        where = f" in {node.zone}" if node.zone else ""
+        print(
+            f"created {node.name}: {node.provider} {node.accelerator_type}, {node.shape.workers} "
+            f"worker{'s' if node.shape.workers != 1 else ''}{where}, {node.state}"
+        )
+    return 0
+
+
+def parse_labels(items: Sequence[str]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"bad label {item!r}: write it as KEY=VALUE, e.g. --label team=rl")
+        labels[key] = value
+    return labels
+
+
+async def _delete(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    def confirm(node: Any) -> None:
+        if args.yes:
+            return
+        if args.json or not (sys.stdin.isatty() and sys.stderr.isatty()):
+            raise UserError(f"refusing to delete {args.name} without --yes")
+        typed = input(
+            f"delete {node.provider} node {node.name} ({node.accelerator_type})? type its name to confirm: "
+        )
+        if typed.strip() != node.name:
+            raise UserError(f"refusing to delete {args.name}: the name typed did not match (or pass --yes)")
+
+    node = await actions.delete_node(providers, args.name, progress=_progress, confirm=confirm)
+    if args.json:
+        _print_json({"deleted": node.name, "provider": node.provider})
+    else:
+        print(f"deleted {node.name}")
+    return 0
+
+
+async def _exec(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    command = actions.command_line(args.command)
+    on_line = None if args.json else _print_worker_line
+    outcome = await actions.exec_on_node(
+        providers, args.name, command, args.worker, timeout=args.timeout, on_line=on_line
+    )
+    if args.json:
+        _print_json(
+            {
+                "node": outcome.node.name,
+                "command": outcome.command,
+                "exit_status": outcome.exit_status,
+                "results": [
+                    {
+                        "worker": r.worker,
+                        "exit_status": r.exit_status,
+                        "stdout": r.stdout,
+                        "stderr": r.stderr,
+                        "duration_s": round(r.duration_s, 3),
+                        "error": r.error,
+                    }
+                    for r in outcome.results
+                ],
+            }
+        )
+    else:
+        _print_exec_summary(outcome, sys.stderr)
+    return outcome.exit_status
+
+
+def _print_worker_line(line: Any) -> None:
+    stream = sys.stderr if line.stream == "stderr" else sys.stdout
+    print(f"[{line.worker}] {line.text}", file=stream, flush=True)
+
+
+def _print_exec_summary(outcome: actions.ExecOutcome, out: TextIO) -> None:
+    rows = []
+    for r in outcome.results:
+        if r.error is not None or r.exit_status is None:
+            rows.append((f"[{r.worker}]", "-", f"{r.duration_s:.2f}s", r.error or "did not finish"))
+        else:
+            rows.append(
+                (f"[{r.worker}]", str(r.exit_status), f"{r.duration_s:.2f}s", "ok" if r.ok else "failed")
+            )
+    print(format_table(("WORKER", "EXIT", "TIME", ""), rows), file=out)
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _print_json(document: dict[str, Any]) -> None:
+    print(json.dumps(document, indent=2))
+
+
+def _print_error(message: str, json_mode: bool) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    if json_mode:
+        _print_json({"error": message})

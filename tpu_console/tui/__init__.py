@@ -1,0 +1,1 @@
+"""The terminal app. One screen or widget per file; styles in app.tcss."""
