@@ -204,5 +204,5 @@ class GRPOStep:
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         metrics = {"loss": stats["loss"], "kl": stats["kl"], "clip_fraction": stats["clipped"],
-                   "entropy": stats["entropy"], "grad_norm": optax.global_norm(grads)}
+                   "entropy": stats["entropy"], "grad_norm": optax.tree.norm(grads)}
         return params, opt_state, metrics
