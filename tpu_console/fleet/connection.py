@@ -1,0 +1,137 @@
+"""One persistent SSH connection to one worker, made on first use, reused for every command, and made
+again (with backoff) after it drops. Failures become `Unreachable` with a one-line reason."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+
+import asyncssh
+
+from tpu_console.errors import Unreachable
+from tpu_console.fleet.host_keys import HostKeyCheck
+from tpu_console.fleet.target import SshTarget
+
+CONNECT_ATTEMPTS = 3
+FIRST_RETRY_DELAY_S = 0.25
+# Probes an idle connection so a worker that vanished is noticed, and the next command reconnects.
+KEEPALIVE_INTERVAL_S = 30.0
+KEEPALIVE_COUNT_MAX = 3
+
+
+class _WorkerClient(asyncssh.SSHClient):
+    def __init__(self, check: HostKeyCheck) -> None:
+        self._check = check
+
+    def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
+        return self._check.validate(host, port, key)
+
+
+class WorkerConnection:
+    def __init__(self, target: SshTarget, client_key: asyncssh.SSHKey, connect_timeout: float) -> None:
+        self.target = target
+        self._client_key = client_key
+        self._connect_timeout = connect_timeout
+        self._conn: asyncssh.SSHClientConnection | None = None
+        self._sftp: asyncssh.SFTPClient | None = None
+        self._sftp_conn: asyncssh.SSHClientConnection | None = None
+        self._lock = asyncio.Lock()
+        self.connects = 0  # how many connections were made over this object's life (reconnects show here)
+
+    @property
+    def address(self) -> str:
+        return f"{self.target.host}:{self.target.port}"
+
+    async def get(self) -> asyncssh.SSHClientConnection:
+        """The open connection, connecting (again) if there is none or it was dropped."""
+        conn = self._conn
+        if conn is not None and not conn.is_closed():
+            return conn
+        async with self._lock:  # concurrent callers share one connect attempt
+            if self._conn is not None and not self._conn.is_closed():
+                return self._conn
+            self._forget()
+            self._conn = await self._connect_with_backoff()
+            self.connects += 1
+            return self._conn
+
+    async def sftp(self) -> asyncssh.SFTPClient:
+        conn = await self.get()
+        if self._sftp is None or self._sftp_conn is not conn:
+            self._sftp = await conn.start_sftp_client()
+            self._sftp_conn = conn
+        return self._sftp
+
+    def drop(self) -> None:
+        """Forget a connection that failed under us, so the next use makes a new one."""
+        if self._conn is not None:
+            self._conn.close()
+        self._forget()
+
+    async def close(self) -> None:
+        conn = self._conn
+        self._forget()
+        if conn is not None:
+            conn.close()
+            with contextlib.suppress(Exception):
+                await conn.wait_closed()
+
+    def _forget(self) -> None:
+        self._conn = None
+        self._sftp = None
+        self._sftp_conn = None
+
+    async def _connect_with_backoff(self) -> asyncssh.SSHClientConnection:
+        delay = FIRST_RETRY_DELAY_S
+        for attempt in range(1, CONNECT_ATTEMPTS + 1):
+            try:
+                return await self._connect_once()
+            except _Transient as exc:
+                if attempt == CONNECT_ATTEMPTS:
+                    raise Unreachable(str(exc)) from None
+            await asyncio.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    async def _connect_once(self) -> asyncssh.SSHClientConnection:
+        check = HostKeyCheck(self.target)
+        where = f"({self.target.username}@{self.address})"
+        try:
+            return await asyncio.wait_for(
+                asyncssh.connect(
+                    self.target.host,
+                    self.target.port,
+                    username=self.target.username,
+                    client_keys=[self._client_key],
+                    known_hosts=check.known_hosts_arg(),
+                    client_factory=lambda: _WorkerClient(check),
+                    agent_path=None,  # only the key we were given, never the user's agent
+                    config=None,  # and no ~/.ssh/config rewriting host, port or user behind our back
+                    preferred_auth="publickey",
+                    keepalive_interval=KEEPALIVE_INTERVAL_S,
+                    keepalive_count_max=KEEPALIVE_COUNT_MAX,
+                ),
+                self._connect_timeout,
+            )
+        except asyncssh.HostKeyNotVerifiable as exc:
+            raise Unreachable(check.refusal or f"host key not accepted: {exc.reason} {where}") from None
+        except asyncssh.PermissionDenied:
+            raise Unreachable(
+                f"permission denied: the server refused key {self.target.client_key} for user "
+                f"{self.target.username!r} {where}"
+            ) from None
+        except TimeoutError:
+            raise Unreachable(f"no answer within {self._connect_timeout:g}s {where}") from None
+        except socket.gaierror as exc:
+            raise Unreachable(f"unknown host {self.target.host!r}: {exc.strerror}") from None
+        except ConnectionRefusedError:
+            raise _Transient(f"connection refused {where}") from None
+        except asyncssh.Error as exc:
+            raise _Transient(f"{exc.reason or type(exc).__name__} {where}") from None
+        except OSError as exc:
+            raise _Transient(f"{exc.strerror or exc or type(exc).__name__} {where}") from None
+
+
+class _Transient(Exception):
+    """A failure worth another try: the worker may be restarting."""

@@ -1,0 +1,309 @@
+"""Run commands on all workers of a node (or a selection) over persistent SSH connections.
+
+Every call returns one result per worker, ordered by worker: a worker that cannot be reached, times out
+or drops its connection gets a result with `error` set; it never raises for the whole fleet.
+
+Concurrency is bounded twice: per SSH server (host, port), because OpenSSH refuses connections beyond
+MaxStartups and channels beyond MaxSessions (10 each by default), and overall, so a large pod does not
+open hundreds of channels at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import posixpath
+import re
+import secrets
+import shlex
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import asyncssh
+
+from tpu_console.errors import Unreachable, UserError
+from tpu_console.fleet.connection import WorkerConnection
+from tpu_console.fleet.target import SshTarget
+
+_CHUNK = 65536
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Failures that mean the channel never opened, so the command did not start and may be sent again.
+_NOT_STARTED = (asyncssh.ChannelOpenError, asyncssh.ConnectionLost, asyncssh.DisconnectError, ConnectionError)
+
+
+@dataclass
+class WorkerResult:
+    worker: int
+    exit_status: int | None  # None when the command never ran or did not finish (unreachable, timeout)
+    stdout: str
+    stderr: str
+    duration_s: float
+    error: str | None = None  # one line, e.g. "unreachable: connection refused (...)", "timed out after 30s"
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_status == 0 and self.error is None
+
+
+@dataclass(frozen=True)
+class WorkerLine:
+    worker: int
+    stream: str  # "stdout" or "stderr"
+    text: str  # one line, no trailing newline
+
+
+OnLine = Callable[[WorkerLine], None]
+
+
+class Fleet:
+    def __init__(
+        self,
+        targets: list[SshTarget],
+        *,
+        per_host_limit: int = 8,
+        overall_limit: int = 64,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        self.targets = {t.worker: t for t in sorted(targets, key=lambda t: t.worker)}
+        self._per_host_limit = per_host_limit
+        self._overall = asyncio.Semaphore(overall_limit)
+        self._per_host: dict[tuple[str, int], asyncio.Semaphore] = {}
+        self._connect_timeout = connect_timeout
+        self._keys: dict[Path, asyncssh.SSHKey] = {}
+        self._connections: dict[int, WorkerConnection] = {}
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def connection(self, worker: int) -> WorkerConnection:
+        """The worker's persistent connection (made on first use)."""
+        if worker not in self._connections:
+            target = self.targets[worker]
+            self._connections[worker] = WorkerConnection(
+                target, self._client_key(target), self._connect_timeout
+            )
+        return self._connections[worker]
+
+    async def run(
+        self,
+        command: str,
+        workers: Sequence[int] | None = None,
+        *,
+        timeout: float | None = None,
+        env: dict[str, str] | None = None,
+        stdin: str | bytes | None = None,
+        on_line: OnLine | None = None,
+    ) -> list[WorkerResult]:
+        """Run `command` with bash on each selected worker (all by default).
+
+        `env` is exported at the head of the command, so it shows in the worker's process list: never
+        put secrets there (upload them to a 0600 file with `put` instead).
+        """
+        selected = self._select(workers)
+        full_command = _with_env(command, env or {})
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        return list(
+            await asyncio.gather(*(self._run_one(w, full_command, timeout, data, on_line) for w in selected))
+        )
+
+    async def put(
+        self,
+        data_or_path: bytes | Path,
+        remote_path: str,
+        workers: Sequence[int] | None = None,
+        mode: int = 0o644,
+    ) -> list[WorkerResult]:
+        """Write a file on each selected worker over SFTP, atomically (temp file, then rename).
+
+        A relative `remote_path` is taken from the worker's home; missing parent folders are made.
+        """
+        selected = self._select(workers)
+        data = data_or_path.read_bytes() if isinstance(data_or_path, Path) else bytes(data_or_path)
+        return list(await asyncio.gather(*(self._put_one(w, data, remote_path, mode) for w in selected)))
+
+    async def get(self, remote_path: str, worker: int) -> bytes:
+        """Read a file from one worker. Raises Unreachable, or FileNotFoundError if it does not exist."""
+        self._select([worker])
+        conn = self.connection(worker)
+        async with self._host_slot(conn.target), self._overall:
+            try:
+                sftp = await conn.sftp()
+                async with sftp.open(remote_path, "rb") as remote:
+                    return await remote.read()
+            except asyncssh.SFTPNoSuchFile:
+                raise FileNotFoundError(f"worker {worker}: no file {remote_path}") from None
+            except _NOT_STARTED as exc:
+                conn.drop()
+                raise Unreachable(f"worker {worker}: connection lost ({_reason(exc)})") from None
+
+    async def close(self) -> None:
+        connections, self._connections = list(self._connections.values()), {}
+        await asyncio.gather(*(c.close() for c in connections))
+
+    # -- one worker ------------------------------------------------------------------------------------
+
+    async def _run_one(
+        self, worker: int, command: str, timeout: float | None, stdin: bytes | None, on_line: OnLine | None
+    ) -> WorkerResult:
+        start = time.perf_counter()
+        conn = self.connection(worker)
+        out: list[bytes] = []
+        err: list[bytes] = []
+
+        def result(exit_status: int | None, error: str | None = None) -> WorkerResult:
+            return WorkerResult(
+                worker, exit_status, _text(out), _text(err), time.perf_counter() - start, error
+            )
+
+        async with self._host_slot(conn.target), self._overall:
+            try:
+                process = await self._open(conn, command)
+            except Unreachable as exc:
+                return result(None, f"unreachable: {exc}")
+            try:
+                if stdin:
+                    process.stdin.write(stdin)
+                process.stdin.write_eof()
+                pumps = asyncio.gather(
+                    _pump(process.stdout, out, worker, "stdout", on_line),
+                    _pump(process.stderr, err, worker, "stderr", on_line),
+                )
+                await asyncio.wait_for(_finish(pumps, process), timeout)
+            except TimeoutError:
+                process.close()  # the server side stops what the channel started
+                return result(None, f"timed out after {timeout:g}s")
+            except (asyncssh.Error, OSError) as exc:
+                conn.drop()
+                return result(None, f"connection lost while running: {_reason(exc)} ({conn.address})")
+            status = _exit_status(process)
+            return result(
+                status, None if status is not None else f"closed without an exit status ({conn.address})"
+            )
+
+    async def _open(self, conn: WorkerConnection, command: str) -> asyncssh.SSHClientProcess:
+        """Open the command's channel. A connection that died while idle is replaced once: the command
+        had not started, so sending it again is safe."""
+        for attempt in (1, 2):
+            ssh = await conn.get()
+            try:
+                return await ssh.create_process(command, encoding=None)
+            except _NOT_STARTED as exc:
+                conn.drop()
+                if attempt == 2:
+                    raise Unreachable(f"{_reason(exc)} ({conn.address})") from None
+        raise AssertionError("unreachable")
+
+    async def _put_one(self, worker: int, data: bytes, remote_path: str, mode: int) -> WorkerResult:
+        start = time.perf_counter()
+        conn = self.connection(worker)
+
+        def result(error: str | None) -> WorkerResult:
+            return WorkerResult(worker, None if error else 0, "", "", time.perf_counter() - start, error)
+
+        async with self._host_slot(conn.target), self._overall:
+            try:
+                sftp = await conn.sftp()
+                parent = posixpath.dirname(remote_path)
+                if parent:
+                    await sftp.makedirs(parent, exist_ok=True)
+                tmp = f"{remote_path}.tmp-{secrets.token_hex(4)}"
+                async with sftp.open(tmp, "wb", asyncssh.SFTPAttrs(permissions=mode)) as remote:
+                    await remote.write(data)
+                await sftp.chmod(tmp, mode)  # the server's umask may have narrowed the mode on open
+                await sftp.posix_rename(tmp, remote_path)
+            except Unreachable as exc:
+                return result(f"unreachable: {exc}")
+            except asyncssh.SFTPError as exc:
+                return result(f"sftp: {exc.reason} ({remote_path})")
+            except (asyncssh.Error, OSError) as exc:
+                conn.drop()
+                return result(f"connection lost while copying: {_reason(exc)} ({conn.address})")
+        return result(None)
+
+    # -- helpers ---------------------------------------------------------------------------------------
+
+    def _select(self, workers: Sequence[int] | None) -> list[int]:
+        if workers is None:
+            return list(self.targets)
+        unknown = [w for w in workers if w not in self.targets]
+        if unknown:
+            valid = f"0-{len(self.targets) - 1}" if self.targets else "none"
+            raise UserError(f"no worker {unknown[0]} on this node; valid workers: {valid}")
+        return sorted(set(workers))
+
+    def _host_slot(self, target: SshTarget) -> asyncio.Semaphore:
+        key = (target.host, target.port)
+        if key not in self._per_host:
+            self._per_host[key] = asyncio.Semaphore(self._per_host_limit)
+        return self._per_host[key]
+
+    def _client_key(self, target: SshTarget) -> asyncssh.SSHKey:
+        # Parsed once per key file, not once per connection.
+        if target.client_key not in self._keys:
+            try:
+                self._keys[target.client_key] = asyncssh.read_private_key(target.client_key)
+            except (OSError, asyncssh.KeyImportError) as exc:
+                raise UserError(f"cannot read SSH key {target.client_key} ({exc}); check the path") from None
+        return self._keys[target.client_key]
+
+
+async def _finish(pumps: asyncio.Future, process: asyncssh.SSHClientProcess) -> None:
+    await pumps
+    await process.wait_closed()
+
+
+async def _pump(
+    stream: asyncssh.SSHReader, sink: list[bytes], worker: int, name: str, on_line: OnLine | None
+) -> None:
+    if on_line is None:
+        while chunk := await stream.read(_CHUNK):
+            sink.append(chunk)
+        return
+    pending = b""
+    while chunk := await stream.read(_CHUNK):
+        sink.append(chunk)
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            on_line(WorkerLine(worker, name, line.decode("utf-8", errors="replace")))
+    if pending:
+        on_line(WorkerLine(worker, name, pending.decode("utf-8", errors="replace")))
+
+
+def _exit_status(process: asyncssh.SSHClientProcess) -> int | None:
+    if process.exit_signal:  # OpenSSH reports death by signal N apart; use the shell's 128+N
+        name = process.exit_signal[0]
+        try:
+            return 128 + signal.Signals[f"SIG{name}"].value
+        except KeyError:
+            return 255
+    status = process.exit_status
+    return None if status is None or status < 0 else status
+
+
+def _with_env(command: str, env: dict[str, str]) -> str:
+    for name in env:
+        if not _ENV_NAME.match(name):
+            raise UserError(f"invalid environment variable name {name!r}; use letters, digits and _")
+    exports = "".join(f"export {name}={shlex.quote(value)}; " for name, value in env.items())
+    return exports + command
+
+
+def _text(chunks: list[bytes]) -> str:
+    return b"".join(chunks).decode("utf-8", errors="replace")
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, asyncssh.Error):
+        return exc.reason or type(exc).__name__
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__

@@ -1,0 +1,149 @@
+"""The local provider: simulated pods on this machine, the default when no GCP project is configured.
+
+Nodes persist on disk (see store.py). The SSH servers that make the workers reachable live in this
+process and start on demand, the first time `ssh_targets` is asked for a node; `close()` stops them.
+Jobs the workers detached keep running after that, and a later console finds them by their files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import socket
+from dataclasses import replace
+from pathlib import Path
+
+from tpu_console import keys, locations
+from tpu_console.errors import UserError
+from tpu_console.fleet.target import SshTarget
+from tpu_console.model import CreateRequest, Node, NodeState, Worker, validate_node_name
+from tpu_console.providers.base import NodeListing, Progress, Provider, _ignore
+from tpu_console.providers.local.jobs import running_job_groups, stop_groups
+from tpu_console.providers.local.shapes import parse_local_type
+from tpu_console.providers.local.store import LOOPBACK, PodStore
+from tpu_console.providers.local.worker_server import WorkerServer, WorkerSpec
+from tpu_console.settings import Settings
+
+
+class LocalProvider(Provider):
+    name = "local"
+
+    def __init__(self, settings: Settings | None = None, root: Path | None = None) -> None:
+        self.settings = settings
+        self.store = PodStore(root or locations.local_pods_dir())
+        self._servers: dict[str, list[WorkerServer]] = {}
+        self._starting: dict[str, asyncio.Lock] = {}
+
+    async def list_nodes(self) -> NodeListing:
+        listing = NodeListing()
+        for name in self.store.names():
+            try:
+                listing.nodes.append(self._with_ports(self.store.read(name)))
+            except (OSError, ValueError, KeyError) as exc:
+                listing.problems.append(f"local node {name}: unreadable node.json ({exc})")
+        return listing
+
+    async def get(self, name: str) -> Node:
+        return self._with_ports(self.store.read(name))
+
+    async def create(self, request: CreateRequest, progress: Progress = _ignore) -> Node:
+        if problem := validate_node_name(request.name):
+            raise UserError(problem)
+        shape = parse_local_type(request.accelerator_type)
+        progress(
+            f"{request.name}: creating {shape.workers} local worker(s) x {shape.devices_per_worker} devices"
+        )
+        node = await asyncio.to_thread(self.store.create, request.name, request.accelerator_type)
+        progress(f"{request.name}: ready at {self.store.node_dir(request.name)}")
+        return node
+
+    async def delete(self, name: str, progress: Progress = _ignore) -> None:
+        node = self.store.read(name)  # NotFound before anything changes
+        await self._stop_servers(name)
+        groups = [
+            pgid
+            for worker in range(node.shape.workers)
+            for pgid in running_job_groups(self.store.worker_dir(name, worker))
+        ]
+        if groups:
+            progress(f"{name}: stopping {len(groups)} running job(s)")
+            await asyncio.to_thread(stop_groups, groups)
+        await asyncio.to_thread(self.store.remove, name)
+        progress(f"{name}: deleted")
+
+    async def ssh_targets(self, node: Node) -> list[SshTarget]:
+        if node.state is not NodeState.READY:
+            raise UserError(
+                f"local node {node.name} is {node.state.value}, not READY; delete and create it again"
+            )
+        servers = await self._ensure_servers(node)
+        client_key = keys.client_key_path()
+        user = _user()
+        return [
+            SshTarget(
+                worker=server.spec.index,
+                host=LOOPBACK,
+                port=server.port,
+                username=user,
+                client_key=client_key,
+                host_keys=(self.store.host_public_key(node.name, server.spec.index),),
+            )
+            for server in servers
+        ]
+
+    def coordinator_env(self, node: Node, targets: list[SshTarget]) -> dict[str, str]:
+        """The part shared by all workers. The launcher adds TRAINER_PROCESS_ID=<worker index> per worker."""
+        return {
+            "TRAINER_COORDINATOR_ADDRESS": f"{targets[0].host}:{_free_port(targets[0].host)}",
+            "TRAINER_NUM_PROCESSES": str(len(targets)),
+        }
+
+    async def close(self) -> None:
+        for name in list(self._servers):
+            await self._stop_servers(name)
+
+    async def _ensure_servers(self, node: Node) -> list[WorkerServer]:
+        lock = self._starting.setdefault(node.name, asyncio.Lock())
+        async with lock:  # two callers asking at once must not start two sets of servers
+            if node.name in self._servers:
+                return self._servers[node.name]
+            authorized = keys.public_key_line()
+            servers = [
+                WorkerServer(
+                    WorkerSpec(
+                        index=i,
+                        count=node.shape.workers,
+                        devices=node.shape.devices_per_worker,
+                        home=self.store.worker_dir(node.name, i),
+                        host_key=self.store.host_private_key(node.name, i),
+                    ),
+                    authorized,
+                )
+                for i in range(node.shape.workers)
+            ]
+            await asyncio.gather(*(server.start() for server in servers))
+            self._servers[node.name] = servers
+            return servers
+
+    async def _stop_servers(self, name: str) -> None:
+        for server in self._servers.pop(name, []):
+            await server.close()
+
+    def _with_ports(self, node: Node) -> Node:
+        servers = self._servers.get(node.name)
+        if not servers:
+            return node
+        return replace(node, workers=tuple(Worker(s.spec.index, LOOPBACK, s.port) for s in servers))
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except OSError:
+        return "worker"

@@ -1,0 +1,119 @@
+"""The local provider's pods on disk. A node is a folder; each worker is a sub-folder that acts as its disk.
+
+<local_pods_dir>/<name>/node.json            type, shape, created_at, state
+<local_pods_dir>/<name>/host_keys/worker-<i>  the worker's SSH host key (made once, pinned by the client)
+<local_pods_dir>/<name>/workers/<i>/          the worker's HOME
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+
+import asyncssh
+
+from tpu_console.errors import AlreadyExists, NotFound
+from tpu_console.model import AcceleratorShape, Node, NodeState, Worker
+from tpu_console.providers.local.shapes import parse_local_type
+
+LOOPBACK = "127.0.0.1"
+
+
+class PodStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def node_dir(self, name: str) -> Path:
+        return self.root / name
+
+    def worker_dir(self, name: str, worker: int) -> Path:
+        return self.node_dir(name) / "workers" / str(worker)
+
+    def host_key_path(self, name: str, worker: int) -> Path:
+        return self.node_dir(name) / "host_keys" / f"worker-{worker}"
+
+    def names(self) -> list[str]:
+        if not self.root.exists():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if (p / "node.json").exists())
+
+    def read(self, name: str) -> Node:
+        meta_file = self.node_dir(name) / "node.json"
+        try:
+            meta = json.loads(meta_file.read_text())
+        except FileNotFoundError:
+            known = ", ".join(self.names()) or "none"
+            raise NotFound(
+                f"no local node named {name!r} (local nodes: {known}); create it with `create {name} "
+                "--type local-2x4`"
+            ) from None
+        shape = AcceleratorShape(
+            accelerator_type=meta["accelerator_type"],
+            workers=meta["workers"],
+            devices_per_worker=meta["devices_per_worker"],
+            chips=meta["workers"] * meta["devices_per_worker"],
+        )
+        return Node(
+            name=name,
+            provider="local",
+            shape=shape,
+            state=NodeState(meta["state"]),
+            workers=tuple(Worker(index=i, host=LOOPBACK, port=0) for i in range(shape.workers)),
+            zone="local",
+            runtime_version="local",
+            created_at=datetime.fromisoformat(meta["created_at"]),
+        )
+
+    def create(self, name: str, accelerator_type: str) -> Node:
+        shape = parse_local_type(accelerator_type)
+        node_dir = self.node_dir(name)
+        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            node_dir.mkdir()  # atomic: two consoles creating the same name cannot both win
+        except FileExistsError:
+            raise AlreadyExists(
+                f"a local node named {name!r} already exists; pick another name or delete it first"
+            ) from None
+        meta = {
+            "name": name,
+            "accelerator_type": shape.accelerator_type,
+            "workers": shape.workers,
+            "devices_per_worker": shape.devices_per_worker,
+            "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "state": NodeState.CREATING.value,
+        }
+        self._write_meta(name, meta)
+        (node_dir / "host_keys").mkdir(mode=0o700)
+        for worker in range(shape.workers):
+            self.worker_dir(name, worker).mkdir(parents=True)
+            self._write_host_key(self.host_key_path(name, worker))
+        meta["state"] = NodeState.READY.value
+        self._write_meta(name, meta)
+        return self.read(name)
+
+    def host_public_key(self, name: str, worker: int) -> str:
+        """The worker's host key in OpenSSH one-line format: what the client pins."""
+        return self.host_key_path(name, worker).with_suffix(".pub").read_text().strip()
+
+    def host_private_key(self, name: str, worker: int) -> asyncssh.SSHKey:
+        return asyncssh.read_private_key(self.host_key_path(name, worker))
+
+    def remove(self, name: str) -> None:
+        shutil.rmtree(self.node_dir(name))
+
+    def _write_meta(self, name: str, meta: dict) -> None:
+        path = self.node_dir(name) / "node.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta, indent=2) + "\n")
+        tmp.replace(path)
+
+    @staticmethod
+    def _write_host_key(path: Path) -> None:
+        key = asyncssh.generate_private_key("ssh-ed25519", comment=f"tpu-console-local-{path.name}")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(key.export_private_key())
+        path.with_suffix(".pub").write_bytes(key.export_public_key())

@@ -1,0 +1,190 @@
+"""The SSH server of one simulated worker: asyncssh on 127.0.0.1, a real bash behind it.
+
+One server per worker, each on its own port with its own host key, rather than one server routing by
+username: the pod then looks to the fleet code exactly like a real one (one sshd per worker, one
+connection per worker, a host key per worker to pin), and the per-host concurrency limits apply per
+worker as they would on a TPU pod.
+
+Each command runs as `bash -c <command>` in a new session (so a timed-out or abandoned command can be
+stopped by killing its process group), with HOME and the working directory set to the worker folder.
+A job the command detaches (`setsid nohup ... &`) is in a session of its own and outlives this server
+and the console process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import os
+import posixpath
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncssh
+
+from tpu_console.providers.local.store import LOOPBACK
+
+_CHUNK = 65536
+_STOP_GRACE_S = 2.0
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    index: int
+    count: int
+    devices: int
+    home: Path
+    host_key: asyncssh.SSHKey
+
+    def environment(self) -> dict[str, str]:
+        """A login-like environment: clean, but with the console's PATH (venv first) so `python` is the
+        interpreter that has the trainer installed."""
+        user = _user()
+        venv_bin = str(Path(sys.executable).parent)
+        path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+        env = {
+            "HOME": str(self.home),
+            "USER": user,
+            "LOGNAME": user,
+            "SHELL": "/bin/bash",
+            "PATH": f"{venv_bin}:{path}",
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+            "TPU_WORKER_ID": str(self.index),
+            "TPU_WORKER_COUNT": str(self.count),
+            # Each worker process sees its own D CPU devices, as a TPU host sees its chips.
+            "JAX_PLATFORMS": "cpu",
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={self.devices}",
+        }
+        if tmpdir := os.environ.get("TMPDIR"):
+            env["TMPDIR"] = tmpdir
+        return env
+
+
+class WorkerServer:
+    def __init__(self, spec: WorkerSpec, authorized_key_line: str) -> None:
+        self.spec = spec
+        self._authorized = asyncssh.import_authorized_keys(authorized_key_line + "\n")
+        self._env = spec.environment()
+        self._acceptor: asyncssh.SSHAcceptor | None = None
+        self._running: set[asyncio.subprocess.Process] = set()
+        self.port = 0
+
+    async def start(self, port: int = 0) -> int:
+        home = os.fsencode(self.spec.home)
+        self._acceptor = await asyncssh.listen(
+            LOOPBACK,
+            port,
+            server_host_keys=[self.spec.host_key],
+            authorized_client_keys=self._authorized,
+            process_factory=self._handle,
+            sftp_factory=lambda chan: _WorkerSftp(chan, home),
+            encoding=None,
+            allow_scp=False,
+            agent_forwarding=False,
+            x11_forwarding=False,
+            line_editor=False,
+        )
+        self.port = self._acceptor.sockets[0].getsockname()[1]
+        return self.port
+
+    async def close(self) -> None:
+        if self._acceptor is not None:
+            self._acceptor.close()
+            await self._acceptor.wait_closed()
+            self._acceptor = None
+        # Commands still attached to a channel die with the server, as they would with sshd.
+        for proc in list(self._running):
+            _signal_group(proc.pid, signal.SIGKILL)
+
+    async def _handle(self, process: asyncssh.SSHServerProcess) -> None:
+        argv = ["bash", "-c", process.command] if process.command is not None else ["bash", "-s"]
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                cwd=self.spec.home,
+                env=self._env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            process.stderr.write(f"cannot start bash: {exc}\n".encode())
+            process.exit(127)
+            return
+        self._running.add(proc)
+        try:
+            await self._serve(process, proc)
+        finally:
+            self._running.discard(proc)
+
+    async def _serve(self, process: asyncssh.SSHServerProcess, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdin and proc.stdout and proc.stderr
+        feeder = asyncio.create_task(_feed(process.stdin, proc.stdin))
+        finished = asyncio.ensure_future(
+            asyncio.gather(
+                _copy(proc.stdout, process.stdout), _copy(proc.stderr, process.stderr), proc.wait()
+            )
+        )
+        closed = asyncio.ensure_future(process.channel.wait_closed())
+        await asyncio.wait({finished, closed}, return_when=asyncio.FIRST_COMPLETED)
+        feeder.cancel()
+        if finished.done() and finished.exception() is None:
+            closed.cancel()
+            status = proc.returncode if proc.returncode is not None else 255
+            # bash reports death by signal N as 128+N; keep that convention for the client.
+            process.exit(status if status >= 0 else 128 - status)
+            return
+        # The client went away (timeout, dropped connection): stop what the command started.
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), _STOP_GRACE_S)
+        except TimeoutError:
+            _signal_group(proc.pid, signal.SIGKILL)
+        finished.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await finished
+
+
+class _WorkerSftp(asyncssh.SFTPServer):
+    """Relative paths resolve from the worker's HOME, as with sshd's sftp-server; absolute paths as is."""
+
+    def __init__(self, chan: asyncssh.SSHServerChannel, home: bytes) -> None:
+        super().__init__(chan)
+        self._home = home
+
+    def map_path(self, path: bytes) -> bytes:
+        return path if path.startswith(b"/") else posixpath.join(self._home, path)
+
+
+async def _feed(source: asyncssh.SSHReader, sink: asyncio.StreamWriter) -> None:
+    try:
+        while chunk := await source.read(_CHUNK):
+            sink.write(chunk)
+            await sink.drain()
+    except (BrokenPipeError, ConnectionResetError, asyncssh.Error):
+        pass  # the command stopped reading; like sshd, drop the rest
+    finally:
+        with contextlib.suppress(Exception):
+            sink.close()
+
+
+async def _copy(source: asyncio.StreamReader, sink: asyncssh.SSHWriter) -> None:
+    while chunk := await source.read(_CHUNK):
+        sink.write(chunk)
+        await sink.drain()
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except OSError:
+        return "worker"
