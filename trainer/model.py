@@ -1,0 +1,389 @@
+"""Qwen2 (the architecture of Qwen2.5-{0.5B,1.5B,3B,7B}-Instruct) in Flax NNX.
+
+Read top to bottom in the order data flows: config (with presets and the sharding of each parameter kind),
+RMSNorm, rotary embeddings, attention, MLP, block, model. The model knows two forwards:
+
+- `model(input_ids, positions, attention_mask)`: full sequence, causal + padding mask, fp32 logits [B, T, V]
+  (training, log-prob recomputation).
+- `model.decode(input_ids, positions, kv_mask, cache, cache_index)`: writes the chunk's keys/values into a
+  preallocated KV cache and returns fp32 logits of the chunk's last position [B, V] (prefill and decode). The
+  sampler (trainer/rollout.py) owns the cache and the loop.
+
+Parameters are stored in `param_dtype` (fp32 by default) and cast to `compute_dtype` (bf16 by default) at use.
+Each parameter carries `out_sharding` metadata naming mesh axes ("dp", "fsdp", "tp"); `nnx.get_partition_spec`
+and `param_shardings` below turn it into shardings. Layouts are [in, out] (HF Linear weights transposed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+Axes = tuple[str | tuple[str, ...] | None, ...]
+# A large finite negative instead of -inf: rows with every key masked (left padding) stay finite.
+_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+@dataclass(frozen=True)
+class ShardingRules:
+    """Mesh axes of each parameter kind (one table, so a layout change is one edit). Shapes are [in, out]."""
+
+    embed: Axes = ("tp", "fsdp")  # [vocab, hidden]
+    attn_qkv: Axes = ("fsdp", "tp")  # q/k/v kernels [hidden, heads * head_dim]
+    attn_qkv_bias: Axes = ("tp",)  # [heads * head_dim]
+    attn_out: Axes = ("tp", "fsdp")  # o kernel [heads * head_dim, hidden]
+    mlp_in: Axes = ("fsdp", "tp")  # gate/up kernels [hidden, intermediate]
+    mlp_out: Axes = ("tp", "fsdp")  # down kernel [intermediate, hidden]
+    norm: Axes = (None,)  # [hidden]
+    lm_head: Axes = ("fsdp", "tp")  # [hidden, vocab] (untied models only)
+    # Activations and the KV cache [batch, length, kv_heads, head_dim]: batch over data axes, heads over tp.
+    batch: Axes = (("dp", "fsdp"),)
+    kv_cache: Axes = (("dp", "fsdp"), None, "tp", None)
+
+
+@dataclass(frozen=True)
+class Qwen2Config:
+    vocab_size: int = 151936
+    hidden_size: int = 896
+    intermediate_size: int = 4864
+    num_hidden_layers: int = 24
+    num_attention_heads: int = 14
+    num_key_value_heads: int = 2
+    head_dim: int | None = None  # None: hidden_size // num_attention_heads (as in HF Qwen2)
+    max_position_embeddings: int = 32768
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = True
+    initializer_range: float = 0.02
+    bos_token_id: int | None = 151643
+    eos_token_id: int | tuple[int, ...] | None = 151645
+    pad_token_id: int | None = None
+    sharding: ShardingRules = field(default_factory=ShardingRules)
+
+    def __post_init__(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                             f"num_key_value_heads ({self.num_key_value_heads})")
+        if isinstance(self.eos_token_id, list):
+            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+
+    @property
+    def dim_per_head(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        if self.eos_token_id is None:
+            return ()
+        return self.eos_token_id if isinstance(self.eos_token_id, tuple) else (self.eos_token_id,)
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> Qwen2Config:
+        """Build from a Hugging Face `config.json` dict (transformers 4 or 5 layout)."""
+        model_type = hf.get("model_type", "qwen2")
+        if model_type != "qwen2":
+            raise ValueError(f"config.json has model_type {model_type!r}; this model implements 'qwen2' "
+                             "(Qwen2 / Qwen2.5 checkpoints)")
+        rope = hf.get("rope_parameters") or {}
+        rope_scaling = hf.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type") or rope_scaling.get("rope_type") or rope_scaling.get("type")
+        if rope_type not in (None, "default"):
+            raise ValueError(f"rope type {rope_type!r} is not supported (only the default rotary embedding)")
+        theta = hf.get("rope_theta", rope.get("rope_theta", 10000.0))
+        known = {f.name for f in dataclasses.fields(cls)} - {"sharding", "rope_theta"}
+        values = {k: hf[k] for k in known if k in hf}
+        return cls(rope_theta=float(theta), **values)
+
+    def to_hf(self, dtype: str = "float32") -> dict[str, Any]:
+        """The `config.json` dict transformers' `Qwen2ForCausalLM` loads."""
+        out: dict[str, Any] = {
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "hidden_act": "silu",
+            "attention_dropout": 0.0,
+            "use_cache": True,
+            "use_sliding_window": False,
+            "sliding_window": None,
+            "max_window_layers": self.num_hidden_layers,
+            "rope_scaling": None,
+            "torch_dtype": dtype,
+        }
+        for f in dataclasses.fields(self):
+            if f.name == "sharding":
+                continue
+            value = getattr(self, f.name)
+            if f.name == "head_dim" and value is None:
+                continue
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> Qwen2Config:
+        """A named preset: 'qwen2.5-0.5b', 'qwen2.5-1.5b', 'qwen2.5-3b', 'qwen2.5-7b' (Instruct configs)."""
+        key = name.lower().removesuffix("-instruct")
+        if key not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+        return dataclasses.replace(PRESETS[key], **overrides)
+
+
+PRESETS: dict[str, Qwen2Config] = {
+    "qwen2.5-0.5b": Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
+    "qwen2.5-1.5b": Qwen2Config(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True),
+    "qwen2.5-3b": Qwen2Config(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                              num_attention_heads=16, num_key_value_heads=2, tie_word_embeddings=True),
+    "qwen2.5-7b": Qwen2Config(vocab_size=152064, hidden_size=3584, intermediate_size=18944,
+                              num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                              tie_word_embeddings=False),
+}
+
+
+def _normal(rngs: nnx.Rngs, shape: Sequence[int], std: float, dtype: Any) -> jax.Array:
+    return (std * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+
+
+class Dense(nnx.Module):
+    """y = x @ kernel (+ bias), computed in `compute_dtype`; kernel is [in, out]."""
+
+    def __init__(self, din: int, dout: int, *, use_bias: bool, kernel_axes: Axes, bias_axes: Axes,
+                 std: float, rngs: nnx.Rngs, param_dtype: Any, compute_dtype: Any):
+        self.kernel = nnx.Param(_normal(rngs, (din, dout), std, param_dtype), out_sharding=kernel_axes)
+        self.bias = nnx.Param(jnp.zeros((dout,), param_dtype), out_sharding=bias_axes) if use_bias else None
+        self.compute_dtype = compute_dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = jnp.dot(x.astype(self.compute_dtype), self.kernel[...].astype(self.compute_dtype))
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.compute_dtype)
+        return y
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, *, axes: Axes, param_dtype: Any, compute_dtype: Any):
+        self.scale = nnx.Param(jnp.ones((dim,), param_dtype), out_sharding=axes)
+        self.eps = eps
+        self.compute_dtype = compute_dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        # Normalise in fp32 like HF, then scale in the compute dtype.
+        xf = x.astype(jnp.float32)
+        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return self.scale[...].astype(self.compute_dtype) * xf.astype(self.compute_dtype)
+
+
+def rotary_tables(positions: jax.Array, head_dim: int, theta: float,
+                  dtype: Any) -> tuple[jax.Array, jax.Array]:
+    """cos/sin [B, T, head_dim] for integer positions [B, T], computed once per forward for all layers."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
+
+
+def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Qwen2's rotate-half rotary embedding on x [B, T, heads, head_dim]."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+
+
+def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, compute_dtype: Any) -> jax.Array:
+    """Grouped-query attention. q [B,T,H,D], k/v [B,S,KV,D], mask [B,T,S] (True = may attend) -> [B,T,H*D]."""
+    b, t, h, d = q.shape
+    kv = k.shape[2]
+    q = q.reshape(b, t, kv, h // kv, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * (d ** -0.5)
+    scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(compute_dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(compute_dtype))
+    return out.reshape(b, t, h * d)
+
+
+class Attention(nnx.Module):
+    def __init__(self, config: Qwen2Config, *, rngs: nnx.Rngs, param_dtype: Any, compute_dtype: Any):
+        c, s = config, config.sharding
+        self.num_heads, self.num_kv_heads = c.num_attention_heads, c.num_key_value_heads
+        self.head_dim = c.dim_per_head
+        common = {"rngs": rngs, "param_dtype": param_dtype, "compute_dtype": compute_dtype,
+                  "std": c.initializer_range}
+        qkv = dict(use_bias=True, kernel_axes=s.attn_qkv, bias_axes=s.attn_qkv_bias, **common)
+        self.q_proj = Dense(c.hidden_size, self.num_heads * self.head_dim, **qkv)
+        self.k_proj = Dense(c.hidden_size, self.num_kv_heads * self.head_dim, **qkv)
+        self.v_proj = Dense(c.hidden_size, self.num_kv_heads * self.head_dim, **qkv)
+        self.o_proj = Dense(self.num_heads * self.head_dim, c.hidden_size, use_bias=False,
+                            kernel_axes=s.attn_out, bias_axes=(None,), **common)
+        self.compute_dtype = compute_dtype
+
+    def _qkv(self, x: jax.Array, cos: jax.Array, sin: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        b, t, _ = x.shape
+        q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array) -> jax.Array:
+        q, k, v = self._qkv(x, cos, sin)
+        return self.o_proj(_attend(q, k, v, mask, self.compute_dtype))
+
+    def decode(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
+               cache: tuple[jax.Array, jax.Array], cache_index: jax.Array) -> tuple[jax.Array, tuple]:
+        """Write this chunk's k/v at `cache_index` and attend over the whole cache (mask [B, T, S])."""
+        q, k, v = self._qkv(x, cos, sin)
+        k_cache, v_cache = cache
+        start = (0, cache_index, 0, 0)
+        k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), start)
+        v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), start)
+        out = _attend(q, k_cache.astype(self.compute_dtype), v_cache, mask, self.compute_dtype)
+        return self.o_proj(out), (k_cache, v_cache)
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)), no biases."""
+
+    def __init__(self, config: Qwen2Config, *, rngs: nnx.Rngs, param_dtype: Any, compute_dtype: Any):
+        c, s = config, config.sharding
+        common = {"use_bias": False, "bias_axes": (None,), "rngs": rngs, "param_dtype": param_dtype,
+                      "compute_dtype": compute_dtype, "std": c.initializer_range}
+        self.gate_proj = Dense(c.hidden_size, c.intermediate_size, kernel_axes=s.mlp_in, **common)
+        self.up_proj = Dense(c.hidden_size, c.intermediate_size, kernel_axes=s.mlp_in, **common)
+        self.down_proj = Dense(c.intermediate_size, c.hidden_size, kernel_axes=s.mlp_out, **common)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nnx.Module):
+    def __init__(self, config: Qwen2Config, *, rngs: nnx.Rngs, param_dtype: Any, compute_dtype: Any):
+        norm = {"axes": config.sharding.norm, "param_dtype": param_dtype, "compute_dtype": compute_dtype}
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **norm)
+        self.self_attn = Attention(config, rngs=rngs, param_dtype=param_dtype, compute_dtype=compute_dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **norm)
+        self.mlp = MLP(config, rngs=rngs, param_dtype=param_dtype, compute_dtype=compute_dtype)
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array) -> jax.Array:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def decode(self, x, cos, sin, mask, cache, cache_index):
+        h, cache = self.self_attn.decode(self.input_layernorm(x), cos, sin, mask, cache, cache_index)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x)), cache
+
+
+KVCache = list[tuple[jax.Array, jax.Array]]  # per layer (keys, values), each [B, S, kv_heads, head_dim]
+
+
+class Qwen2ForCausalLM(nnx.Module):
+    def __init__(self, config: Qwen2Config, rngs: nnx.Rngs, param_dtype: Any = jnp.float32,
+                 compute_dtype: Any = jnp.bfloat16, remat: bool = False):
+        c, s = config, config.sharding
+        self.config = config
+        self.compute_dtype = compute_dtype
+        self.remat = remat  # recompute each block in the backward pass (training memory)
+        self.embed_tokens = nnx.Param(_normal(rngs, (c.vocab_size, c.hidden_size), c.initializer_range,
+                                              param_dtype), out_sharding=s.embed)
+        self.layers = nnx.List([Block(c, rngs=rngs, param_dtype=param_dtype, compute_dtype=compute_dtype)
+                                for _ in range(c.num_hidden_layers)])
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, axes=s.norm, param_dtype=param_dtype,
+                            compute_dtype=compute_dtype)
+        self.lm_head = None if c.tie_word_embeddings else Dense(
+            c.hidden_size, c.vocab_size, use_bias=False, kernel_axes=s.lm_head, bias_axes=(None,),
+            std=c.initializer_range, rngs=rngs, param_dtype=param_dtype, compute_dtype=compute_dtype)
+
+    def _embed(self, input_ids: jax.Array) -> jax.Array:
+        return jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(self.compute_dtype)
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """fp32 logits from final hidden states (already normed) [..., hidden] -> [..., vocab]."""
+        h = hidden.astype(self.compute_dtype)
+        if self.lm_head is None:
+            w = self.embed_tokens[...].astype(self.compute_dtype)
+            return jnp.einsum("...d,vd->...v", h, w, preferred_element_type=jnp.float32)
+        w = self.lm_head.kernel[...].astype(self.compute_dtype)
+        return jnp.einsum("...d,dv->...v", h, w, preferred_element_type=jnp.float32)
+
+    def hidden_states(self, input_ids: jax.Array, positions: jax.Array,
+                      attention_mask: jax.Array) -> jax.Array:
+        """Final normed hidden states [B, T, hidden] (for chunked log-prob computation without [B,T,V])."""
+        t = input_ids.shape[1]
+        valid = attention_mask.astype(bool)
+        mask = jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]
+        cos, sin = rotary_tables(positions, self.config.dim_per_head, self.config.rope_theta,
+                                 self.compute_dtype)
+        x = self._embed(input_ids)
+        for layer in self.layers:
+            if self.remat:
+                x = nnx.remat(lambda blk, *a: blk(*a))(layer, x, cos, sin, mask)
+            else:
+                x = layer(x, cos, sin, mask)
+        return self.norm(x)
+
+    def __call__(self, input_ids: jax.Array, positions: jax.Array, attention_mask: jax.Array) -> jax.Array:
+        """Training forward: ids/positions/attention_mask [B, T] (mask 1 = real token) -> fp32 [B, T, V]."""
+        return self.logits(self.hidden_states(input_ids, positions, attention_mask))
+
+    def init_cache(self, batch: int, length: int, dtype: Any = None) -> KVCache:
+        c = self.config
+        shape = (batch, length, c.num_key_value_heads, c.dim_per_head)
+        dtype = dtype or self.compute_dtype
+        return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(c.num_hidden_layers)]
+
+    def decode(self, input_ids: jax.Array, positions: jax.Array, kv_mask: jax.Array, cache: KVCache,
+               cache_index: jax.Array) -> tuple[jax.Array, KVCache]:
+        """Cached forward of a chunk input_ids [B, T] stored at cache slots [cache_index, cache_index + T).
+
+        kv_mask [B, S] marks the cache slots holding real tokens, including this chunk's. Returns fp32 logits
+        of the chunk's last position [B, V] and the updated cache.
+        """
+        t, s = input_ids.shape[1], kv_mask.shape[1]
+        causal = jnp.arange(s)[None, :] <= (cache_index + jnp.arange(t))[:, None]  # [T, S]
+        mask = causal[None] & kv_mask.astype(bool)[:, None, :]
+        cos, sin = rotary_tables(positions, self.config.dim_per_head, self.config.rope_theta,
+                                 self.compute_dtype)
+        x = self._embed(input_ids)
+        new_cache = []
+        for layer, layer_cache in zip(self.layers, cache, strict=True):
+            x, layer_cache = layer.decode(x, cos, sin, mask, layer_cache, cache_index)
+            new_cache.append(layer_cache)
+        return self.logits(self.norm(x[:, -1])), new_cache
+
+
+def create_model(config: Qwen2Config, *, seed: int = 0, param_dtype: Any = jnp.float32,
+                 compute_dtype: Any = jnp.bfloat16, remat: bool = False) -> Qwen2ForCausalLM:
+    """A randomly initialised model (params on the default device, sharding kept as metadata)."""
+    with nnx.use_eager_sharding(False):
+        return Qwen2ForCausalLM(config, nnx.Rngs(seed), param_dtype=param_dtype, compute_dtype=compute_dtype,
+                                remat=remat)
+
+
+def fit_spec(shape: Sequence[int], axes: Axes, mesh: Mesh) -> PartitionSpec:
+    """PartitionSpec from axis names, dropping mesh axes the mesh lacks or that do not divide the dim."""
+    entries = []
+    for dim, entry in zip(shape, tuple(axes) + (None,) * (len(shape) - len(axes)), strict=False):
+        names = (entry,) if isinstance(entry, str) else tuple(entry or ())
+        kept, size = [], 1
+        for name in names:
+            if name in mesh.shape and dim % (size * mesh.shape[name]) == 0:
+                kept.append(name)
+                size *= mesh.shape[name]
+        entries.append(None if not kept else kept[0] if len(kept) == 1 else tuple(kept))
+    return PartitionSpec(*entries)
+
+
+def param_shardings(model_or_state: Any, mesh: Mesh) -> Any:
+    """A tree of NamedSharding matching the model's nnx.State (same structure as `nnx.state(model)`)."""
+    state = model_or_state if isinstance(model_or_state, nnx.State) else nnx.state(model_or_state)
+
+    def one(var: nnx.Variable) -> nnx.Variable:
+        axes = var.get_metadata().get("out_sharding") or ()
+        return var.replace(NamedSharding(mesh, fit_spec(var.shape, axes, mesh)))
+
+    return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
