@@ -107,7 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description="Write a tiny random Qwen2 model directory (HF format).")
     parser.add_argument("dir", help="output directory")
     for field in dataclasses.fields(TinySpec):
-        parser.add_argument("--" + field.name.replace("_", "-"), type=int, default=getattr(defaults, field.name))
+        flag = "--" + field.name.replace("_", "-")
+        parser.add_argument(flag, type=int, default=getattr(defaults, field.name))
     args = parser.parse_args(argv)
     spec = TinySpec(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TinySpec)})
     out = make_tiny_model(args.dir, spec)

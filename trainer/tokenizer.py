@@ -9,7 +9,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 
 def load_tokenizer(path_or_hub_id: str | os.PathLike) -> PreTrainedTokenizerBase:
-    """`AutoTokenizer` from an HF model directory or hub id; left padding, so prompts end where decode starts."""
+    """`AutoTokenizer` from an HF directory or hub id; left padding, so prompts end where decode starts."""
     tokenizer = AutoTokenizer.from_pretrained(str(path_or_hub_id))
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
@@ -22,7 +22,8 @@ def load_tokenizer(path_or_hub_id: str | os.PathLike) -> PreTrainedTokenizerBase
 
 def chat_prompt(tokenizer: PreTrainedTokenizerBase, user: str, system: str | None = None) -> str:
     """The chat-template text of one user turn, ending with the assistant's generation prompt."""
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": user})
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
