@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime, timedelta
+
+import pytest
 
 from tpu_console.errors import AlreadyExists, NotFound, UserError
 from tpu_console.fleet.target import SshTarget
@@ -80,3 +83,16 @@ class FakeProvider(Provider):
 
     async def ssh_targets(self, node: Node) -> list[SshTarget]:
         raise UserError("the fake provider has no workers to reach")
+
+
+@pytest.fixture
+def console_home(tmp_path, monkeypatch):
+    """An empty TPU_CONSOLE_HOME and no TPU_CONSOLE_* / gcloud project variables from the developer's shell."""
+    for name in list(os.environ):
+        if name.startswith("TPU_CONSOLE_"):
+            monkeypatch.delenv(name)
+    monkeypatch.delenv("CLOUDSDK_CORE_PROJECT", raising=False)
+    monkeypatch.delenv("GOOGLE_CLOUD_PROJECT", raising=False)
+    home = tmp_path / "home"
+    monkeypatch.setenv("TPU_CONSOLE_HOME", str(home))
+    return home

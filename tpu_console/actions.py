@@ -10,16 +10,13 @@ import asyncio
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from tpu_console.errors import AlreadyExists, NotFound, UserError
+from tpu_console.fleet.fleet import Fleet, WorkerLine, WorkerResult
 from tpu_console.fleet.selection import parse_worker_selection
 from tpu_console.model import CreateRequest, Node, validate_node_name
 from tpu_console.providers.base import Progress, Provider
 from tpu_console.providers.registry import find_node, pick_provider
-
-if TYPE_CHECKING:
-    from tpu_console.fleet.fleet import WorkerLine, WorkerResult
 
 
 def _ignore(_line: str) -> None:
@@ -141,8 +138,6 @@ async def exec_on_node(
     Every selected worker is connected to first; if one cannot be reached, nothing runs anywhere and a
     UserError names the worker, so a command never half-runs across a pod.
     """
-    from tpu_console.fleet.fleet import Fleet
-
     if not command.strip():
         raise UserError("empty command; put it after --, e.g. `tpu-console exec NAME -- hostname`")
     provider, node = await find_node(providers, name)
@@ -151,15 +146,24 @@ async def exec_on_node(
     selected = parse_worker_selection(workers, node.shape.workers)
     targets = await provider.ssh_targets(node)
     async with Fleet(targets) as fleet:
-        preflight = await fleet.run("true", selected)
-        for result in preflight:
-            if result.exit_status is None or result.error is not None:
-                raise UserError(
-                    f"worker {result.worker} of {name!r} is unreachable ({result.error or 'no exit status'}); "
-                    "nothing was run: check the node with `tpu-console ls`, or leave the worker out with --worker"
-                )
+        await _connect_all(fleet, name, selected)
         results = await fleet.run(command, selected, timeout=timeout, on_line=on_line)
     return ExecOutcome(node=node, command=command, results=results)
+
+
+async def _connect_all(fleet: Fleet, name: str, workers: list[int]) -> None:
+    answers = await asyncio.gather(*(fleet.connection(w).get() for w in workers), return_exceptions=True)
+    failed = [(w, a) for w, a in zip(workers, answers, strict=True) if isinstance(a, BaseException)]
+    for _, answer in failed:
+        if not isinstance(answer, Exception):
+            raise answer
+    if failed:
+        worker, answer = failed[0]
+        others = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        raise UserError(
+            f"worker {worker} of {name!r} is unreachable: {_one_line(answer)}{others}; nothing was run: "
+            "check the node with `tpu-console ls`, or leave the worker out with --worker"
+        )
 
 
 def _one_line(exc: BaseException) -> str:
