@@ -1,0 +1,200 @@
+"""Rollout: batched sampling from a Qwen2ForCausalLM with a preallocated KV cache.
+
+The Sampler owns the cache and the loop; the model only knows one cached forward (`model.decode`).
+- Prompts are left-padded to the smallest of a few length buckets, so every row's last prompt token sits in
+  the same cache slot and decode writes one slot per step for the whole batch. Positions come from the mask.
+- Prefill is one jitted forward over the prompt; decode is one jitted `lax.while_loop` that stops when every
+  row has produced an end token (or max_new_tokens). The cache and slot mask are donated from prefill to
+  decode, so the loop updates them in place.
+- Compilations happen once per (batch size, bucket, sampling mode); `compile_count` counts them.
+
+Log-probs are those of the sampled token under softmax(logits / temperature), before top-k/top-p truncation
+(greedy: temperature 1). A GRPO loss that recomputes log-probs must divide its logits by the same temperature.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+
+from trainer.model import Qwen2ForCausalLM, fit_spec
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RolloutBatch:
+    prompt_ids: jax.Array  # [B, P] int32, left-padded with pad_id
+    prompt_mask: jax.Array  # [B, P] int32, 1 = prompt token
+    completion_ids: jax.Array  # [B, N] int32, pad_id after the end token
+    completion_mask: jax.Array  # [B, N] int32, 1 up to and including the first end token
+    logprobs: jax.Array  # [B, N] float32, 0 where completion_mask is 0
+
+
+def sample_logits(logits: jax.Array, rng: jax.Array, temperature: jax.Array, top_p: jax.Array, *,
+                  top_k: int, use_top_p: bool, greedy: bool) -> tuple[jax.Array, jax.Array]:
+    """Next tokens [B] and their log-probs [B] (under softmax(logits / temperature), untruncated)."""
+    if greedy:
+        tokens = jnp.argmax(logits, axis=-1)
+        logp = jax.nn.log_softmax(logits, axis=-1)
+    else:
+        scaled = logits / temperature
+        logp = jax.nn.log_softmax(scaled, axis=-1)
+        if top_k > 0 or use_top_p:
+            # Candidates sorted by score; top-p keeps the smallest prefix whose probability reaches top_p.
+            values, indices = jax.lax.top_k(scaled, top_k if top_k > 0 else scaled.shape[-1])
+            if use_top_p:
+                probs = jax.nn.softmax(values, axis=-1)
+                keep = (jnp.cumsum(probs, axis=-1) - probs) < top_p
+                values = jnp.where(keep, values, -jnp.inf)
+            choice = jax.random.categorical(rng, values, axis=-1)
+            tokens = jnp.take_along_axis(indices, choice[:, None], axis=-1)[:, 0]
+        else:
+            tokens = jax.random.categorical(rng, scaled, axis=-1)
+    tokens = tokens.astype(jnp.int32)
+    return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+
+
+class Sampler:
+    def __init__(self, model: Qwen2ForCausalLM, pad_id: int, eos_ids: Sequence[int],
+                 buckets: Sequence[int] = (64, 128, 256, 512, 1024), max_new_tokens: int = 256,
+                 mesh: Mesh | None = None, cache_dtype: Any = None):
+        if not eos_ids:
+            raise ValueError("eos_ids is empty; pass the tokenizer's end-of-turn id(s), e.g. <|im_end|>")
+        self.model = model
+        self.pad_id = int(pad_id)
+        self.eos_ids = tuple(int(i) for i in eos_ids)
+        self.buckets = tuple(sorted(int(b) for b in buckets))
+        self.max_new_tokens = int(max_new_tokens)
+        self.mesh = mesh
+        self.cache_dtype = cache_dtype or model.compute_dtype
+        self.compile_count = 0  # incremented while tracing, i.e. once per compilation
+        self._graphdef = nnx.graphdef(model)
+        statics = ("top_k", "use_top_p", "greedy")
+        self._prefill = jax.jit(self._prefill_impl, static_argnames=statics)
+        self._decode = jax.jit(self._decode_impl, static_argnames=statics, donate_argnames=("cache", "kv_mask"))
+
+    # ---- traced functions -------------------------------------------------------------------------------
+
+    def _model(self, state: nnx.State) -> Qwen2ForCausalLM:
+        # Cast params to the compute dtype once per call, outside the loop, not once per decoded token.
+        dtype = self.model.compute_dtype
+        state = jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
+        return nnx.merge(self._graphdef, state)
+
+    def _constrain(self, x: jax.Array, axes: tuple) -> jax.Array:
+        if self.mesh is None:
+            return x
+        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, fit_spec(x.shape, axes, self.mesh)))
+
+    def _prefill_impl(self, state, prompt_ids, prompt_mask, rng, temperature, top_p, *, top_k, use_top_p, greedy):
+        self.compile_count += 1
+        model = self._model(state)
+        batch, prompt_len = prompt_ids.shape
+        cache_axes = model.config.sharding.kv_cache
+        cache = [(self._constrain(k, cache_axes), self._constrain(v, cache_axes))
+                 for k, v in model.init_cache(batch, prompt_len + self.max_new_tokens, self.cache_dtype)]
+        kv_mask = jnp.concatenate([prompt_mask, jnp.zeros((batch, self.max_new_tokens), jnp.int32)], axis=1)
+        positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
+        logits, cache = model.decode(prompt_ids, positions, kv_mask, cache, jnp.int32(0))
+        tokens, logprobs = sample_logits(logits, jax.random.fold_in(rng, 0), temperature, top_p,
+                                         top_k=top_k, use_top_p=use_top_p, greedy=greedy)
+        return cache, kv_mask, tokens, logprobs
+
+    def _decode_impl(self, state, cache, kv_mask, first_tokens, first_logprobs, prompt_lens, rng, temperature,
+                     top_p, *, top_k, use_top_p, greedy):
+        self.compile_count += 1
+        model = self._model(state)
+        batch, n = first_tokens.shape[0], self.max_new_tokens
+        prompt_slots = kv_mask.shape[1] - n
+        eos = jnp.asarray(self.eos_ids, jnp.int32)
+        tokens = jnp.full((batch, n), self.pad_id, jnp.int32).at[:, 0].set(first_tokens)
+        logprobs = jnp.zeros((batch, n), jnp.float32).at[:, 0].set(first_logprobs)
+        done = jnp.isin(first_tokens, eos)
+
+        def cond(carry):
+            i, _, _, _, _, done = carry
+            return (i < n) & ~jnp.all(done)
+
+        def body(carry):
+            i, cache, kv_mask, tokens, logprobs, done = carry
+            slot = prompt_slots + i - 1  # cache slot of the previous token, which is fed now
+            kv_mask = jax.lax.dynamic_update_slice(kv_mask, jnp.ones((batch, 1), jnp.int32), (0, slot))
+            previous = jax.lax.dynamic_slice(tokens, (0, i - 1), (batch, 1))
+            positions = (prompt_lens + i - 1)[:, None]
+            logits, cache = model.decode(previous, positions, kv_mask, cache, slot)
+            new, new_logprobs = sample_logits(logits, jax.random.fold_in(rng, i), temperature, top_p,
+                                              top_k=top_k, use_top_p=use_top_p, greedy=greedy)
+            new = jnp.where(done, self.pad_id, new)
+            new_logprobs = jnp.where(done, 0.0, new_logprobs)
+            tokens = jax.lax.dynamic_update_slice(tokens, new[:, None], (0, i))
+            logprobs = jax.lax.dynamic_update_slice(logprobs, new_logprobs[:, None], (0, i))
+            return i + 1, cache, kv_mask, tokens, logprobs, done | jnp.isin(new, eos)
+
+        carry = (jnp.int32(1), cache, kv_mask, tokens, logprobs, done)
+        _, cache, kv_mask, tokens, logprobs, _ = jax.lax.while_loop(cond, body, carry)
+        is_end = jnp.isin(tokens, eos).astype(jnp.int32)
+        completion_mask = ((jnp.cumsum(is_end, axis=1) - is_end) == 0).astype(jnp.int32)
+        # Returning cache/kv_mask lets XLA alias the donated input buffers instead of copying them.
+        return tokens, completion_mask, logprobs * completion_mask, cache, kv_mask
+
+    # ---- host side --------------------------------------------------------------------------------------
+
+    def bucket_for(self, longest_prompt: int) -> int:
+        for bucket in self.buckets:
+            if longest_prompt <= bucket:
+                return bucket
+        raise ValueError(f"a prompt has {longest_prompt} tokens, more than the largest bucket "
+                         f"{self.buckets[-1]}; add a larger bucket or shorten the prompt")
+
+    def _place(self, array: np.ndarray) -> jax.Array:
+        """Put a host batch on device(s); with a mesh, rows are split over the data axes."""
+        if self.mesh is None:
+            return jnp.asarray(array)
+        axes = self.model.config.sharding.batch
+        sharding = NamedSharding(self.mesh, fit_spec(array.shape, axes, self.mesh))
+        return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
+
+    def pad_prompts(self, prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+        """Left-pad token lists to their bucket: ids and mask [B, bucket] int32."""
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("generate needs a non-empty list of non-empty prompts")
+        width = self.bucket_for(max(len(p) for p in prompts))
+        ids = np.full((len(prompts), width), self.pad_id, np.int32)
+        mask = np.zeros((len(prompts), width), np.int32)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt):] = prompt
+            mask[row, width - len(prompt):] = 1
+        return ids, mask
+
+    def generate(self, prompts: Sequence[Sequence[int]], rng: jax.Array | int, temperature: float = 1.0,
+                 top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
+                 state: nnx.State | None = None) -> RolloutBatch:
+        """Sample up to max_new_tokens for each prompt (token-id lists, any lengths up to the largest bucket).
+
+        state: model parameters to use (default: the model's current ones, so in-place updates are seen).
+        Arrays come back on device ([B, ...], rows sharded over the data axes when a mesh is given).
+        """
+        if not greedy and temperature <= 0:
+            raise ValueError(f"temperature must be > 0 for sampling (got {temperature}); use greedy=True")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if isinstance(rng, int):
+            rng = jax.random.key(rng)
+        ids, mask = self.pad_prompts(prompts)
+        prompt_ids, prompt_mask = self._place(ids), self._place(mask)
+        prompt_lens = self._place(mask.sum(axis=1).astype(np.int32))
+        state = nnx.state(self.model) if state is None else state
+        statics = {"top_k": int(top_k), "use_top_p": top_p < 1.0, "greedy": bool(greedy)}
+        temperature_, top_p_ = jnp.float32(temperature), jnp.float32(top_p)
+        cache, kv_mask, first, first_logprobs = self._prefill(state, prompt_ids, prompt_mask, rng, temperature_,
+                                                              top_p_, **statics)
+        tokens, completion_mask, logprobs, _, _ = self._decode(
+            state, cache, kv_mask, first, first_logprobs, prompt_lens, rng, temperature_, top_p_, **statics)
+        return RolloutBatch(prompt_ids, prompt_mask, tokens, completion_mask, logprobs)
