@@ -64,7 +64,7 @@ def test_completion_logprobs_and_entropy_match_numpy():
     b, p, c, v = 3, 4, 5, 7
     logits = rng.normal(size=(b, p + c, v)).astype(np.float32)
     ids = rng.integers(0, v, size=(b, p + c))
-    logp, ent = completion_logprobs(jnp.asarray(logits), jnp.asarray(ids), p, temperature=0.7)
+    logp, ent = completion_logprobs(jnp.asarray(logits[:, p - 1:-1]), jnp.asarray(ids[:, p:]), temperature=0.7)
     ref = np_log_softmax(logits / 0.7)
     for i in range(b):
         for t in range(c):
@@ -103,14 +103,14 @@ def test_clipped_surrogate_with_kl_matches_reference(beta):
         assert kl == 0.0
 
 
-def _toy_model(vocab: int, dim: int):
+def _toy_model(vocab: int, dim: int, p: int):
     """Embedding + position-free linear head: small enough to check against a hand-written loss."""
     key = jax.random.PRNGKey(0)
     params = {"emb": jax.random.normal(key, (vocab, dim)) * 0.5,
               "head": jax.random.normal(jax.random.split(key)[0], (dim, vocab)) * 0.5}
 
-    def apply_fn(p, extra, ids, positions, mask):
-        return p["emb"][ids] @ p["head"]
+    def apply_fn(pp, extra, ids, positions, mask):
+        return (pp["emb"][ids] @ pp["head"])[:, p - 1:-1]  # the logits that predict the completion
 
     return params, apply_fn
 
@@ -130,15 +130,15 @@ def _toy_batch(b: int, p: int, c: int, vocab: int):
 @pytest.mark.parametrize("micro_batches", [1, 4])
 def test_update_step_gradient_equals_full_batch_loss_gradient(micro_batches):
     vocab, dim, b, p, c = 11, 8, 8, 3, 4
-    params, apply_fn = _toy_model(vocab, dim)
+    params, apply_fn = _toy_model(vocab, dim, p)
     batch = _toy_batch(b, p, c, vocab)
     settings = LossSettings(0.2, 0.28, beta=0.1)
     ref_params = jax.tree.map(lambda x: x + 0.05, params)
 
     def full_loss(pp):
-        logp, _ = completion_logprobs(apply_fn(pp, None, batch["input_ids"], None, None), batch["input_ids"], p, 1.0)
-        ref_logp, _ = completion_logprobs(apply_fn(ref_params, None, batch["input_ids"], None, None),
-                                          batch["input_ids"], p, 1.0)
+        ids = batch["input_ids"]
+        logp, _ = completion_logprobs(apply_fn(pp, None, ids, None, None), ids[:, p:], 1.0)
+        ref_logp, _ = completion_logprobs(apply_fn(ref_params, None, ids, None, None), ids[:, p:], 1.0)
         terms = grpo_token_terms(logp, jax.lax.stop_gradient(logp), ref_logp, batch["advantages"], settings)
         m = batch["completion_mask"]
         return (terms["loss"] * m).sum() / m.sum()
@@ -157,7 +157,7 @@ def test_update_step_gradient_equals_full_batch_loss_gradient(micro_batches):
 
 def test_ppo_epochs_with_old_logprobs_clip_and_schedules():
     vocab, dim, b, p, c = 11, 8, 8, 3, 4
-    params, apply_fn = _toy_model(vocab, dim)
+    params, apply_fn = _toy_model(vocab, dim, p)
     batch = _toy_batch(b, p, c, vocab)
     schedule = make_schedule(0.5, "constant", 3, 0, 0.1)
     tx = make_optimizer("adamw", schedule, clip_norm=1.0, weight_decay=0.0, b1=0.9, b2=0.999)

@@ -1,12 +1,13 @@
 """GRPO math and the jitted update: advantages, per-token log-probs, the clipped surrogate with KL, and an
 optimizer step with micro-batch gradient accumulation.
 
-The model enters only as `apply_fn(params, extra, input_ids, positions, attention_mask) -> logits`, so the
-math is tested with any small network. `params` are the trainable leaves (what the optimizer sees), `extra`
-the rest of the model's state (passed through, no gradients).
-
 Sequences are `[prompt | completion]` with prompts left-padded to a fixed length P: the logits at position
-t predict token t+1, so the completion's log-probs come from logits[:, P-1 : P+C-1].
+t predict token t+1, so the completion's log-probs come from the logits at positions P-1 .. P+C-2.
+
+The model enters only as `apply_fn(params, extra, input_ids, positions, attention_mask) -> logits [B, C, V]`
+returning exactly those C positions (so a large vocabulary is never projected over the prompt), which lets
+the math be tested with any small network. `params` are the trainable leaves (what the optimizer sees),
+`extra` the rest of the model's state (passed through, no gradients).
 """
 
 from __future__ import annotations
@@ -52,14 +53,15 @@ def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
     return jnp.maximum(jnp.cumsum(attention_mask, axis=-1) - 1, 0).astype(jnp.int32)
 
 
-def completion_logprobs(logits: jax.Array, input_ids: jax.Array, prompt_len: int,
+def completion_logprobs(logits: jax.Array, completion_ids: jax.Array,
                         temperature: float) -> tuple[jax.Array, jax.Array]:
     """Log-prob of each completion token and the entropy of the distribution it was drawn from, [B, C].
 
-    Logits are divided by the sampling temperature so the ratio compares the distribution actually sampled.
+    `logits` [B, C, V] are the ones predicting `completion_ids` [B, C]. They are divided by the sampling
+    temperature so the ratio compares the distribution actually sampled.
     """
-    scaled = logits[:, prompt_len - 1:-1].astype(jnp.float32) / temperature
-    targets = input_ids[:, prompt_len:]
+    scaled = logits.astype(jnp.float32) / temperature
+    targets = completion_ids
     logp_all = jax.nn.log_softmax(scaled, axis=-1)
     logp = jnp.take_along_axis(logp_all, targets[..., None], axis=-1)[..., 0]
     entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
@@ -160,7 +162,7 @@ class GRPOStep:
     def _forward_logprobs(self, params: Any, extra: Any, mb: dict) -> tuple[jax.Array, jax.Array]:
         positions = positions_from_mask(mb["attention_mask"])
         logits = self.apply_fn(params, extra, mb["input_ids"], positions, mb["attention_mask"])
-        return completion_logprobs(logits, mb["input_ids"], self.prompt_len, self.temperature)
+        return completion_logprobs(logits, mb["input_ids"][:, self.prompt_len:], self.temperature)
 
     def _logprobs(self, params: Any, extra: Any, batch: dict) -> jax.Array:
         """Log-probs of the completion tokens under `params` (old policy or reference), [B, C]."""

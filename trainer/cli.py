@@ -1,0 +1,98 @@
+"""`python -m trainer`: the GRPO job the console launches on every host, plus two helper subcommands.
+
+    python -m trainer --config FILE.yaml [--set a.b=value ...] [--print-config] [--run-dir DIR]
+    python -m trainer make-tiny-model DIR          (a tiny offline Qwen2 model; trainer/tiny_model.py)
+    python -m trainer make-gsm8k-jsonl PATH [--n N] [--seed S]   (synthetic GSM8K-format data)
+
+Exit status: 0 when the run finished, 2 for a config or launch problem (one line naming the key and the fix),
+1 for anything else. Every failure also lands in events.jsonl as an `error` event.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Sequence
+
+from trainer.config import ConfigError, check_environment, dump_yaml, load_config
+from trainer.distributed import LaunchError, process_id_hint, read_launch_env
+from trainer.telemetry import KIND_ERROR, EventLog
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+OOM_HINT = ("out of device memory: reduce rollout.batch_size or rollout.n (local_batch), shorten "
+            "rollout.max_length_sample, lower train.micro_batch_size_per_device, or shard the model wider "
+            "(a larger fsdp axis in mesh_shape)")
+
+
+def _train_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer",
+        description="GRPO on GSM8K (Qwen2.5, JAX). Subcommands: make-tiny-model DIR, make-gsm8k-jsonl PATH.")
+    parser.add_argument("--config", required=True, help="YAML config file")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. --set rollout.n=8 (repeatable)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the validated config (with defaults) and its digest, then exit")
+    parser.add_argument("--run-dir", default=None, help="folder for events.jsonl (the console passes '.')")
+    return parser
+
+
+def _make_gsm8k_jsonl(argv: Sequence[str]) -> int:
+    from trainer.synthetic_gsm8k import write_jsonl
+
+    parser = argparse.ArgumentParser(prog="python -m trainer make-gsm8k-jsonl",
+                                     description="Write synthetic GSM8K-format problems as JSON lines.")
+    parser.add_argument("path")
+    parser.add_argument("--n", type=int, default=2000, help="number of problems (default 2000)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    out = write_jsonl(args.path, args.n, args.seed)
+    print(f"wrote {args.n} problems to {out}")
+    return EXIT_OK
+
+
+def error_fields(exc: BaseException, local_batch: int | None) -> dict:
+    """The `error` event's fields: type, one-line message, and for OOM the local batch and a hint."""
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    fields = {"type": type(exc).__name__, "message": message[:2000]}
+    if "RESOURCE_EXHAUSTED" in str(exc) or "out of memory" in str(exc).lower():
+        fields.update(resource_exhausted=True, local_batch=local_batch, hint=OOM_HINT)
+    return fields
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "make-tiny-model":
+        from trainer.tiny_model import main as tiny_main
+
+        return tiny_main(argv[1:])
+    if argv and argv[0] == "make-gsm8k-jsonl":
+        return _make_gsm8k_jsonl(argv[1:])
+
+    args = _train_parser().parse_args(argv)
+    events = EventLog(args.run_dir, process_id_hint())
+    progress: dict = {}  # filled by the run (process index, local batch) for the error event
+    try:
+        cfg = load_config(args.config, args.overrides)
+        if args.print_config:
+            print(dump_yaml(cfg), end="")
+            print(f"# digest: {cfg.digest()}")
+            return EXIT_OK
+        check_environment(cfg)
+        launch = read_launch_env()
+        from trainer.train import run  # imports JAX; only after the config passed
+
+        run(cfg, launch, events, run_dir=args.run_dir, progress=progress)
+        return EXIT_OK
+    except (ConfigError, LaunchError) as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        events.emit(KIND_ERROR, **error_fields(exc, progress.get("local_batch")))
+        return EXIT_BAD_INPUT
+    except Exception as exc:  # noqa: BLE001 - every failure must reach events.jsonl and the exit status
+        traceback.print_exc()
+        fields = error_fields(exc, progress.get("local_batch"))
+        if fields.get("resource_exhausted"):
+            print(f"error: {fields['hint']} (local_batch={fields['local_batch']})", file=sys.stderr, flush=True)
+        events.emit(KIND_ERROR, **fields)
+        return EXIT_FAILED
