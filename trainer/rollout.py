@@ -78,7 +78,8 @@ class Sampler:
         self._graphdef = nnx.graphdef(model)
         statics = ("top_k", "use_top_p", "greedy")
         self._prefill = jax.jit(self._prefill_impl, static_argnames=statics)
-        self._decode = jax.jit(self._decode_impl, static_argnames=statics, donate_argnames=("cache", "kv_mask"))
+        self._decode = jax.jit(self._decode_impl, static_argnames=statics,
+                               donate_argnames=("cache", "kv_mask"))
 
     # ---- traced functions -------------------------------------------------------------------------------
 
@@ -91,9 +92,11 @@ class Sampler:
     def _constrain(self, x: jax.Array, axes: tuple) -> jax.Array:
         if self.mesh is None:
             return x
-        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, fit_spec(x.shape, axes, self.mesh)))
+        sharding = NamedSharding(self.mesh, fit_spec(x.shape, axes, self.mesh))
+        return jax.lax.with_sharding_constraint(x, sharding)
 
-    def _prefill_impl(self, state, prompt_ids, prompt_mask, rng, temperature, top_p, *, top_k, use_top_p, greedy):
+    def _prefill_impl(self, state, prompt_ids, prompt_mask, rng, temperature, top_p, *, top_k, use_top_p,
+                      greedy):
         self.compile_count += 1
         model = self._model(state)
         batch, prompt_len = prompt_ids.shape
@@ -193,8 +196,8 @@ class Sampler:
         state = nnx.state(self.model) if state is None else state
         statics = {"top_k": int(top_k), "use_top_p": top_p < 1.0, "greedy": bool(greedy)}
         temperature_, top_p_ = jnp.float32(temperature), jnp.float32(top_p)
-        cache, kv_mask, first, first_logprobs = self._prefill(state, prompt_ids, prompt_mask, rng, temperature_,
-                                                              top_p_, **statics)
+        cache, kv_mask, first, first_logprobs = self._prefill(
+            state, prompt_ids, prompt_mask, rng, temperature_, top_p_, **statics)
         tokens, completion_mask, logprobs, _, _ = self._decode(
             state, cache, kv_mask, first, first_logprobs, prompt_lens, rng, temperature_, top_p_, **statics)
         return RolloutBatch(prompt_ids, prompt_mask, tokens, completion_mask, logprobs)
