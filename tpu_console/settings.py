@@ -56,6 +56,7 @@ class GcpSettings(_Strict):
     api_endpoint: str | None = None  # e.g. "http://127.0.0.1:8470" for an emulator
     internal_ip: bool = False
     ssh_user: str = "root"
+    oslogin_user: str | None = None  # your Google account email; set it to log in through OS Login
 
 
 class LocalSettings(_Strict):

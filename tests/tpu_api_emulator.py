@@ -1,0 +1,486 @@
+"""A Cloud TPU v2 REST API emulator, served over plain HTTP on 127.0.0.1, for tests and demos.
+
+It speaks the REST surface `google.cloud.tpu_v2.TpuClient(transport="rest")` uses: nodes list/get/create/
+delete/patch, `:getGuestAttributes`, long-running operations, and the OS Login `importSshPublicKey` call.
+State changes happen over (configurable, short) time: a created node is CREATING, then READY; a deleted
+node is DELETING, then gone. Failures are injected per test: a zone out of capacity, a zone whose
+reservation is missing, a quota error, any HTTP error for the next N calls of a method (a 409 on update,
+5xx then success), and preemption of a READY node.
+
+Standalone, for trying the console without a cloud project:
+
+    python tests/tpu_api_emulator.py --port 8470 --demo
+    TPU_CONSOLE_GCP_API_ENDPOINT=http://127.0.0.1:8470 tpu-console ls --project demo
+
+It deliberately shares no code with tpu_console, so a wrong assumption in the provider cannot hide
+behind the same wrong assumption here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import itertools
+import json
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+_NODE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+_TYPE = re.compile(r"^(v2|v3|v4|v5p|v5litepod|v6e)-(\d+)$")
+
+# HTTP status for each google.rpc code the emulator returns.
+_HTTP_FOR_STATUS = {
+    "INVALID_ARGUMENT": 400, "FAILED_PRECONDITION": 400, "PERMISSION_DENIED": 403, "NOT_FOUND": 404,
+    "ALREADY_EXISTS": 409, "ABORTED": 409, "RESOURCE_EXHAUSTED": 429, "INTERNAL": 500,
+    "UNAVAILABLE": 503, "UNAUTHENTICATED": 401,
+}
+_RPC_CODE = {
+    "INVALID_ARGUMENT": 3, "NOT_FOUND": 5, "ALREADY_EXISTS": 6, "PERMISSION_DENIED": 7,
+    "RESOURCE_EXHAUSTED": 8, "FAILED_PRECONDITION": 9, "ABORTED": 10, "INTERNAL": 13, "UNAVAILABLE": 14,
+}
+
+
+def worker_count(accelerator_type: str) -> int:
+    """Hosts per slice, from the public Cloud TPU docs (independent of the console's own table)."""
+    match = _TYPE.match(accelerator_type)
+    assert match, accelerator_type
+    family, size = match.group(1), int(match.group(2))
+    if family in ("v5litepod", "v6e"):  # size counts chips; up to 8 chips on one host, then 4 per host
+        return 1 if size <= 8 else size // 4
+    return max(1, size // 8)  # size counts TensorCores; 8 per host
+
+
+def fake_host_key(seed: bytes | None = None) -> str:
+    """A well-formed `ssh-ed25519 <base64>` public key line (random 32-byte point; nobody signs with it)."""
+    raw = seed if seed is not None else os.urandom(32)
+    kind = b"ssh-ed25519"
+    blob = len(kind).to_bytes(4, "big") + kind + len(raw).to_bytes(4, "big") + raw
+    return "ssh-ed25519 " + base64.b64encode(blob).decode()
+
+
+class ApiError(Exception):
+    def __init__(self, status: str, message: str, http: int | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.http = http or _HTTP_FOR_STATUS.get(status, 500)
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"code": self.http, "message": self.message, "status": self.status}}
+
+    def rpc_status(self) -> dict[str, Any]:
+        return {"code": _RPC_CODE.get(self.status, 2), "message": self.message}
+
+
+@dataclass
+class _Injected:
+    method: str  # "create", "get", "list", "delete", "update", "guestAttributes", "operation"
+    error: ApiError
+    remaining: int
+    zone: str | None = None
+
+
+@dataclass
+class _Node:
+    project: str
+    zone: str
+    node_id: str
+    body: dict[str, Any]  # the Node JSON as the API returns it
+    ready_at: float | None = None
+    gone_at: float | None = None
+    host_keys: list[list[str]] = field(default_factory=list)  # per worker, "type base64" lines
+
+    @property
+    def path(self) -> str:
+        return f"projects/{self.project}/locations/{self.zone}/nodes/{self.node_id}"
+
+
+@dataclass
+class _Operation:
+    name: str
+    verb: str
+    target: str
+    created: str
+    done_at: float
+    error: ApiError | None = None
+    on_done: Any = None  # callable run once when the operation completes
+    finished: bool = False
+
+
+class TpuApiEmulator:
+    """The service state plus failure injection. Thread-safe; serve it with `start()`."""
+
+    def __init__(self, *, create_delay: float = 0.05, delete_delay: float = 0.05, update_delay: float = 0.02):
+        self.create_delay = create_delay
+        self.delete_delay = delete_delay
+        self.update_delay = update_delay
+        self._lock = threading.RLock()
+        self._nodes: dict[tuple[str, str, str], _Node] = {}
+        self._operations: dict[str, _Operation] = {}
+        self._ids = itertools.count(1000)
+        self._injected: list[_Injected] = []
+        self._stockout: set[str] = set()
+        self._no_reservation: set[str] = set()
+        self._quota: set[str] = set()
+        self.requests: list[tuple[str, str]] = []  # (method, path) of every call, for assertions
+        self.create_attempts: list[str] = []  # zones create_node was called in, in order
+        self.oslogin_keys: dict[str, list[str]] = {}
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # ---- serving ------------------------------------------------------------------------------------
+
+    def start(self, port: int = 0) -> str:
+        """Serve on 127.0.0.1:`port` (0 picks a free one) in a daemon thread; returns the endpoint URL."""
+        emulator = self
+
+        class Handler(_Handler):
+            api = emulator
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="tpu-api-emulator", daemon=True)
+        self._thread.start()
+        return self.endpoint
+
+    @property
+    def endpoint(self) -> str:
+        assert self._server is not None, "start() the emulator first"
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    # ---- failure injection --------------------------------------------------------------------------
+
+    def stockout(self, zone: str) -> None:
+        """Creates in `zone` fail in the operation with RESOURCE_EXHAUSTED "no more capacity"."""
+        self._stockout.add(zone)
+
+    def missing_reservation(self, zone: str) -> None:
+        """Creates in `zone` fail in the operation with "Reservation ... not found" (seen for v6e)."""
+        self._no_reservation.add(zone)
+
+    def quota_exceeded(self, zone: str) -> None:
+        """Creates in `zone` are refused at once with a 429 naming the quota."""
+        self._quota.add(zone)
+
+    def fail_next(self, method: str, status: str, message: str, times: int = 1, *, http: int | None = None,
+                  zone: str | None = None) -> None:
+        """The next `times` calls of `method` (in `zone`, if given) answer with this error."""
+        with self._lock:
+            self._injected.append(_Injected(method, ApiError(status, message, http), times, zone))
+
+    def preempt(self, zone: str, name: str, reason: str = "The TPU was preempted.") -> None:
+        with self._lock:
+            node = self._find(zone, name)
+            node.body["state"] = "PREEMPTED"
+            node.body["health"] = "UNHEALTHY_MAINTENANCE"
+            node.body["healthDescription"] = reason
+            node.ready_at = None
+
+    def set_host_key(self, zone: str, name: str, worker: int, line: str) -> None:
+        with self._lock:
+            self._find(zone, name).host_keys[worker] = [line]
+
+    def add_node(self, project: str, zone: str, name: str, accelerator_type: str, *, state: str = "READY",
+                 spot: bool = True, metadata: dict[str, str] | None = None, labels: dict[str, str] | None = None,
+                 runtime_version: str = "v6e-ubuntu-2404", external_ips: bool = True) -> dict[str, Any]:
+        """Put a node straight into a state (no operation), as if created earlier."""
+        with self._lock:
+            node = self._new_node(project, zone, name, {
+                "acceleratorType": accelerator_type, "runtimeVersion": runtime_version,
+                "schedulingConfig": {"spot": spot}, "metadata": metadata or {}, "labels": labels or {},
+                "networkConfig": {"enableExternalIps": external_ips},
+            })
+            node.body["state"] = state
+            if state == "READY":
+                node.body["health"] = "HEALTHY"
+            return json.loads(json.dumps(node.body))
+
+    def node_json(self, zone: str, name: str, project: str | None = None) -> dict[str, Any]:
+        with self._lock:
+            self._advance()
+            return json.loads(json.dumps(self._find(zone, name, project).body))
+
+    def host_key_lines(self, zone: str, name: str) -> list[list[str]]:
+        with self._lock:
+            return [list(keys) for keys in self._find(zone, name).host_keys]
+
+    # ---- the service ---------------------------------------------------------------------------------
+
+    def handle(self, method: str, path: str, query: dict[str, list[str]], body: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            self.requests.append((method, path))
+            self._advance()
+            if path.startswith("/v1/users/") and path.endswith(":importSshPublicKey"):
+                return self._import_ssh_key(path[len("/v1/users/"):-len(":importSshPublicKey")], body, query)
+            match = re.fullmatch(r"/v2/projects/([^/]+)/locations/([^/]+)(/.*)?", path)
+            if not match:
+                raise ApiError("NOT_FOUND", f"no such path {path}")
+            project, zone, rest = match.group(1), match.group(2), match.group(3) or ""
+            if rest == "/nodes" and method == "GET":
+                self._check_injected("list", zone)
+                return self._list(project, zone)
+            if rest == "/nodes" and method == "POST":
+                return self._create(project, zone, query.get("nodeId", [""])[0], body)
+            if m := re.fullmatch(r"/nodes/([^/:]+):getGuestAttributes", rest):
+                self._check_injected("guestAttributes", zone)
+                return self._guest_attributes(project, zone, m.group(1), body)
+            if m := re.fullmatch(r"/nodes/([^/:]+)", rest):
+                name = m.group(1)
+                if method == "GET":
+                    self._check_injected("get", zone)
+                    return self._find(zone, name, project).body
+                if method == "DELETE":
+                    self._check_injected("delete", zone)
+                    return self._delete(project, zone, name)
+                if method == "PATCH":
+                    self._check_injected("update", zone)
+                    return self._update(project, zone, name, query, body)
+            if m := re.fullmatch(r"/operations/([^/:]+)", rest):
+                self._check_injected("operation", zone)
+                return self._operation_json(f"projects/{project}/locations/{zone}/operations/{m.group(1)}")
+            raise ApiError("NOT_FOUND", f"no such method {method} {path}")
+
+    def _check_injected(self, method: str, zone: str) -> None:
+        for injected in self._injected:
+            if injected.method == method and injected.remaining > 0 and injected.zone in (None, zone):
+                injected.remaining -= 1
+                raise injected.error
+
+    def _find(self, zone: str, name: str, project: str | None = None) -> _Node:
+        for (p, z, n), node in self._nodes.items():
+            if z == zone and n == name and (project is None or p == project):
+                return node
+        raise ApiError("NOT_FOUND", f"Resource 'projects/{project}/locations/{zone}/nodes/{name}' was not found")
+
+    def _list(self, project: str, zone: str) -> dict[str, Any]:
+        nodes = [n.body for (p, z, _), n in sorted(self._nodes.items()) if p == project and zone in ("-", z)]
+        return {"nodes": nodes}
+
+    def _new_node(self, project: str, zone: str, name: str, spec: dict[str, Any]) -> _Node:
+        node_id = str(next(self._ids))
+        body = dict(spec)
+        body["name"] = f"projects/{project}/locations/{zone}/nodes/{name}"
+        body["id"] = node_id
+        body["state"] = "CREATING"
+        body["apiVersion"] = "V2"
+        body["createTime"] = _rfc3339(time.time())
+        workers = worker_count(spec["acceleratorType"])
+        external = spec.get("networkConfig", {}).get("enableExternalIps", False)
+        octet = int(node_id) % 200 + 10
+        body["networkEndpoints"] = [
+            {"ipAddress": f"10.{octet}.0.{i + 2}", "port": 8470,
+             **({"accessConfig": {"externalIp": f"34.{octet}.1.{i + 2}"}} if external else {})}
+            for i in range(workers)
+        ]
+        body["cidrBlock"] = f"10.{octet}.0.0/24"
+        node = _Node(project, zone, name, body, host_keys=[[fake_host_key()] for _ in range(workers)])
+        self._nodes[(project, zone, name)] = node
+        return node
+
+    def _create(self, project: str, zone: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.create_attempts.append(zone)
+        self._check_injected("create", zone)
+        if not _NODE_NAME.match(name):
+            raise ApiError("INVALID_ARGUMENT", f"Invalid value for field 'nodeId': '{name}'.")
+        if not _TYPE.match(body.get("acceleratorType", "")):
+            raise ApiError("INVALID_ARGUMENT", f"Accelerator type '{body.get('acceleratorType')}' not found.")
+        if not body.get("runtimeVersion"):
+            raise ApiError("INVALID_ARGUMENT", "Field 'runtimeVersion' is required.")
+        if any(z == zone and n == name for (_, z, n) in self._nodes):
+            raise ApiError("ALREADY_EXISTS", f"Resource 'projects/{project}/locations/{zone}/nodes/{name}' "
+                                             "already exists")
+        if zone in self._quota:
+            kind = "Preemptible" if body.get("schedulingConfig", {}).get("spot") else ""
+            family = body["acceleratorType"].split("-")[0].upper()
+            raise ApiError("RESOURCE_EXHAUSTED", f"Quota limit 'TPU{family}{kind}PodPerProjectPerZoneForTPUAPI' "
+                                                 f"has been exceeded. Limit: 0 in zone {zone}.")
+        node = self._new_node(project, zone, name, body)
+        error = None
+        if zone in self._stockout:
+            error = ApiError("RESOURCE_EXHAUSTED", f"There is no more capacity in the zone \"{zone}\"; you can "
+                                                   "try in another zone where Cloud TPU Nodes are offered")
+        elif zone in self._no_reservation:
+            error = ApiError("NOT_FOUND", f"Reservation projects/{project}/reservations/tpu-{zone} not found "
+                                          f"in zone {zone}.")
+        if error is None:
+            node.ready_at = time.monotonic() + self.create_delay
+        key = (project, zone, name)
+        return self._new_operation(project, zone, "create", node.path, self.create_delay, error,
+                                   on_done=(lambda: self._nodes.pop(key, None)) if error else None)
+
+    def _delete(self, project: str, zone: str, name: str) -> dict[str, Any]:
+        node = self._find(zone, name, project)
+        node.body["state"] = "DELETING"
+        node.ready_at = None
+        key = (project, zone, name)
+        return self._new_operation(project, zone, "delete", node.path, self.delete_delay, None,
+                                   on_done=lambda: self._nodes.pop(key, None))
+
+    def _update(self, project: str, zone: str, name: str, query: dict[str, list[str]],
+                body: dict[str, Any]) -> dict[str, Any]:
+        node = self._find(zone, name, project)
+        mask = query.get("updateMask", [""])[0]
+        paths = [p for p in mask.split(",") if p]
+        if not paths:
+            raise ApiError("INVALID_ARGUMENT", "updateMask is required")
+        changes: dict[str, Any] = {}
+        for path in paths:
+            if path not in ("metadata", "labels", "description", "tags"):
+                raise ApiError("INVALID_ARGUMENT", f"field {path!r} cannot be updated")
+            changes[path] = body.get(path, {} if path in ("metadata", "labels") else "")
+
+        def apply() -> None:
+            node.body.update(changes)
+
+        return self._new_operation(project, zone, "update", node.path, self.update_delay, None, on_done=apply)
+
+    def _guest_attributes(self, project: str, zone: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        node = self._find(zone, name, project)
+        query_path = body.get("queryPath", "")
+        wanted = [int(w) for w in body.get("workerIds", [])] or list(range(len(node.host_keys)))
+        attributes = []
+        for worker in wanted:
+            items = []
+            if node.body["state"] == "READY" and query_path in ("", "hostkeys/"):
+                for line in node.host_keys[worker]:
+                    kind, blob = line.split()[:2]
+                    items.append({"namespace": "hostkeys", "key": kind, "value": blob})
+            attributes.append({"queryPath": query_path, "queryValue": {"items": items}})
+        return {"guestAttributes": attributes}
+
+    def _import_ssh_key(self, user: str, body: dict[str, Any], query: dict[str, list[str]]) -> dict[str, Any]:
+        self._check_injected("oslogin", "-")
+        self.oslogin_keys.setdefault(user, []).append(body["key"])
+        username = re.sub(r"[^a-z0-9_]", "_", user.lower())
+        return {"loginProfile": {"name": user, "posixAccounts": [
+            {"primary": True, "username": username, "uid": "1001", "gid": "1001",
+             "homeDirectory": f"/home/{username}", "operatingSystemType": "LINUX"}]}}
+
+    def _new_operation(self, project: str, zone: str, verb: str, target: str, delay: float,
+                       error: ApiError | None, on_done: Any = None) -> dict[str, Any]:
+        name = f"projects/{project}/locations/{zone}/operations/operation-{next(self._ids)}-{verb}"
+        self._operations[name] = _Operation(name, verb, target, _rfc3339(time.time()),
+                                            time.monotonic() + delay, error, on_done)
+        return self._operation_json(name)
+
+    def _operation_json(self, name: str) -> dict[str, Any]:
+        op = self._operations.get(name)
+        if op is None:
+            raise ApiError("NOT_FOUND", f"Operation {name} not found")
+        result: dict[str, Any] = {
+            "name": op.name,
+            "metadata": {"@type": "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata",
+                         "createTime": op.created, "target": op.target, "verb": op.verb, "apiVersion": "v2"},
+            "done": op.finished,
+        }
+        if op.finished:
+            if op.error is not None:
+                result["error"] = op.error.rpc_status()
+            else:
+                result["response"] = {"@type": "type.googleapis.com/google.protobuf.Empty"}
+        return result
+
+    def _advance(self) -> None:
+        """Apply every state change whose time has come (called on each request; no background thread)."""
+        now = time.monotonic()
+        for node in self._nodes.values():
+            if node.ready_at is not None and now >= node.ready_at and node.body["state"] == "CREATING":
+                node.body["state"] = "READY"
+                node.body["health"] = "HEALTHY"
+                node.ready_at = None
+        for op in self._operations.values():
+            if not op.finished and now >= op.done_at:
+                if op.verb == "create" and op.error is None:
+                    node = next((n for n in self._nodes.values() if n.path == op.target), None)
+                    if node is not None and node.body["state"] == "CREATING":
+                        continue  # a create completes when its node is READY
+                op.finished = True
+                if op.on_done is not None:
+                    op.on_done()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    api: TpuApiEmulator
+    protocol_version = "HTTP/1.1"
+
+    def _serve(self, method: str) -> None:
+        url = urlsplit(self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw) if raw else {}
+            payload, status = self.api.handle(method, url.path, parse_qs(url.query), body), 200
+        except ApiError as exc:
+            payload, status = exc.body(), exc.http
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+    def do_PATCH(self) -> None:
+        self._serve("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._serve("DELETE")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        if os.environ.get("TPU_API_EMULATOR_LOG"):
+            super().log_message(format, *args)
+
+
+def _rfc3339(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Cloud TPU v2 REST API emulator on 127.0.0.1")
+    parser.add_argument("--port", type=int, default=8470)
+    parser.add_argument("--create-delay", type=float, default=20.0, help="seconds a node stays CREATING")
+    parser.add_argument("--delete-delay", type=float, default=5.0, help="seconds a node stays DELETING")
+    parser.add_argument("--stockout", action="append", default=[], metavar="ZONE", help="zone without capacity")
+    parser.add_argument("--quota", action="append", default=[], metavar="ZONE", help="zone over quota")
+    parser.add_argument("--demo", action="store_true", help="start with nodes in project 'demo'")
+    args = parser.parse_args()
+    api = TpuApiEmulator(create_delay=args.create_delay, delete_delay=args.delete_delay, update_delay=0.5)
+    for zone in args.stockout:
+        api.stockout(zone)
+    for zone in args.quota:
+        api.quota_exceeded(zone)
+    if args.demo:
+        api.add_node("demo", "europe-west4-a", "demo-v6e-8", "v6e-8")
+        api.add_node("demo", "us-east5-b", "demo-v6e-16", "v6e-16")
+        api.add_node("demo", "us-central2-b", "demo-v4-16", "v4-16", spot=False,
+                     runtime_version="tpu-ubuntu2204-base")
+        api.preempt("us-east5-b", "demo-v6e-16", "Spot capacity was reclaimed.")
+    endpoint = api.start(args.port)
+    print(f"TPU API emulator on {endpoint} (Ctrl-C stops it)", flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        api.stop()
+
+
+if __name__ == "__main__":
+    main()
