@@ -25,6 +25,7 @@ from pathlib import Path
 
 import asyncssh
 
+from tpu_console.providers.local.child_process import ChildProcess, start_child
 from tpu_console.providers.local.store import LOOPBACK
 
 _CHUNK = 65536
@@ -69,7 +70,7 @@ class WorkerServer:
         self._authorized = asyncssh.import_authorized_keys(authorized_key_line + "\n")
         self._env = spec.environment()
         self._acceptor: asyncssh.SSHAcceptor | None = None
-        self._running: set[asyncio.subprocess.Process] = set()
+        self._running: set[ChildProcess] = set()
         self.port = 0
 
     async def start(self, port: int = 0) -> int:
@@ -96,37 +97,33 @@ class WorkerServer:
             await self._acceptor.wait_closed()
             self._acceptor = None
         # Commands still attached to a channel die with the server, as they would with sshd.
-        for proc in list(self._running):
-            _signal_group(proc.pid, signal.SIGKILL)
+        for child in list(self._running):
+            _signal_group(child.pid, signal.SIGKILL)
 
     async def _handle(self, process: asyncssh.SSHServerProcess) -> None:
         argv = ["bash", "-c", process.command] if process.command is not None else ["bash", "-s"]
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                cwd=self.spec.home,
-                env=self._env,
-                start_new_session=True,
-            )
+            child = await start_child(argv, self.spec.home, self._env)
         except OSError as exc:
             process.stderr.write(f"cannot start bash: {exc}\n".encode())
             process.exit(127)
             return
-        self._running.add(proc)
+        self._running.add(child)
         try:
-            await self._serve(process, proc)
+            await self._serve(process, child)
+        except Exception as exc:  # noqa: BLE001 - a bug here must fail this command, not the connection
+            _signal_group(child.pid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                process.stderr.write(f"local worker server error: {exc!r}\n".encode())
+                process.exit(255)
         finally:
-            self._running.discard(proc)
+            self._running.discard(child)
 
-    async def _serve(self, process: asyncssh.SSHServerProcess, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdin and proc.stdout and proc.stderr
-        feeder = asyncio.create_task(_feed(process.stdin, proc.stdin))
+    async def _serve(self, process: asyncssh.SSHServerProcess, child: ChildProcess) -> None:
+        feeder = asyncio.create_task(_feed(process.stdin, child.stdin))
         finished = asyncio.ensure_future(
             asyncio.gather(
-                _copy(proc.stdout, process.stdout), _copy(proc.stderr, process.stderr), proc.wait()
+                _copy(child.stdout, process.stdout), _copy(child.stderr, process.stderr), child.wait()
             )
         )
         closed = asyncio.ensure_future(process.channel.wait_closed())
@@ -134,16 +131,16 @@ class WorkerServer:
         feeder.cancel()
         if finished.done() and finished.exception() is None:
             closed.cancel()
-            status = proc.returncode if proc.returncode is not None else 255
+            status = finished.result()[2]
             # bash reports death by signal N as 128+N; keep that convention for the client.
             process.exit(status if status >= 0 else 128 - status)
             return
         # The client went away (timeout, dropped connection): stop what the command started.
-        _signal_group(proc.pid, signal.SIGTERM)
+        _signal_group(child.pid, signal.SIGTERM)
         try:
-            await asyncio.wait_for(proc.wait(), _STOP_GRACE_S)
+            await asyncio.wait_for(child.wait(), _STOP_GRACE_S)
         except TimeoutError:
-            _signal_group(proc.pid, signal.SIGKILL)
+            _signal_group(child.pid, signal.SIGKILL)
         finished.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await finished
@@ -160,16 +157,16 @@ class _WorkerSftp(asyncssh.SFTPServer):
         return path if path.startswith(b"/") else posixpath.join(self._home, path)
 
 
-async def _feed(source: asyncssh.SSHReader, sink: asyncio.StreamWriter) -> None:
+async def _feed(source: asyncssh.SSHReader, sink: asyncio.WriteTransport) -> None:
     try:
         while chunk := await source.read(_CHUNK):
+            if sink.is_closing():
+                break  # the command closed its stdin; like sshd, drop the rest
             sink.write(chunk)
-            await sink.drain()
     except (BrokenPipeError, ConnectionResetError, asyncssh.Error):
-        pass  # the command stopped reading; like sshd, drop the rest
+        pass
     finally:
-        with contextlib.suppress(Exception):
-            sink.close()
+        sink.close()
 
 
 async def _copy(source: asyncio.StreamReader, sink: asyncssh.SSHWriter) -> None:
