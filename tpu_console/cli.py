@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
@@ -15,7 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any, TextIO
 
 from tpu_console import actions
-from tpu_console.errors import UserError
+from tpu_console.errors import Unreachable, UserError
 from tpu_console.model import CreateRequest
 from tpu_console.node_table import COLUMNS, format_table, node_record, node_row
 from tpu_console.providers.base import Provider
@@ -184,9 +185,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         _print_error(str(exc), json_mode)
         return exc.exit_status
+    except Unreachable as exc:
+        _print_error(f"{exc}; check the node with `tpu-console ls`", json_mode)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `tpu-console ls | head`: the reader went away; stop quietly, as other Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 def _open_app(settings: Settings) -> int:
