@@ -30,7 +30,9 @@ def cells(table: DataTable) -> list[list[str]]:
 
 
 async def test_table_lists_every_node_with_ls_columns():
-    provider = FakeProvider([make_node("pod-b", state=NodeState.PREEMPTED), make_node("pod-a", spot=False)])
+    provider = FakeProvider(
+        [make_node("pod-b", "local", state=NodeState.PREEMPTED), make_node("pod-a", "gcp", spot=False)]
+    )
     app = make_app(provider)
     async with app.run_test(size=(120, 30)) as pilot:
         screen = app.screen
@@ -46,10 +48,11 @@ async def test_table_lists_every_node_with_ls_columns():
             "ZONE",
             "SPOT",
             "AGE",
+            "PRICE/H",
         ]
         assert cells(table) == [
-            ["pod-a", "fake", "v6e-16", "4", "READY", "us-east5-b", "-", "3h12m"],
-            ["pod-b", "fake", "v6e-16", "4", "PREEMPTED", "us-east5-b", "spot", "3h12m"],
+            ["pod-a", "gcp", "v6e-16", "4", "READY", "us-east5-b", "-", "3h12m", "~$43.20"],
+            ["pod-b", "local", "v6e-16", "4", "PREEMPTED", "us-east5-b", "spot", "3h12m", "-"],
         ]
         assert "2 nodes" in str(screen.query_one("#status", Static).render())
 

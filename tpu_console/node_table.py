@@ -7,8 +7,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tpu_console.model import Node
+from tpu_console.pricing import price_per_hour
 
-COLUMNS = ("NAME", "PROVIDER", "TYPE", "WORKERS", "STATE", "ZONE", "SPOT", "AGE")
+COLUMNS = ("NAME", "PROVIDER", "TYPE", "WORKERS", "STATE", "ZONE", "SPOT", "AGE", "PRICE/H")
 
 
 def format_age(created_at: datetime | None, now: datetime) -> str:
@@ -37,11 +38,19 @@ def node_row(node: Node, now: datetime) -> tuple[str, ...]:
         node.zone or "-",
         "spot" if node.spot else "-",
         format_age(node.created_at, now),
+        format_price(node),
     )
+
+
+def format_price(node: Node) -> str:
+    """Approximate list price per hour (`~$12.34`), `-` for nodes without one (local, ssh)."""
+    estimate = price_per_hour(node)
+    return f"~${estimate.per_hour:,.2f}" if estimate else "-"
 
 
 def node_record(node: Node, now: datetime) -> dict[str, Any]:
     """The JSON form of a node: everything a script may want, with plain types only."""
+    estimate = price_per_hour(node)
     return {
         "name": node.name,
         "provider": node.provider,
@@ -58,6 +67,9 @@ def node_record(node: Node, now: datetime) -> dict[str, Any]:
         "created_at": _aware(node.created_at).isoformat() if node.created_at else None,
         "age_s": int((now - _aware(node.created_at)).total_seconds()) if node.created_at else None,
         "labels": dict(node.labels),
+        "price_per_hour": round(estimate.per_hour, 4) if estimate else None,
+        "price_currency": estimate.currency if estimate else None,
+        "price_as_of": estimate.as_of if estimate else None,
         "hosts": [
             {
                 "worker": w.index,
