@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -176,3 +180,37 @@ def test_local_provider_disabled_in_config(capsys):
 
 def test_args_after_double_dash_are_only_for_exec(capsys):
     assert_one_line_error(*run(capsys, "ls", "--", "x"), "unexpected arguments after --")
+
+
+def test_delete_in_a_terminal_asks_for_the_name(capsys, monkeypatch):
+    run(capsys, "create", "pod-a", "--type", "local-1x1")
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
+    monkeypatch.setattr("builtins.input", lambda prompt: "pod-b")
+    assert_one_line_error(*run(capsys, "delete", "pod-a"), "the name typed did not match")
+    assert (home() / "local" / "pod-a").is_dir()
+    monkeypatch.setattr("builtins.input", lambda prompt: "pod-a")
+    status, out, _ = run(capsys, "delete", "pod-a")
+    assert status == 0 and out.strip() == "deleted pod-a"
+    assert not (home() / "local" / "pod-a").exists()
+
+
+def test_console_script_runs_as_a_process(tmp_path):
+    # The installed entry point and `python -m tpu_console` both reach cli.main.
+    env = {**os.environ, "TPU_CONSOLE_HOME": str(tmp_path)}
+    env = {k: v for k, v in env.items() if not k.startswith("TPU_CONSOLE_") or k == "TPU_CONSOLE_HOME"}
+    script = Path(sys.executable).parent / "tpu-console"
+    version = subprocess.run(
+        [str(script), "--version"], check=False, capture_output=True, text=True, env=env, timeout=60
+    )
+    assert version.returncode == 0 and version.stdout.startswith("tpu-console ")
+    bad = subprocess.run(
+        [sys.executable, "-m", "tpu_console", "delete", "ghost", "--yes"],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr == "error: unknown node 'ghost': `tpu-console ls` lists the nodes\n"
