@@ -78,6 +78,8 @@ class TrainConfig(_Section):
     weight_decay: float = Field(0.0, ge=0)
     b1: float = Field(0.9, ge=0, lt=1)
     b2: float = Field(0.999, ge=0, lt=1)
+    compute_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="activations; params stay fp32")
+    remat: bool = Field(True, description="recompute each block in the backward pass (saves activation memory)")
 
 
 class CheckpointConfig(_Section):

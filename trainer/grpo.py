@@ -149,10 +149,14 @@ class GRPOStep:
     micro_batches: int
     loss: LossSettings
     batch_sharding: NamedSharding | None = None  # sharding of one micro-batch's rows
+    # Shardings of params and optimizer state: pinning the outputs to them means step 2 reuses step 1's
+    # compilation instead of recompiling for an equivalent-but-different layout XLA picked.
+    state_shardings: tuple[Any, Any] | None = None
 
     def __post_init__(self) -> None:
         self.logprobs = jax.jit(self._logprobs)
-        self.update = jax.jit(self._update, donate_argnums=(0, 2))
+        out = None if self.state_shardings is None else (*self.state_shardings, None)
+        self.update = jax.jit(self._update, donate_argnums=(0, 2), out_shardings=out)
 
     def _constrain(self, tree: Any) -> Any:
         if self.batch_sharding is None:

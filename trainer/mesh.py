@@ -99,3 +99,33 @@ def rollout_sharding(mesh: Mesh, style: str) -> NamedSharding:
 def train_sharding(mesh: Mesh) -> NamedSharding:
     """Training batch over (dp, fsdp); tp shards the model, not the batch."""
     return NamedSharding(mesh, PartitionSpec(("dp", "fsdp")))
+
+
+# Host <-> global arrays. Each process holds its own rows of every batch (its prompts, their completions).
+def global_from_local_rows(local: np.ndarray, mesh: Mesh, sharding: NamedSharding | None = None) -> jax.Array:
+    """One global array from every process's `local` rows (stacked in process order), laid out as `sharding`."""
+    array = jax.make_array_from_process_local_data(batch_sharding(mesh), np.asarray(local))
+    return array if sharding is None else reshard(array, sharding)
+
+
+def local_rows(array: jax.Array, mesh: Mesh) -> np.ndarray:
+    """This process's rows of a global batch array, as NumPy (the inverse of global_from_local_rows)."""
+    if array.is_fully_addressable:
+        return np.asarray(array)
+    laid_out = reshard(array, batch_sharding(mesh))
+    shards = sorted(laid_out.addressable_shards, key=lambda s: s.index[0].start or 0)
+    return np.concatenate([np.asarray(s.data) for s in shards], axis=0)
+
+
+def reshard(tree: object, sharding: NamedSharding) -> object:
+    """Move arrays to `sharding` (a collective when rows change owner; a no-op when already there)."""
+    return _reshard_fn(sharding)(tree)
+
+
+_RESHARD_FNS: dict[NamedSharding, object] = {}
+
+
+def _reshard_fn(sharding: NamedSharding):  # one jitted identity per target layout, reused every step
+    if sharding not in _RESHARD_FNS:
+        _RESHARD_FNS[sharding] = jax.jit(lambda x: x, out_shardings=sharding)
+    return _RESHARD_FNS[sharding]

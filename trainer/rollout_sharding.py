@@ -1,0 +1,44 @@
+"""The rollout Sampler (trainer/rollout.py) across processes, with the batch laid out by sharding style.
+
+Each process passes only its own prompts; they become one global batch (every process pads to the same
+fixed length, so all of them compile the same program). `rollout.sharding_style` picks where rows live:
+- `legacy`: batch over all mesh axes (dp, fsdp, tp): every device decodes its own rows.
+- `maxtext`: batch over dp only, replicated over fsdp/tp: rows stay with the weights' data-parallel group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from trainer.mesh import global_from_local_rows, rollout_sharding
+from trainer.model import Qwen2ForCausalLM, fit_spec
+from trainer.rollout import Sampler
+
+_BATCH_AXES = {"legacy": ("dp", "fsdp", "tp"), "maxtext": ("dp",)}
+
+
+class ShardedSampler(Sampler):
+    """`Sampler` whose inputs are this process's rows and whose batch layout follows the sharding style."""
+
+    def __init__(self, model: Qwen2ForCausalLM, pad_id: int, eos_ids: Sequence[int], *, prompt_len: int,
+                 max_new_tokens: int, mesh: Mesh, style: str) -> None:
+        # One bucket: every process pads to the same width whatever its own longest prompt is.
+        super().__init__(model, pad_id, eos_ids, buckets=(prompt_len,), max_new_tokens=max_new_tokens,
+                         mesh=mesh)
+        self.style = style
+        self.sharding = rollout_sharding(mesh, style)
+
+    def _place(self, array: np.ndarray) -> jax.Array:
+        return global_from_local_rows(array, self.mesh, self.sharding)
+
+    def _constrain(self, x: jax.Array, axes: tuple) -> jax.Array:
+        # The KV cache [batch, length, kv_heads, head_dim] follows the rollout rows; heads stay on tp
+        # unless the batch already uses it (legacy).
+        batch_axes = _BATCH_AXES[self.style]
+        heads = None if "tp" in batch_axes else "tp"
+        spec = fit_spec(x.shape, (batch_axes, None, heads, None)[: x.ndim], self.mesh)
+        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
