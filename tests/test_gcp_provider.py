@@ -73,9 +73,12 @@ async def test_get_unknown_node_is_not_found(make_provider):
 
 # ---- create -------------------------------------------------------------------------------------------
 
-async def test_create_falls_through_two_zones_without_capacity_and_succeeds_in_the_third(emulator, make_provider):
+@pytest.mark.parametrize("second_zone_problem", ["stockout", "missing_reservation"])
+async def test_create_falls_through_two_zones_without_capacity_and_succeeds_in_the_third(
+    emulator, make_provider, second_zone_problem
+):
     emulator.stockout(Z1)
-    emulator.missing_reservation(Z2)
+    getattr(emulator, second_zone_problem)(Z2)
     lines: list[str] = []
     request = CreateRequest("trainer-1", "v6e-16", zones=(Z1, Z2, Z3), labels={"team": "rl"})
 
@@ -88,7 +91,8 @@ async def test_create_falls_through_two_zones_without_capacity_and_succeeds_in_t
     assert node.labels == {"created-by": "tpu-console", "team": "rl"}
     text = "\n".join(lines)
     assert f"{Z1}: no capacity, trying next zone" in text
-    assert f"{Z2}: reservation not found, trying next zone" in text
+    second_outcome = "no capacity" if second_zone_problem == "stockout" else "reservation not found"
+    assert f"{Z2}: {second_outcome}, trying next zone" in text
     timeline = [line for line in lines if line.startswith(f"{Z3}: ")]
     assert any("CREATING" in line for line in timeline) and "READY" in timeline[-1]
     # The failed attempts left nothing behind.

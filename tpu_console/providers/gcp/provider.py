@@ -59,10 +59,13 @@ class GcpProvider(Provider):
     def project(self) -> str:
         return require_project(self._settings)
 
-    def _client(self) -> TpuApi:
+    async def _client(self) -> TpuApi:
         if self._api is None:
             self.project  # noqa: B018 (fail on a missing project before touching credentials)
-            self._api = TpuApi(make_tpu_client(self._settings), poll_interval=self.poll_interval)
+            # In a thread: finding credentials can probe the GCE metadata server for seconds.
+            client = await asyncio.to_thread(make_tpu_client, self._settings)
+            if self._api is None:  # another task may have built one meanwhile
+                self._api = TpuApi(client, poll_interval=self.poll_interval)
         return self._api
 
     def _zones(self, zones: tuple[str, ...] | list[str] = ()) -> list[str]:
@@ -79,7 +82,7 @@ class GcpProvider(Provider):
     # ---- list / get -------------------------------------------------------------------------------
 
     async def list_nodes(self) -> NodeListing:
-        api = self._client()
+        api = await self._client()
         zones = self._zones() or ["-"]  # "-": every location the project has nodes in
         answers = await asyncio.gather(
             *(api.list_nodes(f"projects/{self.project}/locations/{zone}") for zone in zones),
@@ -103,7 +106,7 @@ class GcpProvider(Provider):
 
     async def _find(self, name: str):
         """The API node called `name` in the configured zones (or anywhere, with no zones configured)."""
-        api = self._client()
+        api = await self._client()
         zones = self._zones()
         if not zones:
             listing = await self.list_nodes()
@@ -152,7 +155,7 @@ class GcpProvider(Provider):
             raise UserError("zone '-' means all zones and only works for listing; name real zones in --zones")
         _validate_labels(request.labels)
         runtime = request.runtime_version or accelerators.default_runtime_version(accelerator_type)
-        api = self._client()
+        api = await self._client()
         kind = "spot" if request.spot else "on-demand"
         spec = tpu_v2.Node(
             accelerator_type=accelerator_type,
@@ -201,7 +204,7 @@ class GcpProvider(Provider):
 
         Reports each state change with the time since the create was accepted: the state timeline.
         """
-        api = self._client()
+        api = await self._client()
         path = node_path(self.project, zone, name)
         started = time.monotonic()
         last_state: NodeState | None = None
@@ -234,7 +237,7 @@ class GcpProvider(Provider):
 
     async def _remove_failed_node(self, path: str, zone: str, progress: Progress) -> None:
         """A failed create can leave the node behind in a failed state; remove it so it holds nothing."""
-        api = self._client()
+        api = await self._client()
         try:
             await api.get_node(path)
         except API_ERRORS:
@@ -251,7 +254,7 @@ class GcpProvider(Provider):
 
     async def delete(self, name: str, progress: Progress = _ignore) -> None:
         """Delete the node and wait until it is gone. The caller has already asked for confirmation."""
-        api = self._client()
+        api = await self._client()
         node = self._model(await self._find(name))
         if node.state.holds_quota:
             progress(f"{name} is {node.state}: it holds TPU quota until deleted, deleting it frees that")
@@ -277,7 +280,7 @@ class GcpProvider(Provider):
     # ---- ssh --------------------------------------------------------------------------------------
 
     async def ssh_targets(self, node: Node) -> list[SshTarget]:
-        api = self._client()
+        api = await self._client()
         api_node = await self._find(node.name) if node.zone is None else await self._get_fresh(node)
         current = self._model(api_node)
         if current.state is not NodeState.READY:
@@ -291,8 +294,9 @@ class GcpProvider(Provider):
             if not self._settings.oslogin_user:
                 raise UserError(f"{current.name} uses OS Login: set [gcp] oslogin_user = \"you@example.com\" "
                                 "(your Google account) in config.toml")
+            credentials = await asyncio.to_thread(load_credentials, self._settings.api_endpoint)
             username = await ssh_access.import_oslogin_key(
-                load_credentials(self._settings.api_endpoint), oslogin_endpoint(self._settings),
+                credentials, oslogin_endpoint(self._settings),
                 self._settings.oslogin_user, public_key,
             )
         else:
@@ -312,7 +316,7 @@ class GcpProvider(Provider):
 
     async def _get_fresh(self, node: Node):
         try:
-            return await self._client().get_node(node_path(self.project, node.zone or "-", node.name))
+            return await (await self._client()).get_node(node_path(self.project, node.zone or "-", node.name))
         except API_ERRORS as exc:
             failure = classify_exception(exc)
             if failure.kind is FailureKind.NOT_FOUND:
@@ -321,7 +325,7 @@ class GcpProvider(Provider):
 
     async def _host_keys(self, path: str, workers: int) -> list[list[str]]:
         """Host keys of every worker; a node that has just become READY may need a moment to publish."""
-        api = self._client()
+        api = await self._client()
         deadline = time.monotonic() + self.host_key_wait
         while True:
             observed = ssh_access.host_keys_from_guest_attributes(
