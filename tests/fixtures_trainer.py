@@ -1,7 +1,7 @@
 """Shared trainer fixtures: one tiny HF-format Qwen2 directory per test session (written by make-tiny-model).
 
 Use in a test module with
-    from tests.fixtures_trainer import tiny_model_dir, tiny_model  # noqa: F401 - fixtures
+    pytest_plugins = ("tests.fixtures_trainer",)
 The directory is built once per process (however many modules import the fixture) and removed at exit.
 """
 

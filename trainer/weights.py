@@ -80,7 +80,7 @@ def _tensor_files(model_dir: Path) -> dict[str, Path]:
     if not single.is_file():
         raise FileNotFoundError(f"{model_dir} has neither model.safetensors nor model.safetensors.index.json")
     with safe_open(single, framework="numpy") as f:
-        return dict.fromkeys(f.keys(), single)  # noqa: SIM118 (safe_open is not iterable)
+        return dict.fromkeys(f.keys(), single)
 
 
 def _variable(model: nnx.Module, path: ParamPath) -> nnx.Variable:
