@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.fixtures_gcp import PROJECT, ZONES, emulator, gcp_home, make_provider  # noqa: F401 - fixtures
@@ -138,6 +140,20 @@ async def test_create_on_demand_v4_uses_its_runtime_and_survives_a_5xx_while_wai
     assert body["runtimeVersion"] == "tpu-ubuntu2204-base"
     assert body["schedulingConfig"].get("spot", False) is False
     assert (node.spot, node.shape.workers, node.shape.chips) == (False, 2, 8)
+
+
+async def test_create_reports_a_node_preempted_before_it_became_ready(emulator, make_provider):
+    emulator.create_delay = 30  # stays CREATING until preempted below
+    lines: list[str] = []
+    task = asyncio.create_task(make_provider().create(CreateRequest("doomed", "v6e-8", zones=(Z1,)), lines.append))
+    for _ in range(500):  # at most ~5 s
+        if any("CREATING" in line for line in lines):
+            break
+        await asyncio.sleep(0.01)
+    emulator.preempt(Z1, "doomed", "Spot capacity was reclaimed.")
+    with pytest.raises(UserError, match="doomed in .* became PREEMPTED while being created.*quota"):
+        await task
+    assert lines[-1].startswith(f"{Z1}: PREEMPTED (Spot capacity was reclaimed.) after ")
 
 
 @pytest.mark.parametrize(
