@@ -98,6 +98,11 @@ class LocalProvider(Provider):
             "TRAINER_NUM_PROCESSES": str(len(targets)),
         }
 
+    def worker_server(self, name: str, worker: int) -> WorkerServer:
+        """The running SSH server of one worker (after `ssh_targets`): stopping and starting it again
+        on its port rehearses a worker that goes down and comes back."""
+        return self._servers[name][worker]
+
     async def close(self) -> None:
         for name in list(self._servers):
             await self._stop_servers(name)

@@ -71,6 +71,7 @@ class WorkerServer:
         self._env = spec.environment()
         self._acceptor: asyncssh.SSHAcceptor | None = None
         self._running: set[ChildProcess] = set()
+        self._connections: set[asyncssh.SSHServerConnection] = set()
         self.port = 0
 
     async def start(self, port: int = 0) -> int:
@@ -78,6 +79,7 @@ class WorkerServer:
         self._acceptor = await asyncssh.listen(
             LOOPBACK,
             port,
+            server_factory=lambda: _ConnectionTracker(self._connections),
             server_host_keys=[self.spec.host_key],
             authorized_client_keys=self._authorized,
             process_factory=self._handle,
@@ -92,8 +94,11 @@ class WorkerServer:
         return self.port
 
     async def close(self) -> None:
+        """Stop listening and drop every connection, as a worker going down would."""
         if self._acceptor is not None:
             self._acceptor.close()
+            for conn in list(self._connections):
+                conn.close()
             await self._acceptor.wait_closed()
             self._acceptor = None
         # Commands still attached to a channel die with the server, as they would with sshd.
@@ -144,6 +149,21 @@ class WorkerServer:
         finished.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await finished
+
+
+class _ConnectionTracker(asyncssh.SSHServer):
+    """Keeps the server's set of open connections, so closing the server can close them too."""
+
+    def __init__(self, connections: set[asyncssh.SSHServerConnection]) -> None:
+        self._connections = connections
+        self._conn: asyncssh.SSHServerConnection | None = None
+
+    def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+        self._conn = conn
+        self._connections.add(conn)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connections.discard(self._conn)  # type: ignore[arg-type]
 
 
 class _WorkerSftp(asyncssh.SFTPServer):

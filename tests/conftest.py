@@ -1,0 +1,50 @@
+"""Fixtures every test area can use: a private TPU_CONSOLE_HOME for each test, and a running local pod."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tpu_console.fleet.fleet import Fleet
+from tpu_console.fleet.target import SshTarget
+from tpu_console.model import CreateRequest, Node
+from tpu_console.providers.local import LocalProvider
+
+
+@pytest.fixture(autouse=True)
+def isolated_console_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No test reads or writes the developer's real tpu-console folder (keys, pods, database)."""
+    home = tmp_path / "console-home"
+    monkeypatch.setenv("TPU_CONSOLE_HOME", str(home))
+    return home
+
+
+@dataclass
+class LocalPod:
+    provider: LocalProvider
+    node: Node
+    targets: list[SshTarget]
+
+    def worker_dir(self, worker: int) -> Path:
+        return self.provider.store.worker_dir(self.node.name, worker)
+
+
+@pytest.fixture
+async def local_pod() -> AsyncIterator[LocalPod]:
+    """A 4-worker local pod (2 CPU devices per worker) named `pod`, its SSH servers running."""
+    provider = LocalProvider()
+    node = await provider.create(CreateRequest(name="pod", accelerator_type="local-4x2"))
+    targets = await provider.ssh_targets(node)
+    try:
+        yield LocalPod(provider, node, targets)
+    finally:
+        await provider.close()
+
+
+@pytest.fixture
+async def local_fleet(local_pod: LocalPod) -> AsyncIterator[Fleet]:
+    async with Fleet(local_pod.targets) as fleet:
+        yield fleet

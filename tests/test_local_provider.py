@@ -1,0 +1,172 @@
+"""The local provider: types, create/list/get/delete, pinned host keys, and detached jobs that outlive
+the console process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import LocalPod
+from tpu_console.errors import AlreadyExists, NotFound, UserError
+from tpu_console.fleet.fleet import Fleet
+from tpu_console.model import CreateRequest, NodeState
+from tpu_console.providers.local import LocalProvider, parse_local_type
+
+# A minimal launch wrapper, as the run launcher writes it: a job in its own session that records its
+# process group, and its exit status once it ends. It waits for a `go` file so the test controls its end.
+# Only the redirected `setsid` command is backgrounded: backgrounding a whole `a && b &` list would leave
+# a subshell holding the session's stdout until the job ends (with sshd as with the local server).
+DETACHED_JOB = (
+    "mkdir -p tpu-console/runs/r1; cd tpu-console/runs/r1 || exit 1; "
+    "setsid nohup bash -c 'echo $$ > pid; while [ ! -f go ]; do sleep 0.05; done; "
+    'echo "finished on $TPU_WORKER_ID"; echo 0 > exit.tmp; mv exit.tmp exit\' > output.log 2>&1 < /dev/null &'
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z")
+
+
+async def _wait_for(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(0.05)
+    return predicate()
+
+
+@pytest.mark.parametrize(
+    ("accelerator_type", "workers", "devices"),
+    [("local-v6e-8", 1, 8), ("local-v6e-16", 4, 4), ("local-v4-16", 2, 4), ("local-3x2", 3, 2)],
+)
+def test_local_types(accelerator_type: str, workers: int, devices: int):
+    shape = parse_local_type(accelerator_type)
+    assert (shape.workers, shape.devices_per_worker, shape.total_devices) == (
+        workers,
+        devices,
+        workers * devices,
+    )
+
+
+@pytest.mark.parametrize("bad", ["local-3x0", "v6e-8", "local-0x4", "local-2x", "local-999x1"])
+def test_bad_local_types_name_the_valid_ones(bad: str):
+    with pytest.raises(UserError, match=r"local-WxD .* local-v6e-8, local-v6e-16, local-v4-16"):
+        parse_local_type(bad)
+
+
+async def test_create_list_get_delete():
+    provider = LocalProvider()
+    lines: list[str] = []
+    node = await provider.create(
+        CreateRequest(name="rehearsal", accelerator_type="local-v6e-16"), lines.append
+    )
+    assert (node.name, node.provider, node.state) == ("rehearsal", "local", NodeState.READY)
+    assert (node.shape.workers, node.shape.devices_per_worker, node.accelerator_type) == (
+        4,
+        4,
+        "local-v6e-16",
+    )
+    assert lines and all("rehearsal" in line for line in lines)
+    again = LocalProvider()  # a later console reads the same node from disk
+    assert [n.name for n in (await again.list_nodes()).nodes] == ["rehearsal"]
+    assert (await again.get("rehearsal")).shape == node.shape
+    await again.delete("rehearsal")
+    assert (await provider.list_nodes()).nodes == []
+    with pytest.raises(NotFound, match="no local node named 'rehearsal'"):
+        await provider.get("rehearsal")
+
+
+async def test_create_refuses_bad_input_before_making_anything():
+    provider = LocalProvider()
+    with pytest.raises(UserError, match="unknown local accelerator type 'v6e-8'"):
+        await provider.create(CreateRequest(name="pod", accelerator_type="v6e-8"))
+    with pytest.raises(UserError, match="invalid node name 'Bad_Name'"):
+        await provider.create(CreateRequest(name="Bad_Name", accelerator_type="local-1x1"))
+    assert list(provider.store.root.iterdir()) == []
+    await provider.create(CreateRequest(name="pod", accelerator_type="local-1x1"))
+    with pytest.raises(AlreadyExists, match="'pod' already exists"):
+        await provider.create(CreateRequest(name="pod", accelerator_type="local-2x1"))
+    with pytest.raises(NotFound):
+        await provider.delete("no-such-pod")
+
+
+async def test_host_keys_are_made_once_and_stay_pinned(local_pod: LocalPod):
+    later = LocalProvider()
+    try:
+        targets = await later.ssh_targets(await later.get("pod"))
+        assert [t.host_keys for t in targets] == [t.host_keys for t in local_pod.targets]
+        assert len({t.host_keys for t in targets}) == 4  # one key per worker
+        assert {t.port for t in targets}.isdisjoint({t.port for t in local_pod.targets})
+        async with Fleet(targets) as fleet:
+            assert all(r.ok for r in await fleet.run("true"))
+    finally:
+        await later.close()
+
+
+async def test_coordinator_env_points_at_worker_0(local_pod: LocalPod):
+    env = local_pod.provider.coordinator_env(local_pod.node, local_pod.targets)
+    host, port = env["TRAINER_COORDINATOR_ADDRESS"].rsplit(":", 1)
+    assert host == "127.0.0.1" and 1024 <= int(port) <= 65535
+    assert env["TRAINER_NUM_PROCESSES"] == "4"
+
+
+async def test_a_detached_job_outlives_the_console_process(local_pod: LocalPod):
+    # Another console process starts the job on every worker, then exits (taking its SSH servers along).
+    console = textwrap.dedent(
+        f"""
+        import asyncio
+        from tpu_console.fleet.fleet import Fleet
+        from tpu_console.providers.local import LocalProvider
+
+        async def main():
+            provider = LocalProvider()
+            targets = await provider.ssh_targets(await provider.get("pod"))
+            async with Fleet(targets) as fleet:
+                results = await fleet.run({DETACHED_JOB!r}, timeout=10)
+            await provider.close()
+            assert all(r.ok for r in results), results
+
+        asyncio.run(main())
+        """
+    )
+    other_console = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", console, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    output, _ = await asyncio.wait_for(other_console.communicate(), 60)
+    assert other_console.returncode == 0, output.decode()
+    runs = [local_pod.worker_dir(i) / "tpu-console/runs/r1" for i in range(4)]
+    assert await _wait_for(lambda: all((run / "pid").exists() for run in runs))
+    pids = [int((run / "pid").read_text()) for run in runs]
+    assert all(_alive(pid) for pid in pids) and not any((run / "exit").exists() for run in runs)
+
+    # This console (its own servers, new connections) finds the jobs by their files and lets them finish.
+    async with Fleet(local_pod.targets) as fleet:
+        status = await fleet.run('kill -0 "$(cat tpu-console/runs/r1/pid)" && echo running')
+        assert [r.stdout for r in status] == ["running\n"] * 4
+        await fleet.run("touch tpu-console/runs/r1/go")
+    assert await _wait_for(lambda: all((run / "exit").exists() for run in runs))
+    assert [(run / "output.log").read_text() for run in runs] == [f"finished on {i}\n" for i in range(4)]
+
+
+async def test_delete_stops_running_jobs(local_pod: LocalPod):
+    async with Fleet(local_pod.targets) as fleet:
+        assert all(r.ok for r in await fleet.run(DETACHED_JOB))
+    pid_files = [local_pod.worker_dir(i) / "tpu-console/runs/r1/pid" for i in range(4)]
+    assert await _wait_for(lambda: all(pid_file.exists() for pid_file in pid_files))
+    pids = [int(p.read_text()) for p in pid_files]
+    assert all(_alive(pid) for pid in pids)
+    await local_pod.provider.delete("pod")
+    assert await _wait_for(lambda: not any(_alive(pid) for pid in pids), timeout=5)
+    assert not local_pod.provider.store.node_dir("pod").exists()
