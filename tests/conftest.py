@@ -13,6 +13,9 @@ from tpu_console.fleet.target import SshTarget
 from tpu_console.model import CreateRequest, Node
 from tpu_console.providers.local import LocalProvider
 
+# The `sshd` fixture: a real OpenSSH server on 127.0.0.1 (skips where sshd is not installed).
+pytest_plugins = ["tests.fixtures_sshd"]
+
 
 @pytest.fixture(autouse=True)
 def isolated_console_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

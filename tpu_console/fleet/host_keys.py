@@ -50,7 +50,10 @@ class HostKeyCheck:
             return False
         path = target.known_hosts_file
         pattern = known_hosts_pattern(target.host, target.port)
-        if path is not None and self._recorded_keys(path):
+        recorded = self._recorded_keys(path) if path is not None else []
+        if key in recorded:
+            return True  # recorded since this connection read the file (another worker at this address)
+        if recorded:
             self.refusal = (
                 f"host key changed: {where} presented a key that differs from the one recorded for {pattern} "
                 f"in {path}; refusing to connect (if the change is expected, remove the old entry with "
@@ -76,8 +79,14 @@ class HostKeyCheck:
 
 def _record(path: Path, pattern: str, key: asyncssh.SSHKey) -> None:
     key_text = " ".join(key.export_public_key().decode().split()[:2])  # type and base64, no comment
+    line = f"{pattern} {key_text}"
     with _record_lock:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        existing = path.read_text() if path.exists() else ""
+        if line in existing.splitlines():
+            return  # several workers behind one address: record it once
+        if existing and not existing.endswith("\n"):
+            line = "\n" + line
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         with os.fdopen(fd, "a") as out:
-            out.write(f"{pattern} {key_text}\n")
+            out.write(line + "\n")

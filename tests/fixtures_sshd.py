@@ -1,0 +1,117 @@
+"""A real OpenSSH server on 127.0.0.1 for the tests that must meet stock sshd (Debian `openssh-server`).
+
+It runs as the current user with a config of its own in a temp folder: its own host key, and the
+console's public key as the only authorized key. Tests that need it skip only when sshd is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncssh
+import pytest
+
+from tpu_console import keys
+
+SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/local/sbin/sshd")
+SFTP_SERVER_CANDIDATES = (
+    "/usr/lib/openssh/sftp-server",
+    "/usr/libexec/openssh/sftp-server",
+    "/usr/libexec/sftp-server",
+)
+
+
+@dataclass
+class Sshd:
+    port: int
+    host_key_line: str  # the server's public host key, OpenSSH one-line format (no comment)
+    folder: Path
+
+
+def _find(candidates: tuple[str, ...], name: str) -> str | None:
+    for path in candidates:
+        if os.access(path, os.X_OK):
+            return path
+    return shutil.which(name)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_listening(port: int, process: subprocess.Popen, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"sshd exited with status {process.returncode}: {process.stderr.read()}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
+                if sock.recv(4).startswith(b"SSH-"):
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"sshd did not listen on port {port} within {timeout}s")
+
+
+@pytest.fixture
+def sshd(tmp_path: Path) -> Iterator[Sshd]:
+    sshd_bin = _find(SSHD_CANDIDATES, "sshd")
+    if sshd_bin is None:
+        pytest.skip("OpenSSH sshd is not installed (Debian: apt-get install openssh-server openssh-client)")
+    folder = tmp_path / "sshd"
+    folder.mkdir()
+    host_key = asyncssh.generate_private_key("ssh-ed25519")
+    host_key_file = folder / "ssh_host_ed25519_key"
+    host_key_file.write_bytes(host_key.export_private_key())
+    host_key_file.chmod(0o600)
+    (folder / "authorized_keys").write_text(keys.public_key_line() + "\n")
+    if os.geteuid() == 0:
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation folder
+    port = _free_port()
+    sftp_server = _find(SFTP_SERVER_CANDIDATES, "sftp-server") or "internal-sftp"
+    config = folder / "sshd_config"
+    config.write_text(
+        f"""Port {port}
+ListenAddress 127.0.0.1
+HostKey {host_key_file}
+PidFile none
+AuthorizedKeysFile {folder}/authorized_keys
+StrictModes no
+UsePAM no
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+Subsystem sftp {sftp_server}
+LogLevel ERROR
+"""
+    )
+    process = subprocess.Popen(
+        [sshd_bin, "-D", "-e", "-f", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_listening(port, process)
+        yield Sshd(
+            port=port,
+            host_key_line=" ".join(host_key.export_public_key().decode().split()[:2]),
+            folder=folder,
+        )
+    finally:
+        process.terminate()
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
