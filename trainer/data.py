@@ -17,10 +17,8 @@ import numpy as np
 from trainer.config import DataConfig
 
 SYSTEM_PROMPT = (
-    "A conversation between User and Assistant. The user asks a math question, and the Assistant solves it. "
-    "The Assistant first thinks about the reasoning process and then gives the final answer. The reasoning "
-    "and the answer are enclosed in <think> </think> and <answer> </answer> tags, i.e. "
-    "<think> reasoning here </think><answer> final number here </answer>."
+    "Solve the math problem. First reason step by step inside <think> </think>, then give only the final "
+    "number inside <answer> </answer>."
 )
 
 

@@ -44,6 +44,17 @@ class Topology:
     local_device_count: int
 
 
+def completion_logits_fn(graphdef: Any, prompt_len: int) -> Any:
+    """GRPOStep's apply_fn for the Qwen2 model: logits only at the positions that predict completion tokens."""
+
+    def apply_fn(params: Any, rest: Any, ids: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+        model = nnx.merge(graphdef, params, rest)
+        hidden = model.hidden_states(ids, positions, mask)
+        return model.logits(hidden[:, prompt_len - 1:-1])
+
+    return apply_fn
+
+
 def _gather(local: np.ndarray) -> np.ndarray:
     """Every process's rows of a small host array, concatenated in process order."""
     if jax.process_count() == 1:
@@ -124,14 +135,8 @@ class Trainer:
         self.ref_params = jax.tree.map(jnp.copy, self.params) if t.beta > 0 else None
         per_device = cfg.rollout.batch_size * cfg.rollout.n // (mesh.shape["dp"] * mesh.shape["fsdp"])
         prompt_len = cfg.rollout.global_length
-        graphdef = self.graphdef
-
-        def apply_fn(params: Any, rest: Any, ids: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
-            model = nnx.merge(graphdef, params, rest)
-            hidden = model.hidden_states(ids, positions, mask)
-            return model.logits(hidden[:, prompt_len - 1:-1])  # only the positions predicting completions
-
-        self.step_fn = GRPOStep(apply_fn, self.optimizer, prompt_len=prompt_len,
+        self.step_fn = GRPOStep(completion_logits_fn(self.graphdef, prompt_len), self.optimizer,
+                                prompt_len=prompt_len,
                                 temperature=cfg.rollout.temperature,
                                 micro_batches=per_device // t.micro_batch_size_per_device,
                                 loss=LossSettings(t.epsilon_low, t.epsilon_high, t.beta),

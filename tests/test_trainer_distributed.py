@@ -1,0 +1,91 @@
+"""GRPO through jax.distributed: 4 processes x 4 CPU devices, both mesh kinds and both rollout sharding
+styles, every process's events checked; the wrong-process-count guard; checkpoint resume."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.trainer_launch import launch, tiny_config
+from trainer import telemetry as tm
+
+pytest_plugins = ("tests.fixtures_trainer",)
+
+STEP_KEYS = [tm.phase_key(p) for p in tm.PHASES] + [
+    tm.STEP, tm.STEP_AVG_LAST10, tm.VALID_TOKENS_PER_S, tm.MEM_IN_USE, tm.MEM_PEAK, tm.MEM_LIMIT,
+    tm.REWARD_MEAN, tm.REWARD_STD, tm.reward_fn_key("correct"), tm.reward_fn_key("format"),
+    tm.reward_fn_key("tag_count"), tm.LOSS, tm.ENTROPY, tm.KL, tm.CLIP_FRACTION, tm.COMPLETION_LEN_MEAN,
+    tm.COMPLETION_LEN_MAX, tm.COMPILE_COUNT]
+
+
+def check_run(results, *, steps: int, mesh_axes: dict, spans_hosts: bool, style: str) -> None:
+    digests, rewards = set(), set()
+    for i, r in enumerate(results):
+        assert r.returncode == 0, f"process {i} failed:\n{r.output[-3000:]}"
+        kinds = [e["kind"] for e in r.events]
+        assert kinds[0] == "start" and kinds[-1] == "end", kinds
+        assert all(e["process"] == i for e in r.events)
+        start = r.events[0]
+        assert start["process_count"] == 4 and start["device_count"] == 16 and start["local_device_count"] == 4
+        assert start["mesh_axes"] == mesh_axes and start["fsdp_spans_hosts"] is spans_hosts
+        assert start["sharding_style"] == style and start["local_batch"] == 4 and start["global_batch"] == 16
+        digests.add(start["config_digest"])
+        step_events = [e for e in r.events if e["kind"] == "step"]
+        assert [e["step"] for e in step_events] == list(range(1, steps + 1))
+        for e in step_events:
+            missing = [k for k in STEP_KEYS if k not in e]
+            assert not missing, missing
+            assert e[tm.MEM_LIMIT] is None  # CPU reports no device memory: null, not a made-up number
+            assert e[tm.phase_key("step")] >= e[tm.phase_key("rollout_generate")] > 0
+            assert 0 < e[tm.COMPLETION_LEN_MEAN] <= 8 and e[tm.VALID_TOKENS_PER_S] > 0
+            rewards.add((e["step"], e[tm.REWARD_MEAN]))
+        # the compiled programs are reused: no new compilation after the first step
+        assert step_events[-1][tm.COMPILE_COUNT] == step_events[0][tm.COMPILE_COUNT]
+        assert "step=2 loss=" in r.output and " dt=" in r.output and "rollout_generate=" in r.output
+    assert len(digests) == 1
+    assert len(rewards) == steps  # reward stats are global: every process reports the same numbers
+
+
+@pytest.mark.slow
+def test_four_processes_auto_mesh_legacy_sharding(tmp_path, tiny_model_dir):
+    # With the KL term and two PPO epochs, so the reference and old log-probs run across processes too.
+    config = tiny_config(tmp_path, tiny_model_dir, mesh_shape="auto", **{
+        "rollout.sharding_style": "legacy", "train.beta": 0.04, "train.ppo_epochs": 2})
+    results = launch(tmp_path, config, processes=4, devices=4)
+    check_run(results, steps=2, mesh_axes={"dp": 1, "fsdp": 16, "tp": 1}, spans_hosts=True, style="legacy")
+    assert "fsdp axis (16 devices) spans 4 hosts" in results[0].output
+
+
+@pytest.mark.slow
+def test_four_processes_host_local_mesh_maxtext_sharding(tmp_path, tiny_model_dir):
+    config = tiny_config(tmp_path, tiny_model_dir, mesh_shape="host_local",
+                         **{"rollout.sharding_style": "maxtext", "train.micro_batch_size_per_device": 1})
+    results = launch(tmp_path, config, processes=4, devices=4)
+    check_run(results, steps=2, mesh_axes={"dp": 4, "fsdp": 4, "tp": 1}, spans_hosts=False, style="maxtext")
+
+
+def test_wrong_process_count_fails_at_once(tmp_path, tiny_model_dir):
+    config = tiny_config(tmp_path, tiny_model_dir)
+    [result] = launch(tmp_path, config, processes=1, devices=4, distributed=False, timeout=60,
+                      extra_env={"TRAINER_REQUIRE_PROCESS_COUNT": "4"})
+    message = ("Expected 4 JAX processes but jax.process_count()==1: only some workers were launched; "
+               "launch on all workers (--worker all)")
+    assert result.returncode != 0
+    assert message in result.output
+    assert [e["kind"] for e in result.events] == ["error"]
+    assert result.events[0]["message"] == message and result.events[0]["type"] == "LaunchError"
+
+
+def test_checkpoint_and_resume_from_latest(tmp_path, tiny_model_dir):
+    ckpt = tmp_path / "ckpt"
+    config = tiny_config(tmp_path, tiny_model_dir, steps=2, **{"checkpoint.dir": str(ckpt),
+                                                              "checkpoint.every_steps": 1})
+    [first] = launch(tmp_path, config, processes=1, devices=2, distributed=False, tag="first")
+    assert first.returncode == 0, first.output[-3000:]
+    assert sorted(p.name for p in ckpt.iterdir() if p.name.isdigit()) == ["1", "2"]
+    config = tiny_config(tmp_path, tiny_model_dir, steps=3, **{"checkpoint.dir": str(ckpt),
+                                                              "checkpoint.every_steps": 1})
+    [second] = launch(tmp_path, config, processes=1, devices=2, distributed=False, tag="second")
+    assert second.returncode == 0, second.output[-3000:]
+    assert "resumed from checkpoint step 2" in second.output
+    assert [e["step"] for e in second.events if e["kind"] == "step"] == [3]
+    assert second.events[-1]["kind"] == "end" and second.events[-1]["first_step"] == 3
