@@ -15,10 +15,10 @@ from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, TextIO
 
-from tpu_console import actions
+from tpu_console import actions, run_table
 from tpu_console.errors import Unreachable, UserError
 from tpu_console.model import CreateRequest
-from tpu_console.node_table import COLUMNS, format_table, node_record, node_row
+from tpu_console.node_table import COLUMNS, format_age, format_table, node_record, node_row
 from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import (
     KNOWN_PROVIDERS,
@@ -26,6 +26,10 @@ from tpu_console.providers.registry import (
     close_providers,
     create_provider_name,
 )
+from tpu_console.runs import control as run_control
+from tpu_console.runs.launch import launch as launch_run
+from tpu_console.runs.run_id import check_run_id
+from tpu_console.runs.store import RunStore
 from tpu_console.settings import Settings, load_settings
 
 EXAMPLES = """\
@@ -36,10 +40,15 @@ examples:
   tpu-console create run-1 --type v6e-16 --zones europe-west4-a,us-east5-b
   tpu-console exec pod-a -- hostname            run on every worker
   tpu-console exec pod-a --worker 1-3 -- 'nvidia-smi || true'
+  tpu-console launch pod-a --config trainer/configs/tiny_local.yaml --set steps=2 --env-file .env
+  tpu-console logs RUN_ID --follow              every worker's output, prefixed [i], until the run ends
+  tpu-console status RUN_ID                     per-worker state, exit status, latest step metrics
+  tpu-console stop RUN_ID --yes
   tpu-console delete pod-a --yes
 
 exit status: 0 success; 2 bad input or unmet precondition (nothing was changed);
-exec: the first non-zero worker status, 255 for a worker whose command did not finish.
+exec: the first non-zero worker status, 255 for a worker whose command did not finish;
+launch: 1 when a worker could not start the job; logs --follow: 1 when the run did not succeed.
 """
 
 
@@ -143,7 +152,70 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--timeout", type=float, metavar="S", help="give up on a worker after S seconds")
     run.add_argument("command", nargs="*", help=argparse.SUPPRESS)
+    _add_run_verbs(verbs, common)
     return parser
+
+
+def _add_run_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
+    launch = verbs.add_parser(
+        "launch",
+        parents=[common],
+        help="start the trainer on every worker of a node",
+        description="Validate the config (and --set overrides) here, then start `python -m trainer` "
+        "detached on the selected workers, each in ~/tpu-console/runs/RUN_ID/. Prints the run id.",
+    )
+    launch.add_argument("node")
+    launch.add_argument("--config", required=True, metavar="FILE", help="trainer YAML config")
+    launch.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a config key, e.g. --set rollout.n=8 (repeatable)",
+    )
+    launch.add_argument(
+        "--env-file", metavar="PATH",
+        help="KEY=value secrets (WANDB_API_KEY, HF_TOKEN) uploaded as a 0600 file and sourced by the job",
+    )
+    launch.add_argument(
+        "--worker", default="all", metavar="SEL",
+        help="workers: all (default); a subset only on local and ssh pods",
+    )
+    launch.add_argument(
+        "--python", metavar="PY",
+        help="interpreter on the workers (default: python3; this interpreter for local pods)",
+    )
+
+    runs = verbs.add_parser(
+        "runs", parents=[common], help="list launched runs",
+        description="Runs launched from this machine, most recent first; unfinished ones are probed now.",
+    )
+    runs.add_argument("node", nargs="?", help="only this node's runs")
+    runs.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50)")
+
+    status = verbs.add_parser(
+        "status", parents=[common], help="a run's state on every worker",
+        description="Each worker's state, exit status and latest step metrics; the first failure.",
+    )
+    status.add_argument("run_id", metavar="RUN_ID")
+
+    logs = verbs.add_parser(
+        "logs", parents=[common], help="a run's output, prefixed by worker",
+        description="The end of each worker's output.log, prefixed [i]; with --follow, new output as it "
+        "comes until every worker's job has ended (exit 0 when the run succeeded, else 1).",
+    )
+    logs.add_argument("run_id", metavar="RUN_ID")
+    logs.add_argument("--worker", default="all", metavar="SEL", help="workers: all (default), 0, 0,2, 1-3")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
+    logs.add_argument(
+        "--lines", "-n", default="50", metavar="N",
+        help="start with the last N lines of each worker (default 50; `all` for the whole log)",
+    )
+
+    stop = verbs.add_parser(
+        "stop", parents=[common], help="stop a run on every worker",
+        description="SIGTERM the job's process group on every worker, SIGKILL it after --grace seconds.",
+    )
+    stop.add_argument("run_id", metavar="RUN_ID")
+    stop.add_argument("--yes", action="store_true", help="stop without asking")
+    stop.add_argument("--grace", type=float, default=10.0, metavar="S", help="seconds before SIGKILL (10)")
 
 
 def _add_settings_flags(parser: argparse.ArgumentParser, default: Any) -> None:
@@ -210,6 +282,11 @@ async def _run_verb(args: argparse.Namespace, settings: Settings) -> int:
         "create": _create,
         "delete": _delete,
         "exec": _exec,
+        "launch": _launch,
+        "runs": _runs,
+        "status": _status,
+        "logs": _logs,
+        "stop": _stop,
     }
     providers = build_providers(settings)
     try:
@@ -317,6 +394,111 @@ async def _exec(args: argparse.Namespace, settings: Settings, providers: dict[st
     else:
         _print_exec_summary(outcome, sys.stderr)
     return outcome.exit_status
+
+
+async def _launch(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    result = await launch_run(
+        providers, args.node, args.config, args.overrides, args.env_file, args.worker,
+        python=args.python, progress=_progress,
+    )
+    if args.json:
+        _print_json(run_table.launch_record(result))
+    else:
+        rows = [(f"[{s.worker}]", "started" if s.ok else "failed", str(s.pgid or "-"), s.error or "")
+                for s in result.starts]
+        print(format_table(("WORKER", "START", "PGID", ""), rows), file=sys.stderr)
+        print(result.run_id)
+        if result.ok:
+            print(f"follow it with `tpu-console logs {result.run_id} --follow`", file=sys.stderr)
+        else:
+            print("error: the job did not start on every worker; nothing is left running", file=sys.stderr)
+    return 0 if result.ok else 1
+
+
+async def _runs(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    views = await run_control.list_runs(providers, args.node, limit=args.limit)
+    if args.json:
+        _print_json({"runs": [run_table.run_record(v) for v in views]})
+    elif views:
+        now = datetime.now(UTC)
+        print(format_table(run_table.RUN_COLUMNS, [run_table.run_row(v, now) for v in views]))
+    else:
+        print("no runs yet; start one with `tpu-console launch NODE --config FILE`", file=sys.stderr)
+    return 0
+
+
+async def _status(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    view = await run_control.run_status(providers, args.run_id)
+    if args.json:
+        _print_json(run_table.run_record(view))
+        return 0
+    record = view.record
+    age = format_age(record.started_at, datetime.now(UTC))
+    print(f"{record.run_id}  {record.node} ({record.provider} {record.accelerator_type})  {view.state}  "
+          f"started {age} ago")
+    print(format_table(run_table.WORKER_COLUMNS, [run_table.worker_row(s) for s in view.workers]))
+    if view.failure:
+        print(f"failed: {view.failure}")
+    if view.problem:
+        print(f"note: {view.problem}", file=sys.stderr)
+    return 0
+
+
+async def _logs(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    lines = _parse_lines(args.lines)
+    collected: list[dict[str, Any]] = []
+
+    def on_line(worker: int, text: str) -> None:
+        if args.json:
+            collected.append({"worker": worker, "text": text})
+        else:
+            print(f"[{worker}] {text}", flush=True)
+
+    view = await run_control.logs(
+        providers, args.run_id, on_line, workers=args.worker, lines=lines, follow=args.follow
+    )
+    if args.json:
+        _print_json({"run_id": view.record.run_id, "state": view.state, "failure": view.failure,
+                     "lines": collected})
+    elif args.follow:
+        print(f"{view.record.run_id}: {view.state}" + (f": {view.failure}" if view.failure else ""),
+              file=sys.stderr)
+    if args.follow:
+        return 0 if view.state == "succeeded" else 1
+    return 0
+
+
+def _parse_lines(text: str) -> int | None:
+    if text.strip().lower() == "all":
+        return None
+    try:
+        lines = int(text)
+    except ValueError:
+        raise UserError(f"--lines {text!r} is not a number; give a count like 100, or all") from None
+    if lines < 0:
+        raise UserError(f"--lines {lines} is negative; give a count like 100, or all")
+    return lines
+
+
+async def _stop(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    record = RunStore().get(check_run_id(args.run_id))
+    if not args.yes:
+        if args.json or not (sys.stdin.isatty() and sys.stderr.isatty()):
+            raise UserError(f"refusing to stop {record.run_id} without --yes")
+        answer = input(f"stop run {record.run_id} on {record.node} (workers {record.workers})? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            raise UserError(f"not stopping {record.run_id}")
+    view, stops = await run_control.stop(providers, record.run_id, grace_s=args.grace)
+    unreachable = [s for s in stops if s.outcome == "unreachable"]
+    if args.json:
+        _print_json({"run_id": record.run_id, "state": view.state,
+                     "workers": [run_table.stop_record(s) for s in stops]})
+    else:
+        rows = [(f"[{s.worker}]", s.outcome, s.signal or "-", "-" if s.exit_status is None else str(s.exit_status),
+                 s.error or "") for s in stops]
+        print(format_table(("WORKER", "OUTCOME", "SIGNAL", "EXIT", ""), rows), file=sys.stderr)
+        print(f"{record.run_id}: {view.state}")
+    return 1 if unreachable else 0
 
 
 def _print_worker_line(line: Any) -> None:

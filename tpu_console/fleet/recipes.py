@@ -1,0 +1,181 @@
+"""Shell recipes for a run's folder on a worker: prepare, start detached, stop, probe, tail.
+
+Each function returns the text of one bash command, built with `shlex.quote` from data, so it can be
+tested without a worker and read in one place. Every recipe runs in a subshell `( ... )`, so recipes can
+be joined with `;` into one round trip. The files they read and write are the worker-side contract of
+DESIGN.md: `~/tpu-console/runs/<run_id>/{launch.json, config.yaml, .env, output.log, events.jsonl, pid, exit}`.
+
+Stopping a job never relies on SSH channel signals (sshd ignores them for non-pty sessions, and the job
+is detached anyway): the wrapper records the job's process group and `stop` kills that group.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+
+RUNS_DIR = "tpu-console/runs"  # relative to the worker's home
+# Separates the sections of a probe's output: a control character no JSON line holds unescaped.
+MARK = "\x1e"
+_MARK_PRINTF = "\\036"  # MARK as printf writes it, so the command text itself stays printable
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def run_dir(run_id: str) -> str:
+    """The run's folder relative to the worker's home (what SFTP paths use)."""
+    return f"{RUNS_DIR}/{run_id}"
+
+
+def _home_path(relative: str) -> str:
+    """A quoted shell word for `~/relative` that expands $HOME but nothing in `relative`."""
+    return '"$HOME"/' + shlex.quote(relative)
+
+
+def python_word(python: str) -> str:
+    """The interpreter as a shell word: `~/venv/bin/python` expands the home, anything else is quoted."""
+    if python.startswith("~/"):
+        return _home_path(python[2:])
+    return shlex.quote(python)
+
+
+def prepare_run_dir(run_id: str) -> str:
+    """Make the run folder (private to the user); fail if a run with this id already exists there."""
+    d = _home_path(run_dir(run_id))
+    return (
+        f"( d={d}; if [ -e \"$d\" ]; then echo \"run folder $d already exists\" >&2; exit 3; fi; "
+        'umask 077; mkdir -p "$d" && chmod 700 "$d" )'
+    )
+
+
+def _wrapper(python: str, trainer_args: Sequence[str]) -> str:
+    """The script the detached session runs: source .env, start the job in its own process group with
+    output.log as stdout+stderr, record the group in `pid`, wait, write `exit` atomically.
+
+    `set -m` gives the job a process group of its own, apart from the wrapper's, so `stop` can kill the
+    whole job (and whatever it spawned) while the wrapper lives on to record the status: 128+N for a job
+    killed by signal N, as bash reports it.
+    """
+    command = " ".join([python_word(python), "-u", *(shlex.quote(a) for a in trainer_args)])
+    return "\n".join(
+        [
+            "set -m",
+            # Secrets arrive as a 0600 file and reach the job through the environment only.
+            "if [ -f .env ]; then set -a; . ./.env; set +a; fi",
+            f"PYTHONUNBUFFERED=1 {command} </dev/null >>output.log 2>&1 &",
+            "job=$!",
+            'echo "$job" > pid.tmp && mv -f pid.tmp pid',
+            'wait "$job"; status=$?',
+            'echo "$status" > exit.tmp && mv -f exit.tmp exit',
+        ]
+    )
+
+
+def start_detached(
+    run_id: str,
+    python: str,
+    trainer_args: Sequence[str],
+    env: Mapping[str, str],
+    pid_wait_s: float = 10.0,
+) -> str:
+    """Start the job in a new session that outlives this SSH command and the console, then wait until it
+    has recorded its process group and print `pgid=<n>`.
+
+    `env` must hold no secret: it is part of the command line (`ps` shows it). Secrets go in `.env`.
+    """
+    for name in env:
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"invalid environment variable name {name!r}")
+    d = _home_path(run_dir(run_id))
+    exports = "".join(f"export {name}={shlex.quote(value)}; " for name, value in env.items())
+    tries = max(1, int(pid_wait_s / 0.05))
+    wrapper = shlex.quote(_wrapper(python, trainer_args))
+    return (
+        f"( cd {d} || exit 3; "
+        'if [ -e pid ] || [ -e exit ]; then echo "this run was already started here" >&2; exit 3; fi; '
+        f"{exports}"
+        # stdin/stdout/stderr away from the channel, so the SSH command ends at once.
+        f"setsid bash -c {wrapper} tpu-console-run </dev/null >/dev/null 2>&1 & "
+        f"i=0; while [ ! -s pid ] && [ $i -lt {tries} ]; do sleep 0.05; i=$((i+1)); done; "
+        'if [ -s pid ]; then echo "pgid=$(cat pid)"; '
+        f'else echo "the job did not record its process group within {pid_wait_s:g}s" >&2; exit 4; fi )'
+    )
+
+
+def stop_run(run_id: str, grace_s: float = 10.0) -> str:
+    """SIGTERM the job's process group, SIGKILL it if still alive after `grace_s`, wait briefly for the
+    wrapper's `exit` file. Prints one `key=value ...` line: state=missing|exited|not-started|gone|stopped."""
+    d = _home_path(run_dir(run_id))
+    ticks = max(1, int(grace_s / 0.1))
+    return (
+        f"( cd {d} 2>/dev/null || {{ echo state=missing; exit 0; }}; "
+        'if [ -e exit ]; then echo "state=exited exit=$(cat exit)"; exit 0; fi; '
+        "pg=$(cat pid 2>/dev/null); "
+        'case "$pg" in ""|*[!0-9]*) echo state=not-started; exit 0;; esac; '
+        'if ! kill -TERM -- "-$pg" 2>/dev/null; then echo "state=gone exit=$(cat exit 2>/dev/null)"; exit 0; fi; '
+        f'i=0; while [ $i -lt {ticks} ] && kill -0 -- "-$pg" 2>/dev/null; do sleep 0.1; i=$((i+1)); done; '
+        "signal=TERM; "
+        'if kill -0 -- "-$pg" 2>/dev/null; then kill -KILL -- "-$pg" 2>/dev/null; signal=KILL; fi; '
+        "i=0; while [ $i -lt 50 ] && [ ! -e exit ]; do sleep 0.1; i=$((i+1)); done; "
+        'echo "state=stopped signal=$signal exit=$(cat exit 2>/dev/null)" )'
+    )
+
+
+def probe_runs(run_ids: Sequence[str], events_tail_bytes: int = 0, log_tail_lines: int = 0) -> str:
+    """One round trip telling, for each run: is its process group alive, its exit status and when it was
+    written, the sizes of output.log and events.jsonl, and optionally the end of both files.
+
+    Output per run (parsed by `tpu_console.runs.probe.parse_probe`):
+        <MARK>run <id>
+        missing=1                         (no such folder)  or
+        pid=<pgid> alive=0|1 exit=<n> exit_t=<unix s> log=<bytes> events=<bytes>
+        <MARK>events                      (when events_tail_bytes) then the last bytes of events.jsonl
+        <MARK>log                         (when log_tail_lines) then the last lines of output.log
+    """
+    ids = " ".join(shlex.quote(r) for r in run_ids)
+    body = [
+        f"for id in {ids}; do",
+        f'd="$HOME"/{shlex.quote(RUNS_DIR)}/"$id"',
+        f"printf '\\n{_MARK_PRINTF}run %s\\n' \"$id\"",
+        'if [ ! -d "$d" ]; then echo missing=1; continue; fi',
+        'pg=$(cat "$d/pid" 2>/dev/null); alive=0',
+        'case "$pg" in ""|*[!0-9]*) ;; *) kill -0 -- "-$pg" 2>/dev/null && alive=1;; esac',
+        'ex=$(cat "$d/exit" 2>/dev/null)',
+        # The wrapper writes `exit` just after the job ends: look again before calling the job lost.
+        'if [ $alive = 0 ] && [ -z "$ex" ] && [ -n "$pg" ]; then sleep 0.5; ex=$(cat "$d/exit" 2>/dev/null); fi',
+        'et=""; [ -n "$ex" ] && et=$(stat -c %Y "$d/exit" 2>/dev/null)',
+        'ls=$(wc -c 2>/dev/null <"$d/output.log"); es=$(wc -c 2>/dev/null <"$d/events.jsonl")',
+        'echo "pid=$pg alive=$alive exit=$ex exit_t=$et log=${ls:-0} events=${es:-0}"',
+    ]
+    if events_tail_bytes > 0:
+        body.append(f"printf '{_MARK_PRINTF}events\\n'; tail -c {int(events_tail_bytes)} \"$d/events.jsonl\" 2>/dev/null")
+    if log_tail_lines > 0:
+        body.append(f"printf '\\n{_MARK_PRINTF}log\\n'; tail -n {int(log_tail_lines)} \"$d/output.log\" 2>/dev/null")
+    body.append("done")
+    return "(\n" + "\n".join(body) + "\n)"
+
+
+def tail_log(run_id: str, offset: int | None = None, lines: int | None = None, max_bytes: int = 1 << 20,
+             file: str = "output.log") -> str:
+    """Read the log from byte `offset` (at most `max_bytes`), or its last `lines` lines.
+
+    Prints `end=<byte offset just after the data> size=<file size>` and then the data base64-encoded on
+    one line, so the byte count is exact (the next read resumes at `end`) whatever the log holds.
+    """
+    if (offset is None) == (lines is None):
+        raise ValueError("give exactly one of offset and lines")
+    f = _home_path(f"{run_dir(run_id)}/{file}")
+    head = f'( f={f}; size=$(wc -c 2>/dev/null <"$f"); size=${{size:-0}}; '
+    if offset is not None:
+        off = max(0, int(offset))
+        return head + (
+            f"off={off}; [ $off -gt $size ] && off=0; "
+            f"n=$((size - off)); [ $n -gt {int(max_bytes)} ] && n={int(max_bytes)}; "
+            'echo "end=$((off + n)) size=$size"; '
+            'if [ $n -gt 0 ]; then tail -c +$((off + 1)) "$f" | head -c $n | base64 | tr -d "\\n"; fi; echo )'
+        )
+    return head + (
+        'echo "end=$size size=$size"; '
+        f'if [ $size -gt 0 ]; then head -c $size "$f" | tail -n {max(0, int(lines or 0))} '
+        '| base64 | tr -d "\\n"; fi; echo )'
+    )

@@ -1,0 +1,158 @@
+"""How runs look in a table and in JSON: the cells the CLI (and the TUI) show, built from a RunView."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from tpu_console.node_table import format_age
+from tpu_console.runs.control import RunView, WorkerStop
+from tpu_console.runs.launch import LaunchResult
+from tpu_console.runs.monitor import WorkerStatus
+
+RUN_COLUMNS = ("RUN", "NODE", "WORKERS", "STATE", "AGE", "CONFIG", "NOTE")
+WORKER_COLUMNS = ("WORKER", "STATE", "EXIT", "STEP", "STEP_S", "AVG10_S", "TOKENS/S", "MEM GiB", "NOTE")
+
+
+def run_row(view: RunView, now: datetime) -> tuple[str, ...]:
+    record = view.record
+    return (
+        record.run_id,
+        record.node,
+        _workers_text(record.workers),
+        view.state,
+        format_age(record.started_at, now),
+        _short_path(record.config_path),
+        view.failure or view.problem or "",
+    )
+
+
+def worker_row(status: WorkerStatus) -> tuple[str, ...]:
+    step = status.events.last_step
+    return (
+        f"[{status.worker}]",
+        str(status.state),
+        "-" if status.exit_status is None else str(status.exit_status),
+        "-" if step is None else str(step.step),
+        _num(step.step_s if step else None, ".2f"),
+        _num(step.step_avg_last10_s if step else None, ".2f"),
+        _num(step.tokens_per_s if step else None, ",.0f"),
+        _memory(status),
+        _worker_note(status),
+    )
+
+
+def _worker_note(status: WorkerStatus) -> str:
+    if status.events.error_message:
+        return status.events.error_message
+    if status.reason:
+        return status.reason
+    if status.failed and status.log_tail:
+        return status.log_tail[-1]
+    if status.events.end is not None:
+        return "ended: " + str(status.events.end.get("status", "ok"))
+    return ""
+
+
+def _memory(status: WorkerStatus) -> str:
+    """`in use / peak / limit` GiB of the worker's most loaded device; `-` where the platform has none."""
+    step = status.events.last_step
+    if step is None or (step.mem_in_use_gib is None and step.mem_peak_gib is None):
+        return "-"
+    parts = [_num(step.mem_in_use_gib, ".1f"), _num(step.mem_peak_gib, ".1f")]
+    if step.mem_limit_gib is not None:
+        parts.append(_num(step.mem_limit_gib, ".1f"))
+    return "/".join(parts)
+
+
+def run_record(view: RunView) -> dict[str, Any]:
+    record = view.record
+    return {
+        "run_id": record.run_id,
+        "node": record.node,
+        "provider": record.provider,
+        "accelerator_type": record.accelerator_type,
+        "workers": record.workers,
+        "state": view.state,
+        "failure": view.failure,
+        "live": view.live,
+        "problem": view.problem,
+        "started_at": record.started_at.isoformat(),
+        "finished_at": record.finished_at.isoformat() if record.finished_at else None,
+        "stop_requested_at": record.stop_requested_at.isoformat() if record.stop_requested_at else None,
+        "config_path": record.config_path,
+        "config_digest": record.config_digest,
+        "overrides": record.overrides,
+        "code_version": record.code_version,
+        "python": record.python,
+        "worker_status": [worker_record(s) for s in view.workers],
+    }
+
+
+def worker_record(status: WorkerStatus) -> dict[str, Any]:
+    step = status.events.last_step
+    start = status.events.start
+    return {
+        "worker": status.worker,
+        "state": str(status.state),
+        "exit_status": status.exit_status,
+        "pgid": status.pgid,
+        "reason": status.reason,
+        "error": status.events.error_message,
+        "log_bytes": status.log_bytes,
+        "events_bytes": status.events_bytes,
+        "config_digest": start.get("config_digest") if start else None,
+        "last_step": None
+        if step is None
+        else {
+            "step": step.step,
+            "step_s": step.step_s,
+            "step_avg_last10_s": step.step_avg_last10_s,
+            "valid_tokens_per_s": step.tokens_per_s,
+            "bytes_in_use_max_gib": step.mem_in_use_gib,
+            "peak_bytes_in_use_max_gib": step.mem_peak_gib,
+            "bytes_limit_gib": step.mem_limit_gib,
+            "loss": step.loss,
+            "reward_mean": step.reward_mean,
+            "phases_s": step.phases,
+        },
+        "ended": status.events.end is not None,
+        "log_tail": status.log_tail,
+    }
+
+
+def launch_record(result: LaunchResult) -> dict[str, Any]:
+    return {
+        "run_id": result.run_id,
+        "node": result.node.name,
+        "provider": result.node.provider,
+        "workers": result.workers,
+        "run_dir": f"~/{result.run_dir}",
+        "config_digest": result.config_digest,
+        "started": result.ok,
+        "starts": [{"worker": s.worker, "ok": s.ok, "pgid": s.pgid, "error": s.error} for s in result.starts],
+    }
+
+
+def stop_record(stop: WorkerStop) -> dict[str, Any]:
+    return {
+        "worker": stop.worker,
+        "outcome": stop.outcome,
+        "signal": stop.signal,
+        "exit_status": stop.exit_status,
+        "error": stop.error,
+    }
+
+
+def _workers_text(workers: list[int]) -> str:
+    if workers and workers == list(range(workers[0], workers[-1] + 1)) and len(workers) > 1:
+        return f"{workers[0]}-{workers[-1]}"
+    return ",".join(str(w) for w in workers)
+
+
+def _short_path(path: str) -> str:
+    return path.rsplit("/", 1)[-1]
+
+
+def _num(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)

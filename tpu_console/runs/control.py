@@ -1,0 +1,342 @@
+"""Watching and steering launched runs: live status, history, logs (one-shot or followed), stop.
+
+Each call looks the run up in the history (`RunStore`), reaches its node's workers over one Fleet, and
+feeds what the workers say into a `RunMonitor`. What was learnt goes back into the history, so `runs`
+shows how a run ended even after its node is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tpu_console.errors import NotFound, UserError
+from tpu_console.fleet import recipes
+from tpu_console.fleet.fleet import Fleet
+from tpu_console.fleet.selection import parse_worker_selection
+from tpu_console.providers.base import Provider
+from tpu_console.providers.registry import find_node
+from tpu_console.runs.monitor import RunMonitor, RunState, WorkerState, WorkerStatus
+from tpu_console.runs.probe import parse_probe
+from tpu_console.runs.run_id import check_run_id
+from tpu_console.runs.session import one_line, unreachable_workers
+from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
+from tpu_console.runs.tail import TailCursor, parse_chunk
+
+STATUS_EVENTS_TAIL_BYTES = 64 * 1024
+_TAIL_MARK = f"{recipes.MARK}tail\n"
+
+
+@dataclass
+class RunView:
+    """A run as last seen: live (just probed) or from the history alone."""
+
+    record: RunRecord
+    state: str
+    workers: list[WorkerStatus]
+    failure: str | None = None
+    live: bool = False
+    problem: str | None = None  # why it could not be probed now (node gone, unreachable ...)
+
+
+@dataclass
+class WorkerStop:
+    worker: int
+    outcome: str  # stopped, exited, gone, not-started, missing, unreachable
+    signal: str | None = None  # TERM or KILL: what ended it
+    exit_status: int | None = None
+    error: str | None = None
+
+
+@dataclass
+class _NodeWorkers:
+    """A node's workers reached for some runs, or why they could not be."""
+
+    fleet: Fleet | None = None
+    problem: str | None = None
+    node_gone: bool = False
+
+
+# -- status and history --------------------------------------------------------------------------------
+
+
+async def run_status(providers: dict[str, Provider], run_id: str, store: RunStore | None = None) -> RunView:
+    """One run, probed now: each worker's state, exit status, latest step metrics and error."""
+    store = store or RunStore()
+    record = store.get(check_run_id(run_id))
+    (view,) = await observe(providers, [record], store, STATUS_EVENTS_TAIL_BYTES, log_tail_lines=3)
+    return view
+
+
+async def list_runs(
+    providers: dict[str, Provider], node: str | None = None, store: RunStore | None = None, limit: int = 50
+) -> list[RunView]:
+    """The history, most recent first; runs not known to have finished are probed now."""
+    store = store or RunStore()
+    if node is not None:
+        await find_node(providers, node)  # an unknown node is an error, not an empty list
+    records = store.list(node, limit)
+    unfinished = [r for r in records if not r.finished]
+    live = {v.record.run_id: v for v in await observe(providers, unfinished, store)} if unfinished else {}
+    return [live.get(r.run_id) or _from_history(r) for r in records]
+
+
+async def observe(
+    providers: dict[str, Provider],
+    records: Sequence[RunRecord],
+    store: RunStore,
+    events_tail_bytes: int = 0,
+    log_tail_lines: int = 0,
+) -> list[RunView]:
+    """Probe the given runs (one command per worker, grouped by node) and update the history."""
+    by_node: dict[str, list[RunRecord]] = defaultdict(list)
+    for record in records:
+        by_node[record.node].append(record)
+    views: dict[str, RunView] = {}
+
+    async def one_node(name: str, node_records: list[RunRecord]) -> None:
+        async with _reach(providers, name) as reach:
+            for record, view in zip(
+                node_records,
+                await _probe(reach, node_records, events_tail_bytes, log_tail_lines),
+                strict=True,
+            ):
+                views[record.run_id] = view
+                _save(store, view)
+
+    await asyncio.gather(*(one_node(name, recs) for name, recs in by_node.items()))
+    return [views[r.run_id] for r in records]
+
+
+async def _probe(
+    reach: _NodeWorkers, records: list[RunRecord], events_tail_bytes: int, log_tail_lines: int
+) -> list[RunView]:
+    monitors = {r.run_id: _monitor(r) for r in records}
+    if reach.fleet is None:
+        for record in records:
+            monitor = monitors[record.run_id]
+            for worker in record.workers:
+                if not monitor.workers[worker].done:
+                    monitor.observe_unreachable(worker, reach.problem or "unreachable")
+        return [
+            _view(r, monitors[r.run_id], live=False, problem=reach.problem, lost=reach.node_gone)
+            for r in records
+        ]
+    workers = sorted({w for r in records for w in r.workers if w in reach.fleet.targets})
+    command = recipes.probe_runs([r.run_id for r in records], events_tail_bytes, log_tail_lines)
+    results = await reach.fleet.run(command, workers, timeout=60)
+    for result in results:
+        probes = parse_probe(result.stdout, events_tail_bytes) if result.ok else {}
+        for record in records:
+            if result.worker not in record.workers:
+                continue
+            monitor = monitors[record.run_id]
+            if record.run_id in probes:
+                monitor.observe(result.worker, probes[record.run_id])
+            else:
+                monitor.observe_unreachable(result.worker, result.error or _said(result.stderr, "probe failed"))
+    return [_view(r, monitors[r.run_id], live=True) for r in records]
+
+
+def _monitor(record: RunRecord, lost_after_unreachable: int = 1) -> RunMonitor:
+    monitor = RunMonitor(record.run_id, record.workers, lost_after_unreachable)
+    monitor.stop_requested = record.stop_requested_at is not None
+    for worker, saved in record.worker_records.items():
+        if worker in monitor.workers and saved.state in (WorkerState.EXITED, WorkerState.LOST):
+            # Final states are kept: a finished worker's folder may be gone since.
+            status = monitor.workers[worker]
+            status.state = WorkerState(saved.state)
+            status.exit_status, status.pgid, status.reason = saved.exit_status, saved.pgid, saved.start_error
+    return monitor
+
+
+def _view(
+    record: RunRecord, monitor: RunMonitor, live: bool, problem: str | None = None, lost: bool = False
+) -> RunView:
+    if lost:  # the node is gone: nothing of this run can come back
+        for status in monitor.workers.values():
+            if not status.done:
+                status.state, status.reason = WorkerState.LOST, problem
+    state = monitor.state
+    return RunView(
+        record=record,
+        state=str(state),
+        workers=list(monitor.workers.values()),
+        failure=None if state is RunState.STOPPED else monitor.failure_message(),
+        live=live,
+        problem=problem,
+    )
+
+
+def _from_history(record: RunRecord) -> RunView:
+    monitor = _monitor(record)
+    return RunView(record, record.state, list(monitor.workers.values()), record.failure, live=False)
+
+
+def _save(store: RunStore, view: RunView) -> None:
+    finished = all(s.done for s in view.workers)
+    store.update(
+        view.record.run_id,
+        view.state,
+        [WorkerRecord(s.worker, str(s.state), s.pgid, None, s.exit_status) for s in view.workers],
+        failure=view.failure,
+        finished=finished,
+    )
+
+
+# -- stop ----------------------------------------------------------------------------------------------
+
+
+async def stop(
+    providers: dict[str, Provider], run_id: str, store: RunStore | None = None, grace_s: float = 10.0
+) -> tuple[RunView, list[WorkerStop]]:
+    """SIGTERM the job's process group on every worker, SIGKILL after `grace_s`; the run as it ends up."""
+    store = store or RunStore()
+    record = store.get(check_run_id(run_id))
+    async with _reach(providers, record.node) as reach:
+        if reach.fleet is None:
+            raise UserError(f"cannot stop {run_id}: {reach.problem}")
+        store.mark_stop_requested(record.run_id)
+        record = store.get(record.run_id)
+        workers = [w for w in record.workers if w in reach.fleet.targets]
+        results = await reach.fleet.run(recipes.stop_run(record.run_id, grace_s), workers, timeout=grace_s + 30)
+        stops = [_stop_outcome(r.worker, r.stdout, r.error or (None if r.ok else _said(r.stderr, "failed")))
+                 for r in results]
+        (view,) = await _probe(reach, [record], STATUS_EVENTS_TAIL_BYTES, 3)
+        _save(store, view)
+    return view, stops
+
+
+def _stop_outcome(worker: int, stdout: str, error: str | None) -> WorkerStop:
+    if error is not None:
+        return WorkerStop(worker, "unreachable", error=error)
+    values = dict(word.partition("=")[::2] for word in stdout.split())
+    exit_text = values.get("exit", "")
+    return WorkerStop(
+        worker,
+        values.get("state", "unknown"),
+        signal=values.get("signal") or None,
+        exit_status=int(exit_text) if exit_text.isdigit() else None,
+    )
+
+
+# -- logs ----------------------------------------------------------------------------------------------
+
+
+async def logs(
+    providers: dict[str, Provider],
+    run_id: str,
+    on_line: Callable[[int, str], None],
+    workers: str = "all",
+    lines: int | None = 50,
+    follow: bool = False,
+    store: RunStore | None = None,
+    poll_s: float = 1.0,
+) -> RunView:
+    """Print each selected worker's output.log through `on_line(worker, text)`: the last `lines` lines
+    (all of it when None), and with `follow`, everything written after, until every worker's job has
+    ended. Reads resume from byte offsets, so a dropped connection loses nothing."""
+    store = store or RunStore()
+    record = store.get(check_run_id(run_id))
+    async with _reach(providers, record.node) as reach:
+        if reach.fleet is None:
+            raise UserError(f"cannot read the logs of {run_id}: {reach.problem}")
+        fleet = reach.fleet
+        selected = _run_workers(record, workers, len(fleet.targets))
+        cursors = {w: TailCursor() for w in selected}
+        monitor = _monitor(record, lost_after_unreachable=10 if follow else 1)
+
+        done: set[int] = set()  # workers whose job ended and whose log was read to its end
+        behind: set[int] = set(selected)  # workers whose log was not read to its end yet
+
+        async def read(worker: int, first: bool) -> None:
+            cursor = cursors[worker]
+            if first and lines is not None:
+                tail = recipes.tail_log(record.run_id, lines=lines)
+            else:
+                tail = recipes.tail_log(record.run_id, offset=cursor.offset, max_bytes=cursor.max_bytes)
+            probe = recipes.probe_runs([record.run_id])
+            (result,) = await fleet.run(f"{probe}; printf '\\036tail\\n'; {tail}", [worker], timeout=60)
+            head, _, tail_out = result.stdout.partition(_TAIL_MARK)
+            probes = parse_probe(head) if result.ok else {}
+            chunk = parse_chunk(tail_out) if result.ok else None
+            if record.run_id not in probes or chunk is None:
+                monitor.observe_unreachable(worker, result.error or _said(result.stderr, "log read failed"))
+                if monitor.workers[worker].done:
+                    done.add(worker)
+                behind.discard(worker)
+                return
+            status = monitor.observe(worker, probes[record.run_id])
+            caught_up = chunk.end >= chunk.size
+            final = caught_up and (status.done or not follow)
+            for text in cursor.take(chunk, final=final):
+                on_line(worker, text)
+            if caught_up:
+                behind.discard(worker)
+            else:
+                behind.add(worker)
+            if caught_up and status.done:
+                done.add(worker)
+
+        await asyncio.gather(*(read(w, first=True) for w in selected))
+        while pending := sorted({w for w in selected if w not in done} if follow else behind):
+            if not behind:  # every log was read to its end: give the jobs time to write more
+                await asyncio.sleep(poll_s)
+            await asyncio.gather(*(read(w, first=False) for w in pending))
+        view = _view(record, monitor, live=True)
+        if set(selected) == set(record.workers):
+            _save(store, view)
+    return view
+
+
+def _run_workers(record: RunRecord, selection: str, worker_count: int) -> list[int]:
+    chosen = parse_worker_selection(selection, worker_count)
+    outside = [w for w in chosen if w not in record.workers]
+    if outside:
+        launched = ",".join(str(w) for w in record.workers)
+        raise UserError(f"worker {outside[0]} did not run {record.run_id} (it ran on workers {launched})")
+    return chosen
+
+
+# -- reaching a run's node -----------------------------------------------------------------------------
+
+
+class _reach:
+    """`async with _reach(providers, node) as r`: r.fleet connected to the node's workers, or r.problem."""
+
+    def __init__(self, providers: dict[str, Provider], node: str) -> None:
+        self._providers, self._node = providers, node
+        self._state = _NodeWorkers()
+
+    async def __aenter__(self) -> _NodeWorkers:
+        try:
+            provider, node = await find_node(self._providers, self._node)
+        except NotFound:
+            self._state.problem, self._state.node_gone = f"node {self._node!r} no longer exists", True
+            return self._state
+        if not node.state.is_usable:
+            self._state.problem, self._state.node_gone = f"node {self._node!r} is {node.state}", True
+            return self._state
+        try:
+            targets = await provider.ssh_targets(node)
+        except UserError as exc:
+            self._state.problem = one_line(exc)
+            return self._state
+        fleet = Fleet(targets)
+        self._state.fleet = fleet
+        await unreachable_workers(fleet, list(fleet.targets))  # connect all at once, up front
+        return self._state
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._state.fleet is not None:
+            await self._state.fleet.close()
+
+
+def _said(stderr: str, default: str) -> str:
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else default
+
+
+__all__ = ["RunState", "RunView", "WorkerStop", "list_runs", "logs", "observe", "run_status", "stop"]

@@ -1,0 +1,301 @@
+"""Launching the trainer on every worker of a node, the way the seeds did by hand, in one call.
+
+Everything that can be checked on this machine is checked before any worker is touched: the node exists
+and is READY, the config validates against the trainer's schema, a named `.env` exists, the worker
+selection is in range, every selected worker answers. Then, in two phases so that a failure leaves no
+half-started pod: (1) on every worker, make `~/tpu-console/runs/<run_id>/` and upload launch.json,
+config.yaml and .env (0600); (2) start the detached job on every worker. If a start fails, the workers
+that did start are stopped again.
+
+Secrets: the `.env` content travels by SFTP into a 0600 file that the wrapper sources; it is never on a
+command line, in launch.json, in the run database or in a message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tpu_console.errors import UserError
+from tpu_console.fleet import recipes
+from tpu_console.fleet.fleet import Fleet
+from tpu_console.fleet.selection import parse_worker_selection
+from tpu_console.model import Node
+from tpu_console.providers.base import Provider
+from tpu_console.runs.run_id import new_run_id
+from tpu_console.runs.session import open_node, require_all_reachable
+from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
+
+TRAINER_ARGS = ("-m", "trainer", "--config", "config.yaml", "--run-dir", ".")
+_MAX_ENV_FILE_BYTES = 1 << 20
+
+
+def _ignore(_line: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class ValidatedConfig:
+    path: Path
+    overrides: list[str]
+    yaml_text: str  # config.yaml as the trainer reads it: every key, defaults included
+    data: dict[str, Any]
+    digest: str  # the trainer's own digest, the same its `start` event reports
+
+
+@dataclass(frozen=True)
+class WorkerStart:
+    worker: int
+    pgid: int | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.pgid is not None
+
+
+@dataclass
+class LaunchResult:
+    run_id: str
+    node: Node
+    workers: list[int]
+    starts: list[WorkerStart]
+    config_digest: str
+    run_dir: str  # relative to each worker's home
+
+    @property
+    def ok(self) -> bool:
+        return all(s.ok for s in self.starts)
+
+
+def validate_config(config_path: str | Path, overrides: Sequence[str] = ()) -> ValidatedConfig:
+    """The config with `--set` overrides applied, validated by the trainer's schema. Importing
+    trainer.config needs only pydantic and PyYAML (no JAX), so this runs on a laptop."""
+    from trainer.config import ConfigError, dump_yaml, load_config
+
+    path = Path(config_path).expanduser()
+    if not path.is_file():
+        raise UserError(f"config file {path} does not exist; pass --config with an existing YAML file")
+    try:
+        cfg = load_config(path, list(overrides))
+    except ConfigError as exc:
+        raise UserError(f"{path}: {exc}") from None
+    return ValidatedConfig(
+        path=path,
+        overrides=list(overrides),
+        yaml_text=dump_yaml(cfg),
+        data=cfg.model_dump(mode="json"),
+        digest=cfg.digest(),
+    )
+
+
+def read_env_file(env_file: str | Path | None) -> bytes | None:
+    """The `.env` content to upload, or None when none was named. The content is never shown."""
+    if env_file is None:
+        return None
+    path = Path(env_file).expanduser()
+    if not path.is_file():
+        raise UserError(
+            f"env file {path} does not exist; create it with KEY=value lines (e.g. WANDB_API_KEY=...) "
+            "or leave out --env-file"
+        )
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"cannot read env file {path} ({exc.strerror}); check its permissions") from None
+    if len(data) > _MAX_ENV_FILE_BYTES:
+        raise UserError(f"env file {path} is over 1 MiB; it should hold KEY=value lines only")
+    return data
+
+
+def default_python(provider: Provider) -> str:
+    """Local workers share this machine, so they run this very interpreter; elsewhere `python3`."""
+    return sys.executable if provider.name == "local" else "python3"
+
+
+def code_version(cwd: Path | None = None) -> dict[str, Any] | None:
+    """`{"git_sha": ..., "dirty": bool}` of the git checkout the console runs in, or None outside one."""
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=False
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    sha = git("rev-parse", "HEAD")
+    if not sha:
+        return None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"git_sha": sha, "dirty": bool(status) if status is not None else None}
+
+
+def launch_env(provider: Provider, node: Node, fleet: Fleet, workers: list[int]) -> dict[int, dict[str, str]]:
+    """The non-secret environment of each worker's job: the process-count guard, and the coordinator
+    where JAX cannot find its peers by itself (local and ssh pods)."""
+    targets = [fleet.targets[w] for w in workers]
+    shared = provider.coordinator_env(node, targets)
+    envs: dict[int, dict[str, str]] = {}
+    for position, worker in enumerate(workers):
+        env = {"TRAINER_REQUIRE_PROCESS_COUNT": str(len(workers)), **shared}
+        if shared:
+            env["TRAINER_PROCESS_ID"] = str(position)
+        envs[worker] = env
+    return envs
+
+
+async def launch(
+    providers: dict[str, Provider],
+    node_name: str,
+    config_path: str | Path,
+    overrides: Sequence[str] = (),
+    env_file: str | Path | None = None,
+    workers: str = "all",
+    *,
+    python: str | None = None,
+    store: RunStore | None = None,
+    progress: Callable[[str], None] = _ignore,
+    stop_grace_s: float = 5.0,
+) -> LaunchResult:
+    """Start the trainer on the selected workers of `node_name` (all by default) and record the run."""
+    config = validate_config(config_path, overrides)
+    env_data = read_env_file(env_file)
+    if python is not None and not python.strip():
+        raise UserError("--python is empty; give an interpreter, e.g. --python python3")
+    provider, node = await open_node(providers, node_name)
+    selected = parse_worker_selection(workers, node.shape.workers)
+    interpreter = python or default_python(provider)
+    targets = await provider.ssh_targets(node)
+    store = store or RunStore()
+
+    async with Fleet(targets) as fleet:
+        envs = launch_env(provider, node, fleet, selected)
+        if len(selected) < node.shape.workers and "TRAINER_COORDINATOR_ADDRESS" not in envs[selected[0]]:
+            raise UserError(
+                f"{node_name!r} is a {node.provider} pod where JAX joins every host by itself, so the job must "
+                "run on all its workers; leave out --worker"
+            )
+        await require_all_reachable(fleet, node_name, selected, "nothing was launched")
+
+        run_id = new_run_id()
+        started = datetime.now(UTC)
+        version = await asyncio.to_thread(code_version)
+        record = RunRecord(
+            run_id=run_id,
+            node=node.name,
+            provider=node.provider,
+            accelerator_type=node.accelerator_type,
+            workers=selected,
+            config_path=str(config.path),
+            config_digest=config.digest,
+            overrides=config.overrides,
+            python=interpreter,
+            started_at=started,
+            code_version=version["git_sha"] + ("+dirty" if version["dirty"] else "") if version else None,
+        )
+        progress(f"{run_id}: preparing {len(selected)} worker(s) of {node.name}")
+        problems = await _prepare(fleet, run_id, selected, config, env_data, node, envs, interpreter, version,
+                                  started)
+        if problems:
+            starts = [WorkerStart(w, error=problems.get(w, "not started: another worker failed")) for w in selected]
+        else:
+            progress(f"{run_id}: starting the job on {len(selected)} worker(s)")
+            starts = await _start(fleet, run_id, selected, envs, interpreter)
+            if not all(s.ok for s in starts):
+                await _undo(fleet, run_id, [s.worker for s in starts if s.ok], stop_grace_s)
+        _record(store, record, starts)
+    return LaunchResult(run_id, node, selected, starts, config.digest, recipes.run_dir(run_id))
+
+
+async def _prepare(
+    fleet: Fleet,
+    run_id: str,
+    workers: list[int],
+    config: ValidatedConfig,
+    env_data: bytes | None,
+    node: Node,
+    envs: dict[int, dict[str, str]],
+    python: str,
+    version: dict[str, Any] | None,
+    started: datetime,
+) -> dict[int, str]:
+    """Make the run folder and upload its files on every worker; the problems by worker (empty: all done)."""
+    made = await fleet.run(recipes.prepare_run_dir(run_id), workers, timeout=60)
+    problems = {r.worker: r.error or r.stderr.strip() or f"exit {r.exit_status}" for r in made if not r.ok}
+    if problems:
+        return problems
+    folder = recipes.run_dir(run_id)
+    uploads = [fleet.put(config.yaml_text.encode(), f"{folder}/config.yaml", workers, mode=0o644)]
+    if env_data is not None:
+        uploads.append(fleet.put(env_data, f"{folder}/.env", workers, mode=0o600))
+    for worker in workers:
+        manifest = {
+            "run_id": run_id,
+            "node": node.name,
+            "provider": node.provider,
+            "accelerator_type": node.accelerator_type,
+            "worker": worker,
+            "workers": workers,
+            "started_at": started.isoformat(),
+            "code_version": version,
+            "python": python,
+            "command": [python, "-u", *TRAINER_ARGS],
+            "env": envs[worker],  # non-secret variables only; secrets are in .env
+            "env_file": ".env" if env_data is not None else None,
+            "config_source": str(config.path),
+            "overrides": config.overrides,
+            "config_digest": config.digest,
+            "config": config.data,
+        }
+        uploads.append(
+            fleet.put(json.dumps(manifest, indent=2).encode() + b"\n", f"{folder}/launch.json", [worker])
+        )
+    for results in await asyncio.gather(*uploads):
+        for r in results:
+            if not r.ok:
+                problems.setdefault(r.worker, r.error or "upload failed")
+    return problems
+
+
+async def _start(
+    fleet: Fleet, run_id: str, workers: list[int], envs: dict[int, dict[str, str]], python: str
+) -> list[WorkerStart]:
+    async def start_one(worker: int) -> WorkerStart:
+        command = recipes.start_detached(run_id, python, TRAINER_ARGS, envs[worker])
+        (result,) = await fleet.run(command, [worker], timeout=60)
+        if not result.ok:
+            said = result.stderr.strip().splitlines()
+            return WorkerStart(worker, error=result.error or (said[-1] if said else f"exit {result.exit_status}"))
+        pgid = next((line[5:] for line in result.stdout.splitlines() if line.startswith("pgid=")), "")
+        if not pgid.isdigit():
+            return WorkerStart(worker, error=f"unexpected answer from the launch wrapper: {result.stdout.strip()!r}")
+        return WorkerStart(worker, pgid=int(pgid))
+
+    return list(await asyncio.gather(*(start_one(w) for w in workers)))
+
+
+async def _undo(fleet: Fleet, run_id: str, started: list[int], grace_s: float) -> None:
+    """Stop the workers that did start when others did not: a partial pod would only wait and time out."""
+    if started:
+        await fleet.run(recipes.stop_run(run_id, grace_s), started, timeout=grace_s + 30)
+
+
+def _record(store: RunStore, record: RunRecord, starts: list[WorkerStart]) -> None:
+    ok = all(s.ok for s in starts)
+    record.worker_records = {
+        s.worker: WorkerRecord(s.worker, "pending" if ok else "failed", s.pgid, s.error) for s in starts
+    }
+    if not ok:
+        first = next(s for s in starts if not s.ok)
+        record.state, record.failure = "failed", f"worker {first.worker} did not start: {first.error}"
+        record.finished_at = datetime.now(UTC)
+    store.add(record)

@@ -1,0 +1,59 @@
+"""Opening a node's workers for run work: the node looked up, READY, and every needed worker connected."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tpu_console.errors import UserError
+from tpu_console.fleet.fleet import Fleet
+from tpu_console.fleet.target import SshTarget
+from tpu_console.model import Node
+from tpu_console.providers.base import Provider
+from tpu_console.providers.registry import find_node
+
+
+@dataclass
+class NodeSession:
+    provider: Provider
+    node: Node
+    targets: list[SshTarget]
+    fleet: Fleet
+
+
+async def open_node(providers: dict[str, Provider], name: str) -> tuple[Provider, Node]:
+    """The node and its provider, or UserError if it is unknown or not READY."""
+    provider, node = await find_node(providers, name)
+    if not node.state.is_usable:
+        raise UserError(f"node {name!r} is {node.state}, not READY; wait for it or check `tpu-console ls`")
+    return provider, node
+
+
+async def unreachable_workers(fleet: Fleet, workers: Sequence[int]) -> dict[int, str]:
+    """Connect to every worker at once; the ones that failed, with a one-line reason each."""
+    answers = await asyncio.gather(*(fleet.connection(w).get() for w in workers), return_exceptions=True)
+    failed: dict[int, str] = {}
+    for worker, answer in zip(workers, answers, strict=True):
+        if isinstance(answer, BaseException):
+            if not isinstance(answer, Exception):
+                raise answer
+            failed[worker] = one_line(answer)
+    return failed
+
+
+async def require_all_reachable(fleet: Fleet, node: str, workers: Sequence[int], doing: str) -> None:
+    """UserError naming the first unreachable worker; `doing` is what did not happen ("nothing was launched")."""
+    failed = await unreachable_workers(fleet, workers)
+    if failed:
+        worker, reason = next(iter(failed.items()))
+        others = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        raise UserError(
+            f"worker {worker} of {node!r} is unreachable: {reason}{others}; {doing}: "
+            "check the node with `tpu-console ls`"
+        )
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]

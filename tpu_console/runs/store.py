@@ -1,0 +1,211 @@
+"""Run history in SQLite (`locations.database_file()`): what was launched where, and how it ended.
+
+Holds ids, names, digests, times and exit statuses only: never a config's secrets or `.env` content
+(the launcher never hands them over).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import closing, contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from tpu_console import locations
+from tpu_console.errors import NotFound
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    node TEXT NOT NULL,
+    provider TEXT NOT NULL,
+    accelerator_type TEXT NOT NULL,
+    workers TEXT NOT NULL,              -- JSON list of the worker indices launched
+    config_path TEXT NOT NULL,
+    config_digest TEXT NOT NULL,
+    overrides TEXT NOT NULL,            -- JSON list of --set KEY=VALUE
+    code_version TEXT,
+    python TEXT NOT NULL,
+    started_at TEXT NOT NULL,
+    state TEXT NOT NULL,
+    failure TEXT,
+    finished_at TEXT,
+    stop_requested_at TEXT
+);
+CREATE TABLE IF NOT EXISTS run_workers (
+    run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    worker INTEGER NOT NULL,
+    pgid INTEGER,
+    start_error TEXT,
+    state TEXT NOT NULL,
+    exit_status INTEGER,
+    PRIMARY KEY (run_id, worker)
+);
+CREATE INDEX IF NOT EXISTS runs_by_node ON runs(node, started_at);
+"""
+
+
+@dataclass
+class WorkerRecord:
+    worker: int
+    state: str = "pending"
+    pgid: int | None = None
+    start_error: str | None = None
+    exit_status: int | None = None
+
+
+@dataclass
+class RunRecord:
+    run_id: str
+    node: str
+    provider: str
+    accelerator_type: str
+    workers: list[int]
+    config_path: str
+    config_digest: str
+    overrides: list[str]
+    python: str
+    started_at: datetime
+    state: str = "pending"
+    code_version: str | None = None
+    failure: str | None = None
+    finished_at: datetime | None = None
+    stop_requested_at: datetime | None = None
+    worker_records: dict[int, WorkerRecord] = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_at is not None
+
+
+class RunStore:
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or locations.database_file()
+        with self._connect() as db:
+            db.executescript(_SCHEMA)
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        with closing(sqlite3.connect(self.path, timeout=10)) as db:
+            db.row_factory = sqlite3.Row
+            db.execute("PRAGMA foreign_keys = ON")
+            with db:  # one transaction: committed on success, rolled back on error
+                yield db
+
+    def add(self, record: RunRecord) -> None:
+        with self._connect() as db:
+            db.execute(
+                "INSERT INTO runs (run_id, node, provider, accelerator_type, workers, config_path, config_digest,"
+                " overrides, code_version, python, started_at, state, failure, finished_at, stop_requested_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    record.run_id,
+                    record.node,
+                    record.provider,
+                    record.accelerator_type,
+                    json.dumps(record.workers),
+                    record.config_path,
+                    record.config_digest,
+                    json.dumps(record.overrides),
+                    record.code_version,
+                    record.python,
+                    _iso(record.started_at),
+                    record.state,
+                    record.failure,
+                    _iso(record.finished_at),
+                    _iso(record.stop_requested_at),
+                ),
+            )
+            self._put_workers(db, record.run_id, record.worker_records.values())
+
+    def get(self, run_id: str) -> RunRecord:
+        with self._connect() as db:
+            row = db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if row is None:
+                raise NotFound(
+                    f"unknown run id {run_id!r}: `tpu-console runs` lists the runs launched from here"
+                )
+            return self._record(db, row)
+
+    def list(self, node: str | None = None, limit: int = 50) -> list[RunRecord]:
+        """Most recent first."""
+        query = (
+            "SELECT * FROM runs"
+            + (" WHERE node = ?" if node else "")
+            + " ORDER BY started_at DESC, run_id DESC LIMIT ?"
+        )
+        params: tuple = (node, limit) if node else (limit,)
+        with self._connect() as db:
+            return [self._record(db, row) for row in db.execute(query, params).fetchall()]
+
+    def update(
+        self,
+        run_id: str,
+        state: str,
+        workers: Sequence[WorkerRecord] = (),
+        failure: str | None = None,
+        finished: bool = False,
+    ) -> None:
+        with self._connect() as db:
+            db.execute(
+                "UPDATE runs SET state = ?, failure = ?, finished_at = COALESCE(finished_at, ?) WHERE run_id = ?",
+                (state, failure, _iso(datetime.now(UTC)) if finished else None, run_id),
+            )
+            self._put_workers(db, run_id, workers)
+
+    def mark_stop_requested(self, run_id: str) -> None:
+        with self._connect() as db:
+            db.execute(
+                "UPDATE runs SET stop_requested_at = COALESCE(stop_requested_at, ?) WHERE run_id = ?",
+                (_iso(datetime.now(UTC)), run_id),
+            )
+
+    @staticmethod
+    def _put_workers(
+        db: sqlite3.Connection, run_id: str, workers: Iterator[WorkerRecord] | Sequence[WorkerRecord]
+    ) -> None:
+        db.executemany(
+            "INSERT INTO run_workers (run_id, worker, pgid, start_error, state, exit_status) VALUES (?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT(run_id, worker) DO UPDATE SET pgid = COALESCE(excluded.pgid, pgid),"
+            " start_error = COALESCE(excluded.start_error, start_error), state = excluded.state,"
+            " exit_status = excluded.exit_status",
+            [(run_id, w.worker, w.pgid, w.start_error, w.state, w.exit_status) for w in workers],
+        )
+
+    @staticmethod
+    def _record(db: sqlite3.Connection, row: sqlite3.Row) -> RunRecord:
+        workers = {
+            r["worker"]: WorkerRecord(r["worker"], r["state"], r["pgid"], r["start_error"], r["exit_status"])
+            for r in db.execute(
+                "SELECT * FROM run_workers WHERE run_id = ? ORDER BY worker", (row["run_id"],)
+            )
+        }
+        return RunRecord(
+            run_id=row["run_id"],
+            node=row["node"],
+            provider=row["provider"],
+            accelerator_type=row["accelerator_type"],
+            workers=json.loads(row["workers"]),
+            config_path=row["config_path"],
+            config_digest=row["config_digest"],
+            overrides=json.loads(row["overrides"]),
+            python=row["python"],
+            started_at=_parse(row["started_at"]) or datetime.now(UTC),
+            state=row["state"],
+            code_version=row["code_version"],
+            failure=row["failure"],
+            finished_at=_parse(row["finished_at"]),
+            stop_requested_at=_parse(row["stop_requested_at"]),
+            worker_records=workers,
+        )
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.astimezone(UTC).isoformat() if moment else None
+
+
+def _parse(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text) if text else None

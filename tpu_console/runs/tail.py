@@ -1,0 +1,56 @@
+"""Resumable log tails: a byte offset per worker, and whole lines only, however the reads fall.
+
+The `tail_log` recipe sends the bytes base64-encoded with the offset just past them, so the console knows
+exactly where to resume (after a reconnect, or in a later console) and never splits a UTF-8 character.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    end: int  # byte offset just past `data` in the file
+    size: int  # the file's size when it was read
+    data: bytes
+
+    @property
+    def start(self) -> int:
+        return self.end - len(self.data)
+
+
+def parse_chunk(stdout: str) -> LogChunk | None:
+    """The `tail_log` recipe's output, or None if it is not that (the command failed)."""
+    head, _, encoded = stdout.partition("\n")
+    values = dict(word.partition("=")[::2] for word in head.split())
+    try:
+        end, size = int(values["end"]), int(values["size"])
+        data = base64.b64decode(encoded.strip(), validate=True)
+    except (KeyError, ValueError, binascii.Error):
+        return None
+    return LogChunk(end=end, size=size, data=data)
+
+
+@dataclass
+class TailCursor:
+    """Where one worker's log has been read up to. `take` returns the complete lines of a chunk and moves
+    the offset past them; a cut-off last line is read again next time, unless `final` (the job ended)."""
+
+    offset: int = 0
+    max_bytes: int = 1 << 20
+
+    def take(self, chunk: LogChunk, final: bool = False) -> list[str]:
+        data = chunk.data
+        if not final and not data.endswith(b"\n"):
+            cut = data.rfind(b"\n")
+            # A line longer than a whole read is let through rather than waited on forever.
+            if cut >= 0 or len(data) < self.max_bytes:
+                data = data[: cut + 1]
+        self.offset = chunk.start + len(data)
+        if not data:
+            return []
+        text = data.decode("utf-8", errors="replace")
+        return text[:-1].split("\n") if text.endswith("\n") else text.split("\n")
