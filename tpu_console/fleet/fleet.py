@@ -15,10 +15,8 @@ import posixpath
 import re
 import secrets
 import shlex
-import signal
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -26,7 +24,9 @@ from typing import Self
 import asyncssh
 
 from tpu_console.errors import Unreachable, UserError
+from tpu_console.fleet.command import finish_command, open_command
 from tpu_console.fleet.connection import WorkerConnection
+from tpu_console.fleet.results import WorkerLine, WorkerResult
 from tpu_console.fleet.target import SshTarget
 
 _CHUNK = 65536
@@ -35,26 +35,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NOT_STARTED = (asyncssh.ChannelOpenError, asyncssh.ConnectionLost, asyncssh.DisconnectError, ConnectionError)
 
 
-@dataclass
-class WorkerResult:
-    worker: int
-    exit_status: int | None  # None when the command never ran or did not finish (unreachable, timeout)
-    stdout: str
-    stderr: str
-    duration_s: float
-    error: str | None = None  # one line, e.g. "unreachable: connection refused (...)", "timed out after 30s"
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_status == 0 and self.error is None
-
-
-@dataclass(frozen=True)
-class WorkerLine:
-    worker: int
-    stream: str  # "stdout" or "stderr"
-    text: str  # one line, no trailing newline
-
+__all__ = ["Fleet", "WorkerLine", "WorkerResult"]
 
 OnLine = Callable[[WorkerLine], None]
 
@@ -156,46 +137,33 @@ class Fleet:
     ) -> WorkerResult:
         start = time.perf_counter()
         conn = self.connection(worker)
-        out: list[bytes] = []
-        err: list[bytes] = []
-
-        def result(exit_status: int | None, error: str | None = None) -> WorkerResult:
-            return WorkerResult(
-                worker, exit_status, _text(out), _text(err), time.perf_counter() - start, error
-            )
-
         async with self._host_slot(conn.target), self._overall:
             try:
-                process = await self._open(conn, command)
+                channel, session = await self._open(conn, command, worker, on_line)
             except Unreachable as exc:
-                return result(None, f"unreachable: {exc}")
-            try:
-                if stdin:
-                    process.stdin.write(stdin)
-                process.stdin.write_eof()
-                pumps = asyncio.gather(
-                    _pump(process.stdout, out, worker, "stdout", on_line),
-                    _pump(process.stderr, err, worker, "stderr", on_line),
-                )
-                await asyncio.wait_for(_finish(pumps, process), timeout)
-            except TimeoutError:
-                process.close()  # the server side stops what the channel started
-                return result(None, f"timed out after {timeout:g}s")
-            except (asyncssh.Error, OSError) as exc:
-                conn.drop()
-                return result(None, f"connection lost while running: {_reason(exc)} ({conn.address})")
-            status = _exit_status(process)
-            return result(
-                status, None if status is not None else f"closed without an exit status ({conn.address})"
-            )
+                return WorkerResult(worker, None, "", "", time.perf_counter() - start, f"unreachable: {exc}")
+            outcome = await finish_command(channel, session, stdin, timeout)
+        if outcome.error and outcome.error.startswith("connection lost"):
+            conn.drop()
+            outcome.error = f"{outcome.error} ({conn.address})"
+        return WorkerResult(
+            worker,
+            outcome.exit_status,
+            outcome.stdout.decode("utf-8", errors="replace"),
+            outcome.stderr.decode("utf-8", errors="replace"),
+            time.perf_counter() - start,
+            outcome.error,
+        )
 
-    async def _open(self, conn: WorkerConnection, command: str) -> asyncssh.SSHClientProcess:
+    async def _open(
+        self, conn: WorkerConnection, command: str, worker: int, on_line: OnLine | None
+    ) -> tuple[asyncssh.SSHClientChannel, object]:
         """Open the command's channel. A connection that died while idle is replaced once: the command
         had not started, so sending it again is safe."""
         for attempt in (1, 2):
             ssh = await conn.get()
             try:
-                return await ssh.create_process(command, encoding=None)
+                return await open_command(ssh, command, worker, on_line)
             except _NOT_STARTED as exc:
                 conn.drop()
                 if attempt == 2:
@@ -256,49 +224,12 @@ class Fleet:
         return self._keys[target.client_key]
 
 
-async def _finish(pumps: asyncio.Future, process: asyncssh.SSHClientProcess) -> None:
-    await pumps
-    await process.wait_closed()
-
-
-async def _pump(
-    stream: asyncssh.SSHReader, sink: list[bytes], worker: int, name: str, on_line: OnLine | None
-) -> None:
-    if on_line is None:
-        while chunk := await stream.read(_CHUNK):
-            sink.append(chunk)
-        return
-    pending = b""
-    while chunk := await stream.read(_CHUNK):
-        sink.append(chunk)
-        *lines, pending = (pending + chunk).split(b"\n")
-        for line in lines:
-            on_line(WorkerLine(worker, name, line.decode("utf-8", errors="replace")))
-    if pending:
-        on_line(WorkerLine(worker, name, pending.decode("utf-8", errors="replace")))
-
-
-def _exit_status(process: asyncssh.SSHClientProcess) -> int | None:
-    if process.exit_signal:  # OpenSSH reports death by signal N apart; use the shell's 128+N
-        name = process.exit_signal[0]
-        try:
-            return 128 + signal.Signals[f"SIG{name}"].value
-        except KeyError:
-            return 255
-    status = process.exit_status
-    return None if status is None or status < 0 else status
-
-
 def _with_env(command: str, env: dict[str, str]) -> str:
     for name in env:
         if not _ENV_NAME.match(name):
             raise UserError(f"invalid environment variable name {name!r}; use letters, digits and _")
     exports = "".join(f"export {name}={shlex.quote(value)}; " for name, value in env.items())
     return exports + command
-
-
-def _text(chunks: list[bytes]) -> str:
-    return b"".join(chunks).decode("utf-8", errors="replace")
 
 
 def _reason(exc: BaseException) -> str:

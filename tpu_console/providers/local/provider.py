@@ -77,18 +77,23 @@ class LocalProvider(Provider):
                 f"local node {node.name} is {node.state.value}, not READY; delete and create it again"
             )
         servers = await self._ensure_servers(node)
+        return self.targets_at(node, [server.port for server in servers])
+
+    def targets_at(self, node: Node, ports: list[int]) -> list[SshTarget]:
+        """SSH targets for a node whose workers listen on `ports` (worker order), each pinned to the
+        worker's own host key: for servers run here or by a pod_host process."""
         client_key = keys.client_key_path()
         user = _user()
         return [
             SshTarget(
-                worker=server.spec.index,
+                worker=index,
                 host=LOOPBACK,
-                port=server.port,
+                port=port,
                 username=user,
                 client_key=client_key,
-                host_keys=(self.store.host_public_key(node.name, server.spec.index),),
+                host_keys=(self.store.host_public_key(node.name, index),),
             )
-            for server in servers
+            for index, port in enumerate(ports)
         ]
 
     def coordinator_env(self, node: Node, targets: list[SshTarget]) -> dict[str, str]:

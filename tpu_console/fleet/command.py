@@ -1,0 +1,113 @@
+"""One command on one open SSH connection, as a plain asyncssh session: output gathered (and split into
+lines for streaming) straight from the channel callbacks, with no reader tasks in between. A fan-out
+runs one of these per worker at once, so what each costs is paid 64 times over."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import asyncssh
+
+from tpu_console.fleet.results import WorkerLine
+
+
+@dataclass
+class CommandOutcome:
+    exit_status: int | None
+    stdout: bytes
+    stderr: bytes
+    error: str | None  # "timed out after 2s", "connection lost: ...", or None when the command finished
+
+
+class _CommandSession(asyncssh.SSHClientSession[bytes]):
+    def __init__(self, worker: int, on_line: Callable[[WorkerLine], None] | None) -> None:
+        self._worker = worker
+        self._on_line = on_line
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+        self._partial = {"stdout": b"", "stderr": b""}
+        self.exit_status: int | None = None
+        self.exit_signal: str | None = None
+        self.closed: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
+        stream = "stderr" if datatype == asyncssh.EXTENDED_DATA_STDERR else "stdout"
+        (self.stderr if stream == "stderr" else self.stdout).extend(data)
+        if self._on_line is not None:
+            *lines, self._partial[stream] = (self._partial[stream] + data).split(b"\n")
+            for line in lines:
+                self._emit(stream, line)
+
+    def exit_status_received(self, status: int) -> None:
+        self.exit_status = status
+
+    def exit_signal_received(self, signal: str, core_dumped: bool, msg: str, lang: str) -> None:
+        self.exit_signal = signal
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._on_line is not None:
+            for stream, rest in self._partial.items():
+                if rest:
+                    self._emit(stream, rest)
+        if not self.closed.done():
+            self.closed.set_result(exc)
+
+    def _emit(self, stream: str, line: bytes) -> None:
+        assert self._on_line is not None
+        self._on_line(WorkerLine(self._worker, stream, line.decode("utf-8", errors="replace")))
+
+    def status(self) -> int | None:
+        if self.exit_signal:  # OpenSSH reports death by signal N apart; use the shell's 128+N
+            try:
+                return 128 + signal.Signals[f"SIG{self.exit_signal}"].value
+            except KeyError:
+                return 255
+        return self.exit_status
+
+
+async def open_command(
+    conn: asyncssh.SSHClientConnection,
+    command: str,
+    worker: int,
+    on_line: Callable[[WorkerLine], None] | None,
+) -> tuple[asyncssh.SSHClientChannel, _CommandSession]:
+    """Open the channel and start the command (raises if the channel cannot be opened)."""
+    return await conn.create_session(lambda: _CommandSession(worker, on_line), command, encoding=None)
+
+
+async def finish_command(
+    channel: asyncssh.SSHClientChannel, session: _CommandSession, stdin: bytes | None, timeout: float | None
+) -> CommandOutcome:
+    """Send stdin, wait for the command to end (or the deadline), and collect what it produced."""
+    if stdin:
+        channel.write(stdin)
+    channel.write_eof()
+    timer = None
+    if timeout is not None:
+        # Past the deadline, stop waiting at once: closing the channel asks the server to stop the command,
+        # but an unresponsive server must not hold the caller.
+        def expire() -> None:
+            if not session.closed.done():
+                session.closed.set_result(TimeoutError())
+            channel.close()
+
+        timer = asyncio.get_running_loop().call_later(timeout, expire)
+    try:
+        exc = await session.closed
+    finally:
+        if timer is not None:
+            timer.cancel()
+    if isinstance(exc, TimeoutError):
+        error: str | None = f"timed out after {timeout:g}s"
+    elif exc is not None:
+        error = f"connection lost while running: {getattr(exc, 'reason', None) or exc}"
+    elif session.status() is None:
+        error = "closed without an exit status"
+    else:
+        error = None
+    return CommandOutcome(
+        None if error else session.status(), bytes(session.stdout), bytes(session.stderr), error
+    )
