@@ -43,9 +43,9 @@ class ShardingRules:
     mlp_out: Axes = ("tp", "fsdp")  # down kernel [intermediate, hidden]
     norm: Axes = (None,)  # [hidden]
     lm_head: Axes = ("fsdp", "tp")  # [hidden, vocab] (untied models only)
-    # Activations and the KV cache [batch, length, kv_heads, head_dim]: batch over data axes, heads over tp.
+    # Activations and the KV cache [batch, kv_heads, length, head_dim]: batch over data axes, heads over tp.
     batch: Axes = (("dp", "fsdp"),)
-    kv_cache: Axes = (("dp", "fsdp"), None, "tp", None)
+    kv_cache: Axes = (("dp", "fsdp"), "tp", None, None)
 
 
 @dataclass(frozen=True)
@@ -196,14 +196,17 @@ def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, compute_dtype: Any) -> jax.Array:
-    """Grouped-query attention. q [B,T,H,D], k/v [B,S,KV,D], mask [B,T,S] (True = may attend) -> [B,T,H*D]."""
+    """Grouped-query attention. q [B,T,H,D], k/v [B,KV,S,D], mask [B,T,S] (True = may attend) -> [B,T,H*D].
+
+    k/v are head-major (the KV cache layout) so the big operands feed the dots without a relayout copy.
+    """
     b, t, h, d = q.shape
-    kv = k.shape[2]
+    kv = k.shape[1]
     q = q.reshape(b, t, kv, h // kv, d)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * (d ** -0.5)
+    scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32) * (d ** -0.5)
     scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(compute_dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(compute_dtype))
+    out = jnp.einsum("bkgts,bksd->btkgd", probs, v.astype(compute_dtype))
     return out.reshape(b, t, h * d)
 
 
@@ -223,11 +226,13 @@ class Attention(nnx.Module):
         self.compute_dtype = compute_dtype
 
     def _qkv(self, x: jax.Array, cos: jax.Array, sin: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """q [B,T,H,D]; k, v head-major [B,KV,T,D]."""
         b, t, _ = x.shape
         q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
         k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+        k = apply_rotary(k, cos, sin)
+        return apply_rotary(q, cos, sin), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array) -> jax.Array:
         q, k, v = self._qkv(x, cos, sin)
@@ -238,7 +243,7 @@ class Attention(nnx.Module):
         """Write this chunk's k/v at `cache_index` and attend over the whole cache (mask [B, T, S])."""
         q, k, v = self._qkv(x, cos, sin)
         k_cache, v_cache = cache
-        start = (0, cache_index, 0, 0)
+        start = (0, 0, cache_index, 0)
         k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), start)
         v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), start)
         out = _attend(q, k_cache.astype(self.compute_dtype), v_cache, mask, self.compute_dtype)
@@ -278,7 +283,7 @@ class Block(nnx.Module):
         return x + self.mlp(self.post_attention_layernorm(x)), cache
 
 
-KVCache = list[tuple[jax.Array, jax.Array]]  # per layer (keys, values), each [B, S, kv_heads, head_dim]
+KVCache = list[tuple[jax.Array, jax.Array]]  # per layer (keys, values), each [B, kv_heads, S, head_dim]
 
 
 class Qwen2ForCausalLM(nnx.Module):
@@ -332,7 +337,7 @@ class Qwen2ForCausalLM(nnx.Module):
 
     def init_cache(self, batch: int, length: int, dtype: Any = None) -> KVCache:
         c = self.config
-        shape = (batch, length, c.num_key_value_heads, c.dim_per_head)
+        shape = (batch, c.num_key_value_heads, length, c.dim_per_head)
         dtype = dtype or self.compute_dtype
         return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(c.num_hidden_layers)]
 
