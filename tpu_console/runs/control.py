@@ -285,9 +285,9 @@ async def logs(
             if not behind:  # every log was read to its end: give the jobs time to write more
                 await asyncio.sleep(poll_s)
             await asyncio.gather(*(read(w, first=False) for w in pending))
-        view = _view(record, monitor, live=True)
-        if set(selected) == set(record.workers):
-            _save(store, view)
+        # One probe of the whole run with its events, for the closing state line and the history.
+        (view,) = await _probe(reach, [record], STATUS_EVENTS_TAIL_BYTES, 3)
+        _save(store, view)
     return view
 
 
