@@ -3,6 +3,10 @@
 asyncio's subprocess support on Python 3.11 starts a watcher thread per child, which costs about as
 much as the fork itself: a 64-worker fan-out pays it 64 times. Here the exit is watched through a
 pidfd on the event loop (Linux 5.3+); elsewhere one waiting thread per child is the fallback.
+
+The fork/exec itself runs on a small thread pool: it blocks its caller until the child has exec'd,
+which on a busy machine takes milliseconds, and 64 of those in a row on the event loop were most of
+a fan-out's time. Several threads fork side by side.
 """
 
 from __future__ import annotations
@@ -11,8 +15,12 @@ import asyncio
 import os
 import subprocess
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+
+_spawner = ThreadPoolExecutor(max_workers=8, thread_name_prefix="local-worker-spawn")
 
 
 @dataclass(eq=False)
@@ -30,8 +38,8 @@ class ChildProcess:
 async def start_child(argv: list[str], cwd: Path, env: dict[str, str]) -> ChildProcess:
     """Start `argv` in a new session (its own process group, so it can be stopped as a whole)."""
     loop = asyncio.get_running_loop()
-    # Popen blocks only for the fork/exec itself, as asyncio's own subprocess support does.
-    popen = subprocess.Popen(  # noqa: ASYNC220
+    spawn = partial(
+        subprocess.Popen,
         argv,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -41,6 +49,7 @@ async def start_child(argv: list[str], cwd: Path, env: dict[str, str]) -> ChildP
         start_new_session=True,
         bufsize=0,
     )
+    popen = await loop.run_in_executor(_spawner, spawn)
     assert popen.stdin and popen.stdout and popen.stderr
     stdout = asyncio.StreamReader()
     stderr = asyncio.StreamReader()

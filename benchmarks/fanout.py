@@ -1,0 +1,151 @@
+"""Fan-out to a 64-worker local pod: the fleet's persistent connections against one `ssh` process per
+worker (what `gcloud ... ssh --worker=all` and the seeds' scripts do), against the same servers in the
+same run.
+
+    .venv/bin/python benchmarks/fanout.py [--workers 64] [--repeats 15]
+
+Measures `true` on every worker:
+  (a) cold: a new Fleet, connecting to every worker, then running the command
+  (b) warm: the same Fleet again, over its open connections
+  (c) reference: one OpenSSH `ssh` client process per worker, all launched at once
+and, for information, (b) with the pod's servers inside the benchmark process, as the console runs
+them by default.
+
+The pod's servers run in a separate `pod_host` process for (a)-(c): a real pod's sshd does not share
+the console's CPU, and on a 2-core machine 64 servers in the client's own event loop would make the
+client pay for both ends. Targets: warm at least 20x faster than (c), and under 100 ms median.
+Uses a throwaway TPU_CONSOLE_HOME; nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+WARM_TARGET_S = 0.100
+RATIO_TARGET = 20.0
+
+
+async def _timed(action: Callable[[], Awaitable[None]], repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        await action()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+async def main(workers: int, repeats: int) -> int:
+    # Imported here so TPU_CONSOLE_HOME (set below) is in place before anything reads it.
+    from tpu_console import keys
+    from tpu_console.fleet.fleet import Fleet
+    from tpu_console.model import CreateRequest
+    from tpu_console.providers.local import LocalProvider
+
+    ssh_bin = shutil.which("ssh")
+    if ssh_bin is None:
+        print("error: the OpenSSH client `ssh` is not installed (Debian: apt-get install openssh-client)")
+        return 2
+    provider = LocalProvider()
+    node = await provider.create(CreateRequest(name="fanout", accelerator_type=f"local-{workers}x1"))
+    host = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tpu_console.providers.local.pod_host", node.name,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert host.stdout and host.stdin
+    ports = json.loads(await host.stdout.readline())["ports"]
+    targets = provider.targets_at(node, ports)
+
+    # (a) cold: connect + run, a new fleet each time
+    cold = []
+    for _ in range(3):
+        fleet = Fleet(targets)
+        start = time.perf_counter()
+        await run_true(fleet)
+        cold.append(time.perf_counter() - start)
+        await fleet.close()
+
+    # (b) warm: the persistent connections of one fleet
+    async with Fleet(targets) as fleet:
+        await run_true(fleet)
+        warm = await _timed(lambda: run_true(fleet), repeats)
+
+    # (c) one ssh client process per worker, all at once, trusting exactly the pinned keys
+    known_hosts = Path(os.environ["TPU_CONSOLE_HOME"]) / "bench_known_hosts"
+    known_hosts.write_text("".join(f"[127.0.0.1]:{t.port} {t.host_keys[0]}\n" for t in targets))
+    ssh_options = [
+        "-F", "/dev/null", "-i", str(keys.client_key_path()), "-o", "IdentitiesOnly=yes",
+        "-o", f"UserKnownHostsFile={known_hosts}", "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
+    ]  # fmt: skip
+
+    async def ssh_all() -> None:
+        procs = []
+        for t in targets:
+            argv = [ssh_bin, *ssh_options, "-p", str(t.port), f"{t.username}@{t.host}", "true"]
+            procs.append(
+                await asyncio.create_subprocess_exec(
+                    *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+                )
+            )
+        for proc, target in zip(procs, targets, strict=True):
+            _, err = await proc.communicate()
+            if proc.returncode != 0:
+                raise SystemExit(f"error: ssh to worker {target.worker} failed: {err.decode().strip()}")
+
+    ssh_times = await _timed(ssh_all, max(3, repeats // 3))
+
+    host.stdin.close()
+    await host.wait()
+
+    # For information: the console's default, servers in the same process as the client
+    in_process_targets = await provider.ssh_targets(node)
+    async with Fleet(in_process_targets) as fleet:
+        await run_true(fleet)
+        in_process = await _timed(lambda: run_true(fleet), repeats)
+    await provider.close()
+
+    cold_s, warm_s, ssh_s, inproc_s = (statistics.median(t) for t in (cold, warm, ssh_times, in_process))
+    ratio = ssh_s / warm_s
+    print(f"fan-out of `true` to {workers} local workers (servers in a separate process), medians:")
+    print(f"  (a) fleet cold (connect + run)        {cold_s * 1000:8.1f} ms   ({len(cold)} runs)")
+    print(f"  (b) fleet warm (persistent conns)     {warm_s * 1000:8.1f} ms   ({len(warm)} runs)")
+    print(f"  (c) one ssh process per worker        {ssh_s * 1000:8.1f} ms   ({len(ssh_times)} runs)")
+    print(
+        f"      fleet warm, servers in-process    {inproc_s * 1000:8.1f} ms   (the console's default; info)"
+    )
+    print(f"  ratio (c)/(b) warm vs ssh processes   {ratio:8.1f}x  (target >= {RATIO_TARGET:g}x)")
+    print(f"  ratio (c)/(a) cold vs ssh processes   {ssh_s / cold_s:8.1f}x")
+    met = warm_s < WARM_TARGET_S and ratio >= RATIO_TARGET
+    print(
+        f"  targets: warm < {WARM_TARGET_S * 1000:g} ms and >= {RATIO_TARGET:g}x: {'met' if met else 'NOT met'}"
+    )
+    return 0 if met else 1
+
+
+async def run_true(fleet) -> None:
+    results = await fleet.run("true")
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise SystemExit(f"error: worker {failed[0].worker} failed: {failed[0].error or failed[0].stderr}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=15)
+    args = parser.parse_args()
+    home = tempfile.mkdtemp(prefix="tpu-console-fanout-")
+    os.environ["TPU_CONSOLE_HOME"] = home
+    try:
+        sys.exit(asyncio.run(main(args.workers, args.repeats)))
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
