@@ -165,6 +165,10 @@ class Fleet:
             try:
                 return await open_command(ssh, command, worker, on_line)
             except _NOT_STARTED as exc:
+                if not ssh.is_closed():
+                    # The server refused this one channel (e.g. MaxSessions); the connection and the
+                    # other commands on it are fine.
+                    raise Unreachable(f"channel refused: {_reason(exc)} ({conn.address})") from None
                 conn.drop()
                 if attempt == 2:
                     raise Unreachable(f"{_reason(exc)} ({conn.address})") from None
