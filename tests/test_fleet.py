@@ -190,3 +190,13 @@ async def test_put_and_get_files(local_pod: LocalPod, local_fleet: Fleet, tmp_pa
     assert await local_fleet.get("data.bin", 1) == local.read_bytes()
     with pytest.raises(FileNotFoundError, match="worker 0: no file data.bin"):
         await local_fleet.get("data.bin", 0)
+
+
+async def test_an_unreadable_client_key_fails_before_any_worker_runs(local_pod: LocalPod, tmp_path: Path):
+    broken = tmp_path / "broken_key"
+    broken.write_text("not a key\n")
+    targets = [*local_pod.targets[:3], replace(local_pod.targets[3], client_key=broken)]
+    async with Fleet(targets) as fleet:
+        with pytest.raises(UserError, match="cannot read SSH key .*broken_key"):
+            await fleet.run("touch ran")
+    assert not any((local_pod.worker_dir(i) / "ran").exists() for i in range(4))

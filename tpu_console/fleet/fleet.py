@@ -29,7 +29,6 @@ from tpu_console.fleet.connection import WorkerConnection
 from tpu_console.fleet.results import WorkerLine, WorkerResult
 from tpu_console.fleet.target import SshTarget
 
-_CHUNK = 65536
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Failures that mean the channel never opened, so the command did not start and may be sent again.
 _NOT_STARTED = (asyncssh.ChannelOpenError, asyncssh.ConnectionLost, asyncssh.DisconnectError, ConnectionError)
@@ -204,13 +203,18 @@ class Fleet:
     # -- helpers ---------------------------------------------------------------------------------------
 
     def _select(self, workers: Sequence[int] | None) -> list[int]:
+        """Check the selection and the client keys before anything is sent to any worker."""
         if workers is None:
-            return list(self.targets)
-        unknown = [w for w in workers if w not in self.targets]
-        if unknown:
-            valid = f"0-{len(self.targets) - 1}" if self.targets else "none"
-            raise UserError(f"no worker {unknown[0]} on this node; valid workers: {valid}")
-        return sorted(set(workers))
+            selected = list(self.targets)
+        else:
+            unknown = [w for w in workers if w not in self.targets]
+            if unknown:
+                valid = f"0-{len(self.targets) - 1}" if self.targets else "none"
+                raise UserError(f"no worker {unknown[0]} on this node; valid workers: {valid}")
+            selected = sorted(set(workers))
+        for worker in selected:
+            self.connection(worker)  # reads the worker's client key: a bad key fails here, for all
+        return selected
 
     def _host_slot(self, target: SshTarget) -> asyncio.Semaphore:
         key = (target.host, target.port)
