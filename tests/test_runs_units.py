@@ -7,6 +7,7 @@ import base64
 import json
 import os
 import subprocess
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,6 +51,21 @@ def test_bad_run_ids_are_refused(text):
 def test_new_run_id_refuses_a_bad_suffix():
     with pytest.raises(ValueError):
         new_run_id(suffix="xyz!")
+
+
+def test_config_validation_does_not_import_jax():
+    # The console validates trainer configs on a laptop that may have no JAX at all.
+    config = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "tiny_local.yaml"
+    code = (
+        "import sys\n"
+        "from tpu_console import cli\n"
+        "from tpu_console.runs.launch import validate_config\n"
+        f"assert validate_config({str(config)!r}, ['steps=3']).data['steps'] == 3\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'flax', 'optax', 'numpy'))\n"
+        "assert not heavy, heavy\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
 
 
 # -- recipes, run in bash --------------------------------------------------------------------------------
