@@ -75,12 +75,16 @@ def test_wrong_process_count_fails_at_once(tmp_path, tiny_model_dir):
     assert result.events[0]["message"] == message and result.events[0]["type"] == "LaunchError"
 
 
-def test_checkpoint_and_resume_from_latest(tmp_path, tiny_model_dir):
+def test_checkpoint_resume_and_eval(tmp_path, tiny_model_dir):
     ckpt = tmp_path / "ckpt"
-    config = tiny_config(tmp_path, tiny_model_dir, steps=2, **{"checkpoint.dir": str(ckpt),
-                                                              "checkpoint.every_steps": 1})
+    # The first run also evaluates at its last step: 3 samples padded to the 2 local devices.
+    config = tiny_config(tmp_path, tiny_model_dir, steps=2, eval_every_steps=2, eval_samples=3,
+                         **{"checkpoint.dir": str(ckpt), "checkpoint.every_steps": 1})
     [first] = launch(tmp_path, config, processes=1, devices=2, distributed=False, tag="first")
     assert first.returncode == 0, first.output[-3000:]
+    [evaluation] = [e for e in first.events if e["kind"] == "eval"]
+    assert evaluation["step"] == 2 and evaluation["eval/samples"] == 3
+    assert 0.0 <= evaluation["eval/accuracy"] <= 1.0 and "eval step=2 accuracy=" in first.output
     assert sorted(p.name for p in ckpt.iterdir() if p.name.isdigit()) == ["1", "2"]
     config = tiny_config(tmp_path, tiny_model_dir, steps=3, **{"checkpoint.dir": str(ckpt),
                                                               "checkpoint.every_steps": 1})
