@@ -35,6 +35,7 @@ def check_run(results, *, steps: int, mesh_axes: dict, spans_hosts: bool, style:
             missing = [k for k in STEP_KEYS if k not in e]
             assert not missing, missing
             assert e[tm.MEM_LIMIT] is None  # CPU reports no device memory: null, not a made-up number
+            assert e[tm.MEM_IN_USE_PER_DEVICE] == [None] * 4
             assert e[tm.phase_key("step")] >= e[tm.phase_key("rollout_generate")] > 0
             assert 0 < e[tm.COMPLETION_LEN_MEAN] <= 8 and e[tm.VALID_TOKENS_PER_S] > 0
             rewards.add((e["step"], e[tm.REWARD_MEAN]))

@@ -110,6 +110,37 @@ def test_human_step_line_and_cpu_memory_is_null():
     assert "rollout_generate=0.50s reward=0.50s advantages=0.50s shard=0.50s update=0.50s" in line
     memory = tm.device_memory()
     if jax.default_backend() == "cpu":
-        assert memory == {tm.MEM_IN_USE: None, tm.MEM_PEAK: None, tm.MEM_LIMIT: None}
+        assert memory[tm.MEM_IN_USE] is None and memory[tm.MEM_PEAK] is None and memory[tm.MEM_LIMIT] is None
+        assert memory[tm.MEM_IN_USE_PER_DEVICE] == [None] * jax.local_device_count()
+
+    class FakeDevice:
+        def __init__(self, stats):
+            self.stats = stats
+
+        def memory_stats(self):
+            return self.stats
+
+    gib = 1 << 30
+    memory = tm.device_memory([FakeDevice({"bytes_in_use": 2 * gib, "peak_bytes_in_use": 3 * gib,
+                                           "bytes_limit": 16 * gib}),
+                               FakeDevice({"bytes_in_use": 5 * gib, "peak_bytes_in_use": 6 * gib,
+                                           "bytes_limit": 16 * gib})])
+    assert (memory[tm.MEM_IN_USE], memory[tm.MEM_PEAK], memory[tm.MEM_LIMIT]) == (5.0, 6.0, 16.0)
+    assert memory[tm.MEM_PEAK_PER_DEVICE] == [3.0, 6.0]
     timer = tm.PhaseTimer()
     assert [timer.record_step(s) for s in (1.0, 3.0)] == [1.0, 2.0]
+
+
+def test_wandb_offline_from_process_0_only_and_disabled_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for key in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DIR"):
+        monkeypatch.delenv(key, raising=False)
+    tm.WandbSink("disabled", None, None, {}, 0, tmp_path / "disabled").log({tm.LOSS: 1.0}, step=1)
+    tm.WandbSink("offline", "p", "n", {}, 1, tmp_path / "worker1").log({tm.LOSS: 1.0}, step=1)
+    assert not (tmp_path / "disabled").exists() and not (tmp_path / "worker1").exists()
+    sink = tm.WandbSink("offline", "tpu-console-test", "unit", {"steps": 1}, 0, tmp_path / "worker0")
+    sink.log({tm.LOSS: 0.5, tm.MEM_LIMIT: None, tm.MEM_IN_USE_PER_DEVICE: [None]}, step=1)
+    sink.finish()
+    [run] = list((tmp_path / "worker0" / "wandb").glob("offline-run-*"))
+    [log] = list(run.glob("*.wandb"))
+    assert b"loss" in log.read_bytes()

@@ -38,6 +38,10 @@ VALID_TOKENS = "throughput/train/valid_tokens"
 MEM_IN_USE = "memory/train/bytes_in_use_max_gib"
 MEM_PEAK = "memory/train/peak_bytes_in_use_max_gib"
 MEM_LIMIT = "memory/train/bytes_limit_gib"
+# Lists, one entry per local device in jax.local_devices() order (events.jsonl only; W&B gets the maxima).
+MEM_IN_USE_PER_DEVICE = "memory/train/bytes_in_use_gib_per_device"
+MEM_PEAK_PER_DEVICE = "memory/train/peak_bytes_in_use_gib_per_device"
+MEM_LIMIT_PER_DEVICE = "memory/train/bytes_limit_gib_per_device"
 REWARD_MEAN = "train-reward/total/mean"
 REWARD_STD = "train-reward/total/std"
 
@@ -58,19 +62,25 @@ GIB = float(1 << 30)
 
 
 # --- memory ------------------------------------------------------------------------------------------------
-def device_memory(devices: list | None = None) -> dict[str, float | None]:
-    """In-use, peak and limit bytes (GiB, max over this process's devices); None where the platform has none."""
+def device_memory(devices: list | None = None) -> dict[str, Any]:
+    """In-use, peak and limit GiB: the max over this process's devices, and one list entry per local device.
+
+    None (JSON null) wherever `memory_stats()` gives nothing (CPU).
+    """
     import jax
 
-    stats = [d.memory_stats() for d in (jax.local_devices() if devices is None else devices)]
-    stats = [s for s in stats if s]
+    stats = [d.memory_stats() or {} for d in (jax.local_devices() if devices is None else devices)]
 
-    def max_gib(field: str) -> float | None:
-        values = [s[field] for s in stats if field in s]
-        return max(values) / GIB if values else None
+    def per_device(field: str) -> list[float | None]:
+        return [s[field] / GIB if field in s else None for s in stats]
 
-    return {MEM_IN_USE: max_gib("bytes_in_use"), MEM_PEAK: max_gib("peak_bytes_in_use"),
-            MEM_LIMIT: max_gib("bytes_limit")}
+    def max_of(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return max(known) if known else None
+
+    in_use, peak, limit = (per_device(f) for f in ("bytes_in_use", "peak_bytes_in_use", "bytes_limit"))
+    return {MEM_IN_USE: max_of(in_use), MEM_PEAK: max_of(peak), MEM_LIMIT: max_of(limit),
+            MEM_IN_USE_PER_DEVICE: in_use, MEM_PEAK_PER_DEVICE: peak, MEM_LIMIT_PER_DEVICE: limit}
 
 
 # --- compile count -----------------------------------------------------------------------------------------
@@ -192,7 +202,7 @@ class WandbSink:
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         if self._run is not None:
-            self._run.log({k: v for k, v in metrics.items() if v is not None}, step=step)
+            self._run.log({k: v for k, v in metrics.items() if isinstance(v, int | float)}, step=step)
 
     def finish(self, exit_code: int = 0) -> None:
         if self._run is not None:
