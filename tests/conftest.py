@@ -12,6 +12,7 @@ from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.target import SshTarget
 from tpu_console.model import CreateRequest, Node
 from tpu_console.providers.local import LocalProvider
+from tpu_console.providers.local.jobs import running_job_groups, stop_groups
 
 # The `sshd` fixture: a real OpenSSH server on 127.0.0.1 (skips where sshd is not installed).
 pytest_plugins = ["tests.fixtures_sshd"]
@@ -45,6 +46,14 @@ async def local_pod() -> AsyncIterator[LocalPod]:
         yield LocalPod(provider, node, targets)
     finally:
         await provider.close()
+        # A test that failed half-way must not leave detached jobs running after it.
+        if provider.store.node_dir(node.name).exists():
+            groups = [
+                pgid
+                for worker in range(node.shape.workers)
+                for pgid in running_job_groups(provider.store.worker_dir(node.name, worker))
+            ]
+            stop_groups(groups, grace_s=1.0)
 
 
 @pytest.fixture
