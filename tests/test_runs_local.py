@@ -168,6 +168,7 @@ def test_launch_on_a_subset_of_a_local_pod(capsys, pod, tmp_path):
         (["launch", "pod", "--config", str(CONFIG), "--env-file", "/no/.env"], "env file /no/.env does not exist"),
         (["launch", "pod", "--config", str(CONFIG), "--worker", "5"], "worker 5 is out of range"),
         (["launch", "pod", "--config", str(CONFIG), "--python", " "], "--python is empty"),
+        (["runs", "nope"], "unknown node 'nope'"),
         (["status", "20250101-000000-abcd"], "unknown run id"),
         (["logs", "not-a-run"], "is not a run id"),
         (["stop", "20250101-000000-abcd", "--yes"], "unknown run id"),

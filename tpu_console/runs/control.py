@@ -75,9 +75,9 @@ async def list_runs(
 ) -> list[RunView]:
     """The history, most recent first; runs not known to have finished are probed now."""
     store = store or RunStore()
-    if node is not None:
-        await find_node(providers, node)  # an unknown node is an error, not an empty list
     records = store.list(node, limit)
+    if node is not None and not records:
+        await find_node(providers, node)  # a name that is neither a node nor in the history is an error
     unfinished = [r for r in records if not r.finished]
     live = {v.record.run_id: v for v in await observe(providers, unfinished, store)} if unfinished else {}
     return [live.get(r.run_id) or _from_history(r) for r in records]
