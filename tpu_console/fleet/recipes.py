@@ -43,7 +43,7 @@ def prepare_run_dir(run_id: str) -> str:
     """Make the run folder (private to the user); fail if a run with this id already exists there."""
     d = _home_path(run_dir(run_id))
     return (
-        f"( d={d}; if [ -e \"$d\" ]; then echo \"run folder $d already exists\" >&2; exit 3; fi; "
+        f'( d={d}; if [ -e "$d" ]; then echo "run folder $d already exists" >&2; exit 3; fi; '
         'umask 077; mkdir -p "$d" && chmod 700 "$d" )'
     )
 
@@ -148,15 +148,24 @@ def probe_runs(run_ids: Sequence[str], events_tail_bytes: int = 0, log_tail_line
         'echo "pid=$pg alive=$alive exit=$ex exit_t=$et log=${ls:-0} events=${es:-0}"',
     ]
     if events_tail_bytes > 0:
-        body.append(f"printf '{_MARK_PRINTF}events\\n'; tail -c {int(events_tail_bytes)} \"$d/events.jsonl\" 2>/dev/null")
+        body.append(
+            f"printf '{_MARK_PRINTF}events\\n'; tail -c {int(events_tail_bytes)} \"$d/events.jsonl\" 2>/dev/null"
+        )
     if log_tail_lines > 0:
-        body.append(f"printf '\\n{_MARK_PRINTF}log\\n'; tail -n {int(log_tail_lines)} \"$d/output.log\" 2>/dev/null")
+        body.append(
+            f"printf '\\n{_MARK_PRINTF}log\\n'; tail -n {int(log_tail_lines)} \"$d/output.log\" 2>/dev/null"
+        )
     body.append("done")
     return "(\n" + "\n".join(body) + "\n)"
 
 
-def tail_log(run_id: str, offset: int | None = None, lines: int | None = None, max_bytes: int = 1 << 20,
-             file: str = "output.log") -> str:
+def tail_log(
+    run_id: str,
+    offset: int | None = None,
+    lines: int | None = None,
+    max_bytes: int = 1 << 20,
+    file: str = "output.log",
+) -> str:
     """Read the log from byte `offset` (at most `max_bytes`), or its last `lines` lines.
 
     Prints `end=<byte offset just after the data> size=<file size>` and then the data base64-encoded on
