@@ -4,7 +4,8 @@
 
 A tiny-but-not-trivial Qwen2 (4 layers, hidden 256, vocab 8192) is written with make-tiny-model into a temp
 directory, loaded by both sides from that directory, and asked for `batch` chat prompts x `new-tokens` sampled
-tokens (temperature 1.0, top-k 50), fp32 on both sides. End tokens are disabled so both sides decode exactly
+tokens (temperature 1.0, top-k 50), fp32 on both sides. Prompts are the bare questions (about 30-50 tokens,
+bucket 64), so decode dominates as it does in GRPO. End tokens are disabled so both sides decode exactly
 batch x new-tokens tokens. Prints tokens/s for each (median of repeats, after a warm-up), the ratio, and the
 Sampler's one-off compile time separately. Target: ratio >= 3 on CPU.
 """
@@ -26,7 +27,7 @@ from transformers import Qwen2ForCausalLM as TorchQwen2
 from trainer.rollout import Sampler
 from trainer.synthetic_gsm8k import generate_problems
 from trainer.tiny_model import TinySpec, make_tiny_model
-from trainer.tokenizer import encode_chat_prompts, load_tokenizer
+from trainer.tokenizer import load_tokenizer
 from trainer.weights import load_model
 
 SPEC = TinySpec(vocab_size=8192, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
@@ -55,7 +56,7 @@ def main() -> None:
         model_dir = make_tiny_model(tmp, SPEC)
         tokenizer = load_tokenizer(model_dir)
         questions = [p["question"] for p in generate_problems(args.batch, seed=0)]
-        prompts = encode_chat_prompts(tokenizer, questions)
+        prompts = [tokenizer.encode(q, add_special_tokens=False) for q in questions]
         never = SPEC.vocab_size + 1  # an id no model output can take: every row decodes all new tokens
 
         model, config = load_model(model_dir, compute_dtype=jnp.float32)
