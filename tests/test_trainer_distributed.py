@@ -48,9 +48,9 @@ def check_run(results, *, steps: int, mesh_axes: dict, spans_hosts: bool, style:
 
 @pytest.mark.slow
 def test_four_processes_auto_mesh_legacy_sharding(tmp_path, tiny_model_dir):
-    # With the KL term and two PPO epochs, so the reference and old log-probs run across processes too.
+    # With the KL term, so the reference log-prob pass runs across processes too.
     config = tiny_config(tmp_path, tiny_model_dir, mesh_shape="auto", **{
-        "rollout.sharding_style": "legacy", "train.beta": 0.04, "train.ppo_epochs": 2})
+        "rollout.sharding_style": "legacy", "train.beta": 0.04})
     results = launch(tmp_path, config, processes=4, devices=4)
     check_run(results, steps=2, mesh_axes={"dp": 1, "fsdp": 16, "tp": 1}, spans_hosts=True, style="legacy")
     assert "fsdp axis (16 devices) spans 4 hosts" in results[0].output
@@ -79,18 +79,19 @@ def test_wrong_process_count_fails_at_once(tmp_path, tiny_model_dir):
 def test_checkpoint_resume_and_eval(tmp_path, tiny_model_dir):
     ckpt = tmp_path / "ckpt"
     # The first run also evaluates at its last step: 3 samples padded to the 2 local devices.
-    config = tiny_config(tmp_path, tiny_model_dir, steps=2, eval_every_steps=2, eval_samples=3,
+    config = tiny_config(tmp_path, tiny_model_dir, steps=1, eval_every_steps=1, eval_samples=3,
                          **{"checkpoint.dir": str(ckpt), "checkpoint.every_steps": 1})
     [first] = launch(tmp_path, config, processes=1, devices=2, distributed=False, tag="first")
     assert first.returncode == 0, first.output[-3000:]
     [evaluation] = [e for e in first.events if e["kind"] == "eval"]
-    assert evaluation["step"] == 2 and evaluation["eval/samples"] == 3
-    assert 0.0 <= evaluation["eval/accuracy"] <= 1.0 and "eval step=2 accuracy=" in first.output
-    assert sorted(p.name for p in ckpt.iterdir() if p.name.isdigit()) == ["1", "2"]
-    config = tiny_config(tmp_path, tiny_model_dir, steps=3, **{"checkpoint.dir": str(ckpt),
+    assert evaluation["step"] == 1 and evaluation["eval/samples"] == 3
+    assert 0.0 <= evaluation["eval/accuracy"] <= 1.0 and "eval step=1 accuracy=" in first.output
+    assert [p.name for p in ckpt.iterdir() if p.name.isdigit()] == ["1"]
+    config = tiny_config(tmp_path, tiny_model_dir, steps=2, **{"checkpoint.dir": str(ckpt),
                                                               "checkpoint.every_steps": 1})
     [second] = launch(tmp_path, config, processes=1, devices=2, distributed=False, tag="second")
     assert second.returncode == 0, second.output[-3000:]
-    assert "resumed from checkpoint step 2" in second.output
-    assert [e["step"] for e in second.events if e["kind"] == "step"] == [3]
-    assert second.events[-1]["kind"] == "end" and second.events[-1]["first_step"] == 3
+    assert "resumed from checkpoint step 1" in second.output
+    assert [e["step"] for e in second.events if e["kind"] == "step"] == [2]
+    assert second.events[-1]["kind"] == "end" and second.events[-1]["first_step"] == 2
+    assert sorted(p.name for p in ckpt.iterdir() if p.name.isdigit()) == ["1", "2"]
