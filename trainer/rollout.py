@@ -144,8 +144,11 @@ class Sampler:
         _, cache, kv_mask, tokens, logprobs, _ = jax.lax.while_loop(cond, body, carry)
         is_end = jnp.isin(tokens, eos).astype(jnp.int32)
         completion_mask = ((jnp.cumsum(is_end, axis=1) - is_end) == 0).astype(jnp.int32)
+        batch_axes = model.config.sharding.batch
+        tokens, completion_mask = self._constrain(tokens, batch_axes), self._constrain(completion_mask, batch_axes)
+        logprobs = self._constrain(logprobs * completion_mask, batch_axes)
         # Returning cache/kv_mask lets XLA alias the donated input buffers instead of copying them.
-        return tokens, completion_mask, logprobs * completion_mask, cache, kv_mask
+        return tokens, completion_mask, logprobs, cache, kv_mask
 
     # ---- host side --------------------------------------------------------------------------------------
 
