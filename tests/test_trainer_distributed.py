@@ -3,9 +3,12 @@ styles, every process's events checked; the wrong-process-count guard; checkpoin
 
 from __future__ import annotations
 
+import signal
+import time
+
 import pytest
 
-from tests.trainer_launch import launch, tiny_config
+from tests.trainer_launch import launch, read_events, spawn, tiny_config, wait_all
 from trainer import telemetry as tm
 
 pytest_plugins = ("tests.fixtures_trainer",)
@@ -95,3 +98,17 @@ def test_checkpoint_resume_and_eval(tmp_path, tiny_model_dir):
     assert [e["step"] for e in second.events if e["kind"] == "step"] == [2]
     assert second.events[-1]["kind"] == "end" and second.events[-1]["first_step"] == 2
     assert sorted(p.name for p in ckpt.iterdir() if p.name.isdigit()) == ["1", "2"]
+
+
+def test_sigterm_writes_an_error_event_and_exits_143(tmp_path, tiny_model_dir):
+    config = tiny_config(tmp_path, tiny_model_dir, steps=50)
+    [proc] = spawn(tmp_path, config, processes=1, devices=1, distributed=False)
+    deadline = time.monotonic() + 60
+    while not read_events(proc.run_dir) and time.monotonic() < deadline and proc.proc.poll() is None:
+        time.sleep(0.2)
+    assert read_events(proc.run_dir)[0]["kind"] == "start"
+    proc.proc.send_signal(signal.SIGTERM)
+    [result] = wait_all([proc], timeout=60)
+    assert result.returncode == 128 + signal.SIGTERM, result.output[-2000:]
+    assert result.events[-1]["kind"] == "error" and result.events[-1]["type"] == "Terminated"
+    assert result.events[-1]["message"] == "stopped by SIGTERM"

@@ -60,15 +60,20 @@ def read_events(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def launch(tmp_path: Path, config: Path, processes: int, devices: int, *, timeout: float = 240,
-           extra_env: dict[str, str] | None = None, distributed: bool = True,
-           tag: str = "run") -> list[ProcessResult]:
-    """Run `processes` trainer processes to completion; returns each one's exit status, output and events."""
+@dataclass
+class Spawned:
+    proc: subprocess.Popen
+    log_path: Path
+    run_dir: Path
+
+
+def spawn(tmp_path: Path, config: Path, processes: int, devices: int, *,
+          extra_env: dict[str, str] | None = None, distributed: bool = True, tag: str = "run") -> list[Spawned]:
+    """Start `processes` trainer processes (the TRAINER_* environment the console sets) without waiting."""
     port = free_port()
-    procs, run_dirs = [], []
+    spawned = []
     for i in range(processes):
         run_dir = tmp_path / f"{tag}-p{i}"
-        run_dirs.append(run_dir)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINER_", "XLA_", "JAX_"))}
         env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
                    PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", WANDB_MODE="disabled",
@@ -78,20 +83,31 @@ def launch(tmp_path: Path, config: Path, processes: int, devices: int, *, timeou
             env.update(TRAINER_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", TRAINER_NUM_PROCESSES=str(processes),
                        TRAINER_PROCESS_ID=str(i), TRAINER_REQUIRE_PROCESS_COUNT=str(processes))
         env.update(extra_env or {})
-        log = (tmp_path / f"{tag}-p{i}.log").open("w")
-        procs.append((subprocess.Popen([sys.executable, "-m", "trainer", "--config", str(config),
-                                        "--run-dir", str(run_dir)],
-                                       cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+        log_path = tmp_path / f"{tag}-p{i}.log"
+        with log_path.open("w") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "trainer", "--config", str(config),
+                                     "--run-dir", str(run_dir)],
+                                    cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        spawned.append(Spawned(proc, log_path, run_dir))
+    return spawned
+
+
+def wait_all(spawned: list[Spawned], timeout: float) -> list[ProcessResult]:
+    """Wait for every process (killing all of them at the deadline); exit status, output and events each."""
     deadline = time.monotonic() + timeout
-    results = []
-    for i, (proc, log) in enumerate(procs):
+    for s in spawned:
         try:
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            s.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            for other, _ in procs:
-                other.kill()
-            proc.wait()
-        log.close()
-        output = (tmp_path / f"{tag}-p{i}.log").read_text()
-        results.append(ProcessResult(proc.returncode, output, read_events(run_dirs[i])))
-    return results
+            for other in spawned:
+                other.proc.kill()
+            s.proc.wait()
+    return [ProcessResult(s.proc.returncode, s.log_path.read_text(), read_events(s.run_dir)) for s in spawned]
+
+
+def launch(tmp_path: Path, config: Path, processes: int, devices: int, *, timeout: float = 240,
+           extra_env: dict[str, str] | None = None, distributed: bool = True,
+           tag: str = "run") -> list[ProcessResult]:
+    """Run `processes` trainer processes to completion."""
+    spawned = spawn(tmp_path, config, processes, devices, extra_env=extra_env, distributed=distributed, tag=tag)
+    return wait_all(spawned, timeout)

@@ -5,24 +5,36 @@
     python -m trainer make-gsm8k-jsonl PATH [--n N] [--seed S]   (synthetic GSM8K-format data)
 
 Exit status: 0 when the run finished, 2 for a config or launch problem (one line naming the key and the fix),
-1 for anything else. Every failure also lands in events.jsonl as an `error` event.
+128+N when stopped by signal N (SIGTERM, SIGINT), 1 for anything else. Every failure also lands in
+events.jsonl as an `error` event.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
 
 from trainer.config import ConfigError, check_environment, dump_yaml, load_config
-from trainer.distributed import LaunchError, process_id_hint, read_launch_env
+from trainer.distributed import LaunchError, Terminated, process_id_hint, read_launch_env
 from trainer.telemetry import KIND_ERROR, EventLog
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 OOM_HINT = ("out of device memory: reduce rollout.batch_size or rollout.n (local_batch), shorten "
             "rollout.max_length_sample, lower train.micro_batch_size_per_device, or shard the model wider "
             "(a larger fsdp axis in mesh_shape)")
+
+
+def _stop_handler(progress: dict):
+    def handler(signum: int, frame: object) -> None:
+        # Raise now; and since library code may swallow an exception raised in the middle of it, leave a
+        # flag the train loop checks at every step boundary.
+        progress["stop_signal"] = signum
+        raise Terminated(signum)
+
+    return handler
 
 
 def _train_parser() -> argparse.ArgumentParser:
@@ -71,8 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _make_gsm8k_jsonl(argv[1:])
 
     args = _train_parser().parse_args(argv)
+    progress: dict = {}  # filled by the run (local batch) for the error event; stop_signal by the handler
     events = EventLog(args.run_dir, process_id_hint())
-    progress: dict = {}  # filled by the run (process index, local batch) for the error event
     try:
         cfg = load_config(args.config, args.overrides)
         if args.print_config:
@@ -81,10 +93,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_OK
         check_environment(cfg)
         launch = read_launch_env()
+        # From here a stop becomes an exception, so the run still writes its `error` event on the way out.
+        signal.signal(signal.SIGTERM, _stop_handler(progress))
+        signal.signal(signal.SIGINT, _stop_handler(progress))
         from trainer.train import run  # imports JAX; only after the config passed
 
         run(cfg, launch, events, run_dir=args.run_dir, progress=progress)
         return EXIT_OK
+    except Terminated as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        events.emit(KIND_ERROR, **error_fields(exc, progress.get("local_batch")))
+        return 128 + exc.signum
     except (ConfigError, LaunchError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         events.emit(KIND_ERROR, **error_fields(exc, progress.get("local_batch")))

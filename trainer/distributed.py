@@ -24,6 +24,16 @@ class LaunchError(RuntimeError):
     """The processes of this run do not match the pod (e.g. only some workers launched)."""
 
 
+class Terminated(RuntimeError):
+    """The process was asked to stop (SIGTERM from the console's stop, SIGINT from a terminal)."""
+
+    def __init__(self, signum: int) -> None:
+        import signal
+
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
 @dataclass(frozen=True)
 class LaunchEnv:
     coordinator: str | None

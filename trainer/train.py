@@ -21,7 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from trainer import telemetry as tm
 from trainer.config import TrainerConfig, check_topology, prompts_per_process
-from trainer.distributed import LaunchEnv, initialize, require_process_count
+from trainer.distributed import LaunchEnv, Terminated, initialize, require_process_count
 from trainer.grpo import GRPOStep, LossSettings, group_advantages, make_optimizer, make_schedule
 from trainer.mesh import (
     axis_sizes,
@@ -94,18 +94,19 @@ def run(cfg: TrainerConfig, launch: LaunchEnv, events: tm.EventLog, *, run_dir: 
     print(f"backend={jax.default_backend()} process={topo.process_index}/{topo.process_count} "
           f"device_count={topo.device_count} local_device_count={topo.local_device_count} "
           f"mesh={sizes} local_batch={local_batch}", flush=True)
-    Trainer(cfg, mesh, topo, events, compiles, run_dir).train()
+    Trainer(cfg, mesh, topo, events, compiles, run_dir, progress).train()
 
 
 class Trainer:
     def __init__(self, cfg: TrainerConfig, mesh: jax.sharding.Mesh, topo: Topology, events: tm.EventLog,
-                 compiles: tm.CompileCounter, run_dir: str | None) -> None:
+                 compiles: tm.CompileCounter, run_dir: str | None, progress: dict | None = None) -> None:
         from trainer.data import load_problems, process_shard
         from trainer.rollout_sharding import ShardedSampler
         from trainer.tokenizer import eos_token_ids, load_tokenizer
         from trainer.weights import load_model
 
         self.cfg, self.mesh, self.topo, self.events, self.compiles = cfg, mesh, topo, events, compiles
+        self.progress = {} if progress is None else progress
         t = cfg.train
         self.model, self.model_config = load_model(cfg.model_path, mesh=mesh,
                                                    compute_dtype=DTYPES[t.compute_dtype], remat=t.remat)
@@ -304,6 +305,8 @@ class Trainer:
         metrics: dict = {}
         try:
             for step in range(first + 1, cfg.steps + 1):
+                if self.progress.get("stop_signal"):
+                    raise Terminated(self.progress["stop_signal"])
                 metrics = self._step(step, next(batches))
                 self.events.emit(tm.KIND_STEP, **metrics)
                 print(tm.human_step_line(metrics), flush=True)
