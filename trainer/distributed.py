@@ -95,6 +95,10 @@ def initialize(launch: LaunchEnv) -> None:
     import jax
 
     if launch.explicit:
+        # If a peer never comes, JAX aborts the process at the timeout (no exception): this line is then the
+        # last thing in the log, and says what it was waiting for.
+        print(f"info: jax.distributed: process {launch.process_id} of {launch.num_processes}, coordinator "
+              f"{launch.coordinator}, waiting up to {launch.init_timeout_s}s for every process", flush=True)
         jax.distributed.initialize(
             coordinator_address=launch.coordinator,
             num_processes=launch.num_processes,
@@ -103,7 +107,20 @@ def initialize(launch: LaunchEnv) -> None:
             heartbeat_timeout_seconds=launch.heartbeat_timeout_s,
         )
     elif on_tpu_vm():
-        jax.distributed.initialize()
+        jax.distributed.initialize(initialization_timeout=launch.init_timeout_s,
+                                   heartbeat_timeout_seconds=launch.heartbeat_timeout_s)
+
+
+def initialize_or_explain(launch: LaunchEnv, expected: int | None) -> None:
+    """`initialize`, turning a failed rendezvous on a multi-worker pod into the message that names the fix."""
+    try:
+        initialize(launch)
+    except Exception as exc:
+        if not expected or expected < 2:
+            raise
+        cause = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise LaunchError(f"Expected {expected} JAX processes but jax.distributed.initialize() failed ({cause}): "
+                          "are all workers launched? launch on all workers (--worker all)") from exc
 
 
 def require_process_count(expected: int | None, actual: int) -> None:

@@ -21,7 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from trainer import telemetry as tm
 from trainer.config import TrainerConfig, check_topology, prompts_per_process
-from trainer.distributed import LaunchEnv, Terminated, initialize, require_process_count
+from trainer.distributed import LaunchEnv, Terminated, initialize_or_explain, require_process_count
 from trainer.grpo import GRPOStep, LossSettings, group_advantages, make_optimizer, make_schedule
 from trainer.mesh import (
     axis_sizes,
@@ -71,8 +71,9 @@ def _cycle(items: list, count: int) -> list:
 def run(cfg: TrainerConfig, launch: LaunchEnv, events: tm.EventLog, *, run_dir: str | None,
         progress: dict) -> None:
     """Train for cfg.steps steps. Raises on any failure (the CLI turns it into an error event)."""
-    initialize(launch)
-    require_process_count(launch.require_process_count or cfg.require_process_count, jax.process_count())
+    expected = launch.require_process_count or cfg.require_process_count
+    initialize_or_explain(launch, expected)
+    require_process_count(expected, jax.process_count())
     topo = Topology(jax.process_index(), jax.process_count(), jax.device_count(), jax.local_device_count())
     events.process = topo.process_index
     mesh = make_mesh(cfg.mesh_shape)
