@@ -112,3 +112,11 @@ def test_sigterm_writes_an_error_event_and_exits_143(tmp_path, tiny_model_dir):
     assert result.returncode == 128 + signal.SIGTERM, result.output[-2000:]
     assert result.events[-1]["kind"] == "error" and result.events[-1]["type"] == "Terminated"
     assert result.events[-1]["message"] == "stopped by SIGTERM"
+
+
+def test_mesh_that_does_not_fit_the_devices_is_a_config_error(tmp_path, tiny_model_dir):
+    config = tiny_config(tmp_path, tiny_model_dir, mesh_shape="3,-1,1")
+    [result] = launch(tmp_path, config, processes=1, devices=4, distributed=False, timeout=60)
+    assert result.returncode == 2
+    assert "error: invalid config for this pod: mesh_shape: 3,-1,1 cannot fill 4 devices" in result.output
+    assert [e["kind"] for e in result.events] == ["error"] and result.events[0]["type"] == "ConfigError"

@@ -20,10 +20,11 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from trainer import telemetry as tm
-from trainer.config import TrainerConfig, check_topology, prompts_per_process
+from trainer.config import ConfigError, TrainerConfig, check_topology, prompts_per_process
 from trainer.distributed import LaunchEnv, Terminated, initialize_or_explain, require_process_count
 from trainer.grpo import GRPOStep, LossSettings, group_advantages, make_optimizer, make_schedule
 from trainer.mesh import (
+    MeshError,
     axis_sizes,
     fsdp_spans_hosts,
     global_from_local_rows,
@@ -76,7 +77,10 @@ def run(cfg: TrainerConfig, launch: LaunchEnv, events: tm.EventLog, *, run_dir: 
     require_process_count(expected, jax.process_count())
     topo = Topology(jax.process_index(), jax.process_count(), jax.device_count(), jax.local_device_count())
     events.process = topo.process_index
-    mesh = make_mesh(cfg.mesh_shape)
+    try:
+        mesh = make_mesh(cfg.mesh_shape)
+    except MeshError as exc:
+        raise ConfigError(f"invalid config for this pod: {exc}") from None
     sizes = axis_sizes(mesh)
     check_topology(cfg, topo.process_count, topo.local_device_count, sizes["dp"], sizes["fsdp"])
     per_process = prompts_per_process(cfg, topo.process_count)
