@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import operator
 import re
 
 import numpy as np
@@ -24,6 +25,7 @@ NATALIA = ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
            "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72")
 BIG = "The house costs 80,000 + 50,000 = <<80000+50000=130000>>130,000 dollars.\n#### 70000"
 NEGATIVE = "It drops 10 - 15 = <<10-15=-5>>-5 degrees.\n#### -5"
+OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
 DECIMAL = "Each costs 7 / 2 = <<7/2=3.5>>3.5 dollars.\n#### 3.5"
 
 
@@ -94,7 +96,8 @@ def test_synthetic_problems_are_gsm8k_format_with_correct_arithmetic(tmp_path):
     for p in problems:
         assert set(p) == {"question", "answer"} and p["question"].endswith("?")
         for expr, value in re.findall(r"<<([^=]+)=([^>]+)>>", p["answer"]):
-            assert eval(expr) == float(value)  # noqa: S307 - our own arithmetic strings
+            a, op, b = re.fullmatch(r"(-?\d+)([-+*/])(-?\d+)", expr).groups()
+            assert OPS[op](int(a), int(b)) == float(value)
         final = gold_answer(p["answer"])
         assert final.lstrip("-").isdigit()
         # the last worked step computes the final answer, so the gold answer is self-consistent
