@@ -107,6 +107,8 @@ def initialize(launch: LaunchEnv) -> None:
             heartbeat_timeout_seconds=launch.heartbeat_timeout_s,
         )
     elif on_tpu_vm():
+        print(f"info: jax.distributed: Cloud TPU VM, peers from the VM metadata, waiting up to "
+              f"{launch.init_timeout_s}s for every worker", flush=True)
         jax.distributed.initialize(initialization_timeout=launch.init_timeout_s,
                                    heartbeat_timeout_seconds=launch.heartbeat_timeout_s)
 
