@@ -20,6 +20,8 @@ from trainer.grpo import (
     positions_from_mask,
 )
 
+pytest_plugins = ("tests.fixtures_trainer",)
+
 
 def np_log_softmax(x: np.ndarray) -> np.ndarray:
     x = x - x.max(-1, keepdims=True)
@@ -175,3 +177,32 @@ def test_ppo_epochs_with_old_logprobs_clip_and_schedules():
     _, _, m = GRPOStep(apply_fn, lion, p, 1.0, 1, LossSettings()).update(
         jax.tree.map(jnp.copy, params), None, lion.init(params), batch)
     assert np.isfinite(float(m["loss"]))
+
+
+def test_qwen2_with_remat_through_logprob_pass_and_update(tiny_model_dir):
+    """The real model with remat (the config default): the scanned log-prob pass and the update trace, and
+    remat changes no numbers."""
+    from flax import nnx
+
+    from trainer.train import completion_logits_fn
+    from trainer.weights import load_model
+
+    p, c, b = 6, 3, 4
+    rng = np.random.default_rng(0)
+    ids = rng.integers(3, 200, size=(b, p + c)).astype(np.int32)
+    batch = {"input_ids": jnp.asarray(ids), "attention_mask": jnp.ones((b, p + c), jnp.int32),
+             "completion_mask": jnp.ones((b, c), jnp.float32),
+             "advantages": jnp.asarray(np.array([1.0, -1.0, 0.5, -0.5], np.float32))}
+    logps = []
+    for remat in (False, True):
+        model, _ = load_model(tiny_model_dir, compute_dtype=jnp.float32, remat=remat)
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        tx = optax.adamw(1e-3)
+        step = GRPOStep(completion_logits_fn(graphdef, p), tx, prompt_len=p, temperature=1.0, micro_batches=2,
+                        loss=LossSettings(beta=0.1))
+        logp = step.logprobs(params, rest, batch)
+        logps.append(np.asarray(logp))
+        _, _, metrics = step.update(params, rest, tx.init(params),
+                                    {**batch, "old_logprobs": logp, "ref_logprobs": logp})
+        assert np.isfinite(float(metrics["loss"])) and float(metrics["grad_norm"]) > 0
+    np.testing.assert_allclose(logps[0], logps[1], rtol=1e-5, atol=1e-6)

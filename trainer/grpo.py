@@ -173,19 +173,21 @@ class GRPOStep:
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
         micro = jax.tree.map(lambda x: _split_micro(x, self.micro_batches), inputs)
 
-        def body(_: None, mb: dict) -> tuple[None, jax.Array]:
-            logp, _ = self._forward_logprobs(params, extra, self._constrain(mb))
-            return None, logp
+        # The weights ride along as the (unchanged) carry rather than being closed over: a model that wraps
+        # its blocks in a lifted transform (nnx.remat) must see them as values of the scan's own trace.
+        def body(weights: tuple, mb: dict) -> tuple[tuple, jax.Array]:
+            logp, _ = self._forward_logprobs(*weights, self._constrain(mb))
+            return weights, logp
 
-        _, logp = jax.lax.scan(body, None, micro)
+        _, logp = jax.lax.scan(body, (params, extra), micro)
         return logp.swapaxes(0, 1).reshape(batch["input_ids"].shape[0], -1)
 
     def _update(self, params: Any, extra: Any, opt_state: Any, batch: dict) -> tuple[Any, Any, dict]:
         total_tokens = jnp.maximum(batch["completion_mask"].sum(), 1.0)
         micro = jax.tree.map(lambda x: _split_micro(x, self.micro_batches), batch)
 
-        def loss_fn(p: Any, mb: dict) -> tuple[jax.Array, dict]:
-            logp, entropy = self._forward_logprobs(p, extra, mb)
+        def loss_fn(p: Any, extra_: Any, mb: dict) -> tuple[jax.Array, dict]:
+            logp, entropy = self._forward_logprobs(p, extra_, mb)
             old = mb["old_logprobs"] if "old_logprobs" in mb else jax.lax.stop_gradient(logp)
             terms = grpo_token_terms(logp, old, mb.get("ref_logprobs"), mb["advantages"], self.loss)
             mask = mb["completion_mask"]
@@ -198,15 +200,15 @@ class GRPOStep:
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
         def body(carry: tuple, mb: dict) -> tuple[tuple, None]:
-            grads, stats = carry
-            (_, mb_stats), mb_grads = grad_fn(params, self._constrain(mb))
+            grads, stats, weights, extra_ = carry  # weights as carry: see _logprobs
+            (_, mb_stats), mb_grads = grad_fn(weights, extra_, self._constrain(mb))
             grads = jax.tree.map(jnp.add, grads, mb_grads)
             stats = jax.tree.map(jnp.add, stats, mb_stats)
-            return (grads, stats), None
+            return (grads, stats, weights, extra_), None
 
         zero_stats = {k: jnp.zeros((), jnp.float32) for k in ("loss", "kl", "clipped", "entropy")}
         zero_grads = jax.tree.map(jnp.zeros_like, params)
-        (grads, stats), _ = jax.lax.scan(body, (zero_grads, zero_stats), micro)
+        (grads, stats, _, _), _ = jax.lax.scan(body, (zero_grads, zero_stats, params, extra), micro)
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         metrics = {"loss": stats["loss"], "kl": stats["kl"], "clip_fraction": stats["clipped"],
