@@ -2,7 +2,7 @@
 worker (what `gcloud ... ssh --worker=all` and the seeds' scripts do), against the same servers in the
 same run.
 
-    .venv/bin/python benchmarks/fanout.py [--workers 64] [--repeats 15]
+    .venv/bin/python benchmarks/fanout.py [--workers 64] [--repeats 15] [--pause 0.3]
 
 Measures `true` on every worker:
   (a) cold: a new Fleet, connecting to every worker, then running the command
@@ -35,16 +35,19 @@ WARM_TARGET_S = 0.100
 RATIO_TARGET = 20.0
 
 
-async def _timed(action: Callable[[], Awaitable[None]], repeats: int) -> list[float]:
+async def _timed(action: Callable[[], Awaitable[None]], repeats: int, pause: float) -> list[float]:
     times = []
     for _ in range(repeats):
+        # Spaced like a person's commands, the same for every measurement: the workers' servers get
+        # to start their spare shells again between two runs, as they would between two commands.
+        await asyncio.sleep(pause)
         start = time.perf_counter()
         await action()
         times.append(time.perf_counter() - start)
     return times
 
 
-async def main(workers: int, repeats: int) -> int:
+async def main(workers: int, repeats: int, pause: float) -> int:
     # Imported here so TPU_CONSOLE_HOME (set below) is in place before anything reads it.
     from tpu_console import keys
     from tpu_console.fleet.fleet import Fleet
@@ -68,6 +71,7 @@ async def main(workers: int, repeats: int) -> int:
     # (a) cold: connect + run, a new fleet each time
     cold = []
     for _ in range(3):
+        await asyncio.sleep(pause)
         fleet = Fleet(targets)
         start = time.perf_counter()
         await run_true(fleet)
@@ -77,7 +81,7 @@ async def main(workers: int, repeats: int) -> int:
     # (b) warm: the persistent connections of one fleet
     async with Fleet(targets) as fleet:
         await run_true(fleet)
-        warm = await _timed(lambda: run_true(fleet), repeats)
+        warm = await _timed(lambda: run_true(fleet), repeats, pause)
 
     # (c) one ssh client process per worker, all at once, trusting exactly the pinned keys
     known_hosts = Path(os.environ["TPU_CONSOLE_HOME"]) / "bench_known_hosts"
@@ -101,7 +105,7 @@ async def main(workers: int, repeats: int) -> int:
             if proc.returncode != 0:
                 raise SystemExit(f"error: ssh to worker {target.worker} failed: {err.decode().strip()}")
 
-    ssh_times = await _timed(ssh_all, max(3, repeats // 3))
+    ssh_times = await _timed(ssh_all, max(3, repeats // 3), pause)
 
     host.stdin.close()
     await host.wait()
@@ -110,12 +114,13 @@ async def main(workers: int, repeats: int) -> int:
     in_process_targets = await provider.ssh_targets(node)
     async with Fleet(in_process_targets) as fleet:
         await run_true(fleet)
-        in_process = await _timed(lambda: run_true(fleet), repeats)
+        in_process = await _timed(lambda: run_true(fleet), repeats, pause)
     await provider.close()
 
     cold_s, warm_s, ssh_s, inproc_s = (statistics.median(t) for t in (cold, warm, ssh_times, in_process))
     ratio = ssh_s / warm_s
-    print(f"fan-out of `true` to {workers} local workers (servers in a separate process), medians:")
+    print(f"fan-out of `true` to {workers} local workers (servers in a separate process), medians;")
+    print(f"runs {pause:g} s apart, as a person's commands would be (the same spacing for all):")
     print(f"  (a) fleet cold (connect + run)        {cold_s * 1000:8.1f} ms   ({len(cold)} runs)")
     print(f"  (b) fleet warm (persistent conns)     {warm_s * 1000:8.1f} ms   ({len(warm)} runs)")
     print(f"  (c) one ssh process per worker        {ssh_s * 1000:8.1f} ms   ({len(ssh_times)} runs)")
@@ -142,10 +147,13 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument(
+        "--pause", type=float, default=0.3, help="seconds between two timed runs, for every measurement"
+    )
     args = parser.parse_args()
     home = tempfile.mkdtemp(prefix="tpu-console-fanout-")
     os.environ["TPU_CONSOLE_HOME"] = home
     try:
-        sys.exit(asyncio.run(main(args.workers, args.repeats)))
+        sys.exit(asyncio.run(main(args.workers, args.repeats, args.pause)))
     finally:
         shutil.rmtree(home, ignore_errors=True)

@@ -170,3 +170,25 @@ async def test_delete_stops_running_jobs(local_pod: LocalPod):
     await local_pod.provider.delete("pod")
     assert await _wait_for(lambda: not any(_alive(pid) for pid in pids), timeout=5)
     assert not local_pod.provider.store.node_dir("pod").exists()
+
+
+async def test_a_command_on_a_spare_shell_sees_the_worker_and_shares_no_state(local_pod: LocalPod):
+    server = local_pod.provider.worker_server(local_pod.node.name, 1)
+    async with Fleet(local_pod.targets) as fleet:
+        assert await server.spares.wait_ready()
+        [first] = await fleet.run(
+            'echo "$TPU_WORKER_ID $HOME $PWD ${__tpu_command-unset}"; echo "$BASH_EXECUTION_STRING";'
+            " LEFT_BEHIND=1; cd /; echo pid=$$",
+            workers=[1],
+        )
+        home = local_pod.worker_dir(1)
+        assert first.ok, first
+        lines = first.stdout.splitlines()
+        assert lines[0] == f"1 {home} {home} unset"
+        assert "__tpu_command" in lines[1]  # it did run on a spare, not through `bash -c <command>`
+        assert await server.spares.wait_ready()
+        [second] = await fleet.run('echo "${LEFT_BEHIND-unset} $PWD pid=$$"', workers=[1])
+        assert second.ok, second
+        left, pwd, pid = second.stdout.split()
+        assert (left, pwd) == ("unset", str(home))
+        assert pid != lines[2]  # a fresh bash for each command

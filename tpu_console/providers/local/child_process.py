@@ -35,8 +35,11 @@ class ChildProcess:
         return await asyncio.shield(self.exited)
 
 
-async def start_child(argv: list[str], cwd: Path, env: dict[str, str]) -> ChildProcess:
-    """Start `argv` in a new session (its own process group, so it can be stopped as a whole)."""
+async def start_child(
+    argv: list[str], cwd: Path, env: dict[str, str], pass_fds: tuple[int, ...] = ()
+) -> ChildProcess:
+    """Start `argv` in a new session (its own process group, so it can be stopped as a whole).
+    `pass_fds` are inherited by the child under the same numbers."""
     loop = asyncio.get_running_loop()
     spawn = partial(
         subprocess.Popen,
@@ -47,6 +50,7 @@ async def start_child(argv: list[str], cwd: Path, env: dict[str, str]) -> ChildP
         cwd=cwd,
         env=env,
         start_new_session=True,
+        pass_fds=pass_fds,
         bufsize=0,
     )
     popen = await loop.run_in_executor(_spawner, spawn)

@@ -5,8 +5,9 @@ username: the pod then looks to the fleet code exactly like a real one (one sshd
 connection per worker, a host key per worker to pin), and the per-host concurrency limits apply per
 worker as they would on a TPU pod.
 
-Each command runs as `bash -c <command>` in a new session (so a timed-out or abandoned command can be
-stopped by killing its process group), with HOME and the working directory set to the worker folder.
+Each command runs in a fresh bash in a new session (so a timed-out or abandoned command can be stopped
+by killing its process group), with HOME and the working directory set to the worker folder: usually a
+bash started ahead of time and waiting for it (see spare_shell.py), else `bash -c <command>`.
 A job the command detaches (`setsid nohup ... &`) is in a session of its own and outlives this server
 and the console process.
 """
@@ -26,6 +27,7 @@ from pathlib import Path
 import asyncssh
 
 from tpu_console.providers.local.child_process import ChildProcess, start_child
+from tpu_console.providers.local.spare_shell import SpareShells
 from tpu_console.providers.local.store import LOOPBACK
 
 _CHUNK = 65536
@@ -72,6 +74,7 @@ class WorkerServer:
         self._acceptor: asyncssh.SSHAcceptor | None = None
         self._running: set[ChildProcess] = set()
         self._connections: set[asyncssh.SSHServerConnection] = set()
+        self.spares = SpareShells(spec.home, self._env)
         self.port = 0
 
     async def start(self, port: int = 0) -> int:
@@ -91,6 +94,8 @@ class WorkerServer:
             line_editor=False,
         )
         self.port = self._acceptor.sockets[0].getsockname()[1]
+        self.spares = SpareShells(self.spec.home, self._env)  # a restarted server starts afresh
+        self.spares.start()
         return self.port
 
     async def close(self) -> None:
@@ -101,14 +106,17 @@ class WorkerServer:
                 conn.close()
             await self._acceptor.wait_closed()
             self._acceptor = None
+        await self.spares.close()
         # Commands still attached to a channel die with the server, as they would with sshd.
         for child in list(self._running):
             _signal_group(child.pid, signal.SIGKILL)
 
     async def _handle(self, process: asyncssh.SSHServerProcess) -> None:
-        argv = ["bash", "-c", process.command] if process.command is not None else ["bash", "-s"]
+        child = self.spares.run(process.command) if process.command is not None else None
         try:
-            child = await start_child(argv, self.spec.home, self._env)
+            if child is None:
+                argv = ["bash", "-c", process.command] if process.command is not None else ["bash", "-s"]
+                child = await start_child(argv, self.spec.home, self._env)
         except OSError as exc:
             process.stderr.write(f"cannot start bash: {exc}\n".encode())
             process.exit(127)
