@@ -172,10 +172,19 @@ async def test_delete_stops_running_jobs(local_pod: LocalPod):
     assert not local_pod.provider.store.node_dir("pod").exists()
 
 
+async def _spare_ready(server) -> bool:
+    """The next spare is started shortly after a command ends: wait for it (up to 5 s)."""
+    for _ in range(100):
+        if await server.spares.wait_ready():
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
 async def test_a_command_on_a_spare_shell_sees_the_worker_and_shares_no_state(local_pod: LocalPod):
     server = local_pod.provider.worker_server(local_pod.node.name, 1)
     async with Fleet(local_pod.targets) as fleet:
-        assert await server.spares.wait_ready()
+        assert await _spare_ready(server)
         [first] = await fleet.run(
             'echo "$TPU_WORKER_ID $HOME $PWD ${__tpu_command-unset}"; echo "$BASH_EXECUTION_STRING";'
             " LEFT_BEHIND=1; cd /; echo pid=$$",
@@ -186,7 +195,7 @@ async def test_a_command_on_a_spare_shell_sees_the_worker_and_shares_no_state(lo
         lines = first.stdout.splitlines()
         assert lines[0] == f"1 {home} {home} unset"
         assert "__tpu_command" in lines[1]  # it did run on a spare, not through `bash -c <command>`
-        assert await server.spares.wait_ready()
+        assert await _spare_ready(server)
         [second] = await fleet.run('echo "${LEFT_BEHIND-unset} $PWD pid=$$"', workers=[1])
         assert second.ok, second
         left, pwd, pid = second.stdout.split()

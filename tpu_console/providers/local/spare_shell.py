@@ -26,6 +26,11 @@ from tpu_console.providers.local.child_process import ChildProcess, start_child
 # one non-blocking write, which a pipe takes whole up to its buffer size (64 KiB on Linux).
 MAX_COMMAND_BYTES = 32768
 
+# The next spare is started this long after a command ends, or after a long command has run for
+# LONG_COMMAND_S, whichever comes first (see `start_later`).
+REFILL_DELAY_S = 0.1
+LONG_COMMAND_S = 1.0
+
 # Reads one NUL-terminated command from fd N, closes it so the command's processes do not inherit it,
 # forgets the variable, then runs the text in this same bash. EOF without a command (the server
 # closing) exits quietly without running anything.
@@ -70,11 +75,16 @@ class SpareShells:
                 await asyncio.shield(self._refill)
         return self._spare is not None
 
+    def start_later(self, delay: float = REFILL_DELAY_S) -> None:
+        """Start the next spare after `delay`: not at once, as 64 workers' new shells would compete for
+        the CPU with the rest of a fan-out. No-op if one is ready or on its way by then."""
+        if not self._closed:
+            asyncio.get_running_loop().call_later(delay, self.start)
+
     def run(self, command: str) -> ChildProcess | None:
         """Hand `command` to the ready spare and return it as the command's process, or None when no
-        spare is ready (the caller then starts one itself). Starts the next spare either way."""
+        spare is ready (the caller then starts one itself). The caller calls `start_later` after."""
         spare, self._spare = self._spare, None
-        self.start()
         data = command.encode("utf-8", errors="surrogateescape") + b"\0"
         if spare is None:
             return None
@@ -106,6 +116,9 @@ class SpareShells:
         try:
             argv = ["bash", "-c", _LOADER.format(fd=read_fd)]
             child = await start_child(argv, self._cwd, self._env, pass_fds=(read_fd,))
+        except OSError:
+            os.close(write_fd)  # no spare this time: commands start bash themselves, as they report
+            return
         except BaseException:
             os.close(write_fd)
             raise

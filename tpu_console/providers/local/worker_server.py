@@ -27,7 +27,7 @@ from pathlib import Path
 import asyncssh
 
 from tpu_console.providers.local.child_process import ChildProcess, start_child
-from tpu_console.providers.local.spare_shell import SpareShells
+from tpu_console.providers.local.spare_shell import LONG_COMMAND_S, SpareShells
 from tpu_console.providers.local.store import LOOPBACK
 
 _CHUNK = 65536
@@ -113,6 +113,7 @@ class WorkerServer:
 
     async def _handle(self, process: asyncssh.SSHServerProcess) -> None:
         child = self.spares.run(process.command) if process.command is not None else None
+        self.spares.start_later(LONG_COMMAND_S)  # sooner, at its end, if the command is short
         try:
             if child is None:
                 argv = ["bash", "-c", process.command] if process.command is not None else ["bash", "-s"]
@@ -131,6 +132,7 @@ class WorkerServer:
                 process.exit(255)
         finally:
             self._running.discard(child)
+            self.spares.start_later()
 
     async def _serve(self, process: asyncssh.SSHServerProcess, child: ChildProcess) -> None:
         feeder = asyncio.create_task(_feed(process.stdin, child.stdin))
