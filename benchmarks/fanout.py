@@ -14,6 +14,11 @@ them by default.
 The pod's servers run in a separate `pod_host` process for (a)-(c): a real pod's sshd does not share
 the console's CPU, and on a 2-core machine 64 servers in the client's own event loop would make the
 client pay for both ends. Targets: warm at least 20x faster than (c), and under 100 ms median.
+
+Every timed run, in every measurement, follows a pause (--pause, 0.3 s by default), as a person's
+commands are spaced: each worker server starts its next spare shell shortly after a command ends
+(see tpu_console/providers/local/spare_shell.py), and runs fired back to back would time that refill
+too. (c) gets the same pause; its ssh processes gain nothing from it.
 Uses a throwaway TPU_CONSOLE_HOME; nothing is left behind.
 """
 
