@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 
 def load_tokenizer(path_or_hub_id: str | os.PathLike) -> PreTrainedTokenizerBase:
     """`AutoTokenizer` from an HF directory or hub id; left padding, so prompts end where decode starts."""
-    tokenizer = AutoTokenizer.from_pretrained(str(path_or_hub_id))
+    local = Path(path_or_hub_id).expanduser()  # "~/tiny-qwen2" in a config means this host's home
+    tokenizer = AutoTokenizer.from_pretrained(str(local) if local.is_dir() else str(path_or_hub_id))
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
