@@ -2,7 +2,7 @@
 worker (what `gcloud ... ssh --worker=all` and the seeds' scripts do), against the same servers in the
 same run.
 
-    .venv/bin/python benchmarks/fanout.py [--workers 64] [--repeats 15] [--pause 0.3]
+    .venv/bin/python benchmarks/fanout.py [--workers 64] [--repeats 15] [--pause 0.5]
 
 Measures `true` on every worker:
   (a) cold: a new Fleet, connecting to every worker, then running the command
@@ -15,7 +15,7 @@ The pod's servers run in a separate `pod_host` process for (a)-(c): a real pod's
 the console's CPU, and on a 2-core machine 64 servers in the client's own event loop would make the
 client pay for both ends. Targets: warm at least 20x faster than (c), and under 100 ms median.
 
-Every timed run, in every measurement, follows a pause (--pause, 0.3 s by default), as a person's
+Every timed run, in every measurement, follows a pause (--pause, 0.5 s by default), as a person's
 commands are spaced: each worker server starts its next spare shell shortly after a command ends
 (see tpu_console/providers/local/spare_shell.py), and runs fired back to back would time that refill
 too. (c) gets the same pause; its ssh processes gain nothing from it.
@@ -153,7 +153,7 @@ if __name__ == "__main__":
     parser.add_argument("--workers", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument(
-        "--pause", type=float, default=0.3, help="seconds between two timed runs, for every measurement"
+        "--pause", type=float, default=0.5, help="seconds between two timed runs, for every measurement"
     )
     args = parser.parse_args()
     home = tempfile.mkdtemp(prefix="tpu-console-fanout-")
