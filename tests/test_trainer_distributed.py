@@ -101,17 +101,20 @@ def test_checkpoint_resume_and_eval(tmp_path, tiny_model_dir):
 
 
 def test_sigterm_writes_an_error_event_and_exits_143(tmp_path, tiny_model_dir):
+    # Two processes through jax.distributed: its preemption notifier must not swallow the stop signal.
     config = tiny_config(tmp_path, tiny_model_dir, steps=50)
-    [proc] = spawn(tmp_path, config, processes=1, devices=1, distributed=False)
-    deadline = time.monotonic() + 60
-    while not read_events(proc.run_dir) and time.monotonic() < deadline and proc.proc.poll() is None:
+    procs = spawn(tmp_path, config, processes=2, devices=1, distributed=True)
+    deadline = time.monotonic() + 90
+    while (not all(read_events(p.run_dir) for p in procs) and time.monotonic() < deadline
+           and all(p.proc.poll() is None for p in procs)):
         time.sleep(0.2)
-    assert read_events(proc.run_dir)[0]["kind"] == "start"
-    proc.proc.send_signal(signal.SIGTERM)
-    [result] = wait_all([proc], timeout=60)
-    assert result.returncode == 128 + signal.SIGTERM, result.output[-2000:]
-    assert result.events[-1]["kind"] == "error" and result.events[-1]["type"] == "Terminated"
-    assert result.events[-1]["message"] == "stopped by SIGTERM"
+    assert all(read_events(p.run_dir)[0]["kind"] == "start" for p in procs)
+    for p in procs:
+        p.proc.send_signal(signal.SIGTERM)
+    for result in wait_all(procs, timeout=60):
+        assert result.returncode == 128 + signal.SIGTERM, result.output[-2000:]
+        assert result.events[-1]["kind"] == "error" and result.events[-1]["type"] == "Terminated"
+        assert result.events[-1]["message"] == "stopped by SIGTERM"
 
 
 def test_mesh_that_does_not_fit_the_devices_is_a_config_error(tmp_path, tiny_model_dir):

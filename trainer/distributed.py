@@ -92,7 +92,22 @@ def on_tpu_vm() -> bool:
 
 def initialize(launch: LaunchEnv) -> None:
     """Start jax.distributed: explicit from the environment, automatic on a TPU VM, skipped otherwise."""
+    import signal
+
     import jax
+
+    # jax.distributed installs its own SIGTERM handler (the coordination service's preemption notifier),
+    # which swallows the signal: a stopped run would then hang until SIGKILL. Take SIGTERM back afterwards,
+    # so `tpu-console stop` ends the run with an `error` event and status 143.
+    sigterm_handler = signal.getsignal(signal.SIGTERM)
+    try:
+        _initialize(launch, jax)
+    finally:
+        if sigterm_handler is not None:
+            signal.signal(signal.SIGTERM, sigterm_handler)
+
+
+def _initialize(launch: LaunchEnv, jax) -> None:
 
     if launch.explicit:
         # If a peer never comes, JAX aborts the process at the timeout (no exception): this line is then the
