@@ -4,15 +4,14 @@ the console process."""
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import LocalPod
+from tests.processes import pid_alive
 from tpu_console.errors import AlreadyExists, NotFound, UserError
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.model import CreateRequest, NodeState
@@ -29,13 +28,6 @@ DETACHED_JOB = (
 )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z")
 
 
 async def _wait_for(predicate, timeout: float = 10.0) -> bool:
@@ -149,7 +141,7 @@ async def test_a_detached_job_outlives_the_console_process(local_pod: LocalPod):
     runs = [local_pod.worker_dir(i) / "tpu-console/runs/r1" for i in range(4)]
     assert await _wait_for(lambda: all((run / "pid").exists() for run in runs))
     pids = [int((run / "pid").read_text()) for run in runs]
-    assert all(_alive(pid) for pid in pids) and not any((run / "exit").exists() for run in runs)
+    assert all(pid_alive(pid) for pid in pids) and not any((run / "exit").exists() for run in runs)
 
     # This console (its own servers, new connections) finds the jobs by their files and lets them finish.
     async with Fleet(local_pod.targets) as fleet:
@@ -166,9 +158,9 @@ async def test_delete_stops_running_jobs(local_pod: LocalPod):
     pid_files = [local_pod.worker_dir(i) / "tpu-console/runs/r1/pid" for i in range(4)]
     assert await _wait_for(lambda: all(pid_file.exists() for pid_file in pid_files))
     pids = [int(p.read_text()) for p in pid_files]
-    assert all(_alive(pid) for pid in pids)
+    assert all(pid_alive(pid) for pid in pids)
     await local_pod.provider.delete("pod")
-    assert await _wait_for(lambda: not any(_alive(pid) for pid in pids), timeout=5)
+    assert await _wait_for(lambda: not any(pid_alive(pid) for pid in pids), timeout=5)
     assert not local_pod.provider.store.node_dir("pod").exists()
 
 

@@ -4,14 +4,13 @@ as --python): launch on every worker, per-worker exit codes, logs --follow, stop
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
+from tests.processes import pid_alive, wait_for
 from tpu_console import cli
 from tpu_console.locations import database_file, home
 
@@ -183,19 +182,3 @@ def test_bad_input_is_one_line_exit_2_and_touches_no_worker(capsys, pod, argv, m
         assert not (worker_home(worker) / "tpu-console").exists()
     status, listing, _ = run(capsys, "runs", "--json")
     assert json.loads(listing)["runs"] == []
-
-
-def wait_for(predicate, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.05)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z")

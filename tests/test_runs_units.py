@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import pid_alive, wait_for
 from tpu_console.errors import NotFound, UserError
 from tpu_console.fleet import recipes
 from tpu_console.runs.events import EventSummary, parse_event_line, parse_events
@@ -194,20 +195,8 @@ def test_tail_reads_exact_bytes_from_an_offset_and_the_last_lines(tmp_path):
     assert missing == LogChunk(end=0, size=0, data=b"")
 
 
-def wait_for(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.02)
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z")
 
 
 # -- tails -----------------------------------------------------------------------------------------------

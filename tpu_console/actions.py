@@ -11,8 +11,9 @@ import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tpu_console.errors import AlreadyExists, NotFound, UserError
+from tpu_console.errors import AlreadyExists, NotFound, UserError, one_line
 from tpu_console.fleet.fleet import Fleet, WorkerLine, WorkerResult
+from tpu_console.fleet.preflight import open_node, require_all_reachable
 from tpu_console.fleet.selection import parse_worker_selection
 from tpu_console.model import CreateRequest, Node, validate_node_name
 from tpu_console.providers.base import Progress, Provider
@@ -42,7 +43,7 @@ async def list_nodes(providers: dict[str, Provider], provider: str | None = None
         if isinstance(answer, BaseException):
             if not isinstance(answer, Exception):
                 raise answer
-            result.problems.append(f"{name}: {_one_line(answer)}")
+            result.problems.append(f"{name}: {one_line(answer)}")
             continue
         result.nodes.extend(answer.nodes)
         result.problems.extend(f"{name}: {problem}" for problem in answer.problems)
@@ -72,7 +73,7 @@ async def _ensure_name_free(providers: dict[str, Provider], name: str, progress:
         except NotFound:
             return None
         except Exception as exc:  # noqa: BLE001 - the create itself will meet it, if it matters
-            progress(f"could not check {provider.name} for an existing {name!r}: {_one_line(exc)}")
+            progress(f"could not check {provider.name} for an existing {name!r}: {one_line(exc)}")
             return None
         return provider
 
@@ -140,32 +141,10 @@ async def exec_on_node(
     """
     if not command.strip():
         raise UserError("empty command; put it after --, e.g. `tpu-console exec NAME -- hostname`")
-    provider, node = await find_node(providers, name)
-    if not node.state.is_usable:
-        raise UserError(f"node {name!r} is {node.state}, not READY; wait for it or check `tpu-console ls`")
+    provider, node = await open_node(providers, name)
     selected = parse_worker_selection(workers, node.shape.workers)
     targets = await provider.ssh_targets(node)
     async with Fleet(targets) as fleet:
-        await _connect_all(fleet, name, selected)
+        await require_all_reachable(fleet, name, selected, "nothing was run")
         results = await fleet.run(command, selected, timeout=timeout, on_line=on_line)
     return ExecOutcome(node=node, command=command, results=results)
-
-
-async def _connect_all(fleet: Fleet, name: str, workers: list[int]) -> None:
-    answers = await asyncio.gather(*(fleet.connection(w).get() for w in workers), return_exceptions=True)
-    failed = [(w, a) for w, a in zip(workers, answers, strict=True) if isinstance(a, BaseException)]
-    for _, answer in failed:
-        if not isinstance(answer, Exception):
-            raise answer
-    if failed:
-        worker, answer = failed[0]
-        others = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
-        raise UserError(
-            f"worker {worker} of {name!r} is unreachable: {_one_line(answer)}{others}; nothing was run: "
-            "check the node with `tpu-console ls`, or leave the worker out with --worker"
-        )
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]

@@ -20,3 +20,9 @@ class AlreadyExists(UserError):
 
 class Unreachable(Exception):
     """A worker that could not be connected to (network, auth or host key)."""
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line for a person: its first line, or its type when it has no message."""
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]

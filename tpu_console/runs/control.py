@@ -12,16 +12,16 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tpu_console.errors import NotFound, UserError
+from tpu_console.errors import NotFound, UserError, one_line
 from tpu_console.fleet import recipes
 from tpu_console.fleet.fleet import Fleet
+from tpu_console.fleet.preflight import unreachable_workers
 from tpu_console.fleet.selection import parse_worker_selection
 from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import find_node
 from tpu_console.runs.monitor import RunMonitor, RunState, WorkerState, WorkerStatus
 from tpu_console.runs.probe import parse_probe
 from tpu_console.runs.run_id import check_run_id
-from tpu_console.runs.session import one_line, unreachable_workers
 from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
 from tpu_console.runs.tail import TailCursor, parse_chunk
 

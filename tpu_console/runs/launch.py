@@ -26,11 +26,11 @@ from typing import Any
 from tpu_console.errors import UserError
 from tpu_console.fleet import recipes
 from tpu_console.fleet.fleet import Fleet
+from tpu_console.fleet.preflight import open_node, require_all_reachable
 from tpu_console.fleet.selection import parse_worker_selection
 from tpu_console.model import Node
 from tpu_console.providers.base import Provider
 from tpu_console.runs.run_id import new_run_id
-from tpu_console.runs.session import open_node, require_all_reachable
 from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
 
 TRAINER_ARGS = ("-m", "trainer", "--config", "config.yaml", "--run-dir", ".")

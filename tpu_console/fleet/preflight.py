@@ -1,25 +1,19 @@
-"""Opening a node's workers for run work: the node looked up, READY, and every needed worker connected."""
+"""Before touching workers: the node looked up and READY, and every needed worker connected.
+
+Both `exec` and `launch` check this first, so a command never half-runs across a pod: if one worker cannot
+be reached, nothing happens on any of them and the person gets one line naming the worker.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from tpu_console.errors import UserError
+from tpu_console.errors import UserError, one_line
 from tpu_console.fleet.fleet import Fleet
-from tpu_console.fleet.target import SshTarget
 from tpu_console.model import Node
 from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import find_node
-
-
-@dataclass
-class NodeSession:
-    provider: Provider
-    node: Node
-    targets: list[SshTarget]
-    fleet: Fleet
 
 
 async def open_node(providers: dict[str, Provider], name: str) -> tuple[Provider, Node]:
@@ -37,23 +31,18 @@ async def unreachable_workers(fleet: Fleet, workers: Sequence[int]) -> dict[int,
     for worker, answer in zip(workers, answers, strict=True):
         if isinstance(answer, BaseException):
             if not isinstance(answer, Exception):
-                raise answer
+                raise answer  # a cancellation or exit: not a worker's fault
             failed[worker] = one_line(answer)
     return failed
 
 
 async def require_all_reachable(fleet: Fleet, node: str, workers: Sequence[int], doing: str) -> None:
-    """UserError naming the first unreachable worker; `doing` is what did not happen ("nothing was launched")."""
+    """UserError naming the first unreachable worker; `doing` says what did not happen ("nothing was run")."""
     failed = await unreachable_workers(fleet, workers)
     if failed:
         worker, reason = next(iter(failed.items()))
         others = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
         raise UserError(
             f"worker {worker} of {node!r} is unreachable: {reason}{others}; {doing}: "
-            "check the node with `tpu-console ls`"
+            "check the node with `tpu-console ls`, or leave the worker out with --worker"
         )
-
-
-def one_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]
