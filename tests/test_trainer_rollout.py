@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from trainer.rollout import Sampler, sample_logits
+from trainer.rollout import TOP_P_CANDIDATES, Sampler, sample_logits, sample_with_uniform
 
 pytest_plugins = ("tests.fixtures_trainer",)  # fixtures: tiny_model_dir, tiny_model
 
@@ -44,6 +44,38 @@ def test_sample_logits_filters_and_logprobs():
     assert len(np.unique(np.asarray(tokens)[:, 0])) > 1
     expected = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits / 0.5)), np.asarray(tokens).T, 1).T
     np.testing.assert_allclose(np.asarray(logprobs), expected, rtol=1e-5)
+
+
+def _reference_draw(logits: np.ndarray, u: np.ndarray, top_p: float) -> np.ndarray:
+    """Nucleus draw by sorting the whole row in numpy: the smallest prefix reaching top_p, inverse CDF on it."""
+    out = []
+    for row, ui in zip(logits, u, strict=True):
+        order = np.argsort(-row, kind="stable")
+        probs = np.exp(row[order] - row.max())
+        probs /= probs.sum()
+        kept = probs[(np.cumsum(probs) - probs) < top_p]
+        cdf = np.cumsum(kept)
+        out.append(order[min(int(np.sum(cdf <= ui * cdf[-1])), len(kept) - 1)])
+    return np.asarray(out)
+
+
+@pytest.mark.parametrize("scale", [8.0, 0.01])  # peaked: nucleus within the candidates; flat: full sort
+def test_top_p_bounded_candidates_draw_like_a_full_sort(scale):
+    vocab = 2 * TOP_P_CANDIDATES
+    logits = np.random.default_rng(1).normal(size=(6, vocab)).astype(np.float32) * scale
+    u = np.random.default_rng(2).uniform(size=6).astype(np.float32)
+    tokens, _ = jax.jit(lambda lg, u: sample_with_uniform(lg, u, 1.0, 0.9, top_k=0, use_top_p=True,
+                                                          greedy=False))(logits, u)
+    np.testing.assert_array_equal(np.asarray(tokens), _reference_draw(logits, u, 0.9))
+
+
+def test_untruncated_draws_follow_the_softmax():
+    logits = jnp.asarray([[2.0, 0.0, -1.0, -jnp.inf, 1.0]], jnp.float32)
+    u = jnp.linspace(0.0, 1.0, 4000, endpoint=False)
+    draw = jax.vmap(lambda ui: sample_with_uniform(logits, ui[None], 1.0, 1.0, top_k=0, use_top_p=False,
+                                                   greedy=False)[0][0])
+    counts = np.bincount(np.asarray(draw(u)), minlength=5) / 4000
+    np.testing.assert_allclose(counts, np.asarray(jax.nn.softmax(logits[0])), atol=1e-3)
 
 
 def test_generate_left_pads_to_bucket_and_masks(tiny_model):

@@ -202,6 +202,14 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, compute_d
     """
     b, t, h, d = q.shape
     kv = k.shape[1]
+    if t == 1:
+        # One query per row (a decode step): without the unit T axis the dots need no relayout copies,
+        # which cost more than the attention math itself on CPU.
+        q1 = q.reshape(b, kv, h // kv, d)
+        scores = jnp.einsum("bkgd,bksd->bkgs", q1, k, preferred_element_type=jnp.float32) * (d ** -0.5)
+        scores = jnp.where(mask[:, :, None, :], scores, _MASK_VALUE)  # mask [B, 1, S] -> [B, 1, 1, S]
+        probs = jax.nn.softmax(scores, axis=-1).astype(compute_dtype)
+        return jnp.einsum("bkgs,bksd->bkgd", probs, v.astype(compute_dtype)).reshape(b, 1, h * d)
     q = q.reshape(b, t, kv, h // kv, d)
     scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32) * (d ** -0.5)
     scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)

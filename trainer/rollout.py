@@ -37,28 +37,83 @@ class RolloutBatch:
     logprobs: jax.Array  # [B, N] float32, 0 where completion_mask is 0
 
 
+# top-p without top-k looks for the nucleus among this many best tokens first; only when their probability
+# mass is below top_p for some row does a step fall back to sorting the whole vocabulary.
+TOP_P_CANDIDATES = 256
+
+
+def _first_argmax(x: jax.Array) -> jax.Array:
+    """argmax over the last axis (first index of the maximum) as two plain reductions: XLA CPU's variadic
+    argmax reduction is several times slower."""
+    iota = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    best = jnp.max(x, axis=-1, keepdims=True)
+    return jnp.min(jnp.where(x == best, iota, x.shape[-1]), axis=-1)
+
+
+def _inverse_cdf(scores: jax.Array, uniform: jax.Array) -> jax.Array:
+    """Index drawn from softmax(scores) [B, C] with one uniform in [0, 1) per row: the first index whose
+    cumulative probability exceeds u * total. Exact sampling up to fp32 rounding of the cumulative sum, and far
+    cheaper on CPU than Gumbel noise for every candidate. -inf scores have zero probability."""
+    probs = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+    cdf = jnp.cumsum(probs, axis=-1)
+    total = cdf[:, -1:]
+    index = jnp.sum((cdf <= uniform[:, None] * total).astype(jnp.int32), axis=-1)
+    # u * total can round up to total: stop at the first index reaching the total (a positive-probability one).
+    return jnp.minimum(index, jnp.sum((cdf < total).astype(jnp.int32), axis=-1))
+
+
+def _nucleus(values: jax.Array, top_p: jax.Array, lse: jax.Array | None = None) -> jax.Array:
+    """Scores sorted descending [B, C] with everything past the smallest prefix reaching top_p set to -inf.
+
+    Probabilities are softmax(values) (renormalised over the candidates, as after a top-k filter), or
+    exp(values - lse) with the full vocabulary's log-sum-exp when the candidates only bound the search."""
+    probs = jax.nn.softmax(values, axis=-1) if lse is None else jnp.exp(values - lse[:, None])
+    keep = (jnp.cumsum(probs, axis=-1) - probs) < top_p
+    return jnp.where(keep, values, -jnp.inf)
+
+
+def sample_with_uniform(logits: jax.Array, uniform: jax.Array, temperature: jax.Array, top_p: jax.Array, *,
+                        top_k: int, use_top_p: bool, greedy: bool) -> tuple[jax.Array, jax.Array]:
+    """Next tokens [B] and their log-probs [B] given one uniform [B] in [0, 1) per row (see sample_logits)."""
+    scaled = logits if greedy else logits / temperature
+    lse = jax.nn.logsumexp(scaled, axis=-1)
+    if greedy:
+        tokens = _first_argmax(logits)
+    elif top_k > 0 or use_top_p:
+        vocab = scaled.shape[-1]
+        if top_k > 0:
+            values, indices = jax.lax.top_k(scaled, min(top_k, vocab))
+            if use_top_p:
+                values = _nucleus(values, top_p)
+            choice = _inverse_cdf(values, uniform)
+            tokens = jnp.take_along_axis(indices, choice[:, None], axis=-1)[:, 0]
+        else:
+            # Nucleus among the best TOP_P_CANDIDATES tokens when they hold top_p of the (full-softmax) mass in
+            # every row, the usual case; otherwise sort the whole vocabulary. Same draw either way.
+            def nucleus_token(candidates: tuple[jax.Array, jax.Array]) -> jax.Array:
+                values, indices = candidates
+                choice = _inverse_cdf(_nucleus(values, top_p, lse), uniform)
+                return jnp.take_along_axis(indices, choice[:, None], axis=-1)[:, 0]
+
+            candidates = jax.lax.top_k(scaled, min(TOP_P_CANDIDATES, vocab))
+            if candidates[0].shape[-1] == vocab:
+                tokens = nucleus_token(candidates)
+            else:
+                enough = jnp.all(jnp.sum(jnp.exp(candidates[0] - lse[:, None]), axis=-1) >= top_p)
+                tokens = jax.lax.cond(enough, nucleus_token,
+                                      lambda _: nucleus_token(jax.lax.top_k(scaled, vocab)), candidates)
+    else:
+        tokens = _inverse_cdf(scaled, uniform)
+    tokens = tokens.astype(jnp.int32)
+    return tokens, jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0] - lse
+
+
 def sample_logits(logits: jax.Array, rng: jax.Array, temperature: jax.Array, top_p: jax.Array, *,
                   top_k: int, use_top_p: bool, greedy: bool) -> tuple[jax.Array, jax.Array]:
     """Next tokens [B] and their log-probs [B] (under softmax(logits / temperature), untruncated)."""
-    if greedy:
-        tokens = jnp.argmax(logits, axis=-1)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-    else:
-        scaled = logits / temperature
-        logp = jax.nn.log_softmax(scaled, axis=-1)
-        if top_k > 0 or use_top_p:
-            # Candidates sorted by score; top-p keeps the smallest prefix whose probability reaches top_p.
-            values, indices = jax.lax.top_k(scaled, top_k if top_k > 0 else scaled.shape[-1])
-            if use_top_p:
-                probs = jax.nn.softmax(values, axis=-1)
-                keep = (jnp.cumsum(probs, axis=-1) - probs) < top_p
-                values = jnp.where(keep, values, -jnp.inf)
-            choice = jax.random.categorical(rng, values, axis=-1)
-            tokens = jnp.take_along_axis(indices, choice[:, None], axis=-1)[:, 0]
-        else:
-            tokens = jax.random.categorical(rng, scaled, axis=-1)
-    tokens = tokens.astype(jnp.int32)
-    return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+    uniform = jax.random.uniform(rng, logits.shape[:1], jnp.float32)
+    return sample_with_uniform(logits, uniform, temperature, top_p, top_k=top_k, use_top_p=use_top_p,
+                               greedy=greedy)
 
 
 class Sampler:
@@ -120,6 +175,9 @@ class Sampler:
         tokens = jnp.full((batch, n), self.pad_id, jnp.int32).at[:, 0].set(first_tokens)
         logprobs = jnp.zeros((batch, n), jnp.float32).at[:, 0].set(first_logprobs)
         done = jnp.isin(first_tokens, eos)
+        # Every step's uniforms in one draw before the loop: no PRNG work inside it.
+        uniforms = self._constrain(jax.random.uniform(jax.random.fold_in(rng, 1), (batch, n), jnp.float32),
+                                   model.config.sharding.batch)
 
         def cond(carry):
             i, _, _, _, _, done = carry
@@ -132,8 +190,9 @@ class Sampler:
             previous = jax.lax.dynamic_slice(tokens, (0, i - 1), (batch, 1))
             positions = (prompt_lens + i - 1)[:, None]
             logits, cache = model.decode(previous, positions, kv_mask, cache, slot)
-            new, new_logprobs = sample_logits(logits, jax.random.fold_in(rng, i), temperature, top_p,
-                                              top_k=top_k, use_top_p=use_top_p, greedy=greedy)
+            uniform = jax.lax.dynamic_slice(uniforms, (0, i), (batch, 1))[:, 0]
+            new, new_logprobs = sample_with_uniform(logits, uniform, temperature, top_p, top_k=top_k,
+                                                    use_top_p=use_top_p, greedy=greedy)
             new = jnp.where(done, self.pad_id, new)
             new_logprobs = jnp.where(done, 0.0, new_logprobs)
             tokens = jax.lax.dynamic_update_slice(tokens, new[:, None], (0, i))
