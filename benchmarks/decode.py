@@ -33,6 +33,7 @@ from trainer.weights import load_model
 SPEC = TinySpec(vocab_size=8192, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
                 num_attention_heads=4, num_key_value_heads=2)
 TEMPERATURE, TOP_K = 1.0, 50
+DTYPES = {"float32": (jnp.float32, torch.float32), "bfloat16": (jnp.bfloat16, torch.bfloat16)}
 
 
 def _seconds(run) -> float:
@@ -46,8 +47,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
+                        help="compute dtype of both sides (weights are stored fp32 and cast)")
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
+    jax_dtype, torch_dtype = DTYPES[args.dtype]
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_tiny_model(tmp, SPEC)
@@ -56,7 +60,7 @@ def main() -> None:
         prompts = [tokenizer.encode(q, add_special_tokens=False) for q in questions]
         never = SPEC.vocab_size + 1  # an id no model output can take: every row decodes all new tokens
 
-        model, config = load_model(model_dir, compute_dtype=jnp.float32)
+        model, config = load_model(model_dir, compute_dtype=jax_dtype)
         sampler = Sampler(model, pad_id=tokenizer.pad_token_id, eos_ids=[never], buckets=(64, 128, 256),
                           max_new_tokens=args.new_tokens)
 
@@ -70,7 +74,7 @@ def main() -> None:
         first_call_s = time.perf_counter() - start
         assert int(first.completion_mask.sum()) == args.batch * args.new_tokens
 
-        reference = TorchQwen2.from_pretrained(model_dir, dtype=torch.float32).eval()
+        reference = TorchQwen2.from_pretrained(model_dir, dtype=torch_dtype).eval()
         input_ids = torch.tensor(np.asarray(first.prompt_ids))
         attention_mask = torch.tensor(np.asarray(first.prompt_mask))
 
@@ -96,7 +100,7 @@ def main() -> None:
     ours_tps, theirs_tps = tokens / ours_s, tokens / theirs_s
     print(f"model: {SPEC.num_hidden_layers} layers, hidden {SPEC.hidden_size}, vocab {config.vocab_size}; "
           f"batch {args.batch}, prompt bucket {first.prompt_ids.shape[1]}, {args.new_tokens} new tokens, "
-          f"sampling T={TEMPERATURE} top-k={TOP_K}, fp32, {os.cpu_count()} CPU threads, "
+          f"sampling T={TEMPERATURE} top-k={TOP_K}, {args.dtype} on both sides, {os.cpu_count()} CPU threads, "
           f"jax {jax.__version__} on {jax.devices()[0].platform}, torch {torch.__version__}")
     print(f"trainer Sampler:        {ours_tps:10.1f} tokens/s  ({ours_s * 1000:.0f} ms per batch)")
     print(f"transformers generate:  {theirs_tps:10.1f} tokens/s  ({theirs_s * 1000:.0f} ms per batch)")
