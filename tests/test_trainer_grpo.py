@@ -206,3 +206,13 @@ def test_qwen2_with_remat_through_logprob_pass_and_update(tiny_model_dir):
                                     {**batch, "old_logprobs": logp, "ref_logprobs": logp})
         assert np.isfinite(float(metrics["loss"])) and float(metrics["grad_norm"]) > 0
     np.testing.assert_allclose(logps[0], logps[1], rtol=1e-5, atol=1e-6)
+
+
+def test_rollout_layout_keeps_kv_heads_on_tp_unless_rows_use_it():
+    from trainer.model import ShardingRules
+    from trainer.rollout_sharding import rollout_axes
+
+    cache = ShardingRules().kv_cache  # [batch, kv_heads, length, head_dim]
+    assert rollout_axes(("dp",), cache) == (("dp",), "tp", None, None)  # maxtext: heads stay on tp
+    assert rollout_axes(("dp", "fsdp", "tp"), cache) == (("dp", "fsdp", "tp"), None, None, None)  # legacy
+    assert rollout_axes(("dp",), ShardingRules().batch) == (("dp",),)  # [B, N] tokens: rows only

@@ -144,7 +144,8 @@ class Sampler:
         state = jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
         return nnx.merge(self._graphdef, state)
 
-    def _constrain(self, x: jax.Array, axes: tuple) -> jax.Array:
+    def constrain(self, x: jax.Array, axes: tuple) -> jax.Array:
+        """Layout hook for arrays inside the jitted calls (`axes`: the model's axes for it); overridable."""
         if self.mesh is None:
             return x
         sharding = NamedSharding(self.mesh, fit_spec(x.shape, axes, self.mesh))
@@ -156,7 +157,7 @@ class Sampler:
         model = self._model(state)
         batch, prompt_len = prompt_ids.shape
         cache_axes = model.config.sharding.kv_cache
-        cache = [(self._constrain(k, cache_axes), self._constrain(v, cache_axes))
+        cache = [(self.constrain(k, cache_axes), self.constrain(v, cache_axes))
                  for k, v in model.init_cache(batch, prompt_len + self.max_new_tokens, self.cache_dtype)]
         kv_mask = jnp.concatenate([prompt_mask, jnp.zeros((batch, self.max_new_tokens), jnp.int32)], axis=1)
         positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
@@ -176,7 +177,7 @@ class Sampler:
         logprobs = jnp.zeros((batch, n), jnp.float32).at[:, 0].set(first_logprobs)
         done = jnp.isin(first_tokens, eos)
         # Every step's uniforms in one draw before the loop: no PRNG work inside it.
-        uniforms = self._constrain(jax.random.uniform(jax.random.fold_in(rng, 1), (batch, n), jnp.float32),
+        uniforms = self.constrain(jax.random.uniform(jax.random.fold_in(rng, 1), (batch, n), jnp.float32),
                                    model.config.sharding.batch)
 
         def cond(carry):
@@ -204,8 +205,8 @@ class Sampler:
         is_end = jnp.isin(tokens, eos).astype(jnp.int32)
         completion_mask = ((jnp.cumsum(is_end, axis=1) - is_end) == 0).astype(jnp.int32)
         batch_axes = model.config.sharding.batch
-        tokens, completion_mask = self._constrain(tokens, batch_axes), self._constrain(completion_mask, batch_axes)
-        logprobs = self._constrain(logprobs * completion_mask, batch_axes)
+        tokens, completion_mask = self.constrain(tokens, batch_axes), self.constrain(completion_mask, batch_axes)
+        logprobs = self.constrain(logprobs * completion_mask, batch_axes)
         # Returning cache/kv_mask lets XLA alias the donated input buffers instead of copying them.
         return tokens, completion_mask, logprobs, cache, kv_mask
 
@@ -218,8 +219,8 @@ class Sampler:
         raise ValueError(f"a prompt has {longest_prompt} tokens, more than the largest bucket "
                          f"{self.buckets[-1]}; add a larger bucket or shorten the prompt")
 
-    def _place(self, array: np.ndarray) -> jax.Array:
-        """Put a host batch on device(s); with a mesh, rows are split over the data axes."""
+    def place(self, array: np.ndarray) -> jax.Array:
+        """Put a host batch on device(s); with a mesh, rows are split over the data axes. Overridable hook."""
         if self.mesh is None:
             return jnp.asarray(array)
         axes = self.model.config.sharding.batch
@@ -253,8 +254,8 @@ class Sampler:
         if isinstance(rng, int):
             rng = jax.random.key(rng)
         ids, mask = self.pad_prompts(prompts)
-        prompt_ids, prompt_mask = self._place(ids), self._place(mask)
-        prompt_lens = self._place(mask.sum(axis=1).astype(np.int32))
+        prompt_ids, prompt_mask = self.place(ids), self.place(mask)
+        prompt_lens = self.place(mask.sum(axis=1).astype(np.int32))
         state = nnx.state(self.model) if state is None else state
         statics = {"top_k": int(top_k), "use_top_p": top_p < 1.0, "greedy": bool(greedy)}
         temperature_, top_p_ = jnp.float32(temperature), jnp.float32(top_p)

@@ -32,13 +32,17 @@ class ShardedSampler(Sampler):
         self.style = style
         self.sharding = rollout_sharding(mesh, style)
 
-    def _place(self, array: np.ndarray) -> jax.Array:
+    def place(self, array: np.ndarray) -> jax.Array:
         return global_from_local_rows(array, self.mesh, self.sharding)
 
-    def _constrain(self, x: jax.Array, axes: tuple) -> jax.Array:
-        # The KV cache [batch, length, kv_heads, head_dim] follows the rollout rows; heads stay on tp
-        # unless the batch already uses it (legacy).
-        batch_axes = _BATCH_AXES[self.style]
-        heads = None if "tp" in batch_axes else "tp"
-        spec = fit_spec(x.shape, (batch_axes, None, heads, None)[: x.ndim], self.mesh)
+    def constrain(self, x: jax.Array, axes: tuple) -> jax.Array:
+        # Rows follow the rollout layout; the other dims keep the model's axes (the KV cache
+        # [batch, kv_heads, length, head_dim] keeps its heads on tp), minus any axis the rows already use.
+        spec = fit_spec(x.shape, rollout_axes(_BATCH_AXES[self.style], axes), self.mesh)
         return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
+
+
+def rollout_axes(batch_axes: tuple[str, ...], model_axes: tuple) -> tuple:
+    """The model's axes for an activation or cache array with its batch dim replaced by the rollout's."""
+    rest = tuple(None if entry in batch_axes else entry for entry in tuple(model_axes)[1:])
+    return (batch_axes, *rest)
