@@ -4,7 +4,6 @@ reconnects, unreachable workers and host-key pinning."""
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import time
 from dataclasses import replace
@@ -14,6 +13,7 @@ import asyncssh
 import pytest
 
 from tests.conftest import LocalPod
+from tests.processes import pid_alive
 from tpu_console.errors import Unreachable, UserError
 from tpu_console.fleet.fleet import Fleet, WorkerLine
 
@@ -24,13 +24,6 @@ def _closed_port() -> int:
         return sock.getsockname()[1]  # nothing listens here once the socket is closed
 
 
-def _process_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z"
 
 
 async def test_each_worker_sees_its_own_index_home_and_devices(local_pod: LocalPod, local_fleet: Fleet):
@@ -105,9 +98,9 @@ async def test_timeout_gives_a_per_worker_error_and_stops_the_command(
         assert r.stdout == "started\n"  # what arrived before the deadline is kept
     pids = [int((local_pod.worker_dir(i) / "pid").read_text()) for i in range(4)]
     deadline = time.monotonic() + 5
-    while not all(_process_gone(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    assert all(_process_gone(pid) for pid in pids)
+    assert not any(pid_alive(pid) for pid in pids)
 
 
 async def test_concurrency_is_bounded_overall(local_pod: LocalPod):
