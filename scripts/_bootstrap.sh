@@ -37,6 +37,10 @@ ensure_apt_packages() {
     return 0
   fi
   echo "Installing ${missing[*]} (first run only)..." >&2
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # A failed install is reported, not fatal: the tests that need these skip, naming what is absent.
+  if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null &&
+         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }
+  then
+    echo "warning: could not install ${missing[*]} with apt-get; the tests that need them will be skipped" >&2
+  fi
 }
