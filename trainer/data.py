@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -73,12 +72,6 @@ def prompt_batches(problems: Sequence[Problem], per_step: int, seed: int, shuffl
         step += 1
 
 
-def encode_prompts(tokenizer: Any, problems: Sequence[Problem], length: int) -> tuple[np.ndarray, np.ndarray]:
-    """Chat-template prompts (system prompt asking for the tag format), left-padded to `length`."""
-    from trainer.tokenizer import encode_chat_prompts
-
-    ids = encode_chat_prompts(tokenizer, [p.question for p in problems], system=SYSTEM_PROMPT)
-    return left_pad(ids, length, tokenizer.pad_token_id)
 
 
 def left_pad(token_lists: Sequence[Sequence[int]], length: int, pad: int) -> tuple[np.ndarray, np.ndarray]:

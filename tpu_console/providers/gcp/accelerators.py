@@ -60,11 +60,6 @@ def canonical_type(accelerator_type: str) -> str:
     return f"{family.api_prefix}-{size}"
 
 
-def family_of(accelerator_type: str) -> Family | None:
-    try:
-        return _parse(accelerator_type)[0]
-    except UserError:
-        return None
 
 
 def shape_for(accelerator_type: str) -> AcceleratorShape:
