@@ -66,6 +66,7 @@ def test_create_ls_delete_round_trip(capsys):
         "SPOT",
         "AGE",
         "PRICE/H",
+        "COST",
     ]
     assert row.split()[:7] == ["pod-a", "local", "local-2x4", "2", "READY", "local", "-"]
 

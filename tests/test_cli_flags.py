@@ -124,6 +124,7 @@ def test_ls_warns_about_problems_and_still_lists(capsys, fakes):
     cells = row.split()
     assert cells[:7] == ["grpo", "gcp", "v6e-16", "4", "READY", "us-east5-b", "spot"]
     assert cells[8] == "~$19.52"
+    assert cells[9].startswith("~$")  # running cost since creation (its value: the --json test)
 
 
 def test_ls_json_has_price_for_gcp(capsys, fakes):
@@ -132,6 +133,9 @@ def test_ls_json_has_price_for_gcp(capsys, fakes):
     assert cli.main(["ls", "--json", "--project", "p", "--provider", "gcp"]) == 0
     (node,) = json.loads(capsys.readouterr().out)["nodes"]
     assert node["price_per_hour"] == pytest.approx(2.70 * 16)
+    assert node["price_on_demand_per_hour"] == pytest.approx(2.70 * 16)
+    assert node["price_spot_per_hour"] == pytest.approx(1.22 * 16)
+    assert node["cost_since_creation"] == pytest.approx(2.70 * 16 * node["age_s"] / 3600, rel=1e-3)
     assert node["price_currency"] == "USD"
 
 

@@ -49,10 +49,11 @@ async def test_table_lists_every_node_with_ls_columns():
             "SPOT",
             "AGE",
             "PRICE/H",
+            "COST",
         ]
         assert cells(table) == [
-            ["pod-a", "gcp", "v6e-16", "4", "READY", "us-east5-b", "-", "3h12m", "~$43.20"],
-            ["pod-b", "local", "v6e-16", "4", "PREEMPTED", "us-east5-b", "spot", "3h12m", "-"],
+            ["pod-a", "gcp", "v6e-16", "4", "READY", "us-east5-b", "-", "3h12m", "~$43.20", "~$138"],
+            ["pod-b", "local", "v6e-16", "4", "PREEMPTED", "us-east5-b", "spot", "3h12m", "-", "-"],
         ]
         assert "2 nodes" in str(screen.query_one("#status", Static).render())
 

@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tpu_console.model import Node
-from tpu_console.pricing import price_per_hour
+from tpu_console.pricing import cost_since_creation, price_per_hour
 
-COLUMNS = ("NAME", "PROVIDER", "TYPE", "WORKERS", "STATE", "ZONE", "SPOT", "AGE", "PRICE/H")
+COLUMNS = ("NAME", "PROVIDER", "TYPE", "WORKERS", "STATE", "ZONE", "SPOT", "AGE", "PRICE/H", "COST")
 
 
 def format_age(created_at: datetime | None, now: datetime) -> str:
@@ -39,6 +39,7 @@ def node_row(node: Node, now: datetime) -> tuple[str, ...]:
         "spot" if node.spot else "-",
         format_age(node.created_at, now),
         format_price(node),
+        format_cost(node, now),
     )
 
 
@@ -46,6 +47,12 @@ def format_price(node: Node) -> str:
     """Approximate list price per hour (`~$12.34`), `-` for nodes without one (local, ssh)."""
     estimate = price_per_hour(node)
     return f"~${estimate.per_hour:,.2f}" if estimate else "-"
+
+
+def format_cost(node: Node, now: datetime) -> str:
+    """Approximate spend since creation (`~$546`), so a forgotten node shows what it has cost."""
+    cost = cost_since_creation(node, now)
+    return f"~${cost:,.0f}" if cost is not None else "-"
 
 
 def node_record(node: Node, now: datetime) -> dict[str, Any]:
@@ -68,6 +75,9 @@ def node_record(node: Node, now: datetime) -> dict[str, Any]:
         "age_s": int((now - _aware(node.created_at)).total_seconds()) if node.created_at else None,
         "labels": dict(node.labels),
         "price_per_hour": round(estimate.per_hour, 4) if estimate else None,
+        "price_on_demand_per_hour": round(estimate.on_demand_per_hour, 4) if estimate else None,
+        "price_spot_per_hour": round(estimate.spot_per_hour, 4) if estimate else None,
+        "cost_since_creation": round(cost, 2) if (cost := cost_since_creation(node, now)) is not None else None,
         "price_currency": estimate.currency if estimate else None,
         "price_as_of": estimate.as_of if estimate else None,
         "hosts": [
