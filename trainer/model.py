@@ -160,10 +160,13 @@ class Dense(nnx.Module):
         self.compute_dtype = compute_dtype
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        y = jnp.dot(x.astype(self.compute_dtype), self.kernel[...].astype(self.compute_dtype))
+        # Accumulate in fp32 (as the MXU does) and cast once: on CPU a bf16-output dot is also several times
+        # slower, because XLA upcasts it to an fp32 dot.
+        y = jnp.dot(x.astype(self.compute_dtype), self.kernel[...].astype(self.compute_dtype),
+                    preferred_element_type=jnp.float32)
         if self.bias is not None:
-            y = y + self.bias[...].astype(self.compute_dtype)
-        return y
+            y = y + self.bias[...].astype(jnp.float32)
+        return y.astype(self.compute_dtype)
 
 
 class RMSNorm(nnx.Module):
@@ -209,13 +212,28 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, compute_d
         scores = jnp.einsum("bkgd,bksd->bkgs", q1, k, preferred_element_type=jnp.float32) * (d ** -0.5)
         scores = jnp.where(mask[:, :, None, :], scores, _MASK_VALUE)  # mask [B, 1, S] -> [B, 1, 1, S]
         probs = jax.nn.softmax(scores, axis=-1).astype(compute_dtype)
-        return jnp.einsum("bkgs,bksd->bkgd", probs, v.astype(compute_dtype)).reshape(b, 1, h * d)
+        out = jnp.einsum("bkgs,bksd->bkgd", probs, v.astype(compute_dtype), preferred_element_type=jnp.float32)
+        return out.astype(compute_dtype).reshape(b, 1, h * d)
     q = q.reshape(b, t, kv, h // kv, d)
     scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32) * (d ** -0.5)
     scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(compute_dtype)
     out = jnp.einsum("bkgts,bksd->btkgd", probs, v.astype(compute_dtype))
     return out.reshape(b, t, h * d)
+
+
+def _write_cache(cache: jax.Array, update: jax.Array, start: tuple) -> jax.Array:
+    """cache with `update` written at `start`, in place.
+
+    16-bit caches are written as raw bits: XLA CPU widens a bf16 dynamic-update-slice to fp32 and back, which
+    rewrites the whole cache every decode step instead of one slot. On the bits it is a plain in-place write.
+    """
+    update = update.astype(cache.dtype)
+    if cache.dtype.itemsize != 2:
+        return jax.lax.dynamic_update_slice(cache, update, start)
+    bits = jax.lax.dynamic_update_slice(jax.lax.bitcast_convert_type(cache, jnp.uint16),
+                                        jax.lax.bitcast_convert_type(update, jnp.uint16), start)
+    return jax.lax.bitcast_convert_type(bits, cache.dtype)
 
 
 class Attention(nnx.Module):
@@ -252,8 +270,7 @@ class Attention(nnx.Module):
         q, k, v = self._qkv(x, cos, sin)
         k_cache, v_cache = cache
         start = (0, 0, cache_index, 0)
-        k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), start)
-        v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), start)
+        k_cache, v_cache = _write_cache(k_cache, k, start), _write_cache(v_cache, v, start)
         out = _attend(q, k_cache.astype(self.compute_dtype), v_cache, mask, self.compute_dtype)
         return self.o_proj(out), (k_cache, v_cache)
 

@@ -50,16 +50,40 @@ def _first_argmax(x: jax.Array) -> jax.Array:
     return jnp.min(jnp.where(x == best, iota, x.shape[-1]), axis=-1)
 
 
+# Above this many candidates, the inverse CDF is taken in two levels (blocks, then within the chosen block):
+# XLA CPU's cumsum over a whole vocabulary row costs more than the rest of a decode step's sampling.
+INVERSE_CDF_BLOCK = 128
+
+
+def _pick(cdf: jax.Array, target: jax.Array) -> jax.Array:
+    """First index whose cumulative mass exceeds target [B] in cdf [B, C]; rounding that puts target at or past
+    the total stops at the first index reaching the total (which has positive probability)."""
+    index = jnp.sum((cdf <= target[:, None]).astype(jnp.int32), axis=-1)
+    return jnp.minimum(index, jnp.sum((cdf < cdf[:, -1:]).astype(jnp.int32), axis=-1))
+
+
 def _inverse_cdf(scores: jax.Array, uniform: jax.Array) -> jax.Array:
     """Index drawn from softmax(scores) [B, C] with one uniform in [0, 1) per row: the first index whose
-    cumulative probability exceeds u * total. Exact sampling up to fp32 rounding of the cumulative sum, and far
+    cumulative probability exceeds u * total. Exact sampling up to fp32 rounding of the cumulative sums, and far
     cheaper on CPU than Gumbel noise for every candidate. -inf scores have zero probability."""
+    batch, count = scores.shape
     probs = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
-    cdf = jnp.cumsum(probs, axis=-1)
-    total = cdf[:, -1:]
-    index = jnp.sum((cdf <= uniform[:, None] * total).astype(jnp.int32), axis=-1)
-    # u * total can round up to total: stop at the first index reaching the total (a positive-probability one).
-    return jnp.minimum(index, jnp.sum((cdf < total).astype(jnp.int32), axis=-1))
+    if count <= 2 * INVERSE_CDF_BLOCK:
+        cdf = jnp.cumsum(probs, axis=-1)
+        return _pick(cdf, uniform * cdf[:, -1])
+    # Two levels: pick a block by its mass, then an index inside it with the mass left over.
+    blocks = -(-count // INVERSE_CDF_BLOCK)
+    probs = jnp.pad(probs, ((0, 0), (0, blocks * INVERSE_CDF_BLOCK - count)))
+    probs = probs.reshape(batch, blocks, INVERSE_CDF_BLOCK)
+    block_mass = jnp.sum(probs, axis=-1)
+    block_cdf = jnp.cumsum(block_mass, axis=-1)
+    target = uniform * block_cdf[:, -1]
+    block = _pick(block_cdf, target)
+    mass_before = jnp.take_along_axis(block_cdf - block_mass, block[:, None], axis=-1)[:, 0]
+    inside = jnp.take_along_axis(probs, block[:, None, None], axis=1)[:, 0]
+    # Clamped at 0 so that rounding below the block's start still lands on its first positive-mass index.
+    index = _pick(jnp.cumsum(inside, axis=-1), jnp.maximum(target - mass_before, 0.0))
+    return block * INVERSE_CDF_BLOCK + index
 
 
 def _nucleus(values: jax.Array, top_p: jax.Array, lse: jax.Array | None = None) -> jax.Array:
