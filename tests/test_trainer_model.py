@@ -86,6 +86,36 @@ def test_cached_decode_matches_full_forward_token_by_token():
         np.testing.assert_allclose(np.asarray(logits), full[:, t], atol=1e-5)
 
 
+prefill = nnx.jit(lambda model, ids, positions, mask, length: model.prefill(ids, positions, mask, length),
+                  static_argnums=4)
+
+
+def test_prefill_matches_decode_into_an_empty_cache_and_then_decodes_on():
+    model = create_model(SMALL, compute_dtype=jnp.float32)
+    batch, length = 3, 6
+    ids = jnp.asarray(np.random.default_rng(2).integers(0, SMALL.vocab_size, (batch, length)))
+    mask = np.ones((batch, length), np.int32)
+    mask[0, :3], mask[2, :5] = 0, 0  # left padding, one row with a single real token
+    positions = jnp.asarray(_positions(mask))
+    logits, cache = prefill(model, ids, positions, jnp.asarray(mask), length + 3)
+    kv_mask = np.concatenate([mask, np.zeros((batch, 3), np.int32)], axis=1)
+    expected, expected_cache = decode(model, ids, positions, jnp.asarray(kv_mask),
+                                      model.init_cache(batch, length + 3, jnp.float32), 0)
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(expected), atol=1e-5)
+    for (k, v), (k_ref, v_ref) in zip(cache, expected_cache, strict=True):
+        assert k.shape == k_ref.shape == (batch, SMALL.num_key_value_heads, length + 3, SMALL.dim_per_head)
+        # Slots of real tokens and the free slots agree; padded slots are masked everywhere, so they may not.
+        real = np.concatenate([mask, np.ones((batch, 3), np.int32)], axis=1).astype(bool)
+        real = real[:, None].repeat(SMALL.num_key_value_heads, 1)
+        np.testing.assert_allclose(np.asarray(k)[real], np.asarray(k_ref)[real], atol=1e-5)
+        np.testing.assert_allclose(np.asarray(v)[real], np.asarray(v_ref)[real], atol=1e-5)
+    # The next token decodes the same from either cache.
+    kv_mask[:, length] = 1
+    step = (ids[:, :1], positions[:, -1:] + 1, jnp.asarray(kv_mask))
+    np.testing.assert_allclose(np.asarray(decode(model, *step, cache, jnp.int32(length))[0]),
+                               np.asarray(decode(model, *step, expected_cache, jnp.int32(length))[0]), atol=1e-5)
+
+
 def test_bf16_compute_tracks_fp32_and_untied_head_is_used():
     config = dataclasses.replace(SMALL, tie_word_embeddings=False)
     fp32 = create_model(config, compute_dtype=jnp.float32)

@@ -302,6 +302,16 @@ class Block(nnx.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def prefill(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
+                last_only: bool) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        """Forward of a whole prompt, also returning its keys/values (head-major). last_only: the output is
+        needed at the last position only (the final layer), so attention output and MLP run for it alone."""
+        q, k, v = self.self_attn._qkv(self.input_layernorm(x), cos, sin)
+        if last_only:
+            x, q, mask = x[:, -1:], q[:, -1:], mask[:, -1:]
+        x = x + self.self_attn.o_proj(_attend(q, k, v, mask, self.self_attn.compute_dtype))
+        return x + self.mlp(self.post_attention_layernorm(x)), (k, v)
+
     def decode(self, x, cos, sin, mask, cache, cache_index):
         h, cache = self.self_attn.decode(self.input_layernorm(x), cos, sin, mask, cache, cache_index)
         x = x + h
@@ -365,6 +375,25 @@ class Qwen2ForCausalLM(nnx.Module):
         shape = (batch, c.num_key_value_heads, length, c.dim_per_head)
         dtype = dtype or self.compute_dtype
         return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(c.num_hidden_layers)]
+
+    def prefill(self, input_ids: jax.Array, positions: jax.Array, attention_mask: jax.Array, cache_length: int,
+                cache_dtype: Any = None) -> tuple[jax.Array, KVCache]:
+        """Forward of prompts [B, T] into a fresh KV cache of `cache_length` >= T slots (the prompt in slots
+        [0, T)). Same result as `decode` at cache_index 0 on an empty cache, at less cost: attention spans the
+        prompt only, and the last layer's MLP runs for the last position only. Returns fp32 logits of the last
+        position [B, V] and the cache."""
+        t = input_ids.shape[1]
+        mask = jnp.tril(jnp.ones((t, t), bool))[None] & attention_mask.astype(bool)[:, None, :]
+        cos, sin = rotary_tables(positions, self.config.dim_per_head, self.config.rope_theta,
+                                 self.compute_dtype)
+        x = self._embed(input_ids)
+        dtype = cache_dtype or self.compute_dtype
+        free = ((0, 0), (0, 0), (0, cache_length - t), (0, 0))
+        cache = []
+        for index, layer in enumerate(self.layers):
+            x, (k, v) = layer.prefill(x, cos, sin, mask, last_only=index == len(self.layers) - 1)
+            cache.append((jnp.pad(k.astype(dtype), free), jnp.pad(v.astype(dtype), free)))
+        return self.logits(self.norm(x[:, -1])), cache
 
     def decode(self, input_ids: jax.Array, positions: jax.Array, kv_mask: jax.Array, cache: KVCache,
                cache_index: jax.Array) -> tuple[jax.Array, KVCache]:

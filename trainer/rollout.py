@@ -155,6 +155,9 @@ class Sampler:
         self.cache_dtype = cache_dtype or model.compute_dtype
         self.compile_count = 0  # incremented while tracing, i.e. once per compilation
         self._graphdef = nnx.graphdef(model)
+        # Params are cast to the compute dtype once per generate, shared by prefill and decode. Cast inside the
+        # decode jit, XLA CPU may fold the cast into the dots and run them in fp32 every step.
+        self._cast = jax.jit(self._cast_impl)
         statics = ("top_k", "use_top_p", "greedy")
         self._prefill = jax.jit(self._prefill_impl, static_argnames=statics)
         self._decode = jax.jit(self._decode_impl, static_argnames=statics,
@@ -163,10 +166,11 @@ class Sampler:
     # ---- traced functions -------------------------------------------------------------------------------
 
     def _model(self, state: nnx.State) -> Qwen2ForCausalLM:
-        # Cast params to the compute dtype once per call, outside the loop, not once per decoded token.
-        dtype = self.model.compute_dtype
-        state = jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
         return nnx.merge(self._graphdef, state)
+
+    def _cast_impl(self, state: nnx.State) -> nnx.State:
+        dtype = self.model.compute_dtype
+        return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
 
     def constrain(self, x: jax.Array, axes: tuple) -> jax.Array:
         """Layout hook for arrays inside the jitted calls (`axes`: the model's axes for it); overridable."""
@@ -180,12 +184,12 @@ class Sampler:
         self.compile_count += 1
         model = self._model(state)
         batch, prompt_len = prompt_ids.shape
-        cache_axes = model.config.sharding.kv_cache
-        cache = [(self.constrain(k, cache_axes), self.constrain(v, cache_axes))
-                 for k, v in model.init_cache(batch, prompt_len + self.max_new_tokens, self.cache_dtype)]
-        kv_mask = jnp.concatenate([prompt_mask, jnp.zeros((batch, self.max_new_tokens), jnp.int32)], axis=1)
         positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
-        logits, cache = model.decode(prompt_ids, positions, kv_mask, cache, jnp.int32(0))
+        logits, cache = model.prefill(prompt_ids, positions, prompt_mask, prompt_len + self.max_new_tokens,
+                                      self.cache_dtype)
+        cache_axes = model.config.sharding.kv_cache
+        cache = [(self.constrain(k, cache_axes), self.constrain(v, cache_axes)) for k, v in cache]
+        kv_mask = jnp.concatenate([prompt_mask, jnp.zeros((batch, self.max_new_tokens), jnp.int32)], axis=1)
         tokens, logprobs = sample_logits(logits, jax.random.fold_in(rng, 0), temperature, top_p,
                                          top_k=top_k, use_top_p=use_top_p, greedy=greedy)
         return cache, kv_mask, tokens, logprobs
@@ -281,6 +285,9 @@ class Sampler:
         prompt_ids, prompt_mask = self.place(ids), self.place(mask)
         prompt_lens = self.place(mask.sum(axis=1).astype(np.int32))
         state = nnx.state(self.model) if state is None else state
+        if any(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != self.model.compute_dtype
+               for x in jax.tree.leaves(state)):
+            state = self._cast(state)
         statics = {"top_k": int(top_k), "use_top_p": top_p < 1.0, "greedy": bool(greedy)}
         temperature_, top_p_ = jnp.float32(temperature), jnp.float32(top_p)
         cache, kv_mask, first, first_logprobs = self._prefill(
