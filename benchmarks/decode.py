@@ -1,13 +1,16 @@
 """Rollout decode speed: trainer.rollout.Sampler vs transformers' `generate`, same weights, same run.
 
-    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/decode.py [--batch 32] [--new-tokens 64] [--repeats 3]
+    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/decode.py [--batch 32] [--new-tokens 64] [--repeats 5]
+        [--dtype bfloat16|float32] [--temperature 1.0] [--top-k 0] [--top-p 1.0]
 
 A tiny-but-not-trivial Qwen2 (4 layers, hidden 256, vocab 8192) is written with make-tiny-model into a temp
-directory, loaded by both sides from that directory, and asked for `batch` chat prompts x `new-tokens` sampled
-tokens (temperature 1.0, top-k 50), fp32 on both sides. Prompts are the bare questions (about 30-50 tokens,
-bucket 64), so decode dominates as it does in GRPO. End tokens are disabled so both sides decode exactly
-batch x new-tokens tokens. Prints tokens/s for each (median of alternating repeats, after a warm-up), the ratio, and the
-Sampler's one-off compile time separately. Target: ratio >= 3 on CPU.
+directory, loaded by both sides from that directory, and asked for `batch` prompts x `new-tokens` sampled
+tokens. The defaults are what a GRPO rollout of the trainer does: the model's default compute dtype (bf16, fp32
+params) and the rollout config's default sampling (temperature 1.0, no top-k, no top-p); both sides get the
+same dtype and sampling settings. Prompts are the bare questions (about 30-50 tokens, bucket 64), so decode
+dominates as it does in GRPO. End tokens are disabled so both sides decode exactly batch x new-tokens tokens.
+Prints tokens/s for each (median of alternating repeats, after a warm-up), the ratio, and the Sampler's one-off
+compile time separately. Target: ratio >= 3 on CPU.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import numpy as np
 import torch
 from transformers import Qwen2ForCausalLM as TorchQwen2
 
+from trainer.config import RolloutConfig
 from trainer.rollout import Sampler
 from trainer.synthetic_gsm8k import generate_problems
 from trainer.tiny_model import TinySpec, make_tiny_model
@@ -32,7 +36,6 @@ from trainer.weights import load_model
 
 SPEC = TinySpec(vocab_size=8192, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
                 num_attention_heads=4, num_key_value_heads=2)
-TEMPERATURE, TOP_K = 1.0, 50
 DTYPES = {"float32": (jnp.float32, torch.float32), "bfloat16": (jnp.bfloat16, torch.bfloat16)}
 
 
@@ -46,9 +49,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
-                        help="compute dtype of both sides (weights are stored fp32 and cast)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16",
+                        help="compute dtype of both sides (weights are stored fp32 and cast); the trainer's "
+                             "default is bfloat16")
+    rollout = RolloutConfig()
+    parser.add_argument("--temperature", type=float, default=rollout.temperature)
+    parser.add_argument("--top-k", type=int, default=rollout.top_k, help="0: no top-k filtering")
+    parser.add_argument("--top-p", type=float, default=rollout.top_p)
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     jax_dtype, torch_dtype = DTYPES[args.dtype]
@@ -65,7 +73,8 @@ def main() -> None:
                           max_new_tokens=args.new_tokens)
 
         def ours(seed: int = 0):
-            batch = sampler.generate(prompts, rng=seed, temperature=TEMPERATURE, top_k=TOP_K)
+            batch = sampler.generate(prompts, rng=seed, temperature=args.temperature, top_k=args.top_k,
+                                     top_p=args.top_p)
             jax.block_until_ready(batch.completion_ids)
             return batch
 
@@ -81,7 +90,7 @@ def main() -> None:
         @torch.inference_mode()
         def theirs():
             out = reference.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=True,
-                                     temperature=TEMPERATURE, top_k=TOP_K, top_p=1.0,
+                                     temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                      max_new_tokens=args.new_tokens, pad_token_id=tokenizer.pad_token_id,
                                      eos_token_id=never)
             assert out.shape[1] - input_ids.shape[1] == args.new_tokens
@@ -100,7 +109,7 @@ def main() -> None:
     ours_tps, theirs_tps = tokens / ours_s, tokens / theirs_s
     print(f"model: {SPEC.num_hidden_layers} layers, hidden {SPEC.hidden_size}, vocab {config.vocab_size}; "
           f"batch {args.batch}, prompt bucket {first.prompt_ids.shape[1]}, {args.new_tokens} new tokens, "
-          f"sampling T={TEMPERATURE} top-k={TOP_K}, {args.dtype} on both sides, {os.cpu_count()} CPU threads, "
+          f"sampling T={args.temperature} top-k={args.top_k} top-p={args.top_p}, {args.dtype} on both sides, {os.cpu_count()} CPU threads, "
           f"jax {jax.__version__} on {jax.devices()[0].platform}, torch {torch.__version__}")
     print(f"trainer Sampler:        {ours_tps:10.1f} tokens/s  ({ours_s * 1000:.0f} ms per batch)")
     print(f"transformers generate:  {theirs_tps:10.1f} tokens/s  ({theirs_s * 1000:.0f} ms per batch)")

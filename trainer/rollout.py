@@ -63,11 +63,16 @@ def _pick(cdf: jax.Array, target: jax.Array) -> jax.Array:
 
 
 def _inverse_cdf(scores: jax.Array, uniform: jax.Array) -> jax.Array:
-    """Index drawn from softmax(scores) [B, C] with one uniform in [0, 1) per row: the first index whose
-    cumulative probability exceeds u * total. Exact sampling up to fp32 rounding of the cumulative sums, and far
-    cheaper on CPU than Gumbel noise for every candidate. -inf scores have zero probability."""
-    batch, count = scores.shape
-    probs = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+    """Index drawn from softmax(scores) [B, C] with one uniform in [0, 1) per row. -inf scores have zero
+    probability."""
+    return _draw(jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True)), uniform)
+
+
+def _draw(probs: jax.Array, uniform: jax.Array) -> jax.Array:
+    """Index drawn from unnormalised probabilities [B, C] with one uniform in [0, 1) per row: the first index
+    whose cumulative mass exceeds u * total. Exact sampling up to fp32 rounding of the cumulative sums, and far
+    cheaper on CPU than Gumbel noise for every candidate."""
+    batch, count = probs.shape
     if count <= 2 * INVERSE_CDF_BLOCK:
         cdf = jnp.cumsum(probs, axis=-1)
         return _pick(cdf, uniform * cdf[:, -1])
@@ -100,7 +105,10 @@ def sample_with_uniform(logits: jax.Array, uniform: jax.Array, temperature: jax.
                         top_k: int, use_top_p: bool, greedy: bool) -> tuple[jax.Array, jax.Array]:
     """Next tokens [B] and their log-probs [B] given one uniform [B] in [0, 1) per row (see sample_logits)."""
     scaled = logits if greedy else logits / temperature
-    lse = jax.nn.logsumexp(scaled, axis=-1)
+    # One exp over the vocabulary serves the log-probs and an untruncated draw (logits are finite).
+    top = jnp.max(scaled, axis=-1, keepdims=True)
+    probs = jnp.exp(scaled - top)
+    lse = top[:, 0] + jnp.log(jnp.sum(probs, axis=-1))
     if greedy:
         tokens = _first_argmax(logits)
     elif top_k > 0 or use_top_p:
@@ -127,7 +135,7 @@ def sample_with_uniform(logits: jax.Array, uniform: jax.Array, temperature: jax.
                 tokens = jax.lax.cond(enough, nucleus_token,
                                       lambda _: nucleus_token(jax.lax.top_k(scaled, vocab)), candidates)
     else:
-        tokens = _inverse_cdf(scaled, uniform)
+        tokens = _draw(probs, uniform)
     tokens = tokens.astype(jnp.int32)
     return tokens, jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0] - lse
 
