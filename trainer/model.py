@@ -160,13 +160,18 @@ class Dense(nnx.Module):
         self.compute_dtype = compute_dtype
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        # Accumulate in fp32 (as the MXU does) and cast once: on CPU a bf16-output dot is also several times
-        # slower, because XLA upcasts it to an fp32 dot.
+        return self.accumulate(x).astype(self.compute_dtype)
+
+    def accumulate(self, x: jax.Array) -> jax.Array:
+        """fp32 x @ kernel (+ bias) from compute-dtype operands, for elementwise work that follows in fp32.
+
+        Accumulating in fp32 is what the MXU does; on CPU a bf16-output dot is also several times slower
+        (XLA widens it to an fp32 dot), and so is elementwise math in bf16 (widened op by op)."""
         y = jnp.dot(x.astype(self.compute_dtype), self.kernel[...].astype(self.compute_dtype),
                     preferred_element_type=jnp.float32)
         if self.bias is not None:
             y = y + self.bias[...].astype(jnp.float32)
-        return y.astype(self.compute_dtype)
+        return y
 
 
 class RMSNorm(nnx.Module):
@@ -176,19 +181,18 @@ class RMSNorm(nnx.Module):
         self.compute_dtype = compute_dtype
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        # Normalise in fp32 like HF, then scale in the compute dtype.
+        # Normalise and scale in fp32, cast once (HF scales in the compute dtype; the difference is rounding).
         xf = x.astype(jnp.float32)
         xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
-        return self.scale[...].astype(self.compute_dtype) * xf.astype(self.compute_dtype)
+        return (self.scale[...].astype(jnp.float32) * xf).astype(self.compute_dtype)
 
 
-def rotary_tables(positions: jax.Array, head_dim: int, theta: float,
-                  dtype: Any) -> tuple[jax.Array, jax.Array]:
-    """cos/sin [B, T, head_dim] for integer positions [B, T], computed once per forward for all layers."""
+def rotary_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """fp32 cos/sin [B, T, head_dim] for integer positions [B, T], computed once per forward for all layers."""
     inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
     angles = positions.astype(jnp.float32)[..., None] * inv_freq
     angles = jnp.concatenate([angles, angles], axis=-1)
-    return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
+    return jnp.cos(angles), jnp.sin(angles)
 
 
 def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
@@ -252,13 +256,14 @@ class Attention(nnx.Module):
         self.compute_dtype = compute_dtype
 
     def _qkv(self, x: jax.Array, cos: jax.Array, sin: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """q [B,T,H,D]; k, v head-major [B,KV,T,D]."""
+        """q [B,T,H,D]; k, v head-major [B,KV,T,D]; all in the compute dtype (rotary applied in fp32)."""
         b, t, _ = x.shape
-        q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        q = self.q_proj.accumulate(x).reshape(b, t, self.num_heads, self.head_dim)
+        k = self.k_proj.accumulate(x).reshape(b, t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
-        k = apply_rotary(k, cos, sin)
-        return apply_rotary(q, cos, sin), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+        q = apply_rotary(q, cos, sin).astype(self.compute_dtype)
+        k = apply_rotary(k, cos, sin).astype(self.compute_dtype)
+        return q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array) -> jax.Array:
         q, k, v = self._qkv(x, cos, sin)
@@ -287,7 +292,7 @@ class MLP(nnx.Module):
         self.down_proj = Dense(c.intermediate_size, c.hidden_size, kernel_axes=s.mlp_out, **common)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(jax.nn.silu(self.gate_proj.accumulate(x)) * self.up_proj.accumulate(x))
 
 
 class Block(nnx.Module):
@@ -356,8 +361,7 @@ class Qwen2ForCausalLM(nnx.Module):
         t = input_ids.shape[1]
         valid = attention_mask.astype(bool)
         mask = jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]
-        cos, sin = rotary_tables(positions, self.config.dim_per_head, self.config.rope_theta,
-                                 self.compute_dtype)
+        cos, sin = rotary_tables(positions, self.config.dim_per_head, self.config.rope_theta)
         x = self._embed(input_ids)
         for layer in self.layers:
             if self.remat:
@@ -384,8 +388,7 @@ class Qwen2ForCausalLM(nnx.Module):
         position [B, V] and the cache."""
         t = input_ids.shape[1]
         mask = jnp.tril(jnp.ones((t, t), bool))[None] & attention_mask.astype(bool)[:, None, :]
-        cos, sin = rotary_tables(positions, self.config.dim_per_head, self.config.rope_theta,
-                                 self.compute_dtype)
+        cos, sin = rotary_tables(positions, self.config.dim_per_head, self.config.rope_theta)
         x = self._embed(input_ids)
         dtype = cache_dtype or self.compute_dtype
         free = ((0, 0), (0, 0), (0, cache_length - t), (0, 0))
@@ -405,8 +408,7 @@ class Qwen2ForCausalLM(nnx.Module):
         t, s = input_ids.shape[1], kv_mask.shape[1]
         causal = jnp.arange(s)[None, :] <= (cache_index + jnp.arange(t))[:, None]  # [T, S]
         mask = causal[None] & kv_mask.astype(bool)[:, None, :]
-        cos, sin = rotary_tables(positions, self.config.dim_per_head, self.config.rope_theta,
-                                 self.compute_dtype)
+        cos, sin = rotary_tables(positions, self.config.dim_per_head, self.config.rope_theta)
         x = self._embed(input_ids)
         new_cache = []
         for layer, layer_cache in zip(self.layers, cache, strict=True):
