@@ -1,45 +1,27 @@
-"""One command on one open SSH connection, as a plain asyncssh session: output gathered (and split into
-lines for streaming) straight from the channel callbacks, with no reader tasks in between. A fan-out
-runs one of these per worker at once, so what each costs is paid 64 times over."""
+"""One command on one open SSH connection, as a plain asyncssh session (the exec path): output gathered
+(and split into lines for streaming) straight from the channel callbacks, with no reader tasks in
+between. The fleet takes this path until a worker's command channel (command_channel.py) is ready, and
+where the worker cannot run one."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import asyncssh
 
-from tpu_console.fleet.results import WorkerLine
-
-
-@dataclass
-class CommandOutcome:
-    exit_status: int | None
-    stdout: bytes
-    stderr: bytes
-    error: str | None  # "timed out after 2s", "connection lost: ...", or None when the command finished
+from tpu_console.fleet.output import CommandOutcome, CommandOutput, OnLine
 
 
 class _CommandSession(asyncssh.SSHClientSession[bytes]):
-    def __init__(self, worker: int, on_line: Callable[[WorkerLine], None] | None) -> None:
-        self._worker = worker
-        self._on_line = on_line
-        self.stdout = bytearray()
-        self.stderr = bytearray()
-        self._partial = {"stdout": b"", "stderr": b""}
+    def __init__(self, worker: int, on_line: OnLine | None) -> None:
+        self.output = CommandOutput(worker, on_line)
         self.exit_status: int | None = None
         self.exit_signal: str | None = None
         self.closed: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
 
     def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
-        stream = "stderr" if datatype == asyncssh.EXTENDED_DATA_STDERR else "stdout"
-        (self.stderr if stream == "stderr" else self.stdout).extend(data)
-        if self._on_line is not None:
-            *lines, self._partial[stream] = (self._partial[stream] + data).split(b"\n")
-            for line in lines:
-                self._emit(stream, line)
+        self.output.add("stderr" if datatype == asyncssh.EXTENDED_DATA_STDERR else "stdout", data)
 
     def exit_status_received(self, status: int) -> None:
         self.exit_status = status
@@ -48,16 +30,9 @@ class _CommandSession(asyncssh.SSHClientSession[bytes]):
         self.exit_signal = signal
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._on_line is not None:
-            for stream, rest in self._partial.items():
-                if rest:
-                    self._emit(stream, rest)
+        self.output.end()
         if not self.closed.done():
             self.closed.set_result(exc)
-
-    def _emit(self, stream: str, line: bytes) -> None:
-        assert self._on_line is not None
-        self._on_line(WorkerLine(self._worker, stream, line.decode("utf-8", errors="replace")))
 
     def status(self) -> int | None:
         if self.exit_signal:  # OpenSSH reports death by signal N apart; use the shell's 128+N
@@ -72,7 +47,7 @@ async def open_command(
     conn: asyncssh.SSHClientConnection,
     command: str,
     worker: int,
-    on_line: Callable[[WorkerLine], None] | None,
+    on_line: OnLine | None,
 ) -> tuple[asyncssh.SSHClientChannel, _CommandSession]:
     """Open the channel and start the command (raises if the channel cannot be opened)."""
     return await conn.create_session(lambda: _CommandSession(worker, on_line), command, encoding=None)
@@ -109,5 +84,5 @@ async def finish_command(
     else:
         error = None
     return CommandOutcome(
-        None if error else session.status(), bytes(session.stdout), bytes(session.stderr), error
+        None if error else session.status(), bytes(session.output.stdout), bytes(session.output.stderr), error
     )

@@ -1,5 +1,9 @@
 """One persistent SSH connection to one worker, made on first use, reused for every command, and made
-again (with backoff) after it drops. Failures become `Unreachable` with a one-line reason."""
+again (with backoff) after it drops. Failures become `Unreachable` with a one-line reason.
+
+Each connection also carries the worker's command channel (command_channel.py) once it is started: it
+belongs to that connection, so a connection made again starts a new one, and a worker where the agent
+could not start is asked again only on its next connection."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import socket
 import asyncssh
 
 from tpu_console.errors import Unreachable
+from tpu_console.fleet.command_channel import ChannelUnavailable, CommandChannel, open_command_channel
 from tpu_console.fleet.host_keys import HostKeyCheck
 from tpu_console.fleet.target import SshTarget
 
@@ -47,11 +52,20 @@ class WorkerConnection:
         self._sftp: asyncssh.SFTPClient | None = None
         self._sftp_conn: asyncssh.SSHClientConnection | None = None
         self._lock = asyncio.Lock()
+        self._channel: CommandChannel | None = None
+        self._channel_conn: asyncssh.SSHClientConnection | None = None  # the connection it runs on
+        self._channel_start: asyncio.Task[CommandChannel | None] | None = None
         self.connects = 0  # how many connections were made over this object's life (reconnects show here)
+        self.channels_started = 0  # how many command channels became ready (restarts show here)
+        self.channel_problem: str | None = None  # why the agent could not start on this connection
 
     @property
     def address(self) -> str:
         return f"{self.target.host}:{self.target.port}"
+
+    @property
+    def is_connected(self) -> bool:
+        return self._conn is not None and not self._conn.is_closed()
 
     async def get(self) -> asyncssh.SSHClientConnection:
         """The open connection, connecting (again) if there is none or it was dropped."""
@@ -73,6 +87,37 @@ class WorkerConnection:
             self._sftp_conn = conn
         return self._sftp
 
+    def command_channel(self) -> CommandChannel | None:
+        """The command channel, when it is ready on the current connection; None means: use exec."""
+        channel, conn = self._channel, self._conn
+        if channel is None or not channel.is_open or conn is None or conn.is_closed():
+            return None
+        return channel if self._channel_conn is conn else None
+
+    def start_command_channel(self) -> asyncio.Task[CommandChannel | None] | None:
+        """Start the command channel in the background on the current connection, unless it is ready,
+        on its way, or the agent could not start on this connection. Returns the task on its way."""
+        conn = self._conn
+        if conn is None or conn.is_closed() or self.channel_problem or self.command_channel():
+            return None
+        if self._channel_start is None or self._channel_start.done():
+            self._channel_start = asyncio.get_running_loop().create_task(self._start_channel(conn))
+        return self._channel_start
+
+    async def _start_channel(self, conn: asyncssh.SSHClientConnection) -> CommandChannel | None:
+        try:
+            channel = await open_command_channel(conn, self.target.worker)
+        except ChannelUnavailable as exc:
+            if conn is self._conn:
+                self.channel_problem = str(exc)
+            return None
+        if conn is not self._conn or conn.is_closed():  # dropped while the agent started
+            channel.close()
+            return None
+        self._channel, self._channel_conn = channel, conn
+        self.channels_started += 1
+        return channel
+
     def drop(self) -> None:
         """Forget a connection that failed under us, so the next use makes a new one."""
         if self._conn is not None:
@@ -82,6 +127,11 @@ class WorkerConnection:
     async def close(self) -> None:
         conn = self._conn
         self._forget()
+        start, self._channel_start = self._channel_start, None
+        if start is not None and not start.done():
+            start.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await start
         if conn is not None:
             conn.close()
             with contextlib.suppress(Exception):
@@ -91,6 +141,9 @@ class WorkerConnection:
         self._conn = None
         self._sftp = None
         self._sftp_conn = None
+        self._channel = None  # it ran on the connection forgotten here, and goes with it
+        self._channel_conn = None
+        self.channel_problem = None  # a new connection may try the agent again
 
     async def _connect_with_backoff(self) -> asyncssh.SSHClientConnection:
         delay = FIRST_RETRY_DELAY_S

@@ -3,6 +3,12 @@
 Every call returns one result per worker, ordered by worker: a worker that cannot be reached, times out
 or drops its connection gets a result with `error` set; it never raises for the whole fleet.
 
+Commands take one of two paths to a worker. Once the worker's command channel is ready (one long-lived
+session running a small agent, see command_channel.py), a command is one request on it; until then, and
+where the agent cannot run, each command is an SSH session of its own (the exec path, command.py). The
+first command on a connection takes the exec path and starts the channel in the background for the next
+ones, so a one-off command pays nothing for it. Both paths give the same results.
+
 Concurrency is bounded twice: per SSH server (host, port), because OpenSSH refuses connections beyond
 MaxStartups and channels beyond MaxSessions (10 each by default), and overall, so a large pod does not
 open hundreds of channels at once.
@@ -47,7 +53,9 @@ class Fleet:
         per_host_limit: int = 8,
         overall_limit: int = 64,
         connect_timeout: float = 10.0,
+        command_channels: bool = True,
     ) -> None:
+        """`command_channels=False` keeps every command on the exec path (one SSH session each)."""
         self.targets = {t.worker: t for t in sorted(targets, key=lambda t: t.worker)}
         self._per_host_limit = per_host_limit
         self._overall = asyncio.Semaphore(overall_limit)
@@ -55,6 +63,7 @@ class Fleet:
         self._connect_timeout = connect_timeout
         self._keys: dict[Path, asyncssh.SSHKey] = {}
         self._connections: dict[int, WorkerConnection] = {}
+        self._use_channels = command_channels
 
     async def __aenter__(self) -> Self:
         return self
@@ -94,6 +103,25 @@ class Fleet:
         return list(
             await asyncio.gather(*(self._run_one(w, full_command, timeout, data, on_line) for w in selected))
         )
+
+    async def start_command_channels(self, workers: Sequence[int] | None = None) -> dict[int, str]:
+        """Connect and start the command channel on each selected worker now, rather than after its first
+        command. Returns the workers where it did not start, with why; those keep the exec path."""
+        selected = self._select(workers)
+
+        async def start(worker: int) -> str | None:
+            conn = self.connection(worker)
+            try:
+                await conn.get()
+            except Unreachable as exc:
+                return f"unreachable: {exc}"
+            starting = conn.start_command_channel()
+            if starting is not None:
+                await asyncio.shield(starting)
+            return None if conn.command_channel() else conn.channel_problem or "the command channel closed"
+
+        problems = await asyncio.gather(*(start(w) for w in selected))
+        return {w: problem for w, problem in zip(selected, problems, strict=True) if problem}
 
     async def put(
         self,
@@ -137,13 +165,22 @@ class Fleet:
         start = time.perf_counter()
         conn = self.connection(worker)
         async with self._host_slot(conn.target), self._overall:
-            try:
-                channel, session = await self._open(conn, command, worker, on_line)
-            except Unreachable as exc:
-                return WorkerResult(worker, None, "", "", time.perf_counter() - start, f"unreachable: {exc}")
-            outcome = await finish_command(channel, session, stdin, timeout)
+            channel = conn.command_channel() if self._use_channels else None
+            if channel is not None:
+                outcome = await channel.run(command, stdin, timeout, on_line)
+            else:
+                try:
+                    chan, session = await self._open(conn, command, worker, on_line)
+                except Unreachable as exc:
+                    return WorkerResult(
+                        worker, None, "", "", time.perf_counter() - start, f"unreachable: {exc}"
+                    )
+                outcome = await finish_command(chan, session, stdin, timeout)
+                if self._use_channels:
+                    conn.start_command_channel()  # for the next commands on this connection
         if outcome.error and outcome.error.startswith("connection lost"):
-            conn.drop()
+            if channel is None or not conn.is_connected:  # a lost agent alone leaves the connection be
+                conn.drop()
             outcome.error = f"{outcome.error} ({conn.address})"
         return WorkerResult(
             worker,

@@ -100,6 +100,7 @@ class WorkerServer:
 
     async def close(self) -> None:
         """Stop listening and drop every connection, as a worker going down would."""
+        attached = list(self._running)  # before their handlers end with the connections
         if self._acceptor is not None:
             self._acceptor.close()
             for conn in list(self._connections):
@@ -107,9 +108,15 @@ class WorkerServer:
             await self._acceptor.wait_closed()
             self._acceptor = None
         await self.spares.close()
-        # Commands still attached to a channel die with the server, as they would with sshd.
-        for child in list(self._running):
-            _signal_group(child.pid, signal.SIGKILL)
+        # Commands still attached to a channel die with the server, as they would with sshd: TERM
+        # first, so that a command agent (fleet/worker_agent.py) stops the commands it runs, then KILL.
+        for child in attached:
+            _signal_group(child.pid, signal.SIGTERM)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(child.wait() for child in attached)), _STOP_GRACE_S)
+        for child in attached:
+            if not child.exited.done():
+                _signal_group(child.pid, signal.SIGKILL)
 
     async def _handle(self, process: asyncssh.SSHServerProcess) -> None:
         child = self.spares.run(process.command) if process.command is not None else None
@@ -142,23 +149,25 @@ class WorkerServer:
             )
         )
         closed = asyncio.ensure_future(process.channel.wait_closed())
-        await asyncio.wait({finished, closed}, return_when=asyncio.FIRST_COMPLETED)
-        feeder.cancel()
-        if finished.done() and finished.exception() is None:
-            closed.cancel()
-            status = finished.result()[2]
-            # bash reports death by signal N as 128+N; keep that convention for the client.
-            process.exit(status if status >= 0 else 128 - status)
-            return
-        # The client went away (timeout, dropped connection): stop what the command started.
-        _signal_group(child.pid, signal.SIGTERM)
         try:
-            await asyncio.wait_for(child.wait(), _STOP_GRACE_S)
-        except TimeoutError:
-            _signal_group(child.pid, signal.SIGKILL)
-        finished.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await finished
+            await asyncio.wait({finished, closed}, return_when=asyncio.FIRST_COMPLETED)
+            feeder.cancel()
+            if finished.done() and finished.exception() is None:
+                status = finished.result()[2]
+                # bash reports death by signal N as 128+N; keep that convention for the client.
+                process.exit(status if status >= 0 else 128 - status)
+                return
+            # The client went away (timeout, dropped connection): stop what the command started.
+            _signal_group(child.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(child.wait(), _STOP_GRACE_S)
+            except TimeoutError:
+                _signal_group(child.pid, signal.SIGKILL)
+        finally:  # also when the server is shut down under us
+            feeder.cancel()
+            closed.cancel()
+            finished.cancel()
+            finished.add_done_callback(lambda f: f.cancelled() or f.exception())  # nothing left unread
 
 
 class _ConnectionTracker(asyncssh.SSHServer):

@@ -1,0 +1,502 @@
+"""The worker side of the fleet's command channel: a small agent that runs commands sent over one
+long-lived SSH session, so a warm command costs one write and a few reads instead of a whole SSH
+session (open, exec, exit status, close).
+
+The fleet ships this file: it starts `python3 -I -S -c 'import sys;exec(sys.stdin.buffer.read(N))'`
+on the worker and writes this source (N bytes) to the session's stdin, so nothing but that short
+loader ever shows on a command line. It needs Python 3.8+ and its standard library only, and must run
+under any python3 a worker has (the system one on a Cloud TPU VM, the console's on a local pod): no
+third-party imports, no syntax newer than 3.8.
+
+Protocol, after the agent writes MAGIC to say it is ready: frames both ways, each a HEADER (kind,
+request id, body length) and a body.
+  fleet -> agent   RUN   body = u32 length of the command, the command (utf-8), then its stdin
+                   KILL  stop the command: SIGTERM to its process group, SIGKILL after STOP_GRACE_S
+  agent -> fleet   STDOUT / STDERR  a chunk of the command's output, as it comes
+                   EXIT  body = i32 exit status (128+N for death by signal N, as in bash); always the
+                         last frame of a command, sent once it has exited and closed its stdout/stderr
+
+Each command runs in a fresh bash in a session of its own (so it can be stopped by killing its process
+group) with the agent's environment and working directory, the worker's home. Like the local worker
+server (tpu_console/providers/local/spare_shell.py), the agent keeps one bash started ahead of time,
+blocked reading a command from a pipe, its pipes already watched, so a command waits for no process to
+be created; the next one is started REFILL_DELAY_S after a command ends, off the command's path.
+
+When the session ends (stdin closes: the console closed it or the connection dropped) or the agent is
+told to stop (SIGTERM, SIGHUP), every running command's process group is stopped as above and the agent
+exits. Jobs a command detached with `setsid` are in sessions of their own and are not touched.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import struct
+import sys
+import time
+
+PROTOCOL_VERSION = 1
+MAGIC = b"\0tpu-console-agent %d\n" % PROTOCOL_VERSION
+HEADER = struct.Struct(">cII")  # kind, request id, body length
+LENGTH = struct.Struct(">I")
+STATUS = struct.Struct(">i")
+RUN, KILL = b"r", b"k"
+STDOUT, STDERR, EXIT = b"o", b"e", b"x"
+
+# A command goes to the spare bash through a pipe that takes it in one write; longer ones start their
+# own `bash -c` (as do commands that find no spare ready, e.g. two at once).
+SPARE_MAX_COMMAND_BYTES = 32768
+# The next spare starts this long after a command ends, or after a long command has run LONG_COMMAND_S:
+# started at once, the new shells of a 64-worker fan-out would compete for the CPU with its end.
+REFILL_DELAY_S = 0.1
+LONG_COMMAND_S = 1.0
+STOP_GRACE_S = 2.0
+# On shutdown, a little less: whoever stops the agent itself (the local worker server) waits 2 s.
+SHUTDOWN_GRACE_S = 1.5
+CHUNK = 65536
+
+# Run by the spare bash: read one NUL-terminated command from fd 3, close it so the command's processes
+# do not inherit it, forget the variable, and run the text in this same bash. EOF without a command
+# (the agent discarding its spare) exits quietly.
+SPARE_LOADER = (
+    'IFS= read -r -d "" -u 3 __tpu_command || exit 0; exec 3<&-; eval "unset __tpu_command; $__tpu_command"'
+)
+
+
+def encode_frame(kind: bytes, request_id: int, body: bytes = b"") -> bytes:
+    return HEADER.pack(kind, request_id, len(body)) + body
+
+
+def encode_run(request_id: int, command: bytes, stdin: bytes = b"") -> bytes:
+    return encode_frame(RUN, request_id, LENGTH.pack(len(command)) + command + stdin)
+
+
+def split_frames(buffer: bytearray) -> list:
+    """Take the complete frames (kind, request id, body) off the front of `buffer`, in place; a partial
+    frame stays for the next call."""
+    frames = []
+    offset = 0
+    while len(buffer) - offset >= HEADER.size:
+        kind, request_id, length = HEADER.unpack_from(buffer, offset)
+        end = offset + HEADER.size + length
+        if end > len(buffer):
+            break
+        frames.append((kind, request_id, bytes(buffer[offset + HEADER.size : end])))
+        offset = end
+    del buffer[:offset]
+    return frames
+
+
+def exit_status(wait_status: int) -> int:
+    if os.WIFSIGNALED(wait_status):
+        return 128 + os.WTERMSIG(wait_status)
+    return os.WEXITSTATUS(wait_status)
+
+
+class Child:
+    """A bash the agent started, and the one command it runs (None while it is the spare)."""
+
+    def __init__(self, pid: int, pidfd: int, stdin_fd: int, stdout_fd: int, stderr_fd: int, command_fd: int):
+        self.pid = pid  # also its process group: it leads a session of its own
+        self.pidfd = pidfd  # readable once it exits; -1 where pidfds are missing (SIGCHLD instead)
+        self.stdin_fd = stdin_fd
+        self.stdout_fd = stdout_fd
+        self.stderr_fd = stderr_fd
+        self.command_fd = command_fd  # where a spare is handed its command; -1 once handed or for bash -c
+        self.request_id = None
+        self.early = []  # (kind, data) written while a spare (a startup warning): the command's output
+        self.open_streams = 2
+        self.wait_status = None
+        self.pending_stdin = b""
+        self.started = 0.0
+        self.kill_at = None  # when a stopped command gets SIGKILL
+
+
+class Poller:
+    """epoll where there is one (Linux), else poll: readiness of a few descriptors, and nothing more."""
+
+    def __init__(self):
+        self._epoll = select.epoll() if hasattr(select, "epoll") else None
+        self._poll = None if self._epoll else select.poll()
+        self._read = select.EPOLLIN if self._epoll else select.POLLIN
+        self._write = select.EPOLLOUT if self._epoll else select.POLLOUT
+
+    def register(self, fd: int, write: bool = False) -> None:
+        (self._epoll or self._poll).register(fd, self._write if write else self._read)
+
+    def unregister(self, fd: int) -> None:
+        (self._epoll or self._poll).unregister(fd)
+
+    def poll(self, timeout):
+        """The ready descriptors; timeout in seconds, None to wait for ever."""
+        if self._epoll is not None:
+            return [fd for fd, _ in self._epoll.poll(-1 if timeout is None else timeout)]
+        return [fd for fd, _ in self._poll.poll(None if timeout is None else timeout * 1000)]
+
+
+def _close(fd: int) -> None:
+    if fd >= 0:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Agent:
+    def __init__(self, bash: str):
+        self.bash = bash
+        self.poller = Poller()
+        self.handlers = {}  # fd -> (method, child)
+        self.running = {}  # request id -> Child
+        self.spare = None  # a Child waiting for a command, or None
+        self.refill_at = None  # when to start the next spare
+        self.inbox = bytearray()  # request bytes not yet a whole frame
+        self.outbox = bytearray()  # frames to write at the end of this round
+        self.stopping = False
+        self.use_pidfd = hasattr(os, "pidfd_open")
+        self.sigchld_fd = -1
+        signal.signal(signal.SIGTERM, lambda signum, frame: self.shutdown())
+        signal.signal(signal.SIGHUP, lambda signum, frame: self.shutdown())
+        self.poller.register(0)
+        self.handlers[0] = (self._on_requests, None)
+
+    # -- the loop ------------------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        self._start_spare()
+        os.write(1, MAGIC)
+        while True:
+            for fd in self.poller.poll(self._next_timeout()):
+                entry = self.handlers.get(fd)
+                if entry is not None:  # a descriptor closed earlier in this round
+                    entry[0](entry[1])
+            self._run_timers()
+            if self.outbox:
+                self._flush()
+
+    def _next_timeout(self):
+        deadline = self.refill_at
+        for child in self.running.values():
+            if child.kill_at is not None and (deadline is None or child.kill_at < deadline):
+                deadline = child.kill_at
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    def _run_timers(self) -> None:
+        now = time.monotonic()
+        for child in self.running.values():
+            if child.kill_at is not None and now >= child.kill_at:
+                child.kill_at = None
+                _signal_group(child.pid, signal.SIGKILL)
+        if self.refill_at is not None and now >= self.refill_at:
+            self.refill_at = None
+            self._start_spare()
+
+    def _flush(self) -> None:
+        data = bytes(self.outbox)
+        self.outbox.clear()
+        try:
+            while data:
+                data = data[os.write(1, data) :]
+        except OSError:  # the session is gone
+            self.shutdown()
+
+    # -- requests ------------------------------------------------------------------------------------
+
+    def _on_requests(self, _child) -> None:
+        data = os.read(0, CHUNK)
+        if not data:
+            self.shutdown()
+        self.inbox += data
+        for kind, request_id, body in split_frames(self.inbox):
+            if kind == RUN:
+                (length,) = LENGTH.unpack_from(body)
+                end = LENGTH.size + length
+                self._run(request_id, body[LENGTH.size : end], body[end:])
+            elif kind == KILL and request_id in self.running:
+                child = self.running[request_id]
+                _signal_group(child.pid, signal.SIGTERM)
+                child.kill_at = time.monotonic() + STOP_GRACE_S
+
+    def _run(self, request_id: int, text: bytes, stdin: bytes) -> None:
+        child = self._take_spare(text)
+        if child is None:
+            try:
+                child = self._spawn([b"bash", b"-c", text])
+            except (OSError, ValueError) as exc:
+                message = f"cannot start bash: {exc}\n"
+                self.outbox += encode_frame(STDERR, request_id, message.encode())
+                self.outbox += encode_frame(EXIT, request_id, STATUS.pack(127))
+                return
+        child.request_id = request_id
+        child.started = time.monotonic()
+        self.running[request_id] = child
+        for kind, data in child.early:
+            self.outbox += encode_frame(kind, request_id, data)
+        child.early = []
+        if stdin:
+            child.pending_stdin = stdin
+            self._watch(child.stdin_fd, self._on_stdin, child, write=True)
+        else:
+            _close(child.stdin_fd)
+            child.stdin_fd = -1
+        self._refill_by(child.started + LONG_COMMAND_S)  # sooner, at its end, if it is short
+
+    # -- a child's output, input and exit ------------------------------------------------------------
+
+    def _on_stdout(self, child: Child) -> None:
+        self._read_output(child, child.stdout_fd, STDOUT)
+
+    def _on_stderr(self, child: Child) -> None:
+        self._read_output(child, child.stderr_fd, STDERR)
+
+    def _read_output(self, child: Child, fd: int, kind: bytes) -> None:
+        try:
+            data = os.read(fd, CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            if child.request_id is None:
+                child.early.append((kind, data))
+            else:
+                self.outbox += encode_frame(kind, child.request_id, data)
+            return
+        self._forget(fd)
+        if kind == STDOUT:
+            child.stdout_fd = -1
+        else:
+            child.stderr_fd = -1
+        child.open_streams -= 1
+        self._finish_if_done(child)
+
+    def _on_stdin(self, child: Child) -> None:
+        try:
+            written = os.write(child.stdin_fd, child.pending_stdin[:CHUNK])
+            child.pending_stdin = child.pending_stdin[written:]
+        except BlockingIOError:
+            return
+        except OSError:  # the command closed its stdin; like sshd, drop the rest
+            child.pending_stdin = b""
+        if not child.pending_stdin:
+            self._forget(child.stdin_fd)
+            child.stdin_fd = -1
+
+    def _on_exit(self, child: Child) -> None:
+        try:
+            pid, status = os.waitpid(child.pid, os.WNOHANG)
+        except ChildProcessError:
+            pid, status = child.pid, 255 << 8
+        if pid == 0:
+            return
+        self._forget(child.pidfd)
+        child.pidfd = -1
+        self._exited(child, status)
+
+    def _on_sigchld(self, _child) -> None:
+        """Where there are no pidfds: some child exited; find which."""
+        try:
+            while os.read(self.sigchld_fd, 512):
+                pass
+        except OSError:
+            pass
+        children = list(self.running.values())
+        if self.spare is not None:
+            children.append(self.spare)
+        for child in children:
+            if child.wait_status is None:
+                self._on_exit(child)
+
+    def _exited(self, child: Child, status: int) -> None:
+        child.wait_status = status
+        if child is self.spare:
+            self._discard_spare()
+            self._refill_by(time.monotonic() + REFILL_DELAY_S)
+        else:
+            self._finish_if_done(child)
+
+    def _finish_if_done(self, child: Child) -> None:
+        if child.open_streams or child.wait_status is None or child.request_id not in self.running:
+            return
+        if child.stdin_fd >= 0:
+            self._forget(child.stdin_fd)
+            child.stdin_fd = -1
+        del self.running[child.request_id]
+        self.outbox += encode_frame(EXIT, child.request_id, STATUS.pack(exit_status(child.wait_status)))
+        self._refill_by(time.monotonic() + REFILL_DELAY_S)
+
+    # -- processes -----------------------------------------------------------------------------------
+
+    def _spawn(self, argv, command_pipe: int = -1) -> Child:
+        """Start bash in a session of its own, its pipes and its exit watched from now on."""
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+        stderr_r, stderr_w = os.pipe()
+        actions = [
+            (os.POSIX_SPAWN_DUP2, stdin_r, 0),
+            (os.POSIX_SPAWN_DUP2, stdout_w, 1),
+            (os.POSIX_SPAWN_DUP2, stderr_w, 2),
+        ]
+        if command_pipe >= 0:
+            actions.append((os.POSIX_SPAWN_DUP2, command_pipe, 3))
+        try:
+            pid = os.posix_spawn(
+                self.bash,
+                argv,
+                os.environ,
+                file_actions=actions,
+                setsid=True,  # a session of its own: stopping the command stops its whole group
+                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),  # Python ignores these; bash should not
+            )
+        except BaseException:
+            for fd in (stdin_w, stdout_r, stderr_r):
+                _close(fd)
+            raise
+        finally:
+            for fd in (stdin_r, stdout_w, stderr_w):
+                _close(fd)
+        for fd in (stdin_w, stdout_r, stderr_r):
+            os.set_blocking(fd, False)
+        child = Child(pid, self._pidfd(pid), stdin_w, stdout_r, stderr_r, -1)
+        self._watch(stdout_r, self._on_stdout, child)
+        self._watch(stderr_r, self._on_stderr, child)
+        if child.pidfd >= 0:
+            self._watch(child.pidfd, self._on_exit, child)
+        return child
+
+    def _pidfd(self, pid: int) -> int:
+        if self.use_pidfd:
+            try:
+                return os.pidfd_open(pid)
+            except OSError:  # a kernel before 5.3
+                self.use_pidfd = False
+        if self.sigchld_fd < 0:
+            wake_r, wake_w = os.pipe()
+            os.set_blocking(wake_r, False)
+            os.set_blocking(wake_w, False)
+            self.sigchld_fd = wake_r
+            signal.set_wakeup_fd(wake_w)  # a child's exit interrupts the poll through this pipe
+            signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+            self._watch(wake_r, self._on_sigchld, None)
+        return -1
+
+    def _start_spare(self) -> None:
+        if self.spare is not None or self.stopping:
+            return
+        command_r, command_w = os.pipe()
+        try:
+            self.spare = self._spawn([b"bash", b"-c", SPARE_LOADER.encode()], command_pipe=command_r)
+        except (OSError, ValueError):
+            _close(command_w)  # no spare this time: commands start their own bash
+            return
+        finally:
+            _close(command_r)
+        self.spare.command_fd = command_w
+
+    def _take_spare(self, text: bytes):
+        """Hand `text` to the spare and return it as the command's process, or None if there is no
+        usable spare (the caller then starts a bash itself)."""
+        spare, self.spare = self.spare, None
+        if spare is None:
+            return None
+        data = text + b"\0"
+        if spare.wait_status is not None or len(data) > SPARE_MAX_COMMAND_BYTES or b"\0" in text:
+            self._discard(spare)
+            return None
+        try:
+            written = os.write(spare.command_fd, data)
+        except OSError:
+            written = -1
+        _close(spare.command_fd)
+        spare.command_fd = -1
+        if written != len(data):  # the spare died under us; it never saw a whole command
+            self._discard(spare)
+            return None
+        return spare
+
+    def _discard_spare(self) -> None:
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            self._discard(spare)
+
+    def _discard(self, child: Child) -> None:
+        _close(child.command_fd)
+        for fd in (child.stdin_fd, child.stdout_fd, child.stderr_fd, child.pidfd):
+            if fd >= 0:
+                self._forget(fd)
+        if child.wait_status is None:
+            _signal_group(child.pid, signal.SIGKILL)
+            try:
+                os.waitpid(child.pid, 0)
+            except ChildProcessError:
+                pass
+
+    def _refill_by(self, when: float) -> None:
+        if self.spare is None and (self.refill_at is None or when < self.refill_at):
+            self.refill_at = when
+
+    def _watch(self, fd: int, method, child, write: bool = False) -> None:
+        self.poller.register(fd, write)
+        self.handlers[fd] = (method, child)
+
+    def _forget(self, fd: int) -> None:
+        if self.handlers.pop(fd, None) is not None:
+            self.poller.unregister(fd)
+        _close(fd)
+
+    # -- the end -------------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop every running command's process group (TERM, then KILL after the grace) and exit."""
+        if self.stopping:
+            return
+        self.stopping = True
+        self._discard_spare()
+        running = [c for c in self.running.values() if c.wait_status is None]
+        for child in running:
+            _signal_group(child.pid, signal.SIGTERM)
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S
+        while running and time.monotonic() < deadline:
+            time.sleep(0.02)
+            running = [c for c in running if _still_running(c.pid)]
+        for child in running:
+            _signal_group(child.pid, signal.SIGKILL)
+        os._exit(0)
+
+
+def _still_running(pid: int) -> bool:
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] == 0
+    except ChildProcessError:
+        return False
+
+
+def _find_bash():
+    for folder in os.environ.get("PATH", "").split(os.pathsep) + ["/bin", "/usr/bin"]:
+        path = os.path.join(folder or ".", "bash")
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def main() -> None:
+    if sys.version_info < (3, 8) or not hasattr(os, "posix_spawn"):
+        sys.stderr.write("tpu-console agent: needs python 3.8+ with os.posix_spawn\n")
+        sys.exit(3)
+    bash = _find_bash()
+    if bash is None:
+        sys.stderr.write("tpu-console agent: no bash on PATH\n")
+        sys.exit(3)
+    Agent(bash).serve()
+
+
+if __name__ == "__main__":
+    main()
