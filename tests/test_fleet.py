@@ -1,11 +1,14 @@
 """The fleet layer against a 4-worker local pod: per-worker results, streaming, timeouts, file transfer,
-reconnects, unreachable workers and host-key pinning."""
+reconnects, unreachable workers and host-key pinning. The tests that take `local_fleet` run twice: on
+the exec path (an SSH session per command) and on the command channel (worker_agent.py), which must
+give the same results."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 import time
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,6 +27,16 @@ def _closed_port() -> int:
         return sock.getsockname()[1]  # nothing listens here once the socket is closed
 
 
+@pytest.fixture(params=["exec", "channel"])
+async def local_fleet(request: pytest.FixtureRequest, local_pod: LocalPod) -> AsyncIterator[Fleet]:
+    """A fleet on the local pod whose commands all take one path: `exec` or the command `channel`."""
+    async with Fleet(local_pod.targets, command_channels=request.param == "channel") as fleet:
+        if request.param == "channel":
+            assert await fleet.start_command_channels() == {}
+            assert all(fleet.connection(w).command_channel() for w in range(4))
+        yield fleet
+        if request.param == "channel":  # nothing took the exec path, except on a connection made again
+            assert all(c.exec_commands == 0 for c in map(fleet.connection, range(4)) if c.connects == 1)
 
 
 async def test_each_worker_sees_its_own_index_home_and_devices(local_pod: LocalPod, local_fleet: Fleet):
@@ -103,9 +116,12 @@ async def test_timeout_gives_a_per_worker_error_and_stops_the_command(
     assert not any(pid_alive(pid) for pid in pids)
 
 
-async def test_concurrency_is_bounded_overall(local_pod: LocalPod):
-    async with Fleet(local_pod.targets, overall_limit=2) as fleet:
+@pytest.mark.parametrize("channels", [False, True])
+async def test_concurrency_is_bounded_overall(local_pod: LocalPod, channels: bool):
+    async with Fleet(local_pod.targets, overall_limit=2, command_channels=channels) as fleet:
         await fleet.run("true")  # connect first, so only the command phase is timed
+        if channels:
+            assert await fleet.start_command_channels() == {}
         started = time.monotonic()
         results = await fleet.run("sleep 0.3")
         elapsed = time.monotonic() - started

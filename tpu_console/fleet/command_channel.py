@@ -35,9 +35,10 @@ class ChannelUnavailable(Exception):
     """The agent could not be started on this worker (one line: why)."""
 
 
-def loader_command(python: str = AGENT_PYTHON) -> str:
+def loader_command(python: str | None = None) -> str:
     """The command line that starts the agent: it reads the agent's source (and nothing more) from stdin.
     -I -S: no user site, no site-packages, no PYTHON* variables: the standard library only, fast to start."""
+    python = python or AGENT_PYTHON
     return f"exec {python} -I -S -c 'import sys;exec(sys.stdin.buffer.read({len(AGENT_SOURCE)}))'"
 
 

@@ -14,6 +14,7 @@ import socket
 import asyncssh
 
 from tpu_console.errors import Unreachable
+from tpu_console.fleet import asyncssh_tuning
 from tpu_console.fleet.command_channel import ChannelUnavailable, CommandChannel, open_command_channel
 from tpu_console.fleet.host_keys import HostKeyCheck
 from tpu_console.fleet.target import SshTarget
@@ -58,6 +59,7 @@ class WorkerConnection:
         self.connects = 0  # how many connections were made over this object's life (reconnects show here)
         self.channels_started = 0  # how many command channels became ready (restarts show here)
         self.channel_problem: str | None = None  # why the agent could not start on this connection
+        self.exec_commands = 0  # commands sent on the exec path over the current connection
 
     @property
     def address(self) -> str:
@@ -144,6 +146,7 @@ class WorkerConnection:
         self._channel = None  # it ran on the connection forgotten here, and goes with it
         self._channel_conn = None
         self.channel_problem = None  # a new connection may try the agent again
+        self.exec_commands = 0
 
     async def _connect_with_backoff(self) -> asyncssh.SSHClientConnection:
         delay = FIRST_RETRY_DELAY_S
@@ -158,6 +161,7 @@ class WorkerConnection:
         raise AssertionError("unreachable")  # the loop returns or raises
 
     async def _connect_once(self) -> asyncssh.SSHClientConnection:
+        asyncssh_tuning.apply()
         check = HostKeyCheck(self.target)
         where = f"({self.target.username}@{self.address})"
         try:

@@ -6,8 +6,9 @@ or drops its connection gets a result with `error` set; it never raises for the 
 Commands take one of two paths to a worker. Once the worker's command channel is ready (one long-lived
 session running a small agent, see command_channel.py), a command is one request on it; until then, and
 where the agent cannot run, each command is an SSH session of its own (the exec path, command.py). The
-first command on a connection takes the exec path and starts the channel in the background for the next
-ones, so a one-off command pays nothing for it. Both paths give the same results.
+first commands on a connection take the exec path, the second one starts the channel in the background
+for the next ones (CHANNEL_AFTER_COMMANDS), so a one-off command pays nothing for it. Both paths give
+the same results.
 
 Concurrency is bounded twice: per SSH server (host, port), because OpenSSH refuses connections beyond
 MaxStartups and channels beyond MaxSessions (10 each by default), and overall, so a large pod does not
@@ -41,6 +42,11 @@ _NOT_STARTED = (asyncssh.ChannelOpenError, asyncssh.ConnectionLost, asyncssh.Dis
 
 
 __all__ = ["Fleet", "WorkerLine", "WorkerResult"]
+
+# A connection's command channel is started in the background after its second exec-path command:
+# a connection used twice is likely used again, and a one-off command (`tpu-console exec`) never pays
+# for an agent it would not use.
+CHANNEL_AFTER_COMMANDS = 2
 
 OnLine = Callable[[WorkerLine], None]
 
@@ -176,7 +182,8 @@ class Fleet:
                         worker, None, "", "", time.perf_counter() - start, f"unreachable: {exc}"
                     )
                 outcome = await finish_command(chan, session, stdin, timeout)
-                if self._use_channels:
+                conn.exec_commands += 1
+                if self._use_channels and conn.exec_commands >= CHANNEL_AFTER_COMMANDS:
                     conn.start_command_channel()  # for the next commands on this connection
         if outcome.error and outcome.error.startswith("connection lost"):
             if channel is None or not conn.is_connected:  # a lost agent alone leaves the connection be

@@ -129,10 +129,10 @@ class Poller:
         (self._epoll or self._poll).unregister(fd)
 
     def poll(self, timeout):
-        """The ready descriptors; timeout in seconds, None to wait for ever."""
+        """(fd, events) pairs of the ready descriptors; timeout in seconds, None to wait for ever."""
         if self._epoll is not None:
-            return [fd for fd, _ in self._epoll.poll(-1 if timeout is None else timeout)]
-        return [fd for fd, _ in self._poll.poll(None if timeout is None else timeout * 1000)]
+            return self._epoll.poll(-1 if timeout is None else timeout)
+        return self._poll.poll(None if timeout is None else timeout * 1000)
 
 
 def _close(fd: int) -> None:
@@ -173,31 +173,34 @@ class Agent:
     def serve(self) -> None:
         self._start_spare()
         os.write(1, MAGIC)
+        handlers = self.handlers
+        timeout = None
         while True:
-            for fd in self.poller.poll(self._next_timeout()):
-                entry = self.handlers.get(fd)
-                if entry is not None:  # a descriptor closed earlier in this round
+            for fd, _ in self.poller.poll(timeout):
+                entry = handlers.get(fd)
+                if entry is not None:  # else a descriptor closed earlier in this round
                     entry[0](entry[1])
-            self._run_timers()
+            timeout = self._run_timers()
             if self.outbox:
                 self._flush()
 
-    def _next_timeout(self):
-        deadline = self.refill_at
-        for child in self.running.values():
-            if child.kill_at is not None and (deadline is None or child.kill_at < deadline):
-                deadline = child.kill_at
-        return None if deadline is None else max(0.0, deadline - time.monotonic())
-
-    def _run_timers(self) -> None:
+    def _run_timers(self):
+        """Run what is due; the seconds until the next timer, or None when none is set."""
         now = time.monotonic()
+        deadline = None
         for child in self.running.values():
-            if child.kill_at is not None and now >= child.kill_at:
-                child.kill_at = None
-                _signal_group(child.pid, signal.SIGKILL)
+            if child.kill_at is not None:
+                if now >= child.kill_at:
+                    child.kill_at = None
+                    _signal_group(child.pid, signal.SIGKILL)
+                elif deadline is None or child.kill_at < deadline:
+                    deadline = child.kill_at
         if self.refill_at is not None and now >= self.refill_at:
             self.refill_at = None
             self._start_spare()
+        if self.refill_at is not None and (deadline is None or self.refill_at < deadline):
+            deadline = self.refill_at
+        return None if deadline is None else max(0.0, deadline - now)
 
     def _flush(self) -> None:
         data = bytes(self.outbox)

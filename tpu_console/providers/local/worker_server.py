@@ -26,6 +26,7 @@ from pathlib import Path
 
 import asyncssh
 
+from tpu_console.fleet import asyncssh_tuning
 from tpu_console.providers.local.child_process import ChildProcess, start_child
 from tpu_console.providers.local.spare_shell import LONG_COMMAND_S, SpareShells
 from tpu_console.providers.local.store import LOOPBACK
@@ -78,6 +79,7 @@ class WorkerServer:
         self.port = 0
 
     async def start(self, port: int = 0) -> int:
+        asyncssh_tuning.apply()
         home = os.fsencode(self.spec.home)
         self._acceptor = await asyncssh.listen(
             LOOPBACK,
