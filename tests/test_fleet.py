@@ -91,6 +91,16 @@ async def test_lines_stream_tagged_by_worker_and_stream(local_fleet: Fleet):
     assert results[1].stdout == "w1 line 1\nw1 line 2\n"
 
 
+async def test_large_output_and_input_arrive_whole(local_fleet: Fleet):
+    data = "".join(f"line {i}\n" for i in range(250_000))  # about 2.4 MB each way: more than any pipe
+    results = await local_fleet.run(
+        "cat; head -c 3000000 /dev/zero | tr '\\0' y >&2", stdin=data, workers=[1, 2]
+    )
+    for r in results:
+        assert r.ok, r.error
+        assert r.stdout == data and r.stderr == "y" * 3_000_000
+
+
 async def test_env_and_stdin_reach_the_command(local_fleet: Fleet):
     results = await local_fleet.run(
         'echo "$GREETING $(cat)"', env={"GREETING": "it's 'quoted' $HOME"}, stdin="from stdin"

@@ -15,6 +15,7 @@ import asyncio
 import os
 import subprocess
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -23,12 +24,51 @@ from pathlib import Path
 _spawner = ThreadPoolExecutor(max_workers=8, thread_name_prefix="local-worker-spawn")
 
 
+class OutputPipe(asyncio.Protocol):
+    """A child's stdout or stderr on the event loop. What it reads goes straight to the sink attached
+    (no reader task in between: a fan-out pays per worker for every step); until one is attached (a
+    spare shell waiting for its command), it is kept."""
+
+    def __init__(self) -> None:
+        self._transport: asyncio.ReadTransport | None = None
+        self._sink: Callable[[bytes], None] | None = None
+        self._early: list[bytes] = []
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self._sink is None:
+            self._early.append(data)
+        else:
+            self._sink(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def attach(self, sink: Callable[[bytes], None]) -> None:
+        for data in self._early:
+            sink(data)
+        self._early.clear()
+        self._sink = sink
+
+    def pause(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.pause_reading()
+
+    def resume(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
+
+
 @dataclass(eq=False)
 class ChildProcess:
     pid: int
     stdin: asyncio.WriteTransport
-    stdout: asyncio.StreamReader
-    stderr: asyncio.StreamReader
+    stdout: OutputPipe
+    stderr: OutputPipe
     exited: asyncio.Future[int]  # the returncode: negative -N when killed by signal N
 
     async def wait(self) -> int:
@@ -55,10 +95,10 @@ async def start_child(
     )
     popen = await loop.run_in_executor(_spawner, spawn)
     assert popen.stdin and popen.stdout and popen.stderr
-    stdout = asyncio.StreamReader()
-    stderr = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdout), popen.stdout)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stderr), popen.stderr)
+    stdout = OutputPipe()
+    stderr = OutputPipe()
+    await loop.connect_read_pipe(lambda: stdout, popen.stdout)
+    await loop.connect_read_pipe(lambda: stderr, popen.stderr)
     stdin, _ = await loop.connect_write_pipe(asyncio.Protocol, popen.stdin)
     return ChildProcess(popen.pid, stdin, stdout, stderr, _watch_exit(loop, popen))
 

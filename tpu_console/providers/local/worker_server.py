@@ -21,6 +21,7 @@ import os
 import posixpath
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from tpu_console.providers.local.spare_shell import LONG_COMMAND_S, SpareShells
 from tpu_console.providers.local.store import LOOPBACK
 
 _CHUNK = 65536
+_OUTPUT_HIGH_WATER = 1 << 20  # bytes of output waiting for the client before the pipes pause
 _STOP_GRACE_S = 2.0
 
 
@@ -145,10 +147,9 @@ class WorkerServer:
 
     async def _serve(self, process: asyncssh.SSHServerProcess, child: ChildProcess) -> None:
         feeder = asyncio.create_task(_feed(process.stdin, child.stdin))
+        _OutputForwarder(child, process)
         finished = asyncio.ensure_future(
-            asyncio.gather(
-                _copy(child.stdout, process.stdout), _copy(child.stderr, process.stderr), child.wait()
-            )
+            asyncio.gather(child.stdout.closed, child.stderr.closed, child.wait())
         )
         closed = asyncio.ensure_future(process.channel.wait_closed())
         try:
@@ -210,10 +211,38 @@ async def _feed(source: asyncssh.SSHReader, sink: asyncio.WriteTransport) -> Non
         sink.close()
 
 
-async def _copy(source: asyncio.StreamReader, sink: asyncssh.SSHWriter) -> None:
-    while chunk := await source.read(_CHUNK):
-        sink.write(chunk)
-        await sink.drain()
+class _OutputForwarder:
+    """The command's stdout and stderr to the channel as they come, from the pipes' callbacks. When the
+    client reads slower than the command writes, reading the pipes pauses (and the command blocks on
+    its writes) until the channel has drained."""
+
+    def __init__(self, child: ChildProcess, process: asyncssh.SSHServerProcess) -> None:
+        self._child = child
+        self._process = process
+        self._resuming: asyncio.Task[None] | None = None
+        child.stdout.attach(self._sink(None))
+        child.stderr.attach(self._sink(asyncssh.EXTENDED_DATA_STDERR))
+
+    def _sink(self, datatype: asyncssh.DataType) -> Callable[[bytes], None]:
+        channel = self._process.channel
+
+        def write(data: bytes) -> None:
+            if channel.is_closing():
+                return  # the client went away; the command is being stopped
+            channel.write(data, datatype)
+            if self._resuming is None and channel.get_write_buffer_size() > _OUTPUT_HIGH_WATER:
+                self._child.stdout.pause()
+                self._child.stderr.pause()
+                self._resuming = asyncio.get_running_loop().create_task(self._resume_when_drained())
+
+        return write
+
+    async def _resume_when_drained(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._process.stdout.drain()
+        self._resuming = None
+        self._child.stdout.resume()
+        self._child.stderr.resume()
 
 
 def _signal_group(pid: int, sig: int) -> None:
