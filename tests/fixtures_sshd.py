@@ -77,6 +77,10 @@ def sshd(tmp_path: Path) -> Iterator[Sshd]:
     if os.geteuid() == 0:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation folder
     port = _free_port()
+    # A home of its own: the sessions' bash reads this home's (empty) ~/.bashrc, not the user's, whose
+    # start-up work (pyenv rehash, say) would slow every command and could be cut short by a test's kill.
+    home = folder / "home"
+    home.mkdir()
     sftp_server = _find(SFTP_SERVER_CANDIDATES, "sftp-server") or "internal-sftp"
     config = folder / "sshd_config"
     config.write_text(
@@ -93,6 +97,7 @@ KbdInteractiveAuthentication no
 PermitRootLogin prohibit-password
 Subsystem sftp {sftp_server}
 LogLevel ERROR
+SetEnv HOME={home}
 """
     )
     process = subprocess.Popen(
