@@ -149,6 +149,18 @@ def test_concurrent_long_and_large_commands(worker: AgentProcess):
     assert worker.result(1) == (f"{len(big) + 1}\n".encode(), b"", 0)
 
 
+def test_a_reader_that_falls_behind_slows_the_command_but_not_the_agent(worker: AgentProcess):
+    worker.run(1, "echo $$; exec yes")  # output as fast as a pipe takes it
+    [pid] = map(int, worker.lines(1, 1))
+    time.sleep(0.5)  # nobody reads: the agent's stdout and then the command's pipe fill up
+    rss_kib = int(Path(f"/proc/{worker.process.pid}/status").read_text().split("VmRSS:")[1].split()[0])
+    assert rss_kib < 64 * 1024  # the agent holds about OUTBOX_HIGH of output, not all `yes` could write
+    worker.send(agent.encode_frame(agent.KILL, 1))  # still read while its output waits
+    wait_for(lambda: not pid_alive(pid), timeout=5)
+    stdout, _, status = worker.result(1)
+    assert status == 128 + 15 and set(stdout.splitlines()[1:]) == {b"y"}
+
+
 def test_kill_stops_the_process_group(worker: AgentProcess):
     worker.run(1, "sleep 60 & echo $!; wait")
     [sleeper] = map(int, worker.lines(1, 1))  # a background child: in the command's process group

@@ -55,6 +55,11 @@ STOP_GRACE_S = 2.0
 # On shutdown, a little less: whoever stops the agent itself (the local worker server) waits 2 s.
 SHUTDOWN_GRACE_S = 1.5
 CHUNK = 65536
+# Output waiting to go to the fleet: past OUTBOX_HIGH the agent stops reading its commands' output until
+# it is back under OUTBOX_LOW, so a slow reader slows the commands (their pipes fill) instead of growing
+# the agent's memory, and the agent keeps reading requests (a KILL) all the while.
+OUTBOX_HIGH = 1 << 20
+OUTBOX_LOW = 1 << 18
 
 # Run by the spare bash: read one NUL-terminated command from fd 3, close it so the command's processes
 # do not inherit it, forget the variable, and run the text in this same bash. EOF without a command
@@ -159,7 +164,10 @@ class Agent:
         self.spare = None  # a Child waiting for a command, or None
         self.refill_at = None  # when to start the next spare
         self.inbox = bytearray()  # request bytes not yet a whole frame
-        self.outbox = bytearray()  # frames to write at the end of this round
+        self.outbox = bytearray()  # frames not yet written to the fleet
+        self.writing = False  # stdout is watched for room: the outbox did not fit in one write
+        self.output_fds = set()  # the commands' stdout and stderr pipes
+        self.output_paused = False  # those are not watched: the outbox is over OUTBOX_HIGH
         self.stopping = False
         self.use_pidfd = hasattr(os, "pidfd_open")
         self.sigchld_fd = -1
@@ -167,6 +175,7 @@ class Agent:
         signal.signal(signal.SIGHUP, lambda signum, frame: self.shutdown())
         self.poller.register(0)
         self.handlers[0] = (self._on_requests, None)
+        os.set_blocking(1, False)  # a full stdout must not stop the loop: frames wait in the outbox
 
     # -- the loop ------------------------------------------------------------------------------------
 
@@ -181,8 +190,10 @@ class Agent:
                 if entry is not None:  # else a descriptor closed earlier in this round
                     entry[0](entry[1])
             timeout = self._run_timers()
-            if self.outbox:
-                self._flush()
+            if self.outbox and not self.writing:
+                self._flush(None)
+            else:
+                self._pace_output()
 
     def _run_timers(self):
         """Run what is due; the seconds until the next timer, or None when none is set."""
@@ -202,19 +213,43 @@ class Agent:
             deadline = self.refill_at
         return None if deadline is None else max(0.0, deadline - now)
 
-    def _flush(self) -> None:
-        data = bytes(self.outbox)
-        self.outbox.clear()
+    def _flush(self, _child) -> None:
+        """Write what stdout takes now; watch it for room while anything is left."""
         try:
-            while data:
-                data = data[os.write(1, data) :]
+            written = os.write(1, self.outbox)
+        except BlockingIOError:
+            written = 0
         except OSError:  # the session is gone
             self.shutdown()
+            return
+        del self.outbox[:written]
+        if self.outbox and not self.writing:
+            self.writing = True
+            self.poller.register(1, write=True)
+            self.handlers[1] = (self._flush, None)
+        elif not self.outbox and self.writing:
+            self.writing = False
+            del self.handlers[1]
+            self.poller.unregister(1)
+        self._pace_output()
+
+    def _pace_output(self) -> None:
+        if not self.output_paused and len(self.outbox) > OUTBOX_HIGH:
+            self.output_paused = True
+            for fd in self.output_fds:
+                self.poller.unregister(fd)
+        elif self.output_paused and len(self.outbox) < OUTBOX_LOW:
+            self.output_paused = False
+            for fd in self.output_fds:
+                self.poller.register(fd)
 
     # -- requests ------------------------------------------------------------------------------------
 
     def _on_requests(self, _child) -> None:
-        data = os.read(0, CHUNK)
+        try:
+            data = os.read(0, CHUNK)
+        except BlockingIOError:  # stdin shares stdout's (now non-blocking) file: nothing yet
+            return
         if not data:
             self.shutdown()
         self.inbox += data
@@ -369,8 +404,8 @@ class Agent:
         for fd in (stdin_w, stdout_r, stderr_r):
             os.set_blocking(fd, False)
         child = Child(pid, self._pidfd(pid), stdin_w, stdout_r, stderr_r, -1)
-        self._watch(stdout_r, self._on_stdout, child)
-        self._watch(stderr_r, self._on_stderr, child)
+        self._watch(stdout_r, self._on_stdout, child, output=True)
+        self._watch(stderr_r, self._on_stderr, child, output=True)
         if child.pidfd >= 0:
             self._watch(child.pidfd, self._on_exit, child)
         return child
@@ -446,13 +481,20 @@ class Agent:
         if self.spare is None and (self.refill_at is None or when < self.refill_at):
             self.refill_at = when
 
-    def _watch(self, fd: int, method, child, write: bool = False) -> None:
-        self.poller.register(fd, write)
+    def _watch(self, fd: int, method, child, write: bool = False, output: bool = False) -> None:
         self.handlers[fd] = (method, child)
+        if output:
+            self.output_fds.add(fd)
+            if self.output_paused:
+                return  # watched once the outbox drains
+        self.poller.register(fd, write)
 
     def _forget(self, fd: int) -> None:
         if self.handlers.pop(fd, None) is not None:
-            self.poller.unregister(fd)
+            paused = fd in self.output_fds and self.output_paused
+            self.output_fds.discard(fd)
+            if not paused:
+                self.poller.unregister(fd)
         _close(fd)
 
     # -- the end -------------------------------------------------------------------------------------
