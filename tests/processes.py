@@ -22,6 +22,6 @@ def pid_alive(pid: int) -> bool:
         return False
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False  # gone since kill(0), or no /proc here
+    except (FileNotFoundError, ProcessLookupError):
+        return False  # gone since kill(0) (read fails with ESRCH once it has gone), or no /proc here
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
