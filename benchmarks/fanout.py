@@ -6,7 +6,8 @@ same run.
 
 Measures `true` on every worker:
   (a) cold: a new Fleet, connecting to every worker, then running the command
-  (b) warm: the same Fleet again, over its open connections
+  (b) warm: the same Fleet again, over its open connections (their command channels, which start
+      after a connection's second command)
   (c) reference: one OpenSSH `ssh` client process per worker, all launched at once
 and, for information, (b) with the pod's servers inside the benchmark process, as the console runs
 them by default.
