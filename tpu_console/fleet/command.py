@@ -75,14 +75,4 @@ async def finish_command(
     finally:
         if timer is not None:
             timer.cancel()
-    if isinstance(exc, TimeoutError):
-        error: str | None = f"timed out after {timeout:g}s"
-    elif exc is not None:
-        error = f"connection lost while running: {getattr(exc, 'reason', None) or exc}"
-    elif session.status() is None:
-        error = "closed without an exit status"
-    else:
-        error = None
-    return CommandOutcome(
-        None if error else session.status(), bytes(session.output.stdout), bytes(session.output.stderr), error
-    )
+    return session.output.outcome(session.status(), exc, timeout)

@@ -133,16 +133,7 @@ class CommandChannel(asyncssh.SSHClientSession[bytes]):
         finally:
             if timer is not None:
                 timer.cancel()
-        if isinstance(exc, TimeoutError):
-            error: str | None = f"timed out after {timeout:g}s"
-        elif exc is not None:
-            error = f"connection lost while running: {getattr(exc, 'reason', None) or exc}"
-        else:
-            error = None
-        output = request.output
-        return CommandOutcome(
-            None if error else request.exit_status, bytes(output.stdout), bytes(output.stderr), error
-        )
+        return request.output.outcome(request.exit_status, exc, timeout)
 
     def close(self) -> None:
         if self._chan is not None:

@@ -44,6 +44,21 @@ class CommandOutput:
                     self._emit(stream, rest)
             self._partial = {"stdout": b"", "stderr": b""}
 
+    def outcome(
+        self, exit_status: int | None, exc: BaseException | None, timeout: float | None
+    ) -> CommandOutcome:
+        """The finished command: its status and output, or why it has no status (`exc` is TimeoutError
+        when it ran past `timeout`, else why its session or channel went away)."""
+        if isinstance(exc, TimeoutError):
+            error: str | None = f"timed out after {timeout:g}s"
+        elif exc is not None:
+            error = f"connection lost while running: {getattr(exc, 'reason', None) or exc}"
+        elif exit_status is None:
+            error = "closed without an exit status"
+        else:
+            error = None
+        return CommandOutcome(None if error else exit_status, bytes(self.stdout), bytes(self.stderr), error)
+
     def _emit(self, stream: str, line: bytes) -> None:
         assert self._on_line is not None
         self._on_line(WorkerLine(self._worker, stream, line.decode("utf-8", errors="replace")))
