@@ -1,0 +1,40 @@
+"""The benchmark scripts still run end to end (on small settings, so the suite stays quick). Their
+targets are judged by running them in full, never here: a timed assertion in a unit test would be noise."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env
+    )
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="the OpenSSH client is not installed")
+def test_fanout_benchmark_prints_every_measurement_and_a_verdict():
+    result = _run(["benchmarks/fanout.py", "--workers", "3", "--repeats", "3", "--pause", "0.2"])
+    assert result.returncode in (0, 1), result.stdout + result.stderr  # 1: targets not met
+    for label in ("(a) fleet cold", "(b) fleet warm", "(c) one ssh process per worker", "ratio (c)/(b)"):
+        assert re.search(re.escape(label) + r".*\d+\.\dx?", result.stdout), result.stdout
+    assert re.search(r"targets: .*: (met|NOT met)", result.stdout)
+
+
+def test_decode_benchmark_prints_both_rates_and_the_ratio():
+    pytest.importorskip("torch")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    result = _run(["benchmarks/decode.py", "--batch", "2", "--new-tokens", "4", "--repeats", "1"], env)
+    assert result.returncode in (0, 1), result.stdout + result.stderr
+    assert re.search(r"trainer Sampler:\s+[\d.]+ tokens/s", result.stdout), result.stdout
+    assert re.search(r"transformers generate:\s+[\d.]+ tokens/s", result.stdout), result.stdout
+    assert re.search(r"ratio \(Sampler / transformers\): [\d.]+x", result.stdout), result.stdout
