@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _run(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env
+        [sys.executable, *args], check=False, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env
     )
 
 

@@ -23,7 +23,7 @@ import re
 import secrets
 import shlex
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -33,6 +33,7 @@ import asyncssh
 from tpu_console.errors import Unreachable, UserError
 from tpu_console.fleet.command import finish_command, open_command
 from tpu_console.fleet.connection import WorkerConnection
+from tpu_console.fleet.output import OnLine
 from tpu_console.fleet.results import WorkerLine, WorkerResult
 from tpu_console.fleet.target import SshTarget
 
@@ -47,8 +48,6 @@ __all__ = ["Fleet", "WorkerLine", "WorkerResult"]
 # a connection used twice is likely used again, and a one-off command (`tpu-console exec`) never pays
 # for an agent it would not use.
 CHANNEL_AFTER_COMMANDS = 2
-
-OnLine = Callable[[WorkerLine], None]
 
 
 class Fleet:
@@ -111,8 +110,8 @@ class Fleet:
         )
 
     async def start_command_channels(self, workers: Sequence[int] | None = None) -> dict[int, str]:
-        """Connect and start the command channel on each selected worker now, rather than after its first
-        command. Returns the workers where it did not start, with why; those keep the exec path."""
+        """Connect and start the command channel on each selected worker now, rather than after its
+        second command. Returns the workers where it did not start, with why; those keep the exec path."""
         selected = self._select(workers)
 
         async def start(worker: int) -> str | None:
