@@ -18,6 +18,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from trainer.mesh_shape import MeshError, resolve_mesh_shape
+
 REWARD_NAMES = ("correct", "format", "tag_count")
 _MESH_RE = re.compile(r"^\s*-?\d+\s*,\s*-?\d+\s*,\s*-?\d+\s*$")
 
@@ -306,6 +308,17 @@ def check_topology(cfg: TrainerConfig, process_count: int, local_device_count: i
                                 f"sequences each device trains on; use a divisor of {per_device}")
     if problems:
         raise ConfigError("invalid config for this pod: " + "; ".join(problems))
+
+
+def check_pod_shape(cfg: TrainerConfig, process_count: int, local_device_count: int) -> tuple[int, int, int]:
+    """Everything `check_topology` checks, from a pod's shape alone (no JAX): the console runs this before
+    it sends anything, so a batch that does not divide costs no TPU time. Returns the (dp, fsdp, tp) sizes."""
+    try:
+        dp, fsdp, tp = resolve_mesh_shape(cfg.mesh_shape, process_count * local_device_count, process_count)
+    except MeshError as exc:
+        raise ConfigError(f"invalid config for this pod: {exc}") from None
+    check_topology(cfg, process_count, local_device_count, dp, fsdp)
+    return dp, fsdp, tp
 
 
 def dump_yaml(cfg: TrainerConfig) -> str:

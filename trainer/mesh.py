@@ -1,52 +1,24 @@
 """The device mesh ("dp", "fsdp", "tp") and the batch shardings the train loop puts arrays in.
 
 `mesh_shape` in the config:
-- `auto`: full-device FSDP, `1,-1,1`. Fastest for decode-dominated GRPO even across hosts (seed 000).
+- `auto`: full-device FSDP, `1,-1,1`. Fastest for decode-dominated GRPO even across hosts (the v6e-16 full-FSDP benchmark).
 - `host_local`: dp over processes, fsdp over each host's local devices (`process_count, local_count, 1`).
 - `dp,fsdp,tp`: explicit sizes, one of them may be -1 (the remaining devices).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from trainer.mesh_shape import MeshError, resolve_mesh_shape
+
+__all__ = ["AXES", "MeshError", "make_mesh", "resolve_mesh_shape"]
+
 AXES = ("dp", "fsdp", "tp")
-
-
-class MeshError(ValueError):
-    """A mesh_shape that does not fit the devices; the message names mesh_shape and the fix."""
-
-
-def resolve_mesh_shape(mesh_shape: str, device_count: int, process_count: int) -> tuple[int, int, int]:
-    """The (dp, fsdp, tp) sizes `mesh_shape` means on `device_count` devices over `process_count` hosts."""
-    if mesh_shape == "auto":
-        return 1, device_count, 1
-    if mesh_shape == "host_local":
-        if device_count % process_count:
-            raise MeshError(f"mesh_shape: host_local needs the same device count on every process "
-                            f"({device_count} devices, {process_count} processes); use auto")
-        return process_count, device_count // process_count, 1
-    try:
-        sizes = [int(x) for x in mesh_shape.split(",")]
-    except ValueError:
-        raise MeshError(f"mesh_shape: {mesh_shape!r} is not auto, host_local or dp,fsdp,tp") from None
-    if len(sizes) != 3 or sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
-        raise MeshError(f"mesh_shape: {mesh_shape!r} must be three positive sizes dp,fsdp,tp with at most one -1")
-    known = math.prod(s for s in sizes if s != -1)
-    if -1 in sizes:
-        if device_count % known:
-            raise MeshError(f"mesh_shape: {mesh_shape} cannot fill {device_count} devices (the fixed axes "
-                            f"multiply to {known}); use sizes whose product divides {device_count}")
-        sizes[sizes.index(-1)] = device_count // known
-    elif known != device_count:
-        raise MeshError(f"mesh_shape: {mesh_shape} uses {known} devices but there are {device_count}; "
-                        f"make dp*fsdp*tp = {device_count} or use -1 for one axis")
-    return sizes[0], sizes[1], sizes[2]
 
 
 def make_mesh(mesh_shape: str, devices: Sequence[jax.Device] | None = None) -> Mesh:

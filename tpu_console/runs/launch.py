@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tpu_console import secrets
 from tpu_console.errors import UserError
 from tpu_console.fleet import recipes
 from tpu_console.fleet.fleet import Fleet
@@ -34,7 +35,6 @@ from tpu_console.runs.run_id import new_run_id
 from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
 
 TRAINER_ARGS = ("-m", "trainer", "--config", "config.yaml", "--run-dir", ".")
-_MAX_ENV_FILE_BYTES = 1 << 20
 
 
 def _ignore(_line: str) -> None:
@@ -98,21 +98,7 @@ def validate_config(config_path: str | Path, overrides: Sequence[str] = ()) -> V
 
 def read_env_file(env_file: str | Path | None) -> bytes | None:
     """The `.env` content to upload, or None when none was named. The content is never shown."""
-    if env_file is None:
-        return None
-    path = Path(env_file).expanduser()
-    if not path.is_file():
-        raise UserError(
-            f"env file {path} does not exist; create it with KEY=value lines (e.g. WANDB_API_KEY=...) "
-            "or leave out --env-file"
-        )
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise UserError(f"cannot read env file {path} ({exc.strerror}); check its permissions") from None
-    if len(data) > _MAX_ENV_FILE_BYTES:
-        raise UserError(f"env file {path} is over 1 MiB; it should hold KEY=value lines only")
-    return data
+    return None if env_file is None else secrets.read_env_file(env_file)
 
 
 def default_python(provider: Provider) -> str:

@@ -1,0 +1,177 @@
+"""Shell recipes that make a worker able to run the trainer: the Python environment, the code, the checks
+before a launch, and clearing stale TPU holders.
+
+Like `tpu_console/fleet/recipes.py`, each function returns the text of one bash command built with
+`shlex.quote` from data, so it can be read and tested without a worker. Everything lives under
+`~/tpu-console/` on the worker:
+
+    env/                         the trainer's virtual environment (bootstrap)
+    env/.tpu-console-bootstrap   digest of what bootstrap installed: equal digest = nothing to do
+    env/.tpu-console-installer   `uv PATH` or `pip`: how sync installs the code later
+    code.json                    the code installed by sync: source (wheel|git), git_sha, dirty, wheel digest
+    wheels/, src/                the uploaded wheel, or the git checkout
+
+Progress lines that the console parses start with `@@ ` (see tpu_console/provision/report.py); everything
+else a recipe prints is installer output, shown to the person as it comes.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = "tpu-console"  # relative to the worker's home
+ENV_DIR = f"{ROOT}/env"
+ENV_PYTHON = f"~/{ENV_DIR}/bin/python"  # as `--python` takes it: ~ is the worker's home
+CODE_FILE = f"{ROOT}/code.json"
+WHEELS_DIR = f"{ROOT}/wheels"
+SRC_DIR = f"{ROOT}/src"
+LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
+TPU_DEVICE_PATTERNS = ("/dev/accel*", "/dev/vfio/[0-9]*")
+_BOOTSTRAP_SCRIPT = (Path(__file__).parent / "bootstrap.sh").read_text()
+
+# Prints one `@@ versions {...}` line about an interpreter: importlib.metadata only, never `import jax`,
+# which on a TPU VM would grab the TPU from a running job.
+_VERSIONS_PY = r"""
+import json, platform, sys
+from importlib import metadata
+def v(*names):
+    for n in names:
+        try:
+            return metadata.version(n)
+        except metadata.PackageNotFoundError:
+            pass
+    return None
+print("@@ versions " + json.dumps({"python": platform.python_version(), "jax": v("jax"), "jaxlib": v("jaxlib"),
+      "libtpu": v("libtpu", "libtpu-nightly"), "flax": v("flax"), "optax": v("optax"),
+      "transformers": v("transformers"), "tpu-console": v("tpu-console")}, sort_keys=True))
+"""
+
+
+def _home(relative: str) -> str:
+    return '"$HOME"/' + shlex.quote(relative)
+
+
+def _versions(python: str) -> str:
+    return f"{python} -c {shlex.quote(_VERSIONS_PY)}"
+
+
+def bootstrap(
+    python: str,
+    requirements: Sequence[str],
+    digest: str,
+    link_site_packages: str | None = None,
+    force: bool = False,
+) -> tuple[str, str]:
+    """The command and its stdin that make `~/tpu-console/env` hold `requirements`, idempotently.
+
+    The script (bootstrap.sh beside this module) travels on stdin, its arguments on the command line
+    (requirements and paths: nothing secret). A second run whose digest matches the stamp only reports
+    the versions (`@@ ready already`). Otherwise: a venv from `python` with uv when it is there or can be
+    installed into the venv, else `python -m venv` and pip, then the requirements. With
+    `link_site_packages` (pods that share the console's machine, such as local pods), the venv sees those
+    packages through a `.pth` file instead of downloading them again per worker; pip then finds every
+    requirement already satisfied, which is what it checks.
+    """
+    args = [python, digest, link_site_packages or "", "1" if force else "0", *requirements]
+    return "bash -s -- " + " ".join(shlex.quote(a) for a in args), _BOOTSTRAP_SCRIPT
+
+
+def _install_command(target: str) -> str:
+    """Install `target` (a wheel path or a source folder, a quoted shell word) into the env, replacing
+    what was there, without dependencies (bootstrap installed those), with the installer bootstrap chose."""
+    return (
+        'inst=$(cat "$env/.tpu-console-installer" 2>/dev/null); '
+        'case "$inst" in "uv "*) '
+        f'"${{inst#uv }}" pip install -q --python "$env/bin/python" --reinstall --no-deps {target};; '
+        f'*) "$env/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps '
+        f"--no-build-isolation {target};; esac"
+    )
+
+
+def _require_env() -> str:
+    return (
+        f'env={_home(ENV_DIR)}; if [ ! -x "$env/bin/python" ]; then '
+        'echo "@@ error no trainer environment on this worker; run `tpu-console bootstrap NODE` first"; '
+        "exit 20; fi"
+    )
+
+
+def install_wheel(wheel_name: str, code_json: str) -> str:
+    """Install the uploaded `~/tpu-console/wheels/<wheel_name>` and record `code_json` in code.json."""
+    wheel = _home(f"{WHEELS_DIR}/{wheel_name}")
+    return (
+        f"( {_require_env()}\n"
+        'echo "@@ step installing the code"\n'
+        f"{_install_command(wheel)} || exit 21\n"
+        f"printf '%s\\n' {shlex.quote(code_json)} > {_home(CODE_FILE)}.tmp && "
+        f"mv -f {_home(CODE_FILE)}.tmp {_home(CODE_FILE)}\n"
+        f'echo "@@ code $(tr -d "\\n" < {_home(CODE_FILE)})"; echo "@@ ready synced"\n'
+        f'{_versions(chr(34) + "$env/bin/python" + chr(34))} )'
+    )
+
+
+def git_checkout(url: str, branch: str) -> str:
+    """Clone (or fetch into) `~/tpu-console/src`, check out `branch`, install it, record its sha."""
+    src = _home(SRC_DIR)
+    return (
+        f"( {_require_env()}\n"
+        f"src={src}; url={shlex.quote(url)}; branch={shlex.quote(branch)}\n"
+        'command -v git >/dev/null || { echo "@@ error git is not installed on this worker"; exit 22; }\n'
+        'if [ -d "$src/.git" ]; then echo "@@ step fetching $branch"; '
+        'git -C "$src" remote set-url origin "$url" && git -C "$src" fetch -q --depth 1 origin "$branch" '
+        '&& git -C "$src" checkout -q -f FETCH_HEAD || exit 23; '
+        'else echo "@@ step cloning $branch"; rm -rf "$src"; '
+        'git clone -q --depth 1 --branch "$branch" "$url" "$src" || exit 23; fi\n'
+        'git -C "$src" clean -qfdx || exit 24\n'
+        'sha=$(git -C "$src" rev-parse HEAD)\n'
+        'echo "@@ step installing the code"\n'
+        f'{_install_command(chr(34) + "$src" + chr(34))} || exit 21\n'
+        f"printf '{{\"source\": \"git\", \"git_sha\": \"%s\", \"dirty\": false, \"url\": %s, \"branch\": %s}}\\n' "
+        f'"$sha" {shlex.quote(_json_string(url))} {shlex.quote(_json_string(branch))} '
+        f"> {_home(CODE_FILE)}.tmp && mv -f {_home(CODE_FILE)}.tmp {_home(CODE_FILE)}\n"
+        f'echo "@@ code $(tr -d "\\n" < {_home(CODE_FILE)})"; echo "@@ ready synced"\n'
+        f'{_versions(chr(34) + "$env/bin/python" + chr(34))} )'
+    )
+
+
+def _json_string(text: str) -> str:
+    return json.dumps(text)
+
+
+def inspect_worker(runs_dir: str = "tpu-console/runs") -> str:
+    """One round trip before a launch: is there a trainer environment, which code and library versions
+    it holds, and which runs on this worker are still alive (their process group answers `kill -0`)."""
+    return (
+        f"( env={_home(ENV_DIR)}\n"
+        'if [ -x "$env/bin/python" ]; then echo "@@ env present"; '
+        f'{_versions(chr(34) + "$env/bin/python" + chr(34))}; else echo "@@ env missing"; fi\n'
+        f'c=$(cat {_home(CODE_FILE)} 2>/dev/null | tr -d "\\n"); [ -n "$c" ] && echo "@@ code $c"\n'
+        f'for d in {_home(runs_dir)}/*/; do [ -f "$d/pid" ] || continue; [ -e "$d/exit" ] && continue; '
+        'pg=$(cat "$d/pid"); case "$pg" in ""|*[!0-9]*) continue;; esac; '
+        'kill -0 -- "-$pg" 2>/dev/null && echo "@@ live $(basename "$d") $pg"; done\n'
+        "exit 0 )"
+    )
+
+
+def kill_stale(
+    device_patterns: Sequence[str] = TPU_DEVICE_PATTERNS, lockfile: str = LIBTPU_LOCKFILE
+) -> str:
+    """Kill every process that holds a TPU device open (a job from an earlier, unmanaged run that would
+    make the next one fail with "TPU in use") and remove libtpu's lockfile. Reads /proc directly, so it
+    needs neither lsof nor fuser. Prints `@@ killed PID NAME PATH` and `@@ removed PATH` lines."""
+    cases = "|".join(p.replace(" ", "\\ ") for p in device_patterns)
+    return (
+        "( me=$$; seen=' '\n"
+        "for fd in /proc/[0-9]*/fd/*; do t=$(readlink \"$fd\" 2>/dev/null) || continue\n"
+        f'  case "$t" in {cases}) ;; *) continue;; esac\n'
+        '  pid=${fd#/proc/}; pid=${pid%%/*}; [ "$pid" = "$me" ] && continue\n'
+        '  case "$seen" in *" $pid "*) continue;; esac; seen="$seen$pid "\n'
+        '  name=$(cat /proc/$pid/comm 2>/dev/null); kill -KILL "$pid" 2>/dev/null && echo "@@ killed $pid $name $t"\n'
+        "done\n"
+        f"lock={shlex.quote(lockfile)}\n"
+        'if [ -e "$lock" ]; then rm -f "$lock" && echo "@@ removed $lock"; fi\n'
+        "exit 0 )"
+    )
