@@ -1,0 +1,1 @@
+"""Full screens of the app, one per file."""

@@ -1,0 +1,241 @@
+"""The live dashboard of one run: worker grid on top, then logs, step-time breakdown, HBM and plots in tabs.
+
+Holds the keys and routes the feed's messages to the widgets; the data comes from `RunFeed` only (two
+exclusive background workers), so tests can hand the screen a feed of fixed messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import ClassVar, Protocol
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input, TabbedContent, TabPane
+
+from tpu_console.providers.base import Provider
+from tpu_console.runs.store import RunStore
+from tpu_console.tui.messages import RunFeedProblem, RunLogLines, RunStepsArrived, RunUpdated
+from tpu_console.tui.run_feed import Post, RunFeed, local_now
+from tpu_console.tui.run_snapshot import RunSnapshot, StepHistory
+from tpu_console.tui.widgets.hbm_panel import HbmPanel
+from tpu_console.tui.widgets.log_pane import LogPane, LogStatus
+from tpu_console.tui.widgets.metric_plots import MetricPlots
+from tpu_console.tui.widgets.run_header import RunHeader
+from tpu_console.tui.widgets.run_log_search import LogSearch
+from tpu_console.tui.widgets.step_breakdown import StepBreakdown
+from tpu_console.tui.widgets.worker_grid import WorkerGrid
+
+TABS = {"logs": "tab-logs", "steps": "tab-steps", "hbm": "tab-hbm", "plots": "tab-plots"}
+
+
+class Feed(Protocol):
+    """What the screen needs from its data source (RunFeed, or fixed messages in tests)."""
+
+    async def follow_status(self, post: Post) -> None: ...
+
+    async def follow_logs(self, post: Post) -> None: ...
+
+
+def _worker_bindings() -> list[BindingType]:
+    # One binding per digit (so each can be remapped), shown once as "0-9" in the footer and help.
+    return [
+        Binding(str(n), f"follow_worker({n})", "Worker", show=n == 0, key_display="0-9", id=f"run.worker_{n}")
+        for n in range(10)
+    ]
+
+
+class RunScreen(Screen[None]):
+    DEFAULT_CSS = """
+    RunScreen #run-tabs {
+        height: 1fr;
+    }
+    RunScreen #run-tabs ContentSwitcher, RunScreen #run-tabs TabPane {
+        height: 1fr;
+        padding: 0;
+    }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "back", "Back", id="run.back"),
+        *_worker_bindings(),
+        Binding("tab", "cycle_worker(1)", "Next", priority=True, id="run.next_worker"),
+        Binding("shift+tab", "cycle_worker(-1)", "Previous", show=False, priority=True,
+                id="run.previous_worker"),
+        Binding("a", "follow_all", "All", id="run.all_workers"),
+        Binding("f", "toggle_follow", "Follow", id="run.follow"),
+        Binding("slash", "search", "Search", key_display="/", id="run.search"),
+        Binding("n", "next_match(1)", "Next match", show=False, id="run.next_match"),
+        Binding("N", "next_match(-1)", "Prev match", show=False, id="run.previous_match"),
+        Binding("l", "show_tab('logs')", "Logs", id="run.tab_logs"),
+        Binding("s", "show_tab('steps')", "Steps", id="run.tab_steps"),
+        Binding("m", "show_tab('hbm')", "HBM", id="run.tab_hbm"),
+        Binding("p", "show_tab('plots')", "Plots", id="run.tab_plots"),
+    ]
+
+    def __init__(
+        self,
+        providers: dict[str, Provider],
+        run_id: str,
+        store: RunStore | None = None,
+        clock: Callable[[], datetime] = local_now,
+        *,
+        feed: Feed | None = None,
+    ) -> None:
+        super().__init__()
+        self.run_id = run_id
+        self.feed: Feed = feed or RunFeed(providers, run_id, store, clock=clock)
+        self.snapshot: RunSnapshot | None = None
+        self.history = StepHistory()
+        self.problem: str | None = None
+        self.worker: int | None = None  # the followed worker; None = every worker interleaved
+        self.verdict_shown = False
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield RunHeader(id="run-header")
+        yield WorkerGrid(id="workers")
+        with TabbedContent(id="run-tabs", initial=TABS["logs"]):
+            with TabPane("Logs", id=TABS["logs"]):
+                yield LogStatus(id="log-status")
+                yield LogPane(id="log")
+                yield LogSearch(id="log-search")
+            with TabPane("Steps", id=TABS["steps"]), VerticalScroll():
+                yield StepBreakdown(id="breakdown")
+            with TabPane("HBM", id=TABS["hbm"]), VerticalScroll():
+                yield HbmPanel(id="hbm")
+            with TabPane("Plots", id=TABS["plots"]):
+                yield MetricPlots(id="plots")
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.sub_title = f"run {self.run_id}"
+        self._show_header()
+        self._show_steps()
+        self.query_one(HbmPanel).show(None, None)
+        self._show_log_status()
+        self.query_one(LogPane).focus()
+        self._follow_status()
+        self._follow_logs()
+
+    # -- background feed -------------------------------------------------------------------------------
+
+    @work(exclusive=True, group="run-status", exit_on_error=False)
+    async def _follow_status(self) -> None:
+        await self.feed.follow_status(self.post_message)
+
+    @work(exclusive=True, group="run-logs", exit_on_error=False)
+    async def _follow_logs(self) -> None:
+        await self.feed.follow_logs(self.post_message)
+
+    def on_run_updated(self, message: RunUpdated) -> None:
+        self.snapshot = message.snapshot
+        self.query_one(WorkerGrid).show(self.snapshot, self.worker)
+        self.query_one(HbmPanel).show(self.snapshot, self.worker)
+        self._show_header()
+        if self.snapshot.ended and not self.verdict_shown:
+            self.verdict_shown = True
+            detail = f": {self.snapshot.failure}" if self.snapshot.failure else ""
+            severity = "information" if self.snapshot.state == "succeeded" else "error"
+            self.notify(f"{self.run_id} {self.snapshot.state}{detail}", title="run ended", severity=severity)
+
+    def on_run_steps_arrived(self, message: RunStepsArrived) -> None:
+        if self.history.add(message.worker, message.steps):
+            self._show_steps()
+
+    def on_run_log_lines(self, message: RunLogLines) -> None:
+        self.query_one(LogPane).add_lines(message.lines)
+        self._show_log_status()
+
+    def on_run_feed_problem(self, message: RunFeedProblem) -> None:
+        if message.problem != self.problem:
+            self.problem = message.problem
+            self._show_header()
+
+    # -- keys ------------------------------------------------------------------------------------------
+
+    def action_back(self) -> None:
+        self.dismiss()
+
+    def action_follow_worker(self, worker: int) -> None:
+        if worker not in self.run_workers():
+            self.notify(f"no worker {worker} in this run (workers {self._worker_range()})", severity="warning")
+            return
+        self._follow(worker)
+
+    def action_cycle_worker(self, step: int) -> None:
+        workers = self.run_workers()
+        if not workers:
+            return
+        if self.worker not in workers:
+            self._follow(workers[0] if step > 0 else workers[-1])
+        else:
+            self._follow(workers[(workers.index(self.worker) + step) % len(workers)])
+
+    def action_follow_all(self) -> None:
+        self._follow(None)
+
+    def action_toggle_follow(self) -> None:
+        pane = self.query_one(LogPane)
+        pane.set_follow(not pane.follow)
+        self._show_log_status()
+
+    def action_search(self) -> None:
+        self.query_one(TabbedContent).active = TABS["logs"]
+        self.query_one(LogSearch).open(self.query_one(LogPane).search_term)
+
+    def action_next_match(self, step: int) -> None:
+        self.query_one(LogPane).next_match(step)
+        self._show_log_status()
+
+    def action_show_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = TABS[tab]
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if isinstance(event.input, LogSearch):
+            event.stop()
+            self.query_one(LogPane).search(event.value.strip())
+            event.input.action_close()
+            self._show_log_status()
+
+    def on_log_search_closed(self, _message: LogSearch.Closed) -> None:
+        self.query_one(LogPane).focus()
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        if event.pane.id == TABS["plots"]:
+            self.query_one(MetricPlots).show(self.history, self.worker)
+        elif event.pane.id == TABS["logs"]:
+            self.query_one(LogPane).focus()
+
+    # -- drawing ---------------------------------------------------------------------------------------
+
+    def run_workers(self) -> list[int]:
+        if self.snapshot is not None:
+            return [w.worker for w in self.snapshot.workers]
+        return sorted(self.query_one(LogPane).by_worker)
+
+    def _worker_range(self) -> str:
+        workers = self.run_workers()
+        return f"{workers[0]}-{workers[-1]}" if workers else "not known yet"
+
+    def _follow(self, worker: int | None) -> None:
+        self.worker = worker
+        self.query_one(LogPane).show_worker(worker)
+        self.query_one(WorkerGrid).select(worker)
+        self.query_one(HbmPanel).show(self.snapshot, worker)
+        self._show_steps()
+        self._show_log_status()
+
+    def _show_steps(self) -> None:
+        self.query_one(StepBreakdown).show(self.history.latest_by_worker(), self.worker)
+        if self.query_one(TabbedContent).active == TABS["plots"]:
+            self.query_one(MetricPlots).show(self.history, self.worker)
+
+    def _show_header(self) -> None:
+        self.query_one(RunHeader).show(self.run_id, self.snapshot, self.problem)
+
+    def _show_log_status(self) -> None:
+        self.query_one(LogStatus).show(self.query_one(LogPane), len(self.run_workers()))

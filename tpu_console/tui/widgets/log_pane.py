@@ -1,0 +1,203 @@
+"""The workers' output: one worker's log, or every worker's interleaved, followed or frozen, searchable.
+
+Drawn with Textual's line API, like toolong's log view: only the lines on screen are rendered, so
+thousands of lines a second cost a deque append each and one repaint per batch. Each worker keeps its
+last `lines_per_worker` lines and the interleaved view its last `interleaved_lines`: memory stays bounded
+however long the run. Lines arrive already masked (RunFeed masks secrets before any widget sees them).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
+from textual.geometry import Size
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+from textual.widgets import Static
+
+MAX_WIDTH = 2000  # wider lines are cut: a horizontal scroll bar as wide as a minified blob helps no one
+_WORKER_STYLES = [Style(color=c) for c in ("cyan", "magenta", "green", "yellow", "blue", "bright_cyan",
+                                           "bright_magenta", "bright_green")]
+_MATCH = Style(bgcolor="yellow", color="black", bold=True)
+_CURRENT_MATCH = Style(bgcolor="bright_red", color="white", bold=True)
+
+
+class LogPane(ScrollView, can_focus=True):
+    DEFAULT_CSS = """
+    LogPane {
+        height: 1fr;
+        scrollbar-size-vertical: 1;
+        scrollbar-size-horizontal: 1;
+    }
+    """
+
+    def __init__(self, lines_per_worker: int = 5000, interleaved_lines: int = 20000, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.lines_per_worker = lines_per_worker
+        self.by_worker: dict[int, deque[str]] = {}
+        self.interleaved: deque[tuple[int, str]] = deque(maxlen=interleaved_lines)
+        self.worker: int | None = None  # None: every worker, interleaved
+        self.follow = True
+        self.search_term = ""
+        self.matches: list[int] = []  # line indices of the current view that contain the term
+        self.current_match: int | None = None  # index into `matches`
+        self._width = 0
+
+    # -- what is shown ---------------------------------------------------------------------------------
+
+    def view_length(self) -> int:
+        return len(self.interleaved) if self.worker is None else len(self.by_worker.get(self.worker, ()))
+
+    def line_at(self, index: int) -> tuple[int, str]:
+        if self.worker is None:
+            return self.interleaved[index]
+        return self.worker, self.by_worker[self.worker][index]
+
+    def visible_text(self) -> list[str]:
+        """The lines of the current view as shown (with the worker prefix when interleaved); for tests."""
+        return [self._prefix(w) + text for w, text in (self.line_at(i) for i in range(self.view_length()))]
+
+    def add_lines(self, lines: list[tuple[int, str]]) -> None:
+        if not lines:
+            return
+        touches_view = self.worker is None
+        for worker, text in lines:
+            buffer = self.by_worker.get(worker)
+            if buffer is None:
+                buffer = self.by_worker[worker] = deque(maxlen=self.lines_per_worker)
+            buffer.append(text)
+            self.interleaved.append((worker, text))
+            touches_view = touches_view or worker == self.worker
+            if len(text) > self._width:
+                self._width = min(len(text), MAX_WIDTH)
+        if touches_view:
+            if self.search_term:
+                self._find_matches()
+            self._resize()
+
+    def show_worker(self, worker: int | None) -> None:
+        self.worker = worker
+        if self.search_term:
+            self._find_matches()
+        self._resize(jump=True)
+
+    def set_follow(self, follow: bool) -> None:
+        self.follow = follow
+        if follow:
+            self.scroll_end(animate=False, immediate=True)
+        self.refresh()
+
+    def on_resize(self) -> None:
+        if self.follow:  # lines that arrived before the pane had a size must still end at the bottom
+            self.scroll_end(animate=False, immediate=True, x_axis=False)
+
+    # -- search ----------------------------------------------------------------------------------------
+
+    def search(self, term: str) -> int:
+        """Highlight `term` (case-insensitive) and jump to its last occurrence; the match count."""
+        self.search_term = term
+        self._find_matches()
+        if self.matches:
+            self._go_to_match(len(self.matches) - 1)
+        else:
+            self.current_match = None
+            self.refresh()
+        return len(self.matches)
+
+    def next_match(self, step: int = 1) -> None:
+        if not self.matches:
+            return
+        current = self.current_match if self.current_match is not None else len(self.matches) - 1
+        self._go_to_match((current + step) % len(self.matches))
+
+    def _go_to_match(self, position: int) -> None:
+        self.current_match = position
+        self.follow = False  # reading a match: new lines must not scroll it away
+        line = self.matches[position]
+        self.scroll_to(y=max(0, line - self.size.height // 2), animate=False, immediate=True)
+        self.refresh()
+
+    def _find_matches(self) -> None:
+        term = self.search_term.lower()
+        was = self.matches[self.current_match] if self.current_match is not None and self.matches else None
+        self.matches = [i for i in range(self.view_length()) if term in self.line_at(i)[1].lower()] if term else []
+        if was is not None and self.matches:
+            self.current_match = min(range(len(self.matches)), key=lambda p: abs(self.matches[p] - was))
+        elif not self.matches:
+            self.current_match = None
+
+    # -- drawing ---------------------------------------------------------------------------------------
+
+    def _resize(self, jump: bool = False) -> None:
+        prefix = 0 if self.worker is not None else 5
+        self.virtual_size = Size(self._width + prefix, self.view_length())
+        if self.follow:
+            self.scroll_end(animate=False, immediate=True, x_axis=False)
+        elif jump:
+            self.scroll_to(y=min(self.scroll_y, max(0, self.view_length() - 1)), animate=False)
+        self.refresh()
+
+    def _prefix(self, worker: int) -> str:
+        return "" if self.worker is not None else f"[{worker}]".ljust(5)
+
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        index = scroll_y + y
+        width = self.scrollable_content_region.width
+        if index >= self.view_length():
+            return Strip.blank(width, self.rich_style)
+        worker, text = self.line_at(index)
+        segments = []
+        if self.worker is None:
+            segments.append(Segment(self._prefix(worker), _WORKER_STYLES[worker % len(_WORKER_STYLES)]))
+        segments.extend(self._highlighted(text, index))
+        strip = Strip(segments).crop(scroll_x, scroll_x + width)
+        return strip.extend_cell_length(width, self.rich_style).apply_style(self.rich_style)
+
+    def _highlighted(self, text: str, index: int) -> list[Segment]:
+        text = text[:MAX_WIDTH]
+        term = self.search_term.lower()
+        if not term or term not in text.lower():
+            return [Segment(text)]
+        current = self.current_match is not None and self.matches[self.current_match] == index
+        style = _CURRENT_MATCH if current else _MATCH
+        segments, lowered, start = [], text.lower(), 0
+        while (found := lowered.find(term, start)) >= 0:
+            segments.append(Segment(text[start:found]))
+            segments.append(Segment(text[found : found + len(term)], style))
+            start = found + len(term)
+        segments.append(Segment(text[start:]))
+        return segments
+
+
+class LogStatus(Static):
+    """One line above the log: whose output, whether it follows, and the search."""
+
+    DEFAULT_CSS = """
+    LogStatus {
+        height: 1;
+        padding: 0 1;
+        background: $boost;
+        color: $text-muted;
+    }
+    """
+
+    def show(self, pane: LogPane, worker_count: int) -> None:
+        who = "all workers, interleaved" if pane.worker is None else f"worker {pane.worker}"
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append(f"log: {who}", style="bold")
+        text.append(f"  ({pane.view_length()} lines)  ")
+        text.append("follow on" if pane.follow else "follow OFF", style="green" if pane.follow else "bold yellow")
+        if pane.search_term:
+            found = len(pane.matches)
+            at = f" ({pane.current_match + 1}/{found})" if pane.current_match is not None else ""
+            text.append(f"  /{pane.search_term}: {found} match{'es' if found != 1 else ''}{at}",
+                        style="yellow" if found else "red")
+        hint = "  0-9 worker  tab next  a all  f follow  / search"
+        if pane.search_term:
+            hint += "  n/N next/prev"
+        text.append(hint if worker_count else "", style="dim")
+        self.update(text)

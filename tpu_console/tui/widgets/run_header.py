@@ -1,0 +1,82 @@
+"""The dashboard's top lines: which run, where, its state (the verdict once it ended), the first failure,
+the W&B URL, and why the run could not be read when it could not."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Static
+
+from tpu_console.tui.run_snapshot import RunSnapshot
+
+STATE_STYLE = {
+    "pending": "dim",
+    "running": "bold cyan",
+    "succeeded": "bold green",
+    "failed": "bold red",
+    "stopped": "bold yellow",
+}
+
+
+class RunHeader(Vertical):
+    DEFAULT_CSS = """
+    RunHeader {
+        height: 2;
+        padding: 0 1;
+        background: $panel;
+    }
+    RunHeader Static {
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
+    }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="run-title")
+        yield Static(id="run-notes")
+
+    def show(self, run_id: str, snapshot: RunSnapshot | None, problem: str | None) -> None:
+        self.query_one("#run-title", Static).update(title_text(run_id, snapshot, problem))
+        self.query_one("#run-notes", Static).update(notes_text(snapshot, problem))
+
+
+def title_text(run_id: str, snapshot: RunSnapshot | None, problem: str | None) -> Text:
+    text = Text(no_wrap=True, overflow="ellipsis")
+    text.append(f"run {run_id}", style="bold")
+    if snapshot is None:
+        text.append("  reading the run..." if problem is None else "", style="dim")
+    else:
+        text.append(f" on {snapshot.node}  ")
+        if snapshot.ended:
+            text.append(f"ended: {snapshot.state.upper()}", style=STATE_STYLE.get(snapshot.state, "bold"))
+        else:
+            text.append(snapshot.state, style=STATE_STYLE.get(snapshot.state, ""))
+        running = sum(w.state == "running" for w in snapshot.workers)
+        exited = sum(w.state == "exited" for w in snapshot.workers)
+        steps = [w.step for w in snapshot.workers if w.step is not None]
+        text.append(f"  {running} running, {exited} exited of {len(snapshot.workers)}", style="dim")
+        if steps:
+            text.append(f"  step {max(steps)}", style="dim")
+        text.append(f"  at {snapshot.updated_at:%H:%M:%S}", style="dim")
+    return text
+
+
+def notes_text(snapshot: RunSnapshot | None, problem: str | None) -> Text:
+    """The second line: what needs attention first, then the W&B URL."""
+    text = Text(no_wrap=True, overflow="ellipsis")
+    notes: list[tuple[str, str]] = []
+    if problem:
+        notes.append((f"problem: {problem}", "bold yellow"))
+    if snapshot is not None and snapshot.failure:
+        notes.append((f"first failure: {snapshot.failure}", "bold red"))
+    if snapshot is not None and (stalled := [w.worker for w in snapshot.workers if w.stalled]):
+        notes.append(("stalled: " + ", ".join(f"W{w}" for w in stalled), "bold yellow"))
+    if snapshot is not None and snapshot.wandb_url:
+        notes.append((f"W&B {snapshot.wandb_url}", f"link {snapshot.wandb_url}"))
+    if not notes:
+        notes.append(("no W&B URL (wandb disabled, or not started yet)", "dim"))
+    for i, (note, style) in enumerate(notes):
+        text.append("  ·  " if i else "", style="dim")
+        text.append(note, style=style)
+    return text
