@@ -28,8 +28,9 @@ from tpu_console.providers.registry import (
 )
 from tpu_console.runs import control as run_control
 from tpu_console.runs.launch import launch as launch_run
-from tpu_console.runs.run_id import check_run_id
+from tpu_console.runs.resolve import resolve_run
 from tpu_console.runs.store import RunStore
+from tpu_console.secrets import SecretMasker
 from tpu_console.settings import Settings, load_settings
 
 EXAMPLES = """\
@@ -180,8 +181,51 @@ def _add_run_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
     )
     launch.add_argument(
         "--python", metavar="PY",
-        help="interpreter on the workers (default: python3; this interpreter for local pods)",
+        help="interpreter on the workers (default: the environment `bootstrap` made, ~/tpu-console/env; "
+        "this interpreter for local pods that were not bootstrapped)",
     )
+    launch.add_argument(
+        "--kill-stale", action="store_true",
+        help="first kill processes still holding the TPU and remove /tmp/libtpu_lockfile on every worker",
+    )
+    launch.add_argument(
+        "--no-code-check", dest="check_code", action="store_false",
+        help="launch even if the workers run different code or JAX versions",
+    )
+    launch.add_argument(
+        "--fail-fast", action="store_true",
+        help="stop the other workers as soon as one worker's job fails (recorded in launch.json)",
+    )
+
+    bootstrap = verbs.add_parser(
+        "bootstrap", parents=[common], help="install the trainer's Python environment on every worker",
+        description="Make ~/tpu-console/env on every worker hold the trainer's dependencies (uv when it can be "
+        "installed, else python -m venv and pip; jax[tpu] on TPU VMs, CPU jax elsewhere). Idempotent: a "
+        "worker that already has it answers at once. Reports python, jax, jaxlib, libtpu and flax versions.",
+    )
+    bootstrap.add_argument("node")
+    bootstrap.add_argument("--worker", default="all", metavar="SEL", help="workers: all (default), 0, 1-3")
+    bootstrap.add_argument("--python", default="python3", metavar="PY",
+                           help="base interpreter on the workers, 3.11+ (default python3)")
+    bootstrap.add_argument("--jax", choices=("tpu", "cpu"), help="JAX flavour (default: tpu on gcp, else cpu)")
+    bootstrap.add_argument("--link", dest="link", action="store_true", default=None,
+                           help="use this machine's installed packages through a .pth link (default for pods "
+                           "on this machine, such as local pods)")
+    bootstrap.add_argument("--no-link", dest="link", action="store_false", help="always install")
+    bootstrap.add_argument("--force", action="store_true", help="install again even if in place")
+
+    sync = verbs.add_parser(
+        "sync", parents=[common], help="install this checkout's code (and .env) on every worker",
+        description="Build a wheel of this checkout as it is on disk (uncommitted changes included), upload it "
+        "to every worker and install it into ~/tpu-console/env; or with --git URL --branch B, clone/fetch "
+        "and install that on every worker. --env-file uploads secrets as ~/tpu-console/.env (mode 0600), "
+        "which later launches use when they get no --env-file.",
+    )
+    sync.add_argument("node")
+    sync.add_argument("--worker", default="all", metavar="SEL", help="workers: all (default), 0, 1-3")
+    sync.add_argument("--env-file", metavar="PATH", help="KEY=value secrets to upload (mode 0600)")
+    sync.add_argument("--git", dest="git_url", metavar="URL", help="clone this repository on the workers")
+    sync.add_argument("--branch", metavar="B", help="with --git: the branch or tag to check out")
 
     runs = verbs.add_parser(
         "runs", parents=[common], help="list launched runs",
@@ -194,14 +238,16 @@ def _add_run_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
         "status", parents=[common], help="a run's state on every worker",
         description="Each worker's state, exit status and latest step metrics; the first failure.",
     )
-    status.add_argument("run_id", metavar="RUN_ID")
+    status.add_argument("target", metavar="NODE|RUN_ID", help="a run id, or a node (its latest run)")
+    status.add_argument("run_id", metavar="RUN_ID", nargs="?", help="with a node: one of its runs")
 
     logs = verbs.add_parser(
         "logs", parents=[common], help="a run's output, prefixed by worker",
         description="The end of each worker's output.log, prefixed [i]; with --follow, new output as it "
         "comes until every worker's job has ended (exit 0 when the run succeeded, else 1).",
     )
-    logs.add_argument("run_id", metavar="RUN_ID")
+    logs.add_argument("target", metavar="NODE|RUN_ID", help="a run id, or a node (its latest run)")
+    logs.add_argument("run_id", metavar="RUN_ID", nargs="?", help="with a node: one of its runs")
     logs.add_argument("--worker", default="all", metavar="SEL", help="workers: all (default), 0, 0,2, 1-3")
     logs.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
     logs.add_argument(
@@ -213,7 +259,8 @@ def _add_run_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
         "stop", parents=[common], help="stop a run on every worker",
         description="SIGTERM the job's process group on every worker, SIGKILL it after --grace seconds.",
     )
-    stop.add_argument("run_id", metavar="RUN_ID")
+    stop.add_argument("target", metavar="NODE|RUN_ID", help="a run id, or a node (its latest run)")
+    stop.add_argument("run_id", metavar="RUN_ID", nargs="?", help="with a node: one of its runs")
     stop.add_argument("--yes", action="store_true", help="stop without asking")
     stop.add_argument("--grace", type=float, default=10.0, metavar="S", help="seconds before SIGKILL (10)")
 
@@ -283,6 +330,8 @@ async def _run_verb(args: argparse.Namespace, settings: Settings) -> int:
         "delete": _delete,
         "exec": _exec,
         "launch": _launch,
+        "bootstrap": _bootstrap,
+        "sync": _sync,
         "runs": _runs,
         "status": _status,
         "logs": _logs,
@@ -399,7 +448,8 @@ async def _exec(args: argparse.Namespace, settings: Settings, providers: dict[st
 async def _launch(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
     result = await launch_run(
         providers, args.node, args.config, args.overrides, args.env_file, args.worker,
-        python=args.python, progress=_progress,
+        python=args.python, kill_stale=args.kill_stale, fail_fast=args.fail_fast, check_code=args.check_code,
+        progress=_progress, on_worker=_worker_progress,
     )
     if args.json:
         _print_json(run_table.launch_record(result))
@@ -409,10 +459,48 @@ async def _launch(args: argparse.Namespace, settings: Settings, providers: dict[
         print(format_table(("WORKER", "START", "PGID", ""), rows), file=sys.stderr)
         print(result.run_id)
         if result.ok:
-            print(f"follow it with `tpu-console logs {result.run_id} --follow`", file=sys.stderr)
+            print(f"follow it with `tpu-console logs {result.node.name} --follow`", file=sys.stderr)
         else:
             print("error: the job did not start on every worker; nothing is left running", file=sys.stderr)
     return 0 if result.ok else 1
+
+
+async def _bootstrap(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    from tpu_console.provision.bootstrap import bootstrap_node
+
+    result = await bootstrap_node(
+        providers, args.node, workers=args.worker, python=args.python, jax=args.jax, link=args.link,
+        force=args.force, progress=_progress, on_worker=_worker_progress,
+    )
+    return _print_setup(result, args.json)
+
+
+async def _sync(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    from tpu_console.provision.code_sync import sync_node
+
+    result = await sync_node(
+        providers, args.node, workers=args.worker, env_file=args.env_file, git_url=args.git_url,
+        branch=args.branch, progress=_progress, on_worker=_worker_progress,
+    )
+    return _print_setup(result, args.json)
+
+
+def _print_setup(result: Any, json_mode: bool) -> int:
+    """The per-worker table of bootstrap and sync; exit status 1 when a worker failed."""
+    if json_mode:
+        _print_json({"node": result.node.name, "ok": result.ok, "workers": [
+            {"worker": w.worker, "ok": w.ok, "error": w.error, "seconds": round(w.seconds, 2),
+             "ready": w.report.ready, "versions": w.versions, "code": w.report.code} for w in result.workers]})
+    else:
+        rows = [(f"[{w.worker}]", "ok" if w.ok else "FAILED", w.code,
+                 w.report.versions_label() if w.ok else (w.error or ""), f"{w.seconds:.1f}s")
+                for w in result.workers]
+        print(format_table(("WORKER", "", "CODE", "VERSIONS", "TIME"), rows))
+    return 0 if result.ok else 1
+
+
+def _worker_progress(worker: int, text: str) -> None:
+    print(f"[{worker}] {text}", file=sys.stderr, flush=True)
 
 
 async def _runs(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
@@ -428,7 +516,8 @@ async def _runs(args: argparse.Namespace, settings: Settings, providers: dict[st
 
 
 async def _status(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
-    view = await run_control.run_status(providers, args.run_id)
+    record = await resolve_run(RunStore(), providers, args.target, args.run_id)
+    view = await run_control.run_status(providers, record.run_id)
     if args.json:
         _print_json(run_table.run_record(view))
         return 0
@@ -449,13 +538,16 @@ async def _logs(args: argparse.Namespace, settings: Settings, providers: dict[st
     collected: list[dict[str, Any]] = []
 
     def on_line(worker: int, text: str) -> None:
+        text = masker.mask(text)
         if args.json:
             collected.append({"worker": worker, "text": text})
         else:
             print(f"[{worker}] {text}", flush=True)
 
+    record = await resolve_run(RunStore(), providers, args.target, args.run_id)
+    masker = SecretMasker.for_node(record.node)  # a value a job printed is shown as ***
     view = await run_control.logs(
-        providers, args.run_id, on_line, workers=args.worker, lines=lines, follow=args.follow
+        providers, record.run_id, on_line, workers=args.worker, lines=lines, follow=args.follow
     )
     if args.json:
         _print_json({"run_id": view.record.run_id, "state": view.state, "failure": view.failure,
@@ -481,7 +573,7 @@ def _parse_lines(text: str) -> int | None:
 
 
 async def _stop(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
-    record = RunStore().get(check_run_id(args.run_id))
+    record = await resolve_run(RunStore(), providers, args.target, args.run_id)
     if not args.yes:
         if args.json or not (sys.stdin.isatty() and sys.stderr.isatty()):
             raise UserError(f"refusing to stop {record.run_id} without --yes")

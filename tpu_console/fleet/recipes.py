@@ -39,12 +39,19 @@ def python_word(python: str) -> str:
     return shlex.quote(python)
 
 
-def prepare_run_dir(run_id: str) -> str:
-    """Make the run folder (private to the user); fail if a run with this id already exists there."""
+def prepare_run_dir(run_id: str, copy_env_from: str | None = None) -> str:
+    """Make the run folder (private to the user); fail if a run with this id already exists there.
+
+    `copy_env_from` (relative to the home): a `.env` left by `sync` to copy into the run, mode 0600, when
+    it exists; prints `env=synced` then. The copy stays on the worker: no secret crosses the wire here."""
     d = _home_path(run_dir(run_id))
+    copy = ""
+    if copy_env_from:
+        src = _home_path(copy_env_from)
+        copy = f'; if [ -f {src} ]; then cp {src} "$d/.env" && chmod 600 "$d/.env" && echo env=synced; fi'
     return (
         f'( d={d}; if [ -e "$d" ]; then echo "run folder $d already exists" >&2; exit 3; fi; '
-        'umask 077; mkdir -p "$d" && chmod 700 "$d" )'
+        f'umask 077; mkdir -p "$d" && chmod 700 "$d"{copy} )'
     )
 
 

@@ -28,6 +28,8 @@ print("@@ versions " + json.dumps({"python": platform.python_version(), "jax": v
       "libtpu": v("libtpu", "libtpu-nightly"), "flax": v("flax"), "optax": v("optax"),
       "transformers": v("transformers"), "tpu-console": v("tpu-console")}, sort_keys=True))
 PY
+  c=$(tr -d '\n' < "$HOME/tpu-console/code.json" 2>/dev/null) && [ -n "$c" ] && echo "@@ code $c"
+  return 0
 }
 
 if [ "$force" != 1 ] && [ -x "$env/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] \

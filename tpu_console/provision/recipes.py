@@ -149,6 +149,7 @@ def inspect_worker(runs_dir: str = "tpu-console/runs") -> str:
         'if [ -x "$env/bin/python" ]; then echo "@@ env present"; '
         f'{_versions(chr(34) + "$env/bin/python" + chr(34))}; else echo "@@ env missing"; fi\n'
         f'c=$(cat {_home(CODE_FILE)} 2>/dev/null | tr -d "\\n"); [ -n "$c" ] && echo "@@ code $c"\n'
+        f'[ -f {_home(ROOT + "/.env")} ] && echo "@@ envfile present"\n'
         f'for d in {_home(runs_dir)}/*/; do [ -f "$d/pid" ] || continue; [ -e "$d/exit" ] && continue; '
         'pg=$(cat "$d/pid"); case "$pg" in ""|*[!0-9]*) continue;; esac; '
         'kill -0 -- "-$pg" 2>/dev/null && echo "@@ live $(basename "$d") $pg"; done\n'

@@ -26,6 +26,7 @@ class WorkerReport:
     error: str | None = None
     versions: dict[str, str | None] = field(default_factory=dict)
     env_present: bool | None = None
+    env_file_present: bool = False  # a `.env` left by `sync --env-file`
     code: dict[str, Any] | None = None
     live_runs: dict[str, int] = field(default_factory=dict)  # run id -> process group
     killed: list[str] = field(default_factory=list)
@@ -52,6 +53,8 @@ class WorkerReport:
             self.versions = _json(rest) or {}
         elif kind == "env":
             self.env_present = rest == "present"
+        elif kind == "envfile":
+            self.env_file_present = rest == "present"
         elif kind == "code":
             self.code = _json(rest)
         elif kind == "live":

@@ -31,8 +31,14 @@ from tpu_console.fleet.preflight import open_node, require_all_reachable
 from tpu_console.fleet.selection import parse_worker_selection
 from tpu_console.model import Node
 from tpu_console.providers.base import Provider
+from tpu_console.provision import recipes as provision_recipes
+from tpu_console.provision.code_sync import ENV_FILE as SYNCED_ENV_FILE
+from tpu_console.provision.recipes import ENV_PYTHON
+from tpu_console.provision.report import WorkerReport, mismatches
+from tpu_console.provision.steps import ignore_worker, run_on_workers
 from tpu_console.runs.run_id import new_run_id
 from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
+from tpu_console.secrets import parse_env
 
 TRAINER_ARGS = ("-m", "trainer", "--config", "config.yaml", "--run-dir", ".")
 
@@ -48,6 +54,7 @@ class ValidatedConfig:
     yaml_text: str  # config.yaml as the trainer reads it: every key, defaults included
     data: dict[str, Any]
     digest: str  # the trainer's own digest, the same its `start` event reports
+    config: Any  # the trainer's TrainerConfig, for the checks against the node's shape
 
 
 @dataclass(frozen=True)
@@ -93,7 +100,21 @@ def validate_config(config_path: str | Path, overrides: Sequence[str] = ()) -> V
         yaml_text=dump_yaml(cfg),
         data=cfg.model_dump(mode="json"),
         digest=cfg.digest(),
+        config=cfg,
     )
+
+
+def check_shape(config: ValidatedConfig, node: Node, process_count: int) -> None:
+    """The checks the trainer makes after jax.distributed starts (prompts per process, local batch
+    divisible by the local devices, the mesh fits), made here from the node's shape, so a batch that
+    does not divide costs no TPU time."""
+    from trainer.config import ConfigError, check_pod_shape
+
+    try:
+        check_pod_shape(config.config, process_count, node.shape.devices_per_worker)
+    except ConfigError as exc:
+        shape = f"{process_count} worker(s) x {node.shape.devices_per_worker} devices"
+        raise UserError(f"{config.path} on {node.name} ({shape}): {exc}") from None
 
 
 def read_env_file(env_file: str | Path | None) -> bytes | None:
@@ -148,18 +169,29 @@ async def launch(
     workers: str = "all",
     *,
     python: str | None = None,
+    kill_stale: bool = False,
+    fail_fast: bool = False,
+    check_code: bool = True,
     store: RunStore | None = None,
     progress: Callable[[str], None] = _ignore,
+    on_worker: Callable[[int, str], None] = ignore_worker,
     stop_grace_s: float = 5.0,
 ) -> LaunchResult:
-    """Start the trainer on the selected workers of `node_name` (all by default) and record the run."""
+    """Start the trainer on the selected workers of `node_name` (all by default) and record the run.
+
+    Refused before anything changes on a worker: a config the trainer would refuse on this node's shape,
+    a run still alive on the node, workers without a trainer environment (unless `python` is given, or
+    the pod shares this machine), and workers whose code or JAX versions differ (`check_code`).
+    `kill_stale` first kills processes holding the TPU and removes libtpu's lockfile on every worker.
+    `fail_fast` is recorded in launch.json for the run's watcher (stop the others when one fails).
+    """
     config = validate_config(config_path, overrides)
     env_data = read_env_file(env_file)
     if python is not None and not python.strip():
         raise UserError("--python is empty; give an interpreter, e.g. --python python3")
     provider, node = await open_node(providers, node_name)
     selected = parse_worker_selection(workers, node.shape.workers)
-    interpreter = python or default_python(provider)
+    check_shape(config, node, len(selected))
     targets = await provider.ssh_targets(node)
     store = store or RunStore()
 
@@ -171,6 +203,11 @@ async def launch(
                 "run on all its workers; leave out --worker"
             )
         await require_all_reachable(fleet, node_name, selected, "nothing was launched")
+        reports = await inspect_workers(fleet, selected)
+        refuse_unready(node, reports, config, env_data, python, check_code)
+        interpreter = python or (ENV_PYTHON if all(r.env_present for r in reports) else default_python(provider))
+        if kill_stale:
+            await clear_stale_holders(fleet, selected, on_worker)
 
         run_id = new_run_id()
         started = datetime.now(UTC)
@@ -190,7 +227,7 @@ async def launch(
         )
         progress(f"{run_id}: preparing {len(selected)} worker(s) of {node.name}")
         problems = await _prepare(fleet, run_id, selected, config, env_data, node, envs, interpreter, version,
-                                  started)
+                                  started, fail_fast)
         if problems:
             starts = [WorkerStart(w, error=problems.get(w, "not started: another worker failed")) for w in selected]
         else:
@@ -213,13 +250,17 @@ async def _prepare(
     python: str,
     version: dict[str, Any] | None,
     started: datetime,
+    fail_fast: bool = False,
 ) -> dict[int, str]:
     """Make the run folder and upload its files on every worker; the problems by worker (empty: all done)."""
-    made = await fleet.run(recipes.prepare_run_dir(run_id), workers, timeout=60)
+    # Without --env-file, the .env that `sync --env-file` left on the worker (if any) goes with the run.
+    made = await fleet.run(recipes.prepare_run_dir(run_id, copy_env_from=None if env_data else SYNCED_ENV_FILE),
+                           workers, timeout=60)
     problems = {r.worker: r.error or r.stderr.strip() or f"exit {r.exit_status}" for r in made if not r.ok}
     if problems:
         return problems
     folder = recipes.run_dir(run_id)
+    synced_env = any("env=synced" in r.stdout for r in made)
     uploads = [fleet.put(config.yaml_text.encode(), f"{folder}/config.yaml", workers, mode=0o644)]
     if env_data is not None:
         uploads.append(fleet.put(env_data, f"{folder}/.env", workers, mode=0o600))
@@ -236,7 +277,8 @@ async def _prepare(
             "python": python,
             "command": [python, "-u", *TRAINER_ARGS],
             "env": envs[worker],  # non-secret variables only; secrets are in .env
-            "env_file": ".env" if env_data is not None else None,
+            "env_file": ".env" if env_data is not None else (SYNCED_ENV_FILE if synced_env else None),
+            "fail_fast": fail_fast,
             "config_source": str(config.path),
             "overrides": config.overrides,
             "config_digest": config.digest,
@@ -285,3 +327,54 @@ def _record(store: RunStore, record: RunRecord, starts: list[WorkerStart]) -> No
         record.state, record.failure = "failed", f"worker {first.worker} did not start: {first.error}"
         record.finished_at = datetime.now(UTC)
     store.add(record)
+
+
+async def inspect_workers(fleet: Fleet, workers: list[int]) -> list[WorkerReport]:
+    """Environment, code, versions and live runs of each worker, in one round trip."""
+    results = await fleet.run(provision_recipes.inspect_worker(), workers, timeout=60)
+    reports = []
+    for result in results:
+        if not result.ok:
+            raise UserError(f"worker {result.worker} could not be inspected "
+                            f"({result.error or result.stderr.strip() or result.exit_status}); nothing was launched")
+        reports.append(WorkerReport.parse(result.worker, result.stdout))
+    return reports
+
+
+def refuse_unready(
+    node: Node,
+    reports: list[WorkerReport],
+    config: ValidatedConfig,
+    env_data: bytes | None,
+    python: str | None,
+    check_code: bool,
+) -> None:
+    """UserError when the workers are not ready for this launch; see `launch` for what is checked."""
+    live = {run_id: r.worker for r in reports for run_id in r.live_runs}
+    if live:
+        run_id, worker = next(iter(live.items()))
+        raise UserError(f"run {run_id} is still running on {node.name} (worker {worker}); stop it first with "
+                        f"`tpu-console stop {node.name} {run_id}`")
+    missing = [r.worker for r in reports if not r.env_present]
+    if python is None and missing and node.provider != "local":
+        raise UserError(f"worker {missing[0]} of {node.name} has no trainer environment; run "
+                        f"`tpu-console bootstrap {node.name}` then `tpu-console sync {node.name}`")
+    if python is None and check_code:
+        if any(r.env_present and not r.code for r in reports) and node.provider != "local":
+            worker = next(r.worker for r in reports if r.env_present and not r.code)
+            raise UserError(f"worker {worker} of {node.name} has no code installed; run "
+                            f"`tpu-console sync {node.name}`")
+        if differences := mismatches(reports):
+            raise UserError(f"the workers of {node.name} do not run the same software: {'; '.join(differences)}; "
+                            f"run `tpu-console bootstrap {node.name}` and `tpu-console sync {node.name}`")
+    if config.data.get("wandb_mode") == "online":
+        keys = parse_env(env_data.decode("utf-8", "replace")) if env_data else {}
+        synced = all(r.env_file_present for r in reports)
+        if not keys.get("WANDB_API_KEY") and not (env_data is None and synced):
+            raise UserError("wandb_mode is online but no .env gives WANDB_API_KEY; pass --env-file .env (or "
+                            f"`tpu-console sync {node.name} --env-file .env`), or --set wandb_mode=offline")
+
+
+async def clear_stale_holders(fleet: Fleet, workers: list[int], on_worker: Callable[[int, str], None]) -> None:
+    """Kill leftover TPU holders and remove libtpu's lockfile on every worker (what `--kill-stale` asks)."""
+    await run_on_workers(fleet, provision_recipes.kill_stale(), workers, timeout=60, on_worker=on_worker)
