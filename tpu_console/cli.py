@@ -417,12 +417,17 @@ async def _delete(args: argparse.Namespace, settings: Settings, providers: dict[
 
 async def _exec(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
     command = actions.command_line(args.command)
-    on_line = None if args.json else _print_worker_line
+    masker = SecretMasker.for_node(args.name)  # a `cat .env` on a worker shows *** for each value
+
+    def on_line(line: Any) -> None:
+        stream = sys.stderr if line.stream == "stderr" else sys.stdout
+        print(f"[{line.worker}] {masker.mask(line.text)}", file=stream, flush=True)
+
     outcome = await actions.exec_on_node(
-        providers, args.name, command, args.worker, timeout=args.timeout, on_line=on_line
+        providers, args.name, command, args.worker, timeout=args.timeout, on_line=None if args.json else on_line
     )
     if args.json:
-        _print_json(
+        _print_masked_json(masker, 
             {
                 "node": outcome.node.name,
                 "command": outcome.command,
@@ -518,16 +523,17 @@ async def _runs(args: argparse.Namespace, settings: Settings, providers: dict[st
 async def _status(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
     record = await resolve_run(RunStore(), providers, args.target, args.run_id)
     view = await run_control.run_status(providers, record.run_id)
+    masker = SecretMasker.for_node(record.node)  # notes quote worker output, which may hold a leaked value
     if args.json:
-        _print_json(run_table.run_record(view))
+        print(masker.mask(json.dumps(run_table.run_record(view), indent=2)))
         return 0
     record = view.record
     age = format_age(record.started_at, datetime.now(UTC))
     print(f"{record.run_id}  {record.node} ({record.provider} {record.accelerator_type})  {view.state}  "
           f"started {age} ago")
-    print(format_table(run_table.WORKER_COLUMNS, [run_table.worker_row(s) for s in view.workers]))
+    print(masker.mask(format_table(run_table.WORKER_COLUMNS, [run_table.worker_row(s) for s in view.workers])))
     if view.failure:
-        print(f"failed: {view.failure}")
+        print(masker.mask(f"failed: {view.failure}"))
     if view.problem:
         print(f"note: {view.problem}", file=sys.stderr)
     return 0
@@ -593,11 +599,6 @@ async def _stop(args: argparse.Namespace, settings: Settings, providers: dict[st
     return 1 if unreachable else 0
 
 
-def _print_worker_line(line: Any) -> None:
-    stream = sys.stderr if line.stream == "stderr" else sys.stdout
-    print(f"[{line.worker}] {line.text}", file=stream, flush=True)
-
-
 def _print_exec_summary(outcome: actions.ExecOutcome, out: TextIO) -> None:
     rows = []
     for r in outcome.results:
@@ -612,6 +613,10 @@ def _print_exec_summary(outcome: actions.ExecOutcome, out: TextIO) -> None:
 
 def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
+
+
+def _print_masked_json(masker: SecretMasker, document: dict[str, Any]) -> None:
+    print(masker.mask(json.dumps(document, indent=2)))
 
 
 def _print_json(document: dict[str, Any]) -> None:

@@ -163,6 +163,8 @@ def probe_runs(run_ids: Sequence[str], events_tail_bytes: int = 0, log_tail_line
             f"printf '\\n{_MARK_PRINTF}log\\n'; tail -n {int(log_tail_lines)} \"$d/output.log\" 2>/dev/null"
         )
     body.append("done")
+    # A run folder without output.log (a worker whose job never started) must not fail the whole probe.
+    body.append("exit 0")
     return "(\n" + "\n".join(body) + "\n)"
 
 

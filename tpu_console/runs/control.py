@@ -149,6 +149,11 @@ def _monitor(record: RunRecord, lost_after_unreachable: int = 1) -> RunMonitor:
             status = monitor.workers[worker]
             status.state = WorkerState(saved.state)
             status.exit_status, status.pgid, status.reason = saved.exit_status, saved.pgid, saved.start_error
+        elif worker in monitor.workers and saved.state == "failed":
+            # It never started (launch undid the others): its failure came first, at launch time.
+            status = monitor.workers[worker]
+            status.state, status.reason = WorkerState.LOST, f"did not start: {saved.start_error}"
+            status.exit_time = record.started_at.timestamp() - 1.0  # before any exit file's whole-second mtime
     return monitor
 
 
