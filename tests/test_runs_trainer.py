@@ -1,15 +1,21 @@
-"""The real trainer launched by the console on a local 2x2 pod (2 workers x 2 CPU devices, jax.distributed
-across them): every worker runs to the end, writes its `end` event and exits 0."""
+"""The whole loop a new user tries first, on a local 2x2 pod (2 workers x 2 CPU devices, jax.distributed
+across them): create, bootstrap, sync, launch the real trainer from the synced environment; every worker
+runs to the end, writes its `end` event and exits 0."""
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
+from tests.fixtures_sshd import sshd  # noqa: F401 - fixture
 from tpu_console import cli
+from tpu_console.keys import client_key_path
 from tpu_console.locations import home
 from trainer.synthetic_gsm8k import write_jsonl
 
@@ -23,6 +29,8 @@ CONFIG = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "tiny_loc
 def test_tiny_trainer_runs_on_every_worker_of_a_local_pod(capsys, tmp_path, tiny_model_dir):
     data = write_jsonl(tmp_path / "gsm8k.jsonl", 32, seed=0)
     assert cli.main(["create", "pod", "--type", "local-2x2"]) == 0
+    assert cli.main(["bootstrap", "pod"]) == 0
+    assert cli.main(["sync", "pod"]) == 0
     overrides = [f"model_path={tiny_model_dir}", f"data.path={data}", "steps=1", "eval_every_steps=0",
                  "rollout.global_length=64", "rollout.max_length_sample=8"]
     argv = ["launch", "pod", "--config", str(CONFIG), "--json"]
@@ -43,6 +51,8 @@ def test_tiny_trainer_runs_on_every_worker_of_a_local_pod(capsys, tmp_path, tiny
         assert events[0]["kind"] == "start" and events[0]["process_count"] == 2
         assert events[-1]["kind"] == "end" and events[-1]["process"] == worker
         assert (folder / "exit").read_text().strip() == "0"
+        manifest = json.loads((folder / "launch.json").read_text())
+        assert manifest["python"] == "~/tpu-console/env/bin/python"  # the synced environment, not this one
 
     assert cli.main(["status", run_id, "--json"]) == 0
     view = json.loads(capsys.readouterr().out)
@@ -50,3 +60,34 @@ def test_tiny_trainer_runs_on_every_worker_of_a_local_pod(capsys, tmp_path, tiny
     digests = {w["config_digest"] for w in view["worker_status"]}
     assert digests == {launched["config_digest"]}  # every process ran the config the console sent
     assert [w["last_step"]["step"] for w in view["worker_status"]] == [1, 1]
+
+
+@pytest.mark.timeout(300)
+def test_the_loop_on_an_openssh_node(capsys, tmp_path, tiny_model_dir, console_home, sshd):  # noqa: F811
+    """bootstrap, sync and launch through a stock OpenSSH sshd (one host, one CPU device), as on a VM made
+    elsewhere. The worker's base interpreter is this machine's Python; its packages are linked, not
+    downloaded, because the host is this machine's loopback."""
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(f"[127.0.0.1]:{sshd.port} {sshd.host_key_line}\n")
+    (console_home / "config.toml").write_text(
+        f'[[ssh.nodes]]\nname = "lab"\nhosts = ["127.0.0.1:{sshd.port}"]\nuser = "{getpass.getuser()}"\n'
+        f'key = "{client_key_path()}"\nknown_hosts = "{known_hosts}"\n'
+    )
+    data = write_jsonl(tmp_path / "gsm8k.jsonl", 32, seed=0)
+    base_python = os.path.realpath(sys.executable)
+    assert cli.main(["bootstrap", "lab", "--python", base_python]) == 0
+    assert cli.main(["sync", "lab"]) == 0
+    capsys.readouterr()
+    argv = ["launch", "lab", "--config", str(CONFIG), "--json", "--set", f"model_path={tiny_model_dir}",
+            "--set", f"data.path={data}", "--set", "steps=1", "--set", "eval_every_steps=0",
+            "--set", "rollout.global_length=64", "--set", "rollout.max_length_sample=8"]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    run_id = json.loads(capsys.readouterr().out)["run_id"]
+    status = cli.main(["logs", "lab", run_id, "--follow", "--lines", "all"])
+    out, err = capsys.readouterr()
+    assert status == 0, out[-3000:] + err[-2000:]
+    folder = sshd.folder / "home" / "tpu-console" / "runs" / run_id
+    manifest = json.loads((folder / "launch.json").read_text())
+    assert manifest["python"] == "~/tpu-console/env/bin/python" and manifest["code_version"] is not None
+    events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
+    assert events[-1]["kind"] == "end" and (folder / "exit").read_text().strip() == "0"

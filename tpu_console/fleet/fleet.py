@@ -69,6 +69,7 @@ class Fleet:
         self._keys: dict[Path, asyncssh.SSHKey] = {}
         self._connections: dict[int, WorkerConnection] = {}
         self._use_channels = command_channels
+        self._homes: dict[int, str] = {}
 
     async def __aenter__(self) -> Self:
         return self
@@ -137,7 +138,8 @@ class Fleet:
     ) -> list[WorkerResult]:
         """Write a file on each selected worker over SFTP, atomically (temp file, then rename).
 
-        A relative `remote_path` is taken from the worker's home; missing parent folders are made.
+        A relative `remote_path` is taken from the worker's $HOME (see `home`); missing parent folders
+        are made.
         """
         selected = self._select(workers)
         data = data_or_path.read_bytes() if isinstance(data_or_path, Path) else bytes(data_or_path)
@@ -146,6 +148,9 @@ class Fleet:
     async def get(self, remote_path: str, worker: int) -> bytes:
         """Read a file from one worker. Raises Unreachable, or FileNotFoundError if it does not exist."""
         self._select([worker])
+        shown = remote_path  # errors name the path as the caller gave it
+        if not remote_path.startswith("/"):
+            remote_path = posixpath.join(await self.home(worker), remote_path)
         conn = self.connection(worker)
         async with self._host_slot(conn.target), self._overall:
             try:
@@ -153,7 +158,7 @@ class Fleet:
                 async with sftp.open(remote_path, "rb") as remote:
                     return await remote.read()
             except asyncssh.SFTPNoSuchFile:
-                raise FileNotFoundError(f"worker {worker}: no file {remote_path}") from None
+                raise FileNotFoundError(f"worker {worker}: no file {shown}") from None
             except _NOT_STARTED as exc:
                 conn.drop()
                 raise Unreachable(f"worker {worker}: connection lost ({_reason(exc)})") from None
@@ -216,12 +221,29 @@ class Fleet:
                     raise Unreachable(f"{_reason(exc)} ({conn.address})") from None
         raise AssertionError("unreachable")
 
+    async def home(self, worker: int) -> str:
+        """The worker's $HOME as its shell sees it (asked once per connection). SFTP resolves relative
+        paths from the account's home in the password database, which a session's environment can
+        override (sshd's SetEnv, a login script); shell and SFTP must agree on where `~` is."""
+        if worker not in self._homes:
+            (answer,) = await self.run('printf "%s" "$HOME"', [worker], timeout=30)
+            if not answer.ok or not answer.stdout.startswith("/"):
+                raise Unreachable(answer.error or f"worker {worker}: could not read $HOME")
+            self._homes[worker] = answer.stdout
+        return self._homes[worker]
+
     async def _put_one(self, worker: int, data: bytes, remote_path: str, mode: int) -> WorkerResult:
         start = time.perf_counter()
         conn = self.connection(worker)
 
         def result(error: str | None) -> WorkerResult:
             return WorkerResult(worker, None if error else 0, "", "", time.perf_counter() - start, error)
+
+        if not remote_path.startswith("/"):
+            try:
+                remote_path = posixpath.join(await self.home(worker), remote_path)
+            except Unreachable as exc:
+                return result(f"unreachable: {exc}")
 
         async with self._host_slot(conn.target), self._overall:
             try:

@@ -28,7 +28,7 @@ print("@@ versions " + json.dumps({"python": platform.python_version(), "jax": v
       "libtpu": v("libtpu", "libtpu-nightly"), "flax": v("flax"), "optax": v("optax"),
       "transformers": v("transformers"), "tpu-console": v("tpu-console")}, sort_keys=True))
 PY
-  c=$(tr -d '\n' < "$HOME/tpu-console/code.json" 2>/dev/null) && [ -n "$c" ] && echo "@@ code $c"
+  if [ -s "$HOME/tpu-console/code.json" ]; then echo "@@ code $(tr -d '\n' < "$HOME/tpu-console/code.json")"; fi
   return 0
 }
 
