@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import stat
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -101,6 +104,33 @@ def test_bootstrap_is_idempotent_and_sync_installs_the_checkout_with_its_env(cap
     assert "do not run the same software: code differs (worker 0: " in err and "worker 1: 000000000000 (wheel" in err
     assert "tpu-console sync pod" in err
     assert len(list((worker_home(0) / "tpu-console" / "runs").iterdir())) == 1  # only the earlier run
+
+    # --git: every worker clones the branch, installs it and reports the commit; the pod agrees again.
+    repo = source_repo(tmp_path / "repo")
+    sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    status, synced = json_run(capsys, "sync", "pod", "--git", f"file://{repo}", "--branch", "main")
+    assert status == 0, synced
+    assert [(w["code"]["source"], w["code"]["git_sha"]) for w in synced["workers"]] == [("git", sha)] * 2
+    # Not refused now, and the job runs the git install's trainer, which finds no model on these workers.
+    status, out, err = run(capsys, "launch", "pod", "--config", str(CONFIG))
+    assert status == 0, err
+    status, out, err = run(capsys, "logs", "pod", "--follow", "--lines", "all")
+    assert status == 1 and "model_path: ~/tiny-qwen2 does not exist" in out
+
+
+def source_repo(path: Path) -> Path:
+    """A git repository holding this project's sources, committed on branch main."""
+    root = Path(__file__).resolve().parents[1]
+    path.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, path / name)
+    for package in ("tpu_console", "trainer"):
+        shutil.copytree(root / package, path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    git = ["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    for argv in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "sources"]):
+        subprocess.run(git + argv, check=True, capture_output=True)
+    return path
 
 
 def test_a_second_launch_on_a_live_run_is_refused_and_names_it(capsys, pod, tmp_path):
