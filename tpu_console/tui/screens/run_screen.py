@@ -207,7 +207,7 @@ class RunScreen(Screen[None]):
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         if event.pane.id == TABS["plots"]:
             self.query_one(MetricPlots).show(self.history, self.worker)
-        elif event.pane.id == TABS["logs"]:
+        elif event.pane.id == TABS["logs"] and not self.query_one(LogSearch).has_class("-open"):
             self.query_one(LogPane).focus()
 
     # -- drawing ---------------------------------------------------------------------------------------

@@ -33,7 +33,8 @@ class LogSearch(Input):
     def open(self, term: str) -> None:
         self.value = term
         self.add_class("-open")
-        self.focus()
+        # The log's tab may be appearing in this same moment; focus once it is shown.
+        self.call_after_refresh(self.focus)
 
     def action_close(self) -> None:
         self.remove_class("-open")

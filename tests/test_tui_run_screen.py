@@ -1,0 +1,216 @@
+"""Pilot tests of the run dashboard: every key, with a feed of fixed messages (no pod, no I/O)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from rich.console import Console
+from textual.widgets import Static, TabbedContent
+
+from tests.fixtures_cli import NOW
+from tests.fixtures_run_dashboard import RUN_ID, WORKERS, FixedFeed, failed_run, running_run
+from tpu_console.tui import app as app_module
+from tpu_console.tui.app import TpuConsoleApp
+from tpu_console.tui.help_screen import HelpScreen
+from tpu_console.tui.messages import RunLogLines
+from tpu_console.tui.screens.run_screen import RunScreen
+from tpu_console.tui.widgets.log_pane import LogPane, LogStatus
+from tpu_console.tui.widgets.run_log_search import LogSearch
+from tpu_console.tui.widgets.worker_grid import WorkerGrid
+
+SIZE = (100, 30)
+
+
+class DashboardApp(TpuConsoleApp):
+    """The real app with the run dashboard opened on top of its first screen."""
+
+    CSS_PATH = str(Path(app_module.__file__).with_name(TpuConsoleApp.CSS_PATH))  # relative to app.py, not here
+
+    def __init__(self, feed: FixedFeed) -> None:
+        super().__init__({}, refresh_every=3600, clock=lambda: NOW)
+        self.run_screen = RunScreen({}, RUN_ID, clock=lambda: NOW, feed=feed)
+
+    def on_mount(self) -> None:
+        self.push_screen(self.run_screen)
+
+
+async def opened(pilot, feed: FixedFeed) -> RunScreen:
+    await feed.posted.wait()
+    await pilot.pause()
+    screen = pilot.app.screen
+    assert isinstance(screen, RunScreen)
+    return screen
+
+
+def running_app() -> tuple[DashboardApp, FixedFeed]:
+    feed = FixedFeed(*running_run())
+    return DashboardApp(feed), feed
+
+
+def text_of(widget: Static) -> str:
+    """What a Static shows, as plain text (tables and groups included)."""
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(widget.content)
+    return console.export_text()
+
+
+def grid_rows(screen: RunScreen) -> list[list[str]]:
+    table = screen.query_one(WorkerGrid)
+    return [[str(cell) for cell in table.get_row_at(i)] for i in range(table.row_count)]
+
+
+def log_status(screen: RunScreen) -> str:
+    return text_of(screen.query_one(LogStatus))
+
+
+async def test_grid_shows_every_worker_with_the_straggler_and_the_stall():
+    app, feed = running_app()
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await opened(pilot, feed)
+        rows = grid_rows(screen)
+        assert [row[:3] for row in rows] == [["0 ", "running", "12"], ["1 ", "running", "12"],
+                                            ["2 ", "running", "12"], ["3 ", "stalled 95s", "9"]]
+        assert rows[2][3] == "5.32s 1.6x"  # the straggler, against the other workers' median
+        assert rows[0][3] == "3.30s" and rows[0][4] == "-"
+        assert rows[0][5].startswith("step=12 loss=0.0200")
+        notes = text_of(screen.query_one("#run-notes", Static))
+        assert "stalled: W3" in notes and "W&B https://wandb.ai/lab/grpo/runs/k2x9q1" in notes
+
+
+async def test_an_ended_run_shows_its_verdict_exit_codes_and_first_failure():
+    feed = FixedFeed(*failed_run())
+    app = DashboardApp(feed)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await opened(pilot, feed)
+        assert "ended: FAILED" in text_of(screen.query_one("#run-title", Static))
+        assert text_of(screen.query_one("#run-notes", Static)).startswith(
+            "first failure: worker 1 exited 1: RESOURCE_EXHAUSTED")
+        rows = grid_rows(screen)
+        assert [(row[0], row[1], row[4]) for row in rows] == [
+            ("0 ", "failed", "143"), ("1!", "FAILED first", "1"), ("2 ", "failed", "143"), ("3 ", "failed", "143")]
+        assert [n.title for n in app._notifications] == ["run ended"]
+        await pilot.press("m")
+        assert "not reported" in text_of(screen.query_one("#hbm", Static))
+
+
+async def test_digits_follow_one_worker_and_an_unknown_worker_is_refused():
+    app, feed = running_app()
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await opened(pilot, feed)
+        pane = screen.query_one(LogPane)
+        assert pane.worker is None and len(pane.visible_text()) == 12 * WORKERS
+        await pilot.press("2")
+        assert pane.worker == 2 and screen.worker == 2
+        assert pane.visible_text()[-1] == "[w2] step=12 loss=0.0200 reward_mean=0.82"
+        assert len(pane.visible_text()) == 12
+        assert screen.query_one(WorkerGrid).cursor_row == 2
+        assert "log: worker 2" in log_status(screen)
+        assert "W2 (step 12)" in text_of(screen.query_one("#breakdown", Static))
+        await pilot.press("7")
+        assert pane.worker == 2
+        assert any("no worker 7" in n.message for n in app._notifications)
+
+
+async def test_tab_cycles_workers_and_a_goes_back_to_all_interleaved():
+    app, feed = running_app()
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await opened(pilot, feed)
+        seen = []
+        for _ in range(WORKERS + 1):
+            await pilot.press("tab")
+            seen.append(screen.worker)
+        assert seen == [0, 1, 2, 3, 0]
+        await pilot.press("shift+tab")
+        assert screen.worker == 3
+        await pilot.press("a")
+        pane = screen.query_one(LogPane)
+        assert screen.worker is None and pane.worker is None
+        assert pane.visible_text()[-1] == "[3]  [w3] step=12 loss=0.0200 reward_mean=0.82"
+        assert "all workers, interleaved" in log_status(screen)
+        assert screen.query_one(WorkerGrid).show_cursor is False
+
+
+async def test_f_stops_and_resumes_following_new_lines():
+    app, feed = running_app()
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await opened(pilot, feed)
+        pane = screen.query_one(LogPane)
+        assert pane.follow and pane.scroll_y == pane.max_scroll_y > 0
+        await pilot.press("f")
+        assert not pane.follow and "follow OFF" in log_status(screen)
+        pane.scroll_to(y=0, animate=False, immediate=True)
+        screen.post_message(RunLogLines([(0, f"more {i}") for i in range(40)]))
+        await pilot.pause()
+        assert pane.scroll_y == 0  # frozen where the reader is
+        await pilot.press("f")
+        await pilot.pause()
+        assert pane.follow and pane.scroll_y == pane.max_scroll_y
+        screen.post_message(RunLogLines([(1, "newest line")]))
+        await pilot.pause()
+        assert pane.scroll_y == pane.max_scroll_y and pane.visible_text()[-1] == "[1]  newest line"
+
+
+async def test_slash_searches_n_and_shift_n_move_between_matches_and_escape_closes():
+    app, feed = running_app()
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await opened(pilot, feed)
+        await pilot.press("s")  # search works from any tab: it brings the log back
+        await pilot.press("slash")
+        search = screen.query_one(LogSearch)
+        assert search.has_focus and screen.query_one(TabbedContent).active == "tab-logs"
+        await pilot.press(*"STEP=3 ", "enter")  # case-insensitive; the trailing space is trimmed
+        pane = screen.query_one(LogPane)
+        assert pane.search_term == "STEP=3"
+        assert len(pane.matches) == WORKERS and pane.current_match == WORKERS - 1
+        assert not search.has_focus and pane.has_focus and not pane.follow
+        assert "/STEP=3: 4 matches (4/4)" in log_status(screen)
+        await pilot.press("n")
+        assert pane.current_match == 0
+        await pilot.press("N", "N")
+        assert pane.current_match == WORKERS - 2
+        line = pane.matches[pane.current_match]
+        assert pane.scroll_y <= line < pane.scroll_y + pane.size.height
+        await pilot.press("slash", "x")
+        await pilot.press("escape")  # closes the prompt, not the screen
+        assert isinstance(app.screen, RunScreen) and not search.has_class("-open")
+        assert pane.search_term == "STEP=3"
+
+
+async def test_letters_switch_tabs():
+    app, feed = running_app()
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await opened(pilot, feed)
+        tabs = screen.query_one(TabbedContent)
+        for key, tab in (("s", "tab-steps"), ("m", "tab-hbm"), ("p", "tab-plots"), ("l", "tab-logs")):
+            await pilot.press(key)
+            assert tabs.active == tab
+        await pilot.press("m")
+        assert "near the limit (peak >= 90%): W1" in text_of(screen.query_one("#hbm", Static))
+        await pilot.press("s")
+        assert "stragglers (vs the other workers' median): W2 rollout_generate 1.9x, W2 step 1.6x" in text_of(
+            screen.query_one("#breakdown", Static))
+
+
+async def test_help_lists_the_dashboard_keys_and_escape_goes_back():
+    app, feed = running_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await opened(pilot, feed)
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        keys = " ".join(text_of(app.screen.query_one("#help-keys", Static)).split())
+        for key, action in (("esc", "Back"), ("0-9", "Worker"), ("tab", "Next"), ("a", "All"), ("f", "Follow"),
+                            ("/", "Search"), ("l", "Logs"), ("s", "Steps"), ("m", "HBM"), ("p", "Plots")):
+            assert f"{key} {action}" in keys
+        await pilot.press("escape")
+        assert isinstance(app.screen, RunScreen)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, RunScreen)
+
+
+async def test_bindings_have_ids_for_remapping():
+    ids = {b.id for b in RunScreen.BINDINGS}
+    assert {"run.back", "run.worker_0", "run.worker_9", "run.next_worker", "run.all_workers", "run.follow",
+            "run.search", "run.next_match", "run.previous_match", "run.tab_plots"} <= ids
+    assert None not in ids
+
