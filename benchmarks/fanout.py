@@ -1,5 +1,5 @@
 """Fan-out to a 64-worker local pod: the fleet's persistent connections against one `ssh` process per
-worker (what `gcloud ... ssh --worker=all` and the seeds' scripts do), against the same servers in the
+worker (what `gcloud ... ssh --worker=all` and hand-written launch scripts do), against the same servers in the
 same run.
 
     .venv/bin/python benchmarks/fanout.py [--workers 64] [--repeats 15] [--pause 0.5]

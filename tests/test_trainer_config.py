@@ -94,7 +94,7 @@ def test_environment_check_names_the_missing_files(tmp_path):
 
 
 def test_topology_local_batch_must_divide_by_local_devices():
-    # seed 004: v4-16, 2 hosts x 4 devices; 1 prompt per process x 8 samples is fine, x 2 is not.
+    # the v4-16 OOM sweep: 2 hosts x 4 devices; 1 prompt per process x 8 samples is fine, x 2 is not.
     cfg = load_config(raw={**BASE, "rollout": {"batch_size": 2, "n": 8}})
     check_topology(cfg, process_count=2, local_device_count=4, data_parallel=1, fsdp=8)
     cfg = load_config(raw={**BASE, "rollout": {"batch_size": 2, "n": 2}})
@@ -115,7 +115,7 @@ def test_shipped_configs_validate(path):
     assert cfg.wandb_mode in ("online", "offline", "disabled")
 
 
-def test_shipped_benchmark_configs_follow_the_seeds():
+def test_shipped_benchmark_configs_match_the_benchmark_setups():
     names = {p.name for p in CONFIGS.glob("*.yaml")}
     assert {"tiny_local.yaml", "qwen25_3b_v6e8_bench.yaml", "qwen25_3b_v6e16_bench.yaml",
             "qwen25_7b_v4_16.yaml"} <= names

@@ -3,7 +3,7 @@
 Each function returns the text of one bash command, built with `shlex.quote` from data, so it can be
 tested without a worker and read in one place. Every recipe runs in a subshell `( ... )`, so recipes can
 be joined with `;` into one round trip. The files they read and write are the worker-side contract of
-DESIGN.md: `~/tpu-console/runs/<run_id>/{launch.json, config.yaml, .env, output.log, events.jsonl, pid, exit}`.
+docs/contract.md: `~/tpu-console/runs/<run_id>/{launch.json, config.yaml, .env, output.log, events.jsonl, pid, exit}`.
 
 Stopping a job never relies on SSH channel signals (sshd ignores them for non-pty sessions, and the job
 is detached anyway): the wrapper records the job's process group and `stop` kills that group.

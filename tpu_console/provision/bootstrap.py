@@ -1,6 +1,6 @@
 """`tpu-console bootstrap NODE`: give every worker the trainer's Python environment, in parallel.
 
-What the seeds did by hand on each worker (install Python, make an environment, pip install JAX and the
+What one does by hand on each worker (install Python, make an environment, pip install JAX and the
 rest), done once per node and idempotently: a worker whose environment already holds exactly what this
 bootstrap would install answers "already in place" in about a second. Each worker reports the versions it
 ended with (python, jax, jaxlib, libtpu, flax), read without importing JAX. See docs/workers.md.

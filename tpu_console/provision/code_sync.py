@@ -1,6 +1,6 @@
 """`tpu-console sync NODE`: the same code on every worker, and the `.env` beside it.
 
-Two ways, as the seeds did it by hand (git clone + pip install on each worker) or better:
+Two ways (by hand this is a git clone + pip install on each worker):
 - from this checkout (the default): build a wheel of exactly what is on disk here, uncommitted changes
   included, upload it to every worker over SFTP and install it into `~/tpu-console/env` (no dependencies:
   bootstrap put those there). `code.json` records the git sha, the dirty flag and the wheel's digest.

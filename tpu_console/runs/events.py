@@ -1,7 +1,7 @@
 """Reading the trainer's `events.jsonl`: flat JSON objects, one per line, into small typed records.
 
 The file is being appended to while the console reads it, so the last line may be cut short: a line that
-is not a complete JSON object is skipped, never an error. Metric keys are the W&B names of DESIGN.md.
+is not a complete JSON object is skipped, never an error. Metric keys are the W&B names of docs/contract.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Launching the trainer on every worker of a node, the way the seeds did by hand, in one call.
+"""Launching the trainer on every worker of a node, in one call (by hand: copy .env, nohup on each worker).
 
 Everything that can be checked on this machine is checked before any worker is touched: the node exists
 and is READY, the config validates against the trainer's schema, a named `.env` exists, the worker

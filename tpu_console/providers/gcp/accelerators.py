@@ -1,7 +1,7 @@
 """Cloud TPU accelerator types: how many hosts and devices a type has, and its default runtime image.
 
 Source: the Cloud TPU system-architecture pages for each generation (cloud.google.com/tpu/docs/v4,
-/v5e, /v5p, /v6e), as read in 2025; checked against the seeds (v6e-16 = 4 hosts x 4 chips,
+/v5e, /v5p, /v6e), as read in 2025; checked against real pods (v6e-16 = 4 hosts x 4 chips,
 v4-16 = 2 hosts x 4 devices).
 
 | family | name counts | chips | hosts | JAX devices per host |
