@@ -184,8 +184,10 @@ class RunScreen(Screen[None]):
         self._show_log_status()
 
     def action_search(self) -> None:
-        self.query_one(TabbedContent).active = TABS["logs"]
-        self.query_one(LogSearch).open(self.query_one(LogPane).search_term)
+        tabs = self.query_one(TabbedContent)
+        shown = tabs.active == TABS["logs"]
+        tabs.active = TABS["logs"]
+        self.query_one(LogSearch).open(self.query_one(LogPane).search_term, shown)
 
     def action_next_match(self, step: int) -> None:
         self.query_one(LogPane).next_match(step)

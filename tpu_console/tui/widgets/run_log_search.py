@@ -30,11 +30,15 @@ class LogSearch(Input):
     def __init__(self, **kwargs) -> None:
         super().__init__(placeholder="search the log (enter: find, esc: close)", **kwargs)
 
-    def open(self, term: str) -> None:
+    def open(self, term: str, shown: bool = True) -> None:
+        """Show the prompt with `term`; `shown`: the log's tab is already on screen (else it is appearing
+        in this same moment, and the prompt can take the focus only once it is drawn)."""
         self.value = term
         self.add_class("-open")
-        # The log's tab may be appearing in this same moment; focus once it is shown.
-        self.call_after_refresh(self.focus)
+        if shown:
+            self.focus()
+        else:
+            self.call_after_refresh(self.focus)
 
     def action_close(self) -> None:
         self.remove_class("-open")

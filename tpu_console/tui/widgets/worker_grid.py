@@ -20,6 +20,7 @@ class WorkerGrid(DataTable):
     WorkerGrid {
         height: auto;
         max-height: 10;
+        overflow-x: hidden;
         scrollbar-size-vertical: 1;
     }
     """

@@ -1,0 +1,42 @@
+"""Snapshot tests of the run dashboard at 100x30 with fixed data: a running 4-worker run with a straggler
+and a stall (each tab), and an ended failed run. Update after an intended change with
+`pytest tests/test_tui_run_snapshots.py --snapshot-update`, and look at the report before committing."""
+
+from __future__ import annotations
+
+from tests.fixtures_run_dashboard import FixedFeed, failed_run, running_run
+from tests.test_tui_run_screen import SIZE, DashboardApp
+
+
+async def until_posted(pilot) -> None:
+    await pilot.app.run_screen.feed.posted.wait()
+    await pilot.pause()
+
+
+def test_running_run_logs(snap_compare):
+    assert snap_compare(DashboardApp(FixedFeed(*running_run())), terminal_size=SIZE, run_before=until_posted)
+
+
+def test_running_run_one_worker_with_search(snap_compare):
+    app = DashboardApp(FixedFeed(*running_run()))
+    keys = ["2", "slash", *"step=1", "enter"]
+    assert snap_compare(app, terminal_size=SIZE, run_before=until_posted, press=keys)
+
+
+def test_running_run_step_breakdown(snap_compare):
+    app = DashboardApp(FixedFeed(*running_run()))
+    assert snap_compare(app, terminal_size=SIZE, run_before=until_posted, press=["2", "s"])
+
+
+def test_running_run_hbm(snap_compare):
+    app = DashboardApp(FixedFeed(*running_run()))
+    assert snap_compare(app, terminal_size=SIZE, run_before=until_posted, press=["m"])
+
+
+def test_running_run_plots(snap_compare):
+    app = DashboardApp(FixedFeed(*running_run()))
+    assert snap_compare(app, terminal_size=SIZE, run_before=until_posted, press=["2", "p"])
+
+
+def test_failed_run(snap_compare):
+    assert snap_compare(DashboardApp(FixedFeed(*failed_run())), terminal_size=SIZE, run_before=until_posted)
