@@ -27,9 +27,9 @@ class DashboardApp(TpuConsoleApp):
 
     CSS_PATH = str(Path(app_module.__file__).with_name(TpuConsoleApp.CSS_PATH))  # relative to app.py, not here
 
-    def __init__(self, feed: FixedFeed) -> None:
+    def __init__(self, feed: FixedFeed | None, screen: RunScreen | None = None) -> None:
         super().__init__({}, refresh_every=3600, clock=lambda: NOW)
-        self.run_screen = RunScreen({}, RUN_ID, clock=lambda: NOW, feed=feed)
+        self.run_screen = screen or RunScreen({}, RUN_ID, clock=lambda: NOW, feed=feed)
 
     def on_mount(self) -> None:
         self.push_screen(self.run_screen)

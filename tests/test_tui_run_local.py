@@ -1,0 +1,93 @@
+"""The real RunScreen against a local pod running a fake trainer (a bash script given as --python): steps
+arrive on every worker, exit statuses land one by one, and the run's verdict shows. No fixed data here:
+the screen's own RunFeed reads the pod through the runs layer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.fixtures_cli import NOW
+from tests.test_tui_run_screen import DashboardApp
+from tpu_console import secrets
+from tpu_console.runs.launch import launch
+from tpu_console.runs.store import RunStore
+from tpu_console.tui.run_feed import RunFeed
+from tpu_console.tui.screens.run_screen import RunScreen
+from tpu_console.tui.widgets.log_pane import LogPane
+from tpu_console.tui.widgets.worker_grid import WorkerGrid
+
+CONFIG = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "tiny_local.yaml"
+SECRET = "hunter2-s3cr3t-do-not-leak"
+
+# Three steps a second apart, each an events.jsonl line and a log line; worker 2 then fails with exit 3,
+# worker 3 finishes last. Each prints the secret from its .env, which the dashboard must mask.
+FAKE_TRAINER = """\
+echo "token is $MY_SECRET"
+for step in 1 2 3; do
+  echo '{"t": '$(date +%s)', "kind": "step", "process": '$TRAINER_PROCESS_ID', "step": '$step', "time/train/step_s": 0.5, "time/train/rollout_generate_s": 0.3, "time/train/update_s": 0.2, "train-reward/total/mean": 0.'$step'}' >> events.jsonl
+  echo "step=$step loss=0.1"
+  sleep 1
+done
+if [ "$TRAINER_PROCESS_ID" = 2 ]; then
+  echo '{"t": '$(date +%s)', "kind": "error", "process": 2, "message": "boom on 2"}' >> events.jsonl
+  exit 3
+fi
+if [ "$TRAINER_PROCESS_ID" = 3 ]; then sleep 2; fi
+echo done
+"""
+
+
+async def wait_until(pilot, condition, timeout_s: float = 60.0) -> None:
+    for _ in range(int(timeout_s / 0.1)):
+        if condition():
+            return
+        await pilot.pause(0.1)
+    raise AssertionError("the dashboard did not get there in time")
+
+
+async def test_dashboard_shows_steps_and_exit_statuses_arriving_from_a_local_pod(local_pod, tmp_path):
+    python = tmp_path / "fake-python"
+    python.write_text("#!/bin/bash\n" + FAKE_TRAINER)
+    python.chmod(0o755)
+    env_file = tmp_path / "my.env"
+    env_file.write_text(f"MY_SECRET={SECRET}\n")
+    # As `sync --env-file` does: the console remembers which file went to the node (its path only), so
+    # every view of that node's output masks its values. (`launch --env-file` does not remember it yet.)
+    secrets.remember_env_file("pod", env_file)
+    providers = {"local": local_pod.provider}
+    store = RunStore()
+    result = await launch(providers, "pod", CONFIG, ["steps=3"], env_file=env_file, python=str(python), store=store)
+    assert result.ok
+
+    feed = RunFeed(providers, result.run_id, store, clock=lambda: NOW, status_every_s=0.3, logs_every_s=0.3)
+    app = DashboardApp(None, RunScreen(providers, result.run_id, store, feed=feed))
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = app.run_screen
+        grid = screen.query_one(WorkerGrid)
+        seen_exits: list[list[str]] = []
+
+        def exits() -> list[str]:
+            return [str(grid.get_row_at(i)[4]) for i in range(grid.row_count)]
+
+        def progress() -> bool:
+            if grid.row_count and (not seen_exits or seen_exits[-1] != exits()):
+                seen_exits.append(exits())
+            return screen.snapshot is not None and screen.snapshot.ended
+
+        await wait_until(pilot, progress)
+        await pilot.pause(0.5)
+        rows = [[str(cell) for cell in grid.get_row_at(i)] for i in range(grid.row_count)]
+        assert [row[2] for row in rows] == ["3"] * 4  # every worker's last step arrived
+        assert exits() == ["0", "0", "3", "0"]
+        assert rows[2][1] == "FAILED first" and rows[2][5] == "boom on 2"
+        # Exit codes landed as they came: worker 3 was still running after the others had exited.
+        assert any(e[:3] == ["0", "0", "3"] and e[3] == "-" for e in seen_exits), seen_exits
+        assert screen.snapshot.state == "failed" and screen.snapshot.failure == "worker 2 exited 3: boom on 2"
+        assert sorted(screen.history.by_worker) == [0, 1, 2, 3]
+
+        await wait_until(pilot, lambda: "[3]  done" in screen.query_one(LogPane).visible_text())
+        lines = screen.query_one(LogPane).visible_text()
+        for worker in range(4):
+            assert f"[{worker}]  token is ***" in lines
+            assert f"[{worker}]  step=3 loss=0.1" in lines
+        assert not any(SECRET in line for line in lines)
