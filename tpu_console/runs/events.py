@@ -11,16 +11,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-KINDS = ("start", "step", "eval", "warning", "error", "end")
+from trainer import telemetry as tm  # the metric names live there, once (stdlib only, no JAX)
 
-STEP_S = "time/train/step_s"
-STEP_AVG_LAST10_S = "time/train/step_avg_last10_s"
-TOKENS_PER_S = "throughput/train/valid_tokens_per_s"
-MEM_IN_USE_GIB = "memory/train/bytes_in_use_max_gib"
-MEM_PEAK_GIB = "memory/train/peak_bytes_in_use_max_gib"
-MEM_LIMIT_GIB = "memory/train/bytes_limit_gib"
-REWARD_MEAN = "train-reward/total/mean"
-LOSS = "loss"
+KINDS = tm.EVENT_KINDS
+
+STEP_S = tm.phase_key("step")
+STEP_AVG_LAST10_S = tm.STEP_AVG_LAST10
+TOKENS_PER_S = tm.VALID_TOKENS_PER_S
+MEM_IN_USE_GIB = tm.MEM_IN_USE
+MEM_PEAK_GIB = tm.MEM_PEAK
+MEM_LIMIT_GIB = tm.MEM_LIMIT
+REWARD_MEAN = tm.REWARD_MEAN
+LOSS = tm.LOSS
 _PHASE_PREFIX, _PHASE_SUFFIX = "time/train/", "_s"
 
 
