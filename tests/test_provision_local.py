@@ -185,3 +185,30 @@ def test_a_job_killed_with_sigkill_is_exited_or_lost_never_running(capsys, pod, 
     wait_for(lambda: states() == {0: ("exited", 137), 1: ("lost", None)}, timeout=5)
     _, view = json_run(capsys, "status", launched["run_id"])
     assert view["state"] == "failed"
+
+
+ONE_DIES = """\
+if [ "$TRAINER_PROCESS_ID" = 1 ]; then
+  echo '{"t": 1, "kind": "error", "process": 1, "message": "RESOURCE_EXHAUSTED on 1"}' >> events.jsonl; exit 1
+fi
+while true; do sleep 0.1; done
+"""
+
+
+def test_a_worker_that_exits_1_while_the_other_runs_is_named_first_and_the_run_is_partially_dead(capsys, pod, tmp_path):
+    status, launched = json_run(capsys, "launch", "pod", "--config", str(CONFIG), "--python",
+                                fake_trainer(tmp_path, ONE_DIES))
+    assert status == 0
+
+    def view() -> dict:
+        return json_run(capsys, "status", "pod")[1]
+
+    wait_for(lambda: view()["state"] == "partially-dead", timeout=5)
+    seen = view()
+    assert seen["failure"] == "worker 1 exited 1: RESOURCE_EXHAUSTED on 1"
+    assert [(w["state"], w["exit_status"]) for w in seen["worker_status"]] == [("running", None), ("exited", 1)]
+    status, out, _ = run(capsys, "status", "pod")
+    assert "partially-dead" in out and "failed first: worker 1 exited 1" in out
+    assert "workers 0 still run after that failure" in out and f"tpu-console stop pod {launched['run_id']}" in out
+    assert run(capsys, "stop", "pod", "--yes")[0] == 0
+    assert view()["state"] == "stopped"

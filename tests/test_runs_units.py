@@ -285,9 +285,11 @@ def test_monitor_names_the_first_failing_worker_and_its_error():
     monitor.observe(0, RunProbe(RUN, pgid=1, alive=True))
     monitor.observe(1, RunProbe(RUN, pgid=2, exit_status=1, exit_time=50.0))
     monitor.observe(2, RunProbe(RUN, pgid=3, exit_status=1, exit_time=10.0, events=error))
-    assert monitor.state is RunState.FAILED  # even while worker 0 still runs
-    assert monitor.first_failure().worker == 2
+    assert monitor.state is RunState.PARTIALLY_DEAD  # failed, and worker 0 still runs
+    assert monitor.first_failure().worker == 2 and monitor.still_running() == [0]
     assert monitor.failure_message() == "worker 2 exited 1: boom"
+    monitor.observe(0, RunProbe(RUN, pgid=1, exit_status=143, exit_time=60.0))
+    assert monitor.state is RunState.FAILED and monitor.first_failure().worker == 2
 
 
 def test_monitor_lost_cases():
@@ -302,7 +304,7 @@ def test_monitor_lost_cases():
     assert monitor.workers[2].state is WorkerState.LOST
     monitor.observe(2, RunProbe(RUN, pgid=7, alive=True))  # it answered again
     assert monitor.workers[2].state is WorkerState.RUNNING
-    assert monitor.state is RunState.FAILED and monitor.failure_message().startswith("worker 0 lost")
+    assert monitor.state is RunState.PARTIALLY_DEAD and monitor.failure_message().startswith("worker 0 lost")
 
 
 def test_monitor_exited_is_final_and_stop_gives_stopped():

@@ -533,7 +533,11 @@ async def _status(args: argparse.Namespace, settings: Settings, providers: dict[
           f"started {age} ago")
     print(masker.mask(format_table(run_table.WORKER_COLUMNS, [run_table.worker_row(s) for s in view.workers])))
     if view.failure:
-        print(masker.mask(f"failed: {view.failure}"))
+        print(masker.mask(f"failed first: {view.failure}"))
+    if view.state == "partially-dead":
+        alive = [str(s.worker) for s in view.workers if not s.done]
+        print(f"workers {','.join(alive)} still run after that failure and will likely hang; stop them with "
+              f"`tpu-console stop {record.node} {record.run_id}`")
     if view.problem:
         print(f"note: {view.problem}", file=sys.stderr)
     return 0

@@ -28,7 +28,10 @@ class RunState(enum.StrEnum):
     PENDING = "pending"  # no worker has started its job yet
     RUNNING = "running"
     SUCCEEDED = "succeeded"  # every worker exited 0
-    FAILED = "failed"  # a worker exited non-zero or was lost (others may still be running)
+    FAILED = "failed"  # a worker exited non-zero or was lost, and every worker has ended
+    # A worker failed while others still run: in a multi-host job they usually hang in a collective
+    # waiting for it, holding the TPU until stopped.
+    PARTIALLY_DEAD = "partially-dead"
     STOPPED = "stopped"  # stopped on request, and no worker is still running
 
 
@@ -118,7 +121,7 @@ class RunMonitor:
         if self.stop_requested and self.all_done:
             return RunState.STOPPED
         if any(s.failed for s in statuses):
-            return RunState.FAILED
+            return RunState.FAILED if self.all_done else RunState.PARTIALLY_DEAD
         if statuses and all(s.state is WorkerState.EXITED for s in statuses):
             return RunState.SUCCEEDED
         if all(s.state is WorkerState.PENDING for s in statuses):
@@ -129,6 +132,9 @@ class RunMonitor:
         """The worker that failed first (the likely cause; the others often die waiting on it)."""
         failed = [s for s in self.workers.values() if s.failed]
         return min(failed, key=lambda s: (s.failed_at, s.worker)) if failed else None
+
+    def still_running(self) -> list[int]:
+        return [s.worker for s in self.workers.values() if not s.done]
 
     def failure_message(self) -> str | None:
         """`worker 1 exited 1: <its error event message>`, or None while nothing failed."""
