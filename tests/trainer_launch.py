@@ -68,8 +68,10 @@ class Spawned:
 
 
 def spawn(tmp_path: Path, config: Path, processes: int, devices: int, *,
-          extra_env: dict[str, str] | None = None, distributed: bool = True, tag: str = "run") -> list[Spawned]:
-    """Start `processes` trainer processes (the TRAINER_* environment the console sets) without waiting."""
+          extra_env: dict[str, str] | None = None, distributed: bool = True, tag: str = "run",
+          trainer_args: list[str] | None = None) -> list[Spawned]:
+    """Start `processes` trainer processes (the TRAINER_* environment the console sets) without waiting.
+    `trainer_args` replaces `--config CONFIG` (e.g. `bench-memory ...`); `--run-dir` is added either way."""
     port = free_port()
     spawned = []
     for i in range(processes):
@@ -85,8 +87,8 @@ def spawn(tmp_path: Path, config: Path, processes: int, devices: int, *,
         env.update(extra_env or {})
         log_path = tmp_path / f"{tag}-p{i}.log"
         with log_path.open("w") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "trainer", "--config", str(config),
-                                     "--run-dir", str(run_dir)],
+            args = trainer_args if trainer_args is not None else ["--config", str(config)]
+            proc = subprocess.Popen([sys.executable, "-m", "trainer", *args, "--run-dir", str(run_dir)],
                                     cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         spawned.append(Spawned(proc, log_path, run_dir))
     return spawned

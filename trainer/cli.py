@@ -3,6 +3,8 @@
     python -m trainer --config FILE.yaml [--set a.b=value ...] [--print-config] [--run-dir DIR]
     python -m trainer make-tiny-model DIR          (a tiny offline Qwen2 model; trainer/tiny_model.py)
     python -m trainer make-gsm8k-jsonl PATH [--n N] [--seed S]   (synthetic GSM8K-format data)
+    python -m trainer bench-memory [--mesh-shape M] [--mode sharded|gather] [--target-bytes-gib X]
+                                   (per-device bytes of FSDP-sharded vs gathered weights; trainer/bench_memory.py)
 
 Exit status: 0 when the run finished, 2 for a config or launch problem (one line naming the key and the fix),
 128+N when stopped by signal N (SIGTERM, SIGINT), 1 for anything else. Every failure also lands in
@@ -64,6 +66,33 @@ def _make_gsm8k_jsonl(argv: Sequence[str]) -> int:
     return EXIT_OK
 
 
+def _bench_memory(argv: Sequence[str]) -> int:
+    """The FSDP memory bench (trainer/bench_memory.py), with the same exit statuses and error events as a run."""
+    events = EventLog(_run_dir_of(argv), process_id_hint())
+    try:
+        from trainer.bench_memory import main as bench_main
+
+        return bench_main(argv, events)
+    except (ConfigError, LaunchError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        events.emit(KIND_ERROR, **error_fields(exc, None))
+        return EXIT_BAD_INPUT
+    except Exception as exc:  # noqa: BLE001 - every failure must reach events.jsonl and the exit status
+        traceback.print_exc()
+        events.emit(KIND_ERROR, **error_fields(exc, None))
+        return EXIT_FAILED
+
+
+def _run_dir_of(argv: Sequence[str]) -> str | None:
+    args = list(argv)
+    for i, arg in enumerate(args):
+        if arg == "--run-dir" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--run-dir="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def error_fields(exc: BaseException, local_batch: int | None) -> dict:
     """The `error` event's fields: type, one-line message, and for OOM the local batch and a hint."""
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -81,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return tiny_main(argv[1:])
     if argv and argv[0] == "make-gsm8k-jsonl":
         return _make_gsm8k_jsonl(argv[1:])
+    if argv and argv[0] == "bench-memory":
+        return _bench_memory(argv[1:])
 
     args = _train_parser().parse_args(argv)
     progress: dict = {}  # filled by the run (local batch) for the error event; stop_signal by the handler

@@ -21,7 +21,8 @@ from typing import Any
 # --- event kinds -------------------------------------------------------------------------------------------
 KIND_START, KIND_STEP, KIND_EVAL = "start", "step", "eval"
 KIND_WARNING, KIND_ERROR, KIND_END = "warning", "error", "end"
-EVENT_KINDS = (KIND_START, KIND_STEP, KIND_EVAL, KIND_WARNING, KIND_ERROR, KIND_END)
+KIND_BENCH = "bench"  # a measurement of `python -m trainer bench-memory` (trainer/bench_memory.py)
+EVENT_KINDS = (KIND_START, KIND_STEP, KIND_EVAL, KIND_WARNING, KIND_ERROR, KIND_END, KIND_BENCH)
 
 # --- step metric keys (the W&B names) ----------------------------------------------------------------------
 PHASES = ("rollout_generate", "reward", "advantages", "shard", "update", "step")
