@@ -214,6 +214,22 @@ def _add_run_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
     bootstrap.add_argument("--no-link", dest="link", action="store_false", help="always install")
     bootstrap.add_argument("--force", action="store_true", help="install again even if in place")
 
+    bench = verbs.add_parser(
+        "bench-memory", parents=[common], help="FSDP memory bench on every worker: sharded vs gathered bytes",
+        description="For each mesh shape and mode, run `python -m trainer bench-memory` on every worker (joined "
+        "by jax.distributed, one case after the other) and print per-device bytes against what FSDP predicts "
+        "(total/fsdp sharded, total gathered), with device bytes in use and peak where the platform reports them.",
+    )
+    bench.add_argument("node")
+    bench.add_argument("--mesh-shape", action="append", metavar="M",
+                       help="a mesh shape to try: auto, host_local or dp,fsdp,tp (repeatable; default auto and "
+                       "host_local)")
+    bench.add_argument("--mode", default="sharded,gather", metavar="MODES", help="sharded, gather or both")
+    bench.add_argument("--target-bytes-gib", type=float, default=5.6, metavar="X",
+                       help="buffer size in GiB (default 5.6, Qwen2.5-3B in bf16)")
+    bench.add_argument("--cols", type=int, default=4096, help="buffer columns (default 4096)")
+    bench.add_argument("--python", metavar="PY", help="interpreter on the workers (default as for launch)")
+
     sync = verbs.add_parser(
         "sync", parents=[common], help="install this checkout's code (and .env) on every worker",
         description="Build a wheel of this checkout as it is on disk (uncommitted changes included), upload it "
@@ -332,6 +348,7 @@ async def _run_verb(args: argparse.Namespace, settings: Settings) -> int:
         "launch": _launch,
         "bootstrap": _bootstrap,
         "sync": _sync,
+        "bench-memory": _bench_memory,
         "runs": _runs,
         "status": _status,
         "logs": _logs,
@@ -488,6 +505,24 @@ async def _sync(args: argparse.Namespace, settings: Settings, providers: dict[st
         branch=args.branch, progress=_progress, on_worker=_worker_progress,
     )
     return _print_setup(result, args.json)
+
+
+async def _bench_memory(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    from tpu_console.experiments import memory_bench
+
+    shapes = [m.strip() for m in args.mesh_shape or ("auto", "host_local")]
+    modes = [m.strip() for m in args.mode.split(",") if m.strip()]
+    results = await memory_bench.bench_memory(
+        providers, args.node, shapes, modes, args.target_bytes_gib, args.cols, python=args.python,
+        progress=_progress,
+    )
+    if args.json:
+        _print_json({"node": args.node, "cases": [
+            {"mesh_shape": r.mesh_shape, "mode": r.mode, "ok": r.ok, "error": r.error, "bench": r.bench,
+             "matches_prediction": r.matches_prediction} for r in results]})
+    else:
+        print(format_table(memory_bench.COLUMNS, memory_bench.table_rows(results)))
+    return 0 if all(r.ok for r in results) else 1
 
 
 def _print_setup(result: Any, json_mode: bool) -> int:
