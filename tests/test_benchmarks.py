@@ -38,3 +38,12 @@ def test_decode_benchmark_prints_both_rates_and_the_ratio():
     assert re.search(r"trainer Sampler:\s+[\d.]+ tokens/s", result.stdout), result.stdout
     assert re.search(r"transformers generate:\s+[\d.]+ tokens/s", result.stdout), result.stdout
     assert re.search(r"ratio \(Sampler / transformers\): [\d.]+x", result.stdout), result.stdout
+
+
+def test_tui_benchmark_prints_key_to_frame_latency_idle_and_loaded():
+    result = _run(["benchmarks/tui.py", "--workers", "4", "--lines-per-s", "200", "--presses", "4", "--warmup", "0.2"])
+    assert result.returncode in (0, 1), result.stdout + result.stderr
+    for label in (r"\(a\) idle", r"\(b\) loaded"):
+        assert re.search(label + r"\s*: key to frame median [\d.]+ ms, p95 [\d.]+ ms", result.stdout), result.stdout
+    assert re.search(r"took in [\d,]+ log lines/s", result.stdout), result.stdout
+    assert re.search(r"target: .*: (met|NOT met)", result.stdout)

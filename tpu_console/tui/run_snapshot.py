@@ -113,14 +113,28 @@ def phase_seconds(metrics: StepMetrics, phase: str) -> float | None:
 
 
 def slowness(values: Mapping[int, float]) -> dict[int, float]:
-    """Each worker's value over the median of the *other* workers' (1.0 = typical). Needs two workers."""
+    """Each worker's value over the median of the *other* workers' (1.0 = typical). Needs two workers.
+
+    Against the others, not everyone: with two workers, a median including the slow one would halve its
+    lead. One sort for all workers (a 64-worker pod asks this for every phase of every step)."""
     if len(values) < 2:
         return {}
+    ordered = sorted(values.values())
+    count = len(ordered) - 1  # the others
+
+    def others_at(position: int, left_out: int) -> float:  # the others, sorted, without `left_out`
+        return ordered[position if position < left_out else position + 1]
+
     ratios = {}
     for worker, value in values.items():
-        others = statistics.median(v for w, v in values.items() if w != worker)
-        if others > 0:
-            ratios[worker] = value / others
+        left_out = ordered.index(value)  # any equal value leaves the same others behind
+        middle = count // 2
+        if count % 2:
+            median = others_at(middle, left_out)
+        else:
+            median = (others_at(middle - 1, left_out) + others_at(middle, left_out)) / 2
+        if median > 0:
+            ratios[worker] = value / median
     return ratios
 
 

@@ -93,6 +93,7 @@ class RunScreen(Screen[None]):
         self.problem: str | None = None
         self.worker: int | None = None  # the followed worker; None = every worker interleaved
         self.verdict_shown = False
+        self._steps_pending = False
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -143,8 +144,10 @@ class RunScreen(Screen[None]):
             self.notify(f"{self.run_id} {self.snapshot.state}{detail}", title="run ended", severity=severity)
 
     def on_run_steps_arrived(self, message: RunStepsArrived) -> None:
-        if self.history.add(message.worker, message.steps):
-            self._show_steps()
+        # A probe brings one message per worker: redraw once, after the last of them.
+        if self.history.add(message.worker, message.steps) and not self._steps_pending:
+            self._steps_pending = True
+            self.call_later(self._show_steps)
 
     def on_run_log_lines(self, message: RunLogLines) -> None:
         self.query_one(LogPane).add_lines(message.lines)
@@ -232,6 +235,7 @@ class RunScreen(Screen[None]):
         self._show_log_status()
 
     def _show_steps(self) -> None:
+        self._steps_pending = False
         self.query_one(StepBreakdown).show(self.history.latest_by_worker(), self.worker)
         if self.query_one(TabbedContent).active == TABS["plots"]:
             self.query_one(MetricPlots).show(self.history, self.worker)
