@@ -25,7 +25,8 @@ def _run(args: list[str], env: dict[str, str] | None = None) -> subprocess.Compl
 def test_fanout_benchmark_prints_every_measurement_and_a_verdict():
     result = _run(["benchmarks/fanout.py", "--workers", "3", "--repeats", "3", "--pause", "0.2"])
     assert result.returncode in (0, 1), result.stdout + result.stderr  # 1: targets not met
-    for label in ("(a) fleet cold", "(b) fleet warm", "(c) one ssh process per worker", "ratio (c)/(b)"):
+    for label in ("(a) fleet cold", "(b) fleet warm", "(c) one ssh process per worker",
+                  "(d) ssh over warm ControlMasters", "ratio (c)/(b)", "ratio (d)/(b)"):
         assert re.search(re.escape(label) + r".*\d+\.\dx?", result.stdout), result.stdout
     assert re.search(r"targets: .*: (met|NOT met)", result.stdout)
 
