@@ -23,6 +23,7 @@ from tpu_console.tui.run_snapshot import (
     stalled_for,
     stragglers,
 )
+from tpu_console.tui.widgets.log_pane import printable
 
 
 def test_slowness_is_against_the_median_of_the_other_workers():
@@ -121,3 +122,10 @@ def test_feed_names_the_first_failure_and_masks_secrets_in_every_line():
     assert len(posted) == 1 and isinstance(posted[0], RunLogLines)
     assert posted[0].lines == [(0, "export KEY=***"), (0, "wandb: View run at https://wandb.ai/lab/grpo/runs/abc123")]
     assert feed.wandb_url == "https://wandb.ai/lab/grpo/runs/abc123"
+
+
+def test_log_lines_are_made_printable_so_they_cannot_move_the_cursor():
+    progress = "Generating: 0 [00:00]\r\x1b[31mGenerating: 2000\x1b[0m [00:01]\r"
+    assert printable(progress) == "Generating: 2000 [00:01]"
+    assert printable("a\tb\x07c\x1b]0;title\x07") == "a   bc"
+    assert printable("plain é ✓") == "plain é ✓"

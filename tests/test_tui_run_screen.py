@@ -146,7 +146,7 @@ async def test_f_stops_and_resumes_following_new_lines():
         await pilot.press("f")
         await pilot.pause()
         assert pane.follow and pane.scroll_y == pane.max_scroll_y
-        screen.post_message(RunLogLines([(1, "newest line")]))
+        screen.post_message(RunLogLines([(1, "newest\r\x1b[1mnewest line\x1b[0m")]))  # a progress bar's redraw
         await pilot.pause()
         assert pane.scroll_y == pane.max_scroll_y and pane.visible_text()[-1] == "[1]  newest line"
 

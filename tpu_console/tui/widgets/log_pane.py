@@ -8,6 +8,7 @@ however long the run. Lines arrive already masked (RunFeed masks secrets before 
 
 from __future__ import annotations
 
+import re
 from collections import deque
 
 from rich.segment import Segment
@@ -21,6 +22,8 @@ from textual.widgets import Static
 MAX_WIDTH = 2000  # wider lines are cut: a horizontal scroll bar as wide as a minified blob helps no one
 _WORKER_STYLES = [Style(color=c) for c in ("cyan", "magenta", "green", "yellow", "blue", "bright_cyan",
                                            "bright_magenta", "bright_green")]
+_ESCAPE_SEQUENCE = re.compile(r"\x1b(\[[0-9;?]*[ -/]*[@-~]|\][^\x07]*\x07|.)")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _MATCH = Style(bgcolor="yellow", color="black", bold=True)
 _CURRENT_MATCH = Style(bgcolor="bright_red", color="white", bold=True)
 
@@ -65,6 +68,8 @@ class LogPane(ScrollView, can_focus=True):
             return
         touches_view = self.worker is None
         for worker, text in lines:
+            if not text.isprintable():
+                text = printable(text)
             buffer = self.by_worker.get(worker)
             if buffer is None:
                 buffer = self.by_worker[worker] = deque(maxlen=self.lines_per_worker)
@@ -171,6 +176,16 @@ class LogPane(ScrollView, can_focus=True):
             start = found + len(term)
         segments.append(Segment(text[start:]))
         return segments
+
+
+def printable(line: str) -> str:
+    """What a terminal would leave of the line: the text after its last carriage return (a progress bar's
+    final state), tabs as spaces, colour codes and other control characters dropped. Written to the screen
+    as-is, they would move the cursor and tear the dashboard apart."""
+    line = _ESCAPE_SEQUENCE.sub("", line)
+    if "\r" in line:
+        line = next((part for part in reversed(line.split("\r")) if part), "")
+    return _CONTROL.sub("", line.expandtabs(4))
 
 
 class LogStatus(Static):
