@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import operator
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from trainer.rewards import (
     correct_reward,
+    digits_reward,
     final_answer,
     format_reward,
     gold_answer,
@@ -105,3 +107,24 @@ def test_synthetic_problems_are_gsm8k_format_with_correct_arithmetic(tmp_path):
     path = write_jsonl(tmp_path / "d" / "train.jsonl", 5, seed=0)
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert rows == generate_problems(5, seed=0)
+
+
+@pytest.mark.parametrize("completion, expected", [
+    ("1234", 1.0),
+    ("ab 12", 0.5),             # spaces do not count
+    ("#### 72\n", 2 / 6),
+    ("no digits here", 0.0),
+    ("", 0.0),
+    ("  \n ", 0.0),
+])
+def test_digits_toy_reward_is_the_share_of_digit_characters(completion, expected):
+    assert digits_reward(completion, NATALIA) == pytest.approx(expected)
+
+
+def test_the_toy_reward_config_selects_only_the_digits_reward():
+    from trainer.config import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "trainer" / "configs" / "tiny_toy_reward.yaml")
+    assert cfg.reward_weights == {"digits": 1.0}
+    total, per_fn = score_batch(["12 ab", "xyz"], [NATALIA, NATALIA], cfg.reward_weights)
+    assert total.tolist() == [0.5, 0.0] and list(per_fn) == ["digits"]

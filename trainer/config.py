@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from trainer.mesh_shape import MeshError, resolve_mesh_shape
 
-REWARD_NAMES = ("correct", "format", "tag_count")
+REWARD_NAMES = ("correct", "format", "tag_count", "digits")  # digits: the toy reward of the demo
 _MESH_RE = re.compile(r"^\s*-?\d+\s*,\s*-?\d+\s*,\s*-?\d+\s*$")
 
 
