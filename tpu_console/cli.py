@@ -230,6 +230,23 @@ def _add_run_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
     bench.add_argument("--cols", type=int, default=4096, help="buffer columns (default 4096)")
     bench.add_argument("--python", metavar="PY", help="interpreter on the workers (default as for launch)")
 
+    sweep = verbs.add_parser(
+        "sweep", parents=[common], help="find the largest batch that fits in device memory",
+        description="Short trial runs (--steps, 2 by default) on every worker at different values of --param: "
+        "doubling from the config's value while they fit, then bisecting between the largest fit and the first "
+        "RESOURCE_EXHAUSTED. Only values the trainer accepts on this node's shape are tried. Every trial is a run "
+        "in `tpu-console runs`; the sweep is kept in $TPU_CONSOLE_HOME/sweeps/.",
+    )
+    sweep.add_argument("node")
+    sweep.add_argument("--config", required=True, metavar="FILE", help="trainer YAML config")
+    sweep.add_argument("--param", default="rollout.batch_size", help="rollout.batch_size (default) or rollout.n")
+    sweep.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config key for every trial (repeatable)")
+    sweep.add_argument("--steps", type=int, default=2, help="steps per trial (default 2)")
+    sweep.add_argument("--max", dest="limit", type=int, metavar="N", help="largest value to try (default 16x the config's)")
+    sweep.add_argument("--env-file", metavar="PATH", help="secrets for the trials, as for launch")
+    sweep.add_argument("--python", metavar="PY", help="interpreter on the workers (default as for launch)")
+
     sync = verbs.add_parser(
         "sync", parents=[common], help="install this checkout's code (and .env) on every worker",
         description="Build a wheel of this checkout as it is on disk (uncommitted changes included), upload it "
@@ -349,6 +366,7 @@ async def _run_verb(args: argparse.Namespace, settings: Settings) -> int:
         "bootstrap": _bootstrap,
         "sync": _sync,
         "bench-memory": _bench_memory,
+        "sweep": _sweep,
         "runs": _runs,
         "status": _status,
         "logs": _logs,
@@ -523,6 +541,28 @@ async def _bench_memory(args: argparse.Namespace, settings: Settings, providers:
     else:
         print(format_table(memory_bench.COLUMNS, memory_bench.table_rows(results)))
     return 0 if all(r.ok for r in results) else 1
+
+
+async def _sweep(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    from tpu_console.experiments import batch_sweep
+
+    if args.steps < 1:
+        raise UserError("--steps must be at least 1")
+    result = await batch_sweep.sweep(
+        providers, args.node, args.config, args.param, args.overrides, steps=args.steps, limit=args.limit,
+        env_file=args.env_file, python=args.python, progress=_progress,
+    )
+    if args.json:
+        _print_json(result.to_json())
+        return 0 if result.stopped is None else 1
+    rows = [(str(t.value), str(t.local_batch), t.outcome, "-" if t.peak_gib is None else f"{t.peak_gib:.2f}",
+             t.run_id or "-") for t in result.trials]
+    print(format_table((args.param.upper(), "LOCAL BATCH", "OUTCOME", "PEAK GiB", "RUN"), rows))
+    print(f"largest that fits: {args.param}={result.largest_fit if result.largest_fit is not None else 'none'}; "
+          f"first that does not: {result.first_oom if result.first_oom is not None else 'none found'}")
+    if result.stopped:
+        print(f"stopped: {result.stopped}", file=sys.stderr)
+    return 0 if result.stopped is None else 1
 
 
 def _print_setup(result: Any, json_mode: bool) -> int:

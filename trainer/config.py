@@ -108,6 +108,10 @@ class TrainerConfig(_Section):
     wandb_project: str | None = None
     wandb_name: str | None = None
     wandb_mode: Literal["online", "offline", "disabled"] = "disabled"
+    # Test-only: a device memory limit simulated on CPU, so the largest-batch finder (tpu-console sweep) can be
+    # tested where nothing runs out of memory. Above this local batch the run fails at start exactly as an
+    # out-of-memory step does (RESOURCE_EXHAUSTED, error event with the local batch, exit 1).
+    debug_max_local_batch: int | None = Field(None, ge=1, description="test-only simulated memory limit")
 
     @field_validator("mesh_shape")
     @classmethod

@@ -96,6 +96,9 @@ def run(cfg: TrainerConfig, launch: LaunchEnv, events: tm.EventLog, *, run_dir: 
                 local_device_count=topo.local_device_count, mesh_shape=cfg.mesh_shape, mesh_axes=sizes,
                 fsdp_spans_hosts=spans, local_batch=local_batch, global_batch=local_batch * topo.process_count,
                 sharding_style=cfg.rollout.sharding_style, steps=cfg.steps, config_digest=cfg.digest())
+    if cfg.debug_max_local_batch is not None and local_batch > cfg.debug_max_local_batch:
+        raise RuntimeError(f"RESOURCE_EXHAUSTED: simulated device memory limit: local_batch {local_batch} > "
+                           f"debug_max_local_batch {cfg.debug_max_local_batch}")
     print(f"backend={jax.default_backend()} process={topo.process_index}/{topo.process_count} "
           f"device_count={topo.device_count} local_device_count={topo.local_device_count} "
           f"mesh={sizes} local_batch={local_batch}", flush=True)
