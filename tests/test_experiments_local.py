@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
-from tests.test_runs_local import CONFIG, run
+from tests.test_runs_local import CONFIG, fake_trainer, run
+from tpu_console import actions
+from tpu_console.experiments.recovery import launch_with_recovery
+from tpu_console.locations import home
+from tpu_console.model import CreateRequest
+from tpu_console.providers.registry import build_providers, close_providers
+from tpu_console.settings import load_settings
 from trainer.synthetic_gsm8k import write_jsonl
 
 pytest_plugins = ("tests.fixtures_trainer",)
@@ -64,3 +71,60 @@ def test_sweep_finds_the_largest_batch_under_a_simulated_memory_limit(capsys, tm
     assert all(t["peak_gib"] is None for t in trials.values())  # CPU: not reported
     status, listing, _ = run(capsys, "runs", "one", "--json")
     assert {r["run_id"] for r in json.loads(listing)["runs"]} == {t["run_id"] for t in trials.values()}
+
+
+# A trainer stand-in that checkpoints every step to checkpoint.dir (outside the node) and resumes from it,
+# as the real trainer does with orbax; it reports the resume as the real one does (`resumed_step`).
+CHECKPOINTING = """\
+ck=$(sed -n 's/^  dir: //p' config.yaml); start=0
+[ -f "$ck/latest" ] && start=$(cat "$ck/latest")
+p=$TRAINER_PROCESS_ID
+if [ "$start" -gt 0 ]; then
+  echo '{"t": 1, "kind": "warning", "process": '$p', "message": "resumed", "resumed_step": '$start'}' >> events.jsonl
+fi
+for s in $(seq $((start + 1)) 8); do
+  echo '{"t": 1, "kind": "step", "process": '$p', "step": '$s'}' >> events.jsonl
+  [ "$p" = 0 ] && echo $s > "$ck/latest.tmp" && mv "$ck/latest.tmp" "$ck/latest"
+  sleep 0.3
+done
+echo '{"t": 2, "kind": "end", "process": '$p', "status": "ok"}' >> events.jsonl
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_a_preempted_spot_run_is_recreated_bootstrapped_synced_and_resumed(tmp_path):
+    providers = build_providers(load_settings({}))
+    try:
+        await actions.create_node(providers, "local", CreateRequest("spot", "local-2x1"))
+        ckpt = tmp_path / "ckpt"
+        ckpt.mkdir()
+        sets = [f"checkpoint.dir={ckpt}", "checkpoint.every_steps=1", "steps=8"]
+        task = asyncio.create_task(launch_with_recovery(
+            providers, "spot", str(CONFIG), sets, python=fake_trainer(tmp_path, CHECKPOINTING), watch_every_s=0.3))
+        for _ in range(300):
+            if (ckpt / "latest").exists() and int((ckpt / "latest").read_text()) >= 3:
+                break
+            await asyncio.sleep(0.05)
+        await providers["local"].preempt("spot")
+        log = await asyncio.wait_for(task, timeout=240)
+    finally:
+        await close_providers(providers)
+    assert log.final_state == "succeeded" and log.gave_up is None, log
+    (recovery,) = log.recoveries
+    assert recovery.reason == "the node is PREEMPTED" and recovery.new_run_id == log.runs[1]
+    assert 3 <= recovery.resumed_step <= recovery.last_step_before + 1
+    assert recovery.steps_lost == max(0, recovery.last_step_before - recovery.resumed_step)
+    saved = json.loads((home() / "recoveries" / f"{log.first_run_id}.json").read_text())
+    assert saved["recoveries"][0]["resumed_step"] == recovery.resumed_step and saved["final_state"] == "succeeded"
+    events = [json.loads(line) for line in (home() / "local" / "spot" / "workers" / "0" / "tpu-console" / "runs"
+                                            / log.runs[1] / "events.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in events if e["kind"] == "step"] == list(range(recovery.resumed_step + 1, 9))
+
+
+def test_recover_refuses_checkpoints_a_new_node_cannot_read(capsys, pod2x2):
+    status, _, err = run(capsys, "launch", "pod", "--config", str(CONFIG), "--recover")
+    assert status == 2 and "--recover needs checkpoints" in err
+    status, _, err = run(capsys, "launch", "pod", "--config", str(CONFIG), "--recover", "--set", "checkpoint.dir=ck",
+                         "--set", "checkpoint.every_steps=1")
+    assert status == 2 and "use an absolute path outside it" in err

@@ -193,6 +193,14 @@ def _add_run_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
         help="launch even if the workers run different code or JAX versions",
     )
     launch.add_argument(
+        "--recover", action="store_true",
+        help="stay with the run: if the node is preempted, delete and recreate it, bootstrap, sync and relaunch "
+        "from the latest checkpoint (needs checkpoint.dir outside the node and checkpoint.every_steps)",
+    )
+    launch.add_argument("--max-recoveries", type=int, default=3, metavar="N", help="with --recover (default 3)")
+    launch.add_argument("--watch-every", type=float, default=30.0, metavar="S",
+                        help="with --recover: seconds between two looks at the node and the run (default 30)")
+    launch.add_argument(
         "--fail-fast", action="store_true",
         help="stop the other workers as soon as one worker's job fails (recorded in launch.json)",
     )
@@ -486,6 +494,8 @@ async def _exec(args: argparse.Namespace, settings: Settings, providers: dict[st
 
 
 async def _launch(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    if args.recover:
+        return await _launch_with_recovery(args, settings, providers)
     result = await launch_run(
         providers, args.node, args.config, args.overrides, args.env_file, args.worker,
         python=args.python, kill_stale=args.kill_stale, fail_fast=args.fail_fast, check_code=args.check_code,
@@ -503,6 +513,37 @@ async def _launch(args: argparse.Namespace, settings: Settings, providers: dict[
         else:
             print("error: the job did not start on every worker; nothing is left running", file=sys.stderr)
     return 0 if result.ok else 1
+
+
+async def _launch_with_recovery(
+    args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]
+) -> int:
+    from tpu_console.experiments.recovery import launch_with_recovery
+
+    if args.worker != "all":
+        raise UserError("--recover relaunches on every worker; leave out --worker")
+
+    def launched(result: Any) -> None:
+        print(result.run_id, flush=True)
+        print(f"{result.run_id}: started on {len(result.workers)} worker(s); watching {result.node.name} for "
+              "preemption", file=sys.stderr, flush=True)
+
+    log = await launch_with_recovery(
+        providers, args.node, args.config, args.overrides, args.env_file, zones=settings.gcp.zones,
+        max_recoveries=args.max_recoveries, watch_every_s=args.watch_every, python=args.python,
+        progress=_progress, on_launch=launched,
+    )
+    if args.json:
+        _print_json(log.to_json())
+    else:
+        rows = [(r.at, r.reason, r.old_run_id, r.new_run_id or "-", str(r.last_step_before or "-"),
+                 str(r.resumed_step if r.resumed_step is not None else "-"),
+                 str(r.steps_lost if r.steps_lost is not None else "-")) for r in log.recoveries]
+        if rows:
+            print(format_table(("AT", "WHY", "RUN", "NEW RUN", "LAST STEP", "RESUMED AFTER", "LOST"), rows),
+                  file=sys.stderr)
+        print(f"{log.runs[-1]}: {log.final_state}" + (f" ({log.gave_up})" if log.gave_up else ""), file=sys.stderr)
+    return 0 if log.final_state == "succeeded" else 1
 
 
 async def _bootstrap(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:

@@ -71,6 +71,16 @@ class LocalProvider(Provider):
         await asyncio.to_thread(self.store.remove, name)
         progress(f"{name}: deleted")
 
+    async def preempt(self, name: str) -> None:
+        """Rehearse a spot preemption: the workers vanish (servers stopped, jobs killed without a word, as
+        when the VM is taken away) and the node reads PREEMPTED until it is deleted."""
+        node = self.store.read(name)
+        self.store.set_state(name, NodeState.PREEMPTED)
+        await self._stop_servers(name)
+        groups = [pgid for worker in range(node.shape.workers)
+                  for pgid in running_job_groups(self.store.worker_dir(name, worker))]
+        await asyncio.to_thread(stop_groups, groups, 0.0)
+
     async def ssh_targets(self, node: Node) -> list[SshTarget]:
         if node.state is not NodeState.READY:
             raise UserError(

@@ -101,6 +101,11 @@ class PodStore:
     def host_private_key(self, name: str, worker: int) -> asyncssh.SSHKey:
         return asyncssh.read_private_key(self.host_key_path(name, worker))
 
+    def set_state(self, name: str, state: NodeState) -> None:
+        meta = json.loads((self.node_dir(name) / "node.json").read_text())
+        meta["state"] = state.value
+        self._write_meta(name, meta)
+
     def remove(self, name: str) -> None:
         shutil.rmtree(self.node_dir(name))
 
