@@ -150,7 +150,8 @@ def probe_runs(run_ids: Sequence[str], events_tail_bytes: int = 0, log_tail_line
         'ex=$(cat "$d/exit" 2>/dev/null)',
         # The wrapper writes `exit` just after the job ends: look again before calling the job lost.
         'if [ $alive = 0 ] && [ -z "$ex" ] && [ -n "$pg" ]; then sleep 0.5; ex=$(cat "$d/exit" 2>/dev/null); fi',
-        'et=""; [ -n "$ex" ] && et=$(stat -c %Y "$d/exit" 2>/dev/null)',
+        # Sub-second (GNU stat), so of two workers failing within one second the first is told apart.
+        'et=""; [ -n "$ex" ] && et=$(stat -c %.9Y "$d/exit" 2>/dev/null || stat -c %Y "$d/exit" 2>/dev/null)',
         'ls=$(wc -c 2>/dev/null <"$d/output.log"); es=$(wc -c 2>/dev/null <"$d/events.jsonl")',
         'echo "pid=$pg alive=$alive exit=$ex exit_t=$et log=${ls:-0} events=${es:-0}"',
     ]
@@ -197,3 +198,22 @@ def tail_log(
         f'if [ $size -gt 0 ]; then head -c $size "$f" | tail -n {max(0, int(lines or 0))} '
         '| base64 | tr -d "\\n"; fi; echo )'
     )
+
+
+WATCH_SECTION = f"{MARK}chunk "  # heads each file's section in `watch_poll`'s output
+
+
+def watch_poll(run_id: str, offsets: Mapping[str, int], max_bytes: int = 1 << 20) -> str:
+    """One round trip of a run watcher: the run's probe (as `probe_runs`), then for each file in `offsets`
+    (e.g. output.log, events.jsonl) its bytes from that offset, as `tail_log` prints them:
+
+        <probe_runs output>
+        <MARK>chunk output.log
+        end=<offset> size=<bytes>
+        <base64 of the bytes>
+    """
+    parts = [probe_runs([run_id])]
+    for file, offset in offsets.items():
+        parts.append(f"printf '\\n{_MARK_PRINTF}chunk %s\\n' {shlex.quote(file)}")
+        parts.append(tail_log(run_id, offset=offset, max_bytes=max_bytes, file=file))
+    return "; ".join(parts)

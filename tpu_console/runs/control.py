@@ -12,15 +12,14 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tpu_console.errors import NotFound, UserError, one_line
+from tpu_console.errors import UserError
 from tpu_console.fleet import recipes
-from tpu_console.fleet.fleet import Fleet
-from tpu_console.fleet.preflight import unreachable_workers
 from tpu_console.fleet.selection import parse_worker_selection
 from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import find_node
 from tpu_console.runs.monitor import RunMonitor, RunState, WorkerState, WorkerStatus
 from tpu_console.runs.probe import parse_probe
+from tpu_console.runs.reach import NodeWorkers, reach_node
 from tpu_console.runs.run_id import check_run_id
 from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
 from tpu_console.runs.tail import TailCursor, parse_chunk
@@ -48,15 +47,6 @@ class WorkerStop:
     signal: str | None = None  # TERM or KILL: what ended it
     exit_status: int | None = None
     error: str | None = None
-
-
-@dataclass
-class _NodeWorkers:
-    """A node's workers reached for some runs, or why they could not be."""
-
-    fleet: Fleet | None = None
-    problem: str | None = None
-    node_gone: bool = False
 
 
 # -- status and history --------------------------------------------------------------------------------
@@ -307,36 +297,8 @@ def _run_workers(record: RunRecord, selection: str, worker_count: int) -> list[i
 
 # -- reaching a run's node -----------------------------------------------------------------------------
 
-
-class _reach:
-    """`async with _reach(providers, node) as r`: r.fleet connected to the node's workers, or r.problem."""
-
-    def __init__(self, providers: dict[str, Provider], node: str) -> None:
-        self._providers, self._node = providers, node
-        self._state = _NodeWorkers()
-
-    async def __aenter__(self) -> _NodeWorkers:
-        try:
-            provider, node = await find_node(self._providers, self._node)
-        except NotFound:
-            self._state.problem, self._state.node_gone = f"node {self._node!r} no longer exists", True
-            return self._state
-        if not node.state.is_usable:
-            self._state.problem, self._state.node_gone = f"node {self._node!r} is {node.state}", True
-            return self._state
-        try:
-            targets = await provider.ssh_targets(node)
-        except UserError as exc:
-            self._state.problem = one_line(exc)
-            return self._state
-        fleet = Fleet(targets)
-        self._state.fleet = fleet
-        await unreachable_workers(fleet, list(fleet.targets))  # connect all at once, up front
-        return self._state
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self._state.fleet is not None:
-            await self._state.fleet.close()
+_reach = reach_node  # the name this module used before reach.py held it
+_NodeWorkers = NodeWorkers
 
 
 def _said(stderr: str, default: str) -> str:

@@ -13,6 +13,7 @@ from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from tpu_console import locations
 from tpu_console.errors import NotFound
@@ -46,6 +47,11 @@ CREATE TABLE IF NOT EXISTS run_workers (
 );
 CREATE INDEX IF NOT EXISTS runs_by_node ON runs(node, started_at);
 """
+# Columns added after the first release, with their types: added to an older database when it is opened.
+_ADDED_COLUMNS = {
+    "summary": "TEXT",  # JSON: the final metric summary (runs.summary.RunSummary.to_json)
+    "archive_path": "TEXT",  # local folder holding every worker's output.log and events.jsonl
+}
 
 
 @dataclass
@@ -75,6 +81,8 @@ class RunRecord:
     finished_at: datetime | None = None
     stop_requested_at: datetime | None = None
     worker_records: dict[int, WorkerRecord] = field(default_factory=dict)
+    summary: dict[str, Any] | None = None  # the final metric summary, once the run ended (runs.summary)
+    archive_path: str | None = None  # where every worker's log and events were copied when it ended
 
     @property
     def finished(self) -> bool:
@@ -86,6 +94,10 @@ class RunStore:
         self.path = path or locations.database_file()
         with self._connect() as db:
             db.executescript(_SCHEMA)
+            present = {row["name"] for row in db.execute("PRAGMA table_info(runs)")}
+            for column, kind in _ADDED_COLUMNS.items():
+                if column not in present:
+                    db.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -156,6 +168,17 @@ class RunStore:
             )
             self._put_workers(db, run_id, workers)
 
+    def set_summary(
+        self, run_id: str, summary: dict[str, Any] | None = None, archive_path: str | None = None
+    ) -> None:
+        """Keep the final metric summary and the local archive's folder (each left as is when None)."""
+        with self._connect() as db:
+            db.execute(
+                "UPDATE runs SET summary = COALESCE(?, summary), archive_path = COALESCE(?, archive_path)"
+                " WHERE run_id = ?",
+                (json.dumps(summary) if summary is not None else None, archive_path, run_id),
+            )
+
     def mark_stop_requested(self, run_id: str) -> None:
         with self._connect() as db:
             db.execute(
@@ -200,6 +223,8 @@ class RunStore:
             finished_at=_parse(row["finished_at"]),
             stop_requested_at=_parse(row["stop_requested_at"]),
             worker_records=workers,
+            summary=json.loads(row["summary"]) if row["summary"] else None,
+            archive_path=row["archive_path"],
         )
 
 

@@ -1,0 +1,202 @@
+"""RunWatch against a real local pod, with faults injected: connections dropped mid-stream, a job killed, a
+worker's SSH server stopped and started again, fail-fast. Jobs are bash scripts started by the real wrapper
+(recipes.start_detached), so the files, pid and exit status are those of a real run."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+from datetime import UTC, datetime
+
+from tests.conftest import LocalPod
+from tpu_console.fleet import recipes
+from tpu_console.fleet.fleet import Fleet
+from tpu_console.runs.health import Activity
+from tpu_console.runs.run_id import new_run_id
+from tpu_console.runs.store import RunRecord
+from tpu_console.runs.watch import HealthChanged, LogLines, NewEvents, RunWatch, SignatureFound, WatchEnded
+from tpu_console.secrets import SecretMasker
+
+
+def record_for(run_id: str, workers: list[int]) -> RunRecord:
+    return RunRecord(run_id=run_id, node="pod", provider="local", accelerator_type="local-4x2", workers=workers,
+                     config_path="cfg.yaml", config_digest="d", overrides=[], python="bash",
+                     started_at=datetime.now(UTC))
+
+
+async def start_job(fleet: Fleet, run_id: str, workers: list[int], script: str) -> None:
+    for result in await fleet.run(recipes.prepare_run_dir(run_id), workers, timeout=30):
+        assert result.ok, result.stderr
+    for result in await fleet.run(recipes.start_detached(run_id, "bash", ["-c", script], {}), workers, timeout=30):
+        assert result.ok, result.stderr
+
+
+def run_file(pod: LocalPod, worker: int, run_id: str, name: str):
+    return pod.worker_dir(worker) / "tpu-console" / "runs" / run_id / name
+
+
+# Writes N numbered lines fast (for a few seconds) (some long, some with a secret), an event every 500 lines, and a last line
+# without a newline.
+FAST_WRITER = """
+for i in $(seq 1 {n}); do
+  if [ $((i % 500)) = 0 ]; then
+    echo '{{"t": 1, "kind": "step", "process": 0, "step": '$i', "time/train/step_s": 0.5}}' >> events.jsonl
+    echo "line $i token=sekrit-value-123 $(printf 'x%.0s' $(seq 1 300))"
+  else
+    echo "line $i"
+  fi
+  if [ $((i % 100)) = 0 ]; then sleep 0.03; fi
+done
+printf 'last line without newline'
+"""
+
+
+async def test_no_line_lost_or_repeated_while_connections_drop_many_times(local_pod, local_fleet):
+    run_id, workers, n = new_run_id(), [0, 1], 6000
+    await start_job(local_fleet, run_id, workers, FAST_WRITER.format(n=n))
+    watch = RunWatch(local_fleet, record_for(run_id, workers), masker=SecretMasker(["sekrit-value-123"]),
+                     poll_s=0.05, max_bytes=16 * 1024)  # small reads: many polls, many chances to cut one
+    received: dict[int, list[str]] = {0: [], 1: []}
+    events = {0: 0, 1: 0}
+    drops = 0
+
+    async def drop_connections() -> None:
+        nonlocal drops
+        rng = random.Random(7)
+        while True:  # at random moments, so some drops land in the middle of a poll
+            await asyncio.sleep(rng.uniform(0.03, 0.2))
+            local_fleet.connection(rng.choice(workers)).drop()
+            drops += 1
+
+    dropper = asyncio.create_task(drop_connections())
+    try:
+        async for update in watch.updates():
+            if isinstance(update, LogLines):
+                received[update.worker].extend(update.lines)
+            elif isinstance(update, NewEvents):
+                events[update.worker] += len(update.events)
+    finally:
+        dropper.cancel()
+    assert drops > 10 and sum(watch.workers[w].failed_polls for w in workers) > 0  # it did get cut
+    for worker in workers:
+        text = run_file(local_pod, worker, run_id, "output.log").read_text()
+        expected = text.replace("sekrit-value-123", "***").split("\n")
+        assert received[worker] == expected  # every line once, in order, masked, the unterminated one too
+        assert events[worker] == n // 500
+        assert watch.monitor.workers[worker].exit_status == 0
+        assert len(watch.workers[worker].lines) == min(len(expected), 5000)  # the ring buffer is bounded
+
+
+LONG_JOB = """
+echo started
+echo '{"t": 1, "kind": "start", "process": 0}' >> events.jsonl
+i=0
+while true; do
+  i=$((i+1)); echo '{"t": 2, "kind": "step", "process": 0, "step": '$i', "time/train/step_s": 0.1}' >> events.jsonl
+  echo "step $i"; sleep 0.1
+done
+"""
+
+
+async def _until(watch: RunWatch, condition, timeout: float = 5.0) -> float:
+    """Seconds until `condition(health)` held, polling the watch's health."""
+    start = asyncio.get_running_loop().time()
+    while not condition(watch.health()):
+        if asyncio.get_running_loop().time() - start > timeout:
+            raise AssertionError(f"not within {timeout}s: {watch.health().verdict}")
+        await asyncio.sleep(0.05)
+    return asyncio.get_running_loop().time() - start
+
+
+async def test_a_killed_job_shows_exited_and_the_others_hung_then_fail_fast_stops_them(local_pod, local_fleet):
+    run_id, workers = new_run_id(), [0, 1, 2]
+    await start_job(local_fleet, run_id, workers, LONG_JOB)
+    watch = RunWatch(local_fleet, record_for(run_id, workers), poll_s=0.1, fail_fast=True, stop_grace_s=2)
+    task = asyncio.create_task(watch.run())
+    await _until(watch, lambda h: all(w.activity is Activity.RUNNING for w in h.workers.values()))
+    pgid = int(run_file(local_pod, 1, run_id, "pid").read_text())
+    os.killpg(pgid, signal.SIGKILL)
+    seconds = await _until(watch, lambda h: h.workers[1].activity is Activity.EXITED)
+    assert seconds < 5
+    health = await asyncio.wait_for(task, 20)  # fail-fast stopped workers 0 and 2, so the watch ended
+    assert sorted(watch.survivors_stopped) == [0, 2]
+    assert health.first_failure == 1 and health.failure.startswith("worker 1 exited 137")
+    assert [health.workers[w].exit_status for w in workers] == [143, 137, 143]
+
+
+async def test_a_job_gone_with_its_wrapper_is_lost_and_the_others_are_marked_hung(local_pod, local_fleet):
+    run_id, workers = new_run_id(), [0, 1]
+    await start_job(local_fleet, run_id, workers, LONG_JOB)
+    watch = RunWatch(local_fleet, record_for(run_id, workers), poll_s=0.1)
+    task = asyncio.create_task(watch.run())
+    try:
+        await _until(watch, lambda h: h.workers[1].activity is Activity.RUNNING)
+        pgid = int(run_file(local_pod, 1, run_id, "pid").read_text())
+        wrapper = [p for p in _pids_in_session(pgid) if p != pgid]
+        for pid in wrapper:  # the wrapper first, so nobody writes the exit file
+            os.kill(pid, signal.SIGKILL)
+        os.killpg(pgid, signal.SIGKILL)
+        assert await _until(watch, lambda h: h.workers[1].activity is Activity.LOST) < 5
+        health = watch.health()
+        assert health.hung == (0,) and "still running after that failure" in health.verdict
+    finally:
+        os.killpg(int(run_file(local_pod, 0, run_id, "pid").read_text()), signal.SIGKILL)
+        await asyncio.wait_for(task, 20)
+
+
+def _pids_in_session(pgid: int) -> list[int]:
+    """The wrapper is the session leader of the job's group (setsid, then set -m)."""
+    sid = os.getsid(pgid)
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and _sid(int(p)) == sid]
+
+
+def _sid(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
+async def test_a_worker_whose_ssh_server_stops_is_unreachable_then_recovers_without_losing_lines(
+    local_pod, local_fleet
+):
+    run_id, workers = new_run_id(), [0, 1]
+    script = "for i in $(seq 1 60); do echo line $i; sleep 0.05; done"
+    await start_job(local_fleet, run_id, workers, script)
+    watch = RunWatch(local_fleet, record_for(run_id, workers), poll_s=0.1)
+    received: list[str] = []
+    activities: list[Activity] = []
+
+    def on_update(update) -> None:
+        if isinstance(update, LogLines) and update.worker == 1:
+            received.extend(update.lines)
+        if isinstance(update, HealthChanged):
+            activities.append(update.health.workers[1].activity)
+
+    task = asyncio.create_task(watch.run(on_update))
+    await _until(watch, lambda h: len(received) > 3)
+    server = local_pod.provider.worker_server("pod", 1)
+    await server.close()
+    await _until(watch, lambda h: h.workers[1].activity is Activity.UNREACHABLE)
+    await asyncio.sleep(1.0)  # down for a while, as a rebooting worker is
+    await server.start(server.port)
+    await asyncio.wait_for(task, 30)
+    assert Activity.UNREACHABLE in activities and activities[-1] is Activity.EXITED
+    assert received == [f"line {i}" for i in range(1, 61)]
+
+
+async def test_signatures_and_events_arrive_as_updates_and_the_watch_ends(local_pod, local_fleet):
+    run_id, workers = new_run_id(), [0]
+    script = ("echo 'wandb: View run at https://wandb.ai/e/p/runs/abc123'; "
+              "echo '{\"t\": 1, \"kind\": \"error\", \"process\": 0, \"message\": \"boom\"}' >> events.jsonl; "
+              "echo 'jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Ran out of memory in memory space "
+              "hbm. Used 17.44G of 15.48G hbm.'; exit 1")
+    await start_job(local_fleet, run_id, workers, script)
+    async with asyncio.timeout(20):
+        updates = [u async for u in RunWatch(local_fleet, record_for(run_id, workers), poll_s=0.1).updates()]
+    kinds = [u.finding.kind for u in updates if isinstance(u, SignatureFound)]
+    assert kinds == ["wandb_url", "oom"]
+    assert isinstance(updates[-1], WatchEnded)
+    assert updates[-1].health.failure == "worker 0 exited 1: boom"

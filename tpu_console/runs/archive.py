@@ -1,0 +1,85 @@
+"""A local copy of a finished run: every worker's `output.log` and `events.jsonl`, so the history keeps a
+run's evidence after its node is deleted (a spot VM may be gone an hour later).
+
+    $TPU_CONSOLE_HOME/archive/<run_id>/worker-<i>/output.log
+    $TPU_CONSOLE_HOME/archive/<run_id>/worker-<i>/events.jsonl
+
+The files travel through the same byte-offset reads as `logs` (fleet/recipes.py `tail_log`), a chunk at a
+time, so a large log never sits in memory whole, and every line is masked (tpu_console/secrets.py) before
+it is written: a value from `.env` that a job printed is stored as `***`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tpu_console import locations
+from tpu_console.fleet import recipes
+from tpu_console.fleet.fleet import Fleet
+from tpu_console.runs.tail import TailCursor, parse_chunk
+from tpu_console.secrets import SecretMasker
+
+ARCHIVED_FILES = ("output.log", "events.jsonl")
+CHUNK_BYTES = 4 << 20
+
+
+def archive_dir(run_id: str) -> Path:
+    return locations.home() / "archive" / run_id
+
+
+@dataclass
+class ArchiveResult:
+    path: Path
+    bytes_by_worker: dict[int, int] = field(default_factory=dict)
+    problems: dict[int, str] = field(default_factory=dict)  # workers whose files could not be copied
+
+    @property
+    def complete(self) -> bool:
+        return not self.problems
+
+
+async def archive_run(
+    fleet: Fleet, run_id: str, workers: Sequence[int], masker: SecretMasker | None = None, dest: Path | None = None
+) -> ArchiveResult:
+    """Copy every worker's log and events into `dest` (default `archive_dir(run_id)`), masked."""
+    result = ArchiveResult(dest or archive_dir(run_id))
+    masker = masker or SecretMasker()
+
+    async def one(worker: int) -> None:
+        folder = result.path / f"worker-{worker}"
+        folder.mkdir(parents=True, exist_ok=True)
+        total = 0
+        for name in ARCHIVED_FILES:
+            copied = await _copy(fleet, run_id, worker, name, folder / name, masker)
+            if isinstance(copied, str):
+                result.problems[worker] = f"{name}: {copied}"
+                return
+            total += copied
+        result.bytes_by_worker[worker] = total
+
+    await asyncio.gather(*(one(w) for w in workers))
+    return result
+
+
+async def _copy(fleet: Fleet, run_id: str, worker: int, name: str, local: Path, masker: SecretMasker) -> int | str:
+    """The number of bytes read from the worker, or why the copy failed."""
+    cursor = TailCursor(max_bytes=CHUNK_BYTES)
+    tmp = local.with_suffix(local.suffix + ".part")
+    with tmp.open("w", encoding="utf-8") as out:
+        while True:
+            command = recipes.tail_log(run_id, offset=cursor.offset, max_bytes=CHUNK_BYTES, file=name)
+            (answer,) = await fleet.run(command, [worker], timeout=120)
+            chunk = parse_chunk(answer.stdout) if answer.ok else None
+            if chunk is None:
+                return answer.error or answer.stderr.strip() or "read failed"
+            at_end = chunk.end >= chunk.size
+            lines = cursor.take(chunk, final=at_end)
+            if lines:
+                out.write("\n".join(masker.mask(line) for line in lines) + "\n")
+            if at_end:
+                break
+    tmp.replace(local)
+    return cursor.offset
