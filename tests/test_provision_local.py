@@ -212,3 +212,16 @@ def test_a_worker_that_exits_1_while_the_other_runs_is_named_first_and_the_run_i
     assert "workers 0 still run after that failure" in out and f"tpu-console stop pod {launched['run_id']}" in out
     assert run(capsys, "stop", "pod", "--yes")[0] == 0
     assert view()["state"] == "stopped"
+
+
+def test_an_env_file_given_to_launch_is_masked_in_later_output(capsys, pod, tmp_path):
+    env_file = tmp_path / "launch.env"
+    env_file.write_text(f"MY_SECRET={SECRET}\n")
+    status, out, err = run(capsys, "launch", "pod", "--config", str(CONFIG), "--env-file", str(env_file),
+                           "--python", fake_trainer(tmp_path, LEAKY))
+    assert status == 0, err
+    run_id = out.strip().splitlines()[-1]
+    status, out, err = run(capsys, "logs", "pod", "--follow")
+    assert status == 0 and "my key is ***" in out and SECRET not in out + err
+    status, out, _ = run(capsys, "exec", "pod", "--", f"cat tpu-console/runs/{run_id}/.env")
+    assert status == 0 and "[1] MY_SECRET=***" in out and SECRET not in out

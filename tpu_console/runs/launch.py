@@ -236,6 +236,8 @@ async def launch(
             if not all(s.ok for s in starts):
                 await _undo(fleet, run_id, [s.worker for s in starts if s.ok], stop_grace_s)
         _record(store, record, starts)
+        if env_file is not None:
+            secrets.remember_env_file(node.name, env_file)  # so every later view of this node masks its values
     return LaunchResult(run_id, node, selected, starts, config.digest, recipes.run_dir(run_id))
 
 
