@@ -255,6 +255,17 @@ def _add_run_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
     sweep.add_argument("--env-file", metavar="PATH", help="secrets for the trials, as for launch")
     sweep.add_argument("--python", metavar="PY", help="interpreter on the workers (default as for launch)")
 
+    idle = verbs.add_parser(
+        "idle", parents=[common], help="READY nodes with no run for a while, and what they cost",
+        description="List READY nodes with no live run whose last run ended (or that were created) longer ago than "
+        "--after minutes (default: idle_after_minutes, 60), with their cost while idle. --auto-delete-idle deletes "
+        "them; --watch S keeps checking every S seconds (a guard to leave running overnight).",
+    )
+    idle.add_argument("--after", type=int, metavar="MIN", help="minutes without a run (default idle_after_minutes)")
+    idle.add_argument("--auto-delete-idle", action="store_true", help="delete the idle nodes")
+    idle.add_argument("--yes", action="store_true", help="with --auto-delete-idle: do not ask")
+    idle.add_argument("--watch", type=float, metavar="S", help="check again every S seconds until interrupted")
+
     sync = verbs.add_parser(
         "sync", parents=[common], help="install this checkout's code (and .env) on every worker",
         description="Build a wheel of this checkout as it is on disk (uncommitted changes included), upload it "
@@ -375,6 +386,7 @@ async def _run_verb(args: argparse.Namespace, settings: Settings) -> int:
         "sync": _sync,
         "bench-memory": _bench_memory,
         "sweep": _sweep,
+        "idle": _idle,
         "runs": _runs,
         "status": _status,
         "logs": _logs,
@@ -544,6 +556,43 @@ async def _launch_with_recovery(
                   file=sys.stderr)
         print(f"{log.runs[-1]}: {log.final_state}" + (f" ({log.gave_up})" if log.gave_up else ""), file=sys.stderr)
     return 0 if log.final_state == "succeeded" else 1
+
+
+async def _idle(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    from datetime import timedelta
+
+    from tpu_console.idle import find_idle
+
+    minutes = args.after or settings.idle_after_minutes
+    if minutes < 1:
+        raise UserError("--after must be at least 1 minute")
+    if args.auto_delete_idle and not args.yes and (args.json or not sys.stdin.isatty()):
+        raise UserError("refusing to delete idle nodes without --yes")
+    while True:
+        listing = await actions.list_nodes(providers)
+        runs = await run_control.list_runs(providers, limit=500)  # unfinished runs are probed now
+        now = datetime.now(UTC)
+        idle = find_idle(listing.nodes, [v.record for v in runs], now, timedelta(minutes=minutes))
+        if args.json:
+            _print_json({"idle_after_minutes": minutes, "idle": [
+                {"node": i.node.name, "provider": i.node.provider, "idle_since": i.idle_since.isoformat(),
+                 "idle_minutes": round(i.idle_for.total_seconds() / 60, 1), "cost_while_idle": i.cost_while_idle,
+                 "cost_so_far": i.cost_so_far} for i in idle]})
+        elif idle:
+            print(format_table(("NODE", "PROVIDER", "IDLE SINCE", "IDLE FOR", "COST IDLE", "COST IN ALL"), [
+                (i.node.name, i.node.provider, f"{i.idle_since:%Y-%m-%d %H:%M}", format_age(i.idle_since, now),
+                 "-" if i.cost_while_idle is None else f"~${i.cost_while_idle:,.2f}",
+                 "-" if i.cost_so_far is None else f"~${i.cost_so_far:,.0f}") for i in idle]))
+        else:
+            print(f"no node has been idle for {minutes} min", file=sys.stderr)
+        for item in idle if args.auto_delete_idle else []:
+            if not args.yes and input(f"delete idle node {item.node.name}? [y/N] ").strip().lower() not in ("y", "yes"):
+                continue
+            await actions.delete_node(providers, item.node.name, progress=_progress)
+            print(f"deleted {item.describe()}", file=sys.stderr)
+        if args.watch is None:
+            return 0
+        await asyncio.sleep(args.watch)
 
 
 async def _bootstrap(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:

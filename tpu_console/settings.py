@@ -69,6 +69,8 @@ class Settings(BaseSettings):
     )
 
     default_provider: str | None = None  # None: "gcp" when a project is configured, else "local"
+    # A READY node with no run for this long is flagged idle (tpu-console idle, the app), with its cost.
+    idle_after_minutes: int = Field(60, ge=1)
     local: LocalSettings = Field(default_factory=LocalSettings)
     gcp: GcpSettings = Field(default_factory=GcpSettings)
     ssh: SshSettings = Field(default_factory=SshSettings)
