@@ -172,6 +172,8 @@ def test_launch_on_a_subset_of_a_local_pod(capsys, pod, tmp_path):
         (["logs", "not-a-run"], "is neither a run id"),
         (["logs", "pod", "not-a-run"], "is not a run id"),
         (["status", "pod"], "node pod has no runs yet"),
+        (["launch", "pod", "--config", str(CONFIG), "--set", "wandb_mode=online", "--set", "wandb_project=p"],
+         "wandb_mode is online but no .env gives WANDB_API_KEY"),
         (["launch", "pod", "--config", str(CONFIG), "--set", "rollout.batch_size=3"],
          "3 prompts do not split over 2 processes"),
         (["launch", "pod", "--config", str(CONFIG), "--set", "mesh_shape=3,-1,1"], "mesh_shape: 3,-1,1 cannot fill"),
