@@ -20,9 +20,11 @@ from tpu_console.providers.registry import find_node
 from tpu_console.runs.monitor import RunMonitor, RunState, WorkerState, WorkerStatus
 from tpu_console.runs.probe import parse_probe
 from tpu_console.runs.reach import NodeWorkers, reach_node
+from tpu_console.runs.run_end import keep_run_end
 from tpu_console.runs.run_id import check_run_id
 from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
 from tpu_console.runs.tail import TailCursor, parse_chunk
+from tpu_console.runs.watch import LogLines, RunWatch, Update
 
 STATUS_EVENTS_TAIL_BYTES = 64 * 1024
 _TAIL_MARK = f"{recipes.MARK}tail\n"
@@ -95,6 +97,9 @@ async def observe(
             ):
                 views[record.run_id] = view
                 _save(store, view)
+                if reach.fleet is not None and all(s.done for s in view.workers):
+                    # Ended: archive its files and keep its summary (once; a later look skips this).
+                    await keep_run_end(reach.fleet, store.get(record.run_id), store)
 
     await asyncio.gather(*(one_node(name, recs) for name, recs in by_node.items()))
     return [views[r.run_id] for r in records]
@@ -228,11 +233,12 @@ async def logs(
     lines: int | None = 50,
     follow: bool = False,
     store: RunStore | None = None,
-    poll_s: float = 1.0,
+    poll_s: float = 0.25,
 ) -> RunView:
     """Print each selected worker's output.log through `on_line(worker, text)`: the last `lines` lines
     (all of it when None), and with `follow`, everything written after, until every worker's job has
-    ended. Reads resume from byte offsets, so a dropped connection loses nothing."""
+    ended (through a `RunWatch`, see watch.py). Reads resume from byte offsets, so a dropped connection
+    loses nothing."""
     store = store or RunStore()
     record = store.get(check_run_id(run_id))
     async with _reach(providers, record.node) as reach:
@@ -240,10 +246,21 @@ async def logs(
             raise UserError(f"cannot read the logs of {run_id}: {reach.problem}")
         fleet = reach.fleet
         selected = _run_workers(record, workers, len(fleet.targets))
-        cursors = {w: TailCursor() for w in selected}
-        monitor = _monitor(record, lost_after_unreachable=10 if follow else 1)
+        if follow:
+            watch = RunWatch(fleet, record, workers=selected, first_log_lines=lines, store=store, poll_s=poll_s)
 
-        done: set[int] = set()  # workers whose job ended and whose log was read to its end
+            def on_update(update: Update) -> None:
+                if isinstance(update, LogLines):
+                    for text in update.lines:
+                        on_line(update.worker, text)
+
+            await watch.run(on_update)
+            (view,) = await _probe(reach, [record], STATUS_EVENTS_TAIL_BYTES, 3)
+            _save(store, view)
+            return view
+        # One look: each selected log read to its current end.
+        cursors = {w: TailCursor() for w in selected}
+        monitor = _monitor(record)
         behind: set[int] = set(selected)  # workers whose log was not read to its end yet
 
         async def read(worker: int, first: bool) -> None:
@@ -259,26 +276,17 @@ async def logs(
             chunk = parse_chunk(tail_out) if result.ok else None
             if record.run_id not in probes or chunk is None:
                 monitor.observe_unreachable(worker, result.error or _said(result.stderr, "log read failed"))
-                if monitor.workers[worker].done:
-                    done.add(worker)
                 behind.discard(worker)
                 return
-            status = monitor.observe(worker, probes[record.run_id])
+            monitor.observe(worker, probes[record.run_id])
             caught_up = chunk.end >= chunk.size
-            final = caught_up and (status.done or not follow)
-            for text in cursor.take(chunk, final=final):
+            for text in cursor.take(chunk, final=caught_up):
                 on_line(worker, text)
             if caught_up:
                 behind.discard(worker)
-            else:
-                behind.add(worker)
-            if caught_up and status.done:
-                done.add(worker)
 
         await asyncio.gather(*(read(w, first=True) for w in selected))
-        while pending := sorted({w for w in selected if w not in done} if follow else behind):
-            if not behind:  # every log was read to its end: give the jobs time to write more
-                await asyncio.sleep(poll_s)
+        while pending := sorted(behind):
             await asyncio.gather(*(read(w, first=False) for w in pending))
         # One probe of the whole run with its events, for the closing state line and the history.
         (view,) = await _probe(reach, [record], STATUS_EVENTS_TAIL_BYTES, 3)

@@ -48,6 +48,7 @@ from tpu_console.runs.health import Progress, RunHealth, Thresholds, assess
 from tpu_console.runs.monitor import RunMonitor
 from tpu_console.runs.probe import RunProbe, parse_probe
 from tpu_console.runs.reach import reach_node
+from tpu_console.runs.run_end import keep_run_end
 from tpu_console.runs.run_id import check_run_id
 from tpu_console.runs.signatures import Finding, SignatureScanner
 from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
@@ -137,13 +138,15 @@ class RunWatch:
         stop_grace_s: float = 10.0,
         lost_after_unreachable: int = 6,
         give_up_after_s: float = 120.0,
+        archive: bool = True,
         thresholds: Thresholds | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`workers`: those to stream (default: every worker the run was launched on; the health always
         covers them all). `first_log_lines`: start each log at its last N lines instead of its beginning
         (events are always read whole, so the summaries are complete). `store`: where the run's state is
-        saved as it changes (None: not saved)."""
+        saved as it changes (None: not saved), and, with `archive`, where the run's archive and summary
+        go when it has ended (runs/run_end.py)."""
         self.fleet = fleet
         self.record = record
         self.streamed = list(workers) if workers is not None else list(record.workers)
@@ -157,6 +160,7 @@ class RunWatch:
         self.stop_grace_s = stop_grace_s
         self.thresholds = thresholds or Thresholds()
         self.give_up_after_s = give_up_after_s
+        self.archive = archive
         self.clock = clock
         self.monitor = RunMonitor(record.run_id, record.workers, lost_after_unreachable)
         self.monitor.stop_requested = record.stop_requested_at is not None
@@ -203,6 +207,9 @@ class RunWatch:
                 await self._stopper
         health = self.health()
         self._save(health, final=True)
+        if self.store is not None and self.ended and self.archive:
+            # The run is over: copy its files home and keep its summary, before anyone deletes the node.
+            await keep_run_end(self.fleet, self.store.get(self.record.run_id), self.store, self.monitor, self.masker)
         self._emit(HealthChanged(health))
         self._emit(WatchEnded(health))
         return health

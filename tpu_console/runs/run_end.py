@@ -1,0 +1,43 @@
+"""What the history keeps once a run has ended: a local archive of every worker's log and events, and the
+final metric summary read from those archived events (so it is complete even when the watcher that saw the
+run end had only read the end of each file)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from tpu_console.fleet.fleet import Fleet
+from tpu_console.runs.archive import archive_run
+from tpu_console.runs.events import EventSummary, StepMetrics, parse_event_line
+from tpu_console.runs.monitor import RunMonitor
+from tpu_console.runs.store import RunRecord, RunStore
+from tpu_console.runs.summary import summarize
+from tpu_console.secrets import SecretMasker
+
+
+async def keep_run_end(
+    fleet: Fleet, record: RunRecord, store: RunStore, monitor: RunMonitor | None = None,
+    masker: SecretMasker | None = None,
+) -> None:
+    """Archive the run's files and store its summary, once (a run already archived is left alone)."""
+    if record.archive_path is not None:
+        return
+    result = await archive_run(fleet, record.run_id, record.workers, masker or SecretMasker.for_node(record.node))
+    last_steps = await asyncio.to_thread(_last_steps_in, result.path, record.workers)
+    if monitor is not None:  # workers whose files could not be copied: what was seen live
+        for worker in result.problems:
+            last_steps[worker] = monitor.workers[worker].events.last_step
+    store.set_summary(record.run_id, summarize(last_steps), str(result.path))
+
+
+def _last_steps_in(folder: Path, workers: list[int]) -> dict[int, StepMetrics | None]:
+    steps: dict[int, StepMetrics | None] = {}
+    for worker in workers:
+        summary = EventSummary()
+        path = folder / f"worker-{worker}" / "events.jsonl"
+        if path.exists():
+            with path.open(encoding="utf-8") as lines:
+                summary.add(e for line in lines if (e := parse_event_line(line)) is not None)
+        steps[worker] = summary.last_step
+    return steps
