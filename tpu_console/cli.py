@@ -283,7 +283,9 @@ def _add_run_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
         "runs", parents=[common], help="list launched runs",
         description="Runs launched from this machine, most recent first; unfinished ones are probed now.",
     )
-    runs.add_argument("node", nargs="?", help="only this node's runs")
+    runs.add_argument("node", nargs="?", help="only this node's runs; or `show`, `compare` (below)")
+    runs.add_argument("more", nargs="*", metavar="RUN", help="`runs show RUN` (or NODE [RUN]): one run in full; "
+                      "`runs compare RUN_A RUN_B ...`: their summaries side by side, with B vs A in percent")
     runs.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50)")
 
     status = verbs.add_parser(
@@ -674,6 +676,14 @@ def _worker_progress(worker: int, text: str) -> None:
 
 
 async def _runs(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    if args.node in ("show", "compare"):
+        from tpu_console import run_history_cli  # `runs show` and `runs compare` live there
+
+        handler = run_history_cli.show if args.node == "show" else run_history_cli.compare
+        return await handler(args.more, args.json, providers)
+    if args.more:
+        raise UserError(f"unexpected arguments after {args.node}: {' '.join(args.more)}; "
+                        "use `runs NODE`, `runs show RUN` or `runs compare RUN_A RUN_B`")
     views = await run_control.list_runs(providers, args.node, limit=args.limit)
     if args.json:
         _print_json({"runs": [run_table.run_record(v) for v in views]})

@@ -75,6 +75,16 @@ async def list_runs(
     return [live.get(r.run_id) or _from_history(r) for r in records]
 
 
+async def show_run(providers: dict[str, Provider], record: RunRecord, store: RunStore | None = None) -> RunView:
+    """One run for `runs show`: from the history once it has ended, else probed now (with its events)."""
+    store = store or RunStore()
+    if record.finished:
+        return _from_history(record)
+    (view,) = await observe(providers, [record], store, STATUS_EVENTS_TAIL_BYTES, log_tail_lines=1)
+    view.record = store.get(record.run_id)  # with the summary and archive an end just recorded
+    return view
+
+
 async def observe(
     providers: dict[str, Provider],
     records: Sequence[RunRecord],

@@ -1,0 +1,83 @@
+"""`runs show` and `runs compare` on a local pod: a followed run is archived (masked) and summarised when it
+ends, and two runs compare side by side, B against A in percent."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures_cli import console_home  # noqa: F401 - fixture
+from tests.test_runs_local import fake_trainer, launch, pod, run  # noqa: F401 - pod is a fixture
+from trainer import telemetry as tm
+
+pytestmark = pytest.mark.usefixtures("console_home")
+
+SECRET = "s3cr3t-token-value"
+
+# Two steps with the step time given in $STEP_S, memory on worker 1 only, and a secret printed.
+STEPPING = """\
+for step in 1 2; do
+  mem=null; [ "$TRAINER_PROCESS_ID" = 1 ] && mem=7.5
+  echo '{"t": 1, "kind": "step", "process": '$TRAINER_PROCESS_ID', "step": '$step', "time/train/step_s": STEP_S,
+"time/train/step_avg_last10_s": STEP_S, "throughput/train/valid_tokens_per_s": TOKENS,
+"memory/train/bytes_in_use_max_gib": '$mem', "memory/train/peak_bytes_in_use_max_gib": '$mem',
+"train-reward/total/mean": 0.25}' | tr -d '\\n' >> events.jsonl
+  echo >> events.jsonl
+  echo "step=$step token=$MY_SECRET"
+done
+"""
+
+
+def stepping(tmp_path: Path, name: str, step_s: float, tokens: float) -> str:
+    body = STEPPING.replace("STEP_S", str(step_s)).replace("TOKENS", str(tokens))
+    folder = tmp_path / name
+    folder.mkdir()
+    return fake_trainer(folder, body)
+
+
+def test_a_followed_run_is_archived_and_summarised_and_two_runs_compare(capsys, pod, tmp_path):  # noqa: F811
+    env_file = tmp_path / "my.env"
+    env_file.write_text(f"MY_SECRET={SECRET}\n")
+    run_a = launch(capsys, stepping(tmp_path, "a", 2.0, 1000.0), "--env-file", str(env_file))
+    status, out, _ = run(capsys, "logs", run_a, "--follow")
+    assert status == 0 and "[1] step=2 token=***" in out and SECRET not in out
+
+    status, out, err = run(capsys, "runs", "show", run_a, "--json")
+    assert status == 0, err
+    shown = json.loads(out)
+    assert shown["state"] == "succeeded" and shown["finished_at"]
+    assert shown["summary"][tm.STEP_AVG_LAST10] == 2.0 and shown["summary"][tm.VALID_TOKENS_PER_S] == 1000.0
+    assert shown["summary"][tm.MEM_IN_USE] == 7.5 and shown["summary"][tm.REWARD_MEAN] == 0.25
+    archive = Path(shown["archive_path"])
+    for worker in (0, 1):
+        log = (archive / f"worker-{worker}" / "output.log").read_text()
+        assert log == "step=1 token=***\nstep=2 token=***\n"  # masked before it was stored
+        assert len((archive / f"worker-{worker}" / "events.jsonl").read_text().splitlines()) == 2
+
+    run_b = launch(capsys, stepping(tmp_path, "b", 2.5, 900.0), "--env-file", str(env_file))
+    assert run(capsys, "logs", run_b, "--follow")[0] == 0
+    status, out, _ = run(capsys, "runs", "show", "pod")  # a node: its latest run
+    assert status == 0 and out.startswith(f"{run_b}  succeeded") and "valid tokens/s" in out
+
+    status, out, err = run(capsys, "runs", "compare", run_a, run_b)
+    assert status == 0, err
+    lines = out.splitlines()
+    assert lines[0].split() == ["METRIC", "A", run_a, "B", run_b, "B", "VS", "A"]
+    assert lines[1].split()[-3:] == ["2", "2.5", "+25.0%"]
+    assert lines[2].split()[-3:] == ["1,000", "900", "-10.0%"]
+    status, out, _ = run(capsys, "runs", "compare", run_a, run_b, "--json")
+    rows = {row["metric"]: row for row in json.loads(out)["rows"]}
+    assert rows[tm.MEM_PEAK]["change_pct"] == {run_b: 0.0}
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["runs", "compare", "20250101-000000-abcd"], "runs compare needs two runs or more"),
+    (["runs", "show"], "runs show takes a run id"),
+    (["runs", "show", "20250101-000000-abcd"], "unknown run id"),
+    (["runs", "pod", "extra"], "unexpected arguments after pod"),
+])
+def test_bad_history_requests_are_one_line(capsys, pod, argv, message):  # noqa: F811
+    status, _, err = run(capsys, *argv)
+    assert status == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1

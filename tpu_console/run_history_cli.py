@@ -1,0 +1,96 @@
+"""`tpu-console runs show RUN` and `tpu-console runs compare RUN_A RUN_B ...`: one run from the history in
+full, and several side by side (the table the seeds wrote by hand after each benchmark). Printing only;
+the data comes from the runs layer. Kept apart from cli.py so that file stays a table of verbs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from tpu_console import run_table
+from tpu_console.errors import UserError
+from tpu_console.node_table import format_age, format_table
+from tpu_console.providers.base import Provider
+from tpu_console.runs import control
+from tpu_console.runs.control import RunView
+from tpu_console.runs.resolve import resolve_run
+from tpu_console.runs.store import RunStore
+from tpu_console.runs.summary import METRICS, compare_rows, compare_table, summarize
+from tpu_console.secrets import SecretMasker
+
+
+def _summary(view: RunView) -> dict[str, Any]:
+    """The stored summary once the run ended, else one from each worker's latest step now."""
+    return view.record.summary or summarize({s.worker: s.events.last_step for s in view.workers})
+
+
+async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Provider]) -> int:
+    if not 1 <= len(targets) <= 2:
+        raise UserError("runs show takes a run id, or a node and optionally one of its runs: "
+                        "`tpu-console runs show RUN_ID`")
+    store = RunStore()
+    record = await resolve_run(store, providers, targets[0], targets[1] if len(targets) > 1 else None)
+    view = await control.show_run(providers, record, store)
+    record = view.record
+    summary = _summary(view)
+    masker = SecretMasker.for_node(record.node)
+    if json_mode:
+        document = {**run_table.run_record(view), "summary": summary, "archive_path": record.archive_path}
+        print(masker.mask(json.dumps(document, indent=2)))
+        return 0
+    now = datetime.now(UTC)
+    finished = f", ended {format_age(record.finished_at, now)} ago" if record.finished_at else ""
+    lines = [
+        f"{record.run_id}  {view.state}",
+        (f"node      {record.node} ({record.provider} {record.accelerator_type}), workers "
+        f"{','.join(str(w) for w in record.workers)}"),
+        (f"started   {record.started_at.isoformat(timespec='seconds')} ({format_age(record.started_at, now)} ago"
+        f"{finished})"),
+        f"config    {record.config_path} (digest {record.config_digest[:12]})"
+        + (f" --set {' --set '.join(record.overrides)}" if record.overrides else ""),
+        f"code      {record.code_version or 'unknown'}",
+        f"archive   {record.archive_path or '- (copied when the run ends)'}",
+    ]
+    if view.failure:
+        lines.append(f"failure   {view.failure}")
+    print(masker.mask("\n".join(lines)))
+    print()
+    print(masker.mask(format_table(run_table.WORKER_COLUMNS, [run_table.worker_row(s) for s in view.workers])))
+    print()
+    rows = [(m.label, _value(summary.get(m.key))) for m in METRICS]
+    print(format_table(("SUMMARY", ""), rows))
+    if view.problem:
+        print(f"note: {view.problem}", file=sys.stderr)
+    return 0
+
+
+async def compare(targets: Sequence[str], json_mode: bool, providers: dict[str, Provider]) -> int:
+    if len(targets) < 2:
+        raise UserError("runs compare needs two runs or more: `tpu-console runs compare RUN_A RUN_B`")
+    store = RunStore()
+    views = []
+    for target in targets:
+        record = await resolve_run(store, providers, target)
+        views.append(await control.show_run(providers, record, store))
+    run_ids = [v.record.run_id for v in views]
+    if len(set(run_ids)) < len(run_ids):
+        raise UserError(f"a run is named twice ({', '.join(run_ids)}); compare different runs")
+    summaries = [_summary(v) for v in views]
+    if json_mode:
+        print(json.dumps({"runs": [{"run_id": v.record.run_id, "state": v.state, "summary": s}
+                                   for v, s in zip(views, summaries, strict=True)],
+                          "rows": compare_rows(run_ids, summaries)}, indent=2))
+        return 0
+    headers, cells = compare_table(run_ids, summaries)
+    print(format_table(headers, cells))
+    unfinished = [v.record.run_id for v in views if not v.record.finished]
+    if unfinished:
+        print(f"note: {', '.join(unfinished)} not finished: their latest step is shown", file=sys.stderr)
+    return 0
+
+
+def _value(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
