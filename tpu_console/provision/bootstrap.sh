@@ -12,25 +12,8 @@ case "$py" in "~/"*) py="$HOME/${py#\~/}";; esac
 env="$HOME/tpu-console/env"; stamp="$env/.tpu-console-bootstrap"
 mkdir -p "$HOME/tpu-console" || exit 1
 
-versions() {
-  # importlib.metadata only: importing jax on a TPU VM would take the TPU from a running job.
-  "$env/bin/python" - <<'PY'
-import json, platform
-from importlib import metadata
-def v(*names):
-    for n in names:
-        try:
-            return metadata.version(n)
-        except metadata.PackageNotFoundError:
-            pass
-    return None
-print("@@ versions " + json.dumps({"python": platform.python_version(), "jax": v("jax"), "jaxlib": v("jaxlib"),
-      "libtpu": v("libtpu", "libtpu-nightly"), "flax": v("flax"), "optax": v("optax"),
-      "transformers": v("transformers"), "tpu-console": v("tpu-console")}, sort_keys=True))
-PY
-  if [ -s "$HOME/tpu-console/code.json" ]; then echo "@@ code $(tr -d '\n' < "$HOME/tpu-console/code.json")"; fi
-  return 0
-}
+# versions() (python, jax, jaxlib, libtpu, flax of $env, and the code there) is defined by the console
+# ahead of this script: tpu_console/provision/recipes.py, VERSIONS_FUNCTION.
 
 if [ "$force" != 1 ] && [ -x "$env/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] \
    && "$env/bin/python" -c "" 2>/dev/null; then

@@ -30,7 +30,7 @@ WHEELS_DIR = f"{ROOT}/wheels"
 SRC_DIR = f"{ROOT}/src"
 LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
 TPU_DEVICE_PATTERNS = ("/dev/accel*", "/dev/vfio/[0-9]*")
-_BOOTSTRAP_SCRIPT = (Path(__file__).parent / "bootstrap.sh").read_text()
+_BOOTSTRAP_SCRIPT_FILE = Path(__file__).parent / "bootstrap.sh"
 
 # Prints one `@@ versions {...}` line about an interpreter: importlib.metadata only, never `import jax`,
 # which on a TPU VM would grab the TPU from a running job.
@@ -54,8 +54,12 @@ def _home(relative: str) -> str:
     return '"$HOME"/' + shlex.quote(relative)
 
 
-def _versions(python: str) -> str:
-    return f"{python} -c {shlex.quote(_VERSIONS_PY)}"
+# A bash function every recipe that reports on the environment defines first: `@@ versions {...}` about
+# $env/bin/python, then `@@ code {...}` when code.json is there.
+VERSIONS_FUNCTION = (
+    f'versions() {{ "$env/bin/python" -c {shlex.quote(_VERSIONS_PY)}; '
+    f'if [ -s {_home(CODE_FILE)} ]; then echo "@@ code $(tr -d "\\n" < {_home(CODE_FILE)})"; fi; return 0; }}'
+)
 
 
 def bootstrap(
@@ -76,7 +80,8 @@ def bootstrap(
     requirement already satisfied, which is what it checks.
     """
     args = [python, digest, link_site_packages or "", "1" if force else "0", *requirements]
-    return "bash -s -- " + " ".join(shlex.quote(a) for a in args), _BOOTSTRAP_SCRIPT
+    script = VERSIONS_FUNCTION + "\n" + _BOOTSTRAP_SCRIPT_FILE.read_text()
+    return "bash -s -- " + " ".join(shlex.quote(a) for a in args), script
 
 
 def _install_command(target: str) -> str:
@@ -103,13 +108,12 @@ def install_wheel(wheel_name: str, code_json: str) -> str:
     """Install the uploaded `~/tpu-console/wheels/<wheel_name>` and record `code_json` in code.json."""
     wheel = _home(f"{WHEELS_DIR}/{wheel_name}")
     return (
-        f"( {_require_env()}\n"
+        f"( {_require_env()}\n{VERSIONS_FUNCTION}\n"
         'echo "@@ step installing the code"\n'
         f"{_install_command(wheel)} || exit 21\n"
         f"printf '%s\\n' {shlex.quote(code_json)} > {_home(CODE_FILE)}.tmp && "
         f"mv -f {_home(CODE_FILE)}.tmp {_home(CODE_FILE)}\n"
-        f'echo "@@ code $(tr -d "\\n" < {_home(CODE_FILE)})"; echo "@@ ready synced"\n'
-        f'{_versions(chr(34) + "$env/bin/python" + chr(34))} )'
+        'echo "@@ ready synced"; versions )'
     )
 
 
@@ -117,7 +121,7 @@ def git_checkout(url: str, branch: str) -> str:
     """Clone (or fetch into) `~/tpu-console/src`, check out `branch`, install it, record its sha."""
     src = _home(SRC_DIR)
     return (
-        f"( {_require_env()}\n"
+        f"( {_require_env()}\n{VERSIONS_FUNCTION}\n"
         f"src={src}; url={shlex.quote(url)}; branch={shlex.quote(branch)}\n"
         'command -v git >/dev/null || { echo "@@ error git is not installed on this worker"; exit 22; }\n'
         'if [ -d "$src/.git" ]; then echo "@@ step fetching $branch"; '
@@ -132,8 +136,7 @@ def git_checkout(url: str, branch: str) -> str:
         f"printf '{{\"source\": \"git\", \"git_sha\": \"%s\", \"dirty\": false, \"url\": %s, \"branch\": %s}}\\n' "
         f'"$sha" {shlex.quote(_json_string(url))} {shlex.quote(_json_string(branch))} '
         f"> {_home(CODE_FILE)}.tmp && mv -f {_home(CODE_FILE)}.tmp {_home(CODE_FILE)}\n"
-        f'echo "@@ code $(tr -d "\\n" < {_home(CODE_FILE)})"; echo "@@ ready synced"\n'
-        f'{_versions(chr(34) + "$env/bin/python" + chr(34))} )'
+        'echo "@@ ready synced"; versions )'
     )
 
 
@@ -145,10 +148,8 @@ def inspect_worker(runs_dir: str = "tpu-console/runs") -> str:
     """One round trip before a launch: is there a trainer environment, which code and library versions
     it holds, and which runs on this worker are still alive (their process group answers `kill -0`)."""
     return (
-        f"( env={_home(ENV_DIR)}\n"
-        'if [ -x "$env/bin/python" ]; then echo "@@ env present"; '
-        f'{_versions(chr(34) + "$env/bin/python" + chr(34))}; else echo "@@ env missing"; fi\n'
-        f'c=$(cat {_home(CODE_FILE)} 2>/dev/null | tr -d "\\n"); [ -n "$c" ] && echo "@@ code $c"\n'
+        f"( env={_home(ENV_DIR)}\n{VERSIONS_FUNCTION}\n"
+        'if [ -x "$env/bin/python" ]; then echo "@@ env present"; versions; else echo "@@ env missing"; fi\n'
         f'[ -f {_home(ROOT + "/.env")} ] && echo "@@ envfile present"\n'
         f'for d in {_home(runs_dir)}/*/; do [ -f "$d/pid" ] || continue; [ -e "$d/exit" ] && continue; '
         'pg=$(cat "$d/pid"); case "$pg" in ""|*[!0-9]*) continue;; esac; '
