@@ -81,3 +81,24 @@ def test_a_followed_run_is_archived_and_summarised_and_two_runs_compare(capsys, 
 def test_bad_history_requests_are_one_line(capsys, pod, argv, message):  # noqa: F811
     status, _, err = run(capsys, *argv)
     assert status == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+# Worker 1 fails after a moment; worker 0 would run forever (as a worker blocked in a collective does).
+ONE_FAILS = """\
+if [ "$TRAINER_PROCESS_ID" = 1 ]; then sleep 1; echo boom; exit 3; fi
+while true; do sleep 0.1; done
+"""
+
+
+def test_launch_fail_fast_stops_the_other_workers_when_one_fails(capsys, pod, tmp_path):  # noqa: F811
+    from tests.processes import wait_for
+    from tests.test_runs_local import run_folder
+    from tpu_console.runs.guard import guard_log
+
+    run_id = launch(capsys, fake_trainer(tmp_path, ONE_FAILS), "--fail-fast")
+    exit_file = run_folder(0, run_id) / "exit"
+    wait_for(exit_file.exists, timeout=45)
+    assert exit_file.read_text().strip() == "143"  # TERM from the guard
+    wait_for(lambda: "failed" in guard_log(run_id).read_text(), timeout=30)
+    log = guard_log(run_id).read_text()
+    assert "stopped worker(s) [0] after the first failure" in log and "worker 1 exited 3" in log

@@ -515,6 +515,8 @@ async def _launch(args: argparse.Namespace, settings: Settings, providers: dict[
         python=args.python, kill_stale=args.kill_stale, fail_fast=args.fail_fast, check_code=args.check_code,
         progress=_progress, on_worker=_worker_progress,
     )
+    if result.ok and args.fail_fast:
+        _start_fail_fast_guard(result.run_id, args)
     if args.json:
         _print_json(run_table.launch_record(result))
     else:
@@ -595,6 +597,13 @@ async def _idle(args: argparse.Namespace, settings: Settings, providers: dict[st
         if args.watch is None:
             return 0
         await asyncio.sleep(args.watch)
+
+
+def _start_fail_fast_guard(run_id: str, args: argparse.Namespace) -> None:
+    from tpu_console.runs.guard import guard_log, start_guard
+
+    pid = start_guard(run_id, settings_flags(args))
+    print(f"{run_id}: fail-fast watcher started (pid {pid}, log {guard_log(run_id)})", file=sys.stderr)
 
 
 async def _bootstrap(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
