@@ -131,7 +131,7 @@ class RunWatch:
         poll_s: float = 0.25,
         health_every_s: float = 0.25,
         first_log_lines: int | None = None,
-        max_bytes: int = 1 << 20,
+        max_bytes: int = 256 << 10,
         ring_lines: int = 5000,
         ring_events: int = 2000,
         fail_fast: bool = False,
@@ -144,7 +144,8 @@ class RunWatch:
     ) -> None:
         """`workers`: those to stream (default: every worker the run was launched on; the health always
         covers them all). `first_log_lines`: start each log at its last N lines instead of its beginning
-        (events are always read whole, so the summaries are complete). `store`: where the run's state is
+        (events are always read whole, so the summaries are complete). `max_bytes`: per file per poll; with
+        64 workers polled at once, what is in flight at a time stays around 64 x 2 x max_bytes. `store`: where the run's state is
         saved as it changes (None: not saved), and, with `archive`, where the run's archive and summary
         go when it has ended (runs/run_end.py)."""
         self.fleet = fleet

@@ -1,0 +1,180 @@
+"""Live run monitoring at pod scale: can the console keep up with 64 workers' logs, in bounded memory, and
+show a line soon after it is written?
+
+    .venv/bin/python benchmarks/monitor.py [--workers 64] [--lines 20000] [--latency-s 6]
+
+(a) throughput: every worker's job writes --lines log lines (~100 bytes, one events.jsonl step event per
+    100 lines) as fast as it can; one RunWatch (tail + events parse + signatures + state, as `logs -f` and
+    the TUI use it) reads them all. Prints lines/s over the wall time, and lines per second of the console
+    process's own CPU time: "one core" is that second number (target >= 50,000), since on this 2-core
+    machine the 64 writers and the pod's SSH servers take the other core and more. Every line is checked
+    to have arrived exactly once.
+(b) latency: every worker writes a timestamped line every 50 ms for --latency-s seconds; the watch, at
+    `logs -f`'s settings, notes when each line reaches it. Prints p50/p95/max (target p95 < 1 s).
+Peak RSS of the console process is printed with the bytes read, and the ring buffers' size.
+The reference, measured in the same run: reading and splitting the same log bytes from local files in
+this process (no SSH, no parsing), the floor the console's cost is put against.
+
+The pod's SSH servers run in a separate `pod_host` process (as benchmarks/fanout.py does): a real pod's sshd
+does not share the console's CPU. Uses a throwaway TPU_CONSOLE_HOME; nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+
+LINES_PER_CPU_S_TARGET = 50_000
+P95_TARGET_S = 1.0
+
+WRITER = """
+import json, sys, time
+n = int(sys.argv[1])
+pad = "x" * 70
+out = sys.stdout
+with open("events.jsonl", "a") as events:
+    block = []
+    for i in range(1, n + 1):
+        block.append(f"step {i} loss=0.0123 reward_mean=0.5 {pad}")
+        if i % 100 == 0:
+            events.write(json.dumps({"t": time.time(), "kind": "step", "process": 0, "step": i,
+                                     "time/train/step_s": 0.5}) + "\\n")
+        if len(block) == 1000:
+            out.write("\\n".join(block) + "\\n"); block = []
+    if block:
+        out.write("\\n".join(block) + "\\n")
+"""
+
+TICKER = """
+import sys, time
+end = time.time() + float(sys.argv[1])
+while time.time() < end:
+    print(f"tick {time.time():.6f}", flush=True)
+    time.sleep(0.05)
+"""
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+async def _start_jobs(fleet, run_id: str, workers: list[int], script: str, args: list[str]) -> None:
+    from tpu_console.fleet import recipes
+
+    for result in await fleet.run(recipes.prepare_run_dir(run_id), workers, timeout=120):
+        assert result.ok, result.stderr
+    start = recipes.start_detached(run_id, sys.executable, ["-c", script, *args], {})
+    for result in await fleet.run(start, workers, timeout=120):
+        assert result.ok, result.stderr
+
+
+def _record(run_id: str, workers: list[int]):
+    from tpu_console.runs.store import RunRecord
+
+    return RunRecord(run_id, "bench", "local", f"local-{len(workers)}x1", workers, "-", "-", [], sys.executable,
+                     datetime.now(UTC))
+
+
+async def main(workers: int, lines: int, latency_s: float) -> int:
+    # Imported here so TPU_CONSOLE_HOME (set below) is in place before anything reads it.
+    from tpu_console.fleet.fleet import Fleet
+    from tpu_console.model import CreateRequest
+    from tpu_console.providers.local import LocalProvider
+    from tpu_console.runs.run_id import new_run_id
+    from tpu_console.runs.watch import LogLines, RunWatch
+
+    provider = LocalProvider()
+    node = await provider.create(CreateRequest(name="bench", accelerator_type=f"local-{workers}x1"))
+    host = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tpu_console.providers.local.pod_host", node.name,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert host.stdout and host.stdin
+    ports = json.loads(await host.stdout.readline())["ports"]
+    ids = list(range(workers))
+    try:
+        async with Fleet(provider.targets_at(node, ports)) as fleet:
+            await fleet.start_command_channels()  # as a console in use has them
+
+            # (a) throughput
+            run_id = new_run_id()
+            await _start_jobs(fleet, run_id, ids, WRITER, [str(lines)])
+            watch = RunWatch(fleet, _record(run_id, ids), poll_s=0.05)
+            cpu0, t0 = _cpu_s(), time.perf_counter()
+            await watch.run()
+            wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
+            got = sum(s.lines_total for s in watch.workers.values())
+            events = sum(s.events_total for s in watch.workers.values())
+            read_mib = sum(s.log.offset + s.events_cursor.offset for s in watch.workers.values()) / 2**20
+            ring = sum(len(s.lines) for s in watch.workers.values())
+            complete = got == workers * lines and events == workers * (lines // 100)
+            rss = _peak_rss_mib()
+
+            # the reference: the same bytes read and split locally
+            t1 = time.perf_counter()
+            local_lines = 0
+            for w in ids:
+                path = provider.store.worker_dir(node.name, w) / "tpu-console" / "runs" / run_id / "output.log"
+                local_lines += len(path.read_bytes().decode().split("\n")) - 1
+            reference = local_lines / (time.perf_counter() - t1)
+
+            # (b) latency
+            run_id = new_run_id()
+            await _start_jobs(fleet, run_id, ids, TICKER, [str(latency_s)])
+            latencies: list[float] = []
+
+            def on_update(update) -> None:
+                if isinstance(update, LogLines):
+                    now = time.time()
+                    latencies.extend(now - float(line.split()[1]) for line in update.lines if line.startswith("tick "))
+
+            await RunWatch(fleet, _record(run_id, ids)).run(on_update)  # logs -f's settings
+    finally:
+        host.stdin.close()
+        await host.wait()
+        await provider.close()
+
+    latencies.sort()
+    p50 = statistics.median(latencies) if latencies else float("nan")
+    p95 = latencies[int(0.95 * (len(latencies) - 1))] if latencies else float("nan")
+    per_cpu_s = got / cpu if cpu > 0 else float("inf")
+    print(f"workers: {workers}, lines per worker: {lines:,}, log and events read: {read_mib:.1f} MiB")
+    print(f"(a) throughput: {got:,} lines + {events:,} events in {wall:.2f} s: {got / wall:,.0f} lines/s wall; "
+          f"console CPU {cpu:.2f} s: {per_cpu_s:,.0f} lines per CPU-second; every line once: {complete}")
+    print(f"    peak RSS {rss:.0f} MiB (ring buffers hold {ring:,} lines; the logs were {read_mib:.1f} MiB)")
+    print(f"    reference, the same logs read and split locally: {reference:,.0f} lines/s; "
+          f"ratio reference/console-CPU {reference / per_cpu_s:.1f}x")
+    print(f"(b) latency, written -> received: {len(latencies):,} lines, p50 {p50 * 1000:.0f} ms, "
+          f"p95 {p95 * 1000:.0f} ms, max {latencies[-1] * 1000 if latencies else float('nan'):.0f} ms")
+    met = per_cpu_s >= LINES_PER_CPU_S_TARGET and p95 < P95_TARGET_S and complete
+    print(f"targets: >= {LINES_PER_CPU_S_TARGET:,} lines per console CPU-second, p95 < {P95_TARGET_S:g} s, "
+          f"no line lost: {'met' if met else 'NOT met'}")
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=64)
+    parser.add_argument("--lines", type=int, default=20000, help="log lines each worker writes in (a)")
+    parser.add_argument("--latency-s", type=float, default=6.0, help="seconds each worker ticks in (b)")
+    options = parser.parse_args()
+    home = tempfile.mkdtemp(prefix="tpc-bench-monitor-")
+    os.environ["TPU_CONSOLE_HOME"] = home
+    try:
+        sys.exit(asyncio.run(main(options.workers, options.lines, options.latency_s)))
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
