@@ -179,7 +179,11 @@ async def open_command_channel(
         )
     except (asyncssh.Error, OSError) as exc:
         raise ChannelUnavailable(f"cannot open a session: {getattr(exc, 'reason', None) or exc}") from None
-    chan.write(AGENT_SOURCE)
+    try:
+        chan.write(AGENT_SOURCE)
+    except (BrokenPipeError, ConnectionError):
+        # The loader already exited (no python3 there, say): its stderr says why, once the channel closed.
+        pass
     try:
         await asyncio.wait_for(asyncio.shield(channel.ready), timeout)
     except TimeoutError:
