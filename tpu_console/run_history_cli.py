@@ -1,5 +1,5 @@
 """`tpu-console runs show RUN` and `tpu-console runs compare RUN_A RUN_B ...`: one run from the history in
-full, and several side by side (the table the seeds wrote by hand after each benchmark). Printing only;
+full, and several side by side (the table one writes by hand after each benchmark). Printing only;
 the data comes from the runs layer. Kept apart from cli.py so that file stays a table of verbs."""
 
 from __future__ import annotations
@@ -13,18 +13,21 @@ from typing import Any
 from tpu_console import run_table
 from tpu_console.errors import UserError
 from tpu_console.node_table import format_age, format_table
+from tpu_console.pricing import run_cost
 from tpu_console.providers.base import Provider
 from tpu_console.runs import control
 from tpu_console.runs.control import RunView
 from tpu_console.runs.resolve import resolve_run
 from tpu_console.runs.store import RunStore
-from tpu_console.runs.summary import METRICS, compare_rows, compare_table, summarize
+from tpu_console.runs.summary import COST, METRICS, compare_rows, compare_table, summarize
 from tpu_console.secrets import SecretMasker
 
 
 def _summary(view: RunView) -> dict[str, Any]:
     """The stored summary once the run ended, else one from each worker's latest step now."""
-    return view.record.summary or summarize({s.worker: s.events.last_step for s in view.workers})
+    summary = view.record.summary or summarize({s.worker: s.events.last_step for s in view.workers})
+    record = view.record
+    return {**summary, COST: run_cost(record.price_per_hour, record.started_at, record.finished_at)}
 
 
 async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Provider]) -> int:

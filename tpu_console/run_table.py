@@ -6,11 +6,12 @@ from datetime import datetime
 from typing import Any
 
 from tpu_console.node_table import format_age
+from tpu_console.pricing import run_cost
 from tpu_console.runs.control import RunView, WorkerStop
 from tpu_console.runs.launch import LaunchResult
 from tpu_console.runs.monitor import WorkerStatus
 
-RUN_COLUMNS = ("RUN", "NODE", "WORKERS", "STATE", "AGE", "CONFIG", "NOTE")
+RUN_COLUMNS = ("RUN", "NODE", "WORKERS", "STATE", "AGE", "CONFIG", "COST", "NOTE")
 WORKER_COLUMNS = ("WORKER", "STATE", "EXIT", "STEP", "STEP_S", "AVG10_S", "TOKENS/S", "MEM GiB", "NOTE")
 
 
@@ -23,6 +24,7 @@ def run_row(view: RunView, now: datetime) -> tuple[str, ...]:
         view.state,
         format_age(record.started_at, now),
         _short_path(record.config_path),
+        _cost(record, now),
         view.failure or view.problem or "",
     )
 
@@ -40,6 +42,11 @@ def worker_row(status: WorkerStatus) -> tuple[str, ...]:
         _memory(status),
         _worker_note(status),
     )
+
+
+def _cost(record: Any, now: datetime | None = None) -> str:
+    cost = run_cost(record.price_per_hour, record.started_at, record.finished_at, now)
+    return "-" if cost is None else f"~${cost:,.2f}"
 
 
 def _worker_note(status: WorkerStatus) -> str:
@@ -85,6 +92,8 @@ def run_record(view: RunView) -> dict[str, Any]:
         "overrides": record.overrides,
         "code_version": record.code_version,
         "python": record.python,
+        "price_per_hour": record.price_per_hour,
+        "cost": run_cost(record.price_per_hour, record.started_at, record.finished_at),
         "worker_status": [worker_record(s) for s in view.workers],
     }
 

@@ -30,6 +30,7 @@ from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.preflight import open_node, require_all_reachable
 from tpu_console.fleet.selection import parse_worker_selection
 from tpu_console.model import Node
+from tpu_console.pricing import price_per_hour
 from tpu_console.providers.base import Provider
 from tpu_console.provision import recipes as provision_recipes
 from tpu_console.provision.code_sync import ENV_FILE as SYNCED_ENV_FILE
@@ -224,6 +225,7 @@ async def launch(
             python=interpreter,
             started_at=started,
             code_version=version["git_sha"] + ("+dirty" if version["dirty"] else "") if version else None,
+            price_per_hour=estimate.per_hour if (estimate := price_per_hour(node)) is not None else None,
         )
         progress(f"{run_id}: preparing {len(selected)} worker(s) of {node.name}")
         problems = await _prepare(fleet, run_id, selected, config, env_data, node, envs, interpreter, version,

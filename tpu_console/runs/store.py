@@ -51,6 +51,7 @@ CREATE INDEX IF NOT EXISTS runs_by_node ON runs(node, started_at);
 _ADDED_COLUMNS = {
     "summary": "TEXT",  # JSON: the final metric summary (runs.summary.RunSummary.to_json)
     "archive_path": "TEXT",  # local folder holding every worker's output.log and events.jsonl
+    "price_per_hour": "REAL",  # the node's approximate USD price per hour when launched (spot or on-demand)
 }
 
 
@@ -83,6 +84,7 @@ class RunRecord:
     worker_records: dict[int, WorkerRecord] = field(default_factory=dict)
     summary: dict[str, Any] | None = None  # the final metric summary, once the run ended (runs.summary)
     archive_path: str | None = None  # where every worker's log and events were copied when it ended
+    price_per_hour: float | None = None  # the node's price when launched; None where unknown (local pods)
 
     @property
     def finished(self) -> bool:
@@ -111,8 +113,8 @@ class RunStore:
         with self._connect() as db:
             db.execute(
                 "INSERT INTO runs (run_id, node, provider, accelerator_type, workers, config_path, config_digest,"
-                " overrides, code_version, python, started_at, state, failure, finished_at, stop_requested_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " overrides, code_version, python, started_at, state, failure, finished_at, stop_requested_at,"
+                " price_per_hour) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.run_id,
                     record.node,
@@ -129,6 +131,7 @@ class RunStore:
                     record.failure,
                     _iso(record.finished_at),
                     _iso(record.stop_requested_at),
+                    record.price_per_hour,
                 ),
             )
             self._put_workers(db, record.run_id, record.worker_records.values())
@@ -225,6 +228,7 @@ class RunStore:
             worker_records=workers,
             summary=json.loads(row["summary"]) if row["summary"] else None,
             archive_path=row["archive_path"],
+            price_per_hour=row["price_per_hour"],
         )
 
 

@@ -1,8 +1,8 @@
 """A finished run in a few numbers, and runs side by side. Pure: no I/O.
 
-The summary is what the seeds read out of W&B by hand after each benchmark run (seed 001's legacy vs
-maxtext comparison): step time averaged over the last 10 steps, valid tokens per second, device memory in
-use and at peak, and the reward. Keys are the trainer's W&B metric names (trainer/telemetry.py), so the
+The summary is what one reads out of W&B by hand after each benchmark run (a legacy vs maxtext
+rollout-sharding comparison, say): step time averaged over the last 10 steps, valid tokens per second,
+device memory in use and at peak, and the reward. Keys are the trainer's W&B metric names (trainer/telemetry.py), so the
 summary, events.jsonl and W&B say the same thing.
 """
 
@@ -23,6 +23,8 @@ class SummaryMetric:
     lower_is_better: bool
 
 
+COST = "cost_usd"  # not a trainer metric: the console adds it from the node's price (pricing.run_cost)
+
 # In the order the comparison table shows them. Memory and step time are the pod's worst worker (the
 # slowest host sets the pace; the fullest device is the one that runs out); tokens/s and reward are
 # gathered over every process by the trainer, so every worker reports the same value.
@@ -32,6 +34,7 @@ METRICS = (
     SummaryMetric(tm.MEM_IN_USE, "HBM in use, max over devices (GiB)", lower_is_better=True),
     SummaryMetric(tm.MEM_PEAK, "HBM peak, max over devices (GiB)", lower_is_better=True),
     SummaryMetric(tm.REWARD_MEAN, "reward mean (last step)", lower_is_better=False),
+    SummaryMetric(COST, "cost, chip-hours x price (USD)", lower_is_better=True),
 )
 
 
