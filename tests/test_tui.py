@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from textual.widgets import DataTable, Static
 
-from tests.fixtures_cli import NOW, FakeProvider, make_node
+from tests.fixtures_cli import NOW, FakeProvider, console_home, make_node  # noqa: F401 - fixture
 from tpu_console.model import NodeState
 from tpu_console.tui.app import TpuConsoleApp
-from tpu_console.tui.help_screen import HelpScreen
-from tpu_console.tui.nodes_screen import NodesScreen
+from tpu_console.tui.modals.help import HelpScreen
+from tpu_console.tui.screens.nodes_screen import NodesScreen
+
+pytestmark = pytest.mark.usefixtures("console_home")
 
 
 def make_app(provider: FakeProvider, refresh_every: float = 3600.0) -> TpuConsoleApp:
@@ -50,10 +53,11 @@ async def test_table_lists_every_node_with_ls_columns():
             "AGE",
             "PRICE/H",
             "COST",
+            "RUN",
         ]
         assert cells(table) == [
-            ["pod-a", "gcp", "v6e-16", "4", "READY", "us-east5-b", "-", "3h12m", "~$43.20", "~$138"],
-            ["pod-b", "local", "v6e-16", "4", "PREEMPTED", "us-east5-b", "spot", "3h12m", "-", "-"],
+            ["pod-a", "gcp", "v6e-16", "4", "READY", "us-east5-b", "-", "3h12m", "~$43.20", "~$138", "IDLE 3h12m ~$138.24"],
+            ["pod-b", "local", "v6e-16", "4", "PREEMPTED", "us-east5-b", "spot", "3h12m", "-", "-", "-"],
         ]
         assert "2 nodes" in str(screen.query_one("#status", Static).render())
 

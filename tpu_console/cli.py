@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
@@ -154,6 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, metavar="S", help="give up on a worker after S seconds")
     run.add_argument("command", nargs="*", help=argparse.SUPPRESS)
     _add_run_verbs(verbs, common)
+    serve = verbs.add_parser(
+        "serve", parents=[common], help="the terminal app in a browser tab (textual-serve)",
+        description="Serve the terminal app over HTTP: each browser tab gets its own tpu-console session.",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8566, help="port (default 8566)")
     return parser
 
 
@@ -354,6 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings(settings_flags(args))
         if args.verb is None:
             return _open_app(settings)
+        if args.verb == "serve":
+            return _serve(args)
         return asyncio.run(_run_verb(args, settings))
     except UserError as exc:
         _print_error(str(exc), json_mode)
@@ -371,9 +380,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _open_app(settings: Settings) -> int:
+    from datetime import timedelta
+
     from tpu_console.tui.app import TpuConsoleApp
 
-    TpuConsoleApp(build_providers(settings)).run()
+    TpuConsoleApp(
+        build_providers(settings), default_provider=create_provider_name(settings), zones=list(settings.gcp.zones),
+        idle_after=timedelta(minutes=settings.idle_after_minutes),
+        sync_env_file=".env" if os.path.isfile(".env") else None,
+    ).run()
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """The same app in a browser tab: textual-serve runs `tpu-console` per browser session."""
+    from textual_serve.server import Server
+
+    command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "tpu_console"])
+    print(f"serving tpu-console at http://{args.host}:{args.port} (Ctrl-C stops)", file=sys.stderr, flush=True)
+    Server(command, host=args.host, port=args.port, title="tpu-console").serve()
     return 0
 
 

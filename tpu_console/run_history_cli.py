@@ -13,21 +13,18 @@ from typing import Any
 from tpu_console import run_table
 from tpu_console.errors import UserError
 from tpu_console.node_table import format_age, format_table
-from tpu_console.pricing import run_cost
 from tpu_console.providers.base import Provider
 from tpu_console.runs import control
 from tpu_console.runs.control import RunView
 from tpu_console.runs.resolve import resolve_run
 from tpu_console.runs.store import RunStore
-from tpu_console.runs.summary import COST, METRICS, compare_rows, compare_table, summarize
+from tpu_console.runs.summary import METRICS, compare_rows, compare_table, run_summary
 from tpu_console.secrets import SecretMasker
 
 
 def _summary(view: RunView) -> dict[str, Any]:
     """The stored summary once the run ended, else one from each worker's latest step now."""
-    summary = view.record.summary or summarize({s.worker: s.events.last_step for s in view.workers})
-    record = view.record
-    return {**summary, COST: run_cost(record.price_per_hour, record.started_at, record.finished_at)}
+    return run_summary(view.record, {s.worker: s.events.last_step for s in view.workers})
 
 
 async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Provider]) -> int:

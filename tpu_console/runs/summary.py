@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tpu_console.pricing import run_cost
 from tpu_console.runs.events import StepMetrics
 from trainer import telemetry as tm
 
@@ -58,6 +59,13 @@ def summarize(last_steps: Mapping[int, StepMetrics | None]) -> dict[str, Any]:
         tm.MEM_LIMIT: worst([s.mem_limit_gib for s in steps], True),
         tm.REWARD_MEAN: worst([s.reward_mean for s in steps], False),
     }
+
+
+def run_summary(record: Any, last_steps: Mapping[int, StepMetrics | None]) -> dict[str, Any]:
+    """A run's summary as the history keeps it once the run ended (else from each worker's latest step),
+    with its cost: what `runs show`, `runs compare` and the app's runs screen show."""
+    summary = record.summary or summarize(last_steps)
+    return {**summary, COST: run_cost(record.price_per_hour, record.started_at, record.finished_at)}
 
 
 def percent_change(base: float | None, other: float | None) -> float | None:

@@ -1,9 +1,14 @@
-"""The Textual app: owns the providers and opens the nodes screen. Screens hold the behaviour."""
+"""The Textual app: owns the providers and opens the nodes screen. Screens hold the behaviour.
+
+    screens/   nodes_screen (the first screen), runs_screen (history, compare), run_screen (one run live)
+    modals/    help, create_node, delete_node, launch, confirm, compare
+    widgets/   operations_log, and the run dashboard's panels
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import ClassVar
 
 from textual.app import App
@@ -12,8 +17,9 @@ from textual.screen import Screen
 
 from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import close_providers
-from tpu_console.tui.help_screen import HelpScreen
-from tpu_console.tui.nodes_screen import NodesScreen
+from tpu_console.runs.store import RunStore
+from tpu_console.tui.modals.help import HelpScreen
+from tpu_console.tui.screens.nodes_screen import NodesScreen
 
 
 def local_now() -> datetime:
@@ -25,8 +31,9 @@ class TpuConsoleApp(App[None]):
     TITLE = "tpu-console"
     ENABLE_COMMAND_PALETTE = False
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("question_mark", "help", "Help", key_display="?"),
-        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Help", key_display="?", id="app.help"),
+        Binding("R", "runs", "Runs", key_display="R", id="app.runs"),
+        Binding("q", "quit", "Quit", id="app.quit"),
     ]
 
     def __init__(
@@ -35,14 +42,28 @@ class TpuConsoleApp(App[None]):
         *,
         refresh_every: float = 15.0,
         clock: Callable[[], datetime] = local_now,
+        store: RunStore | None = None,
+        default_provider: str = "local",
+        zones: list[str] | None = None,
+        idle_after: timedelta = timedelta(minutes=60),
+        sync_env_file: str | None = None,
     ) -> None:
         super().__init__()
         self.providers = providers
         self.refresh_every = refresh_every
         self.clock = clock  # injectable so tests (and snapshots) see a fixed time
+        self.store = store
+        self.default_provider = default_provider
+        self.zones = zones or []
+        self.idle_after = idle_after
+        self.sync_env_file = sync_env_file
 
     def get_default_screen(self) -> Screen:
-        return NodesScreen(self.providers, refresh_every=self.refresh_every, clock=self.clock)
+        return NodesScreen(
+            self.providers, refresh_every=self.refresh_every, clock=self.clock, store=self.store,
+            default_provider=self.default_provider, zones=self.zones, idle_after=self.idle_after,
+            sync_env_file=self.sync_env_file,
+        )
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):
@@ -54,6 +75,12 @@ class TpuConsoleApp(App[None]):
             if active.binding.show and active.binding.description
         ]
         self.push_screen(HelpScreen(keys))
+
+    def action_runs(self) -> None:
+        from tpu_console.tui.screens.runs_screen import RunsScreen
+
+        if not isinstance(self.screen, RunsScreen):
+            self.push_screen(RunsScreen(self.providers, store=self.store, clock=self.clock))
 
     async def on_unmount(self) -> None:
         await close_providers(self.providers)

@@ -12,10 +12,17 @@ from textual.widgets import Static
 
 
 class HelpScreen(ModalScreen[None]):
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen #help-dialog { width: auto; min-width: 30; height: auto; padding: 1 2; border: round $accent;
+                              background: $surface; }
+    HelpScreen #help-title { text-style: bold; margin-bottom: 1; }
+    HelpScreen #help-hint { margin-top: 1; color: $text-muted; }
+    """
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape", "dismiss", "Close"),
-        Binding("question_mark", "dismiss", "Close", show=False),
-        Binding("q", "dismiss", "Close", show=False),
+        Binding("escape", "dismiss", "Close", id="help.close"),
+        Binding("question_mark", "dismiss", "Close", show=False, id="help.close_question"),
+        Binding("q", "dismiss", "Close", show=False, id="help.close_q"),
     ]
 
     def __init__(self, keys: list[tuple[str, str]]) -> None:

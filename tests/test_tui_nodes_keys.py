@@ -1,0 +1,255 @@
+"""Pilot tests of the nodes screen's keys and modals: create, delete, bootstrap, sync, launch, stop, open,
+filter, and the runs screen with its comparison. The operations themselves are the layers below's (tested
+there); here the fakes record what the app asked for, and bad input must stay in the form."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from textual.widgets import DataTable, Input, Static
+
+from tests.fixtures_cli import NOW, FakeProvider, console_home, make_node  # noqa: F401 - fixture
+from tpu_console.runs.store import RunRecord, RunStore
+from tpu_console.tui.app import TpuConsoleApp
+from tpu_console.tui.modals.compare import CompareModal
+from tpu_console.tui.modals.confirm import ConfirmModal
+from tpu_console.tui.modals.create_node import CreateNodeModal
+from tpu_console.tui.modals.delete_node import DeleteNodeModal
+from tpu_console.tui.modals.launch import LaunchModal
+from tpu_console.tui.screens.nodes_screen import NodesScreen
+from tpu_console.tui.screens.runs_screen import RunsScreen
+from tpu_console.tui.widgets.operations_log import OperationsLog
+
+pytestmark = pytest.mark.usefixtures("console_home")
+TINY = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "tiny_local.yaml"
+
+
+def app_with(provider: FakeProvider) -> TpuConsoleApp:
+    return TpuConsoleApp({"fake": provider}, refresh_every=3600, clock=lambda: NOW, default_provider="fake")
+
+
+async def submit(pilot, modal, field: str = "#name") -> None:
+    """Enter in one of the form's fields: what a person does (and what the form's submit handles)."""
+    modal.query_one(field, Input).focus()
+    await pilot.press("enter")
+    await pilot.pause()
+
+
+async def until(pilot, condition, what: str) -> None:
+    for _ in range(300):
+        if condition():
+            return
+        await pilot.pause(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def started(pilot, app) -> NodesScreen:
+    screen = app.screen
+    await until(pilot, lambda: screen.refreshes >= 1, "the first listing")
+    return screen
+
+
+def ops_text(screen: NodesScreen) -> str:
+    return "\n".join(screen.query_one("#ops", OperationsLog).lines_written)
+
+
+def add_run(node: str, run_id: str, finished: bool, state: str, summary: dict | None = None, **extra) -> None:
+    store = RunStore()
+    store.add(RunRecord(run_id=run_id, node=node, provider="fake", accelerator_type="v6e-16", workers=[0, 1],
+                             config_path=str(TINY), config_digest="d", overrides=[], python="python3",
+                             started_at=NOW - timedelta(minutes=30), state=state,
+                             finished_at=NOW - timedelta(minutes=5) if finished else None, **extra))
+    if summary:
+        store.set_summary(run_id, summary)
+
+
+async def test_c_creates_after_refusing_bad_names_and_types_in_the_form():
+    provider = FakeProvider([])
+    app = app_with(provider)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await started(pilot, app)
+        await pilot.press("c")
+        assert isinstance(app.screen, CreateNodeModal)
+        modal = app.screen
+        modal.query_one("#name", Input).value = "Bad_Name"
+        modal.query_one("#type", Input).value = "v6e-16"
+        await submit(pilot, modal)
+        assert "invalid node name 'Bad_Name'" in str(modal.query_one("#error", Static).render())
+        modal.query_one("#name", Input).value = "grpo"
+        modal.query_one("#type", Input).value = ""
+        await submit(pilot, modal)
+        assert "give an accelerator type" in str(modal.query_one("#error", Static).render())
+        assert isinstance(app.screen, CreateNodeModal) and provider.created == []
+        modal.query_one("#type", Input).value = "v6e-8"
+        await pilot.click("#create")  # the button works too
+        await until(pilot, lambda: "grpo is READY" in ops_text(screen), "the create to finish")
+        assert [r.name for r in provider.created] == ["grpo"] and provider.created[0].spot
+        assert "create grpo: creating grpo" in ops_text(screen)  # the provider's progress, as it came
+        await until(pilot, lambda: screen.query_one("#nodes", DataTable).row_count == 1, "the new node")
+
+
+async def test_esc_leaves_the_create_form_without_creating():
+    provider = FakeProvider([])
+    app = app_with(provider)
+    async with app.run_test() as pilot:
+        await started(pilot, app)
+        await pilot.press("c", "escape")
+        assert isinstance(app.screen, NodesScreen) and provider.created == []
+
+
+async def test_d_deletes_only_when_the_name_is_typed_back():
+    provider = FakeProvider([make_node("pod-a")])
+    app = app_with(provider)
+    async with app.run_test() as pilot:
+        screen = await started(pilot, app)
+        await pilot.press("d")
+        assert isinstance(app.screen, DeleteNodeModal)
+        await pilot.press(*"pod-b", "enter")
+        assert "does not match 'pod-a'" in str(app.screen.query_one("#error", Static).render())
+        assert provider.deleted == []
+        app.screen.query_one("#typed", Input).value = "pod-a"
+        await pilot.press("enter")
+        await until(pilot, lambda: provider.deleted == ["pod-a"], "the delete")
+        await until(pilot, lambda: "pod-a deleted" in ops_text(screen), "its outcome in the log")
+
+
+async def test_b_and_s_run_bootstrap_and_sync_with_per_worker_progress(monkeypatch):
+    from tpu_console.provision import bootstrap, code_sync
+
+    calls = []
+
+    def fake(kind):
+        async def run(providers, node, *, progress, on_worker, **kw):
+            calls.append((kind, node))
+            progress(f"{node}: {kind} on 2 worker(s)")
+            on_worker(1, "installing the trainer's dependencies")
+            report = SimpleNamespace(versions_label=lambda: "python=3.11.7 jax=0.10.2")
+            return SimpleNamespace(workers=[SimpleNamespace(worker=w, ok=True, error=None, report=report)
+                                            for w in (0, 1)])
+        return run
+
+    monkeypatch.setattr(bootstrap, "bootstrap_node", fake("bootstrap"))
+    monkeypatch.setattr(code_sync, "sync_node", fake("sync"))
+    app = app_with(FakeProvider([make_node("pod-a")]))
+    async with app.run_test() as pilot:
+        screen = await started(pilot, app)
+        await pilot.press("b", "s")
+        await until(pilot, lambda: "synced 2 worker(s)" in ops_text(screen), "sync to finish")
+        await until(pilot, lambda: "bootstrapped 2 worker(s)" in ops_text(screen), "bootstrap to finish")
+        assert sorted(calls) == [("bootstrap", "pod-a"), ("sync", "pod-a")]
+        assert "bootstrap pod-a: [1] installing the trainer's dependencies" in ops_text(screen)
+
+
+async def test_l_validates_the_config_in_the_form_before_anything_is_sent(monkeypatch, tmp_path):
+    from tpu_console.runs import launch as launch_module
+
+    launched = []
+
+    async def fake_launch(providers, node, config, overrides, env_file, **kw):
+        launched.append((node, Path(config).name, overrides, env_file, kw["kill_stale"]))
+        return SimpleNamespace(run_id="20250314-120000-abcd", ok=True, workers=[0, 1, 2, 3],
+                               starts=[SimpleNamespace(worker=w, ok=True, pgid=100 + w, error=None) for w in range(4)])
+
+    monkeypatch.setattr(launch_module, "launch", fake_launch)
+    app = app_with(FakeProvider([make_node("pod-a")]))
+    async with app.run_test(size=(120, 45)) as pilot:
+        screen = await started(pilot, app)
+        await pilot.press("l")
+        assert isinstance(app.screen, LaunchModal)
+        modal = app.screen
+        modal.query_one("#path", Input).value = str(TINY)
+        modal.query_one("#overrides", Input).value = "rollout.batch_size=3"  # 3 prompts over 4 workers
+        await submit(pilot, modal, "#overrides")
+        assert "3 prompts do not split over 4 processes" in str(modal.query_one("#error", Static).render())
+        modal.query_one("#overrides", Input).value = "rollout.nn=2"
+        await submit(pilot, modal, "#overrides")
+        assert "rollout.nn: unknown key" in str(modal.query_one("#error", Static).render())
+        modal.query_one("#overrides", Input).value = "steps=3"
+        modal.query_one("#env", Input).value = str(tmp_path / "missing.env")
+        await submit(pilot, modal, "#env")
+        assert "missing.env does not exist" in str(modal.query_one("#error", Static).render())
+        assert launched == [] and isinstance(app.screen, LaunchModal)
+        modal.query_one("#env", Input).value = ""
+        await submit(pilot, modal, "#env")
+        await until(pilot, lambda: "run 20250314-120000-abcd started on 4 worker(s)" in ops_text(screen), "launch")
+        assert launched == [("pod-a", "tiny_local.yaml", ["steps=3"], None, False)]
+        assert "[3] started, pgid 103" in ops_text(screen)
+
+
+async def test_x_stops_the_nodes_run_after_confirming(monkeypatch):
+    from tpu_console.runs import control
+
+    stopped = []
+
+    async def fake_stop(providers, run_id, store=None, grace_s=10.0):
+        stopped.append(run_id)
+        return SimpleNamespace(state="stopped"), [SimpleNamespace(worker=0, outcome="stopped", signal="TERM",
+                                                                 exit_status=143)]
+
+    monkeypatch.setattr(control, "stop", fake_stop)
+    add_run("pod-a", "20250314-113000-aaaa", finished=False, state="running")
+    app = app_with(FakeProvider([make_node("pod-a")]))
+    async with app.run_test() as pilot:
+        screen = await started(pilot, app)
+        assert "20250314-113000-aaaa running" in str(screen.query_one("#nodes", DataTable).get_row_at(0)[-1])
+        await pilot.press("x")
+        assert isinstance(app.screen, ConfirmModal)
+        await pilot.press("n")
+        assert stopped == []
+        await pilot.press("x", "y")
+        await until(pilot, lambda: stopped == ["20250314-113000-aaaa"], "the stop")
+        await until(pilot, lambda: "20250314-113000-aaaa: stopped" in ops_text(screen), "its outcome")
+
+
+async def test_enter_opens_the_nodes_latest_run_and_says_when_there_is_none():
+    from tpu_console.tui.screens.run_screen import RunScreen
+
+    add_run("pod-b", "20250314-113000-bbbb", finished=True, state="succeeded")
+    app = app_with(FakeProvider([make_node("pod-a"), make_node("pod-b")]))
+    async with app.run_test() as pilot:
+        await started(pilot, app)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, NodesScreen)
+        assert "pod-a has no runs yet" in [n.message for n in app._notifications][-1]
+        await pilot.press("down", "enter")
+        await until(pilot, lambda: isinstance(app.screen, RunScreen), "the run dashboard")
+        assert app.screen.run_id == "20250314-113000-bbbb"
+
+
+async def test_slash_filters_the_table_and_escape_clears_it():
+    app = app_with(FakeProvider([make_node("grpo-a"), make_node("bench-b"), make_node("grpo-c")]))
+    async with app.run_test() as pilot:
+        screen = await started(pilot, app)
+        await pilot.press("slash", *"grpo")
+        table = screen.query_one("#nodes", DataTable)
+        assert [table.get_row_at(i)[0] for i in range(table.row_count)] == ["grpo-a", "grpo-c"]
+        assert "(2 match /grpo)" in str(screen.query_one("#status", Static).render())
+        await pilot.press("enter", "escape")
+        assert table.row_count == 3 and screen.filter_text == ""
+
+
+async def test_runs_screen_marks_runs_and_compares_them():
+    add_run("pod-a", "20250314-110000-aaaa", finished=True, state="succeeded", price_per_hour=10.0,
+            summary={"time/train/step_avg_last10_s": 10.0, "throughput/train/valid_tokens_per_s": 4000.0})
+    add_run("pod-a", "20250314-113000-bbbb", finished=True, state="succeeded", price_per_hour=10.0,
+            summary={"time/train/step_avg_last10_s": 15.0, "throughput/train/valid_tokens_per_s": 2000.0})
+    app = app_with(FakeProvider([make_node("pod-a")]))
+    async with app.run_test(size=(140, 40)) as pilot:
+        await started(pilot, app)
+        await pilot.press("R")
+        screen = app.screen
+        assert isinstance(screen, RunsScreen)
+        await until(pilot, lambda: screen.listings >= 1, "the history")
+        await pilot.press("c")
+        assert "mark two or more runs" in [n.message for n in app._notifications][-1]
+        await pilot.press("space", "down", "space", "c")
+        assert isinstance(app.screen, CompareModal)
+        rows = {r[0]: r for r in app.screen.cells}
+        assert rows["step time, avg of last 10 (s)"][1:] == ("15", "10", "-33.3%")  # A is the newest, marked first
+        assert rows["valid tokens/s"][3] == "+100.0%"
+        await pilot.press("escape", "escape")
+        assert isinstance(app.screen, NodesScreen)

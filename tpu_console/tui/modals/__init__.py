@@ -1,0 +1,1 @@
+"""Dialogs over a screen: help, create, delete, launch, confirm, compare."""

@@ -1,0 +1,107 @@
+"""`c`: the create form. Everything that can be checked here (name, type for the provider, zones) is,
+before anything is asked of a provider; the create itself then runs in the background with its zone
+attempts and state timeline in the operations log."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Checkbox, Input, Label, Select, Static
+
+from tpu_console.errors import UserError
+from tpu_console.model import CreateRequest, validate_node_name
+
+
+@dataclass(frozen=True)
+class CreateOrder:
+    provider: str
+    request: CreateRequest
+
+
+def check_type(provider: str, accelerator_type: str) -> None:
+    """UserError when the type means nothing to the provider (the same checks `create` makes)."""
+    if provider == "local":
+        from tpu_console.providers.local.shapes import parse_local_type
+
+        parse_local_type(accelerator_type)
+    elif provider == "gcp":
+        from tpu_console.providers.gcp.accelerators import shape_for
+
+        shape_for(accelerator_type)
+    elif provider == "ssh":
+        raise UserError("the ssh provider cannot create nodes; add them under [[ssh.nodes]] in config.toml")
+    # any other provider checks its types itself when asked to create
+
+
+class CreateNodeModal(ModalScreen[CreateOrder | None]):
+    DEFAULT_CSS = """
+    CreateNodeModal { align: center middle; }
+    CreateNodeModal #dialog { width: 76; height: auto; padding: 1 2; border: round $accent; background: $surface; }
+    CreateNodeModal Label { margin-top: 1; }
+    CreateNodeModal #error { color: $error; height: auto; margin-top: 1; }
+    CreateNodeModal #buttons { height: auto; margin-top: 1; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel", id="create.cancel")]
+
+    def __init__(self, providers: list[str], default_provider: str, zones: list[str]) -> None:
+        super().__init__()
+        self.providers = [p for p in providers if p != "ssh"] or providers
+        self.default_provider = default_provider if default_provider in self.providers else self.providers[0]
+        self.zones = zones
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog"):
+            yield Static("[b]Create a node[/b]")
+            yield Label("Name")
+            yield Input(placeholder="grpo-v6e-16", id="name")
+            yield Label("Provider")
+            yield Select([(p, p) for p in self.providers], value=self.default_provider, allow_blank=False,
+                         id="provider")
+            yield Label("Type (v6e-16, v4-16, ... for gcp; local-2x4, local-v6e-16 for local)")
+            yield Input(placeholder="local-2x2", id="type")
+            yield Label("Zones to try, in order (gcp)")
+            yield Input(value=",".join(self.zones), placeholder="europe-west4-a,us-east5-b", id="zones")
+            yield Checkbox("Spot (cheaper, may be preempted)", value=True, id="spot")
+            yield Static("", id="error")
+            with Horizontal(id="buttons"):
+                yield Button("Create", variant="primary", id="create")
+                yield Button("Cancel (esc)", id="cancel")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "create":
+            self._submit()
+        else:
+            self.dismiss(None)
+
+    def on_input_submitted(self, _event: Input.Submitted) -> None:
+        self._submit()
+
+    def _submit(self) -> None:
+        name = self.query_one("#name", Input).value.strip()
+        accelerator_type = self.query_one("#type", Input).value.strip()
+        provider = str(self.query_one("#provider", Select).value)
+        zones = tuple(z.strip() for z in self.query_one("#zones", Input).value.split(",") if z.strip())
+        problem = validate_node_name(name) if name else "give the node a name"
+        if problem is None and not accelerator_type:
+            problem = "give an accelerator type, e.g. local-2x2 or v6e-16"
+        if problem is None:
+            try:
+                check_type(provider, accelerator_type)
+            except UserError as exc:
+                problem = str(exc)
+        if problem is None and provider == "gcp" and not zones:
+            problem = "give at least one zone to try (gcp.zones in config.toml sets the default)"
+        if problem:
+            self.query_one("#error", Static).update(problem)
+            return
+        spot = self.query_one("#spot", Checkbox).value
+        self.dismiss(CreateOrder(provider, CreateRequest(name=name, accelerator_type=accelerator_type,
+                                                          zones=zones if provider == "gcp" else (), spot=spot)))
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

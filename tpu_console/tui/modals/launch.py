@@ -1,0 +1,104 @@
+"""`l`: the launch form. The config (a shipped one or a file), its `--set` overrides and the env file are
+checked here with the trainer's own schema and against the node's shape, and any problem is shown in the
+form; only a config that passes closes it, and only then does anything reach a worker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Checkbox, Input, Label, Select, Static
+
+from tpu_console.errors import UserError
+from tpu_console.model import Node
+from tpu_console.runs.launch import check_shape, validate_config
+from tpu_console.secrets import read_env_file
+
+
+@dataclass(frozen=True)
+class LaunchOrder:
+    config_path: str
+    overrides: list[str]
+    env_file: str | None
+    kill_stale: bool
+
+
+def shipped_configs() -> list[Path]:
+    import trainer
+
+    folder = Path(trainer.__file__).parent / "configs"
+    return sorted(folder.glob("*.yaml"))
+
+
+def check_launch(node: Node, config_path: str, overrides: list[str], env_file: str | None) -> None:
+    """UserError for anything `launch` would refuse before touching a worker, that can be known here."""
+    check_shape(validate_config(config_path, overrides), node, node.shape.workers)
+    if env_file:
+        read_env_file(env_file)
+
+
+class LaunchModal(ModalScreen[LaunchOrder | None]):
+    DEFAULT_CSS = """
+    LaunchModal { align: center middle; }
+    LaunchModal #dialog { width: 84; height: auto; padding: 1 2; border: round $accent; background: $surface; }
+    LaunchModal Label { margin-top: 1; }
+    LaunchModal #error { color: $error; height: auto; margin-top: 1; }
+    LaunchModal #buttons { height: auto; margin-top: 1; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel", id="launch.cancel")]
+
+    def __init__(self, node: Node) -> None:
+        super().__init__()
+        self.node = node
+        self.configs = shipped_configs()
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog"):
+            yield Static(f"[b]Launch the trainer on {self.node.name}[/b] ({self.node.accelerator_type}, "
+                         f"{self.node.shape.workers} workers x {self.node.shape.devices_per_worker} devices)")
+            yield Label("Shipped config")
+            yield Select([(p.name, str(p)) for p in self.configs], value=str(self.configs[0]) if self.configs
+                         else Select.BLANK, id="shipped")
+            yield Label("...or a config file (wins when given)")
+            yield Input(placeholder="path/to/config.yaml", id="path")
+            yield Label("Overrides: KEY=VALUE separated by spaces (e.g. steps=20 rollout.n=8)")
+            yield Input(placeholder="steps=20", id="overrides")
+            yield Label("Env file with secrets (optional; else the one `sync` uploaded)")
+            yield Input(placeholder=".env", id="env")
+            yield Checkbox("Kill stale TPU holders and libtpu's lockfile first", id="kill-stale")
+            yield Static("", id="error")
+            with Horizontal(id="buttons"):
+                yield Button("Launch", variant="primary", id="launch")
+                yield Button("Cancel (esc)", id="cancel")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "launch":
+            self._submit()
+        else:
+            self.dismiss(None)
+
+    def on_input_submitted(self, _event: Input.Submitted) -> None:
+        self._submit()
+
+    def _submit(self) -> None:
+        path = self.query_one("#path", Input).value.strip()
+        shipped = self.query_one("#shipped", Select).value
+        config = path or ("" if shipped is Select.BLANK else str(shipped))
+        overrides = self.query_one("#overrides", Input).value.split()
+        env_file = self.query_one("#env", Input).value.strip() or None
+        try:
+            if not config:
+                raise UserError("pick a shipped config or give a config file")
+            check_launch(self.node, config, overrides, env_file)
+        except UserError as exc:
+            self.query_one("#error", Static).update(str(exc))
+            return
+        self.dismiss(LaunchOrder(config, overrides, env_file, self.query_one("#kill-stale", Checkbox).value))
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
