@@ -194,7 +194,7 @@ async def test_x_stops_the_nodes_run_after_confirming(monkeypatch):
     app = app_with(FakeProvider([make_node("pod-a")]))
     async with app.run_test() as pilot:
         screen = await started(pilot, app)
-        assert "20250314-113000-aaaa running" in str(screen.query_one("#nodes", DataTable).get_row_at(0)[-1])
+        assert "113000-aaaa running" in str(screen.query_one("#nodes", DataTable).get_row_at(0)[-1])
         await pilot.press("x")
         assert isinstance(app.screen, ConfirmModal)
         await pilot.press("n")

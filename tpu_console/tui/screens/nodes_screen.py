@@ -71,7 +71,7 @@ class NodesScreen(Screen[None]):
         Binding("b", "bootstrap", "Bootstrap", id="nodes.bootstrap"),
         Binding("s", "sync", "Sync", id="nodes.sync"),
         Binding("l", "launch", "Launch", id="nodes.launch"),
-        Binding("x", "stop", "Stop run", id="nodes.stop"),
+        Binding("x", "stop", "Stop", id="nodes.stop"),
         Binding("enter", "open_run", "Open run", id="nodes.open_run"),
         Binding("r", "refresh", "Refresh", id="nodes.refresh"),
         Binding("slash", "filter", "Filter", key_display="/", id="nodes.filter"),
@@ -120,6 +120,7 @@ class NodesScreen(Screen[None]):
         self.action_refresh()
         self.set_interval(self.refresh_every, self.action_refresh)
         table.focus()
+        self.query_one("#ops", OperationsLog).say("operations", "long work (c b s l x d) reports here as it goes")
 
     # -- the table -------------------------------------------------------------------------------------
 
@@ -181,7 +182,8 @@ class NodesScreen(Screen[None]):
         record = self.listing.latest_runs.get(node.name)
         if record is None:
             return Text("-", style="dim")
-        return Text(f"{record.run_id} {record.state}", style=RUN_STYLES.get(record.state, ""))
+        # The id without its date (the table is narrow; AGE and `R` give the rest): HHMMSS-xxxx state.
+        return Text(f"{record.run_id[9:]} {record.state}", style=RUN_STYLES.get(record.state, ""))
 
     def _status_text(self, shown: int, now: datetime) -> str:
         count = len(self.listing.nodes)
