@@ -273,6 +273,16 @@ def _add_run_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
     idle.add_argument("--yes", action="store_true", help="with --auto-delete-idle: do not ask")
     idle.add_argument("--watch", type=float, metavar="S", help="check again every S seconds until interrupted")
 
+    metrics = verbs.add_parser(
+        "metrics", parents=[common], help="live HBM and duty cycle of every TPU device, from libtpu",
+        description="Read libtpu's runtime metrics (HBM in use and total, tensorcore duty cycle) on every worker, "
+        "without the trainer and without importing JAX there: they show even while a job hangs. Workers where "
+        "nothing reports them (CPU pods) say why.",
+    )
+    metrics.add_argument("node")
+    metrics.add_argument("--worker", default="all", metavar="SEL", help="workers: all (default), 0, 1-3")
+    metrics.add_argument("--address", default="localhost:8431", help="libtpu's metrics service on each worker")
+
     sync = verbs.add_parser(
         "sync", parents=[common], help="install this checkout's code (and .env) on every worker",
         description="Build a wheel of this checkout as it is on disk (uncommitted changes included), upload it "
@@ -414,6 +424,7 @@ async def _run_verb(args: argparse.Namespace, settings: Settings) -> int:
         "bench-memory": _bench_memory,
         "sweep": _sweep,
         "idle": _idle,
+        "metrics": _metrics,
         "runs": _runs,
         "status": _status,
         "logs": _logs,
@@ -629,6 +640,42 @@ def _start_fail_fast_guard(run_id: str, args: argparse.Namespace) -> None:
 
     pid = start_guard(run_id, settings_flags(args))
     print(f"{run_id}: fail-fast watcher started (pid {pid}, log {guard_log(run_id)})", file=sys.stderr)
+
+
+async def _metrics(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    from tpu_console.fleet.fleet import Fleet
+    from tpu_console.fleet.preflight import open_node, require_all_reachable
+    from tpu_console.fleet.selection import parse_worker_selection
+    from tpu_console.provision.recipes import ENV_PYTHON
+    from tpu_console.runs.device_metrics import read_device_metrics
+    from tpu_console.runs.launch import default_python, inspect_workers
+
+    provider, node = await open_node(providers, args.node)
+    workers = parse_worker_selection(args.worker, node.shape.workers)
+    async with Fleet(await provider.ssh_targets(node)) as fleet:
+        await require_all_reachable(fleet, args.node, workers, "nothing was read")
+        reports = await inspect_workers(fleet, workers)
+        python = ENV_PYTHON if all(r.env_present for r in reports) else default_python(provider)
+        answers = await read_device_metrics(fleet, workers, python, args.address)
+    if args.json:
+        _print_json({"node": node.name, "workers": [
+            {"worker": a.worker, "not_reported": a.not_reported,
+             "devices": [vars(d) for d in a.devices]} for a in answers]})
+        return 0
+    gib = float(1 << 30)
+    rows = []
+    for answer in answers:
+        if answer.not_reported:
+            rows.append((f"[{answer.worker}]", "-", "not reported", "-", answer.not_reported))
+        for d in answer.devices:
+            used = "-" if d.hbm_used_bytes is None else f"{d.hbm_used_bytes / gib:.1f}"
+            total = "-" if d.hbm_total_bytes is None else f"{d.hbm_total_bytes / gib:.1f}"
+            share = f" ({d.hbm_fraction:.0%})" if d.hbm_fraction is not None else ""
+            duty = "-" if d.duty_cycle_pct is None else f"{d.duty_cycle_pct:.0f}%"
+            warn = "near the limit" if d.hbm_fraction is not None and d.hbm_fraction >= 0.9 else ""
+            rows.append((f"[{answer.worker}]", str(d.device), f"{used}/{total} GiB{share}", duty, warn))
+    print(format_table(("WORKER", "DEVICE", "HBM", "DUTY", ""), rows))
+    return 0
 
 
 async def _bootstrap(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:

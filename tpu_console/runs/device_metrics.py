@@ -1,0 +1,59 @@
+"""Live device metrics of every worker, independent of the trainer: HBM in use and total, and duty cycle,
+per TPU device, from libtpu's runtime metrics service on each worker (tpu_console/runs/libtpu_probe.py,
+run over the worker's command channel). They show even while the trainer hangs in a collective. Where the
+platform reports nothing (CPU pods) a worker says "not reported" with why, never a number."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+
+from tpu_console.fleet.fleet import Fleet
+from tpu_console.fleet.recipes import python_word
+from tpu_console.runs.libtpu_probe import DEFAULT_ADDRESS
+
+
+@dataclass(frozen=True)
+class DeviceMetrics:
+    device: int
+    hbm_used_bytes: int | None
+    hbm_total_bytes: int | None
+    duty_cycle_pct: float | None
+
+    @property
+    def hbm_fraction(self) -> float | None:
+        if self.hbm_used_bytes is None or not self.hbm_total_bytes:
+            return None
+        return self.hbm_used_bytes / self.hbm_total_bytes
+
+
+@dataclass
+class WorkerDeviceMetrics:
+    worker: int
+    devices: list[DeviceMetrics] = field(default_factory=list)
+    not_reported: str | None = None  # why there are no numbers
+
+
+def probe_command(python: str, address: str = DEFAULT_ADDRESS) -> str:
+    return f"{python_word(python)} -m tpu_console.runs.libtpu_probe --address {shlex.quote(address)}"
+
+
+def parse(worker: int, stdout: str, error: str | None) -> WorkerDeviceMetrics:
+    line = stdout.strip().splitlines()[-1] if stdout.strip() else ""
+    try:
+        answer = json.loads(line)
+    except ValueError:
+        return WorkerDeviceMetrics(worker, not_reported=error or f"unexpected answer: {line[:200]!r}")
+    if "error" in answer:
+        return WorkerDeviceMetrics(worker, not_reported=str(answer["error"]))
+    devices = [DeviceMetrics(d["device"], d.get("hbm_used_bytes"), d.get("hbm_total_bytes"), d.get("duty_cycle_pct"))
+               for d in answer.get("devices", [])]
+    return WorkerDeviceMetrics(worker, devices, None if devices else "libtpu reported no devices")
+
+
+async def read_device_metrics(
+    fleet: Fleet, workers: list[int], python: str, address: str = DEFAULT_ADDRESS, timeout_s: float = 15.0
+) -> list[WorkerDeviceMetrics]:
+    results = await fleet.run(probe_command(python, address), workers, timeout=timeout_s)
+    return [parse(r.worker, r.stdout, r.error or (r.stderr.strip().splitlines() or [None])[-1]) for r in results]
