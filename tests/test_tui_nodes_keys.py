@@ -19,7 +19,7 @@ from tpu_console.tui.modals.confirm import ConfirmModal
 from tpu_console.tui.modals.create_node import CreateNodeModal
 from tpu_console.tui.modals.delete_node import DeleteNodeModal
 from tpu_console.tui.modals.launch import LaunchModal
-from tpu_console.tui.screens.nodes_screen import NodesScreen
+from tpu_console.tui.screens.nodes_screen import ConsoleOptions, NodesScreen
 from tpu_console.tui.screens.runs_screen import RunsScreen
 from tpu_console.tui.widgets.operations_log import OperationsLog
 
@@ -28,7 +28,8 @@ TINY = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "tiny_local
 
 
 def app_with(provider: FakeProvider) -> TpuConsoleApp:
-    return TpuConsoleApp({"fake": provider}, refresh_every=3600, clock=lambda: NOW, default_provider="fake")
+    options = ConsoleOptions(default_provider="fake")
+    return TpuConsoleApp({"fake": provider}, refresh_every=3600, clock=lambda: NOW, options=options)
 
 
 async def submit(pilot, modal, field: str = "#name") -> None:

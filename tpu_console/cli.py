@@ -393,12 +393,14 @@ def _open_app(settings: Settings) -> int:
     from datetime import timedelta
 
     from tpu_console.tui.app import TpuConsoleApp
+    from tpu_console.tui.screens.nodes_screen import ConsoleOptions
 
-    TpuConsoleApp(
-        build_providers(settings), default_provider=create_provider_name(settings), zones=list(settings.gcp.zones),
+    options = ConsoleOptions(
+        default_provider=create_provider_name(settings), zones=list(settings.gcp.zones),
         idle_after=timedelta(minutes=settings.idle_after_minutes),
         sync_env_file=".env" if os.path.isfile(".env") else None,
-    ).run()
+    )
+    TpuConsoleApp(build_providers(settings), options=options).run()
     return 0
 
 

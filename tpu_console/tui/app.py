@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import ClassVar
 
 from textual.app import App
@@ -19,7 +19,7 @@ from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import close_providers
 from tpu_console.runs.store import RunStore
 from tpu_console.tui.modals.help import HelpScreen
-from tpu_console.tui.screens.nodes_screen import NodesScreen
+from tpu_console.tui.screens.nodes_screen import ConsoleOptions, NodesScreen
 
 
 def local_now() -> datetime:
@@ -43,27 +43,18 @@ class TpuConsoleApp(App[None]):
         refresh_every: float = 15.0,
         clock: Callable[[], datetime] = local_now,
         store: RunStore | None = None,
-        default_provider: str = "local",
-        zones: list[str] | None = None,
-        idle_after: timedelta = timedelta(minutes=60),
-        sync_env_file: str | None = None,
+        options: ConsoleOptions | None = None,
     ) -> None:
         super().__init__()
         self.providers = providers
         self.refresh_every = refresh_every
         self.clock = clock  # injectable so tests (and snapshots) see a fixed time
         self.store = store
-        self.default_provider = default_provider
-        self.zones = zones or []
-        self.idle_after = idle_after
-        self.sync_env_file = sync_env_file
+        self.options = options or ConsoleOptions()
 
     def get_default_screen(self) -> Screen:
-        return NodesScreen(
-            self.providers, refresh_every=self.refresh_every, clock=self.clock, store=self.store,
-            default_provider=self.default_provider, zones=self.zones, idle_after=self.idle_after,
-            sync_env_file=self.sync_env_file,
-        )
+        return NodesScreen(self.providers, refresh_every=self.refresh_every, clock=self.clock, store=self.store,
+                           options=self.options)
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):

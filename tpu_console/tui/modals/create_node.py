@@ -5,16 +5,14 @@ attempts and state timeline in the operations log."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 
 from tpu_console.errors import UserError
 from tpu_console.model import CreateRequest, validate_node_name
+from tpu_console.tui.modals.form import FormModal
 
 
 @dataclass(frozen=True)
@@ -38,7 +36,8 @@ def check_type(provider: str, accelerator_type: str) -> None:
     # any other provider checks its types itself when asked to create
 
 
-class CreateNodeModal(ModalScreen[CreateOrder | None]):
+class CreateNodeModal(FormModal[CreateOrder]):
+    SUBMIT_ID = "create"
     DEFAULT_CSS = """
     CreateNodeModal { align: center middle; }
     CreateNodeModal #dialog { width: 76; height: auto; padding: 1 2; border: round $accent; background: $surface; }
@@ -46,7 +45,6 @@ class CreateNodeModal(ModalScreen[CreateOrder | None]):
     CreateNodeModal #error { color: $error; height: auto; margin-top: 1; }
     CreateNodeModal #buttons { height: auto; margin-top: 1; }
     """
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel", id="create.cancel")]
 
     def __init__(self, providers: list[str], default_provider: str, zones: list[str]) -> None:
         super().__init__()
@@ -72,16 +70,7 @@ class CreateNodeModal(ModalScreen[CreateOrder | None]):
                 yield Button("Create", variant="primary", id="create")
                 yield Button("Cancel (esc)", id="cancel")
 
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "create":
-            self._submit()
-        else:
-            self.dismiss(None)
-
-    def on_input_submitted(self, _event: Input.Submitted) -> None:
-        self._submit()
-
-    def _submit(self) -> None:
+    def submit(self) -> None:
         name = self.query_one("#name", Input).value.strip()
         accelerator_type = self.query_one("#type", Input).value.strip()
         provider = str(self.query_one("#provider", Select).value)
@@ -97,11 +86,8 @@ class CreateNodeModal(ModalScreen[CreateOrder | None]):
         if problem is None and provider == "gcp" and not zones:
             problem = "give at least one zone to try (gcp.zones in config.toml sets the default)"
         if problem:
-            self.query_one("#error", Static).update(problem)
+            self.show_error(problem)
             return
         spot = self.query_one("#spot", Checkbox).value
         self.dismiss(CreateOrder(provider, CreateRequest(name=name, accelerator_type=accelerator_type,
                                                           zones=zones if provider == "gcp" else (), spot=spot)))
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)

@@ -6,18 +6,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 
 from tpu_console.errors import UserError
 from tpu_console.model import Node
 from tpu_console.runs.launch import check_shape, validate_config
 from tpu_console.secrets import read_env_file
+from tpu_console.tui.modals.form import FormModal
 
 
 @dataclass(frozen=True)
@@ -42,7 +40,8 @@ def check_launch(node: Node, config_path: str, overrides: list[str], env_file: s
         read_env_file(env_file)
 
 
-class LaunchModal(ModalScreen[LaunchOrder | None]):
+class LaunchModal(FormModal[LaunchOrder]):
+    SUBMIT_ID = "launch"
     DEFAULT_CSS = """
     LaunchModal { align: center middle; }
     LaunchModal #dialog { width: 84; height: auto; padding: 1 2; border: round $accent; background: $surface; }
@@ -50,7 +49,6 @@ class LaunchModal(ModalScreen[LaunchOrder | None]):
     LaunchModal #error { color: $error; height: auto; margin-top: 1; }
     LaunchModal #buttons { height: auto; margin-top: 1; }
     """
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel", id="launch.cancel")]
 
     def __init__(self, node: Node) -> None:
         super().__init__()
@@ -76,16 +74,7 @@ class LaunchModal(ModalScreen[LaunchOrder | None]):
                 yield Button("Launch", variant="primary", id="launch")
                 yield Button("Cancel (esc)", id="cancel")
 
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "launch":
-            self._submit()
-        else:
-            self.dismiss(None)
-
-    def on_input_submitted(self, _event: Input.Submitted) -> None:
-        self._submit()
-
-    def _submit(self) -> None:
+    def submit(self) -> None:
         path = self.query_one("#path", Input).value.strip()
         shipped = self.query_one("#shipped", Select).value
         config = path or ("" if shipped is Select.BLANK else str(shipped))
@@ -96,9 +85,6 @@ class LaunchModal(ModalScreen[LaunchOrder | None]):
                 raise UserError("pick a shipped config or give a config file")
             check_launch(self.node, config, overrides, env_file)
         except UserError as exc:
-            self.query_one("#error", Static).update(str(exc))
+            self.show_error(str(exc))
             return
         self.dismiss(LaunchOrder(config, overrides, env_file, self.query_one("#kill-stale", Checkbox).value))
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)

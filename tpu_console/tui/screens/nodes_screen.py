@@ -25,7 +25,7 @@ from textual.widgets import DataTable, Footer, Header, Input, Static
 from tpu_console import actions
 from tpu_console.errors import UserError, one_line
 from tpu_console.idle import IdleNode, find_idle
-from tpu_console.model import Node, NodeState
+from tpu_console.model import Node
 from tpu_console.node_table import COLUMNS, format_age, format_cost, node_row
 from tpu_console.providers.base import Provider
 from tpu_console.runs.store import RunRecord, RunStore
@@ -33,15 +33,21 @@ from tpu_console.tui.modals.confirm import ConfirmModal
 from tpu_console.tui.modals.create_node import CreateNodeModal, CreateOrder
 from tpu_console.tui.modals.delete_node import DeleteNodeModal
 from tpu_console.tui.modals.launch import LaunchModal, LaunchOrder
+from tpu_console.tui.styles import NODE_STATE_STYLES, RUN_STATE_STYLES
 from tpu_console.tui.widgets.operations_log import OperationsLog
 
 TABLE_COLUMNS = (*COLUMNS, "RUN")
-STATE_STYLES = {
-    NodeState.READY: "green", NodeState.CREATING: "yellow", NodeState.STARTING: "yellow",
-    NodeState.PREEMPTED: "bold red", NodeState.TERMINATED: "red", NodeState.DELETING: "dim",
-}
-RUN_STYLES = {"running": "cyan", "pending": "cyan", "succeeded": "green", "failed": "red",
-              "partially-dead": "bold red", "stopped": "yellow"}
+
+
+@dataclass(frozen=True)
+class ConsoleOptions:
+    """What the app takes from the settings: where `c` creates, which zones it offers, when a node is idle,
+    and the `.env` that `s` uploads."""
+
+    default_provider: str = "local"
+    zones: list[str] = field(default_factory=list)
+    idle_after: timedelta = timedelta(minutes=60)
+    sync_env_file: str | None = None
 
 
 @dataclass
@@ -85,20 +91,14 @@ class NodesScreen(Screen[None]):
         refresh_every: float,
         clock: Callable[[], datetime],
         store: RunStore | None = None,
-        default_provider: str = "local",
-        zones: list[str] | None = None,
-        idle_after: timedelta = timedelta(minutes=60),
-        sync_env_file: str | None = None,
+        options: ConsoleOptions | None = None,
     ) -> None:
         super().__init__()
         self.providers = providers
         self.refresh_every = refresh_every
         self.clock = clock
         self.store = store
-        self.default_provider = default_provider
-        self.zones = zones or []
-        self.idle_after = idle_after
-        self.sync_env_file = sync_env_file
+        self.options = options or ConsoleOptions()
         self.refreshes = 0  # completed refreshes; tests and the status line read it
         self.listing = NodesListing()
         self.filter_text = ""
@@ -139,7 +139,7 @@ class NodesScreen(Screen[None]):
         latest: dict[str, RunRecord] = {}
         for record in runs:  # most recent first
             latest.setdefault(record.node, record)
-        idle = {i.node.name: i for i in find_idle(listing.nodes, runs, self.clock(), self.idle_after)}
+        idle = {i.node.name: i for i in find_idle(listing.nodes, runs, self.clock(), self.options.idle_after)}
         self.post_message(NodesRefreshed(NodesListing(listing.nodes, listing.problems, latest, idle)))
 
     def _runs(self) -> list[RunRecord]:
@@ -167,7 +167,7 @@ class NodesScreen(Screen[None]):
             cells = [*node_row(node, now), self._run_cell(node, now)]
             if self.filter_text and not any(self.filter_text in str(c).lower() for c in cells):
                 continue
-            state = Text(cells[4], style=STATE_STYLES.get(node.state, ""))
+            state = Text(cells[4], style=NODE_STATE_STYLES.get(node.state, ""))
             table.add_row(*cells[:4], state, *cells[5:-1], cells[-1], key=f"{node.provider}/{node.name}")
             shown += 1
         if selected is not None and selected in table.rows:
@@ -183,7 +183,7 @@ class NodesScreen(Screen[None]):
         if record is None:
             return Text("-", style="dim")
         # The id without its date (the table is narrow; AGE and `R` give the rest): HHMMSS-xxxx state.
-        return Text(f"{record.run_id[9:]} {record.state}", style=RUN_STYLES.get(record.state, ""))
+        return Text(f"{record.run_id[9:]} {record.state}", style=RUN_STATE_STYLES.get(record.state, ""))
 
     def _status_text(self, shown: int, now: datetime) -> str:
         count = len(self.listing.nodes)
@@ -272,7 +272,7 @@ class NodesScreen(Screen[None]):
             self.action_refresh()
 
     def action_create(self) -> None:
-        modal = CreateNodeModal(list(self.providers), self.default_provider, self.zones)
+        modal = CreateNodeModal(list(self.providers), self.options.default_provider, self.options.zones)
         self.app.push_screen(modal, self._create)
 
     def _create(self, order: CreateOrder | None) -> None:
@@ -325,7 +325,7 @@ class NodesScreen(Screen[None]):
             from tpu_console.provision.code_sync import sync_node
 
             label = f"sync {node.name}"
-            result = await sync_node(self.providers, node.name, env_file=self.sync_env_file,
+            result = await sync_node(self.providers, node.name, env_file=self.options.sync_env_file,
                                      progress=lambda line: log.say(label, line),
                                      on_worker=lambda w, text: log.say(label, f"[{w}] {text}"))
             return _setup_outcome(result, "synced")

@@ -23,9 +23,7 @@ from tpu_console.runs.control import RunView
 from tpu_console.runs.store import RunStore
 from tpu_console.runs.summary import compare_table, run_summary
 from tpu_console.tui.modals.compare import CompareModal
-
-RUN_STYLES = {"running": "cyan", "pending": "cyan", "succeeded": "green", "failed": "red",
-              "partially-dead": "bold red", "stopped": "yellow"}
+from tpu_console.tui.styles import RUN_STATE_STYLES
 
 
 class RunsListed(Message):
@@ -101,7 +99,7 @@ class RunsScreen(Screen[None]):
         for view in self.views:
             cells = run_table.run_row(view, now)
             mark = str(self.marked.index(view.record.run_id) + 1) if view.record.run_id in self.marked else ""
-            state = Text(cells[3], style=RUN_STYLES.get(cells[3], ""))
+            state = Text(cells[3], style=RUN_STATE_STYLES.get(cells[3], ""))
             table.add_row(Text(mark, style="bold reverse"), *cells[:3], state, *cells[4:], key=view.record.run_id)
         if self.views:
             table.move_cursor(row=min(cursor, len(self.views) - 1))
