@@ -12,8 +12,8 @@ from tests.fixtures_cli import NOW
 from tests.fixtures_run_dashboard import RUN_ID, WORKERS, FixedFeed, failed_run, running_run
 from tpu_console.tui import app as app_module
 from tpu_console.tui.app import TpuConsoleApp
-from tpu_console.tui.modals.help import HelpScreen
 from tpu_console.tui.messages import RunLogLines
+from tpu_console.tui.modals.help import HelpScreen
 from tpu_console.tui.screens.run_screen import RunScreen
 from tpu_console.tui.widgets.log_pane import LogPane, LogStatus
 from tpu_console.tui.widgets.run_log_search import LogSearch

@@ -40,10 +40,11 @@ class CreateNodeModal(FormModal[CreateOrder]):
     SUBMIT_ID = "create"
     DEFAULT_CSS = """
     CreateNodeModal { align: center middle; }
-    CreateNodeModal #dialog { width: 76; height: auto; padding: 1 2; border: round $accent; background: $surface; }
-    CreateNodeModal Label { margin-top: 1; }
+    CreateNodeModal #dialog { width: 76; height: auto; max-height: 100%; overflow-y: auto; padding: 1 2; border: round $accent; background: $surface; }
+    CreateNodeModal Label { margin-top: 1; color: $text-muted; }
     CreateNodeModal #error { color: $error; height: auto; margin-top: 1; }
     CreateNodeModal #buttons { height: auto; margin-top: 1; }
+    CreateNodeModal #buttons Static { width: 2; }
     """
 
     def __init__(self, providers: list[str], default_provider: str, zones: list[str]) -> None:
@@ -56,19 +57,20 @@ class CreateNodeModal(FormModal[CreateOrder]):
         with Vertical(id="dialog"):
             yield Static("[b]Create a node[/b]")
             yield Label("Name")
-            yield Input(placeholder="grpo-v6e-16", id="name")
+            yield Input(placeholder="grpo-v6e-16", id="name", compact=True)
             yield Label("Provider")
             yield Select([(p, p) for p in self.providers], value=self.default_provider, allow_blank=False,
-                         id="provider")
+                         id="provider", compact=True)
             yield Label("Type (v6e-16, v4-16, ... for gcp; local-2x4, local-v6e-16 for local)")
-            yield Input(placeholder="local-2x2", id="type")
+            yield Input(placeholder="local-2x2", id="type", compact=True)
             yield Label("Zones to try, in order (gcp)")
-            yield Input(value=",".join(self.zones), placeholder="europe-west4-a,us-east5-b", id="zones")
-            yield Checkbox("Spot (cheaper, may be preempted)", value=True, id="spot")
+            yield Input(value=",".join(self.zones), placeholder="europe-west4-a,us-east5-b", id="zones", compact=True)
+            yield Checkbox("Spot (cheaper, may be preempted)", value=True, id="spot", compact=True)
             yield Static("", id="error")
             with Horizontal(id="buttons"):
-                yield Button("Create", variant="primary", id="create")
-                yield Button("Cancel (esc)", id="cancel")
+                yield Button("Create", variant="primary", id="create", compact=True)
+                yield Static("  ")
+                yield Button("Cancel (esc)", id="cancel", compact=True)
 
     def submit(self) -> None:
         name = self.query_one("#name", Input).value.strip()

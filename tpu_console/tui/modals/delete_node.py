@@ -32,7 +32,7 @@ class DeleteNodeModal(ModalScreen[bool]):
             yield Static(f"[b]Delete {node.provider} node {node.name}[/b] ({node.accelerator_type}, "
                          f"{node.shape.workers} workers, cost so far {self.cost})?\n"
                          "Everything on its workers' disks goes with it. Type its name to confirm:")
-            yield Input(placeholder=node.name, id="typed")
+            yield Input(placeholder=node.name, id="typed", compact=True)
             yield Static("", id="error")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:

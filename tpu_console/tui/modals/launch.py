@@ -44,10 +44,11 @@ class LaunchModal(FormModal[LaunchOrder]):
     SUBMIT_ID = "launch"
     DEFAULT_CSS = """
     LaunchModal { align: center middle; }
-    LaunchModal #dialog { width: 84; height: auto; padding: 1 2; border: round $accent; background: $surface; }
-    LaunchModal Label { margin-top: 1; }
+    LaunchModal #dialog { width: 84; height: auto; max-height: 100%; overflow-y: auto; padding: 1 2; border: round $accent; background: $surface; }
+    LaunchModal Label { margin-top: 1; color: $text-muted; }
     LaunchModal #error { color: $error; height: auto; margin-top: 1; }
     LaunchModal #buttons { height: auto; margin-top: 1; }
+    LaunchModal #buttons Static { width: 2; }
     """
 
     def __init__(self, node: Node) -> None:
@@ -61,18 +62,19 @@ class LaunchModal(FormModal[LaunchOrder]):
                          f"{self.node.shape.workers} workers x {self.node.shape.devices_per_worker} devices)")
             yield Label("Shipped config")
             yield Select([(p.name, str(p)) for p in self.configs], value=str(self.configs[0]) if self.configs
-                         else Select.BLANK, id="shipped")
+                         else Select.BLANK, id="shipped", compact=True)
             yield Label("...or a config file (wins when given)")
-            yield Input(placeholder="path/to/config.yaml", id="path")
+            yield Input(placeholder="path/to/config.yaml", id="path", compact=True)
             yield Label("Overrides: KEY=VALUE separated by spaces (e.g. steps=20 rollout.n=8)")
-            yield Input(placeholder="steps=20", id="overrides")
+            yield Input(placeholder="steps=20", id="overrides", compact=True)
             yield Label("Env file with secrets (optional; else the one `sync` uploaded)")
-            yield Input(placeholder=".env", id="env")
-            yield Checkbox("Kill stale TPU holders and libtpu's lockfile first", id="kill-stale")
+            yield Input(placeholder=".env", id="env", compact=True)
+            yield Checkbox("Kill stale TPU holders and libtpu's lockfile first", id="kill-stale", compact=True)
             yield Static("", id="error")
             with Horizontal(id="buttons"):
-                yield Button("Launch", variant="primary", id="launch")
-                yield Button("Cancel (esc)", id="cancel")
+                yield Button("Launch", variant="primary", id="launch", compact=True)
+                yield Static("  ")
+                yield Button("Cancel (esc)", id="cancel", compact=True)
 
     def submit(self) -> None:
         path = self.query_one("#path", Input).value.strip()
