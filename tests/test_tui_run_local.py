@@ -52,7 +52,7 @@ async def test_dashboard_shows_steps_and_exit_statuses_arriving_from_a_local_pod
     env_file = tmp_path / "my.env"
     env_file.write_text(f"MY_SECRET={SECRET}\n")
     # As `sync --env-file` does: the console remembers which file went to the node (its path only), so
-    # every view of that node's output masks its values. (`launch --env-file` does not remember it yet.)
+    # every view of that node's output masks its values (`launch --env-file` remembers it too).
     secrets.remember_env_file("pod", env_file)
     providers = {"local": local_pod.provider}
     store = RunStore()
@@ -83,7 +83,8 @@ async def test_dashboard_shows_steps_and_exit_statuses_arriving_from_a_local_pod
         # Exit codes landed as they came: worker 3 was still running after the others had exited.
         assert any(e[:3] == ["0", "0", "3"] and e[3] == "-" for e in seen_exits), seen_exits
         assert screen.snapshot.state == "failed" and screen.snapshot.failure == "worker 2 exited 3: boom on 2"
-        assert sorted(screen.history.by_worker) == [0, 1, 2, 3]
+        # Every step of every worker, from step 1, for the plots: not only the latest each probe saw.
+        assert {w: sorted(steps) for w, steps in screen.history.by_worker.items()} == {w: [1, 2, 3] for w in range(4)}
 
         await wait_until(pilot, lambda: "[3]  done" in screen.query_one(LogPane).visible_text())
         lines = screen.query_one(LogPane).visible_text()
@@ -91,3 +92,29 @@ async def test_dashboard_shows_steps_and_exit_statuses_arriving_from_a_local_pod
             assert f"[{worker}]  token is ***" in lines
             assert f"[{worker}]  step=3 loss=0.1" in lines
         assert not any(SECRET in line for line in lines)
+
+
+BURST_TRAINER = """\
+for step in 1 2 3 4 5; do
+  echo '{"t": 1, "kind": "step", "process": '$TRAINER_PROCESS_ID', "step": '$step', "time/train/step_s": 0.5}' >> events.jsonl
+done
+sleep 1
+"""
+
+
+async def test_the_plots_get_every_step_even_those_written_between_two_looks(local_pod, tmp_path):
+    python = tmp_path / "fake-python"
+    python.write_text("#!/bin/bash\n" + BURST_TRAINER)
+    python.chmod(0o755)
+    providers = {"local": local_pod.provider}
+    store = RunStore()
+    result = await launch(providers, "pod", CONFIG, ["steps=5"], python=str(python), store=store)
+    assert result.ok
+    feed = RunFeed(providers, result.run_id, store, clock=lambda: NOW, status_every_s=0.3, logs_every_s=0.3)
+    app = DashboardApp(None, RunScreen(providers, result.run_id, store, feed=feed))
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = app.run_screen
+        await wait_until(pilot, lambda: screen.snapshot is not None and screen.snapshot.ended)
+        await pilot.pause(0.3)
+        # Five steps land at once; a status look sees only the last, the events reader brings all five.
+        assert {w: sorted(s) for w, s in screen.history.by_worker.items()} == {w: [1, 2, 3, 4, 5] for w in range(4)}

@@ -17,11 +17,16 @@ from datetime import datetime
 from textual.message import Message
 
 from tpu_console.errors import NotFound, one_line
+from tpu_console.fleet import recipes
+from tpu_console.fleet.fleet import Fleet
 from tpu_console.providers.base import Provider
+from tpu_console.providers.registry import find_node
 from tpu_console.runs import control
 from tpu_console.runs.control import RunView
+from tpu_console.runs.events import StepMetrics, parse_event_line
 from tpu_console.runs.monitor import WorkerState, WorkerStatus
 from tpu_console.runs.store import RunRecord, RunStore
+from tpu_console.runs.tail import TailCursor, parse_chunk
 from tpu_console.secrets import SecretMasker
 from tpu_console.tui.messages import RunFeedProblem, RunLogLines, RunStepsArrived, RunUpdated
 from tpu_console.tui.run_snapshot import RunSnapshot, WorkerRow, stalled_for
@@ -66,6 +71,8 @@ class RunFeed:
         self._last_line: dict[int, str] = {}
         self._posted_step: dict[int, int] = {}
         self._progress: dict[int, tuple[int | None, float]] = {}  # worker -> (step, when it was first seen)
+        self._events: dict[int, TailCursor] = {}  # how far each worker's events.jsonl has been read
+        self._fleet: Fleet | None = None
 
     async def record(self) -> RunRecord:
         if self._record is None:
@@ -97,11 +104,41 @@ class RunFeed:
                 delay = min(delay * 2, 30.0)
                 continue
             delay = self.status_every_s
+            await self.read_step_history(record, post)
             for message in self.messages_for(view):
                 post(message)
             if all(w.done for w in view.workers):  # a gone node leaves its workers lost: done too
+                await self.read_step_history(record, post)  # the steps written just before the end
+                await self.close()
                 return
             await asyncio.sleep(self.status_every_s)
+
+    async def read_step_history(self, record: RunRecord, post: Post) -> None:
+        """Every step event written since the last look, from each worker's events.jsonl by byte offset, so
+        the plots have every step from step 1 (the status probe brings only each worker's latest)."""
+        try:
+            if self._fleet is None:
+                provider, node = await find_node(self.providers, record.node)
+                self._fleet = Fleet(await provider.ssh_targets(node))
+            for worker in record.workers:
+                cursor = self._events.setdefault(worker, TailCursor())
+                command = recipes.tail_log(record.run_id, offset=cursor.offset, file="events.jsonl")
+                (result,) = await self._fleet.run(command, [worker], timeout=30)
+                chunk = parse_chunk(result.stdout) if result.ok else None
+                if chunk is None:
+                    continue
+                events = [e for line in cursor.take(chunk) if (e := parse_event_line(line)) is not None]
+                steps = [StepMetrics.from_event(e) for e in events if e.kind == "step"]
+                if steps:
+                    self._posted_step[worker] = max(self._posted_step.get(worker, 0), steps[-1].step)
+                    post(RunStepsArrived(worker, steps))
+        except Exception:  # noqa: BLE001 - the history is a nicety; the status probe reports real problems
+            await self.close()
+
+    async def close(self) -> None:
+        if self._fleet is not None:
+            fleet, self._fleet = self._fleet, None
+            await fleet.close()
 
     def messages_for(self, view: RunView) -> list[Message]:
         """What one probe of the run adds to the dashboard."""

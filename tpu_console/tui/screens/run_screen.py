@@ -132,6 +132,12 @@ class RunScreen(Screen[None]):
     async def _follow_logs(self) -> None:
         await self.feed.follow_logs(self.post_message)
 
+    async def on_unmount(self) -> None:
+        # The feed may hold connections to the workers (its step-history reader): leave none behind.
+        close = getattr(self.feed, "close", None)
+        if close is not None:
+            await close()
+
     def on_run_updated(self, message: RunUpdated) -> None:
         self.snapshot = message.snapshot
         self.query_one(WorkerGrid).show(self.snapshot, self.worker)
