@@ -10,6 +10,8 @@ import random
 import signal
 from datetime import UTC, datetime
 
+import pytest
+
 from tests.conftest import LocalPod
 from tpu_console.fleet import recipes
 from tpu_console.fleet.fleet import Fleet
@@ -200,3 +202,25 @@ async def test_signatures_and_events_arrive_as_updates_and_the_watch_ends(local_
     assert kinds == ["wandb_url", "oom"]
     assert isinstance(updates[-1], WatchEnded)
     assert updates[-1].health.failure == "worker 0 exited 1: boom"
+
+
+class _BrokenFleet:
+    """asyncssh can raise odd errors when a connection dies while a channel opens (seen under load)."""
+
+    async def run(self, *args, **kwargs):
+        raise AttributeError("'NoneType' object has no attribute 'session_started'")
+
+
+async def test_a_poll_that_raises_is_a_failed_poll_and_a_watch_that_raises_reaches_its_consumer():
+    watch = RunWatch(_BrokenFleet(), record_for(new_run_id(), [0]))
+    parsed, problem = await watch._poll(0, "true", {"output.log"})
+    assert parsed is None and problem.startswith("poll failed: AttributeError")
+
+    async def broken_run(on_update=None):
+        raise RuntimeError("the watch broke")
+
+    watch.run = broken_run
+    with pytest.raises(RuntimeError, match="the watch broke"):
+        async with asyncio.timeout(5):  # never a hang waiting for a WatchEnded that cannot come
+            async for _ in watch.updates():
+                pass

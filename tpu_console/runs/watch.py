@@ -57,6 +57,7 @@ from tpu_console.secrets import SecretMasker
 
 LOG, EVENTS = "output.log", "events.jsonl"
 MAX_BACKOFF_S = 8.0
+POLL_TIMEOUT_S = 70.0
 
 
 # -- what a watch reports ------------------------------------------------------------------------------
@@ -223,7 +224,13 @@ class RunWatch:
         task = asyncio.create_task(self.run())
         try:
             while True:
-                update = await queue.get()
+                getter = asyncio.ensure_future(queue.get())
+                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done() and queue.empty():  # the watch ended without WatchEnded: it raised
+                    getter.cancel()
+                    task.result()  # raises the watch's exception here, in the consumer
+                    break
+                update = await getter
                 yield update
                 if isinstance(update, WatchEnded):
                     break
@@ -258,13 +265,12 @@ class RunWatch:
             if streamed:
                 offsets[LOG] = stream.log.offset
             command = recipes.watch_poll(self.record.run_id, offsets, self.max_bytes)
-            (result,) = await self.fleet.run(command, [worker], timeout=60)
-            parsed = _parse_poll(result.stdout, self.record.run_id, set(offsets)) if result.ok else None
+            parsed, problem = await self._poll(worker, command, set(offsets))
             if parsed is None:
                 stream.failed_polls += 1
                 if stream.failing_since is None:
                     stream.failing_since = self.clock()
-                self.monitor.observe_unreachable(worker, result.error or _said(result.stderr, "poll failed"))
+                self.monitor.observe_unreachable(worker, problem)
                 await self._sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
@@ -282,6 +288,22 @@ class RunWatch:
                 stream.finished = True
             elif caught_up:
                 await self._sleep(self.poll_s)
+
+    async def _poll(
+        self, worker: int, command: str, files: set[str]
+    ) -> tuple[tuple[RunProbe, dict[str, LogChunk]] | None, str]:
+        """One poll: its parsed reply, or None and why not. Never raises for one worker's trouble: a
+        connection torn down in the middle of opening a channel can surface from asyncssh as an odd
+        exception, and a poll stuck on a half-dead connection is cut off; both are a failed poll, retried."""
+        try:
+            async with asyncio.timeout(POLL_TIMEOUT_S):
+                (result,) = await self.fleet.run(command, [worker], timeout=POLL_TIMEOUT_S - 10)
+        except TimeoutError:
+            return None, f"no answer within {POLL_TIMEOUT_S:g}s"
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            return None, f"poll failed: {type(exc).__name__}: {exc}"
+        parsed = _parse_poll(result.stdout, self.record.run_id, files) if result.ok else None
+        return parsed, result.error or _said(result.stderr, "poll failed")
 
     async def _read_last_lines(self, stream: WorkerStream) -> None:
         command = recipes.tail_log(self.record.run_id, lines=self.first_log_lines)
