@@ -113,14 +113,14 @@ def test_summary_takes_the_worst_worker_and_keeps_unknowns_none():
     assert cpu[tm.MEM_IN_USE] is None and cpu[tm.MEM_PEAK] is None
 
 
-def test_compare_table_is_seed_001s_legacy_vs_maxtext_summary():
+def test_compare_table_is_the_legacy_vs_maxtext_benchmark_summary():
     legacy = {tm.STEP_AVG_LAST10: 12.777984279200007, tm.VALID_TOKENS_PER_S: 1510.4229563367162,
               tm.MEM_IN_USE: 7.2652506828308105, tm.MEM_PEAK: 8.067610263824463, tm.REWARD_MEAN: None}
     maxtext = {tm.STEP_AVG_LAST10: 13.443090026600043, tm.VALID_TOKENS_PER_S: 1361.5764398761153,
                tm.MEM_IN_USE: 7.265962600708008, tm.MEM_PEAK: 8.060301780700684, tm.REWARD_MEAN: None}
     headers, rows = compare_table(["legacy-run", "maxtext-run"], [legacy, maxtext])
     assert headers == ("METRIC", "A legacy-run", "B maxtext-run", "B VS A")
-    assert rows[0] == ("step time, avg of last 10 (s)", "12.78", "13.44", "+5.2%")  # the seed's ~+5.2%
+    assert rows[0] == ("step time, avg of last 10 (s)", "12.78", "13.44", "+5.2%")  # the benchmark's ~+5.2%
     assert rows[1] == ("valid tokens/s", "1,510", "1,362", "-9.9%")
     assert rows[2][3] == "+0.0%" and rows[3][3] == "-0.1%"
     assert rows[4][1:] == ("-", "-", "-")
