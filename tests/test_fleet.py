@@ -219,3 +219,24 @@ async def test_an_unreadable_client_key_fails_before_any_worker_runs(local_pod: 
         with pytest.raises(UserError, match="cannot read SSH key .*broken_key"):
             await fleet.run("touch ran")
     assert not any((local_pod.worker_dir(i) / "ran").exists() for i in range(4))
+
+
+async def test_a_connection_closing_while_a_channel_opens_is_reconnected_once(local_pod: LocalPod, monkeypatch):
+    """asyncssh raises AttributeError when the connection goes away mid-open: the command had not started,
+    so the fleet reconnects and sends it again, as for any connection lost before a command began."""
+    from tpu_console.fleet import fleet as fleet_module
+
+    real_open, calls = fleet_module.open_command, []
+
+    async def open_once_broken(ssh, command, worker, on_line):
+        calls.append(worker)
+        if len(calls) == 1:
+            ssh.close()
+            await ssh.wait_closed()
+            raise AttributeError("'NoneType' object has no attribute 'session_started'")
+        return await real_open(ssh, command, worker, on_line)
+
+    monkeypatch.setattr(fleet_module, "open_command", open_once_broken)
+    async with Fleet(local_pod.targets, command_channels=False) as fleet:
+        (result,) = await fleet.run("echo again", [0])
+    assert (result.exit_status, result.stdout, result.error) == (0, "again\n", None) and calls == [0, 0]

@@ -211,7 +211,11 @@ class Fleet:
             ssh = await conn.get()
             try:
                 return await open_command(ssh, command, worker, on_line)
-            except _NOT_STARTED as exc:
+            except (*_NOT_STARTED, AttributeError) as exc:
+                # asyncssh raises AttributeError ('session_started') when the connection closes while the
+                # channel opens; on a connection still open it is a real bug and goes up as it is.
+                if isinstance(exc, AttributeError) and not ssh.is_closed():
+                    raise
                 if not ssh.is_closed():
                     # The server refused this one channel (e.g. MaxSessions); the connection and the
                     # other commands on it are fine.
