@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -33,9 +34,10 @@ def cells(table: DataTable) -> list[list[str]]:
 
 
 async def test_table_lists_every_node_with_ls_columns():
-    provider = FakeProvider(
-        [make_node("pod-b", "local", state=NodeState.PREEMPTED), make_node("pod-a", "gcp", spot=False)]
-    )
+    provider = FakeProvider([
+        replace(make_node("pod-b", "local", state=NodeState.PREEMPTED, zone=None), health="UNHEALTHY_MAINTENANCE"),
+        replace(make_node("pod-a", "gcp", spot=False), health="HEALTHY"),
+    ])
     app = make_app(provider)
     async with app.run_test(size=(120, 30)) as pilot:
         screen = app.screen
@@ -43,23 +45,12 @@ async def test_table_lists_every_node_with_ls_columns():
         await wait_for_refreshes(pilot, screen, 1)
         table = screen.query_one("#nodes", DataTable)
         assert [str(c.label) for c in table.columns.values()] == [
-            "NAME",
-            "PROVIDER",
-            "TYPE",
-            "WORKERS",
-            "STATE",
-            "ZONE",
-            "SPOT",
-            "AGE",
-            "PRICE/H",
-            "COST",
-            "RUN",
-        ]
+            "NAME", "WHERE", "TYPE", "W", "STATE", "AGE", "$/HOUR", "RUN"]
         assert cells(table) == [
-            ["pod-a", "gcp", "v6e-16", "4", "READY", "us-east5-b", "-", "3h12m", "~$43.20", "~$138", "IDLE 3h12m ~$138.24"],
-            ["pod-b", "local", "v6e-16", "4", "PREEMPTED", "us-east5-b", "spot", "3h12m", "-", "-", "-"],
+            ["pod-a", "us-east5-b", "v6e-16", "4", "READY ok", "3h12m", "~$43.20", "IDLE 3h12m ~$138"],
+            ["pod-b", "local", "v6e-16", "4", "PREEMPTED maint", "3h12m", "spot", "-"],
         ]
-        assert "2 nodes" in str(screen.query_one("#status", Static).render())
+        assert "2 nodes · updated 12:00:00 · ~$43.20/h · 1 idle" in str(screen.query_one("#status", Static).render())
 
 
 async def test_r_refreshes_and_shows_new_nodes():
@@ -127,14 +118,32 @@ async def test_failing_provider_does_not_crash_the_app():
 
 async def test_question_mark_opens_help_listing_the_keys_and_escape_closes_it():
     app = make_app(FakeProvider())
-    async with app.run_test() as pilot:
+    async with app.run_test(size=(100, 30)) as pilot:
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
-        text = str(app.screen.query_one("#help-keys", Static).render())
-        for key, action in (("r", "Refresh"), ("?", "Help"), ("q", "Quit")):
-            assert f"{key}  {action}" in text or f"{key} {action}" in text.replace("  ", " ")
+        lines = [" ".join(line.split()) for line in str(app.screen.query_one("#help-keys", Static).render()).splitlines()]
+        for line in ("c Create create a node: name, type, zones, spot", "⏎ Open the node's latest run", "r Refresh",
+                     "/ Filter", "esc Clear filter clear the filter", "? Help", "R Runs", "q Quit"):
+            assert any(shown.startswith(line) for shown in lines), (line, lines)
         await pilot.press("escape")
         assert isinstance(app.screen, NodesScreen)
+
+
+async def test_keys_can_be_remapped_by_binding_id():
+    provider = FakeProvider([make_node("pod-a")])
+    app = TpuConsoleApp({"fake": provider}, refresh_every=3600, clock=lambda: NOW,
+                        keymap={"nodes.refresh": "f5", "app.help": "f1"})
+    async with app.run_test() as pilot:
+        screen = app.screen
+        await wait_for_refreshes(pilot, screen, 1)
+        await pilot.press("r")  # no longer bound
+        await pilot.pause()
+        assert provider.list_calls == 1
+        await pilot.press("f5")
+        await wait_for_refreshes(pilot, screen, 2)
+        await pilot.press("f1")
+        assert isinstance(app.screen, HelpScreen)
+        assert "f5" in str(app.screen.query_one("#help-keys", Static).render()).lower()
 
 
 async def test_q_quits():

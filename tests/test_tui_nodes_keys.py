@@ -12,6 +12,7 @@ import pytest
 from textual.widgets import DataTable, Input, Static
 
 from tests.fixtures_cli import NOW, FakeProvider, console_home, make_node  # noqa: F401 - fixture
+from tpu_console.model import NodeState
 from tpu_console.runs.store import RunRecord, RunStore
 from tpu_console.tui.app import TpuConsoleApp
 from tpu_console.tui.modals.compare import CompareModal
@@ -24,6 +25,22 @@ from tpu_console.tui.screens.runs_screen import RunsScreen
 from tpu_console.tui.widgets.operations_log import OperationsLog
 
 pytestmark = pytest.mark.usefixtures("console_home")
+
+
+@pytest.fixture(autouse=True)
+def probes(monkeypatch) -> list[list[str]]:
+    """The nodes screen probes the latest unfinished run of each READY node; here the probe learns
+    nothing (the fake nodes have no workers), and the run ids probed are recorded."""
+    from tpu_console.runs import control
+
+    seen: list[list[str]] = []
+
+    async def observe(providers, records, store, *args, **kwargs):
+        seen.append([r.run_id for r in records])
+        return [control.RunView(record=r, state=r.state, workers=[], live=False, problem="no workers") for r in records]
+
+    monkeypatch.setattr(control, "observe", observe)
+    return seen
 TINY = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "tiny_local.yaml"
 
 
@@ -187,22 +204,25 @@ async def test_x_stops_the_nodes_run_after_confirming(monkeypatch):
 
     async def fake_stop(providers, run_id, store=None, grace_s=10.0):
         stopped.append(run_id)
-        return SimpleNamespace(state="stopped"), [SimpleNamespace(worker=0, outcome="stopped", signal="TERM",
-                                                                 exit_status=143)]
+        return SimpleNamespace(state="stopped"), [
+            SimpleNamespace(worker=0, outcome="stopped", signal="TERM", exit_status=143, error=None),
+            SimpleNamespace(worker=1, outcome="unreachable", signal=None, exit_status=None, error="timed out")]
 
     monkeypatch.setattr(control, "stop", fake_stop)
     add_run("pod-a", "20250314-113000-aaaa", finished=False, state="running")
     app = app_with(FakeProvider([make_node("pod-a")]))
     async with app.run_test() as pilot:
         screen = await started(pilot, app)
-        assert "113000-aaaa running" in str(screen.query_one("#nodes", DataTable).get_row_at(0)[-1])
+        assert str(screen.query_one("#nodes", DataTable).get_row_at(0)[-1]) == "running 30m"
         await pilot.press("x")
         assert isinstance(app.screen, ConfirmModal)
         await pilot.press("n")
         assert stopped == []
         await pilot.press("x", "y")
         await until(pilot, lambda: stopped == ["20250314-113000-aaaa"], "the stop")
-        await until(pilot, lambda: "20250314-113000-aaaa: stopped" in ops_text(screen), "its outcome")
+        await until(pilot, lambda: "stop 20250314-113000-aaaa: run stopped" in ops_text(screen), "its outcome")
+        assert "stop 20250314-113000-aaaa: [0] stopped by TERM, exit 143" in ops_text(screen)
+        assert "stop 20250314-113000-aaaa: [1] unreachable: timed out" in ops_text(screen)
 
 
 async def test_enter_opens_the_nodes_latest_run_and_says_when_there_is_none():
@@ -254,3 +274,165 @@ async def test_runs_screen_marks_runs_and_compares_them():
         assert rows["valid tokens/s"][3] == "+100.0%"
         await pilot.press("escape", "escape")
         assert isinstance(app.screen, NodesScreen)
+
+
+async def test_the_run_column_shows_what_the_workers_say_not_a_stale_record(monkeypatch, probes):
+    """A run recorded `running` that ended while nobody looked: the refresh probes it and shows the end."""
+    from tpu_console.runs import control
+
+    async def observe(providers, records, store, *args, **kwargs):
+        probes.append([r.run_id for r in records])
+        for record in records:
+            store.update(record.run_id, "succeeded", finished=True)
+        return [control.RunView(record=r, state="succeeded", workers=[], live=True) for r in records]
+
+    monkeypatch.setattr(control, "observe", observe)
+    add_run("pod-a", "20250314-113000-aaaa", finished=False, state="running")
+    add_run("pod-p", "20250314-113000-pppp", finished=False, state="running")
+    add_run("pod-b", "20250314-110000-bbbb", finished=True, state="failed")
+    app = app_with(FakeProvider([make_node("pod-a"), make_node("pod-b"), make_node("pod-p", state=NodeState.PREEMPTED)]))
+    async with app.run_test(size=(160, 30)) as pilot:
+        screen = await started(pilot, app)
+        runs = [str(row[-1]) for row in rows(screen)]
+        assert runs[0].startswith("succeeded ") and runs[0].endswith(" ago")  # ended when the probe saw it
+        assert runs[1:] == ["failed 5m ago", "running 30m"]
+        # Only the unfinished run of a READY node is probed: a PREEMPTED node's workers cannot answer.
+        assert probes == [["20250314-113000-aaaa"]]
+        assert RunStore().get("20250314-113000-aaaa").state == "succeeded"
+
+
+async def test_several_operations_run_at_once_while_the_table_stays_usable(monkeypatch):
+    import asyncio
+
+    from tpu_console.provision import bootstrap, code_sync
+
+    release = asyncio.Event()
+
+    def fake(kind, wait):
+        async def run(providers, node, *, progress, on_worker, **kw):
+            on_worker(0, f"{kind} begins")
+            if wait:
+                await release.wait()
+            report = SimpleNamespace(versions_label=lambda: "jax=0.10.2")
+            return SimpleNamespace(workers=[SimpleNamespace(worker=0, ok=True, error=None, report=report)])
+        return run
+
+    monkeypatch.setattr(bootstrap, "bootstrap_node", fake("bootstrap", wait=True))
+    monkeypatch.setattr(code_sync, "sync_node", fake("sync", wait=False))
+    provider = FakeProvider([make_node("pod-a"), make_node("pod-b")])
+    app = app_with(provider)
+    async with app.run_test(size=(160, 30)) as pilot:
+        screen = await started(pilot, app)
+        await pilot.press("b")
+        await until(pilot, lambda: "bootstrap pod-a: [0] bootstrap begins" in ops_text(screen), "bootstrap to begin")
+        assert "running: bootstrap pod-a" in str(screen.query_one("#status", Static).render())
+        # While it waits: move, sync another node, refresh; none of it waits for the bootstrap.
+        await pilot.press("down", "s")
+        await until(pilot, lambda: "sync pod-b: synced 1 worker(s): jax=0.10.2" in ops_text(screen), "the sync")
+        listed = provider.list_calls
+        await pilot.press("r")
+        await until(pilot, lambda: provider.list_calls > listed, "a refresh")
+        assert "bootstrapped" not in ops_text(screen) and screen.running == ["bootstrap pod-a"]
+        release.set()
+        await until(pilot, lambda: "bootstrap pod-a: bootstrapped 1 worker(s)" in ops_text(screen), "bootstrap")
+        assert screen.running == []
+
+
+async def test_a_worker_that_fails_bootstrap_is_named_in_red_and_notified(monkeypatch):
+    from tpu_console.provision import bootstrap
+
+    async def failing(providers, node, *, progress, on_worker, **kw):
+        report = SimpleNamespace(versions_label=lambda: "")
+        return SimpleNamespace(workers=[SimpleNamespace(worker=0, ok=True, error=None, report=report),
+                                        SimpleNamespace(worker=1, ok=False, error="pip: no space left", report=report)])
+
+    monkeypatch.setattr(bootstrap, "bootstrap_node", failing)
+    app = app_with(FakeProvider([make_node("pod-a")]))
+    async with app.run_test() as pilot:
+        screen = await started(pilot, app)
+        await pilot.press("b")
+        await until(pilot, lambda: "failed: worker 1: pip: no space left (1 of 2 failed)" in ops_text(screen), "it")
+        assert "bootstrap pod-a: [1] failed: pip: no space left" in ops_text(screen)
+        assert "worker 1: pip: no space left" in [n.message for n in app._notifications][-1]
+
+
+async def test_sync_uploads_the_env_file_and_masks_its_values_in_the_panel(monkeypatch, tmp_path):
+    from tpu_console.provision import code_sync
+
+    env = tmp_path / ".env"
+    env.write_text("WANDB_API_KEY=sekrit-value-123\n")
+    asked = []
+
+    async def sync(providers, node, *, env_file, progress, on_worker, **kw):
+        asked.append(env_file)
+        on_worker(0, "wrote .env: WANDB_API_KEY=sekrit-value-123")  # a careless layer below
+        return SimpleNamespace(workers=[SimpleNamespace(worker=0, ok=True, error=None,
+                                                        report=SimpleNamespace(versions_label=lambda: "x"))])
+
+    monkeypatch.setattr(code_sync, "sync_node", sync)
+    options = ConsoleOptions(default_provider="fake", sync_env_file=str(env))
+    app = TpuConsoleApp({"fake": FakeProvider([make_node("pod-a")])}, refresh_every=3600, clock=lambda: NOW,
+                        options=options)
+    async with app.run_test() as pilot:
+        screen = await started(pilot, app)
+        await pilot.press("s")
+        await until(pilot, lambda: "synced 1 worker(s)" in ops_text(screen), "the sync")
+        assert asked == [str(env)]
+        assert "sync pod-a: [0] wrote .env: WANDB_API_KEY=***" in ops_text(screen)
+        assert "sekrit" not in ops_text(screen)
+
+
+async def test_launch_passes_kill_stale_and_fail_fast_from_the_form(monkeypatch):
+    from tpu_console.runs import launch as launch_module
+
+    launched = []
+
+    async def fake_launch(providers, node, config, overrides, env_file, **kw):
+        launched.append((kw["kill_stale"], kw["fail_fast"]))
+        kw["on_worker"](1, "waiting for the coordinator")
+        return SimpleNamespace(run_id="20250314-120000-abcd", ok=False, workers=[0, 1],
+                               starts=[SimpleNamespace(worker=0, ok=True, pgid=100, error=None),
+                                       SimpleNamespace(worker=1, ok=False, pgid=None, error="exited 1 at once")])
+
+    monkeypatch.setattr(launch_module, "launch", fake_launch)
+    app = app_with(FakeProvider([make_node("pod-a", workers=2)]))
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await started(pilot, app)
+        await pilot.press("l")
+        modal = app.screen
+        modal.query_one("#path", Input).value = str(TINY)
+        modal.query_one("#kill-stale").focus()
+        await pilot.press("space", "tab", "space")  # both boxes ticked from the keyboard
+        await pilot.press("shift+tab", "shift+tab", "enter")  # back into the env field; enter submits
+        await until(pilot, lambda: launched == [(True, True)], "the launch")
+        await until(pilot, lambda: "did not start on every worker" in ops_text(screen), "the failure")
+        assert "launch pod-a: [1] waiting for the coordinator" in ops_text(screen)
+        assert "launch pod-a: [1] failed: exited 1 at once" in ops_text(screen)
+
+
+async def test_keys_that_need_a_node_say_so_on_an_empty_table():
+    app = app_with(FakeProvider([]))
+    async with app.run_test() as pilot:
+        await started(pilot, app)
+        for key, doing in (("d", "delete"), ("b", "bootstrap"), ("s", "sync"), ("l", "launch on"),
+                           ("x", "stop the run of")):
+            await pilot.press(key)
+            await pilot.pause()
+            assert isinstance(app.screen, NodesScreen)
+            assert [n.message for n in app._notifications][-1].startswith(f"select a node to {doing}")
+
+
+async def test_x_on_a_node_without_a_run_in_progress_asks_nothing():
+    add_run("pod-a", "20250314-113000-aaaa", finished=True, state="succeeded")
+    app = app_with(FakeProvider([make_node("pod-a")]))
+    async with app.run_test() as pilot:
+        await started(pilot, app)
+        await pilot.press("x")
+        await pilot.pause()
+        assert isinstance(app.screen, NodesScreen)
+        assert [n.message for n in app._notifications][-1] == "pod-a has no run in progress"
+
+
+def rows(screen: NodesScreen) -> list[list[str]]:
+    table = screen.query_one("#nodes", DataTable)
+    return [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]

@@ -393,7 +393,7 @@ def _open_app(settings: Settings) -> int:
     from datetime import timedelta
 
     from tpu_console.tui.app import TpuConsoleApp
-    from tpu_console.tui.screens.nodes_screen import ConsoleOptions
+    from tpu_console.tui.options import ConsoleOptions
 
     options = ConsoleOptions(
         default_provider=create_provider_name(settings), zones=list(settings.gcp.zones),

@@ -19,7 +19,8 @@ from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import close_providers
 from tpu_console.runs.store import RunStore
 from tpu_console.tui.modals.help import HelpScreen
-from tpu_console.tui.screens.nodes_screen import ConsoleOptions, NodesScreen
+from tpu_console.tui.options import ConsoleOptions
+from tpu_console.tui.screens.nodes_screen import NodesScreen
 
 
 def local_now() -> datetime:
@@ -31,9 +32,11 @@ class TpuConsoleApp(App[None]):
     TITLE = "tpu-console"
     ENABLE_COMMAND_PALETTE = False
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("question_mark", "help", "Help", key_display="?", id="app.help"),
-        Binding("R", "runs", "Runs", key_display="R", id="app.runs"),
-        Binding("q", "quit", "Quit", id="app.quit"),
+        Binding("question_mark", "help", "Help", key_display="?", id="app.help",
+                tooltip="the keys of this screen"),
+        Binding("R", "runs", "Runs", key_display="R", id="app.runs",
+                tooltip="the run history: mark runs and compare them"),
+        Binding("q", "quit", "Quit", id="app.quit", tooltip="leave (running jobs and nodes carry on)"),
     ]
 
     def __init__(
@@ -44,8 +47,12 @@ class TpuConsoleApp(App[None]):
         clock: Callable[[], datetime] = local_now,
         store: RunStore | None = None,
         options: ConsoleOptions | None = None,
+        keymap: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
+        if keymap:
+            # binding id -> keys, e.g. {"nodes.create": "n", "runs.compare": "C"}: every binding has an id.
+            self.set_keymap(keymap)
         self.providers = providers
         self.refresh_every = refresh_every
         self.clock = clock  # injectable so tests (and snapshots) see a fixed time
@@ -59,13 +66,18 @@ class TpuConsoleApp(App[None]):
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):
             return
-        # Built from what is bound right now, so the help never disagrees with the keys.
-        keys = [
-            (active.binding.key_display or self.get_key_display(active.binding), active.binding.description)
-            for active in self.screen.active_bindings.values()
-            if active.binding.show and active.binding.description
-        ]
-        self.push_screen(HelpScreen(keys))
+        # Built from what is bound right now (a remapped key included), so help never disagrees with the
+        # keys; hidden bindings with a tooltip (esc clears the filter) are worth listing too.
+        keys: dict[str, tuple[str, str, str]] = {}  # action -> (key, name, what it does)
+        for key, active in self.screen.active_bindings.items():
+            binding = active.binding
+            if not binding.description or not (binding.show or binding.tooltip):
+                continue
+            if binding.action in keys and not binding.id:
+                continue  # Textual's own ctrl+q beside our q: one line per action, ours
+            shown = binding.key_display or self.get_key_display(binding.with_key(key))
+            keys[binding.action] = (shown, binding.description, binding.tooltip)
+        self.push_screen(HelpScreen(list(keys.values()), getattr(self.screen, "HELP_TITLE", "Keys")))
 
     def action_runs(self) -> None:
         from tpu_console.tui.screens.runs_screen import RunsScreen

@@ -2,10 +2,60 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from textual.message import Message
 
 from tpu_console.runs.events import StepMetrics
 from tpu_console.tui.run_snapshot import RunSnapshot
+
+if TYPE_CHECKING:
+    from tpu_console.runs.control import RunView
+    from tpu_console.tui.nodes_feed import NodesListing
+
+# -- the nodes screen (its refresh worker and its operations -> NodesScreen) ----------------------------
+
+
+class NodesRefreshed(Message):
+    """A fresh listing: every provider's nodes, their problems, each node's latest run and the idle ones."""
+
+    def __init__(self, listing: NodesListing) -> None:
+        super().__init__()
+        self.listing = listing
+
+
+class OperationProgress(Message):
+    """One line of a long operation (create, delete, bootstrap, sync, launch, stop) as it happens.
+    Posted rather than written straight to the panel: progress callbacks may run in a thread."""
+
+    def __init__(self, operation: str, text: str, style: str = "") -> None:
+        super().__init__()
+        self.operation = operation
+        self.text = text
+        self.style = style
+
+
+class OperationEnded(Message):
+    """A long operation is over: `problem` is None when it succeeded, else why it did not."""
+
+    def __init__(self, operation: str, outcome: str, problem: str | None = None) -> None:
+        super().__init__()
+        self.operation = operation
+        self.outcome = outcome
+        self.problem = problem
+
+
+# -- the runs screen (its listing worker -> RunsScreen) ---------------------------------------------------
+
+
+class RunsListed(Message):
+    """The run history, unfinished runs probed; `problem` when it could not be read."""
+
+    def __init__(self, views: list[RunView], problem: str | None = None) -> None:
+        super().__init__()
+        self.views = views
+        self.problem = problem
+
 
 # -- the run dashboard (RunFeed -> RunScreen) ------------------------------------------------------------
 

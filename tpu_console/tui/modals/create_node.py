@@ -47,8 +47,10 @@ class CreateNodeModal(FormModal[CreateOrder]):
     CreateNodeModal #buttons Static { width: 2; }
     """
 
-    def __init__(self, providers: list[str], default_provider: str, zones: list[str]) -> None:
+    def __init__(self, providers: list[str], default_provider: str, zones: list[str],
+                 taken: dict[str, str] | None = None) -> None:
         super().__init__()
+        self.taken = taken or {}  # names already listed -> their provider (names are unique across providers)
         self.providers = [p for p in providers if p != "ssh"] or providers
         self.default_provider = default_provider if default_provider in self.providers else self.providers[0]
         self.zones = zones
@@ -78,6 +80,8 @@ class CreateNodeModal(FormModal[CreateOrder]):
         provider = str(self.query_one("#provider", Select).value)
         zones = tuple(z.strip() for z in self.query_one("#zones", Input).value.split(",") if z.strip())
         problem = validate_node_name(name) if name else "give the node a name"
+        if problem is None and name in self.taken:
+            problem = f"a {self.taken[name]} node named {name!r} already exists; pick another name"
         if problem is None and not accelerator_type:
             problem = "give an accelerator type, e.g. local-2x2 or v6e-16"
         if problem is None:

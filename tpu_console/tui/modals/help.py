@@ -1,23 +1,26 @@
-"""The `?` dialog: the keys that work on the screen it was opened from."""
+"""The `?` dialog: the keys that work on the screen it was opened from, each with what it does."""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
+from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Vertical
+from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
+
+# (key as shown, short name, what it does): the footer's words and the binding's tooltip.
+KeyHelp = tuple[str, str, str]
 
 
 class HelpScreen(ModalScreen[None]):
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen #help-dialog { width: auto; min-width: 30; height: auto; padding: 1 2; border: round $accent;
-                              background: $surface; }
-    HelpScreen #help-title { text-style: bold; margin-bottom: 1; }
-    HelpScreen #help-hint { margin-top: 1; color: $text-muted; }
+    HelpScreen #help-dialog { width: 90; max-width: 100%; height: auto; max-height: 90%;
+                              padding: 0 2; border: round $accent; border-title-style: bold;
+                              border-subtitle-color: $text-muted; background: $surface; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "dismiss", "Close", id="help.close"),
@@ -25,17 +28,20 @@ class HelpScreen(ModalScreen[None]):
         Binding("q", "dismiss", "Close", show=False, id="help.close_q"),
     ]
 
-    def __init__(self, keys: list[tuple[str, str]]) -> None:
+    def __init__(self, keys: list[KeyHelp], title: str = "Keys") -> None:
         super().__init__()
         self.keys = keys
+        self.title_text = title
 
     def compose(self) -> ComposeResult:
-        width = max((len(key) for key, _ in self.keys), default=1)
-        lines = [f"[b]{key.ljust(width)}[/b]  {description}" for key, description in self.keys]
-        with Vertical(id="help-dialog"):
-            yield Static("Keys", id="help-title")
+        key_width = max((len(key) for key, _, _ in self.keys), default=1)
+        name_width = max((len(name) for _, name, _ in self.keys), default=1)
+        lines = [f"[b]{escape(key.ljust(key_width))}[/b]  {escape(name.ljust(name_width))}  [dim]{escape(detail)}[/dim]"
+                 for key, name, detail in self.keys]
+        with VerticalScroll(id="help-dialog") as dialog:
+            dialog.border_title = self.title_text
+            dialog.border_subtitle = "esc closes"
             yield Static("\n".join(lines), id="help-keys")
-            yield Static("esc closes this help", id="help-hint")
 
     async def action_dismiss(self, result: None = None) -> None:
         self.dismiss(result)

@@ -24,6 +24,7 @@ class LaunchOrder:
     overrides: list[str]
     env_file: str | None
     kill_stale: bool
+    fail_fast: bool = False
 
 
 def shipped_configs() -> list[Path]:
@@ -49,6 +50,8 @@ class LaunchModal(FormModal[LaunchOrder]):
     LaunchModal #error { color: $error; height: auto; margin-top: 1; }
     LaunchModal #buttons { height: auto; margin-top: 1; }
     LaunchModal #buttons Static { width: 2; }
+    LaunchModal #flags { height: 1; margin-top: 1; }
+    LaunchModal #flags Checkbox { margin-right: 3; }
     """
 
     def __init__(self, node: Node) -> None:
@@ -61,20 +64,29 @@ class LaunchModal(FormModal[LaunchOrder]):
             yield Static(f"[b]Launch the trainer on {self.node.name}[/b] ({self.node.accelerator_type}, "
                          f"{self.node.shape.workers} workers x {self.node.shape.devices_per_worker} devices)")
             yield Label("Shipped config")
-            yield Select([(p.name, str(p)) for p in self.configs], value=str(self.configs[0]) if self.configs
-                         else Select.BLANK, id="shipped", compact=True)
+            yield Select([(p.name, str(p)) for p in self.configs], value=self._default_config(), id="shipped",
+                         compact=True)
             yield Label("...or a config file (wins when given)")
             yield Input(placeholder="path/to/config.yaml", id="path", compact=True)
             yield Label("Overrides: KEY=VALUE separated by spaces (e.g. steps=20 rollout.n=8)")
             yield Input(placeholder="steps=20", id="overrides", compact=True)
             yield Label("Env file with secrets (optional; else the one `sync` uploaded)")
             yield Input(placeholder=".env", id="env", compact=True)
-            yield Checkbox("Kill stale TPU holders and libtpu's lockfile first", id="kill-stale", compact=True)
+            with Horizontal(id="flags"):
+                yield Checkbox("Kill stale TPU holders first", id="kill-stale", compact=True)
+                yield Checkbox("Fail fast: stop all when one fails", id="fail-fast", compact=True)
             yield Static("", id="error")
             with Horizontal(id="buttons"):
                 yield Button("Launch", variant="primary", id="launch", compact=True)
                 yield Static("  ")
                 yield Button("Cancel (esc)", id="cancel", compact=True)
+
+    def _default_config(self) -> str | object:
+        # A local pod cannot hold the real model: offer the tiny config there, the first shipped one elsewhere.
+        if not self.configs:
+            return Select.BLANK
+        tiny = [p for p in self.configs if p.name == "tiny_local.yaml"]
+        return str(tiny[0] if tiny and self.node.provider == "local" else self.configs[0])
 
     def submit(self) -> None:
         path = self.query_one("#path", Input).value.strip()
@@ -87,6 +99,8 @@ class LaunchModal(FormModal[LaunchOrder]):
                 raise UserError("pick a shipped config or give a config file")
             check_launch(self.node, config, overrides, env_file)
         except UserError as exc:
-            self.show_error(str(exc))
+            # A shipped config by the name the form shows it by, not this checkout's absolute path.
+            self.show_error(str(exc).replace(config, Path(config).name) if not path else str(exc))
             return
-        self.dismiss(LaunchOrder(config, overrides, env_file, self.query_one("#kill-stale", Checkbox).value))
+        self.dismiss(LaunchOrder(config, overrides, env_file, self.query_one("#kill-stale", Checkbox).value,
+                                 self.query_one("#fail-fast", Checkbox).value))

@@ -7,43 +7,37 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import ClassVar
 
-from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import Footer, Header, Static
 
-from tpu_console import run_table
 from tpu_console.errors import one_line
 from tpu_console.providers.base import Provider
 from tpu_console.runs import control
 from tpu_console.runs.control import RunView
 from tpu_console.runs.store import RunStore
-from tpu_console.runs.summary import compare_table, run_summary
+from tpu_console.runs.summary import compare_rows, compare_table, run_summary
+from tpu_console.tui.messages import RunsListed
 from tpu_console.tui.modals.compare import CompareModal
-from tpu_console.tui.styles import RUN_STATE_STYLES
+from tpu_console.tui.widgets.history_table import HistoryTable
 
-
-class RunsListed(Message):
-    def __init__(self, views: list[RunView], problem: str | None = None) -> None:
-        super().__init__()
-        self.views = views
-        self.problem = problem
+HISTORY_LIMIT = 200
 
 
 class RunsScreen(Screen[None]):
+    HELP_TITLE = "Keys: runs"
     DEFAULT_CSS = """
     RunsScreen #runs { height: 1fr; }
     RunsScreen #status { height: 1; padding: 0 1; background: $panel; color: $text-muted; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("space", "mark", "Mark", id="runs.mark"),
-        Binding("c", "compare", "Compare marked", id="runs.compare"),
-        Binding("enter", "open", "Open", id="runs.open"),
-        Binding("r", "refresh", "Refresh", id="runs.refresh"),
-        Binding("escape", "back", "Back", id="runs.back"),
+        Binding("space", "mark", "Mark", id="runs.mark", tooltip="mark or unmark the run (the first marked is A)"),
+        Binding("c", "compare", "Compare", id="runs.compare",
+                tooltip="the marked runs side by side, each against A in percent"),
+        Binding("r", "refresh", "Refresh", id="runs.refresh", tooltip="read the history again, probing live runs"),
+        Binding("escape", "back", "Back", id="runs.back", tooltip="back to the nodes"),
     ]
 
     def __init__(self, providers: dict[str, Provider], *, store: RunStore | None = None,
@@ -55,60 +49,55 @@ class RunsScreen(Screen[None]):
         self.views: list[RunView] = []
         self.marked: list[str] = []  # in the order marked: the first is A in the comparison
         self.listings = 0
+        self.problem: str | None = None
 
     def compose(self) -> ComposeResult:
         yield Header()
-        yield DataTable(id="runs", cursor_type="row", zebra_stripes=True)
+        yield HistoryTable(id="runs")
         yield Static("loading runs...", id="status")
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
-        table = self.query_one("#runs", DataTable)
-        table.add_column("", key="mark")
-        for column in run_table.RUN_COLUMNS:
-            table.add_column(column, key=column)
-        table.focus()
+        self.query_one(HistoryTable).focus()
         self.action_refresh()
 
     def action_refresh(self) -> None:
+        self.query_one("#status", Static).update("reading the history...")
         self.list_runs()
 
     @work(exclusive=True, group="runs", exit_on_error=False)
     async def list_runs(self) -> None:
+        # exclusive: `r` pressed again while unfinished runs are probed starts over instead of piling up.
         try:
-            views = await control.list_runs(self.providers, store=self.store or RunStore(), limit=200)
+            views = await control.list_runs(self.providers, store=self.store or RunStore(), limit=HISTORY_LIMIT)
         except Exception as exc:  # noqa: BLE001 - shown on screen; r tries again
-            self.post_message(RunsListed([], f"could not read the history: {one_line(exc)}"))
+            self.post_message(RunsListed([], f"could not read the history: {one_line(exc)}; r tries again"))
             return
         self.post_message(RunsListed(views))
 
     def on_runs_listed(self, message: RunsListed) -> None:
         self.listings += 1
         self.views = message.views
+        known = {v.record.run_id for v in self.views}
+        self.marked = [run_id for run_id in self.marked if run_id in known]
+        self.problem = message.problem
         self._show()
-        count = len(self.views)
-        text = message.problem or (f"{count} run{'s' if count != 1 else ''} · space marks, c compares the marked"
-                                   if count else "no runs yet: launch one from the nodes screen (l)")
-        self.query_one("#status", Static).update(text)
 
     def _show(self) -> None:
-        table = self.query_one("#runs", DataTable)
-        cursor = table.cursor_row
-        table.clear()
-        now = self.clock()
-        for view in self.views:
-            cells = run_table.run_row(view, now)
-            mark = str(self.marked.index(view.record.run_id) + 1) if view.record.run_id in self.marked else ""
-            state = Text(cells[3], style=RUN_STATE_STYLES.get(cells[3], ""))
-            table.add_row(Text(mark, style="bold reverse"), *cells[:3], state, *cells[4:], key=view.record.run_id)
-        if self.views:
-            table.move_cursor(row=min(cursor, len(self.views) - 1))
+        self.query_one(HistoryTable).show(self.views, self.marked, self.clock())
+        count = len(self.views)
+        if self.problem:
+            text = self.problem
+        elif not count:
+            text = "no runs yet: launch one from the nodes screen (l)"
+        else:
+            text = f"{count} run{'s' if count != 1 else ''} · "
+            text += (f"{len(self.marked)} marked: c compares them" if len(self.marked) >= 2 else
+                     "space marks runs (two or more), c compares them")
+        self.query_one("#status", Static).update(text)
 
     def _current(self) -> RunView | None:
-        table = self.query_one("#runs", DataTable)
-        if not self.views or table.cursor_row >= len(self.views):
-            return None
-        return self.views[table.cursor_row]
+        return self.query_one(HistoryTable).current()
 
     def action_mark(self) -> None:
         view = self._current()
@@ -127,8 +116,10 @@ class RunsScreen(Screen[None]):
             self.notify("mark two or more runs with space first", severity="warning")
             return
         summaries = [run_summary(v.record, {s.worker: s.events.last_step for s in v.workers}) for v in chosen]
-        headers, cells = compare_table([v.record.run_id for v in chosen], summaries)
-        self.app.push_screen(CompareModal(headers, cells))
+        run_ids = [v.record.run_id for v in chosen]
+        headers, cells = compare_table(run_ids, summaries)
+        lower_is_better = [row["lower_is_better"] for row in compare_rows(run_ids, summaries)]
+        self.app.push_screen(CompareModal(headers, cells, lower_is_better))
 
     def action_open(self) -> None:
         view = self._current()
@@ -138,7 +129,7 @@ class RunsScreen(Screen[None]):
 
         self.app.push_screen(RunScreen(self.providers, view.record.run_id, self.store, clock=self.clock))
 
-    def on_data_table_row_selected(self, _event: DataTable.RowSelected) -> None:
+    def on_data_table_row_selected(self, _event: HistoryTable.RowSelected) -> None:
         self.action_open()
 
     def action_back(self) -> None:

@@ -15,7 +15,7 @@ class OperationsLog(RichLog):
     """
 
     def __init__(self, clock=datetime.now, **kwargs) -> None:
-        super().__init__(max_lines=2000, wrap=False, markup=True, highlight=False, **kwargs)
+        super().__init__(max_lines=2000, wrap=True, markup=True, highlight=False, **kwargs)
         self.clock = clock
         self.lines_written: list[str] = []  # plain text, for tests and for copying out
 

@@ -1,0 +1,138 @@
+"""Pilot tests of the create and launch forms' bad input: every problem is named in the form, in one
+line with the fix, the form stays open, and nothing reaches a provider or a worker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from textual.widgets import Checkbox, Input, Select, Static
+
+from tests.fixtures_cli import NOW, FakeProvider, console_home, make_node  # noqa: F401 - fixture
+from tpu_console.tui.app import TpuConsoleApp
+from tpu_console.tui.modals.create_node import CreateNodeModal
+from tpu_console.tui.modals.launch import LaunchModal
+from tpu_console.tui.options import ConsoleOptions
+
+pytestmark = pytest.mark.usefixtures("console_home")
+TINY = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "tiny_local.yaml"
+
+
+class GcpFake(FakeProvider):
+    name = "gcp"
+
+
+async def listed(pilot) -> None:
+    for _ in range(300):
+        if pilot.app.screen.refreshes:
+            return
+        await pilot.pause(0.01)
+    raise AssertionError("the nodes were never listed")
+
+
+async def error_after_submit(pilot, modal, field: str) -> str:
+    modal.query_one(field, Input).focus()
+    await pilot.press("enter")
+    await pilot.pause()
+    return str(modal.query_one("#error", Static).render())
+
+
+@pytest.mark.parametrize(("name", "type_", "zones", "problem"), [
+    ("", "v6e-16", "us-east5-b", "give the node a name"),
+    ("grpo_1", "v6e-16", "us-east5-b", "invalid node name 'grpo_1'"),
+    ("taken", "v6e-16", "us-east5-b", "a gcp node named 'taken' already exists; pick another name"),
+    ("grpo", "", "us-east5-b", "give an accelerator type, e.g. local-2x2 or v6e-16"),
+    ("grpo", "v9-16", "us-east5-b", "v9-16"),
+    ("grpo", "v6e-16", " , ", "give at least one zone to try (gcp.zones in config.toml sets the default)"),
+])
+async def test_create_form_names_each_problem_and_creates_nothing(name, type_, zones, problem):
+    gcp = GcpFake([make_node("taken", "gcp")])
+    app = TpuConsoleApp({"gcp": gcp}, refresh_every=3600, clock=lambda: NOW,
+                        options=ConsoleOptions(default_provider="gcp", zones=["europe-west4-a"]))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await listed(pilot)
+        await pilot.press("c")
+        modal = app.screen
+        assert isinstance(modal, CreateNodeModal)
+        assert modal.query_one("#zones", Input).value == "europe-west4-a"  # the configured zones, offered
+        modal.query_one("#name", Input).value = name
+        modal.query_one("#type", Input).value = type_
+        modal.query_one("#zones", Input).value = zones
+        assert problem in await error_after_submit(pilot, modal, "#zones")
+        assert app.screen is modal and gcp.created == []
+
+
+async def test_create_form_sends_zones_in_order_and_spot_off_for_gcp():
+    gcp = GcpFake([])
+    app = TpuConsoleApp({"gcp": gcp}, refresh_every=3600, clock=lambda: NOW,
+                        options=ConsoleOptions(default_provider="gcp"))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await listed(pilot)
+        await pilot.press("c", *"grpo", "tab", "tab", *"v6e-8", "tab", *"us-east5-b, europe-west4-a", "tab", "space")
+        assert modal_value(app, "#spot") is False  # space unticked it
+        await pilot.press("shift+tab", "enter")
+        for _ in range(300):
+            if gcp.created:
+                break
+            await pilot.pause(0.01)
+        (request,) = gcp.created
+        assert (request.name, request.accelerator_type, request.zones, request.spot) == (
+            "grpo", "v6e-8", ("us-east5-b", "europe-west4-a"), False)
+
+
+def modal_value(app, selector: str):
+    return app.screen.query_one(selector, Checkbox).value
+
+
+@pytest.mark.parametrize(("path", "overrides", "env", "problem"), [
+    ("{missing}", "", "", "does not exist"),
+    ("{tiny}", "rollout.batch_size=3", "", "3 prompts do not split over 4 processes"),
+    ("{tiny}", "rollout.nn=2", "", "rollout.nn: unknown key"),
+    ("{tiny}", "steps", "", "steps"),
+    ("{tiny}", "steps=abc", "", "steps"),
+    ("{tiny}", "", "{missing_env}", "missing.env does not exist"),
+])
+async def test_launch_form_refuses_bad_configs_before_anything_is_sent(monkeypatch, tmp_path, path, overrides,
+                                                                       env, problem):
+    from tpu_console.runs import launch as launch_module
+
+    async def must_not_launch(*args, **kwargs):
+        raise AssertionError("launch was called with a config the form should have refused")
+
+    monkeypatch.setattr(launch_module, "launch", must_not_launch)
+    fill = {"missing": str(tmp_path / "nope.yaml"), "tiny": str(TINY), "missing_env": str(tmp_path / "missing.env")}
+    app = TpuConsoleApp({"fake": FakeProvider([make_node("pod-a")])}, refresh_every=3600, clock=lambda: NOW)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await listed(pilot)
+        await pilot.press("l")
+        modal = app.screen
+        assert isinstance(modal, LaunchModal)
+        modal.query_one("#path", Input).value = path.format(**fill)
+        modal.query_one("#overrides", Input).value = overrides
+        modal.query_one("#env", Input).value = env.format(**fill)
+        error = await error_after_submit(pilot, modal, "#overrides")
+        assert problem in error and "\n" not in error.strip()
+        assert app.screen is modal
+
+
+async def test_launch_form_offers_every_shipped_config():
+    shipped = sorted(p.name for p in (TINY.parent).glob("*.yaml"))
+    app = TpuConsoleApp({"fake": FakeProvider([make_node("pod-a")])}, refresh_every=3600, clock=lambda: NOW)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await listed(pilot)
+        await pilot.press("l")
+        modal = app.screen
+        assert [p.name for p in modal.configs] == shipped
+        assert modal.query_one("#shipped", Select).value == str(modal.configs[0])
+        await pilot.press("escape")
+        assert not isinstance(app.screen, LaunchModal)
+
+
+@pytest.mark.parametrize(("change", "lower_is_better", "style"), [
+    ("-21.2%", True, "green"), ("-21.2%", False, "red"), ("+27.3%", False, "green"), ("+7.9%", True, "red"),
+    ("+0.0%", True, ""), ("-", True, ""),
+])
+def test_compare_colours_a_change_by_whether_it_is_better(change, lower_is_better, style):
+    from tpu_console.tui.modals.compare import change_style
+
+    assert change_style(change, lower_is_better) == style

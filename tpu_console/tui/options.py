@@ -1,0 +1,16 @@
+"""What the app takes from the settings (config.toml, TPU_CONSOLE_*), as cli.py hands it over."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+
+@dataclass(frozen=True)
+class ConsoleOptions:
+    """Where `c` creates, which zones it offers, when a node is idle, and the `.env` that `s` uploads."""
+
+    default_provider: str = "local"
+    zones: list[str] = field(default_factory=list)
+    idle_after: timedelta = timedelta(minutes=60)
+    sync_env_file: str | None = None

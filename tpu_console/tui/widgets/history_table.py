@@ -1,0 +1,51 @@
+"""The runs screen's table: the history, newest first, with the marks that pick runs to compare (1 is A,
+the base of the comparison). It only draws the runs it is given."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import ClassVar
+
+from rich.text import Text
+from textual.binding import Binding, BindingType
+from textual.widgets import DataTable
+
+from tpu_console import run_table
+from tpu_console.runs.control import RunView
+from tpu_console.tui.styles import RUN_STATE_STYLES
+
+
+class HistoryTable(DataTable):
+    # As in the nodes table: enter selects the row (RowSelected), which the screen opens; named here so
+    # the footer and help say what it does.
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter", "select_cursor", "Open", key_display="⏎", id="runs.open",
+                tooltip="the run in the run dashboard"),
+    ]
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        self.views: list[RunView] = []
+
+    def on_mount(self) -> None:
+        self.add_column("", key="mark")
+        for column in run_table.RUN_COLUMNS:
+            self.add_column(column, key=column)
+
+    def show(self, views: list[RunView], marked: list[str], now: datetime) -> None:
+        cursor = self.cursor_row
+        self.clear()
+        self.views = list(views)
+        for view in self.views:
+            run_id = view.record.run_id
+            cells = run_table.run_row(view, now)
+            mark = str(marked.index(run_id) + 1) if run_id in marked else ""
+            state = Text(cells[3], style=RUN_STATE_STYLES.get(cells[3], ""))
+            self.add_row(Text(mark, style="bold reverse"), *cells[:3], state, *cells[4:], key=run_id)
+        if self.views:
+            self.move_cursor(row=min(cursor, len(self.views) - 1))
+
+    def current(self) -> RunView | None:
+        if not self.views or not 0 <= self.cursor_row < len(self.views):
+            return None
+        return self.views[self.cursor_row]

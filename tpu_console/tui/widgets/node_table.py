@@ -1,0 +1,113 @@
+"""The nodes screen's table: one row per node of every provider, the state and health in colour, and the
+run on it (or how long it has sat idle, and what that cost). It only draws the listing it is given.
+The cost so far of each node is `tpu-console ls`'s and the delete dialog's; here the price per hour."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import ClassVar
+
+from rich.text import Text
+from textual.binding import Binding, BindingType
+from textual.widgets import DataTable
+
+from tpu_console.model import Node
+from tpu_console.node_table import format_age, format_price, node_row
+from tpu_console.tui.nodes_feed import NodesListing, node_key
+from tpu_console.tui.styles import NODE_STATE_STYLES, RUN_STATE_STYLES
+
+# Every column of `ls` and the run, in 100 columns: the provider shows as the zone it is in (zones are gcp's;
+# a local or ssh node has none), health follows the state, spot follows the price.
+# W is the number of workers (hosts).
+COLUMNS = ("NAME", "WHERE", "TYPE", "W", "STATE", "AGE", "$/HOUR", "RUN")
+HEALTH_STYLES = {"ok": "green", "timeout": "yellow"}  # anything else the TPU API reports is a problem: red
+
+
+HEALTH_WORDS = {"HEALTHY": "ok", "TIMEOUT": "timeout", "UNHEALTHY_MAINTENANCE": "maint",
+                "UNHEALTHY_TENSORFLOW": "unhealthy"}
+
+
+def health_word(health: str | None) -> str | None:
+    """A short word for the TPU API's health (`ok`, `maint` ...); None where the provider reports none
+    (local, ssh)."""
+    if not health:
+        return None
+    return HEALTH_WORDS.get(health, health.lower())
+
+
+def state_text(node: Node) -> Text:
+    text = Text(str(node.state), style=NODE_STATE_STYLES.get(node.state, ""))
+    if (word := health_word(node.health)) is not None:
+        text.append(f" {word}", style=HEALTH_STYLES.get(word, "bold red"))
+    return text
+
+
+def where_text(node: Node) -> str:
+    return node.zone if node.zone and node.zone != node.provider else node.provider
+
+
+def price_text(node: Node) -> str:
+    price = format_price(node)
+    if not node.spot:
+        return price
+    return "spot" if price == "-" else f"{price} spot"
+
+
+class NodeTable(DataTable):
+    # DataTable's own enter (select_cursor) would hide the screen's; rebinding it here names what it does
+    # in the footer and in help. Selecting a row posts RowSelected, which the screen turns into "open run".
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter", "select_cursor", "Open", key_display="⏎", id="nodes.open_run",
+                tooltip="the node's latest run in the run dashboard"),
+    ]
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        self.shown: list[Node] = []
+
+    def on_mount(self) -> None:
+        for column in COLUMNS:
+            self.add_column(column, key=column)
+
+    def show(self, listing: NodesListing, now: datetime, filter_text: str = "") -> None:
+        """Redraw from `listing`, keeping the cursor on the same node; rows that do not contain
+        `filter_text` (lower case) in any cell are left out."""
+        selected = self.selected_node()
+        self.clear()
+        self.shown = []
+        for node in listing.nodes:
+            cells = self._cells(node, listing, now)
+            # The filter also sees what the cells fold away: the provider, the zone, the health.
+            searched = [*cells, *node_row(node, now), node.health or ""]
+            if filter_text and not any(filter_text in str(cell).lower() for cell in searched):
+                continue
+            self.add_row(*cells, key=node_key(node))
+            self.shown.append(node)
+        if selected is not None and node_key(selected) in self.rows:
+            self.move_cursor(row=self.get_row_index(node_key(selected)))
+
+    def selected_node(self) -> Node | None:
+        if not self.shown or not 0 <= self.cursor_row < len(self.shown):
+            return None
+        return self.shown[self.cursor_row]
+
+    @staticmethod
+    def _cells(node: Node, listing: NodesListing, now: datetime) -> list[str | Text]:
+        return [node.name, where_text(node), node.accelerator_type, str(node.shape.workers), state_text(node),
+                format_age(node.created_at, now), price_text(node), run_text(node, listing, now)]
+
+
+def run_text(node: Node, listing: NodesListing, now: datetime) -> Text:
+    """`running 25m` (since it started), `failed 2h ago` (since it ended), `IDLE 3h ~$130` (a READY node
+    without a run for a while, and what that idling cost), `-` (never ran). ⏎ opens the run; R lists them."""
+    idle = listing.idle_since(node)
+    if idle is not None:
+        cost = f" ~${idle.cost_while_idle:,.0f}" if idle.cost_while_idle is not None else ""
+        return Text(f"IDLE {format_age(idle.idle_since, now)}{cost}", style="bold yellow")
+    record = listing.latest_run(node)
+    if record is None:
+        return Text("-", style="dim")
+    style = RUN_STATE_STYLES.get(record.state, "")
+    if record.finished_at is None:
+        return Text(f"{record.state} {format_age(record.started_at, now)}", style=style)
+    return Text(f"{record.state} {format_age(record.finished_at, now)} ago", style=style)
