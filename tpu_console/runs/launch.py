@@ -115,7 +115,7 @@ def check_shape(config: ValidatedConfig, node: Node, process_count: int) -> None
         check_pod_shape(config.config, process_count, node.shape.devices_per_worker)
     except ConfigError as exc:
         shape = f"{process_count} worker(s) x {node.shape.devices_per_worker} devices"
-        raise UserError(f"{config.path} on {node.name} ({shape}): {exc}") from None
+        raise UserError(f"{config.path.name} on {node.name} ({shape}): {exc}") from None
 
 
 def read_env_file(env_file: str | Path | None) -> bytes | None:
