@@ -22,7 +22,7 @@ async def _first_screen(port: int, timeout: float = 30.0) -> bytes:
     async with aiohttp.ClientSession() as session, session.ws_connect(f"ws://127.0.0.1:{port}/ws") as ws:
         await ws.send_json(["resize", {"width": 100, "height": 30}])
         deadline = time.monotonic() + timeout
-        while b"PROVIDER" not in received and time.monotonic() < deadline:
+        while b"WHERE" not in received and time.monotonic() < deadline:
             try:
                 message = await asyncio.wait_for(ws.receive(), 5)
             except TimeoutError:
@@ -60,7 +60,7 @@ def test_serve_answers_with_the_app_page():
         assert "tpu-console" in page and f"ws://127.0.0.1:{port}/ws" in page  # the terminal's websocket
         # A browser tab then opens the websocket: the server starts the app, whose screen streams back.
         screen = asyncio.run(_first_screen(port))
-        assert b"PROVIDER" in screen  # the nodes table's header, drawn by a real app session
+        assert b"WHERE" in screen  # the nodes table's header, drawn by a real app session
     finally:
         server.terminate()
         server.wait(10)
