@@ -20,7 +20,8 @@ from tpu_console.tui.modals.confirm import ConfirmModal
 from tpu_console.tui.modals.create_node import CreateNodeModal
 from tpu_console.tui.modals.delete_node import DeleteNodeModal
 from tpu_console.tui.modals.launch import LaunchModal
-from tpu_console.tui.screens.nodes_screen import ConsoleOptions, NodesScreen
+from tpu_console.tui.options import ConsoleOptions
+from tpu_console.tui.screens.nodes_screen import NodesScreen
 from tpu_console.tui.screens.runs_screen import RunsScreen
 from tpu_console.tui.widgets.operations_log import OperationsLog
 

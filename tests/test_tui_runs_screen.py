@@ -1,0 +1,156 @@
+"""Pilot tests of the runs screen (`R`): the history, marks, compare, refresh, open, help, back."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from textual.widgets import DataTable, Static
+
+from tests.fixtures_cli import NOW, FakeProvider, console_home, make_node  # noqa: F401 - fixture
+from tpu_console.runs.store import RunRecord, RunStore
+from tpu_console.tui.app import TpuConsoleApp
+from tpu_console.tui.modals.compare import CompareModal
+from tpu_console.tui.modals.help import HelpScreen
+from tpu_console.tui.screens.nodes_screen import NodesScreen
+from tpu_console.tui.screens.runs_screen import RunsScreen
+
+pytestmark = pytest.mark.usefixtures("console_home")
+
+
+@pytest.fixture(autouse=True)
+def probes(monkeypatch) -> list[list[str]]:
+    """Unfinished runs are probed when listed; the fake nodes have no workers, so the probe learns nothing."""
+    from tpu_console.runs import control
+
+    seen: list[list[str]] = []
+
+    async def observe(providers, records, store, *args, **kwargs):
+        seen.append([r.run_id for r in records])
+        return [control.RunView(record=r, state=r.state, workers=[], live=False, problem="no workers") for r in records]
+
+    monkeypatch.setattr(control, "observe", observe)
+    return seen
+
+
+def add_run(run_id: str, state: str = "succeeded", summary: dict | None = None, finished: bool = True) -> None:
+    store = RunStore()
+    store.add(RunRecord(run_id=run_id, node="pod-a", provider="fake", accelerator_type="v6e-16", workers=[0, 1],
+                        config_path="/c/tiny_local.yaml", config_digest="d", overrides=[], python="python3",
+                        started_at=NOW - timedelta(hours=1), state=state,
+                        finished_at=NOW - timedelta(minutes=30) if finished else None))
+    if summary:
+        store.set_summary(run_id, summary)
+
+
+async def open_runs(pilot) -> RunsScreen:
+    app = pilot.app
+    for _ in range(300):
+        if getattr(app.screen, "refreshes", 0):
+            break
+        await pilot.pause(0.01)
+    await pilot.press("R")
+    screen = app.screen
+    assert isinstance(screen, RunsScreen)
+    await until_listed(pilot, screen, 1)
+    return screen
+
+
+async def until_listed(pilot, screen: RunsScreen, count: int) -> None:
+    for _ in range(300):
+        if screen.listings >= count:
+            return
+        await pilot.pause(0.01)
+    raise AssertionError(f"the history was listed {screen.listings} times, expected {count}")
+
+
+def run_ids(screen: RunsScreen) -> list[str]:
+    table = screen.query_one("#runs", DataTable)
+    return [str(table.get_row_at(i)[1]) for i in range(table.row_count)]
+
+
+def app() -> TpuConsoleApp:
+    return TpuConsoleApp({"fake": FakeProvider([make_node("pod-a")])}, refresh_every=3600, clock=lambda: NOW)
+
+
+async def test_history_is_newest_first_and_r_reads_it_again(probes):
+    add_run("20250314-100000-aaaa")
+    add_run("20250314-110000-bbbb", state="running", finished=False)
+    the_app = app()
+    async with the_app.run_test(size=(100, 30)) as pilot:
+        screen = await open_runs(pilot)
+        assert run_ids(screen) == ["20250314-110000-bbbb", "20250314-100000-aaaa"]
+        assert ["20250314-110000-bbbb"] in probes  # the unfinished run was probed, the finished one not
+        add_run("20250314-113000-cccc")
+        await pilot.press("r")
+        await until_listed(pilot, screen, 2)
+        assert run_ids(screen)[0] == "20250314-113000-cccc"
+
+
+async def test_space_marks_and_unmarks_and_c_compares_three_runs_against_the_first_marked():
+    for run_id, step_s in (("20250314-100000-aaaa", 10.0), ("20250314-110000-bbbb", 12.0),
+                           ("20250314-120000-cccc", 8.0)):
+        add_run(run_id, summary={"time/train/step_avg_last10_s": step_s})
+    the_app = app()
+    async with the_app.run_test(size=(100, 30)) as pilot:
+        screen = await open_runs(pilot)
+        await pilot.press("space", "space")  # marked, then unmarked
+        assert screen.marked == []
+        await pilot.press("down", "down", "space", "up", "space", "up", "space")
+        assert screen.marked == ["20250314-100000-aaaa", "20250314-110000-bbbb", "20250314-120000-cccc"]
+        table = screen.query_one("#runs", DataTable)
+        assert [str(table.get_row_at(i)[0]) for i in range(3)] == ["3", "2", "1"]
+        assert "3 marked: c compares them" in str(screen.query_one("#status", Static).render())
+        await pilot.press("c")
+        modal = the_app.screen
+        assert isinstance(modal, CompareModal)
+        assert modal.headers[:2] == ("METRIC", "A 20250314-100000-aaaa")
+        assert modal.headers[4:] == ("C 20250314-120000-cccc", "C VS A")
+        step = next(row for row in modal.cells if row[0].startswith("step time"))
+        assert step[1:] == ("10", "12", "+20.0%", "8", "-20.0%")
+        await pilot.press("q")  # closes the comparison, not the app
+        assert the_app.screen is screen and the_app.is_running
+
+
+async def test_enter_opens_the_selected_run_in_the_run_dashboard():
+    from tpu_console.tui.screens.run_screen import RunScreen
+
+    add_run("20250314-100000-aaaa")
+    add_run("20250314-110000-bbbb")
+    the_app = app()
+    async with the_app.run_test(size=(100, 30)) as pilot:
+        await open_runs(pilot)
+        await pilot.press("down", "enter")
+        for _ in range(300):
+            if isinstance(the_app.screen, RunScreen):
+                break
+            await pilot.pause(0.01)
+        assert isinstance(the_app.screen, RunScreen) and the_app.screen.run_id == "20250314-100000-aaaa"
+
+
+async def test_question_mark_lists_the_runs_keys_and_escape_goes_back():
+    the_app = app()
+    async with the_app.run_test(size=(100, 30)) as pilot:
+        screen = await open_runs(pilot)
+        assert "no runs yet" in str(screen.query_one("#status", Static).render())
+        await pilot.press("question_mark")
+        assert isinstance(the_app.screen, HelpScreen)
+        text = " ".join(str(the_app.screen.query_one("#help-keys", Static).render()).split())
+        for words in ("⏎ Open the run in the run dashboard", "space Mark", "c Compare", "r Refresh", "esc Back"):
+            assert words in text, text
+        await pilot.press("escape", "escape")
+        assert isinstance(the_app.screen, NodesScreen)
+
+
+async def test_a_history_that_cannot_be_read_is_said_on_the_status_line(monkeypatch):
+    from tpu_console.runs import control
+
+    async def broken(*args, **kwargs):
+        raise OSError("database is locked")
+
+    monkeypatch.setattr(control, "list_runs", broken)
+    the_app = app()
+    async with the_app.run_test(size=(100, 30)) as pilot:
+        screen = await open_runs(pilot)
+        assert str(screen.query_one("#status", Static).render()) == (
+            "could not read the history: database is locked; r tries again")
