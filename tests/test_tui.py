@@ -160,3 +160,23 @@ async def test_q_in_help_closes_help_instead_of_quitting():
         await pilot.press("question_mark", "q")
         assert isinstance(app.screen, NodesScreen)
         assert app.is_running
+
+
+def test_a_keys_entry_in_the_config_that_names_no_binding_is_refused_before_the_app_opens(console_home, capsys):
+    from tpu_console.cli import main
+
+    console_home.mkdir(parents=True, exist_ok=True)
+    (console_home / "config.toml").write_text('[keys]\n"nodes.create" = "n"\n"nodes.creat" = "N"\n')
+    assert main([]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: [keys] 'nodes.creat' is not a binding id; use one of: app.help, app.quit")
+    assert "nodes.create" in err and "\n" not in err
+
+
+def test_the_keys_in_the_config_reach_the_app(console_home):
+    from tpu_console.settings import load_settings
+    from tpu_console.tui.keymap import check_keymap
+
+    console_home.mkdir(parents=True, exist_ok=True)
+    (console_home / "config.toml").write_text('[keys]\n"nodes.create" = "n"\n"runs.compare" = "C"\n')
+    assert check_keymap(load_settings().keys) == {"nodes.create": "n", "runs.compare": "C"}

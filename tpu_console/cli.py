@@ -393,6 +393,7 @@ def _open_app(settings: Settings) -> int:
     from datetime import timedelta
 
     from tpu_console.tui.app import TpuConsoleApp
+    from tpu_console.tui.keymap import check_keymap
     from tpu_console.tui.options import ConsoleOptions
 
     options = ConsoleOptions(
@@ -400,7 +401,8 @@ def _open_app(settings: Settings) -> int:
         idle_after=timedelta(minutes=settings.idle_after_minutes),
         sync_env_file=".env" if os.path.isfile(".env") else None,
     )
-    TpuConsoleApp(build_providers(settings), options=options).run()
+    keymap = check_keymap(settings.keys)  # before the app takes the terminal: a bad id is one line
+    TpuConsoleApp(build_providers(settings), options=options, keymap=keymap).run()
     return 0
 
 

@@ -74,6 +74,8 @@ class Settings(BaseSettings):
     local: LocalSettings = Field(default_factory=LocalSettings)
     gcp: GcpSettings = Field(default_factory=GcpSettings)
     ssh: SshSettings = Field(default_factory=SshSettings)
+    # The terminal app's keys, by binding id: [keys] "nodes.create" = "n" (ids listed in the README).
+    keys: dict[str, str] = Field(default_factory=dict)
 
 
 def _read_config_file(path: Path) -> dict[str, Any]:
