@@ -437,3 +437,18 @@ async def test_x_on_a_node_without_a_run_in_progress_asks_nothing():
 def rows(screen: NodesScreen) -> list[list[str]]:
     table = screen.query_one("#nodes", DataTable)
     return [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
+
+
+async def test_timed_refreshes_probe_runs_at_most_once_a_minute_and_r_always(monkeypatch, probes):
+    from tpu_console.tui.screens import nodes_screen
+
+    add_run("pod-a", "20250314-113000-aaaa", finished=False, state="running")
+    app = TpuConsoleApp({"fake": FakeProvider([make_node("pod-a")])}, refresh_every=0.02, clock=lambda: NOW)
+    async with app.run_test() as pilot:
+        screen = await started(pilot, app)
+        await until(pilot, lambda: screen.refreshes >= 4, "timed refreshes")
+        assert len(probes) == 1  # the first listing probed; the timed ones within the minute did not
+        await pilot.press("r")
+        await until(pilot, lambda: len(probes) == 2, "r to probe")
+        monkeypatch.setattr(nodes_screen, "PROBE_EVERY_S", 0.0)  # as if a minute went by
+        await until(pilot, lambda: len(probes) >= 3, "a timed probe once the minute is over")

@@ -41,8 +41,11 @@ def node_key(node: Node) -> str:
 
 
 async def gather_listing(
-    providers: dict[str, Provider], store: RunStore | None, now: datetime, idle_after: timedelta
+    providers: dict[str, Provider], store: RunStore | None, now: datetime, idle_after: timedelta,
+    probe: bool = True,
 ) -> NodesListing:
+    """The listing; with `probe`, unfinished runs of READY nodes are asked for their state (SSH to every
+    worker of those nodes: the screen does it on demand and at most once a minute, not every refresh)."""
     try:
         listing = await actions.list_nodes(providers)
     except Exception as exc:  # noqa: BLE001 - shown on screen; the next refresh may succeed
@@ -50,7 +53,8 @@ async def gather_listing(
     runs = await asyncio.to_thread(_history, store)
     latest = {node_key(node): record for node in listing.nodes if (record := _latest_run(node, runs))}
     unfinished = [latest[node_key(n)] for n in listing.nodes
-                  if n.state is NodeState.READY and node_key(n) in latest and not latest[node_key(n)].finished]
+                  if probe and n.state is NodeState.READY and node_key(n) in latest
+                  and not latest[node_key(n)].finished]
     probed = {r.run_id: r for r in await _probed(providers, unfinished, store)}
     if probed:
         runs = [probed.get(r.run_id, r) for r in runs]

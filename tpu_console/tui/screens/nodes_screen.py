@@ -8,6 +8,8 @@ table stays usable (and several operations can run at once). Nothing here does I
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import ClassVar
@@ -38,6 +40,7 @@ from tpu_console.tui.widgets.operations_log import OperationsLog
 
 # What an operation's body is given to report a line: `say(text)` or `say(text, style)`.
 Say = Callable[..., None]
+PROBE_EVERY_S = 60.0
 
 
 class NodesScreen(Screen[None]):
@@ -84,6 +87,8 @@ class NodesScreen(Screen[None]):
         self.filter_text = ""
         self.running: list[str] = []  # the operations under way, in the order they started
         self._problems: list[str] = []
+        self._probed_at = float("-inf")
+        self._probe_wanted = True
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -96,7 +101,7 @@ class NodesScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.action_refresh()
-        self.set_interval(self.refresh_every, self.action_refresh)
+        self.set_interval(self.refresh_every, self.refresh_nodes)
         self.query_one(NodeTable).focus()
         self.query_one(OperationsLog).say("operations", "long work (c d b s l x) reports here as it goes")
 
@@ -104,12 +109,25 @@ class NodesScreen(Screen[None]):
 
     def action_refresh(self) -> None:
         self.query_one("#status", Static).update("refreshing...")
+        self._probe_wanted = True
         self.refresh_nodes()
 
     @work(exclusive=True, group="refresh", exit_on_error=False)
     async def refresh_nodes(self) -> None:
         # exclusive: a slow provider (gcp across many zones) never piles up listings.
-        listing = await gather_listing(self.providers, self.store, self.clock(), self.options.idle_after)
+        # Probing runs reaches every worker of the nodes with one: when asked for (r, an operation's end)
+        # or when the last probe is a minute old, not on every 15 s tick. A listing cancelled by the next
+        # one leaves the wish in place, so a probe asked for is never lost.
+        probe = self._probe_wanted or time.monotonic() - self._probed_at >= PROBE_EVERY_S
+        self._probe_wanted = False
+        try:
+            listing = await gather_listing(self.providers, self.store, self.clock(), self.options.idle_after,
+                                           probe)
+        except asyncio.CancelledError:
+            self._probe_wanted = self._probe_wanted or probe
+            raise
+        if probe:
+            self._probed_at = time.monotonic()
         self.post_message(NodesRefreshed(listing))
 
     def on_nodes_refreshed(self, message: NodesRefreshed) -> None:
