@@ -136,3 +136,37 @@ def test_compare_colours_a_change_by_whether_it_is_better(change, lower_is_bette
     from tpu_console.tui.modals.compare import change_style
 
     assert change_style(change, lower_is_better) == style
+
+
+async def test_create_form_offers_zones_only_for_gcp_and_creates_locally_without_them():
+    class LocalFake(FakeProvider):
+        name = "local"
+
+        async def create(self, request, progress=lambda _: None):
+            self.created.append(request)  # any type: the form has already checked it
+            return make_node(request.name, "local", accelerator_type=request.accelerator_type)
+
+    gcp, local = GcpFake([]), LocalFake([])
+    app = TpuConsoleApp({"gcp": gcp, "local": local}, refresh_every=3600, clock=lambda: NOW,
+                        options=ConsoleOptions(default_provider="gcp", zones=["us-east5-b"]))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await listed(pilot)
+        await pilot.press("c")
+        modal = app.screen
+        assert not modal.query_one("#zones", Input).disabled
+        modal.query_one("#provider", Select).focus()
+        await pilot.press("enter", "down", "enter")  # open the list, pick local
+        await pilot.pause()
+        assert modal.query_one("#provider", Select).value == "local"
+        assert modal.query_one("#zones", Input).disabled
+        modal.query_one("#name", Input).value = "rehearsal"
+        modal.query_one("#type", Input).value = "local-9"
+        assert "local-9" in await error_after_submit(pilot, modal, "#type")  # not a local type
+        modal.query_one("#type", Input).value = "local-2x2"
+        await pilot.press("enter")  # the type field still has focus
+        for _ in range(300):
+            if local.created:
+                break
+            await pilot.pause(0.01)
+        assert [(r.name, r.accelerator_type, r.zones) for r in local.created] == [("rehearsal", "local-2x2", ())]
+        assert gcp.created == []

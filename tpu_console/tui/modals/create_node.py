@@ -74,6 +74,18 @@ class CreateNodeModal(FormModal[CreateOrder]):
                 yield Static("  ")
                 yield Button("Cancel (esc)", id="cancel", compact=True)
 
+    def on_mount(self) -> None:
+        self._fit_to(self.default_provider)
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        if event.select.id == "provider":
+            self._fit_to(str(event.value))
+
+    def _fit_to(self, provider: str) -> None:
+        # Zones mean something to gcp only; the type's example follows the provider picked.
+        self.query_one("#zones", Input).disabled = provider != "gcp"
+        self.query_one("#type", Input).placeholder = "v6e-16" if provider == "gcp" else "local-2x2"
+
     def submit(self) -> None:
         name = self.query_one("#name", Input).value.strip()
         accelerator_type = self.query_one("#type", Input).value.strip()
