@@ -99,8 +99,7 @@ class LaunchModal(FormModal[LaunchOrder]):
                 raise UserError("pick a shipped config or give a config file")
             check_launch(self.node, config, overrides, env_file)
         except UserError as exc:
-            # A shipped config by the name the form shows it by, not this checkout's absolute path.
-            self.show_error(str(exc).replace(config, Path(config).name) if not path else str(exc))
+            self.show_error(str(exc))
             return
         self.dismiss(LaunchOrder(config, overrides, env_file, self.query_one("#kill-stale", Checkbox).value,
                                  self.query_one("#fail-fast", Checkbox).value))
