@@ -33,12 +33,14 @@ def probes(monkeypatch) -> list[list[str]]:
     return seen
 
 
-def add_run(run_id: str, state: str = "succeeded", summary: dict | None = None, finished: bool = True) -> None:
+def add_run(run_id: str, state: str = "succeeded", summary: dict | None = None, finished: bool = True,
+            **extra) -> None:
     store = RunStore()
     store.add(RunRecord(run_id=run_id, node="pod-a", provider="fake", accelerator_type="v6e-16", workers=[0, 1],
-                        config_path="/c/tiny_local.yaml", config_digest="d", overrides=[], python="python3",
+                        config_path="/c/tiny_local.yaml", config_digest="d", python="python3",
                         started_at=NOW - timedelta(hours=1), state=state,
-                        finished_at=NOW - timedelta(minutes=30) if finished else None))
+                        finished_at=NOW - timedelta(minutes=30) if finished else None,
+                        **{"overrides": [], **extra}))
     if summary:
         store.set_summary(run_id, summary)
 
@@ -154,3 +156,20 @@ async def test_a_history_that_cannot_be_read_is_said_on_the_status_line(monkeypa
         screen = await open_runs(pilot)
         assert str(screen.query_one("#status", Static).render()) == (
             "could not read the history: database is locked; r tries again")
+
+
+async def test_the_line_under_the_table_says_why_the_highlighted_run_failed_and_how_it_was_launched():
+    add_run("20250314-100000-aaaa", state="failed", failure="worker 1 exited 1: RESOURCE_EXHAUSTED",
+            overrides=["rollout.batch_size=64", "steps=40"], code_version="9f8506eb0fb7+dirty")
+    add_run("20250314-110000-bbbb")
+    the_app = app()
+    async with the_app.run_test(size=(100, 30)) as pilot:
+        screen = await open_runs(pilot)
+        detail = screen.query_one("#detail", Static)
+        await pilot.pause()
+        assert str(detail.render()) == "20250314-110000-bbbb on pod-a (v6e-16) · no problem recorded"
+        await pilot.press("down")
+        await pilot.pause()
+        assert str(detail.render()) == (
+            "20250314-100000-aaaa on pod-a (v6e-16) · worker 1 exited 1: RESOURCE_EXHAUSTED"
+            " · --set rollout.batch_size=64 steps=40 · code 9f8506eb0fb7+dirty")

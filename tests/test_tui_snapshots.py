@@ -184,7 +184,7 @@ def test_runs_screen(snap_compare):
         await until_listed(pilot)
         await pilot.press("R")
         await until_runs_listed(pilot)
-        await pilot.press("space")
+        await pilot.press("space", "down")  # one marked; the cursor on the failed run shows why it failed
         await pilot.pause()
 
     assert snap_compare(fleet_app(), terminal_size=SIZE, run_before=open_runs)

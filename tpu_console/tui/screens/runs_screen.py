@@ -21,7 +21,7 @@ from tpu_console.runs.store import RunStore
 from tpu_console.runs.summary import compare_rows, compare_table, run_summary
 from tpu_console.tui.messages import RunsListed
 from tpu_console.tui.modals.compare import CompareModal
-from tpu_console.tui.widgets.history_table import HistoryTable
+from tpu_console.tui.widgets.history_table import HistoryTable, run_detail
 
 HISTORY_LIMIT = 200
 
@@ -30,6 +30,7 @@ class RunsScreen(Screen[None]):
     HELP_TITLE = "Keys: runs"
     DEFAULT_CSS = """
     RunsScreen #runs { height: 1fr; }
+    RunsScreen #detail { height: auto; max-height: 3; padding: 0 1; }
     RunsScreen #status { height: 1; padding: 0 1; background: $panel; color: $text-muted; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -54,6 +55,7 @@ class RunsScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Header()
         yield HistoryTable(id="runs")
+        yield Static("", id="detail")
         yield Static("loading runs...", id="status")
         yield Footer(compact=True)
 
@@ -95,6 +97,9 @@ class RunsScreen(Screen[None]):
             text += (f"{len(self.marked)} marked: c compares them" if len(self.marked) >= 2 else
                      "space marks runs (two or more), c compares them")
         self.query_one("#status", Static).update(text)
+
+    def on_history_table_run_highlighted(self, message: HistoryTable.RunHighlighted) -> None:
+        self.query_one("#detail", Static).update(run_detail(message.view))
 
     def _current(self) -> RunView | None:
         return self.query_one(HistoryTable).current()

@@ -6,8 +6,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import ClassVar
 
+from rich.markup import escape
 from rich.text import Text
 from textual.binding import Binding, BindingType
+from textual.message import Message
 from textual.widgets import DataTable
 
 from tpu_console import run_table
@@ -45,7 +47,33 @@ class HistoryTable(DataTable):
         if self.views:
             self.move_cursor(row=min(cursor, len(self.views) - 1))
 
+    def on_data_table_row_highlighted(self, _event: DataTable.RowHighlighted) -> None:
+        self.post_message(self.RunHighlighted(self.current()))
+
+    class RunHighlighted(Message):
+        """The cursor is on another run (None: no run), for the screen's detail line."""
+
+        def __init__(self, view: RunView | None) -> None:
+            super().__init__()
+            self.view = view
+
     def current(self) -> RunView | None:
         if not self.views or not 0 <= self.cursor_row < len(self.views):
             return None
         return self.views[self.cursor_row]
+
+
+def run_detail(view: RunView | None) -> str:
+    """What the table has no room for at 100 columns: the note (why it failed), the overrides and the code."""
+    if view is None:
+        return ""
+    record = view.record
+    parts = [f"{record.run_id} on {record.node} ({record.accelerator_type})"]
+    note = view.failure or view.problem
+    parts.append(f"[b red]{escape(note)}[/b red]" if note and view.state in {"failed", "partially-dead"}
+                 else escape(note) if note else "no problem recorded")
+    if record.overrides:
+        parts.append("--set " + escape(" ".join(record.overrides)))
+    if record.code_version:
+        parts.append(f"code {escape(record.code_version)}")
+    return " · ".join(parts)
