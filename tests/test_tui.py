@@ -9,6 +9,7 @@ import pytest
 from textual.widgets import DataTable, Static
 
 from tests.fixtures_cli import NOW, FakeProvider, console_home, make_node  # noqa: F401 - fixture
+from tpu_console.locations import config_file
 from tpu_console.model import NodeState
 from tpu_console.tui.app import TpuConsoleApp
 from tpu_console.tui.modals.help import HelpScreen
@@ -162,21 +163,21 @@ async def test_q_in_help_closes_help_instead_of_quitting():
         assert app.is_running
 
 
-def test_a_keys_entry_in_the_config_that_names_no_binding_is_refused_before_the_app_opens(console_home, capsys):
+def test_a_keys_entry_in_the_config_that_names_no_binding_is_refused_before_the_app_opens(capsys):
     from tpu_console.cli import main
 
-    console_home.mkdir(parents=True, exist_ok=True)
-    (console_home / "config.toml").write_text('[keys]\n"nodes.create" = "n"\n"nodes.creat" = "N"\n')
+    config_file().parent.mkdir(parents=True, exist_ok=True)
+    config_file().write_text('[keys]\n"nodes.create" = "n"\n"nodes.creat" = "N"\n')
     assert main([]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: [keys] 'nodes.creat' is not a binding id; use one of: app.help, app.quit")
     assert "nodes.create" in err and "\n" not in err
 
 
-def test_the_keys_in_the_config_reach_the_app(console_home):
+def test_the_keys_in_the_config_reach_the_app():
     from tpu_console.settings import load_settings
     from tpu_console.tui.keymap import check_keymap
 
-    console_home.mkdir(parents=True, exist_ok=True)
-    (console_home / "config.toml").write_text('[keys]\n"nodes.create" = "n"\n"runs.compare" = "C"\n')
+    config_file().parent.mkdir(parents=True, exist_ok=True)
+    config_file().write_text('[keys]\n"nodes.create" = "n"\n"runs.compare" = "C"\n')
     assert check_keymap(load_settings().keys) == {"nodes.create": "n", "runs.compare": "C"}

@@ -452,3 +452,28 @@ async def test_timed_refreshes_probe_runs_at_most_once_a_minute_and_r_always(mon
         await until(pilot, lambda: len(probes) == 2, "r to probe")
         monkeypatch.setattr(nodes_screen, "PROBE_EVERY_S", 0.0)  # as if a minute went by
         await until(pilot, lambda: len(probes) >= 3, "a timed probe once the minute is over")
+
+
+async def test_escape_leaves_every_dialog_of_the_nodes_screen_without_doing_anything(monkeypatch):
+    from tpu_console.runs import control
+    from tpu_console.tui.modals.help import HelpScreen
+
+    async def must_not_stop(*args, **kwargs):
+        raise AssertionError("stop was called after escape")
+
+    monkeypatch.setattr(control, "stop", must_not_stop)
+    add_run("pod-a", "20250314-113000-aaaa", finished=False, state="running")
+    provider = FakeProvider([make_node("pod-a")])
+    app = app_with(provider)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await started(pilot, app)
+        for key, dialog in (("d", DeleteNodeModal), ("x", ConfirmModal), ("l", LaunchModal), ("c", CreateNodeModal),
+                            ("question_mark", HelpScreen)):
+            await pilot.press(key)
+            assert isinstance(app.screen, dialog)
+            await pilot.press("escape")
+            assert app.screen is screen
+        await pilot.press("question_mark", "question_mark")  # ? closes help too
+        assert app.screen is screen
+        await pilot.pause()
+        assert provider.deleted == [] and provider.created == [] and screen.running == []
