@@ -8,16 +8,19 @@ line to "log: worker N"; the time from writing the key to the terminal until tho
 is one measurement (input parsing, the key binding, the widgets' updates, the compositor and the write).
 
 Two runs in this same invocation: idle (the dashboard shows a run but nothing new arrives) and loaded
-(`--workers` workers whose logs produce `--lines-per-s` lines per second in total, plus a status probe of
-every worker every 2 s). The load enters through RunFeed's own ingestion (`take_line`: masking, the W&B
-URL scan, batching every 100 ms into one message) in the app's process; only the SSH transport is left
-out, so what is timed is the dashboard, not the pod. Target (issue 11): median under 100 ms under load.
+(`--workers` workers whose logs grow by `--lines-per-s` lines per second in total, and a step event per
+worker every 2 s). The load enters through the dashboard's real intake: a `RunWatch` polling every worker
+(its `watch_poll` replies parsed, the byte offsets, masking, log signatures, events, the health) inside
+`RunFeed`, in the app's process; only the transport is synthetic (`SyntheticPod` answers each poll with
+the bytes written since the offset asked for, as a worker's shell would), so what is timed is the
+dashboard, not the pod. Target (issue 11): median under 100 ms under load.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import fcntl
 import json
 import os
@@ -43,67 +46,129 @@ COLUMNS, ROWS = 100, 30
 # -- the app side (child process) ------------------------------------------------------------------------
 
 
+class SyntheticPod:
+    """Stands in for the Fleet of a pod whose workers' output.log and events.jsonl grow by the clock.
+
+    `run(command, [worker])` answers a RunWatch poll as the worker's shell would (recipes.watch_poll: the
+    probe, then each file's bytes from the offset asked for, base64), so everything from the reply on is
+    the watch's own code. The offsets asked for are the watch's cursors (it reads them just before it
+    calls); bytes before them are dropped, so memory stays small however long it runs."""
+
+    def __init__(self, run_id: str, workers: int, lines_per_s: int, step_every_s: float = 2.0) -> None:
+        self.run_id = run_id
+        self.workers = list(range(workers))
+        self.lines_per_s = lines_per_s
+        self.step_every_s = step_every_s
+        self.files = {(w, name): bytearray() for w in self.workers for name in ("output.log", "events.jsonl")}
+        self.dropped = dict.fromkeys(self.files, 0)  # bytes dropped from the start of each file
+        self.lines_written = 0
+        self.step = 0
+        self.watch = None  # the RunWatch that polls, set once it exists
+        self.started = time.monotonic()
+
+    async def write(self) -> None:
+        """Append log lines at `lines_per_s` (round-robin over the workers) and a step event per worker
+        every `step_every_s`, by the clock, until cancelled."""
+        self.started = owed_since = time.monotonic()
+        owed, last, next_step = 0.0, owed_since, owed_since
+        while True:
+            now = time.monotonic()
+            if now >= next_step:
+                next_step += self.step_every_s
+                self.step += 1
+                for w in self.workers:
+                    self.files[w, "events.jsonl"] += (json.dumps(self.step_event(w)) + "\n").encode()
+            owed += self.lines_per_s * (now - last)
+            last = now
+            for _ in range(int(owed)):
+                w = self.lines_written % len(self.workers)
+                self.files[w, "output.log"] += (f"step={self.step} loss=0.0213 reward_mean=0.41 dt=3.21s "
+                                                f"rollout_generate=2.10s line {self.lines_written}\n").encode()
+                self.lines_written += 1
+            owed -= int(owed)
+            await asyncio.sleep(0.02)
+
+    def step_event(self, w: int) -> dict:
+        return {"t": time.time(), "kind": "step", "process": w, "step": self.step,
+                "time/train/step_s": 3.2 + 0.01 * w, "time/train/step_avg_last10_s": 3.2 + 0.01 * w,
+                "time/train/rollout_generate_s": 2.1 + 0.01 * w, "time/train/update_s": 1.0,
+                "throughput/train/valid_tokens_per_s": 5000.0 + self.step,
+                "train-reward/total/mean": min(1.0, 0.05 * self.step)}
+
+    async def run(self, command: str, workers: list[int], **_options: object) -> list:
+        from tpu_console.fleet.recipes import MARK
+        from tpu_console.fleet.results import WorkerResult
+
+        (w,) = workers
+        stream = self.watch.workers[w]
+        probe = (f"\n{MARK}run {self.run_id}\npid=4242 alive=1 exit= exit_t= "
+                 f"log={self.size(w, 'output.log')} events={self.size(w, 'events.jsonl')}\n")
+        chunks = [self.chunk(w, name, offset, self.watch.max_bytes)
+                  for name, offset in (("events.jsonl", stream.events_cursor.offset), ("output.log", stream.log.offset))]
+        return [WorkerResult(w, 0, probe + "".join(chunks), "", 0.0)]
+
+    def size(self, w: int, name: str) -> int:
+        return self.dropped[w, name] + len(self.files[w, name])
+
+    def chunk(self, w: int, name: str, offset: int, max_bytes: int) -> str:
+        from tpu_console.fleet.recipes import MARK
+
+        data, dropped = self.files[w, name], self.dropped[w, name]
+        if offset > dropped:  # read past these: never asked for again
+            del data[: offset - dropped]
+            self.dropped[w, name] = dropped = offset
+        piece = bytes(data[offset - dropped : offset - dropped + max_bytes])
+        size = dropped + len(data)
+        return f"\n{MARK}chunk {name}\nend={offset + len(piece)} size={size}\n{base64.b64encode(piece).decode()}\n"
+
+    async def close(self) -> None:
+        pass
+
+
 def run_child(workers: int, lines_per_s: int, stats_path: str) -> None:
     sys.path.insert(0, str(ROOT))
-    from tpu_console.runs.control import RunView
-    from tpu_console.runs.events import Event, EventSummary
-    from tpu_console.runs.monitor import WorkerState, WorkerStatus
+    import contextlib
+
     from tpu_console.runs.store import RunRecord
+    from tpu_console.runs.watch import RunWatch
     from tpu_console.secrets import SecretMasker
     from tpu_console.tui import app as app_module
     from tpu_console.tui.app import TpuConsoleApp
+    from tpu_console.tui.messages import RunLogLines
     from tpu_console.tui.run_feed import RunFeed
     from tpu_console.tui.screens.run_screen import RunScreen
 
     run_id = "20250314-120000-bench"
     record = RunRecord(run_id, "bench-pod", "local", f"local-{workers}x1", list(range(workers)), "c.yaml", "d",
                        [], "python", datetime.now(UTC))
+    pod = SyntheticPod(run_id, workers, lines_per_s)
 
-    class SyntheticFeed(RunFeed):
-        """RunFeed with the pod replaced by generated data; everything after the transport is RunFeed's."""
+    @contextlib.asynccontextmanager
+    async def open_watch(first_log_lines):
+        # As RunWatch.open, over the synthetic pod: masking on, no history store.
+        watch = RunWatch(pod, record, masker=SecretMasker(["not-a-real-token-1234", "another-secret-5678"]),
+                         first_log_lines=first_log_lines)
+        pod.watch = watch
+        writer = asyncio.create_task(pod.write())
+        try:
+            yield watch
+        finally:
+            writer.cancel()
 
-        def __init__(self) -> None:
-            super().__init__({}, run_id)
-            self.masker = SecretMasker(["not-a-real-token-1234", "another-secret-5678"])
-            self.lines_sent = 0
-            self.started = time.monotonic()
-            self.step = 0
+    class CountingFeed(RunFeed):
+        """RunFeed as the app uses it, counting the lines it hands the screen."""
 
-        async def follow_status(self, post) -> None:
-            while True:
-                self.step += 1
-                statuses = []
-                for w in range(workers):
-                    events = EventSummary().add([Event("step", time.time(), w, {
-                        "step": self.step, "time/train/step_s": 3.2 + 0.01 * w,
-                        "time/train/rollout_generate_s": 2.1 + 0.01 * w, "time/train/update_s": 1.0,
-                        "throughput/train/valid_tokens_per_s": 5000.0 + self.step,
-                        "train-reward/total/mean": min(1.0, 0.05 * self.step)})])
-                    statuses.append(WorkerStatus(w, state=WorkerState.RUNNING, events=events))
-                for message in self.messages_for(RunView(record, "running", statuses, live=True)):
-                    post(message)
-                await asyncio.sleep(2.0)
+        lines_shown = 0
 
-        async def follow_logs(self, post) -> None:
-            self.started = time.monotonic()
-            flusher = asyncio.create_task(self._flush_every(post))
-            try:
-                owed, last = 0.0, time.monotonic()
-                while True:
-                    await asyncio.sleep(0.02)
-                    now = time.monotonic()
-                    owed += lines_per_s * (now - last)  # by the clock: a busy loop must not lower the rate
-                    last = now
-                    for _ in range(int(owed)):
-                        worker = self.lines_sent % workers
-                        self.take_line(worker, f"step={self.step} loss=0.0213 reward_mean=0.41 "
-                                               f"dt=3.21s rollout_generate=2.10s line {self.lines_sent}")
-                        self.lines_sent += 1
-                    owed -= int(owed)
-            finally:
-                flusher.cancel()
+        def flush(self, post) -> None:
+            def counted(message) -> None:
+                if isinstance(message, RunLogLines):
+                    self.lines_shown += len(message.lines)
+                post(message)
 
-    feed = SyntheticFeed()
+            super().flush(counted)
+
+    feed = CountingFeed({}, run_id, first_log_lines=None, open_watch=open_watch)
 
     class BenchApp(TpuConsoleApp):
         CSS_PATH = str(Path(app_module.__file__).with_name(TpuConsoleApp.CSS_PATH))
@@ -112,8 +177,9 @@ def run_child(workers: int, lines_per_s: int, stats_path: str) -> None:
             self.push_screen(RunScreen({}, run_id, feed=feed))
 
         def on_unmount(self) -> None:
-            elapsed = time.monotonic() - feed.started
-            Path(stats_path).write_text(json.dumps({"lines": feed.lines_sent, "seconds": elapsed}))
+            elapsed = time.monotonic() - pod.started
+            Path(stats_path).write_text(json.dumps({"lines": feed.lines_shown, "written": pod.lines_written,
+                                                    "seconds": elapsed}))
 
     BenchApp({}, refresh_every=3600).run()
 

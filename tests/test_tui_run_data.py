@@ -1,28 +1,25 @@
-"""The run dashboard's data without a screen: the judgements (stragglers, memory levels, stalls), the step
-history, and RunFeed turning runs-layer views into messages (masking secrets on the way)."""
+"""The run dashboard's data without a screen: the arithmetic for drawing (ratios, memory levels), the step
+history, and RunFeed turning a RunWatch's updates into messages (the judgements are the watcher's)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+import asyncio
+import contextlib
 
 import pytest
 
 from tests.fixtures_cli import NOW
-from tests.fixtures_run_dashboard import step_metrics
-from tpu_console.runs.control import RunView
-from tpu_console.runs.events import Event, EventSummary, StepMetrics
-from tpu_console.runs.monitor import WorkerState, WorkerStatus
+from tests.fixtures_run_dashboard import OOM_LINE, failed_run, hung_run, step_event, step_metrics
+from tpu_console.runs.events import Event
+from tpu_console.runs.health import assess
+from tpu_console.runs.monitor import RunMonitor
+from tpu_console.runs.signatures import SignatureScanner
 from tpu_console.runs.store import RunRecord
-from tpu_console.secrets import SecretMasker
+from tpu_console.runs.watch import HealthChanged, LogLines, NewEvents, RunWatch, SignatureFound, WatchEnded
+from tpu_console.tui import run_feed
 from tpu_console.tui.messages import RunFeedProblem, RunLogLines, RunStepsArrived, RunUpdated
 from tpu_console.tui.run_feed import RunFeed
-from tpu_console.tui.run_snapshot import (
-    StepHistory,
-    memory_level,
-    slowness,
-    stalled_for,
-    stragglers,
-)
+from tpu_console.tui.run_snapshot import StepHistory, memory_level, slowness
 from tpu_console.tui.widgets.log_pane import printable
 
 
@@ -30,21 +27,12 @@ def test_slowness_is_against_the_median_of_the_other_workers():
     ratios = slowness({0: 1.0, 1: 1.0, 2: 2.0, 3: 1.1})
     assert ratios[2] == pytest.approx(2.0 / 1.0) and ratios[3] == pytest.approx(1.1 / 1.0)
     assert ratios[0] == pytest.approx(1.0 / 1.1)
-    assert stragglers({0: 1.0, 1: 1.0, 2: 2.0, 3: 1.1}) == {2: pytest.approx(2.0)}
     assert slowness({0: 5.0}) == {}  # one worker has nobody to be slower than
 
 
 def test_memory_levels_follow_the_fraction_of_the_limit_and_null_is_unknown():
     assert [memory_level(u, 16.0) for u in (8.0, 12.0, 14.4, 16.0)] == ["ok", "warn", "bad", "bad"]
     assert memory_level(None, 16.0) == memory_level(3.0, None) == memory_level(None, None) == "unknown"
-
-
-def test_a_stall_needs_several_step_times_and_at_least_the_floor():
-    assert stalled_for(1000.0, 1030.0, 5.0) is None  # 30 s: under the 60 s floor
-    assert stalled_for(1000.0, 1061.0, 5.0) == 61.0
-    assert stalled_for(1000.0, 1100.0, 40.0) is None  # slow steps: 3 x 40 s is the limit
-    assert stalled_for(1000.0, 1121.0, 40.0) == 121.0
-    assert stalled_for(None, 1121.0, 40.0) is None
 
 
 def test_step_history_keeps_new_steps_bounded_and_gives_median_series():
@@ -64,64 +52,110 @@ def test_step_history_keeps_new_steps_bounded_and_gives_median_series():
 
 # -- RunFeed -------------------------------------------------------------------------------------------
 
-SECRET = "hunter2-s3cr3t-value"
 
-
-def record() -> RunRecord:
-    return RunRecord("20250314-120000-abcd", "pod", "local", "local-2x1", [0, 1], "c.yaml", "d", [],
+def record(workers: int = 2) -> RunRecord:
+    return RunRecord("20250314-120000-abcd", "pod", "local", "local-2x1", list(range(workers)), "c.yaml", "d", [],
                      "python", NOW)
 
 
-def status(worker: int, state: WorkerState, step: int | None, **kwargs) -> WorkerStatus:
-    events = EventSummary()
-    if step is not None:
-        events.add([Event("step", 1.0, worker, {"step": step, "time/train/step_s": 2.0,
-                                                  "time/train/step_avg_last10_s": 2.0})])
-    return WorkerStatus(worker, state=state, events=events, **kwargs)
-
-
-def feed_at(clock) -> RunFeed:
-    feed = RunFeed({}, "20250314-120000-abcd", clock=clock)
-    feed.masker = SecretMasker([SECRET])
+def new_feed() -> RunFeed:
+    feed = RunFeed({}, "20250314-120000-abcd", clock=lambda: NOW)
+    feed.record = record()
     return feed
 
 
-def test_feed_posts_each_new_step_once_and_marks_a_worker_that_stopped_stepping_as_stalled():
-    now = [NOW]
-    feed = feed_at(lambda: now[0])
-    view = RunView(record(), "running", [status(0, WorkerState.RUNNING, 3), status(1, WorkerState.RUNNING, 3)])
-    first = feed.messages_for(view)
-    assert [(type(m), getattr(m, "worker", None)) for m in first] == [
-        (RunStepsArrived, 0), (RunStepsArrived, 1), (RunUpdated, None), (RunFeedProblem, None)]
-    assert isinstance(first[0].steps[0], StepMetrics) and first[0].steps[0].step == 3
+def test_feed_posts_every_step_event_from_the_first_and_batches_the_lines():
+    feed, posted = new_feed(), []
+    events = [Event("start", 1.0, 0, {})] + [step_event(0, s) for s in range(1, 6)]
+    feed.take(NewEvents(0, events), posted.append)
+    (steps,) = posted
+    assert isinstance(steps, RunStepsArrived) and [m.step for m in steps.steps] == [1, 2, 3, 4, 5]
 
-    now[0] = NOW + timedelta(seconds=90)  # worker 0 moved on, worker 1 is still at step 3
-    view = RunView(record(), "running", [status(0, WorkerState.RUNNING, 4), status(1, WorkerState.RUNNING, 3)])
-    second = feed.messages_for(view)
-    assert [getattr(m, "worker", None) for m in second if isinstance(m, RunStepsArrived)] == [0]
-    snapshot = next(m.snapshot for m in second if isinstance(m, RunUpdated))
-    assert [(w.worker, w.step, w.stalled_s) for w in snapshot.workers] == [(0, 4, None), (1, 3, 90.0)]
-    assert snapshot.updated_at == now[0] and not snapshot.ended
-
-
-def test_feed_names_the_first_failure_and_masks_secrets_in_every_line():
-    feed = feed_at(lambda: NOW)
-    failed = status(1, WorkerState.EXITED, 2, exit_status=3, exit_time=100.0, log_tail=[f"token {SECRET}"])
-    later = status(0, WorkerState.EXITED, 2, exit_status=143, exit_time=200.0)
-    view = RunView(record(), "failed", [later, failed], failure=f"worker 1 exited 3: bad key {SECRET}")
-    (snapshot,) = [m.snapshot for m in feed.messages_for(view) if isinstance(m, RunUpdated)]
-    assert snapshot.ended and snapshot.first_failure == 1
-    assert snapshot.failure == "worker 1 exited 3: bad key ***"
-    assert snapshot.workers[1].last_line == "token ***" and snapshot.workers[1].exit_status == 3
-
-    posted = []
-    feed.take_line(0, f"export KEY={SECRET}")
-    feed.take_line(0, "wandb: View run at https://wandb.ai/lab/grpo/runs/abc123")
+    posted.clear()
+    feed.take(LogLines(0, ["a", "b"]), posted.append)
+    feed.take(LogLines(1, ["c"]), posted.append)
+    assert posted == []  # lines wait for the next flush: one message for many lines
     feed.flush(posted.append)
     feed.flush(posted.append)  # nothing new: no empty message
-    assert len(posted) == 1 and isinstance(posted[0], RunLogLines)
-    assert posted[0].lines == [(0, "export KEY=***"), (0, "wandb: View run at https://wandb.ai/lab/grpo/runs/abc123")]
-    assert feed.wandb_url == "https://wandb.ai/lab/grpo/runs/abc123"
+    assert len(posted) == 1 and posted[0].lines == [(0, "a"), (0, "b"), (1, "c")]
+
+    monitor = RunMonitor(feed.record.run_id, feed.record.workers)
+    monitor.workers[0].events.add(events)
+    feed.take(HealthChanged(assess(monitor, {}, 0.0)), posted.append)
+    snapshot = posted[-1].snapshot
+    assert [(w.worker, w.activity, w.step, w.last_line) for w in snapshot.workers] == [
+        (0, "starting", 5, "b"), (1, "starting", None, "c")]
+
+
+def test_feed_keeps_the_most_telling_log_signature_and_the_first_wandb_url():
+    feed, posted = new_feed(), []
+    scanner = SignatureScanner()
+    lines = ["Traceback (most recent call last):", '  File "x.py", line 1', "ValueError: first",
+             "wandb: View run at https://wandb.ai/lab/grpo/runs/one", OOM_LINE,
+             "Traceback (most recent call last):", '  File "x.py", line 2', "KeyError: later",
+             "wandb: View run at https://wandb.ai/lab/grpo/runs/two"]
+    for line in lines:
+        if (finding := scanner.scan(line)) is not None:
+            feed.take(SignatureFound(1, finding), posted.append)
+    # Every problem is announced (the screen shows each kind once); URLs are not problems.
+    assert [(m.worker, m.kind) for m in posted] == [(1, "exception"), (1, "oom"), (1, "exception")]
+    assert posted[1].message.startswith("out of HBM: Used 17.44G of 15.48G hbm; out of device memory: reduce")
+    assert feed.wandb_url == "https://wandb.ai/lab/grpo/runs/one"
+    # The OOM explains the failure better than the traceback lines around it.
+    assert feed.seen[1].problem.kind == "oom"
+
+
+def test_the_snapshot_carries_the_watchers_judgement_of_a_run_hung_after_a_failure():
+    status, _, _ = hung_run()
+    snapshot = [m.snapshot for m in status if isinstance(m, RunUpdated)][-1]
+    assert snapshot.state == "partially-dead" and not snapshot.ended
+    assert snapshot.hung == (0, 2, 3) and snapshot.first_failure == 1
+    assert snapshot.failure == "worker 1 exited 1: RESOURCE_EXHAUSTED: out of memory in hbm"
+    assert [(w.activity, w.hung, w.failed) for w in snapshot.workers] == [
+        ("running", True, False), ("exited", False, True), ("running", True, False), ("running", True, False)]
+    assert snapshot.workers[1].problem_kind == "oom" and snapshot.workers[1].exit_status == 1
+
+    status, _, _ = failed_run()
+    snapshot = [m.snapshot for m in status if isinstance(m, RunUpdated)][-1]
+    assert snapshot.ended and snapshot.state == "failed" and snapshot.hung == ()
+
+
+class ScriptedWatch(RunWatch):
+    """A RunWatch whose updates are given (and that may fail after them), for the feed's retry logic."""
+
+    def __init__(self, updates: list, fails: bool) -> None:
+        super().__init__(fleet=None, record=record())  # type: ignore[arg-type] - never polls
+        self.scripted, self.fails = updates, fails
+
+    async def updates(self, max_queued: int = 1000):
+        for update in self.scripted:
+            yield update
+        if self.fails:
+            raise RuntimeError("channel torn down")
+        health = self.health()
+        yield WatchEnded(health)
+
+
+async def test_a_watch_that_fails_half_way_is_reopened_where_it_stopped(monkeypatch):
+    monkeypatch.setattr(run_feed, "RETRY_FIRST_S", 0.01)
+    watches = [ScriptedWatch([LogLines(0, ["a"])], fails=True), ScriptedWatch([LogLines(0, ["b"])], fails=False)]
+    watches[0].workers[0].log.offset = 2  # how far the first one had read
+    asked: list[int | None] = []
+
+    @contextlib.asynccontextmanager
+    async def open_watch(first_log_lines):
+        asked.append(first_log_lines)
+        yield watches[len(asked) - 1]
+
+    feed = RunFeed({}, "20250314-120000-abcd", clock=lambda: NOW, open_watch=open_watch)
+    posted = []
+    await asyncio.wait_for(feed.follow(posted.append), 10)
+    assert asked == [200, None]  # the second watch does not start over from the last 200 lines
+    assert watches[1].workers[0].log.offset == 2  # ... but from where the first one stopped
+    problems = [m.problem for m in posted if isinstance(m, RunFeedProblem)]
+    assert problems == [None, "watching 20250314-120000-abcd failed: channel torn down", None]
+    assert [m.lines for m in posted if isinstance(m, RunLogLines)] == [[(0, "a")], [(0, "b")]]
+    assert isinstance(posted[-1], RunUpdated)
 
 
 def test_log_lines_are_made_printable_so_they_cannot_move_the_cursor():

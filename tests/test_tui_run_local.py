@@ -1,18 +1,21 @@
 """The real RunScreen against a local pod running a fake trainer (a bash script given as --python): steps
-arrive on every worker, exit statuses land one by one, and the run's verdict shows. No fixed data here:
-the screen's own RunFeed reads the pod through the runs layer."""
+arrive on every worker, exit statuses land one by one, a worker still running after another failed shows
+as hung, and the run's verdict shows; libtpu's metrics come from a server of the same gRPC interface. No
+fixed data here: the screen's own RunFeed reads the pod through a RunWatch."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from tests.fixtures_cli import NOW
-from tests.test_tui_run_screen import DashboardApp
+from tests.test_device_metrics import libtpu_server  # noqa: F401 - fixture
+from tests.test_tui_run_screen import DashboardApp, text_of
 from tpu_console import secrets
 from tpu_console.runs.launch import launch
 from tpu_console.runs.store import RunStore
 from tpu_console.tui.run_feed import RunFeed
 from tpu_console.tui.screens.run_screen import RunScreen
+from tpu_console.tui.widgets.hbm_panel import HbmPanel
 from tpu_console.tui.widgets.log_pane import LogPane
 from tpu_console.tui.widgets.worker_grid import WorkerGrid
 
@@ -59,19 +62,24 @@ async def test_dashboard_shows_steps_and_exit_statuses_arriving_from_a_local_pod
     result = await launch(providers, "pod", CONFIG, ["steps=3"], env_file=env_file, python=str(python), store=store)
     assert result.ok
 
-    feed = RunFeed(providers, result.run_id, store, clock=lambda: NOW, status_every_s=0.3, logs_every_s=0.3)
+    feed = RunFeed(providers, result.run_id, store, clock=lambda: NOW, poll_s=0.3)
     app = DashboardApp(None, RunScreen(providers, result.run_id, store, feed=feed))
     async with app.run_test(size=(100, 30)) as pilot:
         screen = app.run_screen
         grid = screen.query_one(WorkerGrid)
         seen_exits: list[list[str]] = []
+        seen_states: list[list[str]] = []
+
+        def column(index: int) -> list[str]:
+            return [str(grid.get_row_at(i)[index]) for i in range(grid.row_count)]
 
         def exits() -> list[str]:
-            return [str(grid.get_row_at(i)[4]) for i in range(grid.row_count)]
+            return column(4)
 
         def progress() -> bool:
-            if grid.row_count and (not seen_exits or seen_exits[-1] != exits()):
-                seen_exits.append(exits())
+            for seen, now in ((seen_exits, exits()), (seen_states, column(1))):
+                if grid.row_count and (not seen or seen[-1] != now):
+                    seen.append(now)
             return screen.snapshot is not None and screen.snapshot.ended
 
         await wait_until(pilot, progress)
@@ -80,8 +88,10 @@ async def test_dashboard_shows_steps_and_exit_statuses_arriving_from_a_local_pod
         assert [row[2] for row in rows] == ["3"] * 4  # every worker's last step arrived
         assert exits() == ["0", "0", "3", "0"]
         assert rows[2][1] == "FAILED first" and rows[2][5] == "boom on 2"
-        # Exit codes landed as they came: worker 3 was still running after the others had exited.
+        # Exit codes landed as they came: worker 3 was still running after the others had exited, and the
+        # watcher judged it hung after worker 2's failure.
         assert any(e[:3] == ["0", "0", "3"] and e[3] == "-" for e in seen_exits), seen_exits
+        assert any(states[2:] == ["FAILED first", "HUNG"] for states in seen_states), seen_states
         assert screen.snapshot.state == "failed" and screen.snapshot.failure == "worker 2 exited 3: boom on 2"
         # Every step of every worker, from step 1, for the plots: not only the latest each probe saw.
         assert {w: sorted(steps) for w, steps in screen.history.by_worker.items()} == {w: [1, 2, 3] for w in range(4)}
@@ -98,11 +108,13 @@ BURST_TRAINER = """\
 for step in 1 2 3 4 5; do
   echo '{"t": 1, "kind": "step", "process": '$TRAINER_PROCESS_ID', "step": '$step', "time/train/step_s": 0.5}' >> events.jsonl
 done
-sleep 1
+sleep 6
 """
 
 
-async def test_the_plots_get_every_step_even_those_written_between_two_looks(local_pod, tmp_path):
+async def test_the_plots_get_every_step_and_the_hbm_tab_reads_libtpu(
+    local_pod, tmp_path, libtpu_server  # noqa: F811 - the fixture imported above
+):
     python = tmp_path / "fake-python"
     python.write_text("#!/bin/bash\n" + BURST_TRAINER)
     python.chmod(0o755)
@@ -110,11 +122,17 @@ async def test_the_plots_get_every_step_even_those_written_between_two_looks(loc
     store = RunStore()
     result = await launch(providers, "pod", CONFIG, ["steps=5"], python=str(python), store=store)
     assert result.ok
-    feed = RunFeed(providers, result.run_id, store, clock=lambda: NOW, status_every_s=0.3, logs_every_s=0.3)
+    feed = RunFeed(providers, result.run_id, store, clock=lambda: NOW, poll_s=0.3, metrics_address=libtpu_server,
+                   devices_every_s=0.5)
     app = DashboardApp(None, RunScreen(providers, result.run_id, store, feed=feed))
     async with app.run_test(size=(100, 30)) as pilot:
         screen = app.run_screen
+        await pilot.press("m")  # libtpu is read while the HBM tab is shown, through the watch's connections
+        await wait_until(pilot, lambda: screen.devices is not None and len(screen.devices.by_worker) == 4)
+        assert [len(m.devices) for m in screen.devices.by_worker.values()] == [4] * 4
+        # The fullest device of each worker (device 1: 15 of 16 GiB), beside the trainer's "not reported".
+        assert text_of(screen.query_one(HbmPanel)).count("15.0/16.0G") == 4
         await wait_until(pilot, lambda: screen.snapshot is not None and screen.snapshot.ended)
         await pilot.pause(0.3)
-        # Five steps land at once; a status look sees only the last, the events reader brings all five.
+        # Five steps land at once: every one reaches the plots (the watch reads events.jsonl whole).
         assert {w: sorted(s) for w, s in screen.history.by_worker.items()} == {w: [1, 2, 3, 4, 5] for w in range(4)}

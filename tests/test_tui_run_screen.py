@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 from pathlib import Path
 
 from rich.console import Console
+from textual import events
 from textual.widgets import Static, TabbedContent
 
 from tests.fixtures_cli import NOW
-from tests.fixtures_run_dashboard import RUN_ID, WORKERS, FixedFeed, failed_run, running_run
+from tests.fixtures_run_dashboard import RUN_ID, WORKERS, FixedFeed, failed_run, hung_run, running_run
 from tpu_console.tui import app as app_module
 from tpu_console.tui.app import TpuConsoleApp
 from tpu_console.tui.messages import RunLogLines
+from tpu_console.tui.modals.confirm import ConfirmModal
 from tpu_console.tui.modals.help import HelpScreen
 from tpu_console.tui.screens.run_screen import RunScreen
 from tpu_console.tui.widgets.log_pane import LogPane, LogStatus
@@ -36,7 +39,7 @@ class DashboardApp(TpuConsoleApp):
 
 
 async def opened(pilot, feed: FixedFeed) -> RunScreen:
-    await feed.posted.wait()
+    await asyncio.wait_for(feed.posted.wait(), 30)
     await pilot.pause()
     screen = pilot.app.screen
     assert isinstance(screen, RunScreen)
@@ -75,7 +78,8 @@ async def test_grid_shows_every_worker_with_the_straggler_and_the_stall():
         assert rows[0][3] == "3.30s" and rows[0][4] == "-"
         assert rows[0][5].startswith("step=12 loss=0.0200")
         notes = text_of(screen.query_one("#run-notes", Static))
-        assert "stalled: W3" in notes and "W&B https://wandb.ai/lab/grpo/runs/k2x9q1" in notes
+        assert "stalled: W3" in notes and "stragglers: W2" in notes
+        assert "W&B https://wandb.ai/lab/grpo/runs/k2x9q1" in notes
 
 
 async def test_an_ended_run_shows_its_verdict_exit_codes_and_first_failure():
@@ -84,14 +88,21 @@ async def test_an_ended_run_shows_its_verdict_exit_codes_and_first_failure():
     async with app.run_test(size=SIZE) as pilot:
         screen = await opened(pilot, feed)
         assert "ended: FAILED" in text_of(screen.query_one("#run-title", Static))
+        # The exit alone says little; the log signature says what happened, and the fix.
         assert text_of(screen.query_one("#run-notes", Static)).startswith(
-            "first failure: worker 1 exited 1: RESOURCE_EXHAUSTED")
+            "first failure: worker 1 exited 1  ·  W1 log: out of HBM: Used 17.44G of 15.48G hbm; out of device "
+            "memory: reduce rollout.batch_size")
         rows = grid_rows(screen)
         assert [(row[0], row[1], row[4]) for row in rows] == [
             ("0 ", "failed", "143"), ("1!", "FAILED first", "1"), ("2 ", "failed", "143"), ("3 ", "failed", "143")]
-        assert [n.title for n in app._notifications] == ["run ended"]
+        assert rows[1][5].startswith("out of HBM: Used 17.44G of 15.48G hbm")
+        assert [n.title for n in app._notifications] == ["worker 1's log", "run ended"]
         await pilot.press("m")
-        assert "not reported" in text_of(screen.query_one("#hbm", Static))
+        hbm = text_of(screen.query_one("#hbm", Static))
+        assert "not reported" in hbm and "LIBTPU: the run has ended: libtpu reports only while a job holds the TPU" in hbm
+        await pilot.press("x")  # nothing left to stop
+        assert not isinstance(app.screen, ConfirmModal) and feed.stops == 0
+        assert "has ended already" in list(app._notifications)[-1].message
 
 
 async def test_digits_follow_one_worker_and_an_unknown_worker_is_refused():
@@ -106,7 +117,9 @@ async def test_digits_follow_one_worker_and_an_unknown_worker_is_refused():
         assert len(pane.visible_text()) == 12
         assert screen.query_one(WorkerGrid).cursor_row == 2
         assert "log: worker 2" in log_status(screen)
+        await pilot.press("s")
         assert "W2 (step 12)" in text_of(screen.query_one("#breakdown", Static))
+        await pilot.press("l")
         await pilot.press("7")
         assert pane.worker == 2
         assert any("no worker 7" in n.message for n in app._notifications)
@@ -186,10 +199,11 @@ async def test_letters_switch_tabs():
             await pilot.press(key)
             assert tabs.active == tab
         await pilot.press("m")
-        assert "near the limit (peak >= 90%): W1" in text_of(screen.query_one("#hbm", Static))
+        assert "near the limit (>= 90%): W1" in text_of(screen.query_one("#hbm", Static))
         await pilot.press("s")
-        assert "stragglers (vs the other workers' median): W2 rollout_generate 1.9x, W2 step 1.6x" in text_of(
-            screen.query_one("#breakdown", Static))
+        breakdown = text_of(screen.query_one("#breakdown", Static))
+        assert "stragglers (vs the other workers' median): W2 step 5.32s vs median 3.30s (1.6x)" in breakdown
+        assert "W2 1.9x" in breakdown  # the slowest rollout, against the other workers' median
 
 
 async def test_help_lists_the_dashboard_keys_and_escape_goes_back():
@@ -200,7 +214,8 @@ async def test_help_lists_the_dashboard_keys_and_escape_goes_back():
         assert isinstance(app.screen, HelpScreen)
         keys = " ".join(text_of(app.screen.query_one("#help-keys", Static)).split())
         for key, action in (("esc", "Back"), ("0-9", "Worker"), ("tab", "Next"), ("a", "All"), ("f", "Follow"),
-                            ("/", "Search"), ("l", "Logs"), ("s", "Steps"), ("m", "HBM"), ("p", "Plots")):
+                            ("/", "Search"), ("l", "Logs"), ("s", "Steps"), ("m", "HBM"), ("p", "Plots"),
+                            ("x", "Stop run")):
             assert f"{key} {action}" in keys
         await pilot.press("escape")
         assert isinstance(app.screen, RunScreen)
@@ -211,6 +226,69 @@ async def test_help_lists_the_dashboard_keys_and_escape_goes_back():
 async def test_bindings_have_ids_for_remapping():
     ids = {b.id for b in RunScreen.BINDINGS}
     assert {"run.back", "run.worker_0", "run.worker_9", "run.next_worker", "run.all_workers", "run.follow",
-            "run.search", "run.next_match", "run.previous_match", "run.tab_plots"} <= ids
+            "run.search", "run.next_match", "run.previous_match", "run.tab_plots", "run.stop"} <= ids
     assert None not in ids
 
+
+
+async def test_keys_typed_right_after_slash_reach_the_search_box_from_any_tab():
+    app, feed = running_app()
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await opened(pilot, feed)
+        for tab_key in ("s", "l"):
+            await pilot.press(tab_key)
+            # All at once, as a fast typist's keys reach the app: no pause for a frame in between.
+            for key, char in (("slash", "/"), ("s", "s"), ("t", "t"), ("e", "e"), ("p", "p")):
+                app.post_message(events.Key(key, char))
+            await pilot.pause()
+            search = screen.query_one(LogSearch)
+            assert search.has_focus and search.value == "step", tab_key
+            assert screen.query_one(TabbedContent).active == "tab-logs"
+            await pilot.press("slash")  # in the box, / is a character, not the binding
+            assert search.value == "step/"
+            await pilot.press("escape")
+
+
+async def test_workers_hung_after_a_failure_are_shown_first_and_x_stops_the_run_after_a_yes():
+    feed = FixedFeed(*hung_run())
+    app = DashboardApp(feed)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await opened(pilot, feed)
+        assert "partially-dead" in text_of(screen.query_one("#run-title", Static))
+        notes = text_of(screen.query_one("#run-notes", Static))
+        assert notes.startswith(" HUNG: W0,W2,W3 still running after W1 failed; x stops the run ")
+        assert [row[1] for row in grid_rows(screen)] == ["HUNG", "FAILED first", "HUNG", "HUNG"]
+        assert {n.title for n in app._notifications} == {"run hung", "worker 1's log"}
+        assert any("x stops the run" in n.message for n in app._notifications if n.title == "run hung")
+
+        await pilot.press("x")
+        assert isinstance(app.screen, ConfirmModal)
+        assert "Worker(s) 0, 2, 3 still run after worker 1 failed" in app.screen.question
+        await pilot.press("n")
+        assert isinstance(app.screen, RunScreen) and feed.stops == 0
+
+        await pilot.press("x", "y")
+        stopping = [w for w in screen.workers if w.group == "run-stop"]
+        await asyncio.wait_for(asyncio.gather(*(w.wait() for w in stopping)), 10)
+        await pilot.pause()
+        assert feed.stops == 1
+        assert list(app._notifications)[-1].message == f"{RUN_ID}: stopped (4 stopped)"
+
+
+async def test_hbm_tab_shows_libtpu_metrics_beside_the_trainer_numbers():
+    app, feed = running_app()
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await opened(pilot, feed)
+        await pilot.press("m")
+        await pilot.pause()
+        hbm = text_of(screen.query_one("#hbm", Static))
+        assert "LIBTPU HBM" in hbm and "DUTY" in hbm
+        row_1 = next(line for line in hbm.splitlines() if line.startswith("1 "))
+        assert "14.6G" in row_1 and "15.2G" in row_1 and "15.1/15.8G" in row_1 and "83%" in row_1
+        assert "near the limit (>= 90%): W1" in hbm
+        await pilot.press("2")
+        hbm = text_of(screen.query_one("#hbm", Static))
+        assert "W2 devices:  0: 10.6/15.8G 80%  1: 10.8/15.8G 82%  2: 11.0/15.8G 84%  3: 11.2/15.8G 86%" in hbm
+        await pilot.press("l")  # libtpu is read only while the tab is shown
+        await pilot.pause()
+        assert not [w for w in screen.workers if w.group == "run-devices" and not w.is_finished]

@@ -1,10 +1,11 @@
 """Snapshot tests of the run dashboard at 100x30 with fixed data: a running 4-worker run with a straggler
-and a stall (each tab), and an ended failed run. Update after an intended change with
+and a stall (each tab; libtpu's metrics in the HBM tab), a run hung after a failure, and an ended failed
+run. Update after an intended change with
 `pytest tests/test_tui_run_snapshots.py --snapshot-update`, and look at the report before committing."""
 
 from __future__ import annotations
 
-from tests.fixtures_run_dashboard import FixedFeed, failed_run, running_run
+from tests.fixtures_run_dashboard import FixedFeed, failed_run, hung_run, running_run
 from tests.test_tui_run_screen import SIZE, DashboardApp
 
 
@@ -28,9 +29,16 @@ def test_running_run_step_breakdown(snap_compare):
     assert snap_compare(app, terminal_size=SIZE, run_before=until_posted, press=["2", "s"])
 
 
+async def hbm_with_devices(pilot) -> None:
+    await until_posted(pilot)
+    await pilot.press("1", "m")
+    await pilot.pause()  # libtpu's reading, posted once the tab is shown
+    await pilot.pause()
+
+
 def test_running_run_hbm(snap_compare):
     app = DashboardApp(FixedFeed(*running_run()))
-    assert snap_compare(app, terminal_size=SIZE, run_before=until_posted, press=["m"])
+    assert snap_compare(app, terminal_size=SIZE, run_before=hbm_with_devices)
 
 
 def test_running_run_plots(snap_compare):
@@ -40,3 +48,7 @@ def test_running_run_plots(snap_compare):
 
 def test_failed_run(snap_compare):
     assert snap_compare(DashboardApp(FixedFeed(*failed_run())), terminal_size=SIZE, run_before=until_posted)
+
+
+def test_hung_run(snap_compare):
+    assert snap_compare(DashboardApp(FixedFeed(*hung_run())), terminal_size=SIZE, run_before=until_posted)

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from textual.message import Message
 
+from tpu_console.runs.device_metrics import WorkerDeviceMetrics
 from tpu_console.runs.events import StepMetrics
 from tpu_console.tui.run_snapshot import RunSnapshot
 
@@ -90,4 +91,25 @@ class RunFeedProblem(Message):
 
     def __init__(self, problem: str | None) -> None:
         super().__init__()
+        self.problem = problem
+
+
+class RunSignatureFound(Message):
+    """A worker's log says what went wrong (runs/signatures.py: out of HBM, the wrong process count, TPU in
+    use, a jax.distributed timeout, a traceback, a wandb error): its `kind`, and `message` with the fix."""
+
+    def __init__(self, worker: int, kind: str, message: str) -> None:
+        super().__init__()
+        self.worker = worker
+        self.kind = kind
+        self.message = message
+
+
+class RunDevicesRead(Message):
+    """libtpu's live metrics of every device of every worker (HBM in use and total, duty cycle), or
+    `problem`: why none could be read."""
+
+    def __init__(self, workers: list[WorkerDeviceMetrics], problem: str | None = None) -> None:
+        super().__init__()
+        self.workers = workers
         self.problem = problem

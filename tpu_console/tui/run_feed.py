@@ -1,44 +1,97 @@
-"""The run dashboard's one source of data: turns what the runs layer says into typed messages.
+"""The run dashboard's one source of data: a `RunWatch` on the run (runs/watch.py), turned into messages.
 
 Everything the dashboard shows comes through here, so the widgets stay pure (tests feed them fixed
-messages) and a change in the runs layer is a change in this file only. Two loops, each run by the screen
-as an exclusive Textual worker: `follow_status` probes the run (states, exit codes, the latest step of
-every worker) until every worker's job is over, and `follow_logs` streams every worker's output.log.
-Worker output is masked here, before any widget sees it.
+messages) and a change in the runs layer is a change in this file only. The screen runs each loop as an
+exclusive Textual worker:
+
+    follow(post)          the watch's updates until the run has ended: log lines (batched every
+                          `flush_every_s` into one message), every step event from step 1 (the watch reads
+                          events.jsonl from offset 0, so the plots have the whole history), log signatures
+                          (OOM with its hint, TPU in use, tracebacks ...), the W&B URL, and a `RunSnapshot`
+                          whenever the watcher's health changes (and every `snapshot_every_s`, so stall
+                          ages move)
+    follow_devices(post)  libtpu's live HBM and duty cycle of every device (runs/device_metrics.py), every
+                          `devices_every_s`; the screen runs it while the HBM tab is shown
+    stop_run()            stop the run's job on every worker (control.stop), e.g. workers hung after a failure
+
+The judgements (a worker stalled, hung after another failed, a straggler; the verdict) are the watcher's
+(runs/health.py), carried into the snapshot as they were made. Lines and events arrive masked by the
+watch (the values of the .env files uploaded to the node), before any widget sees them.
+
+When the node cannot be reached (deleted, not READY) the dashboard shows what the run history knows and,
+unless the run is over, tries again with backoff. A watch that fails half-way is reopened where it
+stopped (its byte offsets carried over), so no line is shown twice.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
+import contextlib
+import time
+from collections import Counter
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from textual.message import Message
 
-from tpu_console.errors import NotFound, one_line
-from tpu_console.fleet import recipes
-from tpu_console.fleet.fleet import Fleet
+from tpu_console.errors import NotFound, UserError, one_line
 from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import find_node
 from tpu_console.runs import control
-from tpu_console.runs.control import RunView
-from tpu_console.runs.events import StepMetrics, parse_event_line
-from tpu_console.runs.monitor import WorkerState, WorkerStatus
+from tpu_console.runs.device_metrics import read_device_metrics
+from tpu_console.runs.events import EventSummary, StepMetrics
+from tpu_console.runs.health import Activity, RunHealth, WorkerHealth, assess
+from tpu_console.runs.libtpu_probe import DEFAULT_ADDRESS
+from tpu_console.runs.monitor import RunMonitor
+from tpu_console.runs.signatures import EXCEPTION, WANDB_URL, Finding
 from tpu_console.runs.store import RunRecord, RunStore
-from tpu_console.runs.tail import TailCursor, parse_chunk
+from tpu_console.runs.watch import (
+    HealthChanged,
+    LogLines,
+    NewEvents,
+    RunWatch,
+    SignatureFound,
+    Update,
+    WatchEnded,
+)
 from tpu_console.secrets import SecretMasker
-from tpu_console.tui.messages import RunFeedProblem, RunLogLines, RunStepsArrived, RunUpdated
-from tpu_console.tui.run_snapshot import RunSnapshot, WorkerRow, stalled_for
+from tpu_console.tui.messages import (
+    RunDevicesRead,
+    RunFeedProblem,
+    RunLogLines,
+    RunSignatureFound,
+    RunStepsArrived,
+    RunUpdated,
+)
+from tpu_console.tui.run_snapshot import RunSnapshot, WorkerRow
 
 Post = Callable[[Message], object]
+# Opens a watch on the run; the argument is RunWatch's `first_log_lines` (None: from where it left off).
+OpenWatch = Callable[[int | None], AbstractAsyncContextManager[RunWatch]]
 
-# wandb prints "View run at https://wandb.ai/<entity>/<project>/runs/<id>" from process 0.
-_WANDB_URL = re.compile(r"https://wandb\.ai/\S+/runs/[\w-]+")
+RETRY_FIRST_S, RETRY_MAX_S = 2.0, 30.0
+_OVER = (Activity.EXITED, Activity.LOST)
 
 
 def local_now() -> datetime:
     return datetime.now().astimezone()
+
+
+@dataclass
+class WorkerSeen:
+    """What one worker's files said last; the snapshot adds the watcher's health of the worker to it."""
+
+    events: EventSummary = field(default_factory=EventSummary)  # its last step and error event
+    last_line: str = ""
+    problem: Finding | None = None  # the most telling log signature so far
+
+    def saw(self, finding: Finding) -> None:
+        # A specific signature (OOM, TPU in use ...) beats a bare traceback and stays; of tracebacks, the
+        # last one counts (as runs.signatures.SignatureScanner.first_problem decides).
+        if self.problem is None or self.problem.kind == EXCEPTION:
+            self.problem = finding
 
 
 class RunFeed:
@@ -49,191 +102,252 @@ class RunFeed:
         store: RunStore | None = None,
         *,
         clock: Callable[[], datetime] = local_now,
-        status_every_s: float = 2.0,
-        logs_every_s: float = 0.5,
+        first_log_lines: int | None = 200,
+        poll_s: float = 0.25,
         flush_every_s: float = 0.1,
-        first_log_lines: int = 200,
-        events_tail_bytes: int = control.STATUS_EVENTS_TAIL_BYTES,
+        snapshot_every_s: float = 1.0,
+        devices_every_s: float = 5.0,
+        metrics_address: str = DEFAULT_ADDRESS,
+        open_watch: OpenWatch | None = None,
     ) -> None:
+        """`first_log_lines`: each worker's log starts at its last N lines (None: from its beginning; events
+        are always read whole).
+        `open_watch`: how the watch is opened (default: `RunWatch.open` on the run's node; the benchmark
+        passes one over a synthetic fleet)."""
         self.providers = providers
         self.run_id = run_id
         self.store = store
         self.clock = clock
-        self.status_every_s = status_every_s
-        self.logs_every_s = logs_every_s
-        self.flush_every_s = flush_every_s
         self.first_log_lines = first_log_lines
-        self.events_tail_bytes = events_tail_bytes
-        self.masker = SecretMasker()
+        self.poll_s = poll_s
+        self.flush_every_s = flush_every_s
+        self.snapshot_every_s = snapshot_every_s
+        self.devices_every_s = devices_every_s
+        self.metrics_address = metrics_address
+        self.open_watch: OpenWatch = open_watch or self._open_run_watch
+        self.watch: RunWatch | None = None
+        self.record: RunRecord | None = None
+        self.health: RunHealth | None = None
+        self.seen: dict[int, WorkerSeen] = {}
         self.wandb_url: str | None = None
-        self._record: RunRecord | None = None
+        self.ended = False  # the watch has read every worker's files to the end after its job ended
         self._pending_lines: list[tuple[int, str]] = []
-        self._last_line: dict[int, str] = {}
-        self._posted_step: dict[int, int] = {}
-        self._progress: dict[int, tuple[int | None, float]] = {}  # worker -> (step, when it was first seen)
-        self._events: dict[int, TailCursor] = {}  # how far each worker's events.jsonl has been read
-        self._fleet: Fleet | None = None
+        self._watching = asyncio.Event()  # a watch is open (device metrics ride on its connections)
+        self._probe_python: str | None = None
 
-    async def record(self) -> RunRecord:
-        if self._record is None:
-            store = self.store or await asyncio.to_thread(RunStore)
-            self.store = store
-            self._record = await asyncio.to_thread(store.get, self.run_id)
-            # Values of the .env files uploaded to this node: masked in every line shown.
-            self.masker = await asyncio.to_thread(SecretMasker.for_node, self._record.node)
-        return self._record
+    def _open_run_watch(self, first_log_lines: int | None) -> AbstractAsyncContextManager[RunWatch]:
+        return RunWatch.open(self.providers, self.run_id, self.store, first_log_lines=first_log_lines,
+                             poll_s=self.poll_s)
 
-    # -- status ----------------------------------------------------------------------------------------
+    # -- the watch -------------------------------------------------------------------------------------
 
-    async def follow_status(self, post: Post) -> None:
-        """Probe the run every `status_every_s` until every worker's job is over (that last look is the
-        verdict). A probe that fails is reported and tried again; an unknown run id ends the loop."""
-        delay = self.status_every_s
+    async def follow(self, post: Post) -> None:
+        """Watch the run until every worker's job is over and its files are read to the end."""
+        delay = RETRY_FIRST_S
+        failed: RunWatch | None = None  # a watch that failed half-way: the next one resumes from it
         while True:
             try:
-                record = await self.record()
-                (view,) = await control.observe(
-                    self.providers, [record], self.store, self.events_tail_bytes, log_tail_lines=1
-                )
-            except NotFound as exc:
+                async with self.open_watch(None if failed else self.first_log_lines) as watch:
+                    if failed is not None:
+                        carry_over(failed, watch)
+                    self.watch, self.record = watch, watch.record
+                    self._watching.set()
+                    post(RunFeedProblem(None))
+                    await self._consume(watch, post)
+                    return
+            except NotFound as exc:  # no such run
                 post(RunFeedProblem(one_line(exc)))
                 return
-            except Exception as exc:  # noqa: BLE001 - shown on screen; the next probe may succeed
-                post(RunFeedProblem(f"cannot read {self.run_id}: {one_line(exc)}"))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
-                continue
-            delay = self.status_every_s
-            await self.read_step_history(record, post)
-            for message in self.messages_for(view):
-                post(message)
-            if all(w.done for w in view.workers):  # a gone node leaves its workers lost: done too
-                await self.read_step_history(record, post)  # the steps written just before the end
-                await self.close()
-                return
-            await asyncio.sleep(self.status_every_s)
+            except UserError as exc:  # its node cannot be reached: deleted, not READY, no SSH access
+                post(RunFeedProblem(one_line(exc)))
+                if await self._show_history(post):
+                    return
+            except Exception as exc:  # noqa: BLE001 - shown on screen; the next watch resumes
+                post(RunFeedProblem(f"watching {self.run_id} failed: {one_line(exc)}"))
+                if self.watch is not None and self.watch.ended:
+                    return
+                failed = self.watch or failed
+            finally:
+                self._watching.clear()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
 
-    async def read_step_history(self, record: RunRecord, post: Post) -> None:
-        """Every step event written since the last look, from each worker's events.jsonl by byte offset, so
-        the plots have every step from step 1 (the status probe brings only each worker's latest)."""
+    async def _consume(self, watch: RunWatch, post: Post) -> None:
+        ticker = asyncio.create_task(self._tick(watch, post))
         try:
-            if self._fleet is None:
-                provider, node = await find_node(self.providers, record.node)
-                self._fleet = Fleet(await provider.ssh_targets(node))
-            for worker in record.workers:
-                cursor = self._events.setdefault(worker, TailCursor())
-                command = recipes.tail_log(record.run_id, offset=cursor.offset, file="events.jsonl")
-                (result,) = await self._fleet.run(command, [worker], timeout=30)
-                chunk = parse_chunk(result.stdout) if result.ok else None
-                if chunk is None:
-                    continue
-                events = [e for line in cursor.take(chunk) if (e := parse_event_line(line)) is not None]
-                steps = [StepMetrics.from_event(e) for e in events if e.kind == "step"]
-                if steps:
-                    self._posted_step[worker] = max(self._posted_step.get(worker, 0), steps[-1].step)
-                    post(RunStepsArrived(worker, steps))
-        except Exception:  # noqa: BLE001 - the history is a nicety; the status probe reports real problems
-            await self.close()
-
-    async def close(self) -> None:
-        if self._fleet is not None:
-            fleet, self._fleet = self._fleet, None
-            await fleet.close()
-
-    def messages_for(self, view: RunView) -> list[Message]:
-        """What one probe of the run adds to the dashboard."""
-        now = self.clock()
-        messages: list[Message] = []
-        for status in view.workers:
-            last = status.events.last_step
-            if last is not None and self._posted_step.get(status.worker) != last.step:
-                self._posted_step[status.worker] = last.step
-                messages.append(RunStepsArrived(status.worker, [last]))
-        messages.append(RunUpdated(self.snapshot(view, now)))
-        messages.append(RunFeedProblem(view.problem))
-        return messages
-
-    def snapshot(self, view: RunView, now: datetime) -> RunSnapshot:
-        failed = [s for s in view.workers if s.failed]
-        first = min(failed, key=lambda s: (s.failed_at, s.worker)).worker if failed else None
-        return RunSnapshot(
-            run_id=view.record.run_id,
-            node=view.record.node,
-            state=view.state,
-            workers=tuple(self._row(s, now.timestamp()) for s in view.workers),
-            updated_at=now,
-            failure=self.masker.mask(view.failure) if view.failure else None,
-            first_failure=first,
-            ended=all(s.done for s in view.workers),
-            wandb_url=self.wandb_url,
-            problem=view.problem,
-        )
-
-    def _row(self, status: WorkerStatus, now_s: float) -> WorkerRow:
-        last = status.events.last_step
-        step = last.step if last else None
-        seen_step, since = self._progress.get(status.worker, (None, now_s))
-        if step != seen_step or status.state is not WorkerState.RUNNING:
-            since = now_s
-        self._progress[status.worker] = (step, since)
-        stalled = None
-        if status.state is WorkerState.RUNNING and step is not None:
-            stalled = stalled_for(since, now_s, last.step_avg_last10_s or last.step_s)
-        line = self._last_line.get(status.worker) or (status.log_tail[-1] if status.log_tail else "")
-        return WorkerRow(
-            worker=status.worker,
-            state=str(status.state),
-            step=step,
-            step_s=last.step_s if last else None,
-            exit_status=status.exit_status,
-            last_line=self.masker.mask(line),
-            failed=status.failed,
-            stalled_s=stalled,
-            reason=status.reason,
-            error=self.masker.mask(status.events.error_message) if status.events.error_message else None,
-            mem_in_use_gib=last.mem_in_use_gib if last else None,
-            mem_peak_gib=last.mem_peak_gib if last else None,
-            mem_limit_gib=last.mem_limit_gib if last else None,
-        )
-
-    # -- logs ------------------------------------------------------------------------------------------
-
-    async def follow_logs(self, post: Post) -> None:
-        """Stream every worker's output.log (the last `first_log_lines` lines first) until every job is
-        over, posting the lines in batches every `flush_every_s` so a fast log costs one message, not
-        thousands."""
-        flusher = asyncio.create_task(self._flush_every(post))
-        try:
-            await self.record()
-            await control.logs(
-                self.providers,
-                self.run_id,
-                self.take_line,
-                lines=self.first_log_lines,
-                follow=True,
-                store=self.store,
-                poll_s=self.logs_every_s,
-            )
-        except Exception as exc:  # noqa: BLE001 - shown on screen
-            post(RunFeedProblem(f"cannot read the logs of {self.run_id}: {one_line(exc)}"))
+            async for update in watch.updates():
+                self.take(update, post)
         finally:
-            flusher.cancel()
+            ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
             self.flush(post)
 
-    def take_line(self, worker: int, text: str) -> None:
-        masked = self.masker.mask(text)
-        if self.wandb_url is None and (match := _WANDB_URL.search(masked)):
-            self.wandb_url = match.group(0)
-        self._pending_lines.append((worker, masked))
-        self._last_line[worker] = masked
+    def take(self, update: Update, post: Post) -> None:
+        """One update of the watch: what it adds to the dashboard."""
+        match update:
+            case LogLines(worker, lines):
+                self._pending_lines.extend((worker, line) for line in lines)
+                self._seen(worker).last_line = lines[-1]
+            case NewEvents(worker, events):
+                self._seen(worker).events.add(events)
+                steps = [StepMetrics.from_event(e) for e in events if e.kind == "step"]
+                if steps:
+                    post(RunStepsArrived(worker, steps))
+            case SignatureFound(worker, finding) if finding.kind == WANDB_URL:
+                self.wandb_url = self.wandb_url or finding.detail
+            case SignatureFound(worker, finding):
+                self._seen(worker).saw(finding)
+                post(RunSignatureFound(worker, finding.kind, finding.message))
+            case HealthChanged(health) | WatchEnded(health):
+                self.health = health
+                self.ended = self.ended or isinstance(update, WatchEnded)
+                self.flush(post)  # the lines first, then the state they led to
+                post(RunUpdated(self.snapshot()))
+
+    async def _tick(self, watch: RunWatch, post: Post) -> None:
+        """Batch the lines every `flush_every_s`; judge the run again every `snapshot_every_s` (the health
+        changes only when a label does; a stalled worker's age and the straggler times move in between)."""
+        judged = time.monotonic()
+        while True:
+            await asyncio.sleep(self.flush_every_s)
+            self.flush(post)
+            if time.monotonic() - judged >= self.snapshot_every_s and not self.ended:
+                judged = time.monotonic()
+                self.health = watch.health()
+                post(RunUpdated(self.snapshot()))
 
     def flush(self, post: Post) -> None:
         if self._pending_lines:
             lines, self._pending_lines = self._pending_lines, []
             post(RunLogLines(lines))
 
-    async def _flush_every(self, post: Post) -> None:
-        while True:
-            await asyncio.sleep(self.flush_every_s)
-            self.flush(post)
+    def _seen(self, worker: int) -> WorkerSeen:
+        seen = self.seen.get(worker)
+        if seen is None:
+            seen = self.seen[worker] = WorkerSeen()
+        return seen
 
+    # -- what the dashboard shows ----------------------------------------------------------------------
+
+    def snapshot(self) -> RunSnapshot:
+        """The run now: the watcher's health of every worker, with what its files said last."""
+        assert self.health is not None and self.record is not None, "snapshot() before the first health"
+        health = self.health
+        return RunSnapshot(
+            run_id=self.record.run_id,
+            node=self.record.node,
+            state=health.state,
+            workers=tuple(self._row(h) for _, h in sorted(health.workers.items())),
+            updated_at=self.clock(),
+            failure=health.failure,
+            first_failure=health.first_failure,
+            ended=bool(health.workers) and all(h.activity in _OVER for h in health.workers.values()),
+            wandb_url=self.wandb_url,
+            hung=health.hung,
+            stalled=health.stalled,
+            all_silent=health.all_silent,
+            stragglers=health.stragglers,
+        )
+
+    def _row(self, health: WorkerHealth) -> WorkerRow:
+        seen = self.seen.get(health.worker) or WorkerSeen()
+        last = seen.events.last_step
+        return WorkerRow(
+            worker=health.worker,
+            activity=str(health.activity),
+            for_s=health.for_s,
+            step=health.step,
+            step_s=last.step_s if last else None,
+            exit_status=health.exit_status,
+            last_line=seen.last_line,
+            failed=health.activity is Activity.LOST
+            or (health.activity is Activity.EXITED and health.exit_status != 0),
+            step_age_s=health.step_age_s,
+            hung=health.hung,
+            straggler=health.straggler,
+            reason=health.reason,
+            error=seen.events.error_message,
+            problem=seen.problem.message if seen.problem else None,
+            problem_kind=seen.problem.kind if seen.problem else None,
+            mem_in_use_gib=last.mem_in_use_gib if last else None,
+            mem_peak_gib=last.mem_peak_gib if last else None,
+            mem_limit_gib=last.mem_limit_gib if last else None,
+        )
+
+    async def _show_history(self, post: Post) -> bool:
+        """The run as a one-shot look (or the history alone) says it, when no watch can be opened. True
+        when the run is over: nothing more can come."""
+        try:
+            view = await control.run_status(self.providers, self.run_id, self.store)
+        except Exception:  # noqa: BLE001 - the problem that brought us here is on screen already
+            return False
+        masker = await asyncio.to_thread(SecretMasker.for_node, view.record.node)
+        monitor = RunMonitor(view.record.run_id, view.record.workers)
+        monitor.workers = {s.worker: s for s in view.workers}
+        monitor.stop_requested = view.record.stop_requested_at is not None
+        self.record = view.record
+        for status in view.workers:
+            seen = self._seen(status.worker)
+            seen.events = status.events
+            if status.log_tail:
+                seen.last_line = masker.mask(status.log_tail[-1])
+            if status.events.last_step is not None:
+                post(RunStepsArrived(status.worker, [status.events.last_step]))
+        health = assess(monitor, {}, time.monotonic())
+        self.health = replace(health, failure=masker.mask(health.failure) if health.failure else None)
+        post(RunUpdated(self.snapshot()))
+        return all(s.done for s in view.workers)
+
+    # -- device metrics --------------------------------------------------------------------------------
+
+    async def follow_devices(self, post: Post) -> None:
+        """libtpu's metrics of every device of every worker, every `devices_every_s`, over the watch's
+        connections, until the run has ended (no job holds the TPU then: nothing to read)."""
+        while not self.ended:
+            await self._watching.wait()
+            watch = self.watch
+            assert watch is not None
+            try:
+                python = await self._metrics_python(watch)
+                answers = await read_device_metrics(watch.fleet, list(watch.record.workers), python,
+                                                    self.metrics_address)
+            except Exception as exc:  # noqa: BLE001 - shown in the panel; tried again
+                post(RunDevicesRead([], f"cannot read libtpu's metrics: {one_line(exc)}"))
+            else:
+                post(RunDevicesRead(answers))
+            await asyncio.sleep(self.devices_every_s)
+        post(RunDevicesRead([], "the run has ended: libtpu reports only while a job holds the TPU"))
+
+    async def _metrics_python(self, watch: RunWatch) -> str:
+        """The interpreter that runs the probe, as `tpu-console metrics` picks it: the bootstrapped
+        environment (it has tpu-info and grpcio) on every worker, else the provider's default."""
+        if self._probe_python is None:
+            from tpu_console.provision.recipes import ENV_PYTHON
+            from tpu_console.runs.launch import default_python, inspect_workers
+
+            provider, _ = await find_node(self.providers, watch.record.node)
+            reports = await inspect_workers(watch.fleet, list(watch.record.workers))
+            self._probe_python = ENV_PYTHON if all(r.env_present for r in reports) else default_python(provider)
+        return self._probe_python
+
+    # -- steering --------------------------------------------------------------------------------------
+
+    async def stop_run(self) -> str:
+        """TERM (then KILL) the run's job on every worker; one line saying how each ended."""
+        if self.watch is not None:
+            self.watch.monitor.stop_requested = True  # so the verdict reads `stopped` once every job is over
+        view, stops = await control.stop(self.providers, self.run_id, store=self.store)
+        outcomes = Counter(s.outcome for s in stops)
+        return f"{self.run_id}: {view.state} ({', '.join(f'{n} {what}' for what, n in sorted(outcomes.items()))})"
+
+    async def close(self) -> None:
+        """Stop watching (the workers' jobs keep running)."""
+        if self.watch is not None:
+            self.watch.stop()
+
+
+def carry_over(failed: RunWatch, watch: RunWatch) -> None:
+    """Let `watch` go on where `failed` stopped: the same byte offsets, states and step timings, so no
+    line is shown twice and none is skipped."""
+    watch.workers, watch.monitor, watch.progress = failed.workers, failed.monitor, failed.progress

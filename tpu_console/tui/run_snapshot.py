@@ -1,8 +1,11 @@
-"""What the run dashboard shows, as plain data, and the judgements made on it. Pure: no I/O, no Textual.
+"""What the run dashboard shows, as plain data. Pure: no I/O, no Textual.
 
-`RunFeed` fills these from the runs layer; the widgets only draw them, so every widget can be tested (and
-snapshotted) with fixed data. The thresholds are nvitop's habit: a number is green while it is fine,
-yellow when it deserves a look, red when it needs one.
+`RunFeed` fills these from the run's `RunWatch`; the widgets only draw them, so every widget can be tested
+(and snapshotted) with fixed data. The judgements on a worker (stalled, hung after a failure, straggler)
+are the watcher's own (`tpu_console.runs.health`), carried here as they were made; what is left in this
+module is arithmetic for drawing: ratios to the other workers, memory levels, series for the plots. The
+colours are nvitop's habit: a number is green while it is fine, yellow when it deserves a look, red when
+it needs one.
 """
 
 from __future__ import annotations
@@ -11,41 +14,46 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from tpu_console.runs.events import StepMetrics
+
+if TYPE_CHECKING:
+    from tpu_console.runs.device_metrics import WorkerDeviceMetrics
 
 # The phases of a GRPO step, in the order they run (`time/train/<phase>_s`); `step` is their total.
 PHASES = ("rollout_generate", "reward", "advantages", "shard", "update", "step")
 
-STRAGGLER_WARN = 1.2  # times the median of the other workers: worth a look
-STRAGGLER_BAD = 1.5  # ... holding the whole pod back
 HBM_WARN = 0.75  # fraction of the device limit
 HBM_NEAR_LIMIT = 0.90
-STALL_STEPS = 3.0  # a worker is stalled when its last step is older than this many recent step times
-STALL_FLOOR_S = 60.0  # ... and at least this long (compiles and evals take a while)
 
 
 @dataclass(frozen=True)
 class WorkerRow:
-    """One worker as last seen."""
+    """One worker as last seen: the watcher's health of it, and what its files said last."""
 
     worker: int
-    state: str  # pending, running, exited, lost
+    activity: str  # runs.health.Activity: starting, compiling, running, stalled, exited, lost, unreachable
+    for_s: float = 0.0  # how long it has been in this activity, as the console saw it
     step: int | None = None
     step_s: float | None = None
     exit_status: int | None = None
     last_line: str = ""
-    failed: bool = False
-    stalled_s: float | None = None  # seconds since its last step, when that counts as stalled
-    reason: str | None = None  # why it is lost, or what went wrong reaching it
+    failed: bool = False  # exited non-zero, or lost
+    step_age_s: float | None = None  # since its last step arrived (while running or stalled)
+    hung: bool = False  # still running after another worker failed: likely stuck in a collective
+    straggler: str | None = None  # the watcher's finding, e.g. "rollout_generate 4.1s vs median 2.0s (2.0x)"
+    reason: str | None = None  # why it is lost or unreachable
     error: str | None = None  # its error event's message
+    problem: str | None = None  # what its log says went wrong (a log signature, with the fix): OOM, TPU in use ...
+    problem_kind: str | None = None  # runs.signatures kind of `problem`: oom, tpu_in_use, exception ...
     mem_in_use_gib: float | None = None
     mem_peak_gib: float | None = None
     mem_limit_gib: float | None = None
 
     @property
     def stalled(self) -> bool:
-        return self.stalled_s is not None
+        return self.activity == "stalled"
 
 
 @dataclass(frozen=True)
@@ -54,14 +62,29 @@ class RunSnapshot:
 
     run_id: str
     node: str
-    state: str  # pending, running, succeeded, failed, stopped (runs.monitor.RunState)
+    state: str  # runs.monitor.RunState: pending, running, partially-dead, succeeded, failed, stopped
     workers: tuple[WorkerRow, ...]
     updated_at: datetime
     failure: str | None = None  # "worker 1 exited 3: ..." while anything failed
     first_failure: int | None = None  # the worker that failed first
     ended: bool = False  # every worker's job is over: `state` is the verdict
     wandb_url: str | None = None
-    problem: str | None = None  # why the run could not be read just now
+    hung: tuple[int, ...] = ()  # alive after another worker failed: the run should be stopped (`x`)
+    stalled: tuple[int, ...] = ()
+    all_silent: bool = False  # every running worker is stalled: the whole job looks hung
+    stragglers: tuple[int, ...] = ()
+
+    def row(self, worker: int) -> WorkerRow | None:
+        return next((w for w in self.workers if w.worker == worker), None)
+
+
+@dataclass(frozen=True)
+class DeviceReadings:
+    """libtpu's live metrics of each worker's devices (runs/device_metrics.py), as last read: they come
+    from the TPU runtime itself, so they show even while the trainer hangs."""
+
+    by_worker: dict[int, WorkerDeviceMetrics] = field(default_factory=dict)
+    problem: str | None = None  # why nothing could be read (the run has ended, the node is unreachable ...)
 
 
 @dataclass
@@ -105,7 +128,7 @@ class StepHistory:
         return [s for s, _ in pairs], [v for _, v in pairs]
 
 
-# -- judgements ----------------------------------------------------------------------------------------
+# -- arithmetic for drawing -----------------------------------------------------------------------------
 
 
 def phase_seconds(metrics: StepMetrics, phase: str) -> float | None:
@@ -138,34 +161,15 @@ def slowness(values: Mapping[int, float]) -> dict[int, float]:
     return ratios
 
 
-def stragglers(values: Mapping[int, float], factor: float = STRAGGLER_WARN) -> dict[int, float]:
-    """Workers at least `factor` times slower than the others, with how many times."""
-    return {w: r for w, r in slowness(values).items() if r >= factor}
-
-
-def slowness_level(ratio: float | None) -> str:
-    if ratio is None or ratio < STRAGGLER_WARN:
-        return "ok"
-    return "warn" if ratio < STRAGGLER_BAD else "bad"
-
-
 def memory_level(used_gib: float | None, limit_gib: float | None) -> str:
     """ok / warn / bad (near the limit), or unknown when the platform reports no memory."""
-    if used_gib is None or not limit_gib:
+    return fraction_level(None if used_gib is None or not limit_gib else used_gib / limit_gib)
+
+
+def fraction_level(fraction: float | None) -> str:
+    """The level of a fraction of the device memory limit; unknown for None."""
+    if fraction is None:
         return "unknown"
-    fraction = used_gib / limit_gib
     if fraction >= HBM_NEAR_LIMIT:
         return "bad"
     return "warn" if fraction >= HBM_WARN else "ok"
-
-
-def stalled_for(last_progress_s: float | None, now_s: float, recent_step_s: float | None) -> float | None:
-    """Seconds a running worker has gone without a new step, when that counts as a stall; else None.
-
-    A stall is a last step older than STALL_STEPS recent step times, and STALL_FLOOR_S at least. Whether
-    the others still progress (one worker stuck) or not (a hung collective stalls them all at once), the
-    worker is shown as stalled."""
-    if last_progress_s is None:
-        return None
-    silent = now_s - last_progress_s
-    return silent if silent >= max(STALL_FLOOR_S, STALL_STEPS * (recent_step_s or 0.0)) else None

@@ -1,7 +1,9 @@
 """The live dashboard of one run: worker grid on top, then logs, step-time breakdown, HBM and plots in tabs.
 
-Holds the keys and routes the feed's messages to the widgets; the data comes from `RunFeed` only (two
-exclusive background workers), so tests can hand the screen a feed of fixed messages.
+Holds the keys and routes the feed's messages to the widgets; the data comes from `RunFeed` only (a
+`RunWatch` on the run, followed by an exclusive background worker; libtpu's device metrics by another
+while the HBM tab is shown), so tests can hand the screen a feed of fixed messages. `x` stops the run
+(after a yes), what to do when workers hang after another one failed.
 """
 
 from __future__ import annotations
@@ -17,11 +19,20 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, TabbedContent, TabPane
 
+from tpu_console.errors import one_line
 from tpu_console.providers.base import Provider
 from tpu_console.runs.store import RunStore
-from tpu_console.tui.messages import RunFeedProblem, RunLogLines, RunStepsArrived, RunUpdated
+from tpu_console.tui.messages import (
+    RunDevicesRead,
+    RunFeedProblem,
+    RunLogLines,
+    RunSignatureFound,
+    RunStepsArrived,
+    RunUpdated,
+)
+from tpu_console.tui.modals.confirm import ConfirmModal
 from tpu_console.tui.run_feed import Post, RunFeed, local_now
-from tpu_console.tui.run_snapshot import RunSnapshot, StepHistory
+from tpu_console.tui.run_snapshot import DeviceReadings, RunSnapshot, StepHistory
 from tpu_console.tui.widgets.hbm_panel import HbmPanel
 from tpu_console.tui.widgets.log_pane import LogPane, LogStatus
 from tpu_console.tui.widgets.metric_plots import MetricPlots
@@ -36,9 +47,13 @@ TABS = {"logs": "tab-logs", "steps": "tab-steps", "hbm": "tab-hbm", "plots": "ta
 class Feed(Protocol):
     """What the screen needs from its data source (RunFeed, or fixed messages in tests)."""
 
-    async def follow_status(self, post: Post) -> None: ...
+    async def follow(self, post: Post) -> None: ...
 
-    async def follow_logs(self, post: Post) -> None: ...
+    async def follow_devices(self, post: Post) -> None: ...
+
+    async def stop_run(self) -> str: ...
+
+    async def close(self) -> None: ...
 
 
 def _worker_bindings() -> list[BindingType]:
@@ -67,13 +82,15 @@ class RunScreen(Screen[None]):
                 id="run.previous_worker"),
         Binding("a", "follow_all", "All", id="run.all_workers"),
         Binding("f", "toggle_follow", "Follow", id="run.follow"),
-        Binding("slash", "search", "Search", key_display="/", id="run.search"),
+        # Priority: it runs as the app reads the key, so the keys typed after it reach the prompt.
+        Binding("slash", "search", "Search", key_display="/", priority=True, id="run.search"),
         Binding("n", "next_match(1)", "Next match", show=False, id="run.next_match"),
         Binding("N", "next_match(-1)", "Prev match", show=False, id="run.previous_match"),
         Binding("l", "show_tab('logs')", "Logs", id="run.tab_logs"),
         Binding("s", "show_tab('steps')", "Steps", id="run.tab_steps"),
         Binding("m", "show_tab('hbm')", "HBM", id="run.tab_hbm"),
         Binding("p", "show_tab('plots')", "Plots", id="run.tab_plots"),
+        Binding("x", "stop_run", "Stop run", id="run.stop"),
     ]
 
     def __init__(
@@ -91,9 +108,13 @@ class RunScreen(Screen[None]):
         self.snapshot: RunSnapshot | None = None
         self.history = StepHistory()
         self.problem: str | None = None
+        self.devices: DeviceReadings | None = None  # libtpu's last reading; None until one is made
         self.worker: int | None = None  # the followed worker; None = every worker interleaved
         self.verdict_shown = False
+        self.hung_shown = False
+        self.signatures_shown: set[str] = set()  # kinds of log signature already announced
         self._steps_pending = False
+        self._stragglers_drawn: dict[int, str] = {}
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -116,38 +137,54 @@ class RunScreen(Screen[None]):
         self.sub_title = f"run {self.run_id}"
         self._show_header()
         self._show_steps()
-        self.query_one(HbmPanel).show(None, None)
+        self._show_hbm()
         self._show_log_status()
         self.query_one(LogPane).focus()
-        self._follow_status()
-        self._follow_logs()
+        self._watch_run()
 
     # -- background feed -------------------------------------------------------------------------------
 
-    @work(exclusive=True, group="run-status", exit_on_error=False)
-    async def _follow_status(self) -> None:
-        await self.feed.follow_status(self.post_message)
+    @work(exclusive=True, group="run-feed", exit_on_error=False)
+    async def _watch_run(self) -> None:
+        await self.feed.follow(self.post_message)
 
-    @work(exclusive=True, group="run-logs", exit_on_error=False)
-    async def _follow_logs(self) -> None:
-        await self.feed.follow_logs(self.post_message)
+    @work(exclusive=True, group="run-devices", exit_on_error=False)
+    async def _follow_devices(self) -> None:
+        await self.feed.follow_devices(self.post_message)
 
     async def on_unmount(self) -> None:
-        # The feed may hold connections to the workers (its step-history reader): leave none behind.
-        close = getattr(self.feed, "close", None)
-        if close is not None:
-            await close()
+        await self.feed.close()  # the workers' jobs keep running; only the watching stops
 
     def on_run_updated(self, message: RunUpdated) -> None:
         self.snapshot = message.snapshot
         self.query_one(WorkerGrid).show(self.snapshot, self.worker)
-        self.query_one(HbmPanel).show(self.snapshot, self.worker)
+        self._show_hbm()
         self._show_header()
+        if self._stragglers() != self._stragglers_drawn and self.query_one(TabbedContent).active == TABS["steps"]:
+            self._show_steps()
+        if self.snapshot.hung and not self.hung_shown and not self.snapshot.ended:
+            self.hung_shown = True
+            self.notify(f"worker(s) {', '.join(map(str, self.snapshot.hung))} still running after worker "
+                        f"{self.snapshot.first_failure} failed, likely hung in a collective and holding the "
+                        "TPU: x stops the run", title="run hung", severity="error", timeout=30)
         if self.snapshot.ended and not self.verdict_shown:
             self.verdict_shown = True
             detail = f": {self.snapshot.failure}" if self.snapshot.failure else ""
             severity = "information" if self.snapshot.state == "succeeded" else "error"
             self.notify(f"{self.run_id} {self.snapshot.state}{detail}", title="run ended", severity=severity)
+
+    def on_run_signature_found(self, message: RunSignatureFound) -> None:
+        # Once per kind: on a pod the same problem (TPU in use ...) shows on every worker at once.
+        if message.kind not in self.signatures_shown:
+            self.signatures_shown.add(message.kind)
+            self.notify(message.message, title=f"worker {message.worker}'s log", severity="error", timeout=20)
+
+    def on_run_devices_read(self, message: RunDevicesRead) -> None:
+        by_worker = {m.worker: m for m in message.workers}
+        if not by_worker and self.devices is not None:
+            by_worker = self.devices.by_worker  # nothing new could be read: the last reading stays, with why
+        self.devices = DeviceReadings(by_worker, message.problem)
+        self._show_hbm()
 
     def on_run_steps_arrived(self, message: RunStepsArrived) -> None:
         # A probe brings one message per worker: redraw once, after the last of them.
@@ -192,11 +229,33 @@ class RunScreen(Screen[None]):
         pane.set_follow(not pane.follow)
         self._show_log_status()
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # `/` has priority over every widget: typed into the open search prompt, it is just a character.
+        return not (action == "search" and self.query_one(LogSearch).has_focus)
+
     def action_search(self) -> None:
-        tabs = self.query_one(TabbedContent)
-        shown = tabs.active == TABS["logs"]
-        tabs.active = TABS["logs"]
-        self.query_one(LogSearch).open(self.query_one(LogPane).search_term, shown)
+        self.query_one(TabbedContent).active = TABS["logs"]
+        self.query_one(LogSearch).open(self.query_one(LogPane).search_term)
+
+    def action_stop_run(self) -> None:
+        if self.snapshot is not None and self.snapshot.ended:
+            self.notify(f"{self.run_id} has ended already ({self.snapshot.state})", severity="warning")
+            return
+        hung = self.snapshot.hung if self.snapshot is not None else ()
+        why = (f"Worker(s) {', '.join(map(str, hung))} still run after worker {self.snapshot.first_failure} "
+               "failed. " if hung and self.snapshot is not None else "")
+        question = f"{why}Stop run {self.run_id} (TERM, then KILL after 10 s, on every worker)?"
+        self.app.push_screen(ConfirmModal(question, "Stop"), lambda yes: self._stop_run() if yes else None)
+
+    @work(exclusive=True, group="run-stop", exit_on_error=False)
+    async def _stop_run(self) -> None:
+        self.notify(f"stopping {self.run_id}...", title="stop")
+        try:
+            outcome = await self.feed.stop_run()
+        except Exception as exc:  # noqa: BLE001 - shown; the run is as it was
+            self.notify(f"could not stop {self.run_id}: {one_line(exc)}", title="stop", severity="error")
+        else:
+            self.notify(outcome, title="stop")
 
     def action_next_match(self, step: int) -> None:
         self.query_one(LogPane).next_match(step)
@@ -216,10 +275,17 @@ class RunScreen(Screen[None]):
         self.query_one(LogPane).focus()
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
-        if event.pane.id == TABS["plots"]:
-            self.query_one(MetricPlots).show(self.history, self.worker)
+        if event.pane.id in (TABS["steps"], TABS["plots"]):
+            self._show_steps()
+        elif event.pane.id == TABS["hbm"]:
+            self._show_hbm()
         elif event.pane.id == TABS["logs"] and not self.query_one(LogSearch).has_class("-open"):
             self.query_one(LogPane).focus()
+        # libtpu's metrics are read while someone looks at them: each reading starts a process per worker.
+        if event.pane.id == TABS["hbm"]:
+            self._follow_devices()
+        else:
+            self.workers.cancel_group(self, "run-devices")
 
     # -- drawing ---------------------------------------------------------------------------------------
 
@@ -236,15 +302,28 @@ class RunScreen(Screen[None]):
         self.worker = worker
         self.query_one(LogPane).show_worker(worker)
         self.query_one(WorkerGrid).select(worker)
-        self.query_one(HbmPanel).show(self.snapshot, worker)
+        self._show_hbm()
         self._show_steps()
         self._show_log_status()
 
     def _show_steps(self) -> None:
+        # Only the tab on screen is drawn (a 64-worker run brings several updates a second); the others
+        # are drawn when they are shown (on_tabbed_content_tab_activated).
         self._steps_pending = False
-        self.query_one(StepBreakdown).show(self.history.latest_by_worker(), self.worker)
-        if self.query_one(TabbedContent).active == TABS["plots"]:
+        active = self.query_one(TabbedContent).active
+        if active == TABS["steps"]:
+            self._stragglers_drawn = self._stragglers()
+            self.query_one(StepBreakdown).show(self.history.latest_by_worker(), self.worker, self._stragglers_drawn)
+        elif active == TABS["plots"]:
             self.query_one(MetricPlots).show(self.history, self.worker)
+
+    def _stragglers(self) -> dict[int, str]:
+        """The watcher's straggler findings, by worker."""
+        return {w.worker: w.straggler for w in self.snapshot.workers if w.straggler} if self.snapshot else {}
+
+    def _show_hbm(self) -> None:
+        if self.query_one(TabbedContent).active == TABS["hbm"]:
+            self.query_one(HbmPanel).show(self.snapshot, self.worker, self.devices)
 
     def _show_header(self) -> None:
         self.query_one(RunHeader).show(self.run_id, self.snapshot, self.problem)

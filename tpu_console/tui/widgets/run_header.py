@@ -1,5 +1,7 @@
-"""The dashboard's top lines: which run, where, its state (the verdict once it ended), the first failure,
-the W&B URL, and why the run could not be read when it could not."""
+"""The dashboard's top lines: which run, where, its state (the verdict once it ended); then what needs
+attention first: workers hung after a failure (with the key that stops them), the first failure, the log
+signature that explains it (out of HBM with the hint, TPU in use ...), a hung or stalled job, stragglers;
+then the W&B URL, and why the run could not be read when it could not."""
 
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ STATE_STYLE = {
     "succeeded": "bold green",
     "failed": "bold red",
     "stopped": "bold yellow",
+    "partially-dead": "bold red",  # a worker failed while others still run
 }
+HUNG_STYLE = "bold white on red"
 
 
 class RunHeader(Vertical):
@@ -52,8 +56,8 @@ def title_text(run_id: str, snapshot: RunSnapshot | None, problem: str | None) -
             text.append(f"ended: {snapshot.state.upper()}", style=STATE_STYLE.get(snapshot.state, "bold"))
         else:
             text.append(snapshot.state, style=STATE_STYLE.get(snapshot.state, ""))
-        running = sum(w.state == "running" for w in snapshot.workers)
-        exited = sum(w.state == "exited" for w in snapshot.workers)
+        running = sum(w.activity in ("running", "stalled") for w in snapshot.workers)
+        exited = sum(w.activity == "exited" for w in snapshot.workers)
         steps = [w.step for w in snapshot.workers if w.step is not None]
         text.append(f"  {running} running, {exited} exited of {len(snapshot.workers)}", style="dim")
         if steps:
@@ -63,20 +67,51 @@ def title_text(run_id: str, snapshot: RunSnapshot | None, problem: str | None) -
 
 
 def notes_text(snapshot: RunSnapshot | None, problem: str | None) -> Text:
-    """The second line: what needs attention first, then the W&B URL."""
+    """The second line: what needs attention, most urgent first, then the W&B URL."""
     text = Text(no_wrap=True, overflow="ellipsis")
     notes: list[tuple[str, str]] = []
     if problem:
         notes.append((f"problem: {problem}", "bold yellow"))
-    if snapshot is not None and snapshot.failure:
-        notes.append((f"first failure: {snapshot.failure}", "bold red"))
-    if snapshot is not None and (stalled := [w.worker for w in snapshot.workers if w.stalled]):
-        notes.append(("stalled: " + ", ".join(f"W{w}" for w in stalled), "bold yellow"))
-    if snapshot is not None and snapshot.wandb_url:
-        notes.append((f"W&B {snapshot.wandb_url}", f"link {snapshot.wandb_url}"))
+    if snapshot is not None:
+        notes.extend(attention(snapshot))
+        if snapshot.wandb_url:
+            notes.append((f"W&B {snapshot.wandb_url}", f"link {snapshot.wandb_url}"))
     if not notes:
         notes.append(("no W&B URL (wandb disabled, or not started yet)", "dim"))
     for i, (note, style) in enumerate(notes):
         text.append("  ·  " if i else "", style="dim")
         text.append(note, style=style)
     return text
+
+
+def attention(snapshot: RunSnapshot) -> list[tuple[str, str]]:
+    """(note, style) for what the watcher found wrong with the run, most urgent first."""
+    notes: list[tuple[str, str]] = []
+    if snapshot.hung:
+        after = f" after W{snapshot.first_failure} failed" if snapshot.first_failure is not None else ""
+        notes.append((f" HUNG: {_workers(snapshot.hung)} still running{after}; x stops the run ", HUNG_STYLE))
+    if snapshot.failure:
+        notes.append((f"first failure: {snapshot.failure}", "bold red"))
+    if (found := telling_problem(snapshot)) is not None:
+        worker, message = found
+        notes.append((f"W{worker} log: {message}", "bold red"))
+    if snapshot.all_silent:
+        notes.append(("every running worker is silent: the job looks hung", "bold yellow"))
+    elif snapshot.stalled:
+        notes.append((f"stalled: {_workers(snapshot.stalled)}", "bold yellow"))
+    if snapshot.stragglers:
+        notes.append((f"stragglers: {_workers(snapshot.stragglers)}", "yellow"))
+    return notes
+
+
+def telling_problem(snapshot: RunSnapshot) -> tuple[int, str] | None:
+    """The log signature that best explains the run's trouble: the first failed worker's, else the first
+    worker's that has one; None when no log matched a known problem."""
+    first = snapshot.row(snapshot.first_failure) if snapshot.first_failure is not None else None
+    if first is not None and first.problem:
+        return first.worker, first.problem
+    return next(((w.worker, w.problem) for w in snapshot.workers if w.problem), None)
+
+
+def _workers(workers: tuple[int, ...]) -> str:
+    return ",".join(f"W{w}" for w in workers)

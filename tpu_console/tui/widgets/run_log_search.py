@@ -1,4 +1,9 @@
-"""The `/` prompt of the log pane: type a term, enter searches, escape closes (as in toolong and k9s)."""
+"""The `/` prompt of the log pane: type a term, enter searches, escape closes (as in toolong and k9s).
+
+The prompt takes the focus in the same moment `/` is handled (`Screen.set_focus`, not `focus()`, which
+waits for the app's queue, nor after a refresh): keys typed right after `/` already go to the prompt, from
+whichever tab it was pressed on. The screen's `/` binding has priority so that it runs as the app reads
+the key, before the next key is routed."""
 
 from __future__ import annotations
 
@@ -30,15 +35,11 @@ class LogSearch(Input):
     def __init__(self, **kwargs) -> None:
         super().__init__(placeholder="search the log (enter: find, esc: close)", **kwargs)
 
-    def open(self, term: str, shown: bool = True) -> None:
-        """Show the prompt with `term`; `shown`: the log's tab is already on screen (else it is appearing
-        in this same moment, and the prompt can take the focus only once it is drawn)."""
+    def open(self, term: str) -> None:
+        """Show the prompt with `term` and give it the focus now."""
         self.value = term
         self.add_class("-open")
-        if shown:
-            self.focus()
-        else:
-            self.call_after_refresh(self.focus)
+        self.screen.set_focus(self)
 
     def action_close(self) -> None:
         self.remove_class("-open")

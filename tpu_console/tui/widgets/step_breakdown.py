@@ -1,7 +1,8 @@
 """Where a step's time goes: each phase of the last step, for the followed worker and across workers.
 
-A worker whose phase takes much longer than the other workers' is a straggler (on a pod every worker
-waits for the slowest one at the next collective), flagged in yellow or red with how many times slower.
+Each phase shows the slowest worker with how many times the others' median it took. Which workers are
+stragglers (on a pod every worker waits for the slowest one at the next collective) is the watcher's
+judgement (runs/health.py: step or phase time 1.5x the others' median), shown in red and listed below.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from rich.text import Text
 from textual.widgets import Static
 
 from tpu_console.runs.events import StepMetrics
-from tpu_console.tui.run_snapshot import PHASES, phase_seconds, slowness, slowness_level, stragglers
+from tpu_console.tui.run_snapshot import PHASES, phase_seconds, slowness
 
-LEVEL_STYLE = {"ok": "", "warn": "yellow", "bad": "bold red"}
+STRAGGLER_STYLE = "bold red"
 
 
 class StepBreakdown(Static):
@@ -27,11 +28,12 @@ class StepBreakdown(Static):
     }
     """
 
-    def show(self, latest: dict[int, StepMetrics], selected: int | None) -> None:
-        self.update(breakdown(latest, selected))
+    def show(self, latest: dict[int, StepMetrics], selected: int | None, stragglers: dict[int, str]) -> None:
+        self.update(breakdown(latest, selected, stragglers))
 
 
-def breakdown(latest: dict[int, StepMetrics], selected: int | None) -> Group | Text:
+def breakdown(latest: dict[int, StepMetrics], selected: int | None, stragglers: dict[int, str]) -> Group | Text:
+    """`latest`: each worker's last step; `stragglers`: the watcher's finding per straggling worker."""
     if not latest:
         return Text("no step yet: the breakdown appears with the first step event", style="dim")
     followed = selected if selected in latest else min(latest)
@@ -44,7 +46,6 @@ def breakdown(latest: dict[int, StepMetrics], selected: int | None) -> Group | T
     table.add_column("MAX", justify="right")
     table.add_column("SLOWEST", justify="left")
     step_total = latest[followed].step_s
-    flagged: list[str] = []
     for phase in PHASES:
         values = {w: v for w, m in latest.items() if (v := phase_seconds(m, phase)) is not None}
         if not values:
@@ -52,21 +53,20 @@ def breakdown(latest: dict[int, StepMetrics], selected: int | None) -> Group | T
         mine = values.get(followed)
         ratios = slowness(values)
         slowest = max(values, key=lambda w: values[w])
-        level = slowness_level(ratios.get(slowest))
+        lead = f" {ratios[slowest]:.1f}x" if ratios.get(slowest, 1.0) >= 1.05 else ""
         share = f"{mine / step_total:.0%}" if mine is not None and step_total and phase != "step" else ""
         table.add_row(
             Text(phase, style="bold" if phase == "step" else ""),
-            Text(_seconds(mine), style=LEVEL_STYLE[slowness_level(ratios.get(followed))]),
+            Text(_seconds(mine), style=STRAGGLER_STYLE if followed == slowest and followed in stragglers else ""),
             share,
             _seconds(statistics.median(values.values())),
             _seconds(min(values.values())),
             _seconds(values[slowest]),
-            Text(f"W{slowest}" + (f" {ratios[slowest]:.1f}x" if level != "ok" else ""), style=LEVEL_STYLE[level]),
+            Text(f"W{slowest}{lead}", style=STRAGGLER_STYLE if slowest in stragglers else ""),
         )
-        for worker, ratio in sorted(stragglers(values).items()):
-            flagged.append(f"W{worker} {phase} {ratio:.1f}x")
-    if flagged:
-        footer = Text("stragglers (vs the other workers' median): " + ", ".join(flagged), style="yellow")
+    if stragglers:
+        found = "; ".join(f"W{w} {why}" for w, why in sorted(stragglers.items()))
+        footer = Text(f"stragglers (vs the other workers' median): {found}", style="yellow")
     else:
         footer = Text(f"no stragglers across {len(latest)} worker(s)", style="green")
     return Group(table, Text(""), footer)
