@@ -20,6 +20,7 @@ from tpu_console.tui.modals.confirm import ConfirmModal
 from tpu_console.tui.modals.create_node import CreateNodeModal
 from tpu_console.tui.modals.delete_node import DeleteNodeModal
 from tpu_console.tui.modals.launch import LaunchModal
+from tpu_console.tui.modals.sync import SyncModal
 from tpu_console.tui.options import ConsoleOptions
 from tpu_console.tui.screens.nodes_screen import NodesScreen
 from tpu_console.tui.screens.runs_screen import RunsScreen
@@ -156,6 +157,8 @@ async def test_b_and_s_run_bootstrap_and_sync_with_per_worker_progress(monkeypat
     async with app.run_test() as pilot:
         screen = await started(pilot, app)
         await pilot.press("b", "s")
+        assert isinstance(app.screen, SyncModal)
+        await pilot.press("enter")  # the form as it opens: this checkout, no env file here
         await until(pilot, lambda: "synced 2 worker(s)" in ops_text(screen), "sync to finish")
         await until(pilot, lambda: "bootstrapped 2 worker(s)" in ops_text(screen), "bootstrap to finish")
         assert sorted(calls) == [("bootstrap", "pod-a"), ("sync", "pod-a")]
@@ -328,7 +331,7 @@ async def test_several_operations_run_at_once_while_the_table_stays_usable(monke
         await until(pilot, lambda: "bootstrap pod-a: [0] bootstrap begins" in ops_text(screen), "bootstrap to begin")
         assert "running: bootstrap pod-a" in str(screen.query_one("#status", Static).render())
         # While it waits: move, sync another node, refresh; none of it waits for the bootstrap.
-        await pilot.press("down", "s")
+        await pilot.press("down", "s", "enter")
         await until(pilot, lambda: "sync pod-b: synced 1 worker(s): jax=0.10.2" in ops_text(screen), "the sync")
         listed = provider.list_calls
         await pilot.press("r")
@@ -377,6 +380,8 @@ async def test_sync_uploads_the_env_file_and_masks_its_values_in_the_panel(monke
     async with app.run_test() as pilot:
         screen = await started(pilot, app)
         await pilot.press("s")
+        assert app.screen.query_one("#env", Input).value == str(env)  # ./.env, offered
+        await pilot.press("enter")
         await until(pilot, lambda: "synced 1 worker(s)" in ops_text(screen), "the sync")
         assert asked == [str(env)]
         assert "sync pod-a: [0] wrote .env: WANDB_API_KEY=***" in ops_text(screen)
@@ -468,7 +473,7 @@ async def test_escape_leaves_every_dialog_of_the_nodes_screen_without_doing_anyt
     async with app.run_test(size=(100, 30)) as pilot:
         screen = await started(pilot, app)
         for key, dialog in (("d", DeleteNodeModal), ("x", ConfirmModal), ("l", LaunchModal), ("c", CreateNodeModal),
-                            ("question_mark", HelpScreen)):
+                            ("s", SyncModal), ("question_mark", HelpScreen)):
             await pilot.press(key)
             assert isinstance(app.screen, dialog)
             await pilot.press("escape")
@@ -477,3 +482,34 @@ async def test_escape_leaves_every_dialog_of_the_nodes_screen_without_doing_anyt
         assert app.screen is screen
         await pilot.pause()
         assert provider.deleted == [] and provider.created == [] and screen.running == []
+
+
+async def test_s_refuses_a_missing_env_file_and_a_git_url_without_its_branch_then_syncs_the_branch(monkeypatch,
+                                                                                                   tmp_path):
+    from tpu_console.provision import code_sync
+
+    asked = []
+
+    async def sync(providers, node, *, env_file, git_url, branch, progress, on_worker, **kw):
+        asked.append((env_file, git_url, branch))
+        return SimpleNamespace(workers=[SimpleNamespace(worker=0, ok=True, error=None,
+                                                        report=SimpleNamespace(versions_label=lambda: "x"))])
+
+    monkeypatch.setattr(code_sync, "sync_node", sync)
+    app = app_with(FakeProvider([make_node("pod-a")]))
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await started(pilot, app)
+        await pilot.press("s")
+        modal = app.screen
+        modal.query_one("#env", Input).value = str(tmp_path / "nope.env")
+        await submit(pilot, modal, "#env")
+        assert "nope.env does not exist" in str(modal.query_one("#error", Static).render())
+        modal.query_one("#env", Input).value = ""
+        modal.query_one("#git-url", Input).value = "https://example.com/me/tpu-console.git"
+        await submit(pilot, modal, "#git-url")
+        assert "a git URL and its branch go together" in str(modal.query_one("#error", Static).render())
+        assert asked == [] and app.screen is modal
+        modal.query_one("#branch", Input).value = "exp/rollout"
+        await submit(pilot, modal, "#branch")
+        await until(pilot, lambda: "synced 1 worker(s)" in ops_text(screen), "the sync")
+        assert asked == [(None, "https://example.com/me/tpu-console.git", "exp/rollout")]

@@ -132,7 +132,7 @@ def test_operations_panel_while_two_operations_run(snap_compare, monkeypatch):
 
     async def two_operations(pilot) -> None:
         await until_listed(pilot)
-        await pilot.press("b", "down", "down", "down", "s")
+        await pilot.press("b", "down", "down", "down", "s", "enter")
         for _ in range(200):
             if pilot.app.screen.running == ["bootstrap grpo-v6e-16"]:
                 break
@@ -168,6 +168,15 @@ def test_launch_form_refusing_a_batch_that_does_not_divide(snap_compare):
         await pilot.pause()
 
     assert snap_compare(fleet_app(), terminal_size=(100, 40), run_before=fill)
+
+
+def test_sync_form_refusing_a_git_url_without_its_branch(snap_compare):
+    async def fill(pilot) -> None:
+        await until_listed(pilot)
+        await pilot.press("down", "s", "tab", *"https://example.com/me/tpu-console.git", "enter")
+        await pilot.pause()
+
+    assert snap_compare(fleet_app(), terminal_size=SIZE, run_before=fill)
 
 
 def test_delete_dialog(snap_compare):

@@ -74,6 +74,8 @@ def test_the_whole_workflow_from_the_keyboard(tmp_path, tiny_model_dir):
         app.keys("b")
         app.wait_for("bootstrapped 2 worker(s)", timeout=240)
         app.keys("s")
+        app.wait_for("Sync the code to e2e")
+        app.keys("Enter")  # this checkout, as the form offers it
         app.wait_for("synced 2 worker(s)", timeout=120)
 
         app.keys("l")

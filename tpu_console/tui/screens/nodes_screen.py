@@ -33,6 +33,7 @@ from tpu_console.tui.modals.confirm import ConfirmModal
 from tpu_console.tui.modals.create_node import CreateNodeModal, CreateOrder
 from tpu_console.tui.modals.delete_node import DeleteNodeModal
 from tpu_console.tui.modals.launch import LaunchModal, LaunchOrder
+from tpu_console.tui.modals.sync import SyncModal, SyncOrder
 from tpu_console.tui.nodes_feed import NodesListing, gather_listing
 from tpu_console.tui.options import ConsoleOptions
 from tpu_console.tui.widgets.node_table import NodeTable
@@ -56,7 +57,8 @@ class NodesScreen(Screen[None]):
         Binding("d", "delete", "Delete", id="nodes.delete", tooltip="delete the node, once its name is typed back"),
         Binding("b", "bootstrap", "Bootstrap", id="nodes.bootstrap",
                 tooltip="the trainer's Python environment on every worker"),
-        Binding("s", "sync", "Sync", id="nodes.sync", tooltip="this checkout (and ./.env) onto every worker"),
+        Binding("s", "sync", "Sync", id="nodes.sync",
+                tooltip="this checkout (or a git branch) and an env file onto every worker"),
         Binding("l", "launch", "Launch", id="nodes.launch",
                 tooltip="start the trainer on every worker: config, overrides, env file"),
         Binding("x", "stop", "Stop", id="nodes.stop", tooltip="stop the node's run on every worker (asks first)"),
@@ -284,18 +286,23 @@ class NodesScreen(Screen[None]):
 
     def action_sync(self) -> None:
         node = self._require_node("sync")
-        if node is None:
+        if node is not None:
+            modal = SyncModal(node, self.options.sync_env_file)
+            self.app.push_screen(modal, lambda order: self._sync(node, order))
+
+    def _sync(self, node: Node, order: SyncOrder | None) -> None:
+        if order is None:
             return
 
         async def sync(say: Say) -> str:
             from tpu_console.provision.code_sync import sync_node
 
-            result = await sync_node(self.providers, node.name, env_file=env_file, progress=say,
+            result = await sync_node(self.providers, node.name, env_file=order.env_file, git_url=order.git_url,
+                                     branch=order.branch, progress=say,
                                      on_worker=lambda worker, text: say(f"[{worker}] {text}"))
             return _setup_outcome(result, "synced", say)
 
-        env_file = self.options.sync_env_file
-        masker = SecretMasker.for_node(node.name, [env_file] if env_file else [])
+        masker = SecretMasker.for_node(node.name, [order.env_file] if order.env_file else [])
         self.run_operation(f"sync {node.name}", sync, masker)
 
     def action_launch(self) -> None:
