@@ -513,3 +513,19 @@ async def test_s_refuses_a_missing_env_file_and_a_git_url_without_its_branch_the
         await submit(pilot, modal, "#branch")
         await until(pilot, lambda: "synced 1 worker(s)" in ops_text(screen), "the sync")
         assert asked == [(None, "https://example.com/me/tpu-console.git", "exp/rollout")]
+
+
+async def test_a_listing_slower_than_the_interval_is_waited_for_not_cancelled_by_the_next_tick():
+    import asyncio
+
+    class SlowProvider(FakeProvider):
+        async def list_nodes(self):
+            await asyncio.sleep(0.15)  # three ticks of 0.05 s
+            return await super().list_nodes()
+
+    provider = SlowProvider([make_node("pod-a")])
+    app = TpuConsoleApp({"fake": provider}, refresh_every=0.05, clock=lambda: NOW)
+    async with app.run_test() as pilot:
+        screen = app.screen
+        await until(pilot, lambda: screen.refreshes >= 2, "two slow listings to complete")
+        assert screen.query_one("#nodes", DataTable).row_count == 1

@@ -91,6 +91,7 @@ class NodesScreen(Screen[None]):
         self._problems: list[str] = []
         self._probed_at = float("-inf")
         self._probe_wanted = True
+        self._listings_under_way = 0
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -103,7 +104,7 @@ class NodesScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.action_refresh()
-        self.set_interval(self.refresh_every, self.refresh_nodes)
+        self.set_interval(self.refresh_every, self._tick)
         self.query_one(NodeTable).focus()
         self.query_one(OperationsLog).say("operations", "long work (c d b s l x) reports here as it goes")
 
@@ -114,6 +115,12 @@ class NodesScreen(Screen[None]):
         self._probe_wanted = True
         self.refresh_nodes()
 
+    def _tick(self) -> None:
+        # A timed refresh waits for one under way (a gcp listing over many zones can take longer than the
+        # interval; cancelling it each tick would never show anything). `r` does cancel and start again.
+        if not self._listings_under_way:
+            self.refresh_nodes()
+
     @work(exclusive=True, group="refresh", exit_on_error=False)
     async def refresh_nodes(self) -> None:
         # exclusive: a slow provider (gcp across many zones) never piles up listings.
@@ -122,12 +129,15 @@ class NodesScreen(Screen[None]):
         # one leaves the wish in place, so a probe asked for is never lost.
         probe = self._probe_wanted or time.monotonic() - self._probed_at >= PROBE_EVERY_S
         self._probe_wanted = False
+        self._listings_under_way += 1
         try:
             listing = await gather_listing(self.providers, self.store, self.clock(), self.options.idle_after,
                                            probe)
         except asyncio.CancelledError:
             self._probe_wanted = self._probe_wanted or probe
             raise
+        finally:
+            self._listings_under_way -= 1
         if probe:
             self._probed_at = time.monotonic()
         self.post_message(NodesRefreshed(listing))
