@@ -529,3 +529,27 @@ async def test_a_listing_slower_than_the_interval_is_waited_for_not_cancelled_by
         screen = app.screen
         await until(pilot, lambda: screen.refreshes >= 2, "two slow listings to complete")
         assert screen.query_one("#nodes", DataTable).row_count == 1
+
+
+async def test_q_asks_first_while_operations_are_under_way(monkeypatch):
+    import asyncio
+
+    from tpu_console.provision import bootstrap
+
+    async def endless(providers, node, *, progress, on_worker, **kw):
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(bootstrap, "bootstrap_node", endless)
+    app = app_with(FakeProvider([make_node("pod-a")]))
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await started(pilot, app)
+        await pilot.press("b")
+        await until(pilot, lambda: screen.running == ["bootstrap pod-a"], "the bootstrap to start")
+        await pilot.press("q")
+        assert isinstance(app.screen, ConfirmModal)
+        assert "1 operation(s) still under way (bootstrap pod-a)" in app.screen.question
+        await pilot.press("n")
+        assert app.screen is screen and app.is_running and screen.running == ["bootstrap pod-a"]
+        await pilot.press("q", "y")
+        await pilot.pause()
+        assert not app.is_running

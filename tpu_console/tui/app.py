@@ -18,6 +18,7 @@ from textual.screen import Screen
 from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import close_providers
 from tpu_console.runs.store import RunStore
+from tpu_console.tui.modals.confirm import ConfirmModal
 from tpu_console.tui.modals.help import HelpScreen
 from tpu_console.tui.options import ConsoleOptions
 from tpu_console.tui.screens.nodes_screen import NodesScreen
@@ -84,6 +85,19 @@ class TpuConsoleApp(App[None]):
 
         if not isinstance(self.screen, RunsScreen):
             self.push_screen(RunsScreen(self.providers, store=self.store, clock=self.clock))
+
+    async def action_quit(self) -> None:
+        # Quitting cancels the operations under way where they stand (a create half done, a sync on some
+        # workers): say which, and ask first.
+        running = [op for screen in self.screen_stack if isinstance(screen, NodesScreen) for op in screen.running]
+        if not running:
+            self.exit()
+            return
+        if isinstance(self.screen, ConfirmModal):
+            return
+        question = (f"{len(running)} operation(s) still under way ({', '.join(running)}). Quit anyway? They stop "
+                    "where they are; nodes and launched jobs stay as they are.")
+        self.push_screen(ConfirmModal(question, "Quit"), lambda yes: self.exit() if yes else None)
 
     async def on_unmount(self) -> None:
         await close_providers(self.providers)
