@@ -1,8 +1,11 @@
 """The Textual app: owns the providers and opens the nodes screen. Screens hold the behaviour.
 
     screens/   nodes_screen (the first screen), runs_screen (history, compare), run_screen (one run live)
-    modals/    help, create_node, delete_node, launch, confirm, compare
-    widgets/   operations_log, and the run dashboard's panels
+    modals/    help, create_node, delete_node, sync, launch, confirm, compare (form: what the forms share)
+    widgets/   node_table, operations_log, history_table, and the run dashboard's panels
+    nodes_feed.py, run_feed.py   what the screens show, gathered by their background workers
+    messages.py                  the typed messages between those workers and the screens
+    keymap.py                    [keys] in config.toml: bindings remapped by id
 """
 
 from __future__ import annotations
