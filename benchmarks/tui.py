@@ -147,7 +147,7 @@ def run_child(workers: int, lines_per_s: int, stats_path: str) -> None:
     async def open_watch(first_log_lines):
         # As RunWatch.open, over the synthetic pod: masking on, no history store.
         watch = RunWatch(pod, record, masker=SecretMasker(["not-a-real-token-1234", "another-secret-5678"]),
-                         first_log_lines=first_log_lines)
+                         first_log_lines=first_log_lines, poll_s=feed.poll_s)
         pod.watch = watch
         writer = asyncio.create_task(pod.write())
         try:

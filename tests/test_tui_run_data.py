@@ -14,7 +14,7 @@ from tpu_console.runs.events import Event
 from tpu_console.runs.health import assess
 from tpu_console.runs.monitor import RunMonitor
 from tpu_console.runs.signatures import SignatureScanner
-from tpu_console.runs.store import RunRecord
+from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
 from tpu_console.runs.watch import HealthChanged, LogLines, NewEvents, RunWatch, SignatureFound, WatchEnded
 from tpu_console.tui import run_feed
 from tpu_console.tui.messages import RunFeedProblem, RunLogLines, RunStepsArrived, RunUpdated
@@ -163,3 +163,18 @@ def test_log_lines_are_made_printable_so_they_cannot_move_the_cursor():
     assert printable(progress) == "Generating: 2000 [00:01]"
     assert printable("a\tb\x07c\x1b]0;title\x07") == "a   bc"
     assert printable("plain é ✓") == "plain é ✓"
+
+
+async def test_a_run_whose_node_is_gone_shows_what_the_history_knows_and_the_feed_stops():
+    store = RunStore()
+    store.add(record())
+    store.update(record().run_id, "running", [WorkerRecord(0, "exited", 10, None, 0), WorkerRecord(1, "running", 11)])
+    feed = RunFeed({}, record().run_id, store, clock=lambda: NOW)
+    posted = []
+    await asyncio.wait_for(feed.follow(posted.append), 30)  # returns: nothing more can come
+    problems = [m.problem for m in posted if isinstance(m, RunFeedProblem)]
+    assert problems == ["cannot watch 20250314-120000-abcd: node 'pod' no longer exists"]
+    (snapshot,) = [m.snapshot for m in posted if isinstance(m, RunUpdated)]
+    assert snapshot.ended and snapshot.state == "failed" and snapshot.first_failure == 1
+    assert [(w.worker, w.activity, w.exit_status) for w in snapshot.workers] == [(0, "exited", 0), (1, "lost", None)]
+    assert snapshot.workers[1].reason == "node 'pod' no longer exists"

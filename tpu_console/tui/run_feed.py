@@ -44,7 +44,7 @@ from tpu_console.runs.device_metrics import read_device_metrics
 from tpu_console.runs.events import EventSummary, StepMetrics
 from tpu_console.runs.health import Activity, RunHealth, WorkerHealth, assess
 from tpu_console.runs.libtpu_probe import DEFAULT_ADDRESS
-from tpu_console.runs.monitor import RunMonitor
+from tpu_console.runs.monitor import RunMonitor, RunState
 from tpu_console.runs.signatures import EXCEPTION, WANDB_URL, Finding
 from tpu_console.runs.store import RunRecord, RunStore
 from tpu_console.runs.watch import (
@@ -72,7 +72,8 @@ Post = Callable[[Message], object]
 OpenWatch = Callable[[int | None], AbstractAsyncContextManager[RunWatch]]
 
 RETRY_FIRST_S, RETRY_MAX_S = 2.0, 30.0
-_OVER = (Activity.EXITED, Activity.LOST)
+# Run states that are final: every worker's job is over (runs.monitor.RunState).
+_VERDICTS = (str(RunState.SUCCEEDED), str(RunState.FAILED), str(RunState.STOPPED))
 
 
 def local_now() -> datetime:
@@ -103,7 +104,7 @@ class RunFeed:
         *,
         clock: Callable[[], datetime] = local_now,
         first_log_lines: int | None = 200,
-        poll_s: float = 0.25,
+        poll_s: float = 0.5,
         flush_every_s: float = 0.1,
         snapshot_every_s: float = 1.0,
         devices_every_s: float = 5.0,
@@ -112,6 +113,7 @@ class RunFeed:
     ) -> None:
         """`first_log_lines`: each worker's log starts at its last N lines (None: from its beginning; events
         are always read whole).
+        `poll_s`: how often a caught-up worker is asked again (a line shows within about that).
         `open_watch`: how the watch is opened (default: `RunWatch.open` on the run's node; the benchmark
         passes one over a synthetic fleet)."""
         self.providers = providers
@@ -134,6 +136,7 @@ class RunFeed:
         self._pending_lines: list[tuple[int, str]] = []
         self._watching = asyncio.Event()  # a watch is open (device metrics ride on its connections)
         self._probe_python: str | None = None
+        self._last_turning_point: tuple | None = None
 
     def _open_run_watch(self, first_log_lines: int | None) -> AbstractAsyncContextManager[RunWatch]:
         return RunWatch.open(self.providers, self.run_id, self.store, first_log_lines=first_log_lines,
@@ -202,8 +205,12 @@ class RunFeed:
             case HealthChanged(health) | WatchEnded(health):
                 self.health = health
                 self.ended = self.ended or isinstance(update, WatchEnded)
-                self.flush(post)  # the lines first, then the state they led to
-                post(RunUpdated(self.snapshot()))
+                # A new step number changes the health too (several times a second on a big pod): that
+                # waits for the next tick; a change of state, exit, hang or verdict is shown at once.
+                if self.ended or _turning_point(health) != self._last_turning_point:
+                    self._last_turning_point = _turning_point(health)
+                    self.flush(post)  # the lines first, then the state they led to
+                    post(RunUpdated(self.snapshot()))
 
     async def _tick(self, watch: RunWatch, post: Post) -> None:
         """Batch the lines every `flush_every_s`; judge the run again every `snapshot_every_s` (the health
@@ -242,7 +249,7 @@ class RunFeed:
             updated_at=self.clock(),
             failure=health.failure,
             first_failure=health.first_failure,
-            ended=bool(health.workers) and all(h.activity in _OVER for h in health.workers.values()),
+            ended=health.state in _VERDICTS,
             wandb_url=self.wandb_url,
             hung=health.hung,
             stalled=health.stalled,
@@ -288,6 +295,8 @@ class RunFeed:
         monitor.stop_requested = view.record.stop_requested_at is not None
         self.record = view.record
         for status in view.workers:
+            if status.done:  # lost with its node, or exited: for good, not a passing "unreachable"
+                status.unreachable_probes = 0
             seen = self._seen(status.worker)
             seen.events = status.events
             if status.log_tail:
@@ -345,6 +354,13 @@ class RunFeed:
         """Stop watching (the workers' jobs keep running)."""
         if self.watch is not None:
             self.watch.stop()
+
+
+def _turning_point(health: RunHealth) -> tuple:
+    """What of the health deserves a redraw at once: each worker's activity, exit status and hang, and the
+    run's state and failure (not the step numbers, which the periodic snapshot brings)."""
+    workers = tuple((h.activity, h.exit_status, h.hung) for _, h in sorted(health.workers.items()))
+    return health.state, health.failure, workers
 
 
 def carry_over(failed: RunWatch, watch: RunWatch) -> None:
