@@ -178,3 +178,5 @@ async def test_a_run_whose_node_is_gone_shows_what_the_history_knows_and_the_fee
     assert snapshot.ended and snapshot.state == "failed" and snapshot.first_failure == 1
     assert [(w.worker, w.activity, w.exit_status) for w in snapshot.workers] == [(0, "exited", 0), (1, "lost", None)]
     assert snapshot.workers[1].reason == "node 'pod' no longer exists"
+    await asyncio.wait_for(feed.follow_devices(posted.append), 10)  # nothing to read: says why, and ends
+    assert posted[-1].problem == "the run has ended: libtpu reports only while a job holds the TPU"

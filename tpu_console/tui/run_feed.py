@@ -306,7 +306,8 @@ class RunFeed:
         health = assess(monitor, {}, time.monotonic())
         self.health = replace(health, failure=masker.mask(health.failure) if health.failure else None)
         post(RunUpdated(self.snapshot()))
-        return all(s.done for s in view.workers)
+        self.ended = all(s.done for s in view.workers)
+        return self.ended
 
     # -- device metrics --------------------------------------------------------------------------------
 
@@ -314,7 +315,9 @@ class RunFeed:
         """libtpu's metrics of every device of every worker, every `devices_every_s`, over the watch's
         connections, until the run has ended (no job holds the TPU then: nothing to read)."""
         while not self.ended:
-            await self._watching.wait()
+            if not self._watching.is_set():  # not open yet, or being reopened
+                await asyncio.sleep(0.5)
+                continue
             watch = self.watch
             assert watch is not None
             try:
