@@ -650,16 +650,15 @@ async def _metrics(args: argparse.Namespace, settings: Settings, providers: dict
     from tpu_console.fleet.fleet import Fleet
     from tpu_console.fleet.preflight import open_node, require_all_reachable
     from tpu_console.fleet.selection import parse_worker_selection
-    from tpu_console.provision.recipes import ENV_PYTHON
     from tpu_console.runs.device_metrics import read_device_metrics
-    from tpu_console.runs.launch import default_python, inspect_workers
+    from tpu_console.runs.launch import inspect_workers, worker_python
 
     provider, node = await open_node(providers, args.node)
     workers = parse_worker_selection(args.worker, node.shape.workers)
     async with Fleet(await provider.ssh_targets(node)) as fleet:
         await require_all_reachable(fleet, args.node, workers, "nothing was read")
         reports = await inspect_workers(fleet, workers)
-        python = ENV_PYTHON if all(r.env_present for r in reports) else default_python(provider)
+        python = worker_python(provider, reports)
         answers = await read_device_metrics(fleet, workers, python, args.address)
     if args.json:
         _print_json({"node": node.name, "workers": [

@@ -22,8 +22,7 @@ from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.preflight import open_node, require_all_reachable
 from tpu_console.fleet.recipes import python_word
 from tpu_console.providers.base import Provider
-from tpu_console.provision.recipes import ENV_PYTHON
-from tpu_console.runs.launch import default_python, inspect_workers, launch_env
+from tpu_console.runs.launch import inspect_workers, launch_env, worker_python
 
 MODES = ("sharded", "gather")
 GIB = float(1 << 30)
@@ -107,7 +106,7 @@ async def bench_memory(
     async with Fleet(targets) as fleet:
         await require_all_reachable(fleet, node_name, workers, "nothing was run")
         reports = await inspect_workers(fleet, workers)
-        interpreter = python or (ENV_PYTHON if all(r.env_present for r in reports) else default_python(provider))
+        interpreter = python or worker_python(provider, reports)
         if any(r.live_runs for r in reports):
             run_id = next(iter(next(r for r in reports if r.live_runs).live_runs))
             raise UserError(f"run {run_id} is still running on {node.name} and holds its devices; stop it first "

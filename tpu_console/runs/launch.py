@@ -128,6 +128,12 @@ def default_python(provider: Provider) -> str:
     return sys.executable if provider.name == "local" else "python3"
 
 
+def worker_python(provider: Provider, reports: list[WorkerReport]) -> str:
+    """The interpreter for jobs on these workers: the environment `bootstrap` made when every worker has
+    one, else this console's own on local pods (`python3` elsewhere, which `launch` then refuses)."""
+    return ENV_PYTHON if all(r.env_present for r in reports) else default_python(provider)
+
+
 def code_version(cwd: Path | None = None) -> dict[str, Any] | None:
     """`{"git_sha": ..., "dirty": bool}` of the git checkout the console runs in, or None outside one."""
 
@@ -206,7 +212,7 @@ async def launch(
         await require_all_reachable(fleet, node_name, selected, "nothing was launched")
         reports = await inspect_workers(fleet, selected)
         refuse_unready(node, reports, config, env_data, python, check_code)
-        interpreter = python or (ENV_PYTHON if all(r.env_present for r in reports) else default_python(provider))
+        interpreter = python or worker_python(provider, reports)
         if kill_stale:
             await clear_stale_holders(fleet, selected, on_worker)
 

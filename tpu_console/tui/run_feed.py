@@ -335,12 +335,11 @@ class RunFeed:
         """The interpreter that runs the probe, as `tpu-console metrics` picks it: the bootstrapped
         environment (it has tpu-info and grpcio) on every worker, else the provider's default."""
         if self._probe_python is None:
-            from tpu_console.provision.recipes import ENV_PYTHON
-            from tpu_console.runs.launch import default_python, inspect_workers
+            from tpu_console.runs.launch import inspect_workers, worker_python
 
             provider, _ = await find_node(self.providers, watch.record.node)
             reports = await inspect_workers(watch.fleet, list(watch.record.workers))
-            self._probe_python = ENV_PYTHON if all(r.env_present for r in reports) else default_python(provider)
+            self._probe_python = worker_python(provider, reports)
         return self._probe_python
 
     # -- steering --------------------------------------------------------------------------------------
