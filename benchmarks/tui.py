@@ -10,10 +10,9 @@ is one measurement (input parsing, the key binding, the widgets' updates, the co
 Two runs in this same invocation: idle (the dashboard shows a run but nothing new arrives) and loaded
 (`--workers` workers whose logs grow by `--lines-per-s` lines per second in total, and a step event per
 worker every 2 s). The load enters through the dashboard's real intake: a `RunWatch` polling every worker
-(its `watch_poll` replies parsed, the byte offsets, masking, log signatures, events, the health) inside
-`RunFeed`, in the app's process; only the transport is synthetic (`SyntheticPod` answers each poll with
-the bytes written since the offset asked for, as a worker's shell would), so what is timed is the
-dashboard, not the pod. Target (issue 11): median under 100 ms under load.
+(its followers' records parsed, the byte offsets, masking, log signatures, events, the health) inside
+`RunFeed`, in the app's process; only the transport is synthetic (`SyntheticPod` streams the bytes written
+since the offset asked for, as a worker's follower would), so what is timed is the dashboard, not the pod. Target (issue 11): median under 100 ms under load.
 """
 
 from __future__ import annotations
@@ -49,10 +48,10 @@ COLUMNS, ROWS = 100, 30
 class SyntheticPod:
     """Stands in for the Fleet of a pod whose workers' output.log and events.jsonl grow by the clock.
 
-    `run(command, [worker])` answers a RunWatch poll as the worker's shell would (recipes.watch_poll: the
-    probe, then each file's bytes from the offset asked for, base64), so everything from the reply on is
-    the watch's own code. The offsets asked for are the watch's cursors (it reads them just before it
-    calls); bytes before them are dropped, so memory stays small however long it runs."""
+    `follow(command, worker, on_line)` streams each file's new bytes and the job's state as a worker's
+    follower does (fleet/run_follower.py's records), so everything from the records on is the watch's own
+    code. It starts at the watch's cursors (what the follower is told); bytes before them are dropped, so
+    memory stays small however long it runs."""
 
     def __init__(self, run_id: str, workers: int, lines_per_s: int, step_every_s: float = 2.0) -> None:
         self.run_id = run_id
@@ -63,7 +62,7 @@ class SyntheticPod:
         self.dropped = dict.fromkeys(self.files, 0)  # bytes dropped from the start of each file
         self.lines_written = 0
         self.step = 0
-        self.watch = None  # the RunWatch that polls, set once it exists
+        self.watch = None  # the RunWatch that follows, set once it exists
         self.started = time.monotonic()
 
     async def write(self) -> None:
@@ -95,31 +94,37 @@ class SyntheticPod:
                 "throughput/train/valid_tokens_per_s": 5000.0 + self.step,
                 "train-reward/total/mean": min(1.0, 0.05 * self.step)}
 
-    async def run(self, command: str, workers: list[int], **_options: object) -> list:
-        from tpu_console.fleet.recipes import MARK
-        from tpu_console.fleet.results import WorkerResult
+    async def follow(self, command: str, w: int, on_line, **_options: object):
+        from tpu_console.fleet.results import WorkerLine
 
-        (w,) = workers
         stream = self.watch.workers[w]
-        probe = (f"\n{MARK}run {self.run_id}\npid=4242 alive=1 exit= exit_t= "
-                 f"log={self.size(w, 'output.log')} events={self.size(w, 'events.jsonl')}\n")
-        chunks = [self.chunk(w, name, offset, self.watch.max_bytes)
-                  for name, offset in (("events.jsonl", stream.events_cursor.offset), ("output.log", stream.log.offset))]
-        return [WorkerResult(w, 0, probe + "".join(chunks), "", 0.0)]
+        offsets = {"events.jsonl": stream.events_cursor.offset, "output.log": stream.log.offset}
+        next_probe = 0.0
+        while True:
+            records = [self.chunk(w, name, offsets, self.watch.max_bytes) for name in offsets]
+            if time.monotonic() >= next_probe:
+                next_probe = time.monotonic() + 1.0
+                records.append(f"P pid=4242 alive=1 exit= exit_t= log={self.size(w, 'output.log')} "
+                               f"events={self.size(w, 'events.jsonl')}")
+            for record in records:
+                if record:
+                    on_line(WorkerLine(w, "stdout", record))
+            await asyncio.sleep(self.watch.poll_s)
 
     def size(self, w: int, name: str) -> int:
         return self.dropped[w, name] + len(self.files[w, name])
 
-    def chunk(self, w: int, name: str, offset: int, max_bytes: int) -> str:
-        from tpu_console.fleet.recipes import MARK
-
-        data, dropped = self.files[w, name], self.dropped[w, name]
+    def chunk(self, w: int, name: str, offsets: dict[str, int], max_bytes: int) -> str | None:
+        """The follower's `C` record of the bytes from offsets[name] on (and the offset moved past them)."""
+        data, dropped, offset = self.files[w, name], self.dropped[w, name], offsets[name]
         if offset > dropped:  # read past these: never asked for again
             del data[: offset - dropped]
             self.dropped[w, name] = dropped = offset
         piece = bytes(data[offset - dropped : offset - dropped + max_bytes])
-        size = dropped + len(data)
-        return f"\n{MARK}chunk {name}\nend={offset + len(piece)} size={size}\n{base64.b64encode(piece).decode()}\n"
+        if not piece:
+            return None
+        offsets[name] = offset + len(piece)
+        return f"C {name} {offset} {offset + len(piece)} {dropped + len(data)} {base64.b64encode(piece).decode()}"
 
     async def close(self) -> None:
         pass

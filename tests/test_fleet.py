@@ -228,13 +228,13 @@ async def test_a_connection_closing_while_a_channel_opens_is_reconnected_once(lo
 
     real_open, calls = fleet_module.open_command, []
 
-    async def open_once_broken(ssh, command, worker, on_line):
+    async def open_once_broken(ssh, command, worker, on_line, streamed=False):
         calls.append(worker)
         if len(calls) == 1:
             ssh.close()
             await ssh.wait_closed()
             raise AttributeError("'NoneType' object has no attribute 'session_started'")
-        return await real_open(ssh, command, worker, on_line)
+        return await real_open(ssh, command, worker, on_line, streamed)
 
     monkeypatch.setattr(fleet_module, "open_command", open_once_broken)
     async with Fleet(local_pod.targets, command_channels=False) as fleet:

@@ -15,6 +15,7 @@ import pytest
 from tests.conftest import LocalPod
 from tpu_console.fleet import recipes
 from tpu_console.fleet.fleet import Fleet
+from tpu_console.runs import watch as watch_module
 from tpu_console.runs.health import Activity
 from tpu_console.runs.run_id import new_run_id
 from tpu_console.runs.store import RunRecord
@@ -59,7 +60,7 @@ async def test_no_line_lost_or_repeated_while_connections_drop_many_times(local_
     run_id, workers, n = new_run_id(), [0, 1], 6000
     await start_job(local_fleet, run_id, workers, FAST_WRITER.format(n=n))
     watch = RunWatch(local_fleet, record_for(run_id, workers), masker=SecretMasker(["sekrit-value-123"]),
-                     poll_s=0.05, max_bytes=16 * 1024)  # small reads: many polls, many chances to cut one
+                     poll_s=0.05, max_bytes=16 * 1024)  # small chunks: many chances to cut one
     received: dict[int, list[str]] = {0: [], 1: []}
     events = {0: 0, 1: 0}
     drops = 0
@@ -81,7 +82,7 @@ async def test_no_line_lost_or_repeated_while_connections_drop_many_times(local_
                 events[update.worker] += len(update.events)
     finally:
         dropper.cancel()
-    assert drops > 10 and sum(watch.workers[w].failed_polls for w in workers) > 0  # it did get cut
+    assert drops > 10 and sum(watch.workers[w].broken_follows for w in workers) > 0  # it did get cut
     for worker in workers:
         text = run_file(local_pod, worker, run_id, "output.log").read_text()
         expected = text.replace("sekrit-value-123", "***").split("\n")
@@ -207,14 +208,14 @@ async def test_signatures_and_events_arrive_as_updates_and_the_watch_ends(local_
 class _BrokenFleet:
     """asyncssh can raise odd errors when a connection dies while a channel opens (seen under load)."""
 
-    async def run(self, *args, **kwargs):
+    async def follow(self, *args, **kwargs):
         raise AttributeError("'NoneType' object has no attribute 'session_started'")
 
 
-async def test_a_poll_that_raises_is_a_failed_poll_and_a_watch_that_raises_reaches_its_consumer():
+async def test_a_follow_that_raises_is_a_broken_follow_and_a_watch_that_raises_reaches_its_consumer():
     watch = RunWatch(_BrokenFleet(), record_for(new_run_id(), [0]))
-    parsed, problem = await watch._poll(0, "true", {"output.log"})
-    assert parsed is None and problem.startswith("poll failed: AttributeError")
+    follow = await watch._follow_once(watch.workers[0], streamed=True)
+    assert not follow.ended and follow.problem.startswith("follow failed: AttributeError")
 
     async def broken_run(on_update=None):
         raise RuntimeError("the watch broke")
@@ -224,3 +225,44 @@ async def test_a_poll_that_raises_is_a_failed_poll_and_a_watch_that_raises_reach
         async with asyncio.timeout(5):  # never a hang waiting for a WatchEnded that cannot come
             async for _ in watch.updates():
                 pass
+
+
+async def test_a_consumer_that_falls_behind_slows_the_followers_and_loses_nothing(local_pod, local_fleet):
+    run_id, workers, n = new_run_id(), [0, 1], 3000
+    await start_job(local_fleet, run_id, workers, FAST_WRITER.format(n=n))
+    watch = RunWatch(local_fleet, record_for(run_id, workers), poll_s=0.05, max_bytes=512)  # many updates
+    received: dict[int, list[str]] = {0: [], 1: []}
+    most_queued = 0
+    async with asyncio.timeout(60):
+        async for update in watch.updates(max_queued=5):
+            most_queued = max(most_queued, watch._queue.qsize())
+            if isinstance(update, LogLines):
+                received[update.worker].extend(update.lines)
+                await asyncio.sleep(0.01)  # a slow screen
+    for worker in workers:
+        assert received[worker] == run_file(local_pod, worker, run_id, "output.log").read_text().split("\n")
+    assert sum(watch.workers[w].broken_follows for w in workers) == 0  # held back, not broken
+    assert sum(watch.workers[w].held_back for w in workers) > 0 and most_queued > 5  # it did fall behind
+    assert most_queued < 200  # bounded: what was in flight when the followers were held, no more
+
+
+class _SilentFleet:
+    """A follower whose connection went half-dead: no record, no error, ever."""
+
+    def __init__(self) -> None:
+        self.cancelled = 0
+
+    async def follow(self, *args, **kwargs):
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+
+async def test_a_silent_follower_is_stopped_and_the_worker_shows_unreachable(monkeypatch):
+    monkeypatch.setattr(watch_module, "SILENCE_S", 0.3)
+    fleet = _SilentFleet()
+    watch = RunWatch(fleet, record_for(new_run_id(), [0]))
+    follow = await asyncio.wait_for(watch._follow_once(watch.workers[0], streamed=True), 5)
+    assert follow.problem == "no answer within 0.3s" and fleet.cancelled == 1

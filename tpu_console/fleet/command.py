@@ -14,8 +14,8 @@ from tpu_console.fleet.output import CommandOutcome, CommandOutput, OnLine
 
 
 class _CommandSession(asyncssh.SSHClientSession[bytes]):
-    def __init__(self, worker: int, on_line: OnLine | None) -> None:
-        self.output = CommandOutput(worker, on_line)
+    def __init__(self, worker: int, on_line: OnLine | None, streamed: bool = False) -> None:
+        self.output = CommandOutput(worker, on_line, streamed)
         self.exit_status: int | None = None
         self.exit_signal: str | None = None
         self.closed: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
@@ -48,9 +48,12 @@ async def open_command(
     command: str,
     worker: int,
     on_line: OnLine | None,
+    streamed: bool = False,
 ) -> tuple[asyncssh.SSHClientChannel, _CommandSession]:
     """Open the channel and start the command (raises if the channel cannot be opened)."""
-    return await conn.create_session(lambda: _CommandSession(worker, on_line), command, encoding=None)
+    return await conn.create_session(
+        lambda: _CommandSession(worker, on_line, streamed), command, encoding=None
+    )
 
 
 async def finish_command(
@@ -72,6 +75,9 @@ async def finish_command(
         timer = asyncio.get_running_loop().call_later(timeout, expire)
     try:
         exc = await session.closed
+    except asyncio.CancelledError:
+        channel.close()  # the caller is gone: the command must not run on unwatched
+        raise
     finally:
         if timer is not None:
             timer.cancel()

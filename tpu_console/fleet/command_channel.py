@@ -22,6 +22,7 @@ import asyncssh
 
 from tpu_console.fleet import worker_agent
 from tpu_console.fleet.output import CommandOutcome, CommandOutput, OnLine
+from tpu_console.fleet.recipes import python_from_stdin
 
 # The interpreter the loader runs; a name looked up on the worker's PATH.
 AGENT_PYTHON = "python3"
@@ -36,10 +37,8 @@ class ChannelUnavailable(Exception):
 
 
 def loader_command(python: str | None = None) -> str:
-    """The command line that starts the agent: it reads the agent's source (and nothing more) from stdin.
-    -I -S: no user site, no site-packages, no PYTHON* variables: the standard library only, fast to start."""
-    python = python or AGENT_PYTHON
-    return f"exec {python} -I -S -c 'import sys;exec(sys.stdin.buffer.read({len(AGENT_SOURCE)}))'"
+    """The command line that starts the agent: it reads the agent's source (and nothing more) from stdin."""
+    return python_from_stdin(python or AGENT_PYTHON, len(AGENT_SOURCE))
 
 
 class _Request:
@@ -113,12 +112,17 @@ class CommandChannel(asyncssh.SSHClientSession[bytes]):
         return self.ready.done() and not self.closed
 
     async def run(
-        self, command: str, stdin: bytes | None, timeout: float | None, on_line: OnLine | None
+        self,
+        command: str,
+        stdin: bytes | None,
+        timeout: float | None,
+        on_line: OnLine | None,
+        streamed: bool = False,
     ) -> CommandOutcome:
         """Run one command on the worker; same outcome as the exec path (command.py)."""
         assert self._chan is not None
         request_id = next(self._ids)
-        request = _Request(CommandOutput(self._worker, on_line))
+        request = _Request(CommandOutput(self._worker, on_line, streamed))
         self._requests[request_id] = request
         text = command.encode("utf-8", errors="surrogateescape")
         self._chan.write(worker_agent.encode_run(request_id, text, stdin or b""))

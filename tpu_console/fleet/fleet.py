@@ -18,6 +18,7 @@ open hundreds of channels at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import posixpath
 import re
 import secrets
@@ -110,6 +111,17 @@ class Fleet:
             await asyncio.gather(*(self._run_one(w, full_command, timeout, data, on_line) for w in selected))
         )
 
+    async def follow(
+        self, command: str, worker: int, on_line: OnLine, *, stdin: str | bytes | None = None
+    ) -> WorkerResult:
+        """Run a long-lived command on one worker whose stdout goes to `on_line` only (the result keeps
+        none of it: a follow may stream for days). It holds a session on its worker's SSH server, as any
+        command, but no place in the overall limit: following every worker of a 64-worker pod must leave
+        room for other commands. Cancelling it stops the command on the worker."""
+        self._select([worker])
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        return await self._run_one(worker, command, None, data, on_line, long_lived=True)
+
     async def start_command_channels(self, workers: Sequence[int] | None = None) -> dict[int, str]:
         """Connect and start the command channel on each selected worker now, rather than after its
         second command. Returns the workers where it did not start, with why; those keep the exec path."""
@@ -170,17 +182,23 @@ class Fleet:
     # -- one worker ------------------------------------------------------------------------------------
 
     async def _run_one(
-        self, worker: int, command: str, timeout: float | None, stdin: bytes | None, on_line: OnLine | None
+        self,
+        worker: int,
+        command: str,
+        timeout: float | None,
+        stdin: bytes | None,
+        on_line: OnLine | None,
+        long_lived: bool = False,
     ) -> WorkerResult:
         start = time.perf_counter()
         conn = self.connection(worker)
-        async with self._host_slot(conn.target), self._overall:
+        async with self._host_slot(conn.target), (contextlib.nullcontext() if long_lived else self._overall):
             channel = conn.command_channel() if self._use_channels else None
             if channel is not None:
-                outcome = await channel.run(command, stdin, timeout, on_line)
+                outcome = await channel.run(command, stdin, timeout, on_line, long_lived)
             else:
                 try:
-                    chan, session = await self._open(conn, command, worker, on_line)
+                    chan, session = await self._open(conn, command, worker, on_line, long_lived)
                 except Unreachable as exc:
                     return WorkerResult(
                         worker, None, "", "", time.perf_counter() - start, f"unreachable: {exc}"
@@ -203,14 +221,14 @@ class Fleet:
         )
 
     async def _open(
-        self, conn: WorkerConnection, command: str, worker: int, on_line: OnLine | None
+        self, conn: WorkerConnection, command: str, worker: int, on_line: OnLine | None, streamed: bool = False
     ) -> tuple[asyncssh.SSHClientChannel, object]:
         """Open the command's channel. A connection that died while idle is replaced once: the command
         had not started, so sending it again is safe."""
         for attempt in (1, 2):
             ssh = await conn.get()
             try:
-                return await open_command(ssh, command, worker, on_line)
+                return await open_command(ssh, command, worker, on_line, streamed)
             except (*_NOT_STARTED, AttributeError) as exc:
                 # asyncssh raises AttributeError ('session_started') when the connection closes while the
                 # channel opens; on a connection still open it is a real bug and goes up as it is.

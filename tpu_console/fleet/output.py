@@ -21,28 +21,44 @@ class CommandOutcome:
 
 
 class CommandOutput:
-    def __init__(self, worker: int, on_line: OnLine | None) -> None:
+    def __init__(self, worker: int, on_line: OnLine | None, streamed: bool = False) -> None:
+        """`streamed`: a long-lived command whose stdout goes to `on_line` only, in whole lines: none of it
+        is kept (a follow may run for days), and a last line cut off without its newline is dropped (it is
+        a record cut short by a dropped connection). stderr is always kept: it says why a command failed."""
         self._worker = worker
         self._on_line = on_line
+        self._streamed = streamed
         self.stdout = bytearray()
         self.stderr = bytearray()
-        self._partial = {"stdout": b"", "stderr": b""}
+        self._partial = {"stdout": bytearray(), "stderr": bytearray()}
 
     def add(self, stream: str, data: bytes) -> None:
         """`stream` is "stdout" or "stderr"."""
-        (self.stderr if stream == "stderr" else self.stdout).extend(data)
-        if self._on_line is not None:
-            *lines, self._partial[stream] = (self._partial[stream] + data).split(b"\n")
-            for line in lines:
-                self._emit(stream, line)
+        if stream == "stderr":
+            self.stderr.extend(data)
+        elif not self._streamed:
+            self.stdout.extend(data)
+        if self._on_line is None:
+            return
+        partial = self._partial[stream]
+        cut = data.rfind(b"\n")
+        if cut < 0:  # a long line arriving in many pieces is joined once, when it is complete
+            partial.extend(data)
+            return
+        partial.extend(data[:cut])
+        lines = partial.split(b"\n")
+        partial.clear()
+        partial.extend(data[cut + 1 :])
+        for line in lines:
+            self._emit(stream, line)
 
     def end(self) -> None:
         """No more output: a last line without a newline is streamed too."""
         if self._on_line is not None:
             for stream, rest in self._partial.items():
-                if rest:
-                    self._emit(stream, rest)
-            self._partial = {"stdout": b"", "stderr": b""}
+                if rest and not (self._streamed and stream == "stdout"):
+                    self._emit(stream, bytes(rest))
+                    rest.clear()
 
     def outcome(
         self, exit_status: int | None, exc: BaseException | None, timeout: float | None
@@ -59,6 +75,6 @@ class CommandOutput:
             error = None
         return CommandOutcome(None if error else exit_status, bytes(self.stdout), bytes(self.stderr), error)
 
-    def _emit(self, stream: str, line: bytes) -> None:
+    def _emit(self, stream: str, line: bytes | bytearray) -> None:
         assert self._on_line is not None
         self._on_line(WorkerLine(self._worker, stream, line.decode("utf-8", errors="replace")))

@@ -14,6 +14,9 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from tpu_console.fleet import run_follower
 
 RUNS_DIR = "tpu-console/runs"  # relative to the worker's home
 # Separates the sections of a probe's output: a control character no JSON line holds unescaped.
@@ -200,20 +203,21 @@ def tail_log(
     )
 
 
-WATCH_SECTION = f"{MARK}chunk "  # heads each file's section in `watch_poll`'s output
+def python_from_stdin(python: str, source_bytes: int) -> str:
+    """A command line that runs a Python program read from the first `source_bytes` bytes of stdin (the
+    command channel's agent, the run follower): nothing but this loader shows on the command line.
+    -I -S: no user site, no site-packages, no PYTHON* variables: the standard library only, fast to start."""
+    return f"exec {python} -I -S -c 'import sys;exec(sys.stdin.buffer.read({int(source_bytes)}))'"
 
 
-def watch_poll(run_id: str, offsets: Mapping[str, int], max_bytes: int = 1 << 20) -> str:
-    """One round trip of a run watcher: the run's probe (as `probe_runs`), then for each file in `offsets`
-    (e.g. output.log, events.jsonl) its bytes from that offset, as `tail_log` prints them:
+FOLLOWER_SOURCE = Path(run_follower.__file__).read_bytes()
 
-        <probe_runs output>
-        <MARK>chunk output.log
-        end=<offset> size=<bytes>
-        <base64 of the bytes>
-    """
-    parts = [probe_runs([run_id])]
-    for file, offset in offsets.items():
-        parts.append(f"printf '\\n{_MARK_PRINTF}chunk %s\\n' {shlex.quote(file)}")
-        parts.append(tail_log(run_id, offset=offset, max_bytes=max_bytes, file=file))
-    return "; ".join(parts)
+
+def follow_run(
+    run_id: str, offsets: Mapping[str, int], poll_s: float, probe_s: float, max_bytes: int, python: str = "python3"
+) -> tuple[str, bytes]:
+    """The command (and its stdin) that streams the run's files from `offsets` and its job's state until
+    the job has ended (run_follower.py says what it prints). `python`: looked up on the worker's PATH."""
+    specs = " ".join(shlex.quote(f"{name}={max(0, int(offset))}") for name, offset in offsets.items())
+    args = f"{_home_path(run_dir(run_id))} {float(poll_s):g} {float(probe_s):g} {int(max_bytes)} {specs}"
+    return f"{python_from_stdin(python, len(FOLLOWER_SOURCE))} {args}", FOLLOWER_SOURCE

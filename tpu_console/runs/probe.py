@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tpu_console.fleet.recipes import MARK
 from tpu_console.runs.events import Event, parse_events
@@ -29,31 +29,37 @@ def parse_probe(stdout: str, events_tail_bytes: int = 0) -> dict[str, RunProbe]:
         head, *sections = block.split(f"\n{MARK}")
         run_id, _, status = head.partition("\n")
         run_id = run_id.strip()
-        values = _key_values(status)
-        if values.get("missing") == "1":
-            probes[run_id] = RunProbe(run_id, missing=True)
+        probe = probe_from_status(run_id, status)
+        if probe.missing:
+            probes[run_id] = probe
             continue
-        events_bytes = _int(values.get("events")) or 0
         events: list[Event] = []
         log_tail: list[str] = []
         for section in sections:
             name, _, body = section.partition("\n")
             if name == "events":
-                events = parse_events(body, starts_mid_line=0 < events_tail_bytes < events_bytes)
+                events = parse_events(body, starts_mid_line=0 < events_tail_bytes < probe.events_bytes)
             elif name == "log":
                 log_tail = [line for line in body.rstrip("\n").split("\n") if line] if body.strip() else []
-        probes[run_id] = RunProbe(
-            run_id,
-            pgid=_int(values.get("pid")),
-            alive=values.get("alive") == "1",
-            exit_status=_int(values.get("exit")),
-            exit_time=_float(values.get("exit_t")),
-            log_bytes=_int(values.get("log")) or 0,
-            events_bytes=events_bytes,
-            events=events,
-            log_tail=log_tail,
-        )
+        probes[run_id] = replace(probe, events=events, log_tail=log_tail)
     return probes
+
+
+def probe_from_status(run_id: str, status: str) -> RunProbe:
+    """A probe from its status line alone (`missing=1`, or `pid=.. alive=.. exit=.. ...`), as `probe_runs`
+    and the run follower (fleet/run_follower.py) print it."""
+    values = _key_values(status)
+    if values.get("missing") == "1":
+        return RunProbe(run_id, missing=True)
+    return RunProbe(
+        run_id,
+        pgid=_int(values.get("pid")),
+        alive=values.get("alive") == "1",
+        exit_status=_int(values.get("exit")),
+        exit_time=_float(values.get("exit_t")),
+        log_bytes=_int(values.get("log")) or 0,
+        events_bytes=_int(values.get("events")) or 0,
+    )
 
 
 def _key_values(text: str) -> dict[str, str]:

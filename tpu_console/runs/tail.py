@@ -1,7 +1,8 @@
 """Resumable log tails: a byte offset per worker, and whole lines only, however the reads fall.
 
-The `tail_log` recipe sends the bytes base64-encoded with the offset just past them, so the console knows
-exactly where to resume (after a reconnect, or in a later console) and never splits a UTF-8 character.
+The `tail_log` recipe and the run follower (fleet/run_follower.py) send the bytes base64-encoded with the
+offsets around them, so the console knows exactly where to resume (after a reconnect, or in a later
+console) and never splits a UTF-8 character.
 """
 
 from __future__ import annotations
@@ -34,23 +35,43 @@ def parse_chunk(stdout: str) -> LogChunk | None:
     return LogChunk(end=end, size=size, data=data)
 
 
+def parse_chunk_record(fields: str) -> tuple[str, LogChunk] | None:
+    """The run follower's `C <file> <start> <end> <size> <base64>` record (without the `C `), or None when
+    it is not whole (a connection dropped in the middle of it)."""
+    try:
+        name, start, end, size, encoded = fields.split(" ")
+        chunk = LogChunk(end=int(end), size=int(size), data=base64.b64decode(encoded, validate=True))
+    except (ValueError, binascii.Error):
+        return None
+    return (name, chunk) if chunk.start == int(start) else None
+
+
 @dataclass
 class TailCursor:
     """Where one worker's log has been read up to. `take` returns the complete lines of a chunk and moves
-    the offset past them; a cut-off last line is read again next time, unless `final` (the job ended)."""
+    the offset past them. A cut-off last line is kept in `pending` (unless `final`: the job ended): a
+    chunk that follows on from it completes it, a chunk read again from `offset` replaces it."""
 
     offset: int = 0
     max_bytes: int = 1 << 20
+    pending: bytes = b""
 
     def take(self, chunk: LogChunk, final: bool = False) -> list[str]:
-        data = chunk.data
+        data, start = chunk.data, chunk.start
+        if self.pending and start == self.offset + len(self.pending):
+            data, start = self.pending + data, self.offset
+        self.pending = b""
         if not final and not data.endswith(b"\n"):
             cut = data.rfind(b"\n")
             # A line longer than a whole read is let through rather than waited on forever.
             if cut >= 0 or len(data) < self.max_bytes:
-                data = data[: cut + 1]
-        self.offset = chunk.start + len(data)
+                data, self.pending = data[: cut + 1], data[cut + 1 :]
+        self.offset = start + len(data)
         if not data:
             return []
         text = data.decode("utf-8", errors="replace")
         return text[:-1].split("\n") if text.endswith("\n") else text.split("\n")
+
+    def finish(self) -> list[str]:
+        """The file is complete (its job ended): a cut-off last line held in `pending` is a line too."""
+        return self.take(LogChunk(end=self.offset + len(self.pending), size=0, data=b""), final=True)

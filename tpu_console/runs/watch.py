@@ -18,13 +18,14 @@ of the latest log lines and events (memory stays bounded whatever the log size),
 (first problem, W&B URL), and the byte offsets read up to. `watch.monitor` is the `RunMonitor`;
 `watch.health()` judges it now.
 
-How it reads: one command per worker per poll (fleet/recipes.py `watch_poll`) probes the job and returns
-both files' new bytes from the offsets read so far, over the worker's persistent connection (the command
-channel once it is up). Offsets move past complete lines only, and only once a reply has arrived whole, so
-a dropped connection, a timeout or a console restart repeats nothing and loses nothing: the next poll asks
-again from the same offsets. A worker that cannot be reached is retried with backoff (0.25 s doubling to
-8 s) and shows as `unreachable` meanwhile. A file that does not exist yet reads as empty until it does. A
-worker that is behind is polled again at once; one that is caught up, every `poll_s`.
+How it reads: one long-lived follower per worker (fleet/run_follower.py, started over the worker's
+persistent connection, on the command channel once it is up) streams both files from the offsets read so
+far, and the job's state every second, until the job has ended and the files are read to their end. A line
+reaches the watch within about `poll_s` of being written, and nothing is asked per poll. Offsets move past
+complete lines only (a cut-off line waits in the cursor for the rest), so a dropped connection, a silent
+one (no heartbeat for SILENCE_S) or a console restart repeats nothing and loses nothing: the next follower
+starts from the same offsets. A worker that cannot be reached is retried with backoff (`poll_s` doubling
+to 8 s) and shows as `unreachable` meanwhile. A file that does not exist yet is waited for.
 
 `fail_fast`: when one worker has failed while others still run (they would hang in a collective), the
 watch stops the survivors itself (TERM, then KILL), as `launch --fail-fast` asks.
@@ -42,22 +43,24 @@ from dataclasses import dataclass, field
 from tpu_console.errors import UserError
 from tpu_console.fleet import recipes
 from tpu_console.fleet.fleet import Fleet
+from tpu_console.fleet.results import WorkerLine
 from tpu_console.providers.base import Provider
 from tpu_console.runs.events import Event, EventSummary, parse_event_line
 from tpu_console.runs.health import Progress, RunHealth, Thresholds, assess
 from tpu_console.runs.monitor import RunMonitor
-from tpu_console.runs.probe import RunProbe, parse_probe
+from tpu_console.runs.probe import probe_from_status
 from tpu_console.runs.reach import reach_node
 from tpu_console.runs.run_end import keep_run_end
 from tpu_console.runs.run_id import check_run_id
 from tpu_console.runs.signatures import Finding, SignatureScanner
 from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
-from tpu_console.runs.tail import LogChunk, TailCursor, parse_chunk
+from tpu_console.runs.tail import TailCursor, parse_chunk, parse_chunk_record
 from tpu_console.secrets import SecretMasker
 
 LOG, EVENTS = "output.log", "events.jsonl"
 MAX_BACKOFF_S = 8.0
-POLL_TIMEOUT_S = 70.0
+PROBE_EVERY_S = 1.0  # the follower reports its job's state this often: the watch's heartbeat
+SILENCE_S = 20.0  # a follower not heard from for this long is on a half-dead connection: start over
 
 
 # -- what a watch reports ------------------------------------------------------------------------------
@@ -95,6 +98,17 @@ Update = LogLines | NewEvents | SignatureFound | HealthChanged | WatchEnded
 
 
 @dataclass
+class _Follow:
+    """One follower's run on one worker, as the watch saw it."""
+
+    heard: float  # when its last record arrived (the event loop's clock)
+    records: int = 0
+    ended: bool = False  # it said the job is over and its files were read to the end
+    said: str = ""  # its last stderr line (why it did not start: no python3 there, say)
+    problem: str | None = None  # why it broke off
+
+
+@dataclass
 class WorkerStream:
     """One worker's side of the watch: read offsets, ring buffers, and counters."""
 
@@ -108,8 +122,9 @@ class WorkerStream:
     events: deque[Event] = field(init=False)
     lines_total: int = 0  # lines seen since the watch started (not only those still in the ring)
     events_total: int = 0
-    failed_polls: int = 0  # polls that got no answer (connection dropped, timeout, unreachable)
-    failing_since: float | None = None  # when the current run of failed polls began
+    broken_follows: int = 0  # followers that broke off (connection dropped, silent, unreachable)
+    held_back: int = 0  # followers stopped because the consumer of `updates()` fell behind
+    failing_since: float | None = None  # when the current run of broken follows began
     finished: bool = False  # the job ended and both files were read to their end
 
     def __post_init__(self) -> None:
@@ -145,8 +160,8 @@ class RunWatch:
     ) -> None:
         """`workers`: those to stream (default: every worker the run was launched on; the health always
         covers them all). `first_log_lines`: start each log at its last N lines instead of its beginning
-        (events are always read whole, so the summaries are complete). `max_bytes`: per file per poll; with
-        64 workers polled at once, what is in flight at a time stays around 64 x 2 x max_bytes. `store`: where the run's state is
+        (events are always read whole, so the summaries are complete). `max_bytes`: the most a follower sends
+        in one chunk. `poll_s`: how often a caught-up follower looks at the files again. `store`: where the run's state is
         saved as it changes (None: not saved), and, with `archive`, where the run's archive and summary
         go when it has ended (runs/run_end.py)."""
         self.fleet = fleet
@@ -175,6 +190,7 @@ class RunWatch:
         self._last_health: tuple | None = None
         self._saved_state: str | None = None
         self._stopping = asyncio.Event()
+        self._behind = asyncio.Event()  # set while the consumer of `updates()` is behind: followers hold
         self._stopper: asyncio.Task[None] | None = None
 
     @classmethod
@@ -260,57 +276,93 @@ class RunWatch:
         if streamed and self.first_log_lines is not None:
             await self._read_last_lines(stream)
         while not self._stopping.is_set() and not self._worker_over(worker):
-            # A worker whose log is not streamed is still probed and its events read (health covers all).
-            offsets = {EVENTS: stream.events_cursor.offset}
-            if streamed:
-                offsets[LOG] = stream.log.offset
-            command = recipes.watch_poll(self.record.run_id, offsets, self.max_bytes)
-            parsed, problem = await self._poll(worker, command, set(offsets))
-            if parsed is None:
-                stream.failed_polls += 1
+            await self._sleep(0)  # a consumer of `updates()` that fell behind holds the follower here
+            follow = await self._follow_once(stream, streamed)
+            if follow.ended:
+                stream.finished = True
+            elif follow.problem is not None:
+                stream.broken_follows += 1
+                if follow.records:  # it streamed for a while: the connection broke now, try again soon
+                    backoff, stream.failing_since = self.poll_s, None
                 if stream.failing_since is None:
                     stream.failing_since = self.clock()
-                self.monitor.observe_unreachable(worker, problem)
+                self.monitor.observe_unreachable(worker, follow.problem)
                 await self._sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
-                continue
-            backoff, stream.failing_since = self.poll_s, None
-            probe, chunks = parsed
-            status = self.monitor.observe(worker, probe)
-            caught_up = chunks[EVENTS].end >= chunks[EVENTS].size and (
-                not streamed or chunks[LOG].end >= chunks[LOG].size
-            )
-            final = caught_up and status.done
-            if streamed:
-                self._take_log(stream, chunks[LOG], final)
-            self._take_events(stream, chunks[EVENTS], final)
-            if final:
-                stream.finished = True
-            elif caught_up:
-                await self._sleep(self.poll_s)
+            # else it was stopped on purpose (the watch stops, or its consumer fell behind)
 
-    async def _poll(
-        self, worker: int, command: str, files: set[str]
-    ) -> tuple[tuple[RunProbe, dict[str, LogChunk]] | None, str]:
-        """One poll: its parsed reply, or None and why not. Never raises for one worker's trouble: a
-        connection torn down in the middle of opening a channel can surface from asyncssh as an odd
-        exception, and a poll stuck on a half-dead connection is cut off; both are a failed poll, retried."""
+    async def _follow_once(self, stream: WorkerStream, streamed: bool) -> _Follow:
+        """Run one follower on the worker until it ends (the job is over and read: `ended`), breaks off
+        (`problem` says why), or is stopped here: when the watch stops, when its consumer falls behind,
+        or when it has been silent for SILENCE_S. Never raises for one worker's trouble: a connection torn
+        down in the middle of opening a channel can surface from asyncssh as an odd exception."""
+        offsets = {EVENTS: stream.events_cursor.offset}
+        if streamed:  # a worker whose log is not streamed still has its events read (health covers all)
+            offsets[LOG] = stream.log.offset
+        command, source = recipes.follow_run(self.record.run_id, offsets, self.poll_s, PROBE_EVERY_S,
+                                             self.max_bytes)
+        loop = asyncio.get_running_loop()
+        follow = _Follow(heard=loop.time())
+
+        def on_line(line: WorkerLine) -> None:
+            if line.stream == "stderr":
+                follow.said = line.text.strip() or follow.said
+            elif not follow.ended:
+                follow.heard = loop.time()
+                follow.records += 1
+                self._take_record(stream, line.text, follow)
+
+        task = asyncio.ensure_future(self.fleet.follow(command, stream.worker, on_line, stdin=source))
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        behind = asyncio.ensure_future(self._behind.wait())
         try:
-            async with asyncio.timeout(POLL_TIMEOUT_S):
-                (result,) = await self.fleet.run(command, [worker], timeout=POLL_TIMEOUT_S - 10)
-        except TimeoutError:
-            return None, f"no answer within {POLL_TIMEOUT_S:g}s"
+            while not task.done():
+                await asyncio.wait({task, stopping, behind}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+                silent = loop.time() - follow.heard > SILENCE_S
+                if not task.done() and (stopping.done() or behind.done() or silent):
+                    stream.held_back += behind.done() and not stopping.done()
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                    if silent:
+                        follow.problem = f"no answer within {SILENCE_S:g}s"
+                    return follow
+            result = task.result()
         except Exception as exc:  # noqa: BLE001 - see the docstring
-            return None, f"poll failed: {type(exc).__name__}: {exc}"
-        parsed = _parse_poll(result.stdout, self.record.run_id, files) if result.ok else None
-        return parsed, result.error or _said(result.stderr, "poll failed")
+            follow.problem = f"follow failed: {type(exc).__name__}: {exc}"
+            return follow
+        finally:
+            stopping.cancel()
+            behind.cancel()
+        if not follow.ended:
+            follow.problem = result.error or follow.said or (
+                f"the follower exited {result.exit_status} before the job ended")
+        return follow
+
+    def _take_record(self, stream: WorkerStream, text: str, follow: _Follow) -> None:
+        """One record of the follower (run_follower.py says what each means)."""
+        kind, _, fields = text.partition(" ")
+        if kind == "C":
+            parsed = parse_chunk_record(fields)
+            if parsed is not None:  # else cut short: the next follower reads it again
+                name, chunk = parsed
+                if name == LOG:
+                    self._take_log_lines(stream, stream.log.take(chunk))
+                elif name == EVENTS:
+                    self._take_event_lines(stream, stream.events_cursor.take(chunk))
+        elif kind == "P":
+            self.monitor.observe(stream.worker, probe_from_status(self.record.run_id, fields))
+        elif kind == "E":
+            follow.ended = True
+            self._take_log_lines(stream, stream.log.finish())
+            self._take_event_lines(stream, stream.events_cursor.finish())
 
     async def _read_last_lines(self, stream: WorkerStream) -> None:
         command = recipes.tail_log(self.record.run_id, lines=self.first_log_lines)
         (result,) = await self.fleet.run(command, [stream.worker], timeout=60)
         chunk = parse_chunk(result.stdout) if result.ok else None
-        if chunk is not None:  # else: the polls start from the beginning
-            self._take_log(stream, chunk, final=False)
+        if chunk is not None:  # else: the follower starts from the beginning
+            self._take_log_lines(stream, stream.log.take(chunk))
 
     def _worker_over(self, worker: int) -> bool:
         """Nothing more will come from this worker: read to the end after its job ended, or unreachable
@@ -323,8 +375,7 @@ class RunWatch:
             return all(self.workers[w].finished or self.monitor.workers[w].done for w in others)
         return False
 
-    def _take_log(self, stream: WorkerStream, chunk: LogChunk, final: bool) -> None:
-        lines = stream.log.take(chunk, final=final)
+    def _take_log_lines(self, stream: WorkerStream, lines: list[str]) -> None:
         if not lines:
             return
         if self.masker:
@@ -337,8 +388,7 @@ class RunWatch:
             if (finding := scan(line)) is not None:
                 self._emit(SignatureFound(stream.worker, finding))
 
-    def _take_events(self, stream: WorkerStream, chunk: LogChunk, final: bool) -> None:
-        lines = stream.events_cursor.take(chunk, final=final)
+    def _take_event_lines(self, stream: WorkerStream, lines: list[str]) -> None:
         if not lines:
             return
         mask = self.masker.mask if self.masker else None
@@ -389,13 +439,19 @@ class RunWatch:
         if self._on_update is not None:
             self._on_update(update)
         if self._queue is not None:
-            self._queue.put_nowait(update)  # unbounded, but the readers wait while it is long (_sleep)
+            self._queue.put_nowait(update)  # unbounded, but the followers hold while it is long (_sleep)
+            if self._queue.qsize() > self._max_queued:
+                self._behind.set()
+
+    def _backlogged(self) -> bool:
+        return self._queue is not None and self._queue.qsize() > self._max_queued
 
     async def _sleep(self, seconds: float) -> None:
-        # A consumer of `updates()` that falls behind holds the readers here: nothing is dropped, and
-        # memory stays bounded (a poll adds at most a few updates per worker).
-        while self._queue is not None and self._queue.qsize() > self._max_queued and not self._stopping.is_set():
+        # A consumer of `updates()` that falls behind holds the followers here (the one streaming when it
+        # fell behind was stopped, `_follow_once`): nothing is dropped, and memory stays bounded.
+        while self._backlogged() and not self._stopping.is_set():
             await asyncio.sleep(0.01)
+        self._behind.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)
 
@@ -406,25 +462,3 @@ async def stop_survivors(fleet: Fleet, run_id: str, workers: Sequence[int], grac
     results = await fleet.run(recipes.stop_run(run_id, grace_s), list(workers), timeout=grace_s + 30)
     return [r.stdout.strip() or (r.error or "") for r in results]
 
-
-def _parse_poll(stdout: str, run_id: str, files: set[str]) -> tuple[RunProbe, dict[str, LogChunk]] | None:
-    """A `watch_poll` reply, or None when it is not whole (the command failed or was cut short)."""
-    head, *sections = stdout.split(recipes.WATCH_SECTION)
-    probe = parse_probe(head).get(run_id)
-    if probe is None:
-        return None
-    chunks: dict[str, LogChunk] = {}
-    for section in sections:
-        name, _, body = section.partition("\n")
-        chunk = parse_chunk(body)
-        if chunk is None:
-            return None
-        chunks[name.strip()] = chunk
-    if set(chunks) != files:
-        return None
-    return probe, chunks
-
-
-def _said(stderr: str, default: str) -> str:
-    lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else default

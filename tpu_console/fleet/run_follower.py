@@ -1,0 +1,148 @@
+"""The worker side of a run watch: one long-lived process per worker that streams a run's files and its
+job's state to the console, so a line reaches the console a few tens of milliseconds after it is written,
+with no command per poll (tpu_console/runs/watch.py is the console side).
+
+Shipped like the worker agent (worker_agent.py): the console runs
+`python3 -I -S -c 'import sys;exec(sys.stdin.buffer.read(N))' RUN_DIR POLL_S PROBE_S MAX_BYTES FILE=OFFSET...`
+and writes this source (N bytes) to its stdin. Python 3.8+ and the standard library only.
+
+It writes one line per record on stdout, flushed as it goes:
+
+    C <file> <start> <end> <size> <base64>   bytes start..end of <file>, whose size was <size> (a chunk of
+                                             at most MAX_BYTES; chunks of a file follow on from each other)
+    P <status>                               the job's state, as `recipes.probe_runs` prints it: `missing=1`,
+                                             or `pid=.. alive=0|1 exit=.. exit_t=.. log=.. events=..`;
+                                             at the start, every PROBE_S (a heartbeat), and at the end
+    E                                        the job has ended and every file was read to its end: the last
+
+A file that does not exist yet is waited for; one that shrank (rewritten) is read again from 0. When its
+stdout is not read (the console fell behind), the follower waits in its write: it never buffers.
+"""
+
+import base64
+import os
+import sys
+import time
+
+# The wrapper writes `exit` just after the job's process group ends: look again before calling it lost.
+EXIT_FILE_GRACE_S = 0.5
+
+
+def _read_text(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _size(path):
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def probe(run_dir):
+    """The job's state as (status line, over). `over`: nothing more will happen (exited, gone, missing)."""
+    if not os.path.isdir(run_dir):
+        return "missing=1", True
+    pid_text = _read_text(os.path.join(run_dir, "pid"))
+    pgid = int(pid_text) if pid_text.isdigit() else None
+    alive = False
+    if pgid is not None:
+        try:
+            os.killpg(pgid, 0)
+            alive = True
+        except PermissionError:
+            alive = True  # it exists, owned by someone else
+        except OSError:
+            pass
+    exit_path = os.path.join(run_dir, "exit")
+    exit_text = _read_text(exit_path)
+    if not alive and not exit_text and pgid is not None:
+        time.sleep(EXIT_FILE_GRACE_S)
+        exit_text = _read_text(exit_path)
+    exit_time = ""
+    if exit_text:
+        try:
+            exit_time = f"{os.stat(exit_path).st_mtime_ns / 1e9:.9f}"
+        except OSError:
+            pass
+    log, events = _size(os.path.join(run_dir, "output.log")), _size(os.path.join(run_dir, "events.jsonl"))
+    status = f"pid={pid_text} alive={int(alive)} exit={exit_text} exit_t={exit_time} log={log} events={events}"
+    over = bool(exit_text) or (pgid is not None and not alive)
+    return status, over
+
+
+class FileTail:
+    """One file, read from an offset on: its new bytes, as they come."""
+
+    def __init__(self, path, name, offset):
+        self.path = path
+        self.name = name
+        self.offset = offset
+        self.file = None
+
+    def read(self, max_bytes):
+        """A `C` record of the next bytes, or None when there are none yet."""
+        if self.file is None:
+            try:
+                self.file = open(self.path, "rb")  # noqa: SIM115 - kept open while it is followed
+            except OSError:
+                return None
+        size = os.fstat(self.file.fileno()).st_size
+        if size < self.offset:
+            self.offset = 0  # the file was rewritten: start over, as the console will
+        if size == self.offset:
+            return None
+        self.file.seek(self.offset)
+        data = self.file.read(min(max_bytes, size - self.offset))
+        if not data:
+            return None
+        start, self.offset = self.offset, self.offset + len(data)
+        return b"C %s %d %d %d %s" % (self.name.encode(), start, self.offset, size, base64.b64encode(data))
+
+
+def follow(run_dir, poll_s, probe_s, max_bytes, offsets, out):
+    tails = [FileTail(os.path.join(run_dir, name), name, offset) for name, offset in offsets]
+    next_probe = 0.0
+    while True:
+        records = [r for r in (t.read(max_bytes) for t in tails) if r is not None]
+        now = time.monotonic()
+        if now >= next_probe:
+            status, over = probe(run_dir)
+            if over:
+                # Read everything the job wrote before it ended, then say so.
+                while records:
+                    _write(out, records)
+                    records = [r for r in (t.read(max_bytes) for t in tails) if r is not None]
+                _write(out, [b"P " + status.encode(), b"E"])
+                return
+            records.append(b"P " + status.encode())
+            next_probe = now + probe_s
+        if records:
+            _write(out, records)
+        else:
+            time.sleep(poll_s)
+
+
+def _write(out, records):
+    out.write(b"\n".join(records) + b"\n")
+    out.flush()
+
+
+def main(argv):
+    run_dir, poll_s, probe_s, max_bytes = argv[0], float(argv[1]), float(argv[2]), int(argv[3])
+    offsets = []
+    for spec in argv[4:]:
+        name, _, offset = spec.rpartition("=")
+        offsets.append((name, int(offset)))
+    try:
+        follow(run_dir, poll_s, probe_s, max_bytes, offsets, sys.stdout.buffer)
+    except (BrokenPipeError, KeyboardInterrupt):
+        pass  # the console went away
+
+
+if __name__ == "__main__":  # run by the loader (its exec runs this in __main__), or as a script
+    main(sys.argv[1:])
