@@ -266,3 +266,15 @@ async def test_a_silent_follower_is_stopped_and_the_worker_shows_unreachable(mon
     watch = RunWatch(fleet, record_for(new_run_id(), [0]))
     follow = await asyncio.wait_for(watch._follow_once(watch.workers[0], streamed=True), 5)
     assert follow.problem == "no answer within 0.3s" and fleet.cancelled == 1
+
+
+async def test_a_worker_without_python3_says_so(local_pod, local_fleet, monkeypatch):
+    run_id = new_run_id()
+    await start_job(local_fleet, run_id, [0], "sleep 5")
+    real = recipes.follow_run
+    monkeypatch.setattr(recipes, "follow_run", lambda *a, **k: real(*a, **k, python="no-such-python3"))
+    watch = RunWatch(local_fleet, record_for(run_id, [0]))
+    follow = await asyncio.wait_for(watch._follow_once(watch.workers[0], streamed=True), 10)
+    assert "no-such-python3" in follow.problem and follow.problem.endswith(
+        "(following a run needs python3 on the worker's PATH)")
+    assert "\n" not in follow.problem

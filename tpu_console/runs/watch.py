@@ -337,6 +337,8 @@ class RunWatch:
         if not follow.ended:
             follow.problem = result.error or follow.said or (
                 f"the follower exited {result.exit_status} before the job ended")
+            if result.exit_status == 127:  # the shell found no python3
+                follow.problem += " (following a run needs python3 on the worker's PATH)"
         return follow
 
     def _take_record(self, stream: WorkerStream, text: str, follow: _Follow) -> None:
