@@ -10,7 +10,9 @@ show a line soon after it is written?
     machine the 64 writers and the pod's SSH servers take the other core and more. Every line is checked
     to have arrived exactly once.
 (b) latency: every worker writes a timestamped line every 50 ms for --latency-s seconds; the watch, at
-    `logs -f`'s settings, notes when each line reaches it. Prints p50/p95/max (target p95 < 1 s).
+    `logs -f`'s settings, notes when each line reaches it. Prints p50/p95/max of the lines written while
+    the worker is followed (target p95 < 1 s), and apart, the start: how long until every worker's
+    follower was streaming, and how late the lines written meanwhile arrived.
 Peak RSS of the console process is printed with the bytes read, and the ring buffers' size.
 The reference, measured in the same run: reading and splitting the same log bytes from local files in
 this process (no SSH, no parsing), the floor the console's cost is put against.

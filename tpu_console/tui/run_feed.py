@@ -113,7 +113,8 @@ class RunFeed:
     ) -> None:
         """`first_log_lines`: each worker's log starts at its last N lines (None: from its beginning; events
         are always read whole).
-        `poll_s`: how often a caught-up worker is asked again (a line shows within about that).
+        `poll_s`: how often a caught-up worker's follower looks at its files again (a line shows within
+        about that).
         `open_watch`: how the watch is opened (default: `RunWatch.open` on the run's node; the benchmark
         passes one over a synthetic fleet)."""
         self.providers = providers
