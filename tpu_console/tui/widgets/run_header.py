@@ -56,7 +56,8 @@ def title_text(run_id: str, snapshot: RunSnapshot | None, problem: str | None) -
             text.append(f"ended: {snapshot.state.upper()}", style=STATE_STYLE.get(snapshot.state, "bold"))
         else:
             text.append(snapshot.state, style=STATE_STYLE.get(snapshot.state, ""))
-        running = sum(w.activity in ("running", "stalled") for w in snapshot.workers)
+        # A job that is starting or compiling is running too, as `status` and the nodes screen say.
+        running = sum(w.activity in ("starting", "compiling", "running", "stalled") for w in snapshot.workers)
         exited = sum(w.activity == "exited" for w in snapshot.workers)
         steps = [w.step for w in snapshot.workers if w.step is not None]
         text.append(f"  {running} running, {exited} exited of {len(snapshot.workers)}", style="dim")

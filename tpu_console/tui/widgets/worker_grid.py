@@ -17,6 +17,10 @@ from tpu_console.tui.run_snapshot import RunSnapshot, WorkerRow, slowness
 
 HUNG_STYLE = "bold white on red"
 COLUMNS = ("W", "STATE", "STEP", "STEP TIME", "EXIT", "LAST LINE")
+# Fixed widths for the widest value each column shows ("63!", "compiling 119s", "123.45s 1.5x", "143"), so
+# no state is cut off and nothing jumps as values change; LAST LINE takes the rest of the width.
+WIDTHS = {"W": 3, "STATE": 14, "STEP": 6, "STEP TIME": 12, "EXIT": 4}
+LAST_LINE_MIN = 20
 
 
 class WorkerGrid(DataTable):
@@ -34,10 +38,24 @@ class WorkerGrid(DataTable):
         self.can_focus = False  # keys belong to the dashboard; the cursor shows who is followed
         self._order: list[int] = []
         self._cells: dict[int, tuple[Text, ...]] = {}  # what each row shows now
+        self._selected: int | None = None
 
     def on_mount(self) -> None:
+        self._add_columns(LAST_LINE_MIN)
+
+    def on_resize(self) -> None:
+        last_line = self.size.width - sum(WIDTHS.values()) - 2 * self.cell_padding * len(COLUMNS) - 1  # scrollbar
+        last_line = max(LAST_LINE_MIN, last_line)
+        if self.columns["LAST LINE"].width != last_line:  # type: ignore[index] - keyed by the column's name
+            self.clear(columns=True)
+            self._add_columns(last_line)
+            for worker in self._order:
+                self.add_row(*self._cells[worker], key=str(worker))
+            self.select(self._selected)
+
+    def _add_columns(self, last_line: int) -> None:
         for column in COLUMNS:
-            self.add_column(column, key=column)
+            self.add_column(column, key=column, width=WIDTHS.get(column, last_line))
 
     def show(self, snapshot: RunSnapshot, selected: int | None) -> None:
         step_times = {w.worker: w.step_s for w in snapshot.workers if w.step_s is not None and not w.failed}
@@ -59,6 +77,7 @@ class WorkerGrid(DataTable):
 
     def select(self, worker: int | None) -> None:
         """Put the cursor on `worker`'s row (none when following every worker)."""
+        self._selected = worker
         self.show_cursor = worker is not None
         if worker is not None and str(worker) in self.rows:
             self.move_cursor(row=self.get_row_index(str(worker)), animate=False)
