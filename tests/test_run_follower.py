@@ -24,10 +24,11 @@ RUN = "20250314-120000-0000"
 
 
 def start_follower(home, offsets, poll_s=0.02, probe_s=0.2, max_bytes=1 << 16):
-    command, source = recipes.follow_run(RUN, offsets, poll_s, probe_s, max_bytes)
-    process = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               env={**os.environ, "HOME": str(home)}, start_new_session=True)
-    process.stdin.write(source)
+    program = recipes.follow_run(RUN, offsets, poll_s, probe_s, max_bytes)  # as the exec path runs it
+    process = subprocess.Popen(["bash", "-c", program.command_line()], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, env={**os.environ, "HOME": str(home)},
+                               start_new_session=True)
+    process.stdin.write(program.source)
     process.stdin.close()
     return process
 

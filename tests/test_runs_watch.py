@@ -190,7 +190,15 @@ async def test_a_worker_whose_ssh_server_stops_is_unreachable_then_recovers_with
     assert received == [f"line {i}" for i in range(1, 61)]
 
 
-async def test_signatures_and_events_arrive_as_updates_and_the_watch_ends(local_pod, local_fleet):
+@pytest.mark.parametrize("channels", [True, False], ids=["agent-fork", "exec-path"])
+async def test_signatures_and_events_arrive_as_updates_and_the_watch_ends(local_pod, channels):
+    async with Fleet(local_pod.targets, command_channels=channels) as fleet:
+        if channels:
+            await fleet.start_command_channels()  # the follower runs in a fork of the agent
+        await _signatures_and_events(fleet)
+
+
+async def _signatures_and_events(local_fleet: Fleet) -> None:
     run_id, workers = new_run_id(), [0]
     script = ("echo 'wandb: View run at https://wandb.ai/e/p/runs/abc123'; "
               "echo '{\"t\": 1, \"kind\": \"error\", \"process\": 0, \"message\": \"boom\"}' >> events.jsonl; "
@@ -268,13 +276,14 @@ async def test_a_silent_follower_is_stopped_and_the_worker_shows_unreachable(mon
     assert follow.problem == "no answer within 0.3s" and fleet.cancelled == 1
 
 
-async def test_a_worker_without_python3_says_so(local_pod, local_fleet, monkeypatch):
+async def test_a_worker_without_python3_says_so(local_pod, monkeypatch):
     run_id = new_run_id()
-    await start_job(local_fleet, run_id, [0], "sleep 5")
     real = recipes.follow_run
     monkeypatch.setattr(recipes, "follow_run", lambda *a, **k: real(*a, **k, python="no-such-python3"))
-    watch = RunWatch(local_fleet, record_for(run_id, [0]))
-    follow = await asyncio.wait_for(watch._follow_once(watch.workers[0], streamed=True), 10)
+    async with Fleet(local_pod.targets, command_channels=False) as fleet:  # where no agent can run
+        await start_job(fleet, run_id, [0], "sleep 5")
+        watch = RunWatch(fleet, record_for(run_id, [0]))
+        follow = await asyncio.wait_for(watch._follow_once(watch.workers[0], streamed=True), 10)
     assert "no-such-python3" in follow.problem and follow.problem.endswith(
         "(following a run needs python3 on the worker's PATH)")
     assert "\n" not in follow.problem

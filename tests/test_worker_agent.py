@@ -179,3 +179,34 @@ def test_closing_the_session_stops_running_commands_but_not_detached_jobs(worker
     wait_for(lambda: not pid_alive(attached), timeout=5)
     assert pid_alive(detached)
     os.kill(detached, 9)
+
+
+PROGRAM = b"""
+import os, sys
+print("args", sys.argv[1:], "pgid is pid", os.getpgid(0) == os.getpid(), flush=True)
+print("open fds", sorted(int(fd) for fd in os.listdir("/proc/self/fd"))[:3], flush=True)
+if sys.argv[1] == "fail":
+    raise ValueError("boom")
+if sys.argv[1] == "wait":
+    import time
+    time.sleep(60)
+sys.exit(int(sys.argv[2]))
+"""
+
+
+def test_a_python_program_runs_in_a_fork_of_the_agent_with_its_arguments(worker: AgentProcess):
+    worker.send(agent.encode_python(1, PROGRAM, [b"exit", b"5"]))
+    stdout, stderr, status = worker.result(1)
+    assert status == 5 and stderr == b""
+    args_line, fds_line = stdout.decode().splitlines()
+    assert args_line == "args ['exit', '5'] pgid is pid True"  # a session of its own: KILL stops it all
+    assert fds_line == "open fds [0, 1, 2]"  # nothing of the agent's (its SSH channel, epoll) leaks in
+    worker.send(agent.encode_python(2, PROGRAM, [b"fail"]))
+    stdout, stderr, status = worker.result(2)
+    assert status == 1 and stderr.decode().splitlines()[-1] == "ValueError: boom"
+    worker.send(agent.encode_python(3, PROGRAM, [b"wait"]))
+    worker.lines(3, 1)
+    worker.send(agent.encode_frame(agent.KILL, 3))
+    assert worker.result(3)[2] == 128 + 15
+    worker.run(4, "echo still serving")  # the agent itself carries on
+    assert worker.result(4) == (b"still serving\n", b"", 0)

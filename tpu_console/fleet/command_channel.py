@@ -22,7 +22,7 @@ import asyncssh
 
 from tpu_console.fleet import worker_agent
 from tpu_console.fleet.output import CommandOutcome, CommandOutput, OnLine
-from tpu_console.fleet.recipes import python_from_stdin
+from tpu_console.fleet.program import PythonProgram, python_from_stdin
 
 # The interpreter the loader runs; a name looked up on the worker's PATH.
 AGENT_PYTHON = "python3"
@@ -113,19 +113,24 @@ class CommandChannel(asyncssh.SSHClientSession[bytes]):
 
     async def run(
         self,
-        command: str,
+        command: str | PythonProgram,
         stdin: bytes | None,
         timeout: float | None,
         on_line: OnLine | None,
         streamed: bool = False,
     ) -> CommandOutcome:
-        """Run one command on the worker; same outcome as the exec path (command.py)."""
+        """Run one command, or a Python program in a fork of the agent, on the worker; same outcome as
+        the exec path (command.py)."""
         assert self._chan is not None
         request_id = next(self._ids)
         request = _Request(CommandOutput(self._worker, on_line, streamed))
         self._requests[request_id] = request
-        text = command.encode("utf-8", errors="surrogateescape")
-        self._chan.write(worker_agent.encode_run(request_id, text, stdin or b""))
+        if isinstance(command, PythonProgram):
+            args = [arg.encode("utf-8", errors="surrogateescape") for arg in command.args]
+            self._chan.write(worker_agent.encode_python(request_id, command.source, args))
+        else:
+            text = command.encode("utf-8", errors="surrogateescape")
+            self._chan.write(worker_agent.encode_run(request_id, text, stdin or b""))
         timer = None
         if timeout is not None:
             timer = asyncio.get_running_loop().call_later(timeout, self._give_up, request_id, TimeoutError())

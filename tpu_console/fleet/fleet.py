@@ -35,6 +35,7 @@ from tpu_console.errors import Unreachable, UserError
 from tpu_console.fleet.command import finish_command, open_command
 from tpu_console.fleet.connection import WorkerConnection
 from tpu_console.fleet.output import OnLine
+from tpu_console.fleet.program import PythonProgram
 from tpu_console.fleet.results import WorkerLine, WorkerResult
 from tpu_console.fleet.target import SshTarget
 
@@ -111,16 +112,14 @@ class Fleet:
             await asyncio.gather(*(self._run_one(w, full_command, timeout, data, on_line) for w in selected))
         )
 
-    async def follow(
-        self, command: str, worker: int, on_line: OnLine, *, stdin: str | bytes | None = None
-    ) -> WorkerResult:
-        """Run a long-lived command on one worker whose stdout goes to `on_line` only (the result keeps
-        none of it: a follow may stream for days). It holds a session on its worker's SSH server, as any
-        command, but no place in the overall limit: following every worker of a 64-worker pod must leave
-        room for other commands. Cancelling it stops the command on the worker."""
+    async def follow(self, command: str | PythonProgram, worker: int, on_line: OnLine) -> WorkerResult:
+        """Run a long-lived command or Python program (program.py) on one worker, its stdout going to
+        `on_line` only (the result keeps none of it: a follow may stream for days). It holds a session on
+        its worker's SSH server, as any command, but no place in the overall limit: following every
+        worker of a 64-worker pod must leave room for other commands. Cancelling it stops it on the
+        worker."""
         self._select([worker])
-        data = stdin.encode() if isinstance(stdin, str) else stdin
-        return await self._run_one(worker, command, None, data, on_line, long_lived=True)
+        return await self._run_one(worker, command, None, None, on_line, long_lived=True)
 
     async def start_command_channels(self, workers: Sequence[int] | None = None) -> dict[int, str]:
         """Connect and start the command channel on each selected worker now, rather than after its
@@ -184,7 +183,7 @@ class Fleet:
     async def _run_one(
         self,
         worker: int,
-        command: str,
+        command: str | PythonProgram,
         timeout: float | None,
         stdin: bytes | None,
         on_line: OnLine | None,
@@ -197,6 +196,8 @@ class Fleet:
             if channel is not None:
                 outcome = await channel.run(command, stdin, timeout, on_line, long_lived)
             else:
+                if isinstance(command, PythonProgram):  # no agent to fork it: its own interpreter
+                    command, stdin = command.command_line(), command.source
                 try:
                     chan, session = await self._open(conn, command, worker, on_line, long_lived)
                 except Unreachable as exc:

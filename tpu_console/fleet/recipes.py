@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tpu_console.fleet import run_follower
+from tpu_console.fleet.program import PythonProgram
 
 RUNS_DIR = "tpu-console/runs"  # relative to the worker's home
 # Separates the sections of a probe's output: a control character no JSON line holds unescaped.
@@ -203,21 +204,14 @@ def tail_log(
     )
 
 
-def python_from_stdin(python: str, source_bytes: int) -> str:
-    """A command line that runs a Python program read from the first `source_bytes` bytes of stdin (the
-    command channel's agent, the run follower): nothing but this loader shows on the command line.
-    -I -S: no user site, no site-packages, no PYTHON* variables: the standard library only, fast to start."""
-    return f"exec {python} -I -S -c 'import sys;exec(sys.stdin.buffer.read({int(source_bytes)}))'"
-
-
 FOLLOWER_SOURCE = Path(run_follower.__file__).read_bytes()
 
 
 def follow_run(
     run_id: str, offsets: Mapping[str, int], poll_s: float, probe_s: float, max_bytes: int, python: str = "python3"
-) -> tuple[str, bytes]:
-    """The command (and its stdin) that streams the run's files from `offsets` and its job's state until
-    the job has ended (run_follower.py says what it prints). `python`: looked up on the worker's PATH."""
-    specs = " ".join(shlex.quote(f"{name}={max(0, int(offset))}") for name, offset in offsets.items())
-    args = f"{_home_path(run_dir(run_id))} {float(poll_s):g} {float(probe_s):g} {int(max_bytes)} {specs}"
-    return f"{python_from_stdin(python, len(FOLLOWER_SOURCE))} {args}", FOLLOWER_SOURCE
+) -> PythonProgram:
+    """The program that streams the run's files from `offsets` and its job's state until the job has ended
+    (run_follower.py says what it prints). `python`: for the exec path, looked up on the worker's PATH."""
+    specs = [f"{name}={max(0, int(offset))}" for name, offset in offsets.items()]
+    args = (f"~/{run_dir(run_id)}", f"{float(poll_s):g}", f"{float(probe_s):g}", str(int(max_bytes)), *specs)
+    return PythonProgram(FOLLOWER_SOURCE, args, python)

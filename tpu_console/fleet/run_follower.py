@@ -2,9 +2,9 @@
 job's state to the console, so a line reaches the console a few tens of milliseconds after it is written,
 with no command per poll (tpu_console/runs/watch.py is the console side).
 
-Shipped like the worker agent (worker_agent.py): the console runs
-`python3 -I -S -c 'import sys;exec(sys.stdin.buffer.read(N))' RUN_DIR POLL_S PROBE_S MAX_BYTES FILE=OFFSET...`
-and writes this source (N bytes) to its stdin. Python 3.8+ and the standard library only.
+A PythonProgram (fleet/program.py), with arguments RUN_DIR POLL_S PROBE_S MAX_BYTES FILE=OFFSET...: the
+command channel's agent runs it in a fork of itself, the exec path with `python3 -I -S`. Python 3.8+ and
+the standard library only; RUN_DIR may start with `~/` (no shell expands it).
 
 It writes one line per record on stdout, flushed as it goes:
 
@@ -134,7 +134,7 @@ def _write(out, records):
 
 
 def main(argv):
-    run_dir, poll_s, probe_s, max_bytes = argv[0], float(argv[1]), float(argv[2]), int(argv[3])
+    run_dir, poll_s, probe_s, max_bytes = os.path.expanduser(argv[0]), float(argv[1]), float(argv[2]), int(argv[3])
     offsets = []
     for spec in argv[4:]:
         name, _, offset = spec.rpartition("=")

@@ -11,6 +11,9 @@ third-party imports, no syntax newer than 3.8.
 Protocol, after the agent writes MAGIC to say it is ready: frames both ways, each a HEADER (kind,
 request id, body length) and a body.
   fleet -> agent   RUN   body = u32 length of the command, the command (utf-8), then its stdin
+                   PYTHON  body = u32 length of a Python program (standard library only), the program,
+                         then its arguments, NUL-separated: run as __main__ in a fork of the agent, so no
+                         interpreter has to start (the run watch's follower, 64 of them at once)
                    KILL  stop the command: SIGTERM to its process group, SIGKILL after STOP_GRACE_S
   agent -> fleet   STDOUT / STDERR  a chunk of the command's output, as it comes
                    EXIT  body = i32 exit status (128+N for death by signal N, as in bash); always the
@@ -41,7 +44,7 @@ MAGIC = b"\0tpu-console-agent %d\n" % PROTOCOL_VERSION
 HEADER = struct.Struct(">cII")  # kind, request id, body length
 LENGTH = struct.Struct(">I")
 STATUS = struct.Struct(">i")
-RUN, KILL = b"r", b"k"
+RUN, PYTHON, KILL = b"r", b"p", b"k"
 STDOUT, STDERR, EXIT = b"o", b"e", b"x"
 
 # A command goes to the spare bash through a pipe that takes it in one write; longer ones start their
@@ -75,6 +78,10 @@ def encode_frame(kind: bytes, request_id: int, body: bytes = b"") -> bytes:
 
 def encode_run(request_id: int, command: bytes, stdin: bytes = b"") -> bytes:
     return encode_frame(RUN, request_id, LENGTH.pack(len(command)) + command + stdin)
+
+
+def encode_python(request_id: int, source: bytes, args) -> bytes:
+    return encode_frame(PYTHON, request_id, LENGTH.pack(len(source)) + source + b"\0".join(args))
 
 
 def split_frames(buffer: bytearray) -> list:
@@ -254,10 +261,14 @@ class Agent:
             self.shutdown()
         self.inbox += data
         for kind, request_id, body in split_frames(self.inbox):
-            if kind == RUN:
+            if kind in (RUN, PYTHON):
                 (length,) = LENGTH.unpack_from(body)
                 end = LENGTH.size + length
-                self._run(request_id, body[LENGTH.size : end], body[end:])
+                if kind == RUN:
+                    self._run(request_id, body[LENGTH.size : end], body[end:])
+                else:
+                    args = body[end:].split(b"\0") if len(body) > end else []
+                    self._run_python(request_id, body[LENGTH.size : end], args)
             elif kind == KILL and request_id in self.running:
                 child = self.running[request_id]
                 _signal_group(child.pid, signal.SIGTERM)
@@ -286,6 +297,19 @@ class Agent:
             _close(child.stdin_fd)
             child.stdin_fd = -1
         self._refill_by(child.started + LONG_COMMAND_S)  # sooner, at its end, if it is short
+
+    def _run_python(self, request_id: int, source: bytes, args) -> None:
+        try:
+            child = self._fork_python(source, args)
+        except OSError as exc:
+            self.outbox += encode_frame(STDERR, request_id, f"cannot fork: {exc}\n".encode())
+            self.outbox += encode_frame(EXIT, request_id, STATUS.pack(127))
+            return
+        child.request_id = request_id
+        child.started = time.monotonic()
+        self.running[request_id] = child
+        _close(child.stdin_fd)  # the program gets an empty stdin
+        child.stdin_fd = -1
 
     # -- a child's output, input and exit ------------------------------------------------------------
 
@@ -401,6 +425,27 @@ class Agent:
         finally:
             for fd in (stdin_r, stdout_w, stderr_w):
                 _close(fd)
+        return self._adopt(pid, stdin_w, stdout_r, stderr_r)
+
+    def _fork_python(self, source: bytes, args) -> Child:
+        """Run a Python program in a fork of this process, in a session of its own, watched as `_spawn`'s."""
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+        stderr_r, stderr_w = os.pipe()
+        try:
+            pid = os.fork()
+        except BaseException:
+            for fd in (stdin_r, stdin_w, stdout_r, stdout_w, stderr_r, stderr_w):
+                _close(fd)
+            raise
+        if pid == 0:
+            _run_program(source, args, stdin_r, stdout_w, stderr_w)  # never returns
+        for fd in (stdin_r, stdout_w, stderr_w):
+            _close(fd)
+        return self._adopt(pid, stdin_w, stdout_r, stderr_r)
+
+    def _adopt(self, pid: int, stdin_w: int, stdout_r: int, stderr_r: int) -> Child:
+        """Watch a new child's pipes and exit from now on."""
         for fd in (stdin_w, stdout_r, stderr_r):
             os.set_blocking(fd, False)
         child = Child(pid, self._pidfd(pid), stdin_w, stdout_r, stderr_r, -1)
@@ -515,6 +560,43 @@ class Agent:
         for child in running:
             _signal_group(child.pid, signal.SIGKILL)
         os._exit(0)
+
+
+def _run_program(source: bytes, args, stdin_fd: int, stdout_fd: int, stderr_fd: int) -> None:
+    """In a fresh fork of the agent: become a session of our own with the three pipes as stdin, stdout and
+    stderr, let go of everything else the agent holds, and run the program as __main__ with `args` as
+    sys.argv[1:]. Exits with its status (1 for an exception, after its traceback); never returns."""
+    status = 1
+    try:
+        os.setsid()  # stopping it stops its whole group, as for a command
+        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        for target, fd in ((0, stdin_fd), (1, stdout_fd), (2, stderr_fd)):
+            os.dup2(fd, target)
+            os.set_blocking(target, True)
+        for fd in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else range(3, 256):
+            if int(fd) > 2:
+                _close(int(fd))
+        sys.argv = ["-c"] + [arg.decode("utf-8", "surrogateescape") for arg in args]
+        exec(compile(source, "<program>", "exec"), {"__name__": "__main__"})  # noqa: S102 - what it is for
+        status = 0
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            status = exc.code or 0
+        else:
+            sys.stderr.write(f"{exc.code}\n")
+    except BaseException:  # noqa: BLE001 - whatever it was, its traceback is the program's stderr
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001, S110 - a reader that went away: nothing more to say
+                pass
+        os._exit(status)
 
 
 def _still_running(pid: int) -> bool:

@@ -299,8 +299,7 @@ class RunWatch:
         offsets = {EVENTS: stream.events_cursor.offset}
         if streamed:  # a worker whose log is not streamed still has its events read (health covers all)
             offsets[LOG] = stream.log.offset
-        command, source = recipes.follow_run(self.record.run_id, offsets, self.poll_s, PROBE_EVERY_S,
-                                             self.max_bytes)
+        follower = recipes.follow_run(self.record.run_id, offsets, self.poll_s, PROBE_EVERY_S, self.max_bytes)
         loop = asyncio.get_running_loop()
         follow = _Follow(heard=loop.time())
 
@@ -312,7 +311,7 @@ class RunWatch:
                 follow.records += 1
                 self._take_record(stream, line.text, follow)
 
-        task = asyncio.ensure_future(self.fleet.follow(command, stream.worker, on_line, stdin=source))
+        task = asyncio.ensure_future(self.fleet.follow(follower, stream.worker, on_line))
         stopping = asyncio.ensure_future(self._stopping.wait())
         behind = asyncio.ensure_future(self._behind.wait())
         try:
