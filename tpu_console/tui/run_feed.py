@@ -104,7 +104,7 @@ class RunFeed:
         *,
         clock: Callable[[], datetime] = local_now,
         first_log_lines: int | None = 200,
-        poll_s: float = 0.5,
+        poll_s: float = 0.25,
         flush_every_s: float = 0.1,
         snapshot_every_s: float = 1.0,
         devices_every_s: float = 5.0,
