@@ -175,9 +175,13 @@ async def main(workers: int, lines: int, latency_s: float) -> int:
           f"p95 {p95 * 1000:.0f} ms, max {latencies[-1] * 1000 if latencies else float('nan'):.0f} ms "
           f"(lines written while followed)")
     if first_line_s:
-        print(f"    start: every worker followed {first_line_s[-1] * 1000:.0f} ms after the watch began (median "
-              f"{statistics.median(first_line_s) * 1000:.0f} ms); the {len(starting):,} lines written meanwhile "
-              f"arrived within {starting[-1] * 1000 if starting else 0:.0f} ms")
+        print(f"    start: every worker's first line arrived within {first_line_s[-1] * 1000:.0f} ms of the watch's "
+              f"start (median {statistics.median(first_line_s) * 1000:.0f} ms; 64 tickers and followers starting); "
+              f"the {len(starting):,} lines written meanwhile arrived within "
+              f"{starting[-1] * 1000 if starting else 0:.0f} ms")
+        every = sorted(latencies + starting)
+        print(f"    every line written since the watch began, the start included: "
+              f"p95 {every[int(0.95 * (len(every) - 1))] * 1000:.0f} ms")
     met = per_cpu_s >= LINES_PER_CPU_S_TARGET and p95 < P95_TARGET_S and complete
     print(f"targets: >= {LINES_PER_CPU_S_TARGET:,} lines per console CPU-second, p95 < {P95_TARGET_S:g} s, "
           f"no line lost: {'met' if met else 'NOT met'}")
