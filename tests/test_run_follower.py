@@ -33,9 +33,9 @@ def start_follower(home, offsets, poll_s=0.02, probe_s=0.2, max_bytes=1 << 16):
     return process
 
 
-def records(process, timeout=10):
-    """Every record until the follower exits."""
-    out = process.stdout.read()
+def records(process, timeout=10, first=b""):
+    """Every record until the follower exits (after `first`, what was read of them already)."""
+    out = first + process.stdout.read()
     process.wait(timeout=timeout)
     assert out.endswith(b"\n")
     return out.decode().splitlines()
@@ -79,17 +79,17 @@ def test_it_follows_a_live_job_waits_for_a_file_that_does_not_exist_yet_and_sees
     (folder / "pid").write_text(f"{job.pid}\n")
     follower = start_follower(tmp_path, {"output.log": 0})
     try:
-        time.sleep(0.3)
+        first = follower.stdout.readline()  # it has started: its first heartbeat, no log yet
         with open(folder / "output.log", "ab") as log:
             for i in range(50):
                 log.write(f"line {i}\n".encode())
                 log.flush()
                 time.sleep(0.005)
-        time.sleep(0.3)
+        time.sleep(0.5)  # a few more heartbeats
         job.kill()
         job.wait()
         (folder / "exit").write_text("137\n")
-        lines = records(follower)
+        lines = records(follower, first=first)
     finally:
         follower.kill()
     assert chunks_of(lines, "output.log") == b"".join(f"line {i}\n".encode() for i in range(50))
