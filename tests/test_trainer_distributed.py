@@ -81,10 +81,16 @@ def test_wrong_process_count_fails_at_once(tmp_path, tiny_model_dir):
 
 def test_checkpoint_resume_and_eval(tmp_path, tiny_model_dir):
     ckpt = tmp_path / "ckpt"
+    # The two runs compile the same programs: the second reads them from a JAX compilation cache the first
+    # writes (this test counts no compilations), instead of compiling them again.
+    jax_cache = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax-cache"),
+                 "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                 "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
     # The first run also evaluates at its last step: 3 samples padded to the 2 local devices.
     config = tiny_config(tmp_path, tiny_model_dir, steps=1, eval_every_steps=1, eval_samples=3,
                          **{"checkpoint.dir": str(ckpt), "checkpoint.every_steps": 1})
-    [first] = launch(tmp_path, config, processes=1, devices=2, distributed=False, tag="first")
+    [first] = launch(tmp_path, config, processes=1, devices=2, distributed=False, tag="first",
+                     extra_env=jax_cache)
     assert first.returncode == 0, first.output[-3000:]
     [evaluation] = [e for e in first.events if e["kind"] == "eval"]
     assert evaluation["step"] == 1 and evaluation["eval/samples"] == 3
@@ -92,7 +98,8 @@ def test_checkpoint_resume_and_eval(tmp_path, tiny_model_dir):
     assert [p.name for p in ckpt.iterdir() if p.name.isdigit()] == ["1"]
     config = tiny_config(tmp_path, tiny_model_dir, steps=2, **{"checkpoint.dir": str(ckpt),
                                                               "checkpoint.every_steps": 1})
-    [second] = launch(tmp_path, config, processes=1, devices=2, distributed=False, tag="second")
+    [second] = launch(tmp_path, config, processes=1, devices=2, distributed=False, tag="second",
+                      extra_env=jax_cache)
     assert second.returncode == 0, second.output[-3000:]
     assert "resumed from checkpoint step 1" in second.output
     assert [e["step"] for e in second.events if e["kind"] == "step"] == [2]

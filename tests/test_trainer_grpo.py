@@ -145,7 +145,7 @@ def test_update_step_gradient_equals_full_batch_loss_gradient(micro_batches):
         m = batch["completion_mask"]
         return (terms["loss"] * m).sum() / m.sum()
 
-    expected_loss, expected_grads = jax.value_and_grad(full_loss)(params)
+    expected_loss, expected_grads = jax.jit(jax.value_and_grad(full_loss))(params)  # one compile, not op by op
     sgd = optax.sgd(1.0)
     step = GRPOStep(apply_fn, sgd, prompt_len=p, temperature=1.0, micro_batches=micro_batches, loss=settings)
     ref_logp = step.logprobs(ref_params, None, batch)

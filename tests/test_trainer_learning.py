@@ -25,7 +25,9 @@ from trainer.weights import load_model
 
 pytest_plugins = ("tests.fixtures_trainer",)
 
-PROMPT_LEN, NEW_TOKENS, GROUP, PROMPTS, STEPS = 160, 8, 8, 4, 24
+# The 4 prompts are 57-66 tokens long: left-padded to 72 (padding is masked, so the width changes nothing but
+# the work per step).
+PROMPT_LEN, NEW_TOKENS, GROUP, PROMPTS, STEPS = 72, 8, 8, 4, 24
 
 
 def test_mean_reward_rises_on_a_toy_token_reward(tiny_model_dir):
@@ -36,11 +38,13 @@ def test_mean_reward_rises_on_a_toy_token_reward(tiny_model_dir):
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     optimizer = make_optimizer("adamw", make_schedule(3e-3, "constant", STEPS, 0, 0.1), clip_norm=1.0,
                                weight_decay=0.0, b1=0.9, b2=0.999)
-    opt_state = optimizer.init(params)
+    # Committed to the device as the update's outputs are, so step 2 reuses step 1's compilation.
+    opt_state = jax.device_put(optimizer.init(params), jax.devices()[0])
     step = GRPOStep(completion_logits_fn(graphdef, PROMPT_LEN), optimizer, prompt_len=PROMPT_LEN,
                     temperature=1.0, micro_batches=2, loss=LossSettings())
     questions = [p["question"] for p in generate_problems(PROMPTS, seed=0)]
     prompts = [ids for ids in encode_chat_prompts(tokenizer, questions) for _ in range(GROUP)]
+    assert max(len(p) for p in prompts) <= PROMPT_LEN  # nothing truncated
 
     # The target: the token the untrained model finds likeliest after the prompt (about 1%: its logits are
     # nearly flat), so a rollout of 256 tokens meets it a few times and GRPO has something to reinforce.
