@@ -1,7 +1,8 @@
 """The worker lifecycle on a local pod through the CLI: bootstrap (twice: the second finds it in place),
-sync with a .env, the checks that refuse a launch (mixed code, a live run), a failed start that stops the
-others, a job killed with SIGKILL, and secrets masked in every output. The trainer is a bash fake
-(`--python`) except where the synced environment's own interpreter is the point."""
+sync with a .env, the real tiny trainer launched from the synced environment on every worker, the checks
+that refuse a launch (mixed code, a live run), a failed start that stops the others, a job killed with
+SIGKILL, and secrets masked in every output. The trainer is a bash fake (`--python`) except where the synced
+environment's own interpreter is the point."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ from tests.test_runs_local import CONFIG, LONG_RUNNING, fake_trainer, run, run_f
 from tpu_console import cli
 from tpu_console.fleet import recipes as run_recipes
 from tpu_console.locations import database_file
+from trainer.synthetic_gsm8k import write_jsonl
+
+pytest_plugins = ("tests.fixtures_trainer",)
 
 pytestmark = pytest.mark.usefixtures("console_home")
 
@@ -52,8 +56,11 @@ def json_run(capsys, *argv: str) -> tuple[int, dict]:
     return status, (json.loads(out) if out.strip() else {"stderr": err})
 
 
-@pytest.mark.timeout(300)
-def test_bootstrap_is_idempotent_and_sync_installs_the_checkout_with_its_env(capsys, pod, tmp_path):
+@pytest.mark.timeout(420)
+def test_bootstrap_is_idempotent_and_sync_installs_the_checkout_with_its_env(capsys, tmp_path, tiny_model_dir):
+    # 2 workers x 2 CPU devices: the real trainer below runs jax.distributed across them. (It runs here, not
+    # in a test of its own, so that one bootstrap and sync serve both.)
+    assert run(capsys, "create", "pod", "--type", "local-2x2")[0] == 0
     status, first = json_run(capsys, "bootstrap", "pod")
     assert status == 0, first
     assert [w["ready"] for w in first["workers"]] == ["installed", "installed"]
@@ -80,6 +87,34 @@ def test_bootstrap_is_idempotent_and_sync_installs_the_checkout_with_its_env(cap
     for worker in (0, 1):
         assert f"[{worker}] {worker_home(worker)}/tpu-console/env/lib/" in out
 
+    # The whole loop a new user tries first: the real trainer, launched from the synced environment; every
+    # worker runs to the end, writes its `end` event and exits 0.
+    data = write_jsonl(tmp_path / "gsm8k.jsonl", 32, seed=0)
+    argv = ["launch", "pod", "--config", str(CONFIG)]
+    for override in (f"model_path={tiny_model_dir}", f"data.path={data}", "steps=1", "eval_every_steps=0",
+                     "rollout.global_length=64", "rollout.max_length_sample=8"):
+        argv += ["--set", override]
+    status, launched = json_run(capsys, *argv)  # --json
+    assert status == 0, launched
+    trainer_run = launched["run_id"]
+    status, out, err = run(capsys, "logs", trainer_run, "--follow", "--lines", "all")
+    assert status == 0, out[-3000:] + err[-2000:]
+    for worker in (0, 1):
+        assert any(line.startswith(f"[{worker}] step=1 ") for line in out.splitlines())
+        folder = run_folder(worker, trainer_run)
+        events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
+        assert events[0]["kind"] == "start" and events[0]["process_count"] == 2
+        assert events[0]["device_count"] == 4 and events[0]["local_device_count"] == 2
+        assert events[-1]["kind"] == "end" and events[-1]["process"] == worker
+        assert (folder / "exit").read_text().strip() == "0"
+        manifest = json.loads((folder / "launch.json").read_text())
+        assert manifest["python"] == "~/tpu-console/env/bin/python"  # the synced environment, not this one
+    status, view = json_run(capsys, "status", trainer_run)
+    assert status == 0 and view["state"] == "succeeded"
+    digests = {w["config_digest"] for w in view["worker_status"]}
+    assert digests == {launched["config_digest"]}  # every process ran the config the console sent
+    assert [w["last_step"]["step"] for w in view["worker_status"]] == [1, 1]
+
     # Secrets: masked in exec output, in logs and status; absent from the database and launch.json.
     status, out, _ = run(capsys, "exec", "pod", "--", "cat tpu-console/.env")
     assert status == 0 and SECRET not in out and "[0] MY_SECRET=***" in out
@@ -103,7 +138,7 @@ def test_bootstrap_is_idempotent_and_sync_installs_the_checkout_with_its_env(cap
     assert status == 2 and err.count("\n") == 1
     assert "do not run the same software: code differs (worker 0: " in err and "worker 1: 000000000000 (wheel" in err
     assert "tpu-console sync pod" in err
-    assert len(list((worker_home(0) / "tpu-console" / "runs").iterdir())) == 1  # only the earlier run
+    assert len(list((worker_home(0) / "tpu-console" / "runs").iterdir())) == 2  # only the earlier runs
 
     # --git: every worker clones the branch, installs it and reports the commit; the pod agrees again.
     repo = source_repo(tmp_path / "repo")
