@@ -47,7 +47,7 @@ class Tmux:
             shown = self.screen()
             if all(t in shown for t in texts):
                 return shown
-            time.sleep(0.5)
+            time.sleep(0.1)
         raise AssertionError(f"never saw {texts} on screen; it shows:\n{self.screen()}")
 
     def close(self) -> None:
