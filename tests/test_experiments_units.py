@@ -1,13 +1,15 @@
 """The largest-batch search on its own: for every memory limit, doubling then bisecting over the values the
-pod accepts finds the exact boundary, in few trials."""
+pod accepts finds the exact boundary, in few trials. The memory bench's reading of a worker's output."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
 from tpu_console.experiments.batch_sweep import next_value
+from tpu_console.experiments.memory_bench import _EVENTS_MARK, _bench_event
 
 
 def search(candidates: list[int], start: int, fits) -> tuple[dict[int, str], int | None, int | None]:
@@ -34,3 +36,18 @@ def test_the_search_finds_the_exact_boundary_for_every_cap(start):
 def test_a_first_trial_that_does_not_fit_walks_down():
     outcomes, largest, first_bad = search([1, 2, 3, 4, 5, 6, 7, 8], 4, lambda v: v <= 2)
     assert (largest, first_bad) == (2, 3) and list(outcomes)[:2] == [4, 2]
+
+
+def test_the_memory_bench_reads_its_event_among_output_lines_that_are_json_but_not_events():
+    # The events are followed by output.log's tail, whose lines may be bare numbers, lists or null.
+    bench = {"kind": "bench", "per_device_array_bytes_max": 8, "expected_per_device_bytes": 8}
+    stdout = "\n".join(["compiling", _EVENTS_MARK, '{"kind": "start"}', json.dumps(bench),
+                         "42", "[1, 2]", "null", "3.5", ""])
+    assert _bench_event(stdout) == (bench, "3.5")
+
+
+def test_the_memory_bench_names_the_error_event_or_else_the_last_output_line():
+    error = "\n".join([_EVENTS_MARK, '{"kind": "error", "message": "RESOURCE_EXHAUSTED"}', "7"])
+    assert _bench_event(error) == (None, "7")
+    assert _bench_event("\n".join([_EVENTS_MARK, "7", '{"kind": "error", "message": "OOM"}'])) == (None, "OOM")
+    assert _bench_event("\n".join([_EVENTS_MARK, "Traceback", "  boom", ""])) == (None, "boom")

@@ -65,6 +65,9 @@ def _bench_event(stdout: str) -> tuple[dict | None, str | None]:
         try:
             event = json.loads(line)
         except ValueError:
+            event = None
+        # output.log's tail follows the events: a line of it may parse as JSON without being an event (`42`).
+        if not isinstance(event, dict):
             last = line.strip() or last
             continue
         if event.get("kind") == "bench":
