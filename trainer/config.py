@@ -310,6 +310,13 @@ def check_topology(cfg: TrainerConfig, process_count: int, local_device_count: i
             if per_device % mb:
                 problems.append(f"train.micro_batch_size_per_device: {mb} does not divide the {per_device} "
                                 f"sequences each device trains on; use a divisor of {per_device}")
+    devices = process_count * local_device_count
+    if r.sharding_style == "maxtext" and data_parallel == 1 and devices > 1:
+        # maxtext lays rollout rows over dp only: with dp=1 every device would decode the whole batch.
+        problems.append(f"rollout.sharding_style: maxtext splits the rollout batch over dp only, and this mesh "
+                        f"has dp=1 over {devices} devices, so every device would decode the whole batch; "
+                        f"use sharding_style: legacy, or a mesh_shape with dp > 1 (host_local on a multi-host "
+                        f"pod, or e.g. 2,-1,1)")
     if problems:
         raise ConfigError("invalid config for this pod: " + "; ".join(problems))
 
