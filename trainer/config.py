@@ -11,6 +11,8 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import netrc
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -273,7 +275,8 @@ def _did_you_mean(word: str, options: list[str] | tuple[str, ...]) -> str:
 
 
 def check_environment(cfg: TrainerConfig) -> None:
-    """Local files the config names must exist on this worker. Raises ConfigError."""
+    """Local files the config names must exist on this worker, and wandb_mode: online needs an API key
+    here. Runs on every process before jax.distributed starts. Raises ConfigError."""
     problems = []
     if is_local_path(cfg.model_path) and not Path(cfg.model_path).expanduser().exists():
         problems.append(f"model_path: {cfg.model_path} does not exist; build the tiny model with "
@@ -281,8 +284,35 @@ def check_environment(cfg: TrainerConfig) -> None:
     if cfg.data.is_local and not Path(cfg.data.path).expanduser().is_file():
         problems.append(f"data.path: {cfg.data.path} does not exist; write one with "
                         f"`python -m trainer make-gsm8k-jsonl {cfg.data.path}` or use the hub id openai/gsm8k")
+    if cfg.wandb_mode == "online" and not wandb_key_available():
+        # Checked on every process: otherwise only process 0 fails (in wandb.init) while the others wait for
+        # it in a collective until a timeout.
+        problems.append(f"wandb_mode: online needs a W&B API key on every worker and this one has none "
+                        f"(no WANDB_API_KEY in the environment, no {_wandb_host()} entry in ~/.netrc); put "
+                        f"WANDB_API_KEY=... in the .env given to --env-file, or set wandb_mode: offline or "
+                        f"disabled")
     if problems:
         raise ConfigError("; ".join(problems))
+
+
+def _wandb_host() -> str:
+    from urllib.parse import urlparse
+
+    return urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
+
+
+def wandb_key_available() -> bool:
+    """Whether wandb will find an API key here, where wandb looks: WANDB_API_KEY, else a netrc entry
+    (the file NETRC names, or ~/.netrc) for the W&B host (WANDB_BASE_URL's, api.wandb.ai by default).
+    Only says whether one exists; the key itself is never returned or printed."""
+    if os.environ.get("WANDB_API_KEY", "").strip():
+        return True
+    path = Path(os.environ.get("NETRC") or Path.home() / ".netrc").expanduser()
+    try:
+        entry = netrc.netrc(str(path)).authenticators(_wandb_host())
+    except (OSError, netrc.NetrcParseError):
+        return False
+    return bool(entry and entry[2])
 
 
 def prompts_per_process(cfg: TrainerConfig, process_count: int) -> int:
