@@ -17,7 +17,7 @@ from tpu_console.providers.registry import build_providers, close_providers
 from tpu_console.settings import load_settings
 from trainer.synthetic_gsm8k import write_jsonl
 
-pytest_plugins = ("tests.fixtures_trainer",)
+pytest_plugins = ("tests.trainer.fixtures",)
 
 pytestmark = pytest.mark.usefixtures("console_home")
 

@@ -24,7 +24,7 @@ from tpu_console.fleet import recipes as run_recipes
 from tpu_console.locations import database_file
 from trainer.synthetic_gsm8k import write_jsonl
 
-pytest_plugins = ("tests.fixtures_trainer",)
+pytest_plugins = ("tests.trainer.fixtures",)
 
 pytestmark = pytest.mark.usefixtures("console_home")
 

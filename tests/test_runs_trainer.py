@@ -18,7 +18,7 @@ from tpu_console import cli
 from tpu_console.keys import client_key_path
 from trainer.synthetic_gsm8k import write_jsonl
 
-pytest_plugins = ("tests.fixtures_trainer",)
+pytest_plugins = ("tests.trainer.fixtures",)
 pytestmark = [pytest.mark.usefixtures("console_home"), pytest.mark.slow]
 
 CONFIG = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "tiny_local.yaml"

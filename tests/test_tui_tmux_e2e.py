@@ -17,7 +17,7 @@ import pytest
 
 from trainer.synthetic_gsm8k import write_jsonl
 
-pytest_plugins = ("tests.fixtures_trainer",)
+pytest_plugins = ("tests.trainer.fixtures",)
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")]
 REPO = Path(__file__).resolve().parents[1]
 

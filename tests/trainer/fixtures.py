@@ -1,7 +1,7 @@
 """Shared trainer fixtures: one tiny HF-format Qwen2 directory per test session (written by make-tiny-model).
 
-Use in a test module with
-    pytest_plugins = ("tests.fixtures_trainer",)
+The tests under tests/trainer/ get them from conftest.py there; a test module elsewhere with
+    pytest_plugins = ("tests.trainer.fixtures",)
 The directory is built once per process (however many modules import the fixture) and removed at exit.
 """
 

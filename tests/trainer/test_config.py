@@ -13,7 +13,7 @@ from trainer import cli
 from trainer.config import ConfigError, check_environment, check_topology, load_config
 
 BASE = {"model_path": "Qwen/Qwen2.5-3B-Instruct", "steps": 3}
-CONFIGS = Path(__file__).resolve().parent.parent / "trainer" / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "trainer" / "configs"
 
 
 def test_defaults_and_typed_overrides():

@@ -12,8 +12,6 @@ from trainer.rollout import Sampler
 torch = pytest.importorskip("torch")  # test-only dependency, pinned to 2.13.0 by scripts/test
 transformers = pytest.importorskip("transformers")
 
-pytest_plugins = ("tests.fixtures_trainer",)  # fixtures: tiny_model_dir, tiny_model
-
 
 @pytest.fixture
 def reference(tiny_model_dir):

@@ -17,13 +17,11 @@ from trainer.grpo import (
     make_schedule,
     positions_from_mask,
 )
+from trainer.programs import completion_token_stats_fn
 from trainer.rollout import Sampler
 from trainer.synthetic_gsm8k import generate_problems
 from trainer.tokenizer import encode_chat_prompts, eos_token_ids, load_tokenizer
-from trainer.train import completion_logits_fn
 from trainer.weights import load_model
-
-pytest_plugins = ("tests.fixtures_trainer",)
 
 # The 4 prompts are 57-66 tokens long: left-padded to 72 (padding is masked, so the width changes nothing but
 # the work per step).
@@ -40,7 +38,7 @@ def test_mean_reward_rises_on_a_toy_token_reward(tiny_model_dir):
                                weight_decay=0.0, b1=0.9, b2=0.999)
     # Committed to the device as the update's outputs are, so step 2 reuses step 1's compilation.
     opt_state = jax.device_put(optimizer.init(params), jax.devices()[0])
-    step = GRPOStep(completion_logits_fn(graphdef, PROMPT_LEN), optimizer, prompt_len=PROMPT_LEN,
+    step = GRPOStep(completion_token_stats_fn(graphdef, PROMPT_LEN, chunk=0), optimizer, prompt_len=PROMPT_LEN,
                     temperature=1.0, micro_batches=2, loss=LossSettings())
     questions = [p["question"] for p in generate_problems(PROMPTS, seed=0)]
     prompts = [ids for ids in encode_chat_prompts(tokenizer, questions) for _ in range(GROUP)]

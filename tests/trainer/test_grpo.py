@@ -18,9 +18,8 @@ from trainer.grpo import (
     make_optimizer,
     make_schedule,
     positions_from_mask,
+    stats_from_logits,
 )
-
-pytest_plugins = ("tests.fixtures_trainer",)
 
 
 def np_log_softmax(x: np.ndarray) -> np.ndarray:
@@ -147,7 +146,7 @@ def test_update_step_gradient_equals_full_batch_loss_gradient(micro_batches):
 
     expected_loss, expected_grads = jax.jit(jax.value_and_grad(full_loss))(params)  # one compile, not op by op
     sgd = optax.sgd(1.0)
-    step = GRPOStep(apply_fn, sgd, prompt_len=p, temperature=1.0, micro_batches=micro_batches, loss=settings)
+    step = GRPOStep(stats_from_logits(apply_fn), sgd, prompt_len=p, temperature=1.0, micro_batches=micro_batches, loss=settings)
     ref_logp = step.logprobs(ref_params, None, batch)
     new_params, _, metrics = step.update(jax.tree.map(jnp.copy, params), None, sgd.init(params),
                                          {**batch, "ref_logprobs": ref_logp})
@@ -163,7 +162,7 @@ def test_ppo_epochs_with_old_logprobs_clip_and_schedules():
     batch = _toy_batch(b, p, c, vocab)
     schedule = make_schedule(0.5, "constant", 3, 0, 0.1)
     tx = make_optimizer("adamw", schedule, clip_norm=1.0, weight_decay=0.0, b1=0.9, b2=0.999)
-    step = GRPOStep(apply_fn, tx, prompt_len=p, temperature=1.0, micro_batches=2, loss=LossSettings())
+    step = GRPOStep(stats_from_logits(apply_fn), tx, prompt_len=p, temperature=1.0, micro_batches=2, loss=LossSettings())
     old = step.logprobs(params, None, batch)
     state, opt = jax.tree.map(jnp.copy, params), tx.init(params)
     clip_fractions = []
@@ -174,7 +173,7 @@ def test_ppo_epochs_with_old_logprobs_clip_and_schedules():
     cos = make_schedule(1.0, "warmup_cosine", 10, 2, 0.1)
     assert float(cos(0)) == 0.0 and float(cos(2)) == pytest.approx(1.0) and float(cos(10)) == pytest.approx(0.1)
     lion = make_optimizer("lion", schedule, clip_norm=0.0, weight_decay=0.01, b1=0.9, b2=0.99)
-    _, _, m = GRPOStep(apply_fn, lion, p, 1.0, 1, LossSettings()).update(
+    _, _, m = GRPOStep(stats_from_logits(apply_fn), lion, p, 1.0, 1, LossSettings()).update(
         jax.tree.map(jnp.copy, params), None, lion.init(params), batch)
     assert np.isfinite(float(m["loss"]))
 
@@ -184,7 +183,7 @@ def test_qwen2_with_remat_through_logprob_pass_and_update(tiny_model_dir):
     remat changes no numbers."""
     from flax import nnx
 
-    from trainer.train import completion_logits_fn
+    from trainer.programs import completion_token_stats_fn
     from trainer.weights import load_model
 
     p, c, b = 6, 3, 4
@@ -198,7 +197,7 @@ def test_qwen2_with_remat_through_logprob_pass_and_update(tiny_model_dir):
         model, _ = load_model(tiny_model_dir, compute_dtype=jnp.float32, remat=remat)
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
         tx = optax.adamw(1e-3)
-        step = GRPOStep(completion_logits_fn(graphdef, p), tx, prompt_len=p, temperature=1.0, micro_batches=2,
+        step = GRPOStep(completion_token_stats_fn(graphdef, p, chunk=2), tx, prompt_len=p, temperature=1.0, micro_batches=2,
                         loss=LossSettings(beta=0.1))
         logp = step.logprobs(params, rest, batch)
         logps.append(np.asarray(logp))

@@ -22,8 +22,6 @@ from trainer.rollout import (
     sample_with_uniform,
 )
 
-pytest_plugins = ("tests.fixtures_trainer",)  # fixtures: tiny_model_dir, tiny_model
-
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20]]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.trainer_launch import read_events, spawn, wait_all
+from tests.trainer.launch import read_events, spawn, wait_all
 from trainer.bench_memory import buffer_shape, join_u64, split_u64
 
 

@@ -124,7 +124,7 @@ def test_digits_toy_reward_is_the_share_of_digit_characters(completion, expected
 def test_the_toy_reward_config_selects_only_the_digits_reward():
     from trainer.config import load_config
 
-    cfg = load_config(Path(__file__).resolve().parents[1] / "trainer" / "configs" / "tiny_toy_reward.yaml")
+    cfg = load_config(Path(__file__).resolve().parents[2] / "trainer" / "configs" / "tiny_toy_reward.yaml")
     assert cfg.reward_weights == {"digits": 1.0}
     total, per_fn = score_batch(["12 ab", "xyz"], [NATALIA, NATALIA], cfg.reward_weights)
     assert total.tolist() == [0.5, 0.0] and list(per_fn) == ["digits"]

@@ -8,10 +8,8 @@ import time
 
 import pytest
 
-from tests.trainer_launch import launch, read_events, spawn, tiny_config, wait_all
+from tests.trainer.launch import launch, read_events, spawn, tiny_config, wait_all
 from trainer import telemetry as tm
-
-pytest_plugins = ("tests.fixtures_trainer",)
 
 STEP_KEYS = [tm.phase_key(p) for p in tm.PHASES] + [
     tm.STEP, tm.STEP_AVG_LAST10, tm.VALID_TOKENS_PER_S, tm.MEM_IN_USE, tm.MEM_PEAK, tm.MEM_LIMIT,

@@ -14,8 +14,6 @@ from trainer.__main__ import main as trainer_main
 from trainer.tokenizer import encode_chat_prompts, eos_token_ids, load_tokenizer
 from trainer.weights import hf_key_map, load_model, save_model
 
-pytest_plugins = ("tests.fixtures_trainer",)  # fixtures: tiny_model_dir, tiny_model
-
 
 def _params(model) -> dict[str, np.ndarray]:
     return {name: np.asarray(weights._variable(model, path)[...]) for name, path, _ in

@@ -5,8 +5,6 @@ import shutil
 from trainer.tokenizer import load_tokenizer
 from trainer.weights import resolve_model_dir
 
-pytest_plugins = ("tests.fixtures_trainer",)
-
 
 def test_home_relative_model_path_loads_tokenizer_and_weights(tiny_model_dir, tmp_path, monkeypatch):
     home = tmp_path / "home"

@@ -16,7 +16,7 @@ import yaml
 
 from trainer.synthetic_gsm8k import write_jsonl
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
