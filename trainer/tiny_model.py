@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -80,7 +81,8 @@ def _perturb(model, seed: int) -> None:
 
 
 def make_tiny_model(out_dir: str | Path, spec: TinySpec = TinySpec()) -> Path:
-    """Write config.json, model.safetensors, the tokenizer files and the chat template into out_dir."""
+    """Write config.json, generation_config.json, model.safetensors, the tokenizer files and the chat template
+    into out_dir."""
     out = Path(out_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     bpe = train_tokenizer(spec.vocab_size, spec.seed)
@@ -98,7 +100,19 @@ def make_tiny_model(out_dir: str | Path, spec: TinySpec = TinySpec()) -> Path:
     model = create_model(config, seed=spec.seed, compute_dtype=jnp.float32)
     _perturb(model, spec.seed)
     save_model(model, config, out)
+    write_generation_config(out, bos=bpe.token_to_id(ENDOFTEXT), eos=[bpe.token_to_id(IM_END),
+                                                                      bpe.token_to_id(ENDOFTEXT)],
+                            pad=bpe.token_to_id(ENDOFTEXT))
     return out
+
+
+def write_generation_config(out: Path, *, bos: int, eos: list[int], pad: int) -> None:
+    """generation_config.json with the token ids of Qwen2.5-Instruct's: generation ends at <|im_end|> or
+    <|endoftext|>, which config.json's single eos_token_id does not say. Qwen's sampling defaults
+    (temperature, top_p, top_k, repetition_penalty) are left out: transformers' `generate` would apply them
+    to every comparison that loads this directory, while the trainer samples as its config says."""
+    config = {"bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad}
+    (out / "generation_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

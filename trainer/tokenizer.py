@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,9 +37,50 @@ def encode_chat_prompts(tokenizer: PreTrainedTokenizerBase, users: Sequence[str]
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
-def eos_token_ids(tokenizer: PreTrainedTokenizerBase, config_eos: Sequence[int] = ()) -> tuple[int, ...]:
-    """Token ids that end a completion: the tokenizer's eos plus the model config's (e.g. <|im_end|>)."""
+def eos_token_ids(tokenizer: PreTrainedTokenizerBase, config_eos: Sequence[int] = (),
+                  model_dir: str | os.PathLike | None = None) -> tuple[int, ...]:
+    """Token ids that end a completion: the tokenizer's eos, the model config's (e.g. <|im_end|>) and those of
+    the model's generation_config.json (Qwen2.5 adds <|endoftext|>). The model directory defaults to the one
+    the tokenizer was loaded from (`load_tokenizer` / `from_pretrained` record it as `name_or_path`)."""
     ids = {int(i) for i in config_eos}
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
+    ids.update(generation_eos_ids(tokenizer.name_or_path if model_dir is None else model_dir))
     return tuple(sorted(ids))
+
+
+def generation_eos_ids(path_or_hub_id: str | os.PathLike | None) -> tuple[int, ...]:
+    """`eos_token_id` (an int or a list) of the model's generation_config.json; () when there is none.
+
+    A directory is read as is; a hub id only from the local Hugging Face cache (where `load_model` put the
+    checkpoint's json files), never over the network."""
+    file = _generation_config_file(path_or_hub_id)
+    if file is None:
+        return ()
+    try:
+        value = json.loads(file.read_text()).get("eos_token_id")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{file} is not a readable generation config ({exc}); fix or delete it") from None
+    values = value if isinstance(value, list) else [] if value is None else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise ValueError(f"{file}: eos_token_id must be a token id or a list of them, got {value!r}")
+    return tuple(sorted(set(values)))
+
+
+def _generation_config_file(path_or_hub_id: str | os.PathLike | None) -> Path | None:
+    if not path_or_hub_id or not str(path_or_hub_id).strip():
+        return None
+    local = Path(path_or_hub_id).expanduser()
+    if local.is_dir():
+        file = local / "generation_config.json"
+        return file if file.is_file() else None
+    text = str(path_or_hub_id)
+    if local.exists() or text.startswith((".", "/", "~")) or text.count("/") != 1:
+        return None  # not a hub id (a missing local path fails where the model is loaded)
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(text, "generation_config.json")
+    except ValueError:  # not a valid repo id
+        return None
+    return Path(cached) if isinstance(cached, str) else None
