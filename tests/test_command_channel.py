@@ -1,4 +1,4 @@
-"""The fleet's command channel (one long-lived session per worker running worker_agent.py): when it
+"""The fleet's command channel (one long-lived session per worker running worker/agent.py): when it
 starts, what happens when it cannot, when its agent or connection goes away, and the same against a
 stock OpenSSH sshd. What every command does on it (streams, exit statuses, timeouts, env, stdin) is in
 test_fleet.py, which runs each test on both paths."""

@@ -15,7 +15,7 @@ from tpu_info.proto import tpu_metric_service_pb2_grpc as metrics_grpc
 
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tests.test_runs_local import run
-from tpu_console.runs.libtpu_probe import DUTY_CYCLE, HBM_TOTAL, HBM_USAGE
+from tpu_console.worker.libtpu_probe import DUTY_CYCLE, HBM_TOTAL, HBM_USAGE
 
 pytestmark = pytest.mark.usefixtures("console_home")
 GIB = 1 << 30

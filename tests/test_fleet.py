@@ -1,6 +1,6 @@
 """The fleet layer against a 4-worker local pod: per-worker results, streaming, timeouts, file transfer,
 reconnects, unreachable workers and host-key pinning. The tests that take `local_fleet` run twice: on
-the exec path (an SSH session per command) and on the command channel (worker_agent.py), which must
+the exec path (an SSH session per command) and on the command channel (worker/agent.py), which must
 give the same results."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The run follower (fleet/run_follower.py) as a worker runs it: the real loader and source on stdin, over
+"""The run follower (worker/run_follower.py) as a worker runs it: the real loader and source on stdin, over
 a run folder of real files; and the console-side pieces it feeds: chunk records, the cursor's held partial
 line, streamed command output, and `Fleet.follow`."""
 

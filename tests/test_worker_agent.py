@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.processes import pid_alive, wait_for
-from tpu_console.fleet import worker_agent as agent
+from tpu_console.worker import agent
 from tpu_console.fleet.command_channel import AGENT_SOURCE, loader_command
 
 

@@ -1,4 +1,4 @@
-"""A worker's command channel: one long-lived SSH session running the worker agent (worker_agent.py),
+"""A worker's command channel: one long-lived SSH session running the worker agent (agent.py),
 over which the fleet sends commands once it is ready.
 
 Why: a command on the exec path costs a whole SSH session, about 8 packets each way (channel open and
@@ -7,7 +7,7 @@ received and dispatched in Python on both ends, 64 times for a 64-worker fan-out
 command is one request frame out and, for a quiet command, one frame back with its exit status.
 
 The agent is started with a short loader on the command line and its source written to the session's
-stdin (see worker_agent.py), so it needs only `python3` (3.8+) on the worker and a shell that can `exec`
+stdin (see agent.py), so it needs only `python3` (3.8+) on the worker and a shell that can `exec`
 it: a stock OpenSSH sshd, a Cloud TPU VM and a local pod all qualify. A worker where it cannot start
 raises `ChannelUnavailable` here, and the fleet keeps using the exec path there.
 """
@@ -20,7 +20,8 @@ from pathlib import Path
 
 import asyncssh
 
-from tpu_console.fleet import worker_agent
+from tpu_console import worker
+from tpu_console.worker import agent
 from tpu_console.fleet.output import CommandOutcome, CommandOutput, OnLine
 from tpu_console.fleet.program import PythonProgram, python_from_stdin
 
@@ -28,7 +29,7 @@ from tpu_console.fleet.program import PythonProgram, python_from_stdin
 AGENT_PYTHON = "python3"
 # A cold start of 64 agents on a 2-core machine takes about a second; a real host far less.
 START_TIMEOUT_S = 30.0
-AGENT_SOURCE = Path(worker_agent.__file__).read_bytes()
+AGENT_SOURCE = worker.source("agent.py")
 _STDERR_KEPT = 2048  # the agent's own stderr, kept to say why it did not start
 
 
@@ -80,16 +81,16 @@ class CommandChannel(asyncssh.SSHClientSession[bytes]):
         self._incoming += data
         if not self.ready.done() and not self._found_magic():
             return
-        for kind, request_id, body in worker_agent.split_frames(self._incoming):
+        for kind, request_id, body in agent.split_frames(self._incoming):
             request = self._requests.get(request_id)
             if request is None:
                 continue  # a command the fleet stopped waiting for (timed out)
-            if kind == worker_agent.STDOUT:
+            if kind == agent.STDOUT:
                 request.output.add("stdout", body)
-            elif kind == worker_agent.STDERR:
+            elif kind == agent.STDERR:
                 request.output.add("stderr", body)
-            elif kind == worker_agent.EXIT:
-                (request.exit_status,) = worker_agent.STATUS.unpack(body)
+            elif kind == agent.EXIT:
+                (request.exit_status,) = agent.STATUS.unpack(body)
                 del self._requests[request_id]
                 request.end(None)
 
@@ -127,10 +128,10 @@ class CommandChannel(asyncssh.SSHClientSession[bytes]):
         self._requests[request_id] = request
         if isinstance(command, PythonProgram):
             args = [arg.encode("utf-8", errors="surrogateescape") for arg in command.args]
-            self._chan.write(worker_agent.encode_python(request_id, command.source, args))
+            self._chan.write(agent.encode_python(request_id, command.source, args))
         else:
             text = command.encode("utf-8", errors="surrogateescape")
-            self._chan.write(worker_agent.encode_run(request_id, text, stdin or b""))
+            self._chan.write(agent.encode_run(request_id, text, stdin or b""))
         timer = None
         if timeout is not None:
             timer = asyncio.get_running_loop().call_later(timeout, self._give_up, request_id, TimeoutError())
@@ -156,16 +157,16 @@ class CommandChannel(asyncssh.SSHClientSession[bytes]):
         if request is None:
             return
         if not self.closed and self._chan is not None:
-            self._chan.write(worker_agent.encode_frame(worker_agent.KILL, request_id))
+            self._chan.write(agent.encode_frame(agent.KILL, request_id))
         request.end(exc)
 
     def _found_magic(self) -> bool:
         """Anything before the agent's greeting (a login banner, say) is dropped."""
-        at = self._incoming.find(worker_agent.MAGIC)
+        at = self._incoming.find(agent.MAGIC)
         if at < 0:
-            del self._incoming[: -len(worker_agent.MAGIC)]
+            del self._incoming[: -len(agent.MAGIC)]
             return False
-        del self._incoming[: at + len(worker_agent.MAGIC)]
+        del self._incoming[: at + len(agent.MAGIC)]
         self.ready.set_result(None)
         return True
 

@@ -3,7 +3,7 @@
 Some work on a worker is best done by a small program rather than a shell pipeline (the run watch's
 follower streams files for hours). Such a program uses the standard library only and runs on Python
 3.8+, whatever python3 the worker has. On the command channel the agent runs it in a fork of itself, so no
-interpreter has to start (worker_agent.py, PYTHON frames); on the exec path it is
+interpreter has to start (worker/agent.py, PYTHON frames); on the exec path it is
 `python3 -I -S -c <loader> ARGS...` with its source on stdin. Either way nothing but the loader and the
 arguments shows on a command line.
 """

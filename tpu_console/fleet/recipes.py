@@ -14,10 +14,10 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
-from tpu_console.fleet import run_follower
+from tpu_console import worker
 from tpu_console.fleet.program import PythonProgram
+from tpu_console.worker import libtpu_probe
 
 RUNS_DIR = "tpu-console/runs"  # relative to the worker's home
 # Separates the sections of a probe's output: a control character no JSON line holds unescaped.
@@ -59,27 +59,10 @@ def prepare_run_dir(run_id: str, copy_env_from: str | None = None) -> str:
     )
 
 
-def _wrapper(python: str, trainer_args: Sequence[str]) -> str:
-    """The script the detached session runs: source .env, start the job in its own process group with
-    output.log as stdout+stderr, record the group in `pid`, wait, write `exit` atomically.
-
-    `set -m` gives the job a process group of its own, apart from the wrapper's, so `stop` can kill the
-    whole job (and whatever it spawned) while the wrapper lives on to record the status: 128+N for a job
-    killed by signal N, as bash reports it.
-    """
-    command = " ".join([python_word(python), "-u", *(shlex.quote(a) for a in trainer_args)])
-    return "\n".join(
-        [
-            "set -m",
-            # Secrets arrive as a 0600 file and reach the job through the environment only.
-            "if [ -f .env ]; then set -a; . ./.env; set +a; fi",
-            f"PYTHONUNBUFFERED=1 {command} </dev/null >>output.log 2>&1 &",
-            "job=$!",
-            'echo "$job" > pid.tmp && mv -f pid.tmp pid',
-            'wait "$job"; status=$?',
-            'echo "$status" > exit.tmp && mv -f exit.tmp exit',
-        ]
-    )
+# The detached session's script (worker/job_wrapper.sh), without its comments: it shows in `ps`.
+JOB_WRAPPER = "\n".join(
+    line for line in worker.source("job_wrapper.sh").decode().splitlines() if line and not line.startswith("#")
+)
 
 
 def start_detached(
@@ -100,13 +83,13 @@ def start_detached(
     d = _home_path(run_dir(run_id))
     exports = "".join(f"export {name}={shlex.quote(value)}; " for name, value in env.items())
     tries = max(1, int(pid_wait_s / 0.05))
-    wrapper = shlex.quote(_wrapper(python, trainer_args))
+    job = " ".join([python_word(python), "-u", *(shlex.quote(a) for a in trainer_args)])
     return (
         f"( cd {d} || exit 3; "
         'if [ -e pid ] || [ -e exit ]; then echo "this run was already started here" >&2; exit 3; fi; '
         f"{exports}"
         # stdin/stdout/stderr away from the channel, so the SSH command ends at once.
-        f"setsid bash -c {wrapper} tpu-console-run </dev/null >/dev/null 2>&1 & "
+        f"setsid bash -c {shlex.quote(JOB_WRAPPER)} tpu-console-run {job} </dev/null >/dev/null 2>&1 & "
         f"i=0; while [ ! -s pid ] && [ $i -lt {tries} ]; do sleep 0.05; i=$((i+1)); done; "
         'if [ -s pid ]; then echo "pgid=$(cat pid)"; '
         f'else echo "the job did not record its process group within {pid_wait_s:g}s" >&2; exit 4; fi )'
@@ -204,14 +187,22 @@ def tail_log(
     )
 
 
-FOLLOWER_SOURCE = Path(run_follower.__file__).read_bytes()
+FOLLOWER_SOURCE = worker.source("run_follower.py")
 
 
 def follow_run(
     run_id: str, offsets: Mapping[str, int], poll_s: float, probe_s: float, max_bytes: int, python: str = "python3"
 ) -> PythonProgram:
     """The program that streams the run's files from `offsets` and its job's state until the job has ended
-    (run_follower.py says what it prints). `python`: for the exec path, looked up on the worker's PATH."""
+    (worker/run_follower.py says what it prints). `python`: for the exec path, looked up on the worker's PATH."""
     specs = [f"{name}={max(0, int(offset))}" for name, offset in offsets.items()]
     args = (f"~/{run_dir(run_id)}", f"{float(poll_s):g}", f"{float(probe_s):g}", str(int(max_bytes)), *specs)
     return PythonProgram(FOLLOWER_SOURCE, args, python)
+
+
+LIBTPU_METRICS_ADDRESS = libtpu_probe.DEFAULT_ADDRESS
+
+
+def libtpu_metrics(python: str, address: str = LIBTPU_METRICS_ADDRESS) -> str:
+    """libtpu's runtime metrics of the worker's devices as one JSON line (worker/libtpu_probe.py)."""
+    return f"{python_word(python)} -m tpu_console.worker.libtpu_probe --address {shlex.quote(address)}"

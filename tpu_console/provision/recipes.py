@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Sequence
-from pathlib import Path
+
+from tpu_console import worker
 
 ROOT = "tpu-console"  # relative to the worker's home
 ENV_DIR = f"{ROOT}/env"
@@ -30,7 +31,6 @@ WHEELS_DIR = f"{ROOT}/wheels"
 SRC_DIR = f"{ROOT}/src"
 LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
 TPU_DEVICE_PATTERNS = ("/dev/accel*", "/dev/vfio/[0-9]*")
-_BOOTSTRAP_SCRIPT_FILE = Path(__file__).parent / "bootstrap.sh"
 
 # Prints one `@@ versions {...}` line about an interpreter: importlib.metadata only, never `import jax`,
 # which on a TPU VM would grab the TPU from a running job.
@@ -71,7 +71,7 @@ def bootstrap(
 ) -> tuple[str, str]:
     """The command and its stdin that make `~/tpu-console/env` hold `requirements`, idempotently.
 
-    The script (bootstrap.sh beside this module) travels on stdin, its arguments on the command line
+    The script (worker/bootstrap.sh) travels on stdin, its arguments on the command line
     (requirements and paths: nothing secret). A second run whose digest matches the stamp only reports
     the versions (`@@ ready already`). Otherwise: a venv from `python` with uv when it is there or can be
     installed into the venv, else `python -m venv` and pip, then the requirements. With
@@ -80,7 +80,7 @@ def bootstrap(
     requirement already satisfied, which is what it checks.
     """
     args = [python, digest, link_site_packages or "", "1" if force else "0", *requirements]
-    script = VERSIONS_FUNCTION + "\n" + _BOOTSTRAP_SCRIPT_FILE.read_text()
+    script = VERSIONS_FUNCTION + "\n" + worker.source("bootstrap.sh").decode()
     return "bash -s -- " + " ".join(shlex.quote(a) for a in args), script
 
 

@@ -1,17 +1,15 @@
 """Live device metrics of every worker, independent of the trainer: HBM in use and total, and duty cycle,
-per TPU device, from libtpu's runtime metrics service on each worker (tpu_console/runs/libtpu_probe.py,
+per TPU device, from libtpu's runtime metrics service on each worker (tpu_console/worker/libtpu_probe.py,
 run over the worker's command channel). They show even while the trainer hangs in a collective. Where the
 platform reports nothing (CPU pods) a worker says "not reported" with why, never a number."""
 
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass, field
 
 from tpu_console.fleet.fleet import Fleet
-from tpu_console.fleet.recipes import python_word
-from tpu_console.runs.libtpu_probe import DEFAULT_ADDRESS
+from tpu_console.fleet.recipes import LIBTPU_METRICS_ADDRESS, libtpu_metrics
 
 
 @dataclass(frozen=True)
@@ -35,10 +33,6 @@ class WorkerDeviceMetrics:
     not_reported: str | None = None  # why there are no numbers
 
 
-def probe_command(python: str, address: str = DEFAULT_ADDRESS) -> str:
-    return f"{python_word(python)} -m tpu_console.runs.libtpu_probe --address {shlex.quote(address)}"
-
-
 def parse(worker: int, stdout: str, error: str | None) -> WorkerDeviceMetrics:
     line = stdout.strip().splitlines()[-1] if stdout.strip() else ""
     try:
@@ -53,7 +47,7 @@ def parse(worker: int, stdout: str, error: str | None) -> WorkerDeviceMetrics:
 
 
 async def read_device_metrics(
-    fleet: Fleet, workers: list[int], python: str, address: str = DEFAULT_ADDRESS, timeout_s: float = 15.0
+    fleet: Fleet, workers: list[int], python: str, address: str = LIBTPU_METRICS_ADDRESS, timeout_s: float = 15.0
 ) -> list[WorkerDeviceMetrics]:
-    results = await fleet.run(probe_command(python, address), workers, timeout=timeout_s)
+    results = await fleet.run(libtpu_metrics(python, address), workers, timeout=timeout_s)
     return [parse(r.worker, r.stdout, r.error or (r.stderr.strip().splitlines() or [None])[-1]) for r in results]

@@ -47,7 +47,7 @@ def parse_probe(stdout: str, events_tail_bytes: int = 0) -> dict[str, RunProbe]:
 
 def probe_from_status(run_id: str, status: str) -> RunProbe:
     """A probe from its status line alone (`missing=1`, or `pid=.. alive=.. exit=.. ...`), as `probe_runs`
-    and the run follower (fleet/run_follower.py) print it."""
+    and the run follower (worker/run_follower.py) print it."""
     values = _key_values(status)
     if values.get("missing") == "1":
         return RunProbe(run_id, missing=True)

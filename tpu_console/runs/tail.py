@@ -1,6 +1,6 @@
 """Resumable log tails: a byte offset per worker, and whole lines only, however the reads fall.
 
-The `tail_log` recipe and the run follower (fleet/run_follower.py) send the bytes base64-encoded with the
+The `tail_log` recipe and the run follower (worker/run_follower.py) send the bytes base64-encoded with the
 offsets around them, so the console knows exactly where to resume (after a reconnect, or in a later
 console) and never splits a UTF-8 character.
 """

@@ -18,7 +18,7 @@ of the latest log lines and events (memory stays bounded whatever the log size),
 (first problem, W&B URL), and the byte offsets read up to. `watch.monitor` is the `RunMonitor`;
 `watch.health()` judges it now.
 
-How it reads: one long-lived follower per worker (fleet/run_follower.py, started over the worker's
+How it reads: one long-lived follower per worker (worker/run_follower.py, started over the worker's
 persistent connection, on the command channel once it is up) streams both files from the offsets read so
 far, and the job's state every second, until the job has ended and the files are read to their end. A line
 reaches the watch within about `poll_s` of being written, and nothing is asked per poll. Offsets move past
@@ -341,7 +341,7 @@ class RunWatch:
         return follow
 
     def _take_record(self, stream: WorkerStream, text: str, follow: _Follow) -> None:
-        """One record of the follower (run_follower.py says what each means)."""
+        """One record of the follower (worker/run_follower.py says what each means)."""
         kind, _, fields = text.partition(" ")
         if kind == "C":
             parsed = parse_chunk_record(fields)

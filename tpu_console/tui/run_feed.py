@@ -40,10 +40,9 @@ from tpu_console.errors import NotFound, UserError, one_line
 from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import find_node
 from tpu_console.runs import control
-from tpu_console.runs.device_metrics import read_device_metrics
+from tpu_console.runs.device_metrics import LIBTPU_METRICS_ADDRESS, read_device_metrics
 from tpu_console.runs.events import EventSummary, StepMetrics
 from tpu_console.runs.health import Activity, RunHealth, WorkerHealth, assess
-from tpu_console.runs.libtpu_probe import DEFAULT_ADDRESS
 from tpu_console.runs.monitor import RunMonitor, RunState
 from tpu_console.runs.signatures import EXCEPTION, WANDB_URL, Finding
 from tpu_console.runs.store import RunRecord, RunStore
@@ -108,7 +107,7 @@ class RunFeed:
         flush_every_s: float = 0.1,
         snapshot_every_s: float = 1.0,
         devices_every_s: float = 5.0,
-        metrics_address: str = DEFAULT_ADDRESS,
+        metrics_address: str = LIBTPU_METRICS_ADDRESS,
         open_watch: OpenWatch | None = None,
     ) -> None:
         """`first_log_lines`: each worker's log starts at its last N lines (None: from its beginning; events

@@ -9,7 +9,7 @@ status; the server then starts the next spare in the background, off the command
 
 Each spare runs exactly one command and exits, so commands share no shell state: it is a fresh bash
 each time, as with `bash -c`. The differences are invisible to ordinary commands: `$-` lacks `c`,
-`BASH_EXECUTION_STRING` is the loader below, and a syntax error names `eval` instead of `-c`.
+`BASH_EXECUTION_STRING` is the loader (worker/agent.py), and a syntax error names `eval` instead of `-c`.
 """
 
 from __future__ import annotations
@@ -21,23 +21,11 @@ import signal
 from pathlib import Path
 
 from tpu_console.providers.local.child_process import ChildProcess, start_child
+from tpu_console.worker.agent import REFILL_DELAY_S, SPARE_MAX_COMMAND_BYTES, spare_loader
 
-# Longer commands are started the usual way (`bash -c`): the text is written to the spare's pipe in
-# one non-blocking write, which a pipe takes whole up to its buffer size (64 KiB on Linux).
-MAX_COMMAND_BYTES = 32768
-
-# The next spare is started this long after a command ends, or after a long command has run for
-# LONG_COMMAND_S, whichever comes first (see `start_later`).
-REFILL_DELAY_S = 0.1
-LONG_COMMAND_S = 1.0
-
-# Reads one NUL-terminated command from fd N, closes it so the command's processes do not inherit it,
-# forgets the variable, then runs the text in this same bash. EOF without a command (the server
-# closing) exits quietly without running anything.
-_LOADER = (
-    'IFS= read -r -d "" -u {fd} __tpu_command || exit 0; exec {fd}<&-; '
-    'eval "unset __tpu_command; $__tpu_command"'
-)
+# The spares are the worker agent's (worker/agent.py), with its limits and its loader: longer commands are
+# started the usual way (`bash -c`), as the text must go to the spare's pipe in one non-blocking write; the
+# next spare starts REFILL_DELAY_S after a command ends, or once a long command has run LONG_COMMAND_S.
 
 
 class _Spare:
@@ -88,7 +76,7 @@ class SpareShells:
         data = command.encode("utf-8", errors="surrogateescape") + b"\0"
         if spare is None:
             return None
-        if spare.child.exited.done() or len(data) > MAX_COMMAND_BYTES or b"\0" in data[:-1]:
+        if spare.child.exited.done() or len(data) > SPARE_MAX_COMMAND_BYTES or b"\0" in data[:-1]:
             spare.discard()
             return None
         try:
@@ -114,7 +102,7 @@ class SpareShells:
     async def _make(self) -> None:
         read_fd, write_fd = os.pipe()
         try:
-            argv = ["bash", "-c", _LOADER.format(fd=read_fd)]
+            argv = ["bash", "-c", spare_loader(read_fd)]
             child = await start_child(argv, self._cwd, self._env, pass_fds=(read_fd,))
         except OSError:
             os.close(write_fd)  # no spare this time: commands start bash themselves, as they report

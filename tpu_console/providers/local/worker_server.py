@@ -29,8 +29,9 @@ import asyncssh
 
 from tpu_console.fleet import asyncssh_tuning
 from tpu_console.providers.local.child_process import ChildProcess, start_child
-from tpu_console.providers.local.spare_shell import LONG_COMMAND_S, SpareShells
+from tpu_console.providers.local.spare_shell import SpareShells
 from tpu_console.providers.local.store import LOOPBACK
+from tpu_console.worker.agent import LONG_COMMAND_S
 
 _CHUNK = 65536
 _OUTPUT_HIGH_WATER = 1 << 20  # bytes of output waiting for the client before the pipes pause
@@ -113,7 +114,7 @@ class WorkerServer:
             self._acceptor = None
         await self.spares.close()
         # Commands still attached to a channel die with the server, as they would with sshd: TERM
-        # first, so that a command agent (fleet/worker_agent.py) stops the commands it runs, then KILL.
+        # first, so that a command agent (worker/agent.py) stops the commands it runs, then KILL.
         for child in attached:
             _signal_group(child.pid, signal.SIGTERM)
         with contextlib.suppress(TimeoutError):

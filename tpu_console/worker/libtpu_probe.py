@@ -1,4 +1,4 @@
-"""Runs on a worker (`python -m tpu_console.runs.libtpu_probe`): libtpu's runtime metrics for every local
+"""Runs on a worker (`python -m tpu_console.worker.libtpu_probe`): libtpu's runtime metrics for every local
 TPU device, read from its gRPC service (localhost:8431, the interface the `tpu-info` tool uses), printed as
 one JSON line. Never imports JAX: that would take the TPU from the running job. A worker where nothing
 serves the metrics (a CPU pod, no job holding the TPU) answers `{"error": ...}`, never made-up numbers.

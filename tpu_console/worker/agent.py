@@ -64,12 +64,17 @@ CHUNK = 65536
 OUTBOX_HIGH = 1 << 20
 OUTBOX_LOW = 1 << 18
 
-# Run by the spare bash: read one NUL-terminated command from fd 3, close it so the command's processes
-# do not inherit it, forget the variable, and run the text in this same bash. EOF without a command
-# (the agent discarding its spare) exits quietly.
-SPARE_LOADER = (
-    'IFS= read -r -d "" -u 3 __tpu_command || exit 0; exec 3<&-; eval "unset __tpu_command; $__tpu_command"'
-)
+
+
+def spare_loader(fd: int) -> str:
+    """Run by a spare bash: read one NUL-terminated command from `fd`, close it so the command's processes
+    do not inherit it, forget the variable, and run the text in this same bash. EOF without a command (the
+    spare discarded) exits quietly. The local pods' worker servers start their spares with it too."""
+    return ('IFS= read -r -d "" -u %d __tpu_command || exit 0; exec %d<&-; '
+            'eval "unset __tpu_command; $__tpu_command"' % (fd, fd))
+
+
+SPARE_LOADER = spare_loader(3)  # the agent hands its spares the command pipe as fd 3
 
 
 def encode_frame(kind: bytes, request_id: int, body: bytes = b"") -> bytes:
