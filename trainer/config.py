@@ -65,6 +65,10 @@ class RolloutConfig(_Section):
     top_k: int = Field(0, ge=0, description="0 = no top-k filtering")
     top_p: float = Field(1.0, gt=0, le=1)
     sharding_style: Literal["legacy", "maxtext"] = "legacy"
+    weight_layout: Literal["auto", "fsdp", "replicated"] = Field(
+        "auto", description="bf16 weights during rollout: fsdp = sharded as in training (collectives every "
+        "token), replicated = a full copy per chip (none); auto = replicated when it takes at most a quarter "
+        "of a chip's memory")
 
 
 class TrainConfig(_Section):
@@ -84,6 +88,8 @@ class TrainConfig(_Section):
     b2: float = Field(0.999, ge=0, lt=1)
     compute_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="activations; params stay fp32")
     remat: bool = Field(True, description="recompute each block in the backward pass (saves activation memory)")
+    logprob_chunk: int = Field(128, ge=0, description="completion positions whose vocabulary logits exist at "
+                               "once when computing log-probs (recomputed in the backward pass); 0 = all")
 
 
 class CheckpointConfig(_Section):

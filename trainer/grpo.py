@@ -4,10 +4,12 @@ optimizer step with micro-batch gradient accumulation.
 Sequences are `[prompt | completion]` with prompts left-padded to a fixed length P: the logits at position
 t predict token t+1, so the completion's log-probs come from the logits at positions P-1 .. P+C-2.
 
-The model enters only as `apply_fn(params, extra, input_ids, positions, attention_mask) -> logits [B, C, V]`
-returning exactly those C positions (so a large vocabulary is never projected over the prompt), which lets
-the math be tested with any small network. `params` are the trainable leaves (what the optimizer sees),
-`extra` the rest of the model's state (passed through, no gradients).
+The model enters only as `token_stats_fn(params, extra, input_ids, positions, attention_mask, targets,
+temperature) -> (logp, entropy)`, each [B, C] for the C completion tokens, which lets the math be tested
+with any small network (`stats_from_logits` adapts one that returns logits). `params` are the trainable
+leaves (what the optimizer sees), `extra` the rest of the model's state (passed through, no gradients).
+For a large vocabulary, `chunked_token_stats` computes them a chunk of positions at a time and recomputes
+each chunk's logits in the backward pass, so no [B, C, V] fp32 tensor ever exists.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding
 
-ApplyFn = Callable[[Any, Any, jax.Array, jax.Array, jax.Array], jax.Array]
+LogitsFn = Callable[[Any, Any, jax.Array, jax.Array, jax.Array], jax.Array]
+TokenStatsFn = Callable[[Any, Any, jax.Array, jax.Array, jax.Array, jax.Array, float],
+                        tuple[jax.Array, jax.Array]]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -66,6 +70,45 @@ def completion_logprobs(logits: jax.Array, completion_ids: jax.Array,
     logp = jnp.take_along_axis(logp_all, targets[..., None], axis=-1)[..., 0]
     entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
     return logp, entropy
+
+
+def chunked_token_stats(hidden: jax.Array, head: Callable[[jax.Array], jax.Array], targets: jax.Array,
+                        temperature: float, chunk: int) -> tuple[jax.Array, jax.Array]:
+    """`completion_logprobs(head(hidden), targets)` a chunk of `chunk` positions at a time.
+
+    hidden [B, C, D] are the states whose logits predict targets [B, C]; `head` maps [B, c, D] -> [B, c, V].
+    Each chunk is rematerialised: the backward pass recomputes its logits instead of keeping them, so the
+    largest logits tensor alive is [B, chunk, V]. chunk <= 0 or >= C: one chunk (the plain computation).
+    """
+    length = hidden.shape[1]
+    if chunk <= 0 or chunk >= length:
+        return completion_logprobs(head(hidden), targets, temperature)
+    count = -(-length // chunk)
+    pad = count * chunk - length
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    # [B, count*chunk, ...] -> [count, B, chunk, ...]: lax.map runs the chunks one after another.
+    h_chunks = hidden.reshape(hidden.shape[0], count, chunk, -1).swapaxes(0, 1)
+    t_chunks = targets.reshape(targets.shape[0], count, chunk).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def one(args: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        h, t = args
+        return completion_logprobs(head(h), t, temperature)
+
+    logp, entropy = jax.lax.map(one, (h_chunks, t_chunks))
+    unchunk = lambda x: x.swapaxes(0, 1).reshape(x.shape[1], count * chunk)[:, :length]
+    return unchunk(logp), unchunk(entropy)
+
+
+def stats_from_logits(logits_fn: LogitsFn) -> TokenStatsFn:
+    """A token_stats_fn from a network that returns the completion positions' logits [B, C, V]."""
+
+    def token_stats(params: Any, extra: Any, ids: jax.Array, positions: jax.Array, mask: jax.Array,
+                    targets: jax.Array, temperature: float) -> tuple[jax.Array, jax.Array]:
+        return completion_logprobs(logits_fn(params, extra, ids, positions, mask), targets, temperature)
+
+    return token_stats
 
 
 @dataclass(frozen=True)
@@ -142,7 +185,7 @@ class GRPOStep:
     ref_logprobs [B, C].
     """
 
-    apply_fn: ApplyFn
+    token_stats_fn: TokenStatsFn
     optimizer: optax.GradientTransformation
     prompt_len: int
     temperature: float
@@ -165,8 +208,8 @@ class GRPOStep:
 
     def _forward_logprobs(self, params: Any, extra: Any, mb: dict) -> tuple[jax.Array, jax.Array]:
         positions = positions_from_mask(mb["attention_mask"])
-        logits = self.apply_fn(params, extra, mb["input_ids"], positions, mb["attention_mask"])
-        return completion_logprobs(logits, mb["input_ids"][:, self.prompt_len:], self.temperature)
+        return self.token_stats_fn(params, extra, mb["input_ids"], positions, mb["attention_mask"],
+                                   mb["input_ids"][:, self.prompt_len:], self.temperature)
 
     def _logprobs(self, params: Any, extra: Any, batch: dict) -> jax.Array:
         """Log-probs of the completion tokens under `params` (old policy or reference), [B, C]."""

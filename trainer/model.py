@@ -346,14 +346,16 @@ class Qwen2ForCausalLM(nnx.Module):
     def _embed(self, input_ids: jax.Array) -> jax.Array:
         return jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(self.compute_dtype)
 
+    def head_weight(self) -> tuple[jax.Array, bool]:
+        """The output projection's weight and whether it is vocab-major ([vocab, hidden]: tied embeddings)."""
+        if self.lm_head is None:
+            return self.embed_tokens[...], True
+        return self.lm_head.kernel[...], False
+
     def logits(self, hidden: jax.Array) -> jax.Array:
         """fp32 logits from final hidden states (already normed) [..., hidden] -> [..., vocab]."""
-        h = hidden.astype(self.compute_dtype)
-        if self.lm_head is None:
-            w = self.embed_tokens[...].astype(self.compute_dtype)
-            return jnp.einsum("...d,vd->...v", h, w, preferred_element_type=jnp.float32)
-        w = self.lm_head.kernel[...].astype(self.compute_dtype)
-        return jnp.einsum("...d,dv->...v", h, w, preferred_element_type=jnp.float32)
+        weight, vocab_major = self.head_weight()
+        return project_logits(hidden, weight, vocab_major, self.compute_dtype)
 
     def hidden_states(self, input_ids: jax.Array, positions: jax.Array,
                       attention_mask: jax.Array) -> jax.Array:
@@ -362,12 +364,14 @@ class Qwen2ForCausalLM(nnx.Module):
         valid = attention_mask.astype(bool)
         mask = jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]
         cos, sin = rotary_tables(positions, self.config.dim_per_head, self.config.rope_theta)
-        x = self._embed(input_ids)
+        x = constrain_batch(self._embed(input_ids), self.config.sharding.batch)
         for layer in self.layers:
             if self.remat:
                 x = nnx.remat(lambda blk, *a: blk(*a))(layer, x, cos, sin, mask)
             else:
                 x = layer(x, cos, sin, mask)
+            # Keep activations split by rows between blocks: left free, the partitioner may gather them.
+            x = constrain_batch(x, self.config.sharding.batch)
         return self.norm(x)
 
     def __call__(self, input_ids: jax.Array, positions: jax.Array, attention_mask: jax.Array) -> jax.Array:
@@ -415,6 +419,23 @@ class Qwen2ForCausalLM(nnx.Module):
             x, layer_cache = layer.decode(x, cos, sin, mask, layer_cache, cache_index)
             new_cache.append(layer_cache)
         return self.logits(self.norm(x[:, -1])), new_cache
+
+
+def project_logits(hidden: jax.Array, weight: jax.Array, vocab_major: bool, compute_dtype: Any) -> jax.Array:
+    """fp32 logits [..., vocab] from normed hidden states [..., hidden] and the head's weight. The weight is
+    cast before use, so an FSDP-sharded fp32 weight is gathered in the compute dtype."""
+    h, w = hidden.astype(compute_dtype), weight.astype(compute_dtype)
+    pattern = "...d,vd->...v" if vocab_major else "...d,dv->...v"
+    return jnp.einsum(pattern, h, w, preferred_element_type=jnp.float32)
+
+
+def constrain_batch(x: jax.Array, batch_axes: Axes) -> jax.Array:
+    """Rows of an activation [B, ...] over the batch axes of the mesh in context (`jax.set_mesh`); the other
+    dims replicated. A no-op outside a mesh context (single-device tests, tools)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    return jax.lax.with_sharding_constraint(x, fit_spec(x.shape, batch_axes, mesh))
 
 
 def create_model(config: Qwen2Config, *, seed: int = 0, param_dtype: Any = jnp.float32,

@@ -180,6 +180,13 @@ class Sampler:
         dtype = self.model.compute_dtype
         return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
 
+    def prepare_weights(self, state: nnx.State) -> nnx.State:
+        """The weights prefill and decode read: cast to the compute dtype when they are not (overridable)."""
+        if any(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != self.model.compute_dtype
+               for x in jax.tree.leaves(state)):
+            return self._cast(state)
+        return state
+
     def constrain(self, x: jax.Array, axes: tuple) -> jax.Array:
         """Layout hook for arrays inside the jitted calls (`axes`: the model's axes for it); overridable."""
         if self.mesh is None:
@@ -207,7 +214,6 @@ class Sampler:
         self.compile_count += 1
         model = self._model(state)
         batch, n = first_tokens.shape[0], self.max_new_tokens
-        prompt_slots = kv_mask.shape[1] - n
         eos = jnp.asarray(self.eos_ids, jnp.int32)
         tokens = jnp.full((batch, n), self.pad_id, jnp.int32).at[:, 0].set(first_tokens)
         logprobs = jnp.zeros((batch, n), jnp.float32).at[:, 0].set(first_logprobs)
@@ -221,20 +227,8 @@ class Sampler:
             return (i < n) & ~jnp.all(done)
 
         def body(carry):
-            i, cache, kv_mask, tokens, logprobs, done = carry
-            slot = prompt_slots + i - 1  # cache slot of the previous token, which is fed now
-            kv_mask = jax.lax.dynamic_update_slice(kv_mask, jnp.ones((batch, 1), jnp.int32), (0, slot))
-            previous = jax.lax.dynamic_slice(tokens, (0, i - 1), (batch, 1))
-            positions = (prompt_lens + i - 1)[:, None]
-            logits, cache = model.decode(previous, positions, kv_mask, cache, slot)
-            uniform = jax.lax.dynamic_slice(uniforms, (0, i), (batch, 1))[:, 0]
-            new, new_logprobs = sample_with_uniform(logits, uniform, temperature, top_p, top_k=top_k,
-                                                    use_top_p=use_top_p, greedy=greedy)
-            new = jnp.where(done, self.pad_id, new)
-            new_logprobs = jnp.where(done, 0.0, new_logprobs)
-            tokens = jax.lax.dynamic_update_slice(tokens, new[:, None], (0, i))
-            logprobs = jax.lax.dynamic_update_slice(logprobs, new_logprobs[:, None], (0, i))
-            return i + 1, cache, kv_mask, tokens, logprobs, done | jnp.isin(new, eos)
+            return self._decode_step(model, carry, uniforms, prompt_lens, temperature, top_p, eos, top_k=top_k,
+                                     use_top_p=use_top_p, greedy=greedy)
 
         carry = (jnp.int32(1), cache, kv_mask, tokens, logprobs, done)
         _, cache, kv_mask, tokens, logprobs, _ = jax.lax.while_loop(cond, body, carry)
@@ -245,6 +239,37 @@ class Sampler:
         logprobs = self.constrain(logprobs * completion_mask, batch_axes)
         # Returning cache/kv_mask lets XLA alias the donated input buffers instead of copying them.
         return tokens, completion_mask, logprobs, cache, kv_mask
+
+    def _decode_step(self, model, carry, uniforms, prompt_lens, temperature, top_p, eos, *, top_k, use_top_p,
+                     greedy):
+        """One token for every row: the decode loop's body (the planner also compiles it alone, to measure
+        what one generated token costs)."""
+        i, cache, kv_mask, tokens, logprobs, done = carry
+        batch = tokens.shape[0]
+        slot = kv_mask.shape[1] - self.max_new_tokens + i - 1  # cache slot of the previous token, fed now
+        kv_mask = jax.lax.dynamic_update_slice(kv_mask, jnp.ones((batch, 1), jnp.int32), (0, slot))
+        previous = jax.lax.dynamic_slice(tokens, (0, i - 1), (batch, 1))
+        positions = (prompt_lens + i - 1)[:, None]
+        logits, cache = model.decode(previous, positions, kv_mask, cache, slot)
+        uniform = jax.lax.dynamic_slice(uniforms, (0, i), (batch, 1))[:, 0]
+        new, new_logprobs = sample_with_uniform(logits, uniform, temperature, top_p, top_k=top_k,
+                                                use_top_p=use_top_p, greedy=greedy)
+        new = jnp.where(done, self.pad_id, new)
+        new_logprobs = jnp.where(done, 0.0, new_logprobs)
+        tokens = jax.lax.dynamic_update_slice(tokens, new[:, None], (0, i))
+        logprobs = jax.lax.dynamic_update_slice(logprobs, new_logprobs[:, None], (0, i))
+        return i + 1, cache, kv_mask, tokens, logprobs, done | jnp.isin(new, eos)
+
+    def decode_step_program(self, *, top_k: int, use_top_p: bool, greedy: bool) -> Any:
+        """A jitted single decode step over (state, carry, uniforms, prompt_lens, temperature, top_p), the
+        cache donated as in the loop."""
+
+        def step(state, carry, uniforms, prompt_lens, temperature, top_p):
+            eos = jnp.asarray(self.eos_ids, jnp.int32)
+            return self._decode_step(self._model(state), carry, uniforms, prompt_lens, temperature, top_p, eos,
+                                     top_k=top_k, use_top_p=use_top_p, greedy=greedy)
+
+        return jax.jit(step, donate_argnums=(1,))
 
     # ---- host side --------------------------------------------------------------------------------------
 
@@ -292,10 +317,7 @@ class Sampler:
         ids, mask = self.pad_prompts(prompts)
         prompt_ids, prompt_mask = self.place(ids), self.place(mask)
         prompt_lens = self.place(mask.sum(axis=1).astype(np.int32))
-        state = nnx.state(self.model) if state is None else state
-        if any(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != self.model.compute_dtype
-               for x in jax.tree.leaves(state)):
-            state = self._cast(state)
+        state = self.prepare_weights(nnx.state(self.model) if state is None else state)
         statics = {"top_k": int(top_k), "use_top_p": top_p < 1.0, "greedy": bool(greedy)}
         temperature_, top_p_ = jnp.float32(temperature), jnp.float32(top_p)
         cache, kv_mask, first, first_logprobs = self._prefill(

@@ -4,6 +4,14 @@ Each process passes only its own prompts; they become one global batch (every pr
 fixed length, so all of them compile the same program). `rollout.sharding_style` picks where rows live:
 - `legacy`: batch over all mesh axes (dp, fsdp, tp): every device decodes its own rows.
 - `maxtext`: batch over dp only, replicated over fsdp/tp: rows stay with the weights' data-parallel group.
+
+`rollout.weight_layout` picks where the bf16 weights decode reads live:
+- `fsdp`: sharded as in training. Each chip reads 1/N of the weights per token, but every layer's matmuls
+  contract over a sharded dimension, so each token all-reduces partial sums in every layer and the logits.
+- `replicated`: one all-gather per rollout makes a full bf16 copy on every chip; decode then needs no
+  collective at all (each chip decodes its own rows). Costs the bf16 weights' size per chip.
+- `auto`: replicated when that copy takes at most a quarter of a chip's memory, else fsdp
+  (`resolve_weight_layout`). The planner measures both (`python -m trainer plan`, benchmarks/plan.py).
 """
 
 from __future__ import annotations
@@ -12,7 +20,8 @@ from collections.abc import Sequence
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from trainer.mesh import global_from_local_rows, rollout_sharding
 from trainer.model import Qwen2ForCausalLM, fit_spec
@@ -25,12 +34,22 @@ class ShardedSampler(Sampler):
     """`Sampler` whose inputs are this process's rows and whose batch layout follows the sharding style."""
 
     def __init__(self, model: Qwen2ForCausalLM, pad_id: int, eos_ids: Sequence[int], *, prompt_len: int,
-                 max_new_tokens: int, mesh: Mesh, style: str) -> None:
+                 max_new_tokens: int, mesh: Mesh, style: str, weight_layout: str = "fsdp") -> None:
         # One bucket: every process pads to the same width whatever its own longest prompt is.
         super().__init__(model, pad_id, eos_ids, buckets=(prompt_len,), max_new_tokens=max_new_tokens,
                          mesh=mesh)
+        if weight_layout not in ("fsdp", "replicated"):
+            raise ValueError(f"weight_layout {weight_layout!r}: resolve 'auto' first (resolve_weight_layout)")
         self.style = style
+        self.weight_layout = weight_layout
         self.sharding = rollout_sharding(mesh, style)
+        # Cast and gather in one program: each chip casts its shard, then the bf16 shards are gathered.
+        self._replicate = jax.jit(self._cast_impl, out_shardings=NamedSharding(mesh, PartitionSpec()))
+
+    def prepare_weights(self, state: nnx.State) -> nnx.State:
+        if self.weight_layout == "replicated":
+            return self._replicate(state)
+        return super().prepare_weights(state)
 
     def place(self, array: np.ndarray) -> jax.Array:
         return global_from_local_rows(array, self.mesh, self.sharding)
@@ -46,3 +65,12 @@ def rollout_axes(batch_axes: tuple[str, ...], model_axes: tuple) -> tuple:
     """The model's axes for an activation or cache array with its batch dim replaced by the rollout's."""
     rest = tuple(None if entry in batch_axes else entry for entry in tuple(model_axes)[1:])
     return (batch_axes, *rest)
+
+
+def resolve_weight_layout(setting: str, bf16_weight_bytes: int, device_memory_bytes: int | None) -> str:
+    """`rollout.weight_layout` for a chip with `device_memory_bytes` (None: unknown, as on CPU -> fsdp)."""
+    if setting != "auto":
+        return setting
+    if device_memory_bytes is None:
+        return "fsdp"
+    return "replicated" if bf16_weight_bytes * 4 <= device_memory_bytes else "fsdp"

@@ -17,12 +17,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
 
 from trainer import telemetry as tm
 from trainer.config import ConfigError, TrainerConfig, check_topology, prompts_per_process
 from trainer.distributed import LaunchEnv, Terminated, initialize_or_explain, require_process_count
-from trainer.grpo import GRPOStep, LossSettings, group_advantages, make_optimizer, make_schedule
+from trainer.grpo import group_advantages
 from trainer.mesh import (
     MeshError,
     axis_sizes,
@@ -33,6 +32,7 @@ from trainer.mesh import (
     reshard,
     train_sharding,
 )
+from trainer.programs import build_programs
 
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 
@@ -45,15 +45,10 @@ class Topology:
     local_device_count: int
 
 
-def completion_logits_fn(graphdef: Any, prompt_len: int) -> Any:
-    """GRPOStep's apply_fn for the Qwen2 model: logits only at the positions that predict completion tokens."""
-
-    def apply_fn(params: Any, rest: Any, ids: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
-        model = nnx.merge(graphdef, params, rest)
-        hidden = model.hidden_states(ids, positions, mask)
-        return model.logits(hidden[:, prompt_len - 1:-1])
-
-    return apply_fn
+def _device_memory_bytes() -> int | None:
+    """One local device's memory limit, where the platform reports it (TPU, GPU; None on CPU)."""
+    stats = jax.local_devices()[0].memory_stats()
+    return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
 
 
 def _gather(local: np.ndarray) -> np.ndarray:
@@ -102,14 +97,14 @@ def run(cfg: TrainerConfig, launch: LaunchEnv, events: tm.EventLog, *, run_dir: 
     print(f"backend={jax.default_backend()} process={topo.process_index}/{topo.process_count} "
           f"device_count={topo.device_count} local_device_count={topo.local_device_count} "
           f"mesh={sizes} local_batch={local_batch}", flush=True)
-    Trainer(cfg, mesh, topo, events, compiles, run_dir, progress).train()
+    with jax.set_mesh(mesh):  # the model's activation constraints name the axes of the mesh in context
+        Trainer(cfg, mesh, topo, events, compiles, run_dir, progress).train()
 
 
 class Trainer:
     def __init__(self, cfg: TrainerConfig, mesh: jax.sharding.Mesh, topo: Topology, events: tm.EventLog,
                  compiles: tm.CompileCounter, run_dir: str | None, progress: dict | None = None) -> None:
         from trainer.data import load_problems, process_shard
-        from trainer.rollout_sharding import ShardedSampler
         from trainer.tokenizer import eos_token_ids, load_tokenizer
         from trainer.weights import load_model
 
@@ -124,33 +119,14 @@ class Trainer:
         self.eval_problems = (process_shard(load_problems(cfg.data, cfg.data.eval_split), topo.process_index,
                                             topo.process_count) if cfg.eval_every_steps else [])
         eos = eos_token_ids(self.tokenizer, self.model_config.eos_token_ids)
-        self.sampler = ShardedSampler(self.model, self.tokenizer.pad_token_id, eos,
-                                      prompt_len=cfg.rollout.global_length,
-                                      max_new_tokens=cfg.rollout.max_length_sample, mesh=mesh,
-                                      style=cfg.rollout.sharding_style)
+        programs = build_programs(cfg, self.model, mesh, pad_id=self.tokenizer.pad_token_id, eos_ids=eos,
+                                  device_memory_bytes=_device_memory_bytes())
         self.graphdef, self.params, self.rest = nnx.split(self.model, nnx.Param, ...)
-        total_updates = cfg.steps * t.ppo_epochs
-        self.schedule = make_schedule(t.learning_rate, t.lr_schedule, total_updates, t.warmup_steps,
-                                      t.min_lr_ratio)
-        self.optimizer = make_optimizer(t.optimizer, self.schedule, clip_norm=t.clip_norm,
-                                        weight_decay=t.weight_decay, b1=t.b1, b2=t.b2)
-        self.opt_state = jax.jit(self.optimizer.init)(self.params)
-        param_shardings = jax.tree.map(lambda x: x.sharding, self.params)
-        opt_shardings = jax.tree.map(
-            lambda x: x.sharding if isinstance(x.sharding, NamedSharding) else NamedSharding(mesh, PartitionSpec()),
-            self.opt_state)
-        self.opt_state = jax.jit(lambda x: x, out_shardings=opt_shardings)(self.opt_state)
+        self.sampler, self.step_fn = programs.sampler, programs.step_fn
+        self.schedule, self.optimizer = programs.schedule, programs.optimizer
+        self.opt_state = programs.init_optimizer(self.params)
         # The frozen reference is a copy of the starting weights (only when the KL term is on).
         self.ref_params = jax.tree.map(jnp.copy, self.params) if t.beta > 0 else None
-        per_device = cfg.rollout.batch_size * cfg.rollout.n // (mesh.shape["dp"] * mesh.shape["fsdp"])
-        prompt_len = cfg.rollout.global_length
-        self.step_fn = GRPOStep(completion_logits_fn(self.graphdef, prompt_len), self.optimizer,
-                                prompt_len=prompt_len,
-                                temperature=cfg.rollout.temperature,
-                                micro_batches=per_device // t.micro_batch_size_per_device,
-                                loss=LossSettings(t.epsilon_low, t.epsilon_high, t.beta),
-                                batch_sharding=train_sharding(mesh),
-                                state_shardings=(param_shardings, opt_shardings))
         self.checkpointer = None
         if cfg.checkpoint.dir:
             from trainer.checkpoint import Checkpointer

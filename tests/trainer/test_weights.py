@@ -102,8 +102,9 @@ def test_tokenizer_chat_template_and_round_trip(tiny_model_dir):
     assert ids[0] == tokenizer.convert_tokens_to_ids("<|im_start|>")
     answer = "She has 12 - 5 = <<12-5=7>>7 left.\n#### 7"
     assert tokenizer.decode(tokenizer.encode(answer, add_special_tokens=False)) == answer
-    assert eos_token_ids(tokenizer, [tokenizer.convert_tokens_to_ids("<|im_end|>")]) == (
-        tokenizer.eos_token_id,)
+    # <|im_end|> (the tokenizer's eos and the model config's) plus generation_config.json's <|endoftext|>.
+    assert eos_token_ids(tokenizer, [tokenizer.convert_tokens_to_ids("<|im_end|>")]) == tuple(sorted(
+        {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")}))
 
 
 def test_make_tiny_model_command(tmp_path, capsys):

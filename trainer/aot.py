@@ -1,0 +1,195 @@
+"""Ahead-of-time compilation for a TPU slice on any Linux x86-64 host, with the compiler's own analysis.
+
+libtpu (the `libtpu` wheel `jax[tpu]` pins) compiles for a TPU topology without a TPU: `tpu_devices` gives
+a slice's devices to build a mesh on, `compile_program` lowers a jitted function with abstract arguments and
+returns the TPU executable's `memory_analysis()` (per-chip argument, output, temporary and alias bytes),
+`cost_analysis()` (flops, bytes accessed, the compiler's own optimal time) and the collectives in the
+compiled HLO, or the compiler's out-of-memory answer. MaxText's `train_compile` works the same way.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainer.tpu_specs import TpuSlice
+
+
+class LibtpuUnavailable(RuntimeError):
+    """libtpu cannot be loaded here; the message says why and how to get it."""
+
+
+def libtpu_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("libtpu")
+    except Exception:  # noqa: BLE001 - absent or unreadable metadata both mean "not installed"
+        return None
+
+
+@functools.cache
+def tpu_devices(tpu: TpuSlice) -> tuple:
+    """The slice's TPU devices, in the topology's order (nothing is allocated; no TPU is needed)."""
+    import platform
+
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        raise LibtpuUnavailable(f"planning needs libtpu, which is published for Linux x86-64 only (this is "
+                                f"{platform.system()} {platform.machine()}); run plan on a Linux x86-64 machine")
+    if libtpu_version() is None:
+        raise LibtpuUnavailable('libtpu is not installed; pip install "jax[tpu]==<your jax version>" '
+                                "(about 700 MB) to plan without a TPU")
+    # Off a TPU VM: skip the metadata server and name the accelerator, so libtpu does not go looking.
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", tpu.accelerator_type)
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    from jax.experimental import topologies
+
+    try:
+        desc = topologies.get_topology_desc(platform="tpu", topology_name=tpu.topology_name,
+                                            chip_config_name=tpu.generation.chip_config,
+                                            chips_per_host_bounds=tpu.chips_per_host_bounds, num_slices=1)
+    except Exception as exc:  # noqa: BLE001 - libtpu's errors are RuntimeErrors of many shapes
+        raise LibtpuUnavailable(f"libtpu cannot describe {tpu.topology_name}: {str(exc).splitlines()[0]}") from None
+    return tuple(desc.devices)
+
+
+# HLO collectives. Async ones appear as a -start/-done pair; the -start names the transfer.
+_COLLECTIVE = re.compile(
+    r"=\s*(?P<shape>\(.*?\)|\S+)\s+(?P<op>all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)"
+    r"(?P<suffix>-start)?\(")
+_ARRAY = re.compile(r"(?P<dtype>pred|s8|u8|s16|u16|f16|bf16|s32|u32|f32|s64|u64|f64)\[(?P<dims>[\d,]*)\]")
+_ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
+             "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+
+
+def _array_bytes(text: str) -> list[int]:
+    sizes = []
+    for m in _ARRAY.finditer(text):
+        count = 1
+        for d in filter(None, m.group("dims").split(",")):
+            count *= int(d)
+        sizes.append(count * _ITEMSIZE[m.group("dtype")])
+    return sizes
+
+
+@dataclass
+class Collectives:
+    """Collectives in a compiled program, each counted once where it appears in the HLO (a loop body's once).
+    bytes: the size of each collective's result on one chip (an all-gather's gathered array, an
+    all-reduce's reduced one), the data a chip receives."""
+
+    count: int = 0
+    bytes: int = 0
+    by_kind: dict[str, list[int]] = field(default_factory=dict)  # kind -> [count, bytes]
+
+    def add(self, kind: str, nbytes: int) -> None:
+        self.count += 1
+        self.bytes += nbytes
+        entry = self.by_kind.setdefault(kind, [0, 0])
+        entry[0] += 1
+        entry[1] += nbytes
+
+
+def collectives_in(hlo_text: str) -> Collectives:
+    found = Collectives()
+    for line in hlo_text.splitlines():
+        m = _COLLECTIVE.search(line)
+        if not m:
+            continue
+        sizes = _array_bytes(m.group("shape"))
+        if not sizes:
+            continue
+        # An async start's result is a tuple holding the operand and the result (and sync flags): the
+        # largest array is the result for gathers and reduces alike.
+        found.add(m.group("op"), max(sizes))
+    return found
+
+
+@dataclass
+class CompiledProgram:
+    """One program compiled for a TPU slice: the compiler's per-chip memory and cost, or its OOM answer."""
+
+    name: str
+    argument_bytes: int = 0
+    output_bytes: int = 0
+    temp_bytes: int = 0
+    alias_bytes: int = 0
+    code_bytes: int = 0
+    flops: float = 0.0
+    bytes_accessed: float = 0.0
+    compiler_seconds: float | None = None  # the TPU compiler's own 'optimal_seconds' estimate
+    collectives: Collectives = field(default_factory=Collectives)
+    oom: str | None = None  # the compiler's out-of-memory message, when it could not fit the program
+    compile_s: float = 0.0
+
+    @property
+    def peak_bytes(self) -> int:
+        """What the program holds at once on one chip: its arguments, outputs that do not reuse an
+        argument's buffer, its temporaries and its code."""
+        return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes + self.code_bytes
+
+
+def is_out_of_memory(message: str) -> bool:
+    return "RESOURCE_EXHAUSTED" in message or "Ran out of memory" in message or "out of memory" in message.lower()
+
+
+def oom_summary(message: str) -> str:
+    """The line of the compiler's answer that says what did not fit."""
+    for line in message.splitlines():
+        if "Ran out of memory" in line or "exceeds" in line:
+            return line.strip()
+    return message.strip().splitlines()[0]
+
+
+def compile_program(name: str, fn: Callable, *args: Any, **kwargs: Any) -> CompiledProgram:
+    """Lower the jitted `fn` with abstract arguments (ShapeDtypeStructs carrying shardings) and compile it."""
+    import time
+
+    start = time.perf_counter()
+    try:
+        compiled = fn.lower(*args, **kwargs).compile()
+    except Exception as exc:
+        if is_out_of_memory(str(exc)):
+            return CompiledProgram(name, oom=oom_summary(str(exc)), compile_s=time.perf_counter() - start)
+        raise
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis() or {}
+    if isinstance(cost, list):  # older JAX: one dict per computation
+        cost = cost[0] if cost else {}
+    return CompiledProgram(
+        name, argument_bytes=int(memory.argument_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),
+        temp_bytes=int(memory.temp_size_in_bytes), alias_bytes=int(memory.alias_size_in_bytes),
+        code_bytes=int(memory.generated_code_size_in_bytes), flops=float(cost.get("flops", 0.0)),
+        bytes_accessed=float(cost.get("bytes accessed", 0.0)),
+        compiler_seconds=cost.get("optimal_seconds"), collectives=collectives_in(compiled.as_text()),
+        compile_s=time.perf_counter() - start)
+
+
+_AVAILABLE = re.compile(r"exceeds available HBM \(([\d.]+)([KMGT])\)|available HBM[^\d]*([\d.]+)([KMGT])")
+_UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+@functools.cache
+def hbm_limit_bytes(tpu: TpuSlice) -> int:
+    """The HBM one chip's programs may use, in the compiler's own words: compile a program that cannot fit
+    and read the limit from its answer. Falls back to the published capacity if the answer has no number."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    device = tpu_devices(tpu)[0]
+    mesh = jax.sharding.Mesh([device], ("x",))
+    huge = jax.ShapeDtypeStruct((64, 1024, 1024, 1024), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec()))
+    try:
+        jax.jit(lambda x: x * 2 + jnp.flip(x)).lower(huge).compile()
+    except Exception as exc:  # noqa: BLE001 - the OOM answer is what we asked for
+        m = _AVAILABLE.search(str(exc))
+        if m:
+            number, unit = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+            return int(float(number) * _UNITS[unit])
+    return int(tpu.generation.hbm_bytes)

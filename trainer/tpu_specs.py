@@ -1,0 +1,102 @@
+"""Cloud TPU slices as libtpu's ahead-of-time compiler names them, and each generation's published chip figures.
+
+Pure (no JAX): the console maps a node's accelerator type (`v6e-16`, `v4-16`) to a slice with it, and the
+planner (trainer/plan.py) asks libtpu for that slice's devices. The figures are Google's published per-chip
+numbers (docs.cloud.google.com/tpu/docs/<generation>); the HBM a program may use is not taken from here but
+from the compiler itself (trainer/aot.py `hbm_limit_bytes`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Generation:
+    name: str  # the accelerator-type prefix: v4, v5p, v5litepod, v6e
+    libtpu_name: str  # the prefix of libtpu's topology name (v5litepod is "v5e" there)
+    chip_config: str  # libtpu's chip config: v4/v5p run their two TensorCores as one device (megacore)
+    cores_per_chip_in_type: int  # v4-16 counts TensorCores (8 chips); v6e-16 counts chips
+    torus_dims: int  # 2 (v5e, v6e) or 3 (v4, v5p)
+    chips_per_host: int  # on multi-host slices
+    largest_single_host: int  # chips of the largest slice that is one VM
+    peak_bf16_flops: float  # per chip, flop/s
+    hbm_bytes: float  # per chip, as published (the compiler's usable limit is a little lower)
+    hbm_bandwidth: float  # per chip, bytes/s
+    ici_bandwidth: float  # per chip, bidirectional bytes/s over all its ICI links
+
+
+GENERATIONS: dict[str, Generation] = {
+    # v4: 275 TFLOPs, 32 GiB at 1200 GBps; ICI: six links of 50 GB/s (the TPU v4 paper).
+    "v4": Generation("v4", "v4", "megacore", 2, 3, 4, 4, 275e12, 32 * 1024**3, 1200 * GB, 300 * GB),
+    # v5p: 459 TFLOPs, 95 GB at 2765 GBps, ICI 4800 Gbps per chip.
+    "v5p": Generation("v5p", "v5p", "megacore", 2, 3, 4, 4, 459e12, 95 * GB, 2765 * GB, 600 * GB),
+    # v5e: 197 TFLOPs, 16 GB at 819 GBps, ICI 400 GBps bidirectional per chip.
+    "v5litepod": Generation("v5litepod", "v5e", "default", 1, 2, 4, 8, 197e12, 16 * GB, 819 * GB, 400 * GB),
+    # v6e (Trillium): 918 TFLOPs, 32 GB at 1638 GBps, ICI 800 GBps bidirectional per chip.
+    "v6e": Generation("v6e", "v6e", "default", 1, 2, 4, 8, 918e12, 32 * GB, 1638 * GB, 800 * GB),
+}
+ALIASES = {"v5e": "v5litepod"}
+
+# Slice shapes by chip count (Google's supported topologies).
+_SHAPES_2D = {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16),
+              256: (16, 16)}
+_SHAPES_3D = {4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4), 64: (4, 4, 4), 128: (4, 4, 8),
+              256: (4, 8, 8), 512: (8, 8, 8)}
+
+
+class UnknownAcceleratorType(ValueError):
+    """An accelerator type this table cannot map to a TPU slice; the message names the known ones."""
+
+
+@dataclass(frozen=True)
+class TpuSlice:
+    accelerator_type: str  # as the TPU API spells it: v6e-16
+    generation: Generation
+    chips: int
+    shape: tuple[int, ...]  # chips along each torus axis
+    chips_per_host_bounds: tuple[int, int, int]
+
+    @property
+    def topology_name(self) -> str:
+        """libtpu's name for the slice, e.g. v6e:4x4 or v4:2x2x2."""
+        return f"{self.generation.libtpu_name}:{'x'.join(str(s) for s in self.shape)}"
+
+    @property
+    def hosts(self) -> int:
+        per_host = self.chips_per_host_bounds[0] * self.chips_per_host_bounds[1] * self.chips_per_host_bounds[2]
+        return self.chips // per_host
+
+
+def known_types() -> str:
+    examples = ["v6e-8", "v6e-16", "v5litepod-16", "v4-16", "v5p-8"]
+    return ", ".join(examples)
+
+
+def parse_accelerator_type(text: str) -> TpuSlice:
+    """`v6e-16` -> the slice (4x4, 4 hosts of 4 chips). Raises UnknownAcceleratorType with the fix."""
+    match = re.fullmatch(r"(v\d+[a-z]*)-(\d+)", text.strip().lower())
+    if not match:
+        raise UnknownAcceleratorType(f"accelerator type {text!r} is not GENERATION-COUNT; use one of "
+                                     f"{known_types()}")
+    name, count = ALIASES.get(match.group(1), match.group(1)), int(match.group(2))
+    generation = GENERATIONS.get(name)
+    if generation is None:
+        raise UnknownAcceleratorType(f"accelerator type {text!r}: unknown TPU generation {match.group(1)!r}; "
+                                     f"known: {', '.join(GENERATIONS)}")
+    if count % generation.cores_per_chip_in_type:
+        raise UnknownAcceleratorType(f"accelerator type {text!r}: {name} counts TensorCores, an even number")
+    chips = count // generation.cores_per_chip_in_type
+    shapes = _SHAPES_2D if generation.torus_dims == 2 else _SHAPES_3D
+    if chips not in shapes:
+        sizes = ", ".join(f"{name}-{c * generation.cores_per_chip_in_type}" for c in shapes)
+        raise UnknownAcceleratorType(f"accelerator type {text!r} is not a {name} slice shape; use one of {sizes}")
+    shape = shapes[chips]
+    if chips <= generation.largest_single_host:
+        bounds = (*shape, 1) if len(shape) == 2 else shape
+    else:
+        bounds = (2, 2, 1)  # multi-host slices: 4 chips a host
+    return TpuSlice(f"{name}-{count}", generation, chips, shape, bounds)  # type: ignore[arg-type]
