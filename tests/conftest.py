@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from tpu_console.fleet.fleet import Fleet
-from tpu_console.fleet.target import SshTarget
-from tpu_console.model import CreateRequest, Node
+from tpu_console.model import CreateRequest, Node, SshTarget
 from tpu_console.providers.local import LocalProvider
 from tpu_console.providers.local.jobs import running_job_groups, stop_groups
 

@@ -8,8 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tpu_console.errors import AlreadyExists, NotFound, UserError
-from tpu_console.fleet.target import SshTarget
-from tpu_console.model import AcceleratorShape, CreateRequest, Node, NodeState, Worker
+from tpu_console.model import AcceleratorShape, CreateRequest, Node, NodeState, SshTarget, Worker
 from tpu_console.providers.base import NodeListing, Progress, Provider
 
 NOW = datetime(2025, 3, 14, 12, 0, 0, tzinfo=UTC)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from tests.fixtures_cli import FakeProvider, make_node
-from tpu_console.actions import ExecOutcome, command_line, list_nodes
 from tpu_console.errors import NotFound, UserError
 from tpu_console.fleet.fleet import WorkerResult
+from tpu_console.fleet.node_exec import ExecOutcome, command_line
+from tpu_console.providers.nodes import list_nodes
 from tpu_console.providers.registry import build_providers, create_provider_name, find_node, pick_provider
 from tpu_console.settings import Settings
 

@@ -9,10 +9,10 @@ import pytest
 
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tests.test_runs_local import CONFIG, fake_trainer, run
-from tpu_console import actions
 from tpu_console.experiments.recovery import launch_with_recovery
 from tpu_console.locations import home
 from tpu_console.model import CreateRequest
+from tpu_console.providers.nodes import create_node
 from tpu_console.providers.registry import build_providers, close_providers
 from tpu_console.settings import load_settings
 from trainer.synthetic_gsm8k import write_jsonl
@@ -96,7 +96,7 @@ echo '{"t": 2, "kind": "end", "process": '$p', "status": "ok"}' >> events.jsonl
 async def test_a_preempted_spot_run_is_recreated_bootstrapped_synced_and_resumed(tmp_path):
     providers = build_providers(load_settings({}))
     try:
-        await actions.create_node(providers, "local", CreateRequest("spot", "local-2x1"))
+        await create_node(providers, "local", CreateRequest("spot", "local-2x1"))
         ckpt = tmp_path / "ckpt"
         ckpt.mkdir()
         sets = [f"checkpoint.dir={ckpt}", "checkpoint.every_steps=1", "steps=8"]

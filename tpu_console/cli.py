@@ -1,6 +1,6 @@
 """`tpu-console`: with no arguments, the terminal app; with a verb, the same action for scripts.
 
-Argument parsing and printing only; the verbs themselves live in `tpu_console.actions`.
+Argument parsing and printing only; the verbs themselves live in the layers below.
 """
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, TextIO
 
-from tpu_console import actions, run_table
+from tpu_console import run_table
 from tpu_console.errors import Unreachable, UserError
+from tpu_console.fleet.node_exec import ExecOutcome, command_line, exec_on_node
 from tpu_console.model import CreateRequest
 from tpu_console.node_table import COLUMNS, format_age, format_table, node_record, node_row
 from tpu_console.providers.base import Provider
+from tpu_console.providers.nodes import create_node, delete_node, list_nodes
 from tpu_console.providers.registry import (
     KNOWN_PROVIDERS,
     build_providers,
@@ -442,7 +444,7 @@ async def _run_verb(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _ls(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
-    listing = await actions.list_nodes(providers, args.provider)
+    listing = await list_nodes(providers, args.provider)
     now = datetime.now(UTC)
     for problem in listing.problems:
         print(f"warning: {problem}", file=sys.stderr)
@@ -470,7 +472,7 @@ async def _create(args: argparse.Namespace, settings: Settings, providers: dict[
         labels=parse_labels(args.label),
     )
     provider = create_provider_name(settings, args.provider)
-    node = await actions.create_node(providers, provider, request, progress=_progress)
+    node = await create_node(providers, provider, request, progress=_progress)
     if args.json:
         _print_json({"node": node_record(node, datetime.now(UTC))})
     else:
@@ -504,7 +506,7 @@ async def _delete(args: argparse.Namespace, settings: Settings, providers: dict[
         if typed.strip() != node.name:
             raise UserError(f"refusing to delete {args.name}: the name typed did not match (or pass --yes)")
 
-    node = await actions.delete_node(providers, args.name, progress=_progress, confirm=confirm)
+    node = await delete_node(providers, args.name, progress=_progress, confirm=confirm)
     if args.json:
         _print_json({"deleted": node.name, "provider": node.provider})
     else:
@@ -513,14 +515,14 @@ async def _delete(args: argparse.Namespace, settings: Settings, providers: dict[
 
 
 async def _exec(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
-    command = actions.command_line(args.command)
+    command = command_line(args.command)
     masker = SecretMasker.for_node(args.name)  # a `cat .env` on a worker shows *** for each value
 
     def on_line(line: Any) -> None:
         stream = sys.stderr if line.stream == "stderr" else sys.stdout
         print(f"[{line.worker}] {masker.mask(line.text)}", file=stream, flush=True)
 
-    outcome = await actions.exec_on_node(
+    outcome = await exec_on_node(
         providers, args.name, command, args.worker, timeout=args.timeout, on_line=None if args.json else on_line
     )
     if args.json:
@@ -605,7 +607,7 @@ async def _launch_with_recovery(
 async def _idle(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
     from datetime import timedelta
 
-    from tpu_console.idle import find_idle
+    from tpu_console.runs.idle import find_idle
 
     minutes = args.after or settings.idle_after_minutes
     if minutes < 1:
@@ -613,7 +615,7 @@ async def _idle(args: argparse.Namespace, settings: Settings, providers: dict[st
     if args.auto_delete_idle and not args.yes and (args.json or not sys.stdin.isatty()):
         raise UserError("refusing to delete idle nodes without --yes")
     while True:
-        listing = await actions.list_nodes(providers)
+        listing = await list_nodes(providers)
         runs = await run_control.list_runs(providers, limit=500)  # unfinished runs are probed now
         now = datetime.now(UTC)
         idle = find_idle(listing.nodes, [v.record for v in runs], now, timedelta(minutes=minutes))
@@ -632,7 +634,7 @@ async def _idle(args: argparse.Namespace, settings: Settings, providers: dict[st
         for item in idle if args.auto_delete_idle else []:
             if not args.yes and input(f"delete idle node {item.node.name}? [y/N] ").strip().lower() not in ("y", "yes"):
                 continue
-            await actions.delete_node(providers, item.node.name, progress=_progress)
+            await delete_node(providers, item.node.name, progress=_progress)
             print(f"deleted {item.describe()}", file=sys.stderr)
         if args.watch is None:
             return 0
@@ -862,7 +864,7 @@ async def _stop(args: argparse.Namespace, settings: Settings, providers: dict[st
     return 1 if unreachable else 0
 
 
-def _print_exec_summary(outcome: actions.ExecOutcome, out: TextIO) -> None:
+def _print_exec_summary(outcome: ExecOutcome, out: TextIO) -> None:
     rows = []
     for r in outcome.results:
         if r.error is not None or r.exit_status is None:

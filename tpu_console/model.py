@@ -10,6 +10,7 @@ import enum
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 
 
 class NodeState(enum.StrEnum):
@@ -111,3 +112,23 @@ def validate_node_name(name: str) -> str | None:
         f"invalid node name {name!r}: use 1-63 lowercase letters, digits and hyphens, "
         "starting with a letter and not ending with a hyphen"
     )
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """How to reach one worker over SSH. Providers produce these; the fleet layer consumes them."""
+
+    worker: int  # the worker's index within its node
+    host: str
+    port: int
+    username: str
+    client_key: Path  # the private key the console authenticates with
+    # Host-key trust: pinned public keys (OpenSSH one-line format) when the provider knows them
+    # (local pods, gcp guest attributes); otherwise an OpenSSH known_hosts file.
+    host_keys: tuple[str, ...] = ()
+    known_hosts_file: Path | None = None
+    accept_new: bool = False  # with known_hosts_file: trust and record a host that is not listed yet
+
+    @property
+    def address(self) -> str:
+        return f"{self.username}@{self.host}:{self.port}"

@@ -23,15 +23,12 @@ from typing import Any
 from tpu_console import locations
 from tpu_console.errors import UserError
 from tpu_console.fleet.preflight import open_node
-from tpu_console.providers.base import Provider
+from tpu_console.providers.base import Provider, no_progress
 from tpu_console.runs import control as run_control
 from tpu_console.runs.launch import check_shape, launch, validate_config
 
 SWEEP_PARAMS = ("rollout.batch_size", "rollout.n")
 
-
-def _ignore(_line: str) -> None:
-    pass
 
 
 @dataclass
@@ -103,7 +100,7 @@ async def sweep(
     limit: int | None = None,
     env_file: str | None = None,
     python: str | None = None,
-    progress: Callable[[str], None] = _ignore,
+    progress: Callable[[str], None] = no_progress,
 ) -> SweepResult:
     if param not in SWEEP_PARAMS:
         raise UserError(f"--param {param} cannot be swept; use one of {', '.join(SWEEP_PARAMS)}")

@@ -21,16 +21,13 @@ from tpu_console.errors import UserError
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.preflight import open_node, require_all_reachable
 from tpu_console.fleet.recipes import python_word
-from tpu_console.providers.base import Provider
+from tpu_console.providers.base import Provider, no_progress
 from tpu_console.runs.launch import inspect_workers, launch_env, worker_python
 
 MODES = ("sharded", "gather")
 GIB = float(1 << 30)
 _EVENTS_MARK = "@@ events"
 
-
-def _ignore(_line: str) -> None:
-    pass
 
 
 @dataclass
@@ -87,7 +84,7 @@ async def bench_memory(
     *,
     python: str | None = None,
     timeout_s: float = 600.0,
-    progress: Callable[[str], None] = _ignore,
+    progress: Callable[[str], None] = no_progress,
 ) -> list[CaseResult]:
     if target_bytes_gib <= 0 or cols <= 0:
         raise UserError("--target-bytes-gib and --cols must be positive")

@@ -27,12 +27,13 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from tpu_console import actions, locations
+from tpu_console import locations
 from tpu_console.errors import NotFound, UserError
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.preflight import open_node
 from tpu_console.model import CreateRequest, Node, NodeState
-from tpu_console.providers.base import Provider
+from tpu_console.providers.base import Provider, no_progress
+from tpu_console.providers.nodes import create_node, delete_node
 from tpu_console.providers.registry import find_node
 from tpu_console.provision.bootstrap import bootstrap_node
 from tpu_console.provision.code_sync import sync_node
@@ -43,9 +44,6 @@ _LOST_NODE_STATES = (NodeState.PREEMPTED, NodeState.TERMINATED)
 _FINAL_RUN_STATES = ("succeeded", "failed", "stopped")
 _SUSPECT_CHECKS = 5  # looks at a node that reads READY while its run's workers are lost, before giving up on it
 
-
-def _ignore(_line: str) -> None:
-    pass
 
 
 @dataclass
@@ -103,13 +101,13 @@ async def recreate_node(
 ) -> Node:
     """Delete `node` (if still there) and create it again: same name, type and spot setting, its zone first."""
     try:
-        await actions.delete_node(providers, node.name, progress=progress)
+        await delete_node(providers, node.name, progress=progress)
     except NotFound:
         pass
     ordered = tuple(dict.fromkeys([z for z in (node.zone, *zones) if z and z != "local"]))
     request = CreateRequest(name=node.name, accelerator_type=node.accelerator_type, zones=ordered, spot=node.spot,
                             runtime_version=node.runtime_version if node.provider == "gcp" else None)
-    return await actions.create_node(providers, node.provider, request, progress=progress)
+    return await create_node(providers, node.provider, request, progress=progress)
 
 
 async def launch_with_recovery(
@@ -124,7 +122,7 @@ async def launch_with_recovery(
     watch_every_s: float = 30.0,
     python: str | None = None,
     bootstrap_options: dict[str, Any] | None = None,
-    progress: Callable[[str], None] = _ignore,
+    progress: Callable[[str], None] = no_progress,
     on_launch: Callable[[LaunchResult], None] = lambda _r: None,
 ) -> RecoveryLog:
     provider, node = await open_node(providers, node_name)

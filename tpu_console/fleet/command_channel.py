@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from pathlib import Path
 
 import asyncssh
 

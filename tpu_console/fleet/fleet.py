@@ -37,7 +37,7 @@ from tpu_console.fleet.connection import WorkerConnection
 from tpu_console.fleet.output import OnLine
 from tpu_console.fleet.program import PythonProgram
 from tpu_console.fleet.results import WorkerLine, WorkerResult
-from tpu_console.fleet.target import SshTarget
+from tpu_console.model import SshTarget
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Failures that mean the channel never opened, so the command did not start and may be sent again.

@@ -7,15 +7,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from tpu_console.fleet.target import SshTarget
-from tpu_console.model import CreateRequest, Node
+from tpu_console.model import CreateRequest, Node, SshTarget
 
 # Progress callbacks receive one short human line, e.g. "us-east5-b: no capacity, trying next zone".
 Progress = Callable[[str], None]
 
 
-def _ignore(_line: str) -> None:
-    pass
+def no_progress(_line: str) -> None:
+    """A Progress that shows nothing."""
 
 
 @dataclass
@@ -36,12 +35,12 @@ class Provider(abc.ABC):
     async def get(self, name: str) -> Node:
         """Return the node, or raise `errors.NotFound` naming the fix."""
 
-    async def create(self, request: CreateRequest, progress: Progress = _ignore) -> Node:
+    async def create(self, request: CreateRequest, progress: Progress = no_progress) -> Node:
         from tpu_console.errors import UserError
 
         raise UserError(f"the {self.name} provider cannot create nodes; define them in config.toml instead")
 
-    async def delete(self, name: str, progress: Progress = _ignore) -> None:
+    async def delete(self, name: str, progress: Progress = no_progress) -> None:
         from tpu_console.errors import UserError
 
         raise UserError(f"the {self.name} provider cannot delete nodes; remove them from config.toml instead")

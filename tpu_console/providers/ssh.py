@@ -20,8 +20,7 @@ import hashlib
 from pathlib import Path
 
 from tpu_console.errors import NotFound, UserError
-from tpu_console.fleet.target import SshTarget
-from tpu_console.model import AcceleratorShape, Node, NodeState, Worker
+from tpu_console.model import AcceleratorShape, Node, NodeState, SshTarget, Worker
 from tpu_console.providers.base import NodeListing, Provider
 from tpu_console.settings import Settings, SshNodeSettings
 

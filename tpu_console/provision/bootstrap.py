@@ -12,7 +12,7 @@ from tpu_console.errors import UserError
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.preflight import open_node, require_all_reachable
 from tpu_console.fleet.selection import parse_worker_selection
-from tpu_console.providers.base import Progress, Provider
+from tpu_console.providers.base import Progress, Provider, no_progress
 from tpu_console.provision import recipes
 from tpu_console.provision.requirements import JaxFlavour, environment_digest, trainer_requirements
 from tpu_console.provision.steps import (
@@ -27,9 +27,6 @@ from tpu_console.provision.steps import (
 BOOTSTRAP_TIMEOUT_S = 1800.0  # a first jax[tpu] install downloads about a gigabyte
 
 
-def _ignore(_line: str) -> None:
-    pass
-
 
 async def bootstrap_node(
     providers: dict[str, Provider],
@@ -40,7 +37,7 @@ async def bootstrap_node(
     jax: JaxFlavour | None = None,
     link: bool | None = None,
     force: bool = False,
-    progress: Progress = _ignore,
+    progress: Progress = no_progress,
     on_worker: OnWorker = ignore_worker,
 ) -> SetupResult:
     """Make `~/tpu-console/env` on the selected workers hold the trainer's dependencies.

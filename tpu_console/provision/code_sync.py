@@ -27,7 +27,7 @@ from tpu_console.errors import UserError
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.preflight import open_node, require_all_reachable
 from tpu_console.fleet.selection import parse_worker_selection
-from tpu_console.providers.base import Progress, Provider
+from tpu_console.providers.base import Progress, Provider, no_progress
 from tpu_console.provision import recipes
 from tpu_console.provision.report import WorkerReport
 from tpu_console.provision.steps import OnWorker, SetupResult, WorkerSetup, ignore_worker, run_on_workers
@@ -35,9 +35,6 @@ from tpu_console.provision.steps import OnWorker, SetupResult, WorkerSetup, igno
 ENV_FILE = f"{recipes.ROOT}/.env"  # where sync puts the secrets; launch copies them into each run
 SYNC_TIMEOUT_S = 600.0
 
-
-def _ignore(_line: str) -> None:
-    pass
 
 
 @dataclass(frozen=True)
@@ -72,10 +69,27 @@ def find_checkout() -> Path:
     return root
 
 
+def code_version(cwd: Path | None = None) -> dict[str, Any] | None:
+    """`{"git_sha": ..., "dirty": bool}` of the git checkout the console runs in, or None outside one."""
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=False
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    sha = git("rev-parse", "HEAD")
+    if not sha:
+        return None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"git_sha": sha, "dirty": bool(status) if status is not None else None}
+
+
 def build_wheel(source: Path, out_dir: Path) -> Wheel:
     """A wheel of `source` as it is on disk (hatchling honours .gitignore, so .venv and caches stay out)."""
-    from tpu_console.runs.launch import code_version
-
     command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--disable-pip-version-check",
                "-w", str(out_dir), str(source)]
     try:
@@ -103,7 +117,7 @@ async def sync_node(
     git_url: str | None = None,
     branch: str | None = None,
     source: Path | None = None,
-    progress: Progress = _ignore,
+    progress: Progress = no_progress,
     on_worker: OnWorker = ignore_worker,
 ) -> SetupResult:
     """Install the code (and upload `env_file` as `~/tpu-console/.env`, mode 0600) on the selected workers."""

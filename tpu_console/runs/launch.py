@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,9 +30,10 @@ from tpu_console.fleet.preflight import open_node, require_all_reachable
 from tpu_console.fleet.selection import parse_worker_selection
 from tpu_console.model import Node
 from tpu_console.pricing import price_per_hour
-from tpu_console.providers.base import Provider
+from tpu_console.providers.base import Provider, no_progress
 from tpu_console.provision import recipes as provision_recipes
 from tpu_console.provision.code_sync import ENV_FILE as SYNCED_ENV_FILE
+from tpu_console.provision.code_sync import code_version
 from tpu_console.provision.recipes import ENV_PYTHON
 from tpu_console.provision.report import WorkerReport, mismatches
 from tpu_console.provision.steps import ignore_worker, run_on_workers
@@ -43,9 +43,6 @@ from tpu_console.secrets import parse_env
 
 TRAINER_ARGS = ("-m", "trainer", "--config", "config.yaml", "--run-dir", ".")
 
-
-def _ignore(_line: str) -> None:
-    pass
 
 
 @dataclass(frozen=True)
@@ -134,25 +131,6 @@ def worker_python(provider: Provider, reports: list[WorkerReport]) -> str:
     return ENV_PYTHON if all(r.env_present for r in reports) else default_python(provider)
 
 
-def code_version(cwd: Path | None = None) -> dict[str, Any] | None:
-    """`{"git_sha": ..., "dirty": bool}` of the git checkout the console runs in, or None outside one."""
-
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(
-                ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=False
-            )
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
-
-    sha = git("rev-parse", "HEAD")
-    if not sha:
-        return None
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return {"git_sha": sha, "dirty": bool(status) if status is not None else None}
-
-
 def launch_env(provider: Provider, node: Node, fleet: Fleet, workers: list[int]) -> dict[int, dict[str, str]]:
     """The non-secret environment of each worker's job: the process-count guard, and the coordinator
     where JAX cannot find its peers by itself (local and ssh pods)."""
@@ -180,7 +158,7 @@ async def launch(
     fail_fast: bool = False,
     check_code: bool = True,
     store: RunStore | None = None,
-    progress: Callable[[str], None] = _ignore,
+    progress: Callable[[str], None] = no_progress,
     on_worker: Callable[[int, str], None] = ignore_worker,
     stop_grace_s: float = 5.0,
 ) -> LaunchResult:

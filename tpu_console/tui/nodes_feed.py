@@ -9,11 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from tpu_console import actions
 from tpu_console.errors import one_line
-from tpu_console.idle import IdleNode, find_idle
 from tpu_console.model import Node, NodeState
-from tpu_console.providers.base import Provider
+from tpu_console.providers.base import NodeListing, Provider
+from tpu_console.providers.nodes import list_nodes
+from tpu_console.runs.idle import IdleNode, find_idle
 from tpu_console.runs.store import RunRecord, RunStore
 
 HISTORY_LIMIT = 500
@@ -47,9 +47,9 @@ async def gather_listing(
     """The listing; with `probe`, unfinished runs of READY nodes are asked for their state (SSH to every
     worker of those nodes: the screen does it on demand and at most once a minute, not every refresh)."""
     try:
-        listing = await actions.list_nodes(providers)
+        listing = await list_nodes(providers)
     except Exception as exc:  # noqa: BLE001 - shown on screen; the next refresh may succeed
-        listing = actions.NodeList(problems=[f"listing failed: {one_line(exc)}"])
+        listing = NodeListing(problems=[f"listing failed: {one_line(exc)}"])
     runs = await asyncio.to_thread(_history, store)
     latest = {node_key(node): record for node in listing.nodes if (record := _latest_run(node, runs))}
     unfinished = [latest[node_key(n)] for n in listing.nodes

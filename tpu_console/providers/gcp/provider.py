@@ -13,9 +13,8 @@ import time
 
 from tpu_console import keys
 from tpu_console.errors import AlreadyExists, NotFound, UserError
-from tpu_console.fleet.target import SshTarget
-from tpu_console.model import CreateRequest, Node, NodeState, validate_node_name
-from tpu_console.providers.base import NodeListing, Progress, Provider, _ignore
+from tpu_console.model import CreateRequest, Node, NodeState, SshTarget, validate_node_name
+from tpu_console.providers.base import NodeListing, Progress, Provider, no_progress
 from tpu_console.providers.gcp import accelerators, ssh_access
 from tpu_console.providers.gcp.client import (
     TpuApi,
@@ -139,7 +138,7 @@ class GcpProvider(Provider):
 
     # ---- create -----------------------------------------------------------------------------------
 
-    async def create(self, request: CreateRequest, progress: Progress = _ignore) -> Node:
+    async def create(self, request: CreateRequest, progress: Progress = no_progress) -> Node:
         """Create `request.name`, trying `request.zones` (else the configured zones) in order."""
         from google.cloud import tpu_v2
 
@@ -252,7 +251,7 @@ class GcpProvider(Provider):
 
     # ---- delete -----------------------------------------------------------------------------------
 
-    async def delete(self, name: str, progress: Progress = _ignore) -> None:
+    async def delete(self, name: str, progress: Progress = no_progress) -> None:
         """Delete the node and wait until it is gone. The caller has already asked for confirmation."""
         api = await self._client()
         node = self._model(await self._find(name))

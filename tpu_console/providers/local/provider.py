@@ -15,9 +15,8 @@ from pathlib import Path
 
 from tpu_console import keys, locations
 from tpu_console.errors import UserError
-from tpu_console.fleet.target import SshTarget
-from tpu_console.model import CreateRequest, Node, NodeState, Worker, validate_node_name
-from tpu_console.providers.base import NodeListing, Progress, Provider, _ignore
+from tpu_console.model import CreateRequest, Node, NodeState, SshTarget, Worker, validate_node_name
+from tpu_console.providers.base import NodeListing, Progress, Provider, no_progress
 from tpu_console.providers.local.jobs import running_job_groups, stop_groups
 from tpu_console.providers.local.shapes import parse_local_type
 from tpu_console.providers.local.store import LOOPBACK, PodStore
@@ -46,7 +45,7 @@ class LocalProvider(Provider):
     async def get(self, name: str) -> Node:
         return self._with_ports(self.store.read(name))
 
-    async def create(self, request: CreateRequest, progress: Progress = _ignore) -> Node:
+    async def create(self, request: CreateRequest, progress: Progress = no_progress) -> Node:
         if problem := validate_node_name(request.name):
             raise UserError(problem)
         shape = parse_local_type(request.accelerator_type)
@@ -57,7 +56,7 @@ class LocalProvider(Provider):
         progress(f"{request.name}: ready at {self.store.node_dir(request.name)}")
         return node
 
-    async def delete(self, name: str, progress: Progress = _ignore) -> None:
+    async def delete(self, name: str, progress: Progress = no_progress) -> None:
         node = self.store.read(name)  # NotFound before anything changes
         await self._stop_servers(name)
         groups = [

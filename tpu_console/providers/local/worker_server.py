@@ -27,7 +27,7 @@ from pathlib import Path
 
 import asyncssh
 
-from tpu_console.fleet import asyncssh_tuning
+from tpu_console import asyncssh_tuning
 from tpu_console.providers.local.child_process import ChildProcess, start_child
 from tpu_console.providers.local.spare_shell import SpareShells
 from tpu_console.providers.local.store import LOOPBACK

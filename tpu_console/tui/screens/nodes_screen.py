@@ -3,7 +3,7 @@ keys that run the whole workflow on the selected node (create, bootstrap, sync, 
 
 Long operations run as background workers and report in the operations panel below the table, so the
 table stays usable (and several operations can run at once). Nothing here does I/O itself: it calls
-`tpu_console.actions`, `provision`, `runs` and the store.
+`providers.nodes`, `provision`, `runs` and the store.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
-from tpu_console import actions
 from tpu_console.errors import UserError, one_line
 from tpu_console.model import Node
 from tpu_console.node_table import format_cost
 from tpu_console.pricing import price_per_hour
 from tpu_console.providers.base import Provider
+from tpu_console.providers.nodes import create_node, delete_node
 from tpu_console.runs.store import RunRecord, RunStore
 from tpu_console.secrets import SecretMasker
 from tpu_console.tui.messages import NodesRefreshed, OperationEnded, OperationProgress
@@ -261,7 +261,7 @@ class NodesScreen(Screen[None]):
             return
 
         async def create(say: Say) -> str:
-            node = await actions.create_node(self.providers, order.provider, order.request, progress=say)
+            node = await create_node(self.providers, order.provider, order.request, progress=say)
             where = f" in {node.zone}" if node.zone else ""
             return f"{node.name} is {node.state.value}{where}"
 
@@ -275,7 +275,7 @@ class NodesScreen(Screen[None]):
 
     def _delete(self, node: Node) -> None:
         async def delete(say: Say) -> str:
-            await actions.delete_node(self.providers, node.name, progress=say)
+            await delete_node(self.providers, node.name, progress=say)
             return f"{node.name} deleted"
 
         self.run_operation(f"delete {node.name}", delete, SecretMasker.for_node(node.name))
