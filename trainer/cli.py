@@ -5,6 +5,9 @@
     python -m trainer make-gsm8k-jsonl PATH [--n N] [--seed S]   (synthetic GSM8K-format data)
     python -m trainer bench-memory [--mesh-shape M] [--mode sharded|gather] [--target-bytes-gib X]
                                    (per-device bytes of FSDP-sharded vs gathered weights; trainer/bench_memory.py)
+    python -m trainer plan --config FILE.yaml [--set ...] --topology v6e-16 [--json]
+                                   (every program compiled for a TPU slice by libtpu, no TPU needed: per-chip
+                                   memory, verdict, cost; exit 0 fits, 1 does not, 3 no libtpu; trainer/plan.py)
 
 Exit status: 0 when the run finished, 2 for a config or launch problem (one line naming the key and the fix),
 128+N when stopped by signal N (SIGTERM, SIGINT), 1 for anything else. Every failure also lands in
@@ -112,6 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _make_gsm8k_jsonl(argv[1:])
     if argv and argv[0] == "bench-memory":
         return _bench_memory(argv[1:])
+    if argv and argv[0] == "plan":
+        from trainer.plan import main as plan_main
+
+        return plan_main(argv[1:])
 
     args = _train_parser().parse_args(argv)
     progress: dict = {}  # filled by the run (local batch) for the error event; stop_signal by the handler

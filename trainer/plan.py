@@ -24,7 +24,6 @@ shown beside it.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -289,7 +288,7 @@ def build_plan(cfg: TrainerConfig, tpu: TpuSlice, *, weight_layout: str | None =
     eos = model_config.eos_token_ids or (0,)
     programs = build_programs(cfg, model, mesh, pad_id=0, eos_ids=eos, device_memory_bytes=hbm)
     sampler, step_fn = programs.sampler, programs.step_fn
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    _, params, rest = nnx.split(model, nnx.Param, ...)
     opt_state = _with_shardings(jax.eval_shape(programs.optimizer.init, params), programs.opt_shardings)
     with jax.set_mesh(mesh):
         replicated = NamedSharding(mesh, PartitionSpec())
@@ -402,13 +401,13 @@ def _size(n: float) -> str:
 
 
 def format_plan(plan: Plan) -> str:
-    lines = [f"plan for {plan.accelerator_type} ({plan.topology}: {plan.hosts} hosts, {plan.chips} chips, "
+    title = (f"plan for {plan.accelerator_type} ({plan.topology}: {plan.hosts} hosts, {plan.chips} chips, "
              f"{_gib(plan.hbm_bytes)} GiB HBM a chip as the compiler allows); model {plan.model_source}; "
-             f"mesh {plan.mesh}; rollout weights {plan.weight_layout}",
-             "resident per chip: " + ", ".join(f"{k} {_size(v)}" for k, v in plan.resident.items()),
-             "",
-             f"{'program (bytes per chip)':<24}{'runs':<15}{'args':>7}{'out':>7}{'temp':>7}{'alias':>7}{'peak':>7}"
-             f"{'GFLOP':>9}{'HBM GB':>8}{'coll MB':>9}{'#coll':>6}{'est ms':>9}{'xla ms':>9}"]
+             f"mesh {plan.mesh}; rollout weights {plan.weight_layout}")
+    header = (f"{'program (bytes per chip)':<24}{'runs':<15}{'args':>7}{'out':>7}{'temp':>7}{'alias':>7}"
+              f"{'peak':>7}{'GFLOP':>9}{'HBM GB':>8}{'coll MB':>9}{'#coll':>6}{'est ms':>9}{'xla ms':>9}")
+    lines = [title, "resident per chip: " + ", ".join(f"{k} {_size(v)}" for k, v in plan.resident.items()), "",
+             header]
     for p in plan.programs:
         c = p.compiled
         if c.oom:
@@ -429,6 +428,42 @@ def plan_to_json(plan: Plan) -> str:
     return json.dumps(plan.to_json(), indent=2)
 
 
-def replace_layout(cfg: TrainerConfig, layout: str) -> TrainerConfig:
-    return dataclasses.replace(cfg) if False else cfg.model_copy(
-        update={"rollout": cfg.rollout.model_copy(update={"weight_layout": layout})})
+# ---- `python -m trainer plan` ------------------------------------------------------------------------------
+
+EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT, EXIT_CANNOT_PLAN = 0, 1, 2, 3
+
+
+def main(argv: list[str]) -> int:
+    """python -m trainer plan --config F [--set k=v ...] --topology v6e-16 [--json]
+
+    Exit status: 0 fits, 1 does not fit (the compiler's OOM included), 2 bad input, 3 cannot plan here
+    (no libtpu on this machine)."""
+    import argparse
+    import sys
+
+    from trainer.aot import LibtpuUnavailable
+    from trainer.config import load_config
+    from trainer.tpu_specs import UnknownAcceleratorType, parse_accelerator_type
+
+    parser = argparse.ArgumentParser(prog="python -m trainer plan",
+                                     description="Compile every program of a run for a TPU slice with the TPU "
+                                                 "compiler (no TPU needed) and report per-chip memory and cost.")
+    parser.add_argument("--config", required=True, help="trainer YAML config")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--topology", required=True, metavar="TYPE", help="accelerator type, e.g. v6e-16, v4-16")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        tpu = parse_accelerator_type(args.topology)
+        say = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+        plan = build_plan(cfg, tpu, progress=say)
+    except (ConfigError, PlanError, UnknownAcceleratorType) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except LibtpuUnavailable as exc:
+        print(f"error: cannot plan here: {exc}", file=sys.stderr)
+        return EXIT_CANNOT_PLAN
+    print(plan_to_json(plan) if args.json else format_plan(plan))
+    return EXIT_FITS if plan.fits else EXIT_DOES_NOT_FIT

@@ -1,0 +1,118 @@
+"""The planner: the run's programs compiled by libtpu for a TPU slice on this CPU machine, the per-chip
+bytes checked against a hand computation, the compiler's out-of-memory answer as a verdict."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from trainer import aot
+from trainer.plan import EXIT_BAD_INPUT, EXIT_CANNOT_PLAN, EXIT_DOES_NOT_FIT, EXIT_FITS, main
+from trainer.tpu_specs import UnknownAcceleratorType, parse_accelerator_type
+
+needs_libtpu = pytest.mark.skipif(aot.libtpu_version() is None, reason="libtpu is not installed")
+
+
+def test_accelerator_types_map_to_libtpu_topologies():
+    v6e16 = parse_accelerator_type("v6e-16")
+    assert (v6e16.topology_name, v6e16.chips, v6e16.hosts, v6e16.chips_per_host_bounds) == ("v6e:4x4", 16, 4,
+                                                                                          (2, 2, 1))
+    v6e8 = parse_accelerator_type("v6e-8")
+    assert (v6e8.topology_name, v6e8.hosts, v6e8.chips_per_host_bounds) == ("v6e:2x4", 1, (2, 4, 1))
+    v4 = parse_accelerator_type("v4-16")  # v4 counts TensorCores: 8 chips on 2 hosts
+    assert (v4.topology_name, v4.chips, v4.hosts, v4.generation.chip_config) == ("v4:2x2x2", 8, 2, "megacore")
+    assert parse_accelerator_type("v5e-4").topology_name == "v5e:2x2"
+    with pytest.raises(UnknownAcceleratorType, match="v6e-16"):
+        parse_accelerator_type("v6e-12")
+    with pytest.raises(UnknownAcceleratorType, match="unknown TPU generation"):
+        parse_accelerator_type("v9x-8")
+
+
+def test_collectives_are_read_from_the_compiled_hlo():
+    hlo = """
+      %all-gather-start = (f32[512]{0}, bf16[4096,2048]{1,0}) all-gather-start(%p), dimensions={0}
+      %all-gather-done = bf16[4096,2048]{1,0} all-gather-done(%all-gather-start)
+      %all-reduce.3 = f32[8,151936]{1,0} all-reduce(%x), to_apply=%add
+      %fusion = f32[8]{0} fusion(%a), kind=kLoop
+    """
+    found = aot.collectives_in(hlo)
+    assert found.count == 2
+    assert found.by_kind == {"all-gather": [1, 4096 * 2048 * 2], "all-reduce": [1, 8 * 151936 * 4]}
+
+
+def test_without_libtpu_plan_says_so_in_one_line(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(aot, "libtpu_version", lambda: None)
+    with pytest.raises(aot.LibtpuUnavailable, match="libtpu is not installed"):
+        aot.tpu_devices.__wrapped__(parse_accelerator_type("v6e-4"))
+    aot.tpu_devices.cache_clear()
+    monkeypatch.setattr(aot, "tpu_devices", aot.tpu_devices.__wrapped__)
+    monkeypatch.setattr("trainer.plan.tpu_devices", aot.tpu_devices)
+    config = tmp_path / "c.yaml"
+    config.write_text("model_path: Qwen/Qwen2.5-0.5B-Instruct\nsteps: 1\n")
+    assert main(["--config", str(config), "--topology", "v6e-4", "--quiet"]) == EXIT_CANNOT_PLAN
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot plan here" in err[0] and "pip install" in err[0]
+
+
+def test_bad_topology_and_batch_are_one_line_errors(tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text("model_path: Qwen/Qwen2.5-0.5B-Instruct\nsteps: 1\n")
+    assert main(["--config", str(config), "--topology", "v6e-12", "--quiet"]) == EXIT_BAD_INPUT
+    assert "v6e-12" in capsys.readouterr().err
+
+
+def _tiny_config(tmp_path, tiny_model_dir, **rollout) -> str:
+    import yaml
+
+    raw = {"model_path": str(tiny_model_dir), "steps": 2, "mesh_shape": "auto",
+           "rollout": {"batch_size": 4, "n": 4, "global_length": 64, "max_length_sample": 32, **rollout},
+           "train": {"micro_batch_size_per_device": 2, "compute_dtype": "bfloat16"}}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return str(path)
+
+
+@needs_libtpu
+def test_tiny_model_plan_on_v6e_2x2_matches_a_hand_computation(tmp_path, tiny_model_dir, capsys):
+    from tests.trainer.fixtures import TINY_SPEC  # noqa: F401 - the fixture's model is what we count
+    from trainer.model import Qwen2Config
+
+    config = _tiny_config(tmp_path, tiny_model_dir)
+    assert main(["--config", config, "--topology", "v6e-4", "--json", "--quiet"]) == EXIT_FITS
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["fits"] and plan["verdict"].startswith("fits") and plan["mesh"] == {"dp": 1, "fsdp": 4, "tp": 1}
+
+    # By hand: fp32 parameters, each split 4 ways along its fsdp dimension when that divides (all do here
+    # but the 1-D norms and biases, which stay whole), AdamW's two moments the same, plus its step count.
+    model = Qwen2Config.from_hf(json.loads((tiny_model_dir / "config.json").read_text()))
+    h, i, v, layers = model.hidden_size, model.intermediate_size, model.vocab_size, model.num_hidden_layers
+    q, kv = model.num_attention_heads * model.dim_per_head, model.num_key_value_heads * model.dim_per_head
+    sharded = v * h + layers * (h * q + 2 * h * kv + q * h + 3 * h * i)  # embed, q k v o, gate up down
+    whole = h + layers * (2 * h + q + 2 * kv)  # final norm; per layer two norms and the q/k/v biases
+    per_chip = 4 * (sharded // 4 + whole)
+    resident = plan["resident_bytes"]
+    assert resident["parameters"] == per_chip
+    assert resident["optimizer state"] == 2 * per_chip + 8  # mu, nu; Adam's and the schedule's int32 counts
+    # The KV cache: every layer's keys and values for this chip's rows (16 sequences / 4 chips), bf16.
+    cache = layers * 2 * (16 // 4) * model.num_key_value_heads * (64 + 32) * model.dim_per_head * 2
+    assert resident["KV cache"] == cache
+    names = [p["name"] for p in plan["programs"]]
+    assert names == ["optimizer init", "rollout weights", "prefill", "decode loop", "decode step", "update"]
+    update = plan["programs"][-1]
+    assert update["flops"] > 0 and update["collectives"] > 0 and update["peak_bytes"] < plan["hbm_bytes"]
+    assert plan["step_estimate_s"]["step_s"] > 0
+    assert math.isclose(plan["hbm_bytes"], 31.25 * 2**30)  # the compiler's own limit for a v6e chip
+
+
+@needs_libtpu
+def test_a_config_the_compiler_cannot_fit_is_a_verdict_not_a_traceback(tmp_path, tiny_model_dir, capsys):
+    # 4096 sequences of 8192 tokens: attention scores alone would need far more than a chip's HBM.
+    config = _tiny_config(tmp_path, tiny_model_dir, batch_size=256, n=16, global_length=4096,
+                          max_length_sample=4096)
+    assert main(["--config", config, "--topology", "v6e-4", "--quiet"]) == EXIT_DOES_NOT_FIT
+    out = capsys.readouterr().out
+    verdict = out.strip().splitlines()[-1]
+    assert verdict.startswith("does not fit:") and "fix:" in verdict
+    assert "OUT OF MEMORY" in out or "GiB per chip" in verdict
