@@ -86,7 +86,8 @@ class FakeProvider(Provider):
 
 @pytest.fixture
 def console_home(tmp_path, monkeypatch):
-    """An empty TPU_CONSOLE_HOME and no TPU_CONSOLE_* / gcloud project variables from the developer's shell."""
+    """An empty TPU_CONSOLE_HOME and no TPU_CONSOLE_* / gcloud project variables from the developer's
+    shell."""
     for name in list(os.environ):
         if name.startswith("TPU_CONSOLE_"):
             monkeypatch.delenv(name)

@@ -35,8 +35,10 @@ RUN_ID = "20250314-120000-abcd"
 WORKERS = 4
 STEPS = 12
 GIB = 1 << 30
-OOM_LINE = ("jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of "
-            "memory in memory space hbm. Used 17.44G of 15.48G hbm. Exceeded hbm capacity by 1.96G.")
+OOM_LINE = (
+    "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of "
+    "memory in memory space hbm. Used 17.44G of 15.48G hbm. Exceeded hbm capacity by 1.96G."
+)
 WANDB_LINE = "wandb: View run at https://wandb.ai/lab/grpo/runs/k2x9q1"
 
 
@@ -44,8 +46,9 @@ class FixedFeed:
     """Posts its messages once, then waits like a live feed with nothing new to say. `stop_run` only
     counts its calls."""
 
-    def __init__(self, status: list[Message], logs: list[Message] | None = None,
-                 devices: list[Message] | None = None) -> None:
+    def __init__(
+        self, status: list[Message], logs: list[Message] | None = None, devices: list[Message] | None = None
+    ) -> None:
         self.status = status
         self.logs = logs or []
         self.devices = devices or []
@@ -71,28 +74,38 @@ class FixedFeed:
         pass
 
 
-def step_metrics(worker: int, step: int, *, slow: float = 1.0, memory: bool = True,
-                 near_limit: bool = False) -> StepMetrics:
+def step_metrics(
+    worker: int, step: int, *, slow: float = 1.0, memory: bool = True, near_limit: bool = False
+) -> StepMetrics:
     return StepMetrics.from_event(step_event(worker, step, slow=slow, memory=memory, near_limit=near_limit))
 
 
-def step_event(worker: int, step: int, *, slow: float = 1.0, memory: bool = True, near_limit: bool = False) -> Event:
+def step_event(
+    worker: int, step: int, *, slow: float = 1.0, memory: bool = True, near_limit: bool = False
+) -> Event:
     generate = 2.0 * slow + 0.01 * step
-    phases = {"rollout_generate": generate, "reward": 0.05, "advantages": 0.002, "shard": 0.03,
-              "update": 1.1 + 0.01 * worker}
+    phases = {
+        "rollout_generate": generate,
+        "reward": 0.05,
+        "advantages": 0.002,
+        "shard": 0.03,
+        "update": 1.1 + 0.01 * worker,
+    }
     step_s = sum(phases.values())
     fields = {tm.phase_key(phase): seconds for phase, seconds in phases.items()}
-    fields.update({
-        "step": step,
-        tm.phase_key("step"): step_s,
-        tm.STEP_AVG_LAST10: step_s,
-        tm.VALID_TOKENS_PER_S: 5200.0 + 40 * step,
-        tm.MEM_IN_USE: (14.6 if near_limit else 9.8 + 0.3 * worker) if memory else None,
-        tm.MEM_PEAK: (15.2 if near_limit else 11.4 + 0.3 * worker) if memory else None,
-        tm.MEM_LIMIT: 15.75 if memory else None,
-        tm.LOSS: 0.02,
-        tm.REWARD_MEAN: 0.1 + 0.06 * step,
-    })
+    fields.update(
+        {
+            "step": step,
+            tm.phase_key("step"): step_s,
+            tm.STEP_AVG_LAST10: step_s,
+            tm.VALID_TOKENS_PER_S: 5200.0 + 40 * step,
+            tm.MEM_IN_USE: (14.6 if near_limit else 9.8 + 0.3 * worker) if memory else None,
+            tm.MEM_PEAK: (15.2 if near_limit else 11.4 + 0.3 * worker) if memory else None,
+            tm.MEM_LIMIT: 15.75 if memory else None,
+            tm.LOSS: 0.02,
+            tm.REWARD_MEAN: 0.1 + 0.06 * step,
+        }
+    )
     return Event("step", 1.0, worker, fields)
 
 
@@ -100,8 +113,18 @@ class ScriptedRun:
     """A run told as a RunWatch tells it, into a real RunFeed; `messages` is what the feed posted."""
 
     def __init__(self, node: str, accelerator_type: str) -> None:
-        self.record = RunRecord(RUN_ID, node, "gcp", accelerator_type, list(range(WORKERS)), "c.yaml", "d", [],
-                                "python", datetime(2025, 3, 14, 12, tzinfo=UTC))
+        self.record = RunRecord(
+            RUN_ID,
+            node,
+            "gcp",
+            accelerator_type,
+            list(range(WORKERS)),
+            "c.yaml",
+            "d",
+            [],
+            "python",
+            datetime(2025, 3, 14, 12, tzinfo=UTC),
+        )
         self.monitor = RunMonitor(RUN_ID, self.record.workers)
         self.progress: dict[int, Progress] = {}
         self.scanners = {w: SignatureScanner() for w in self.record.workers}
@@ -111,8 +134,10 @@ class ScriptedRun:
 
     def probe(self, worker: int, exit_status: int | None = None, exit_time: float | None = None) -> None:
         alive = exit_status is None
-        self.monitor.observe(worker, RunProbe(RUN_ID, pgid=1000 + worker, alive=alive, exit_status=exit_status,
-                                              exit_time=exit_time))
+        self.monitor.observe(
+            worker,
+            RunProbe(RUN_ID, pgid=1000 + worker, alive=alive, exit_status=exit_status, exit_time=exit_time),
+        )
 
     def events(self, worker: int, events: list[Event]) -> None:
         self.monitor.workers[worker].events.add(events)
@@ -144,7 +169,9 @@ def running_run() -> tuple[list[Message], list[Message], list[Message]]:
         slow = 2.0 if worker == 2 else 1.0
         run.events(worker, [step_event(worker, s, slow=slow, near_limit=worker == 1) for s in numbers])
         last = step_metrics(worker, numbers[-1], slow=slow)
-        run.log(worker, [f"step={last.step} loss=0.0200 reward_mean={last.reward_mean:.2f} dt={last.step_s:.2f}s"])
+        run.log(
+            worker, [f"step={last.step} loss=0.0200 reward_mean={last.reward_mean:.2f} dt={last.step_s:.2f}s"]
+        )
 
     for worker in range(WORKERS):
         steps(worker, range(1, STEPS - 3 + 1 if worker == 3 else STEPS))
@@ -152,8 +179,15 @@ def running_run() -> tuple[list[Message], list[Message], list[Message]]:
     for worker in range(3):  # 95 s later, every worker but 3 has done one more step
         steps(worker, range(STEPS, STEPS + 1))
     run.judge(1095.0)
-    logs = [RunLogLines([(w, f"[w{w}] step={s} loss=0.0200 reward_mean={0.1 + 0.06 * s:.2f}")
-                         for s in range(1, STEPS + 1) for w in range(WORKERS)])]
+    logs = [
+        RunLogLines(
+            [
+                (w, f"[w{w}] step={s} loss=0.0200 reward_mean={0.1 + 0.06 * s:.2f}")
+                for s in range(1, STEPS + 1)
+                for w in range(WORKERS)
+            ]
+        )
+    ]
     return run.status(), logs, [tpu_devices()]
 
 
@@ -161,8 +195,15 @@ def tpu_devices() -> RunDevicesRead:
     """libtpu's reading of the running run: 4 devices per worker, worker 1's device 2 nearly full."""
     workers = []
     for worker in range(WORKERS):
-        devices = [DeviceMetrics(d, int((15.1 if worker == 1 and d == 2 else 10.0 + 0.3 * worker + 0.2 * d) * GIB),
-                                 int(15.75 * GIB), 80.0 + 2 * d) for d in range(4)]
+        devices = [
+            DeviceMetrics(
+                d,
+                int((15.1 if worker == 1 and d == 2 else 10.0 + 0.3 * worker + 0.2 * d) * GIB),
+                int(15.75 * GIB),
+                80.0 + 2 * d,
+            )
+            for d in range(4)
+        ]
         workers.append(WorkerDeviceMetrics(worker, devices))
     return RunDevicesRead(workers)
 
@@ -196,8 +237,13 @@ def failed_run() -> tuple[list[Message], list[Message], list[Message]]:
         run.log(worker, ["Terminated"])
         run.probe(worker, exit_status=143, exit_time=1020.0)
     run.judge(1180.0)
-    logs = [RunLogLines([(w, f"step={s} loss=0.0100") for s in range(1, 4) for w in range(WORKERS)]
-                        + [(1, OOM_LINE)])]
-    return run.status(), logs, [RunDevicesRead([], "the run has ended: libtpu reports only while a job holds "
-                                                   "the TPU")]
-
+    logs = [
+        RunLogLines(
+            [(w, f"step={s} loss=0.0100") for s in range(1, 4) for w in range(WORKERS)] + [(1, OOM_LINE)]
+        )
+    ]
+    return (
+        run.status(),
+        logs,
+        [RunDevicesRead([], "the run has ended: libtpu reports only while a job holds the TPU")],
+    )

@@ -42,10 +42,14 @@ def test_decode_benchmark_prints_both_rates_and_the_ratio():
 
 
 def test_tui_benchmark_prints_key_to_frame_latency_idle_and_loaded():
-    result = _run(["benchmarks/tui.py", "--workers", "4", "--lines-per-s", "200", "--presses", "4", "--warmup", "0.2"])
+    result = _run(
+        ["benchmarks/tui.py", "--workers", "4", "--lines-per-s", "200", "--presses", "4", "--warmup", "0.2"]
+    )
     assert result.returncode in (0, 1), result.stdout + result.stderr
     for label in (r"\(a\) idle", r"\(b\) loaded"):
-        assert re.search(label + r"\s*: key to frame median [\d.]+ ms, p95 [\d.]+ ms", result.stdout), result.stdout
+        assert re.search(label + r"\s*: key to frame median [\d.]+ ms, p95 [\d.]+ ms", result.stdout), (
+            result.stdout
+        )
     assert re.search(r"took in [\d,]+ log lines/s", result.stdout), result.stdout
     assert re.search(r"target: .*: (met|NOT met)", result.stdout)
 
@@ -53,8 +57,11 @@ def test_tui_benchmark_prints_key_to_frame_latency_idle_and_loaded():
 def test_monitor_benchmark_prints_throughput_memory_and_latency():
     result = _run(["benchmarks/monitor.py", "--workers", "3", "--lines", "500", "--latency-s", "1"])
     assert result.returncode in (0, 1), result.stdout + result.stderr
-    assert re.search(r"\(a\) throughput: [\d,]+ lines .*: [\d,]+ lines/s wall; .*: [\d,]+ lines per CPU-second; "
-                     r"every line once: True", result.stdout), result.stdout
+    assert re.search(
+        r"\(a\) throughput: [\d,]+ lines .*: [\d,]+ lines/s wall; .*: [\d,]+ lines per CPU-second; "
+        r"every line once: True",
+        result.stdout,
+    ), result.stdout
     assert re.search(r"peak RSS \d+ MiB", result.stdout), result.stdout
     assert re.search(r"\(b\) latency, .*p50 \d+ ms, p95 \d+ ms", result.stdout), result.stdout
     assert re.search(r"targets: .*: (met|NOT met)", result.stdout)

@@ -18,8 +18,7 @@ import pytest
 from tests.conftest import LocalPod
 from tests.fixtures_sshd import Sshd
 from tests.processes import pid_alive
-from tpu_console import keys
-from tpu_console import asyncssh_tuning
+from tpu_console import asyncssh_tuning, keys
 from tpu_console.fleet import command_channel
 from tpu_console.fleet.fleet import CHANNEL_AFTER_COMMANDS, Fleet, WorkerLine
 from tpu_console.providers.ssh import SshProvider

@@ -30,10 +30,17 @@ def pod2x2(capsys) -> str:
 
 @pytest.mark.slow
 def test_bench_memory_on_every_worker_matches_fsdp(capsys, pod2x2):
-    status, out, err = run(capsys, "bench-memory", "pod", "--target-bytes-gib", "0.01", "--cols", "512", "--json")
+    status, out, err = run(
+        capsys, "bench-memory", "pod", "--target-bytes-gib", "0.01", "--cols", "512", "--json"
+    )
     assert status == 0, err
     cases = {(c["mesh_shape"], c["mode"]): c for c in json.loads(out)["cases"]}
-    assert set(cases) == {("auto", "sharded"), ("auto", "gather"), ("host_local", "sharded"), ("host_local", "gather")}
+    assert set(cases) == {
+        ("auto", "sharded"),
+        ("auto", "gather"),
+        ("host_local", "sharded"),
+        ("host_local", "gather"),
+    }
     for (shape, mode), case in cases.items():
         bench = case["bench"]
         fsdp = {"auto": 4, "host_local": 2}[shape]
@@ -56,8 +63,13 @@ def test_sweep_finds_the_largest_batch_under_a_simulated_memory_limit(capsys, tm
     assert run(capsys, "create", "one", "--type", "local-1x2")[0] == 0
     data = write_jsonl(tmp_path / "gsm8k.jsonl", 32, seed=0)
     # rollout.n = 4: local batch = 4 x batch_size; the simulated limit lets 8 sequences through, not 12.
-    sets = [f"model_path={tiny_model_dir}", f"data.path={data}", "rollout.global_length=64",
-            "rollout.max_length_sample=8", "debug_max_local_batch=8"]
+    sets = [
+        f"model_path={tiny_model_dir}",
+        f"data.path={data}",
+        "rollout.global_length=64",
+        "rollout.max_length_sample=8",
+        "debug_max_local_batch=8",
+    ]
     argv = ["sweep", "one", "--config", str(CONFIG), "--steps", "1", "--max", "8", "--json"]
     for item in sets:
         argv += ["--set", item]
@@ -88,7 +100,7 @@ for s in $(seq $((start + 1)) 8); do
   sleep 0.3
 done
 echo '{"t": 2, "kind": "end", "process": '$p', "status": "ok"}' >> events.jsonl
-"""
+"""  # noqa: E501 - an event line of the fake trainer
 
 
 @pytest.mark.slow
@@ -100,8 +112,16 @@ async def test_a_preempted_spot_run_is_recreated_bootstrapped_synced_and_resumed
         ckpt = tmp_path / "ckpt"
         ckpt.mkdir()
         sets = [f"checkpoint.dir={ckpt}", "checkpoint.every_steps=1", "steps=8"]
-        task = asyncio.create_task(launch_with_recovery(
-            providers, "spot", str(CONFIG), sets, python=fake_trainer(tmp_path, CHECKPOINTING), watch_every_s=0.3))
+        task = asyncio.create_task(
+            launch_with_recovery(
+                providers,
+                "spot",
+                str(CONFIG),
+                sets,
+                python=fake_trainer(tmp_path, CHECKPOINTING),
+                watch_every_s=0.3,
+            )
+        )
         for _ in range(300):
             if (ckpt / "latest").exists() and int((ckpt / "latest").read_text()) >= 3:
                 break
@@ -116,15 +136,42 @@ async def test_a_preempted_spot_run_is_recreated_bootstrapped_synced_and_resumed
     assert 3 <= recovery.resumed_step <= recovery.last_step_before + 1
     assert recovery.steps_lost == max(0, recovery.last_step_before - recovery.resumed_step)
     saved = json.loads((home() / "recoveries" / f"{log.first_run_id}.json").read_text())
-    assert saved["recoveries"][0]["resumed_step"] == recovery.resumed_step and saved["final_state"] == "succeeded"
-    events = [json.loads(line) for line in (home() / "local" / "spot" / "workers" / "0" / "tpu-console" / "runs"
-                                            / log.runs[1] / "events.jsonl").read_text().splitlines()]
+    assert (
+        saved["recoveries"][0]["resumed_step"] == recovery.resumed_step
+        and saved["final_state"] == "succeeded"
+    )
+    events = [
+        json.loads(line)
+        for line in (
+            home()
+            / "local"
+            / "spot"
+            / "workers"
+            / "0"
+            / "tpu-console"
+            / "runs"
+            / log.runs[1]
+            / "events.jsonl"
+        )
+        .read_text()
+        .splitlines()
+    ]
     assert [e["step"] for e in events if e["kind"] == "step"] == list(range(recovery.resumed_step + 1, 9))
 
 
 def test_recover_refuses_checkpoints_a_new_node_cannot_read(capsys, pod2x2):
     status, _, err = run(capsys, "launch", "pod", "--config", str(CONFIG), "--recover")
     assert status == 2 and "--recover needs checkpoints" in err
-    status, _, err = run(capsys, "launch", "pod", "--config", str(CONFIG), "--recover", "--set", "checkpoint.dir=ck",
-                         "--set", "checkpoint.every_steps=1")
+    status, _, err = run(
+        capsys,
+        "launch",
+        "pod",
+        "--config",
+        str(CONFIG),
+        "--recover",
+        "--set",
+        "checkpoint.dir=ck",
+        "--set",
+        "checkpoint.every_steps=1",
+    )
     assert status == 2 and "use an absolute path outside it" in err

@@ -49,5 +49,8 @@ def test_the_memory_bench_reads_its_event_among_output_lines_that_are_json_but_n
 def test_the_memory_bench_names_the_error_event_or_else_the_last_output_line():
     error = "\n".join([_EVENTS_MARK, '{"kind": "error", "message": "RESOURCE_EXHAUSTED"}', "7"])
     assert _bench_event(error) == (None, "7")
-    assert _bench_event("\n".join([_EVENTS_MARK, "7", '{"kind": "error", "message": "OOM"}'])) == (None, "OOM")
+    assert _bench_event("\n".join([_EVENTS_MARK, "7", '{"kind": "error", "message": "OOM"}'])) == (
+        None,
+        "OOM",
+    )
     assert _bench_event("\n".join([_EVENTS_MARK, "Traceback", "  boom", ""])) == (None, "boom")

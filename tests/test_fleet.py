@@ -221,7 +221,9 @@ async def test_an_unreadable_client_key_fails_before_any_worker_runs(local_pod: 
     assert not any((local_pod.worker_dir(i) / "ran").exists() for i in range(4))
 
 
-async def test_a_connection_closing_while_a_channel_opens_is_reconnected_once(local_pod: LocalPod, monkeypatch):
+async def test_a_connection_closing_while_a_channel_opens_is_reconnected_once(
+    local_pod: LocalPod, monkeypatch
+):
     """asyncssh raises AttributeError when the connection goes away mid-open: the command had not started,
     so the fleet reconnects and sends it again, as for any connection lost before a command began."""
     from tpu_console.fleet import fleet as fleet_module

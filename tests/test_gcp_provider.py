@@ -145,7 +145,8 @@ async def test_create_on_demand_v4_uses_its_runtime_and_survives_a_5xx_while_wai
 async def test_create_reports_a_node_preempted_before_it_became_ready(emulator, make_provider):
     emulator.create_delay = 30  # stays CREATING until preempted below
     lines: list[str] = []
-    task = asyncio.create_task(make_provider().create(CreateRequest("doomed", "v6e-8", zones=(Z1,)), lines.append))
+    request = CreateRequest("doomed", "v6e-8", zones=(Z1,))
+    task = asyncio.create_task(make_provider().create(request, lines.append))
     for _ in range(500):  # at most ~5 s
         if any("CREATING" in line for line in lines):
             break
@@ -172,6 +173,7 @@ async def test_bad_create_requests_fail_before_any_api_call(emulator, make_provi
 
 
 # ---- delete and preemption ----------------------------------------------------------------------------
+
 
 async def test_delete_waits_until_the_node_is_gone(emulator, make_provider):
     emulator.add_node(PROJECT, Z2, "old", "v6e-8")
@@ -208,8 +210,9 @@ EXISTING_KEYS = "alice:ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAlice alice@lab\nbob
 
 
 async def test_ssh_key_is_appended_keeping_other_keys_and_retried_on_409(emulator, make_provider):
-    emulator.add_node(PROJECT, Z1, "pod", "v6e-16",
-                      metadata={"ssh-keys": EXISTING_KEYS, "startup-script": "echo hi"})
+    emulator.add_node(
+        PROJECT, Z1, "pod", "v6e-16", metadata={"ssh-keys": EXISTING_KEYS, "startup-script": "echo hi"}
+    )
     emulator.fail_next("update", "ABORTED", "The node is being modified by another operation", times=2)
     provider = make_provider(ssh_user="root")
     node = await provider.get("pod")
@@ -227,7 +230,9 @@ async def test_ssh_key_is_appended_keeping_other_keys_and_retried_on_409(emulato
     published = emulator.host_key_lines(Z1, "pod")
     assert [t.worker for t in targets] == [0, 1, 2, 3]
     assert [t.host_keys for t in targets] == [tuple(k) for k in published]
-    assert all(t.username == "root" and t.port == 22 and t.client_key == keys.client_key_path() for t in targets)
+    assert all(
+        t.username == "root" and t.port == 22 and t.client_key == keys.client_key_path() for t in targets
+    )
     assert [t.host for t in targets] == [w.external_ip for w in node.workers]
 
     await provider.ssh_targets(node)  # the key is there now: no second update
@@ -272,6 +277,7 @@ async def test_os_login_node_imports_the_key_instead_of_editing_metadata(emulato
 
 
 # ---- configuration ------------------------------------------------------------------------------------
+
 
 async def test_missing_project_says_how_to_set_it(gcp_home):
     from tpu_console.providers.gcp import GcpProvider

@@ -159,5 +159,7 @@ def test_cost_since_creation():
     now = node.created_at + timedelta(hours=2, minutes=30)
     assert cost_since_creation(node, now) == pytest.approx(2.5 * 8 * load_table().per_chip_hour["v4"][0])
     assert cost_since_creation(gcp_node("v4-16", 8, spot=False, age_hours=None), now) is None
-    local = Node(name="l", provider="local", shape=AcceleratorShape("local-2x4", 2, 4, 8), state=NodeState.READY)
+    local = Node(
+        name="l", provider="local", shape=AcceleratorShape("local-2x4", 2, 4, 8), state=NodeState.READY
+    )
     assert price_per_hour(local) is None

@@ -16,15 +16,35 @@ ROOT = Path(__file__).resolve().parents[1]
 # Top to bottom; a module belongs to the first layer with a prefix of its name. Keep in step with
 # docs/architecture.md.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("tui | cli", ("tpu_console.cli", "tpu_console.__main__", "tpu_console.tui", "tpu_console.run_history_cli",
-                   "tpu_console.node_table", "tpu_console.run_table")),
+    (
+        "tui | cli",
+        (
+            "tpu_console.cli",
+            "tpu_console.__main__",
+            "tpu_console.tui",
+            "tpu_console.run_history_cli",
+            "tpu_console.node_table",
+            "tpu_console.run_table",
+        ),
+    ),
     ("experiments", ("tpu_console.experiments",)),
     ("runs", ("tpu_console.runs",)),
     ("provision", ("tpu_console.provision",)),
     ("fleet", ("tpu_console.fleet",)),
     ("providers", ("tpu_console.providers",)),
-    ("model", ("tpu_console.model", "tpu_console.errors", "tpu_console.locations", "tpu_console.settings",
-               "tpu_console.secrets", "tpu_console.pricing", "tpu_console.keys", "tpu_console.asyncssh_tuning")),
+    (
+        "model",
+        (
+            "tpu_console.model",
+            "tpu_console.errors",
+            "tpu_console.locations",
+            "tpu_console.settings",
+            "tpu_console.secrets",
+            "tpu_console.pricing",
+            "tpu_console.keys",
+            "tpu_console.asyncssh_tuning",
+        ),
+    ),
 )
 PACKAGE_ROOT = "tpu_console"  # `tpu_console/__init__.py`: empty, in no layer
 WORKER = "tpu_console.worker"
@@ -45,9 +65,9 @@ def modules(package: str) -> dict[str, Path]:
 
 
 def imports(path: Path, *, top_level_only: bool = False) -> list[tuple[str, ast.stmt]]:
-    """Absolute names of what `path` imports (`from a import b` gives a.b when b is a module, else a), with the
-    statement. top_level_only: the imports that run when the module is imported (not inside functions, not
-    under `if TYPE_CHECKING`)."""
+    """Absolute names of what `path` imports (`from a import b` gives a.b when b is a module, else a),
+    with the statement. top_level_only: only the imports directly in the module's body, which run when it is
+    imported (not those inside functions or under `if TYPE_CHECKING:`)."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     tree = ast.parse(path.read_text(), filename=str(path))
@@ -65,7 +85,8 @@ def imports(path: Path, *, top_level_only: bool = False) -> list[tuple[str, ast.
             for alias in node.names:
                 submodule = f"{source}.{alias.name}"
                 is_module = (ROOT / submodule.replace(".", "/")).with_suffix(".py").exists() or (
-                    ROOT / submodule.replace(".", "/") / "__init__.py").exists()
+                    ROOT / submodule.replace(".", "/") / "__init__.py"
+                ).exists()
                 found.append((submodule if is_module else source, node))
     return found
 
@@ -93,8 +114,10 @@ def test_no_console_module_imports_from_a_layer_above_its_own():
         for target, node in imports(path):
             there = layer_of(target)
             if here is not None and there is not None and there < here:
-                upward.append(f"{path.relative_to(ROOT)}:{node.lineno} ({LAYERS[here][0]}) imports {target} "
-                              f"({LAYERS[there][0]})")
+                upward.append(
+                    f"{path.relative_to(ROOT)}:{node.lineno} ({LAYERS[here][0]}) imports {target} "
+                    f"({LAYERS[there][0]})"
+                )
     assert upward == []
 
 
@@ -109,7 +132,7 @@ def test_no_console_modules_import_each_other_in_a_ring():
         state[module] = "open"
         for target in sorted(graph[module]):
             if state.get(target) == "open":
-                rings.append(" -> ".join(stack[stack.index(target):] + [module, target]))
+                rings.append(" -> ".join(stack[stack.index(target) :] + [module, target]))
             elif target not in state:
                 visit(target, stack + [module])
         state[module] = "done"
@@ -136,7 +159,7 @@ def test_worker_code_is_standard_library_python_3_8_and_reached_only_by_what_shi
     worker = {m: p for m, p in CONSOLE.items() if m == WORKER or m.startswith(WORKER + ".")}
     assert worker, "tpu_console/worker/ is gone"
     problems = []
-    for module, path in worker.items():
+    for path in worker.values():
         source = path.read_text()
         try:
             ast.parse(source, filename=str(path), feature_version=(3, 8))
@@ -146,12 +169,17 @@ def test_worker_code_is_standard_library_python_3_8_and_reached_only_by_what_shi
         for target, node in imports(path):
             top = target.partition(".")[0]
             if top not in sys.stdlib_module_names and node.lineno not in optional:
-                problems.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {target}, not standard library")
+                problems.append(
+                    f"{path.relative_to(ROOT)}:{node.lineno} imports {target}, not standard library"
+                )
     for module, path in CONSOLE.items():
         if module.startswith(WORKER) or module.startswith(WORKER_USERS):
             continue
-        problems += [f"{path.relative_to(ROOT)}:{node.lineno} imports {target}; only {', '.join(WORKER_USERS)} "
-                     "may" for target, node in imports(path) if target == WORKER or target.startswith(WORKER + ".")]
+        problems += [
+            f"{path.relative_to(ROOT)}:{node.lineno} imports {target}; only {', '.join(WORKER_USERS)} may"
+            for target, node in imports(path)
+            if target == WORKER or target.startswith(WORKER + ".")
+        ]
     assert problems == []
 
 
@@ -169,8 +197,12 @@ def optional_imports(tree: ast.Module) -> set[int]:
 
 
 def test_the_trainer_never_imports_the_console():
-    found = [f"{path.relative_to(ROOT)}:{node.lineno} imports {target}" for path in TRAINER.values()
-             for target, node in imports(path) if target.partition(".")[0] == "tpu_console"]
+    found = [
+        f"{path.relative_to(ROOT)}:{node.lineno} imports {target}"
+        for path in TRAINER.values()
+        for target, node in imports(path)
+        if target.partition(".")[0] == "tpu_console"
+    ]
     assert found == []
 
 
@@ -188,9 +220,11 @@ def test_the_console_imports_only_trainer_modules_that_load_without_jax():
         return found
 
     problems = []
-    for module, path in CONSOLE.items():
+    for path in CONSOLE.values():
         for target, node in imports(path):
             if target.partition(".")[0] == "trainer":
-                problems += [f"{path.relative_to(ROOT)}:{node.lineno}: {target}: {why}"
-                             for why in heavy_closure(target, set())]
+                problems += [
+                    f"{path.relative_to(ROOT)}:{node.lineno}: {target}: {why}"
+                    for why in heavy_closure(target, set())
+                ]
     assert problems == []

@@ -57,7 +57,9 @@ def json_run(capsys, *argv: str) -> tuple[int, dict]:
 
 
 @pytest.mark.timeout(420)
-def test_bootstrap_is_idempotent_and_sync_installs_the_checkout_with_its_env(capsys, tmp_path, tiny_model_dir):
+def test_bootstrap_is_idempotent_and_sync_installs_the_checkout_with_its_env(
+    capsys, tmp_path, tiny_model_dir
+):
     # 2 workers x 2 CPU devices: the real trainer below runs jax.distributed across them. (It runs here, not
     # in a test of its own, so that one bootstrap and sync serve both.)
     assert run(capsys, "create", "pod", "--type", "local-2x2")[0] == 0
@@ -78,11 +80,16 @@ def test_bootstrap_is_idempotent_and_sync_installs_the_checkout_with_its_env(cap
     for worker in (0, 1):
         home = worker_home(worker)
         synced_env = home / "tpu-console" / ".env"
-        assert stat.S_IMODE(synced_env.stat().st_mode) == 0o600 and synced_env.read_text() == env_file.read_text()
+        assert (
+            stat.S_IMODE(synced_env.stat().st_mode) == 0o600
+            and synced_env.read_text() == env_file.read_text()
+        )
         assert json.loads((home / "tpu-console" / "code.json").read_text()) == codes[0]
 
     # The worker's environment runs the installed wheel, not this checkout.
-    status, out, _ = run(capsys, "exec", "pod", "--", 'tpu-console/env/bin/python -c "import trainer; print(trainer.__file__)"')
+    status, out, _ = run(
+        capsys, "exec", "pod", "--", 'tpu-console/env/bin/python -c "import trainer; print(trainer.__file__)"'
+    )
     assert status == 0
     for worker in (0, 1):
         assert f"[{worker}] {worker_home(worker)}/tpu-console/env/lib/" in out
@@ -91,8 +98,14 @@ def test_bootstrap_is_idempotent_and_sync_installs_the_checkout_with_its_env(cap
     # worker runs to the end, writes its `end` event and exits 0.
     data = write_jsonl(tmp_path / "gsm8k.jsonl", 32, seed=0)
     argv = ["launch", "pod", "--config", str(CONFIG)]
-    for override in (f"model_path={tiny_model_dir}", f"data.path={data}", "steps=1", "eval_every_steps=0",
-                     "rollout.global_length=64", "rollout.max_length_sample=8"):
+    for override in (
+        f"model_path={tiny_model_dir}",
+        f"data.path={data}",
+        "steps=1",
+        "eval_every_steps=0",
+        "rollout.global_length=64",
+        "rollout.max_length_sample=8",
+    ):
         argv += ["--set", override]
     status, launched = json_run(capsys, *argv)  # --json
     assert status == 0, launched
@@ -118,7 +131,9 @@ def test_bootstrap_is_idempotent_and_sync_installs_the_checkout_with_its_env(cap
     # Secrets: masked in exec output, in logs and status; absent from the database and launch.json.
     status, out, _ = run(capsys, "exec", "pod", "--", "cat tpu-console/.env")
     assert status == 0 and SECRET not in out and "[0] MY_SECRET=***" in out
-    status, out, err = run(capsys, "launch", "pod", "--config", str(CONFIG), "--python", fake_trainer(tmp_path, LEAKY))
+    status, out, err = run(
+        capsys, "launch", "pod", "--config", str(CONFIG), "--python", fake_trainer(tmp_path, LEAKY)
+    )
     assert status == 0, err
     run_id = out.strip().splitlines()[-1]
     status, out, err = run(capsys, "logs", "pod", "--follow")
@@ -136,14 +151,18 @@ def test_bootstrap_is_idempotent_and_sync_installs_the_checkout_with_its_env(cap
     code_file.write_text(json.dumps({**codes[1], "git_sha": "0" * 40, "dirty": False}))
     status, _, err = run(capsys, "launch", "pod", "--config", str(CONFIG))
     assert status == 2 and err.count("\n") == 1
-    assert "do not run the same software: code differs (worker 0: " in err and "worker 1: 000000000000 (wheel" in err
+    assert (
+        "do not run the same software: code differs (worker 0: " in err
+        and "worker 1: 000000000000 (wheel" in err
+    )
     assert "tpu-console sync pod" in err
     assert len(list((worker_home(0) / "tpu-console" / "runs").iterdir())) == 2  # only the earlier runs
 
     # --git: every worker clones the branch, installs it and reports the commit; the pod agrees again.
     repo = source_repo(tmp_path / "repo")
-    sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                         check=True).stdout.strip()
+    sha = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     status, synced = json_run(capsys, "sync", "pod", "--git", f"file://{repo}", "--branch", "main")
     assert status == 0, synced
     assert [(w["code"]["source"], w["code"]["git_sha"]) for w in synced["workers"]] == [("git", sha)] * 2
@@ -192,8 +211,9 @@ def test_a_failed_start_on_one_worker_stops_the_others(capsys, pod, tmp_path, mo
         return real(run_id, python, args, env, **kw)
 
     monkeypatch.setattr(run_recipes, "start_detached", start_fails_on_worker_1)
-    status, out = json_run(capsys, "launch", "pod", "--config", str(CONFIG), "--python",
-                                fake_trainer(tmp_path, LONG_RUNNING))
+    status, out = json_run(
+        capsys, "launch", "pod", "--config", str(CONFIG), "--python", fake_trainer(tmp_path, LONG_RUNNING)
+    )
     assert status == 1
     starts = {s["worker"]: s for s in out["starts"]}
     assert starts[1]["error"] == "no TPU here" and starts[0]["pgid"]
@@ -230,9 +250,12 @@ while true; do sleep 0.1; done
 """
 
 
-def test_a_worker_that_exits_1_while_the_other_runs_is_named_first_and_the_run_is_partially_dead(capsys, pod, tmp_path):
-    status, launched = json_run(capsys, "launch", "pod", "--config", str(CONFIG), "--python",
-                                fake_trainer(tmp_path, ONE_DIES))
+def test_a_worker_that_exits_1_while_the_other_runs_is_named_first_and_the_run_is_partially_dead(
+    capsys, pod, tmp_path
+):
+    status, launched = json_run(
+        capsys, "launch", "pod", "--config", str(CONFIG), "--python", fake_trainer(tmp_path, ONE_DIES)
+    )
     assert status == 0
 
     def view() -> dict:
@@ -241,10 +264,16 @@ def test_a_worker_that_exits_1_while_the_other_runs_is_named_first_and_the_run_i
     wait_for(lambda: view()["state"] == "partially-dead", timeout=5)
     seen = view()
     assert seen["failure"] == "worker 1 exited 1: RESOURCE_EXHAUSTED on 1"
-    assert [(w["state"], w["exit_status"]) for w in seen["worker_status"]] == [("running", None), ("exited", 1)]
+    assert [(w["state"], w["exit_status"]) for w in seen["worker_status"]] == [
+        ("running", None),
+        ("exited", 1),
+    ]
     status, out, _ = run(capsys, "status", "pod")
     assert "partially-dead" in out and "failed first: worker 1 exited 1" in out
-    assert "workers 0 still run after that failure" in out and f"tpu-console stop pod {launched['run_id']}" in out
+    assert (
+        "workers 0 still run after that failure" in out
+        and f"tpu-console stop pod {launched['run_id']}" in out
+    )
     assert run(capsys, "stop", "pod", "--yes")[0] == 0
     assert view()["state"] == "stopped"
 
@@ -252,8 +281,17 @@ def test_a_worker_that_exits_1_while_the_other_runs_is_named_first_and_the_run_i
 def test_an_env_file_given_to_launch_is_masked_in_later_output(capsys, pod, tmp_path):
     env_file = tmp_path / "launch.env"
     env_file.write_text(f"MY_SECRET={SECRET}\n")
-    status, out, err = run(capsys, "launch", "pod", "--config", str(CONFIG), "--env-file", str(env_file),
-                           "--python", fake_trainer(tmp_path, LEAKY))
+    status, out, err = run(
+        capsys,
+        "launch",
+        "pod",
+        "--config",
+        str(CONFIG),
+        "--env-file",
+        str(env_file),
+        "--python",
+        fake_trainer(tmp_path, LEAKY),
+    )
     assert status == 0, err
     run_id = out.strip().splitlines()[-1]
     status, out, err = run(capsys, "logs", "pod", "--follow")

@@ -46,19 +46,29 @@ def test_env_sources_are_remembered_by_path_never_by_value(tmp_path):
 
 def test_worker_report_parses_markers_and_names_mismatches():
     code = {"source": "wheel", "git_sha": "a" * 40, "dirty": True, "wheel_sha256": "f" * 64}
-    out = "\n".join([
-        "@@ step creating", "pip noise", "@@ ready installed",
-        "@@ versions " + json.dumps({"python": "3.11.7", "jax": "0.10.2", "jaxlib": "0.10.2", "libtpu": None}),
-        "@@ code " + json.dumps(code), "@@ live 20250101-000000-abcd 4242", "@@ env present",
-    ])
+    out = "\n".join(
+        [
+            "@@ step creating",
+            "pip noise",
+            "@@ ready installed",
+            "@@ versions "
+            + json.dumps({"python": "3.11.7", "jax": "0.10.2", "jaxlib": "0.10.2", "libtpu": None}),
+            "@@ code " + json.dumps(code),
+            "@@ live 20250101-000000-abcd 4242",
+            "@@ env present",
+        ]
+    )
     a = WorkerReport.parse(0, out)
     assert a.ready == "installed" and a.env_present and a.live_runs == {"20250101-000000-abcd": 4242}
     assert a.code_label == "aaaaaaaaaaaa+dirty (wheel ffffffff)"
     assert a.versions_label() == "python=3.11.7 jax=0.10.2 jaxlib=0.10.2"
-    b = WorkerReport.parse(1, out.replace('"jax": "0.10.2"', '"jax": "0.9.0"').replace('"dirty": true', '"dirty": false'))
+    b = WorkerReport.parse(
+        1, out.replace('"jax": "0.10.2"', '"jax": "0.9.0"').replace('"dirty": true', '"dirty": false')
+    )
     assert mismatches([a, a]) == []
     assert mismatches([a, b]) == [
-        "code differs (worker 0: aaaaaaaaaaaa+dirty (wheel ffffffff), worker 1: aaaaaaaaaaaa (wheel ffffffff))",
+        "code differs (worker 0: aaaaaaaaaaaa+dirty (wheel ffffffff), worker 1: aaaaaaaaaaaa (wheel "
+        "ffffffff))",
         "jax differs (worker 0: 0.10.2, worker 1: 0.9.0)",
     ]
 
@@ -84,7 +94,9 @@ def test_kill_stale_kills_device_holders_and_removes_the_lockfile(tmp_path):
                 break
             time.sleep(0.02)
         command = recipes.kill_stale((str(tmp_path / "accel") + "*",), str(lock))
-        done = subprocess.run(["bash", "-c", command], check=False, capture_output=True, text=True, timeout=30)
+        done = subprocess.run(
+            ["bash", "-c", command], check=False, capture_output=True, text=True, timeout=30
+        )
         assert done.returncode == 0, done.stderr
         report = WorkerReport.parse(0, done.stdout)
         assert report.killed == [f"{holder.pid} sleep {device}"]
@@ -106,9 +118,21 @@ async def test_resolve_run_takes_a_run_id_a_node_or_both():
 
     store = RunStore()
     for run_id in ("20250101-000000-aaaa", "20250102-000000-bbbb"):
-        store.add(RunRecord(run_id=run_id, node="pod", provider="local", accelerator_type="local-2x1", workers=[0, 1],
-                            config_path="c.yaml", config_digest="d", overrides=[], python="python3",
-                            started_at=datetime.now(UTC), code_version=None))
+        store.add(
+            RunRecord(
+                run_id=run_id,
+                node="pod",
+                provider="local",
+                accelerator_type="local-2x1",
+                workers=[0, 1],
+                config_path="c.yaml",
+                config_digest="d",
+                overrides=[],
+                python="python3",
+                started_at=datetime.now(UTC),
+                code_version=None,
+            )
+        )
     assert (await resolve_run(store, {}, "pod")).run_id == "20250102-000000-bbbb"
     assert (await resolve_run(store, {}, "20250101-000000-aaaa")).run_id == "20250101-000000-aaaa"
     assert (await resolve_run(store, {}, "pod", "20250101-000000-aaaa")).run_id == "20250101-000000-aaaa"

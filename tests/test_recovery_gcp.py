@@ -40,5 +40,9 @@ def test_recovery_needs_checkpoints_on_storage_that_outlives_the_node():
     with pytest.raises(UserError, match="--recover needs checkpoints"):
         require_durable_checkpoints(str(CONFIG), [], "gcp")
     with pytest.raises(UserError, match="use a gs:// bucket"):
-        require_durable_checkpoints(str(CONFIG), ["checkpoint.dir=/root/ckpt", "checkpoint.every_steps=10"], "gcp")
-    require_durable_checkpoints(str(CONFIG), ["checkpoint.dir=gs://bucket/run", "checkpoint.every_steps=10"], "gcp")
+        require_durable_checkpoints(
+            str(CONFIG), ["checkpoint.dir=/root/ckpt", "checkpoint.every_steps=10"], "gcp"
+        )
+    require_durable_checkpoints(
+        str(CONFIG), ["checkpoint.dir=gs://bucket/run", "checkpoint.every_steps=10"], "gcp"
+    )

@@ -31,5 +31,9 @@ def test_the_price_is_kept_with_the_run_and_compared():
     a, b = store.get("20250101-000000-aaaa"), store.get("20250101-000000-bbbb")
     assert a.price_per_hour == pytest.approx(price)
     costs = [run_cost(r.price_per_hour, r.started_at, r.finished_at) for r in (a, b)]
-    (row,) = [r for r in compare_rows([a.run_id, b.run_id], [{COST: c} for c in costs]) if r["metric"] == COST]
-    assert row["values"][a.run_id] == pytest.approx(price) and row["change_pct"][b.run_id] == pytest.approx(100.0)
+    (row,) = [
+        r for r in compare_rows([a.run_id, b.run_id], [{COST: c} for c in costs]) if r["metric"] == COST
+    ]
+    assert row["values"][a.run_id] == pytest.approx(price) and row["change_pct"][b.run_id] == pytest.approx(
+        100.0
+    )

@@ -142,7 +142,8 @@ def test_a_follower_nobody_reads_waits_in_its_write_instead_of_buffering(tmp_pat
 
 def test_chunk_records_cut_short_are_refused():
     data = base64.b64encode(b"line one\nline two\n").decode()
-    assert parse_chunk_record(f"output.log 10 28 40 {data}") == ("output.log", LogChunk(28, 40, b"line one\nline two\n"))
+    expected = ("output.log", LogChunk(28, 40, b"line one\nline two\n"))
+    assert parse_chunk_record(f"output.log 10 28 40 {data}") == expected
     assert parse_chunk_record(f"output.log 10 28 40 {data[:12]}") is None  # whole base64, too few bytes
     assert parse_chunk_record(f"output.log 10 28 40 {data[:13]}") is None  # not base64
     assert parse_chunk_record("output.log 10 28") is None
@@ -168,7 +169,10 @@ def test_streamed_output_keeps_no_stdout_and_drops_a_cut_off_last_line():
     output.add("stderr", b"warning\n")
     output.end()
     assert [(line.stream, line.text) for line in lines] == [
-        ("stdout", "C abc"), ("stdout", "P alive=1"), ("stderr", "warning")]
+        ("stdout", "C abc"),
+        ("stdout", "P alive=1"),
+        ("stderr", "warning"),
+    ]
     assert output.stdout == b"" and output.stderr == b"warning\n"
 
 

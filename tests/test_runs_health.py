@@ -41,7 +41,10 @@ def test_activities_from_starting_to_exited():
     monitor.observe_unreachable(2, "connection refused")
     health = assess(monitor, progress, now=103.0, thresholds=T)
     assert health.workers[3].label == "exited(0)" and health.workers[3].for_s == 0.0
-    assert health.workers[2].activity is Activity.UNREACHABLE and health.workers[2].reason == "connection refused"
+    assert (
+        health.workers[2].activity is Activity.UNREACHABLE
+        and health.workers[2].reason == "connection refused"
+    )
     assert health.workers[1].for_s == 3.0  # starting since the first look
 
 
@@ -70,13 +73,19 @@ def test_a_failure_marks_the_workers_still_running_as_hung():
     monitor, progress = RunMonitor(RUN, [0, 1, 2]), {}
     for w in (0, 1, 2):
         running(monitor, w, step_event(3))
-    monitor.observe(1, RunProbe(RUN, pgid=11, exit_status=1, exit_time=7.0,
-                                events=[Event("error", 7.0, 1, {"message": "boom"})]))
+    monitor.observe(
+        1,
+        RunProbe(
+            RUN, pgid=11, exit_status=1, exit_time=7.0, events=[Event("error", 7.0, 1, {"message": "boom"})]
+        ),
+    )
     health = assess(monitor, progress, now=10.0, thresholds=T)
     assert health.hung == (0, 2) and health.first_failure == 1
     assert health.workers[0].hung and health.workers[0].label == "running at step 3, hung"
-    assert health.verdict.endswith("first failure: worker 1 exited 1: boom; worker(s) 0,2 still running after "
-                                   "that failure (likely hung in a collective): stop them")
+    assert health.verdict.endswith(
+        "first failure: worker 1 exited 1: boom; worker(s) 0,2 still running after "
+        "that failure (likely hung in a collective): stop them"
+    )
 
 
 def test_stragglers_by_step_time_or_by_one_phase():
@@ -99,14 +108,16 @@ def test_progress_only_counts_new_step_numbers():
     assert progress.last_step_seen_at == 1.0
 
 
-def metrics(step: int, step_avg: float, tokens: float, in_use: float | None, peak: float | None,
-            reward: float) -> StepMetrics:
+def metrics(
+    step: int, step_avg: float, tokens: float, in_use: float | None, peak: float | None, reward: float
+) -> StepMetrics:
     return StepMetrics(step, step_avg, step_avg, tokens, in_use, peak, None, 0.0, reward, {})
 
 
 def test_summary_takes_the_worst_worker_and_keeps_unknowns_none():
-    summary = summarize({0: metrics(12, 12.7, 1510.4, 7.2, 8.0, 0.5), 1: metrics(12, 12.8, 1510.4, 7.3, 8.1, 0.5),
-                         2: None})
+    summary = summarize(
+        {0: metrics(12, 12.7, 1510.4, 7.2, 8.0, 0.5), 1: metrics(12, 12.8, 1510.4, 7.3, 8.1, 0.5), 2: None}
+    )
     assert summary[tm.STEP] == 12 and summary[tm.STEP_AVG_LAST10] == 12.8 and summary[tm.MEM_PEAK] == 8.1
     assert summary[tm.VALID_TOKENS_PER_S] == 1510.4 and summary[tm.MEM_LIMIT] is None
     cpu = summarize({0: metrics(1, 1.0, 100.0, None, None, 0.1)})
@@ -114,10 +125,20 @@ def test_summary_takes_the_worst_worker_and_keeps_unknowns_none():
 
 
 def test_compare_table_is_the_legacy_vs_maxtext_benchmark_summary():
-    legacy = {tm.STEP_AVG_LAST10: 12.777984279200007, tm.VALID_TOKENS_PER_S: 1510.4229563367162,
-              tm.MEM_IN_USE: 7.2652506828308105, tm.MEM_PEAK: 8.067610263824463, tm.REWARD_MEAN: None}
-    maxtext = {tm.STEP_AVG_LAST10: 13.443090026600043, tm.VALID_TOKENS_PER_S: 1361.5764398761153,
-               tm.MEM_IN_USE: 7.265962600708008, tm.MEM_PEAK: 8.060301780700684, tm.REWARD_MEAN: None}
+    legacy = {
+        tm.STEP_AVG_LAST10: 12.777984279200007,
+        tm.VALID_TOKENS_PER_S: 1510.4229563367162,
+        tm.MEM_IN_USE: 7.2652506828308105,
+        tm.MEM_PEAK: 8.067610263824463,
+        tm.REWARD_MEAN: None,
+    }
+    maxtext = {
+        tm.STEP_AVG_LAST10: 13.443090026600043,
+        tm.VALID_TOKENS_PER_S: 1361.5764398761153,
+        tm.MEM_IN_USE: 7.265962600708008,
+        tm.MEM_PEAK: 8.060301780700684,
+        tm.REWARD_MEAN: None,
+    }
     headers, rows = compare_table(["legacy-run", "maxtext-run"], [legacy, maxtext])
     assert headers == ("METRIC", "A legacy-run", "B maxtext-run", "B VS A")
     assert rows[0] == ("step time, avg of last 10 (s)", "12.78", "13.44", "+5.2%")  # the benchmark's ~+5.2%
@@ -125,20 +146,25 @@ def test_compare_table_is_the_legacy_vs_maxtext_benchmark_summary():
     assert rows[2][3] == "+0.0%" and rows[3][3] == "-0.1%"
     assert rows[4][1:] == ("-", "-", "-")
     (step_row, *_) = compare_rows(["a", "b"], [legacy, None])
-    assert step_row["values"] == {"a": legacy[tm.STEP_AVG_LAST10], "b": None} and step_row["change_pct"] == {"b": None}
+    assert step_row["values"] == {"a": legacy[tm.STEP_AVG_LAST10], "b": None} and step_row["change_pct"] == {
+        "b": None
+    }
 
 
 def test_history_keeps_the_summary_and_archive_and_upgrades_an_old_database(tmp_path):
     path = tmp_path / "old.sqlite"
     with sqlite3.connect(path) as db:  # a database from before the summary columns
-        db.execute("CREATE TABLE runs (run_id TEXT PRIMARY KEY, node TEXT NOT NULL, provider TEXT NOT NULL,"
-                   " accelerator_type TEXT NOT NULL, workers TEXT NOT NULL, config_path TEXT NOT NULL,"
-                   " config_digest TEXT NOT NULL, overrides TEXT NOT NULL, code_version TEXT, python TEXT NOT NULL,"
-                   " started_at TEXT NOT NULL, state TEXT NOT NULL, failure TEXT, finished_at TEXT,"
-                   " stop_requested_at TEXT)")
+        db.execute(
+            "CREATE TABLE runs (run_id TEXT PRIMARY KEY, node TEXT NOT NULL, provider TEXT NOT NULL,"
+            " accelerator_type TEXT NOT NULL, workers TEXT NOT NULL, config_path TEXT NOT NULL,"
+            " config_digest TEXT NOT NULL, overrides TEXT NOT NULL, code_version TEXT, python TEXT NOT NULL,"
+            " started_at TEXT NOT NULL, state TEXT NOT NULL, failure TEXT, finished_at TEXT,"
+            " stop_requested_at TEXT)"
+        )
     store = RunStore(path)
-    store.add(RunRecord(RUN, "pod", "local", "local-2x2", [0, 1], "c.yaml", "d", [], "python3",
-                        datetime.now(UTC)))
+    store.add(
+        RunRecord(RUN, "pod", "local", "local-2x2", [0, 1], "c.yaml", "d", [], "python3", datetime.now(UTC))
+    )
     assert store.get(RUN).summary is None and store.get(RUN).archive_path is None
     store.set_summary(RUN, {tm.STEP_AVG_LAST10: 1.5, tm.MEM_IN_USE: None}, "/tmp/archive/x")
     store.set_summary(RUN, None, None)  # leaves both as they are

@@ -27,7 +27,7 @@ for step in 1 2; do
   echo >> events.jsonl
   echo "step=$step token=$MY_SECRET"
 done
-"""
+"""  # noqa: E501 - an event line of the fake trainer
 
 
 def stepping(tmp_path: Path, name: str, step_s: float, tokens: float) -> str:
@@ -72,12 +72,15 @@ def test_a_followed_run_is_archived_and_summarised_and_two_runs_compare(capsys, 
     assert rows[tm.MEM_PEAK]["change_pct"] == {run_b: 0.0}
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["runs", "compare", "20250101-000000-abcd"], "runs compare needs two runs or more"),
-    (["runs", "show"], "runs show takes a run id"),
-    (["runs", "show", "20250101-000000-abcd"], "unknown run id"),
-    (["runs", "pod", "extra"], "unexpected arguments after pod"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["runs", "compare", "20250101-000000-abcd"], "runs compare needs two runs or more"),
+        (["runs", "show"], "runs show takes a run id"),
+        (["runs", "show", "20250101-000000-abcd"], "unknown run id"),
+        (["runs", "pod", "extra"], "unexpected arguments after pod"),
+    ],
+)
 def test_bad_history_requests_are_one_line(capsys, pod, argv, message):  # noqa: F811
     status, _, err = run(capsys, *argv)
     assert status == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1

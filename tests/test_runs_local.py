@@ -29,7 +29,7 @@ if [ "$TRAINER_PROCESS_ID" = 1 ]; then
   echo "dying" >&2; exit 3
 fi
 echo '{"t": 3, "kind": "end", "process": 0, "status": "ok"}' >> events.jsonl
-"""
+"""  # noqa: E501 - an event line of the fake trainer
 
 # Proves it got the secret without printing it, starts a child in its group, then waits to be stopped.
 LONG_RUNNING = f"""\
@@ -68,7 +68,9 @@ def pod(capsys) -> str:
 
 
 def launch(capsys, python: str, *extra: str) -> str:
-    status, out, err = run(capsys, "launch", "pod", "--config", str(CONFIG), "--python", python, *extra, "--json")
+    status, out, err = run(
+        capsys, "launch", "pod", "--config", str(CONFIG), "--python", python, *extra, "--json"
+    )
     assert status == 0, err
     result = json.loads(out)
     assert result["started"] and all(s["ok"] and s["pgid"] for s in result["starts"])
@@ -100,8 +102,14 @@ def test_launch_on_all_workers_follow_logs_and_per_worker_exit_codes(capsys, pod
     # the files of the contract, on every worker
     for worker in (0, 1):
         folder = run_folder(worker, run_id)
-        assert {p.name for p in folder.iterdir()} >= {"launch.json", "config.yaml", "output.log", "events.jsonl",
-                                                      "pid", "exit"}
+        assert {p.name for p in folder.iterdir()} >= {
+            "launch.json",
+            "config.yaml",
+            "output.log",
+            "events.jsonl",
+            "pid",
+            "exit",
+        }
         manifest = json.loads((folder / "launch.json").read_text())
         assert manifest["worker"] == worker and manifest["node"] == "pod" and manifest["config"]["steps"] == 2
         assert manifest["env"]["TRAINER_PROCESS_ID"] == str(worker)
@@ -122,7 +130,9 @@ def test_secrets_stay_out_of_files_db_and_command_lines_and_stop_kills_every_gro
     children = []
     for worker in (0, 1):
         folder = run_folder(worker, run_id)
-        wait_for(lambda f=folder: (f / "child.pid").exists() and "secret-ok" in (f / "output.log").read_text())
+        wait_for(
+            lambda f=folder: (f / "child.pid").exists() and "secret-ok" in (f / "output.log").read_text()
+        )
         children.append(int((folder / "child.pid").read_text()))
         env_copy = folder / ".env"
         assert env_copy.read_text() == f"MY_SECRET={SECRET}\n"
@@ -134,13 +144,18 @@ def test_secrets_stay_out_of_files_db_and_command_lines_and_stop_kills_every_gro
 
     status, out, _ = run(capsys, "status", run_id)
     assert status == 0 and out.split("\n")[0].split()[4] == "running"
-    assert [row.split()[:3] for row in out.splitlines()[2:4]] == [["[0]", "running", "-"], ["[1]", "running", "-"]]
+    assert [row.split()[:3] for row in out.splitlines()[2:4]] == [
+        ["[0]", "running", "-"],
+        ["[1]", "running", "-"],
+    ]
 
     status, out, err = run(capsys, "stop", run_id, "--yes", "--grace", "3", "--json")
     assert status == 0, err
     stopped = json.loads(out)
     assert stopped["state"] == "stopped"
-    assert [(w["outcome"], w["signal"], w["exit_status"]) for w in stopped["workers"]] == [("stopped", "TERM", 143)] * 2
+    assert [(w["outcome"], w["signal"], w["exit_status"]) for w in stopped["workers"]] == [
+        ("stopped", "TERM", 143)
+    ] * 2
     for child in children:
         wait_for(lambda c=child: not pid_alive(c), timeout=5)
     for text in (out, err):
@@ -164,7 +179,10 @@ def test_launch_on_a_subset_of_a_local_pod(capsys, pod, tmp_path):
         (["launch", "nope", "--config", str(CONFIG)], "unknown node 'nope'"),
         (["launch", "pod", "--config", "/no/such.yaml"], "config file /no/such.yaml does not exist"),
         (["launch", "pod", "--config", str(CONFIG), "--set", "rollout.nn=3"], "rollout.nn: unknown key"),
-        (["launch", "pod", "--config", str(CONFIG), "--env-file", "/no/.env"], "env file /no/.env does not exist"),
+        (
+            ["launch", "pod", "--config", str(CONFIG), "--env-file", "/no/.env"],
+            "env file /no/.env does not exist",
+        ),
         (["launch", "pod", "--config", str(CONFIG), "--worker", "5"], "worker 5 is out of range"),
         (["launch", "pod", "--config", str(CONFIG), "--python", " "], "--python is empty"),
         (["runs", "nope"], "unknown node 'nope'"),
@@ -172,11 +190,27 @@ def test_launch_on_a_subset_of_a_local_pod(capsys, pod, tmp_path):
         (["logs", "not-a-run"], "is neither a run id"),
         (["logs", "pod", "not-a-run"], "is not a run id"),
         (["status", "pod"], "node pod has no runs yet"),
-        (["launch", "pod", "--config", str(CONFIG), "--set", "wandb_mode=online", "--set", "wandb_project=p"],
-         "wandb_mode is online but no .env gives WANDB_API_KEY"),
-        (["launch", "pod", "--config", str(CONFIG), "--set", "rollout.batch_size=3"],
-         "3 prompts do not split over 2 processes"),
-        (["launch", "pod", "--config", str(CONFIG), "--set", "mesh_shape=3,-1,1"], "mesh_shape: 3,-1,1 cannot fill"),
+        (
+            [
+                "launch",
+                "pod",
+                "--config",
+                str(CONFIG),
+                "--set",
+                "wandb_mode=online",
+                "--set",
+                "wandb_project=p",
+            ],
+            "wandb_mode is online but no .env gives WANDB_API_KEY",
+        ),
+        (
+            ["launch", "pod", "--config", str(CONFIG), "--set", "rollout.batch_size=3"],
+            "3 prompts do not split over 2 processes",
+        ),
+        (
+            ["launch", "pod", "--config", str(CONFIG), "--set", "mesh_shape=3,-1,1"],
+            "mesh_shape: 3,-1,1 cannot fill",
+        ),
         (["stop", "20250101-000000-abcd", "--yes"], "unknown run id"),
         (["logs", "20250101-000000-abcd", "--lines", "x"], "--lines 'x' is not a number"),
     ],

@@ -7,11 +7,15 @@ import pytest
 from tpu_console.runs import signatures as sig
 from tpu_console.runs.signatures import SignatureScanner
 
-OOM_LINE = ("jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of "
-            "memory in memory space hbm. Used 17.44G of 15.48G hbm. Exceeded hbm capacity by 1.96G.")
-TRAINER_OOM_LINE = ("error: out of device memory: reduce rollout.batch_size or rollout.n (local_batch), shorten "
-                    "rollout.max_length_sample, lower train.micro_batch_size_per_device, or shard the model wider "
-                    "(a larger fsdp axis in mesh_shape) (local_batch=16)")
+OOM_LINE = (
+    "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of "
+    "memory in memory space hbm. Used 17.44G of 15.48G hbm. Exceeded hbm capacity by 1.96G."
+)
+TRAINER_OOM_LINE = (
+    "error: out of device memory: reduce rollout.batch_size or rollout.n (local_batch), shorten "
+    "rollout.max_length_sample, lower train.micro_batch_size_per_device, or shard the model wider "
+    "(a larger fsdp axis in mesh_shape) (local_batch=16)"
+)
 
 
 @pytest.mark.parametrize(
@@ -19,20 +23,55 @@ TRAINER_OOM_LINE = ("error: out of device memory: reduce rollout.batch_size or r
     [
         (OOM_LINE, sig.OOM),
         ("RuntimeError: Resource exhausted: Out of memory while trying to allocate 2.00GiB.", sig.OOM),
-        (("error: Expected 4 JAX processes but jax.process_count()==1: only some workers were launched; launch on "
-         "all workers (--worker all)"), sig.WRONG_PROCESS_COUNT),
-        (("I0124 10:57:31.123 tpu_initializer.cc:123] The TPU is already in use by process with pid 4242. Not "
-         "attempting to load libtpu.so in this process."), sig.TPU_IN_USE),
-        (("RuntimeError: Unable to initialize backend 'tpu': ABORTED: The TPU is already in use by another process "
-         "probably owned by another user. Run \"$ sudo lsof -w /dev/vfio/0\""), sig.TPU_IN_USE),
+        (
+            (
+                "error: Expected 4 JAX processes but jax.process_count()==1: only some workers were "
+                "launched; launch on "
+                "all workers (--worker all)"
+            ),
+            sig.WRONG_PROCESS_COUNT,
+        ),
+        (
+            (
+                "I0124 10:57:31.123 tpu_initializer.cc:123] The TPU is already in use by process with pid "
+                "4242. Not "
+                "attempting to load libtpu.so in this process."
+            ),
+            sig.TPU_IN_USE,
+        ),
+        (
+            (
+                "RuntimeError: Unable to initialize backend 'tpu': ABORTED: The TPU is already in use by "
+                "another process "
+                'probably owned by another user. Run "$ sudo lsof -w /dev/vfio/0"'
+            ),
+            sig.TPU_IN_USE,
+        ),
         ("ABORTED: libtpu lock held: /tmp/libtpu_lockfile exists and is locked", sig.TPU_IN_USE),
-        (("jaxlib.xla_extension.XlaRuntimeError: DEADLINE_EXCEEDED: Barrier timed out. Barrier_id: "
-         "PjRT_Client_Connect"), sig.DISTRIBUTED_TIMEOUT),
-        (("E0124 coordination_service_agent.cc:332] Failed to connect to coordination service. The first task "
-         "that fails to connect is probably the cause."), sig.DISTRIBUTED_TIMEOUT),
-        ("wandb: ERROR Error while calling W&B API: user is not logged in (<Response [401]>)", sig.WANDB_AUTH),
-        ("wandb.errors.errors.UsageError: api_key not configured (no-tty). call wandb.login(key=[your_api_key])",
-         sig.WANDB_AUTH),
+        (
+            (
+                "jaxlib.xla_extension.XlaRuntimeError: DEADLINE_EXCEEDED: Barrier timed out. Barrier_id: "
+                "PjRT_Client_Connect"
+            ),
+            sig.DISTRIBUTED_TIMEOUT,
+        ),
+        (
+            (
+                "E0124 coordination_service_agent.cc:332] Failed to connect to coordination service. The "
+                "first task "
+                "that fails to connect is probably the cause."
+            ),
+            sig.DISTRIBUTED_TIMEOUT,
+        ),
+        (
+            "wandb: ERROR Error while calling W&B API: user is not logged in (<Response [401]>)",
+            sig.WANDB_AUTH,
+        ),
+        (
+            "wandb.errors.errors.UsageError: api_key not configured (no-tty). call "
+            "wandb.login(key=[your_api_key])",
+            sig.WANDB_AUTH,
+        ),
         ("wandb.errors.errors.CommError: Run initialization has timed out after 90.0 sec.", sig.WANDB_INIT),
         ("wandb: 🚀 View run at https://wandb.ai/team/grpo-gsm8k/runs/jwo1cz6k", sig.WANDB_URL),
     ],
@@ -44,13 +83,17 @@ def test_each_signature_from_a_recorded_line(line, kind):
         assert finding.hint and finding.hint in finding.message
 
 
-@pytest.mark.parametrize("line", [
-    "step=3 loss=0.01 entropy=6.6 kl=0 reward_mean=0.5 dt=1.10s rollout_generate=0.46s tokens_per_s=116.5",
-    "Loading checkpoint shards: 100%|██████████| 2/2",
-    "wandb: Tracking run with wandb version 0.18.5",
-    "memory is fine",
-    "",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "step=3 loss=0.01 entropy=6.6 kl=0 reward_mean=0.5 dt=1.10s rollout_generate=0.46s "
+        "tokens_per_s=116.5",
+        "Loading checkpoint shards: 100%|██████████| 2/2",
+        "wandb: Tracking run with wandb version 0.18.5",
+        "memory is fine",
+        "",
+    ],
+)
 def test_ordinary_lines_match_nothing(line):
     scanner = SignatureScanner()
     assert scanner.scan(line) is None and scanner.first_problem is None
@@ -63,7 +106,9 @@ def test_oom_names_the_usage_and_the_local_batch_from_the_trainer_line():
     scanner.scan(TRAINER_OOM_LINE)
     problem = scanner.first_problem
     assert problem.kind == sig.OOM and problem.local_batch == 16
-    assert problem.message.startswith("out of HBM: Used 17.44G of 15.48G hbm (local_batch=16); out of device memory")
+    assert problem.message.startswith(
+        "out of HBM: Used 17.44G of 15.48G hbm (local_batch=16); out of device memory"
+    )
 
 
 def test_a_traceback_gives_its_last_exception_line():
@@ -78,13 +123,20 @@ def test_a_traceback_gives_its_last_exception_line():
     ]
     found = [f for line in lines if (f := scanner.scan(line)) is not None]
     assert [f.kind for f in found] == [sig.EXCEPTION]
-    assert scanner.first_problem.line == "ValueError: could not broadcast input array from shape (3,) into shape (4,)"
+    assert (
+        scanner.first_problem.line
+        == "ValueError: could not broadcast input array from shape (3,) into shape (4,)"
+    )
 
 
 def test_a_specific_signature_beats_the_traceback_and_the_wandb_url_is_kept():
     scanner = SignatureScanner()
-    for line in ["wandb: View run at https://wandb.ai/e/p/runs/abc123", "Traceback (most recent call last):",
-                 '  File "x.py", line 1, in <module>', OOM_LINE]:
+    for line in [
+        "wandb: View run at https://wandb.ai/e/p/runs/abc123",
+        "Traceback (most recent call last):",
+        '  File "x.py", line 1, in <module>',
+        OOM_LINE,
+    ]:
         scanner.scan(line)
     assert scanner.wandb_url == "https://wandb.ai/e/p/runs/abc123"
     assert scanner.first_problem.kind == sig.OOM

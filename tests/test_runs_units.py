@@ -134,7 +134,9 @@ def test_env_file_is_sourced_and_reaches_the_job_only_through_the_environment(tm
 
 def test_stop_terms_the_whole_group_then_kills_what_ignores_it(tmp_path):
     # The job ignores TERM and has a child that ignores it too: only KILL ends them, after the grace.
-    fake = write_fake(tmp_path / "py", "trap '' TERM; (trap '' TERM; sleep 300) & echo $! > child; sleep 300\n")
+    fake = write_fake(
+        tmp_path / "py", "trap '' TERM; (trap '' TERM; sleep 300) & echo $! > child; sleep 300\n"
+    )
     bash(recipes.prepare_run_dir(RUN), tmp_path)
     folder = tmp_path / recipes.run_dir(RUN)
     bash(recipes.start_detached(RUN, str(fake), [], {}), tmp_path)
@@ -161,7 +163,8 @@ def test_stop_with_term_records_128_plus_15(tmp_path):
 def test_probe_reports_running_then_exited_with_events_and_log(tmp_path):
     fake = write_fake(
         tmp_path / "py",
-        'echo \'{"t": 1, "kind": "step", "process": 0, "step": 1, "time/train/step_s": 2.5}\' >> events.jsonl\n'
+        'echo \'{"t": 1, "kind": "step", "process": 0, "step": 1, "time/train/step_s": 2.5}\' >> '
+        "events.jsonl\n"
         "echo line-a; echo line-b; while [ ! -e go ]; do sleep 0.05; done; exit 1\n",
     )
     bash(recipes.prepare_run_dir(RUN), tmp_path)
@@ -190,13 +193,9 @@ def test_tail_reads_exact_bytes_from_an_offset_and_the_last_lines(tmp_path):
     chunk = parse_chunk(bash(recipes.tail_log(RUN, offset=3, max_bytes=5), tmp_path).stdout)
     assert chunk == LogChunk(end=8, size=len(data), data=data[3:8])
     last = parse_chunk(bash(recipes.tail_log(RUN, lines=2), tmp_path).stdout)
-    assert last.end == len(data) and last.data == data[len("héllo\n".encode()) + len("wörld\n".encode()):]
+    assert last.end == len(data) and last.data == data[len("héllo\n".encode()) + len("wörld\n".encode()) :]
     missing = parse_chunk(bash(recipes.tail_log("20250314-120000-0001", offset=0), tmp_path).stdout)
     assert missing == LogChunk(end=0, size=0, data=b"")
-
-
-
-
 
 
 # -- tails -----------------------------------------------------------------------------------------------
@@ -226,12 +225,22 @@ def test_chunk_parse_rejects_foreign_output():
 
 # -- events ----------------------------------------------------------------------------------------------
 
-STEP_LINE = json.dumps({
-    "t": 100.0, "kind": "step", "process": 1, "step": 3, "loss": 0.5,
-    "time/train/step_s": 12.5, "time/train/step_avg_last10_s": 12.0, "time/train/rollout_generate_s": 9.1,
-    "throughput/train/valid_tokens_per_s": 2293.0, "memory/train/bytes_in_use_max_gib": None,
-    "memory/train/peak_bytes_in_use_max_gib": 20.5, "train-reward/total/mean": 0.25,
-})
+STEP_LINE = json.dumps(
+    {
+        "t": 100.0,
+        "kind": "step",
+        "process": 1,
+        "step": 3,
+        "loss": 0.5,
+        "time/train/step_s": 12.5,
+        "time/train/step_avg_last10_s": 12.0,
+        "time/train/rollout_generate_s": 9.1,
+        "throughput/train/valid_tokens_per_s": 2293.0,
+        "memory/train/bytes_in_use_max_gib": None,
+        "memory/train/peak_bytes_in_use_max_gib": 20.5,
+        "train-reward/total/mean": 0.25,
+    }
+)
 
 
 def test_step_event_to_metrics():
@@ -245,23 +254,30 @@ def test_step_event_to_metrics():
 
 
 def test_partial_and_foreign_lines_are_skipped():
-    text = "\n".join([
-        '{"t": 1, "kind": "start", "process": 0, "config_digest": "abc"}',
-        "not json",
-        '["a list"]',
-        '{"no_kind": 1}',
-        STEP_LINE,
-        STEP_LINE[:40],  # cut short while being written
-    ])
+    text = "\n".join(
+        [
+            '{"t": 1, "kind": "start", "process": 0, "config_digest": "abc"}',
+            "not json",
+            '["a list"]',
+            '{"no_kind": 1}',
+            STEP_LINE,
+            STEP_LINE[:40],  # cut short while being written
+        ]
+    )
     assert [e.kind for e in parse_events(text)] == ["start", "step"]
     # the end of a longer file: the first line may be the tail of a line
-    assert [e.kind for e in parse_events('kind": "x"}\n' + STEP_LINE + "\n", starts_mid_line=True)] == ["step"]
+    assert [e.kind for e in parse_events('kind": "x"}\n' + STEP_LINE + "\n", starts_mid_line=True)] == [
+        "step"
+    ]
 
 
 def test_error_message_with_hint():
-    summary = EventSummary().add(parse_events(
-        '{"kind": "error", "message": "RESOURCE_EXHAUSTED", "hint": "reduce rollout.batch_size"}\n'
-        '{"kind": "warning", "message": "w"}\n'))
+    summary = EventSummary().add(
+        parse_events(
+            '{"kind": "error", "message": "RESOURCE_EXHAUSTED", "hint": "reduce rollout.batch_size"}\n'
+            '{"kind": "warning", "message": "w"}\n'
+        )
+    )
     assert summary.error_message == "RESOURCE_EXHAUSTED (reduce rollout.batch_size)"
     assert summary.warnings == 1
 
@@ -321,9 +337,17 @@ def test_monitor_exited_is_final_and_stop_gives_stopped():
 
 def make_record(run_id: str = RUN, node: str = "pod") -> RunRecord:
     return RunRecord(
-        run_id=run_id, node=node, provider="local", accelerator_type="local-2x2", workers=[0, 1],
-        config_path="/x/tiny.yaml", config_digest="d" * 64, overrides=["steps=2"], python="python3",
-        started_at=datetime(2025, 3, 14, 12, tzinfo=UTC), code_version="abc+dirty",
+        run_id=run_id,
+        node=node,
+        provider="local",
+        accelerator_type="local-2x2",
+        workers=[0, 1],
+        config_path="/x/tiny.yaml",
+        config_digest="d" * 64,
+        overrides=["steps=2"],
+        python="python3",
+        started_at=datetime(2025, 3, 14, 12, tzinfo=UTC),
+        code_version="abc+dirty",
         worker_records={0: WorkerRecord(0, "pending", 100), 1: WorkerRecord(1, "pending", 101)},
     )
 
@@ -335,8 +359,13 @@ def test_store_round_trip_update_and_listing(tmp_path):
     got = store.get(RUN)
     assert got.workers == [0, 1] and got.overrides == ["steps=2"] and got.worker_records[1].pgid == 101
     assert not got.finished
-    store.update(RUN, "failed", [WorkerRecord(0, "exited", None, None, 0), WorkerRecord(1, "exited", None, None, 3)],
-                 failure="worker 1 exited 3", finished=True)
+    store.update(
+        RUN,
+        "failed",
+        [WorkerRecord(0, "exited", None, None, 0), WorkerRecord(1, "exited", None, None, 3)],
+        failure="worker 1 exited 3",
+        finished=True,
+    )
     store.mark_stop_requested(RUN)
     got = RunStore(tmp_path / "db.sqlite").get(RUN)  # a later console reads the same history
     assert got.state == "failed" and got.finished and got.stop_requested_at is not None

@@ -24,15 +24,26 @@ from tpu_console.secrets import SecretMasker
 
 
 def record_for(run_id: str, workers: list[int]) -> RunRecord:
-    return RunRecord(run_id=run_id, node="pod", provider="local", accelerator_type="local-4x2", workers=workers,
-                     config_path="cfg.yaml", config_digest="d", overrides=[], python="bash",
-                     started_at=datetime.now(UTC))
+    return RunRecord(
+        run_id=run_id,
+        node="pod",
+        provider="local",
+        accelerator_type="local-4x2",
+        workers=workers,
+        config_path="cfg.yaml",
+        config_digest="d",
+        overrides=[],
+        python="bash",
+        started_at=datetime.now(UTC),
+    )
 
 
 async def start_job(fleet: Fleet, run_id: str, workers: list[int], script: str) -> None:
     for result in await fleet.run(recipes.prepare_run_dir(run_id), workers, timeout=30):
         assert result.ok, result.stderr
-    for result in await fleet.run(recipes.start_detached(run_id, "bash", ["-c", script], {}), workers, timeout=30):
+    for result in await fleet.run(
+        recipes.start_detached(run_id, "bash", ["-c", script], {}), workers, timeout=30
+    ):
         assert result.ok, result.stderr
 
 
@@ -40,7 +51,8 @@ def run_file(pod: LocalPod, worker: int, run_id: str, name: str):
     return pod.worker_dir(worker) / "tpu-console" / "runs" / run_id / name
 
 
-# Writes N numbered lines fast (for a few seconds) (some long, some with a secret), an event every 500 lines, and a last line
+# Writes N numbered lines fast (for a few seconds) (some long, some with a secret), an event every 500 lines,
+# and a last line
 # without a newline.
 FAST_WRITER = """
 for i in $(seq 1 {n}); do
@@ -59,8 +71,13 @@ printf 'last line without newline'
 async def test_no_line_lost_or_repeated_while_connections_drop_many_times(local_pod, local_fleet):
     run_id, workers, n = new_run_id(), [0, 1], 6000
     await start_job(local_fleet, run_id, workers, FAST_WRITER.format(n=n))
-    watch = RunWatch(local_fleet, record_for(run_id, workers), masker=SecretMasker(["sekrit-value-123"]),
-                     poll_s=0.05, max_bytes=16 * 1024)  # small chunks: many chances to cut one
+    watch = RunWatch(
+        local_fleet,
+        record_for(run_id, workers),
+        masker=SecretMasker(["sekrit-value-123"]),
+        poll_s=0.05,
+        max_bytes=16 * 1024,
+    )  # small chunks: many chances to cut one
     received: dict[int, list[str]] = {0: [], 1: []}
     events = {0: 0, 1: 0}
     drops = 0
@@ -100,7 +117,7 @@ while true; do
   i=$((i+1)); echo '{"t": 2, "kind": "step", "process": 0, "step": '$i', "time/train/step_s": 0.1}' >> events.jsonl
   echo "step $i"; sleep 0.1
 done
-"""
+"""  # noqa: E501 - an event line of the fake trainer
 
 
 async def _until(watch: RunWatch, condition, timeout: float = 5.0) -> float:
@@ -113,7 +130,9 @@ async def _until(watch: RunWatch, condition, timeout: float = 5.0) -> float:
     return asyncio.get_running_loop().time() - start
 
 
-async def test_a_killed_job_shows_exited_and_the_others_hung_then_fail_fast_stops_them(local_pod, local_fleet):
+async def test_a_killed_job_shows_exited_and_the_others_hung_then_fail_fast_stops_them(
+    local_pod, local_fleet
+):
     run_id, workers = new_run_id(), [0, 1, 2]
     await start_job(local_fleet, run_id, workers, LONG_JOB)
     watch = RunWatch(local_fleet, record_for(run_id, workers), poll_s=0.1, fail_fast=True, stop_grace_s=2)
@@ -200,10 +219,12 @@ async def test_signatures_and_events_arrive_as_updates_and_the_watch_ends(local_
 
 async def _signatures_and_events(local_fleet: Fleet) -> None:
     run_id, workers = new_run_id(), [0]
-    script = ("echo 'wandb: View run at https://wandb.ai/e/p/runs/abc123'; "
-              "echo '{\"t\": 1, \"kind\": \"error\", \"process\": 0, \"message\": \"boom\"}' >> events.jsonl; "
-              "echo 'jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Ran out of memory in memory space "
-              "hbm. Used 17.44G of 15.48G hbm.'; exit 1")
+    script = (
+        "echo 'wandb: View run at https://wandb.ai/e/p/runs/abc123'; "
+        'echo \'{"t": 1, "kind": "error", "process": 0, "message": "boom"}\' >> events.jsonl; '
+        "echo 'jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Ran out of memory in memory space "
+        "hbm. Used 17.44G of 15.48G hbm.'; exit 1"
+    )
     await start_job(local_fleet, run_id, workers, script)
     async with asyncio.timeout(20):
         updates = [u async for u in RunWatch(local_fleet, record_for(run_id, workers), poll_s=0.1).updates()]
@@ -285,5 +306,6 @@ async def test_a_worker_without_python3_says_so(local_pod, monkeypatch):
         watch = RunWatch(fleet, record_for(run_id, [0]))
         follow = await asyncio.wait_for(watch._follow_once(watch.workers[0], streamed=True), 10)
     assert "no-such-python3" in follow.problem and follow.problem.endswith(
-        "(following a run needs python3 on the worker's PATH)")
+        "(following a run needs python3 on the worker's PATH)"
+    )
     assert "\n" not in follow.problem

@@ -35,10 +35,15 @@ def cells(table: DataTable) -> list[list[str]]:
 
 
 async def test_table_lists_every_node_with_ls_columns():
-    provider = FakeProvider([
-        replace(make_node("pod-b", "local", state=NodeState.PREEMPTED, zone=None), health="UNHEALTHY_MAINTENANCE"),
-        replace(make_node("pod-a", "gcp", spot=False), health="HEALTHY"),
-    ])
+    provider = FakeProvider(
+        [
+            replace(
+                make_node("pod-b", "local", state=NodeState.PREEMPTED, zone=None),
+                health="UNHEALTHY_MAINTENANCE",
+            ),
+            replace(make_node("pod-a", "gcp", spot=False), health="HEALTHY"),
+        ]
+    )
     app = make_app(provider)
     async with app.run_test(size=(120, 30)) as pilot:
         screen = app.screen
@@ -46,12 +51,22 @@ async def test_table_lists_every_node_with_ls_columns():
         await wait_for_refreshes(pilot, screen, 1)
         table = screen.query_one("#nodes", DataTable)
         assert [str(c.label) for c in table.columns.values()] == [
-            "NAME", "WHERE", "TYPE", "W", "STATE", "AGE", "$/HOUR", "RUN"]
+            "NAME",
+            "WHERE",
+            "TYPE",
+            "W",
+            "STATE",
+            "AGE",
+            "$/HOUR",
+            "RUN",
+        ]
         assert cells(table) == [
             ["pod-a", "us-east5-b", "v6e-16", "4", "READY ok", "3h12m", "~$43.20", "IDLE 3h12m ~$138"],
             ["pod-b", "local", "v6e-16", "4", "PREEMPTED maint", "3h12m", "spot", "-"],
         ]
-        assert "2 nodes · updated 12:00:00 · ~$43.20/h · 1 idle" in str(screen.query_one("#status", Static).render())
+        assert "2 nodes · updated 12:00:00 · ~$43.20/h · 1 idle" in str(
+            screen.query_one("#status", Static).render()
+        )
 
 
 async def test_r_refreshes_and_shows_new_nodes():
@@ -122,9 +137,20 @@ async def test_question_mark_opens_help_listing_the_keys_and_escape_closes_it():
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
-        lines = [" ".join(line.split()) for line in str(app.screen.query_one("#help-keys", Static).render()).splitlines()]
-        for line in ("c Create create a node: name, type, zones, spot", "⏎ Open the node's latest run", "r Refresh",
-                     "/ Filter", "esc Clear filter clear the filter", "? Help", "R Runs", "q Quit"):
+        lines = [
+            " ".join(line.split())
+            for line in str(app.screen.query_one("#help-keys", Static).render()).splitlines()
+        ]
+        for line in (
+            "c Create create a node: name, type, zones, spot",
+            "⏎ Open the node's latest run",
+            "r Refresh",
+            "/ Filter",
+            "esc Clear filter clear the filter",
+            "? Help",
+            "R Runs",
+            "q Quit",
+        ):
             assert any(shown.startswith(line) for shown in lines), (line, lines)
         await pilot.press("escape")
         assert isinstance(app.screen, NodesScreen)
@@ -132,8 +158,12 @@ async def test_question_mark_opens_help_listing_the_keys_and_escape_closes_it():
 
 async def test_keys_can_be_remapped_by_binding_id():
     provider = FakeProvider([make_node("pod-a")])
-    app = TpuConsoleApp({"fake": provider}, refresh_every=3600, clock=lambda: NOW,
-                        keymap={"nodes.refresh": "f5", "app.help": "f1"})
+    app = TpuConsoleApp(
+        {"fake": provider},
+        refresh_every=3600,
+        clock=lambda: NOW,
+        keymap={"nodes.refresh": "f5", "app.help": "f1"},
+    )
     async with app.run_test() as pilot:
         screen = app.screen
         await wait_for_refreshes(pilot, screen, 1)

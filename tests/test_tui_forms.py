@@ -68,7 +68,9 @@ async def test_create_form_sends_zones_in_order_and_spot_off_for_gcp():
                         options=ConsoleOptions(default_provider="gcp"))
     async with app.run_test(size=(100, 30)) as pilot:
         await listed(pilot)
-        await pilot.press("c", *"grpo", "tab", "tab", *"v6e-8", "tab", *"us-east5-b, europe-west4-a", "tab", "space")
+        await pilot.press(
+            "c", *"grpo", "tab", "tab", *"v6e-8", "tab", *"us-east5-b, europe-west4-a", "tab", "space"
+        )
         assert modal_value(app, "#spot") is False  # space unticked it
         await pilot.press("shift+tab", "enter")
         for _ in range(300):
@@ -77,30 +79,42 @@ async def test_create_form_sends_zones_in_order_and_spot_off_for_gcp():
             await pilot.pause(0.01)
         (request,) = gcp.created
         assert (request.name, request.accelerator_type, request.zones, request.spot) == (
-            "grpo", "v6e-8", ("us-east5-b", "europe-west4-a"), False)
+            "grpo",
+            "v6e-8",
+            ("us-east5-b", "europe-west4-a"),
+            False,
+        )
 
 
 def modal_value(app, selector: str):
     return app.screen.query_one(selector, Checkbox).value
 
 
-@pytest.mark.parametrize(("path", "overrides", "env", "problem"), [
-    ("{missing}", "", "", "does not exist"),
-    ("{tiny}", "rollout.batch_size=3", "", "3 prompts do not split over 4 processes"),
-    ("{tiny}", "rollout.nn=2", "", "rollout.nn: unknown key"),
-    ("{tiny}", "steps", "", "steps"),
-    ("{tiny}", "steps=abc", "", "steps"),
-    ("{tiny}", "", "{missing_env}", "missing.env does not exist"),
-])
-async def test_launch_form_refuses_bad_configs_before_anything_is_sent(monkeypatch, tmp_path, path, overrides,
-                                                                       env, problem):
+@pytest.mark.parametrize(
+    ("path", "overrides", "env", "problem"),
+    [
+        ("{missing}", "", "", "does not exist"),
+        ("{tiny}", "rollout.batch_size=3", "", "3 prompts do not split over 4 processes"),
+        ("{tiny}", "rollout.nn=2", "", "rollout.nn: unknown key"),
+        ("{tiny}", "steps", "", "steps"),
+        ("{tiny}", "steps=abc", "", "steps"),
+        ("{tiny}", "", "{missing_env}", "missing.env does not exist"),
+    ],
+)
+async def test_launch_form_refuses_bad_configs_before_anything_is_sent(
+    monkeypatch, tmp_path, path, overrides, env, problem
+):
     from tpu_console.runs import launch as launch_module
 
     async def must_not_launch(*args, **kwargs):
         raise AssertionError("launch was called with a config the form should have refused")
 
     monkeypatch.setattr(launch_module, "launch", must_not_launch)
-    fill = {"missing": str(tmp_path / "nope.yaml"), "tiny": str(TINY), "missing_env": str(tmp_path / "missing.env")}
+    fill = {
+        "missing": str(tmp_path / "nope.yaml"),
+        "tiny": str(TINY),
+        "missing_env": str(tmp_path / "missing.env"),
+    }
     app = TpuConsoleApp({"fake": FakeProvider([make_node("pod-a")])}, refresh_every=3600, clock=lambda: NOW)
     async with app.run_test(size=(100, 30)) as pilot:
         await listed(pilot)
@@ -128,10 +142,17 @@ async def test_launch_form_offers_every_shipped_config():
         assert not isinstance(app.screen, LaunchModal)
 
 
-@pytest.mark.parametrize(("change", "lower_is_better", "style"), [
-    ("-21.2%", True, "green"), ("-21.2%", False, "red"), ("+27.3%", False, "green"), ("+7.9%", True, "red"),
-    ("+0.0%", True, ""), ("-", True, ""),
-])
+@pytest.mark.parametrize(
+    ("change", "lower_is_better", "style"),
+    [
+        ("-21.2%", True, "green"),
+        ("-21.2%", False, "red"),
+        ("+27.3%", False, "green"),
+        ("+7.9%", True, "red"),
+        ("+0.0%", True, ""),
+        ("-", True, ""),
+    ],
+)
 def test_compare_colours_a_change_by_whether_it_is_better(change, lower_is_better, style):
     from tpu_console.tui.modals.compare import change_style
 
@@ -147,8 +168,12 @@ async def test_create_form_offers_zones_only_for_gcp_and_creates_locally_without
             return make_node(request.name, "local", accelerator_type=request.accelerator_type)
 
     gcp, local = GcpFake([]), LocalFake([])
-    app = TpuConsoleApp({"gcp": gcp, "local": local}, refresh_every=3600, clock=lambda: NOW,
-                        options=ConsoleOptions(default_provider="gcp", zones=["us-east5-b"]))
+    app = TpuConsoleApp(
+        {"gcp": gcp, "local": local},
+        refresh_every=3600,
+        clock=lambda: NOW,
+        options=ConsoleOptions(default_provider="gcp", zones=["us-east5-b"]),
+    )
     async with app.run_test(size=(100, 30)) as pilot:
         await listed(pilot)
         await pilot.press("c")
@@ -168,5 +193,7 @@ async def test_create_form_offers_zones_only_for_gcp_and_creates_locally_without
             if local.created:
                 break
             await pilot.pause(0.01)
-        assert [(r.name, r.accelerator_type, r.zones) for r in local.created] == [("rehearsal", "local-2x2", ())]
+        assert [(r.name, r.accelerator_type, r.zones) for r in local.created] == [
+            ("rehearsal", "local-2x2", ())
+        ]
         assert gcp.created == []

@@ -39,10 +39,15 @@ def probes(monkeypatch) -> list[list[str]]:
 
     async def observe(providers, records, store, *args, **kwargs):
         seen.append([r.run_id for r in records])
-        return [control.RunView(record=r, state=r.state, workers=[], live=False, problem="no workers") for r in records]
+        return [
+            control.RunView(record=r, state=r.state, workers=[], live=False, problem="no workers")
+            for r in records
+        ]
 
     monkeypatch.setattr(control, "observe", observe)
     return seen
+
+
 TINY = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "tiny_local.yaml"
 
 
@@ -78,10 +83,23 @@ def ops_text(screen: NodesScreen) -> str:
 
 def add_run(node: str, run_id: str, finished: bool, state: str, summary: dict | None = None, **extra) -> None:
     store = RunStore()
-    store.add(RunRecord(run_id=run_id, node=node, provider="fake", accelerator_type="v6e-16", workers=[0, 1],
-                             config_path=str(TINY), config_digest="d", overrides=[], python="python3",
-                             started_at=NOW - timedelta(minutes=30), state=state,
-                             finished_at=NOW - timedelta(minutes=5) if finished else None, **extra))
+    store.add(
+        RunRecord(
+            run_id=run_id,
+            node=node,
+            provider="fake",
+            accelerator_type="v6e-16",
+            workers=[0, 1],
+            config_path=str(TINY),
+            config_digest="d",
+            overrides=[],
+            python="python3",
+            started_at=NOW - timedelta(minutes=30),
+            state=state,
+            finished_at=NOW - timedelta(minutes=5) if finished else None,
+            **extra,
+        )
+    )
     if summary:
         store.set_summary(run_id, summary)
 
@@ -147,8 +165,10 @@ async def test_b_and_s_run_bootstrap_and_sync_with_per_worker_progress(monkeypat
             progress(f"{node}: {kind} on 2 worker(s)")
             on_worker(1, "installing the trainer's dependencies")
             report = SimpleNamespace(versions_label=lambda: "python=3.11.7 jax=0.10.2")
-            return SimpleNamespace(workers=[SimpleNamespace(worker=w, ok=True, error=None, report=report)
-                                            for w in (0, 1)])
+            return SimpleNamespace(
+                workers=[SimpleNamespace(worker=w, ok=True, error=None, report=report) for w in (0, 1)]
+            )
+
         return run
 
     monkeypatch.setattr(bootstrap, "bootstrap_node", fake("bootstrap"))
@@ -172,8 +192,12 @@ async def test_l_validates_the_config_in_the_form_before_anything_is_sent(monkey
 
     async def fake_launch(providers, node, config, overrides, env_file, **kw):
         launched.append((node, Path(config).name, overrides, env_file, kw["kill_stale"]))
-        return SimpleNamespace(run_id="20250314-120000-abcd", ok=True, workers=[0, 1, 2, 3],
-                               starts=[SimpleNamespace(worker=w, ok=True, pgid=100 + w, error=None) for w in range(4)])
+        return SimpleNamespace(
+            run_id="20250314-120000-abcd",
+            ok=True,
+            workers=[0, 1, 2, 3],
+            starts=[SimpleNamespace(worker=w, ok=True, pgid=100 + w, error=None) for w in range(4)],
+        )
 
     monkeypatch.setattr(launch_module, "launch", fake_launch)
     app = app_with(FakeProvider([make_node("pod-a")]))
@@ -196,7 +220,9 @@ async def test_l_validates_the_config_in_the_form_before_anything_is_sent(monkey
         assert launched == [] and isinstance(app.screen, LaunchModal)
         modal.query_one("#env", Input).value = ""
         await submit(pilot, modal, "#env")
-        await until(pilot, lambda: "run 20250314-120000-abcd started on 4 worker(s)" in ops_text(screen), "launch")
+        await until(
+            pilot, lambda: "run 20250314-120000-abcd started on 4 worker(s)" in ops_text(screen), "launch"
+        )
         assert launched == [("pod-a", "tiny_local.yaml", ["steps=3"], None, False)]
         assert "[3] started, pgid 103" in ops_text(screen)
 
@@ -210,7 +236,10 @@ async def test_x_stops_the_nodes_run_after_confirming(monkeypatch):
         stopped.append(run_id)
         return SimpleNamespace(state="stopped"), [
             SimpleNamespace(worker=0, outcome="stopped", signal="TERM", exit_status=143, error=None),
-            SimpleNamespace(worker=1, outcome="unreachable", signal=None, exit_status=None, error="timed out")]
+            SimpleNamespace(
+                worker=1, outcome="unreachable", signal=None, exit_status=None, error="timed out"
+            ),
+        ]
 
     monkeypatch.setattr(control, "stop", fake_stop)
     add_run("pod-a", "20250314-113000-aaaa", finished=False, state="running")
@@ -224,7 +253,9 @@ async def test_x_stops_the_nodes_run_after_confirming(monkeypatch):
         assert stopped == []
         await pilot.press("x", "y")
         await until(pilot, lambda: stopped == ["20250314-113000-aaaa"], "the stop")
-        await until(pilot, lambda: "stop 20250314-113000-aaaa: run stopped" in ops_text(screen), "its outcome")
+        await until(
+            pilot, lambda: "stop 20250314-113000-aaaa: run stopped" in ops_text(screen), "its outcome"
+        )
         assert "stop 20250314-113000-aaaa: [0] stopped by TERM, exit 143" in ops_text(screen)
         assert "stop 20250314-113000-aaaa: [1] unreachable: timed out" in ops_text(screen)
 
@@ -258,10 +289,22 @@ async def test_slash_filters_the_table_and_escape_clears_it():
 
 
 async def test_runs_screen_marks_runs_and_compares_them():
-    add_run("pod-a", "20250314-110000-aaaa", finished=True, state="succeeded", price_per_hour=10.0,
-            summary={"time/train/step_avg_last10_s": 10.0, "throughput/train/valid_tokens_per_s": 4000.0})
-    add_run("pod-a", "20250314-113000-bbbb", finished=True, state="succeeded", price_per_hour=10.0,
-            summary={"time/train/step_avg_last10_s": 15.0, "throughput/train/valid_tokens_per_s": 2000.0})
+    add_run(
+        "pod-a",
+        "20250314-110000-aaaa",
+        finished=True,
+        state="succeeded",
+        price_per_hour=10.0,
+        summary={"time/train/step_avg_last10_s": 10.0, "throughput/train/valid_tokens_per_s": 4000.0},
+    )
+    add_run(
+        "pod-a",
+        "20250314-113000-bbbb",
+        finished=True,
+        state="succeeded",
+        price_per_hour=10.0,
+        summary={"time/train/step_avg_last10_s": 15.0, "throughput/train/valid_tokens_per_s": 2000.0},
+    )
     app = app_with(FakeProvider([make_node("pod-a")]))
     async with app.run_test(size=(140, 40)) as pilot:
         await started(pilot, app)
@@ -274,7 +317,8 @@ async def test_runs_screen_marks_runs_and_compares_them():
         await pilot.press("space", "down", "space", "c")
         assert isinstance(app.screen, CompareModal)
         rows = {r[0]: r for r in app.screen.cells}
-        assert rows["step time, avg of last 10 (s)"][1:] == ("15", "10", "-33.3%")  # A is the newest, marked first
+        # A is the newest, marked first
+        assert rows["step time, avg of last 10 (s)"][1:] == ("15", "10", "-33.3%")
         assert rows["valid tokens/s"][3] == "+100.0%"
         await pilot.press("escape", "escape")
         assert isinstance(app.screen, NodesScreen)
@@ -294,7 +338,9 @@ async def test_the_run_column_shows_what_the_workers_say_not_a_stale_record(monk
     add_run("pod-a", "20250314-113000-aaaa", finished=False, state="running")
     add_run("pod-p", "20250314-113000-pppp", finished=False, state="running")
     add_run("pod-b", "20250314-110000-bbbb", finished=True, state="failed")
-    app = app_with(FakeProvider([make_node("pod-a"), make_node("pod-b"), make_node("pod-p", state=NodeState.PREEMPTED)]))
+    app = app_with(
+        FakeProvider([make_node("pod-a"), make_node("pod-b"), make_node("pod-p", state=NodeState.PREEMPTED)])
+    )
     async with app.run_test(size=(160, 30)) as pilot:
         screen = await started(pilot, app)
         runs = [str(row[-1]) for row in rows(screen)]
@@ -319,6 +365,7 @@ async def test_several_operations_run_at_once_while_the_table_stays_usable(monke
                 await release.wait()
             report = SimpleNamespace(versions_label=lambda: "jax=0.10.2")
             return SimpleNamespace(workers=[SimpleNamespace(worker=0, ok=True, error=None, report=report)])
+
         return run
 
     monkeypatch.setattr(bootstrap, "bootstrap_node", fake("bootstrap", wait=True))
@@ -328,17 +375,23 @@ async def test_several_operations_run_at_once_while_the_table_stays_usable(monke
     async with app.run_test(size=(160, 30)) as pilot:
         screen = await started(pilot, app)
         await pilot.press("b")
-        await until(pilot, lambda: "bootstrap pod-a: [0] bootstrap begins" in ops_text(screen), "bootstrap to begin")
+        await until(
+            pilot, lambda: "bootstrap pod-a: [0] bootstrap begins" in ops_text(screen), "bootstrap to begin"
+        )
         assert "running: bootstrap pod-a" in str(screen.query_one("#status", Static).render())
         # While it waits: move, sync another node, refresh; none of it waits for the bootstrap.
         await pilot.press("down", "s", "enter")
-        await until(pilot, lambda: "sync pod-b: synced 1 worker(s): jax=0.10.2" in ops_text(screen), "the sync")
+        await until(
+            pilot, lambda: "sync pod-b: synced 1 worker(s): jax=0.10.2" in ops_text(screen), "the sync"
+        )
         listed = provider.list_calls
         await pilot.press("r")
         await until(pilot, lambda: provider.list_calls > listed, "a refresh")
         assert "bootstrapped" not in ops_text(screen) and screen.running == ["bootstrap pod-a"]
         release.set()
-        await until(pilot, lambda: "bootstrap pod-a: bootstrapped 1 worker(s)" in ops_text(screen), "bootstrap")
+        await until(
+            pilot, lambda: "bootstrap pod-a: bootstrapped 1 worker(s)" in ops_text(screen), "bootstrap"
+        )
         assert screen.running == []
 
 
@@ -347,15 +400,21 @@ async def test_a_worker_that_fails_bootstrap_is_named_in_red_and_notified(monkey
 
     async def failing(providers, node, *, progress, on_worker, **kw):
         report = SimpleNamespace(versions_label=lambda: "")
-        return SimpleNamespace(workers=[SimpleNamespace(worker=0, ok=True, error=None, report=report),
-                                        SimpleNamespace(worker=1, ok=False, error="pip: no space left", report=report)])
+        return SimpleNamespace(
+            workers=[
+                SimpleNamespace(worker=0, ok=True, error=None, report=report),
+                SimpleNamespace(worker=1, ok=False, error="pip: no space left", report=report),
+            ]
+        )
 
     monkeypatch.setattr(bootstrap, "bootstrap_node", failing)
     app = app_with(FakeProvider([make_node("pod-a")]))
     async with app.run_test() as pilot:
         screen = await started(pilot, app)
         await pilot.press("b")
-        await until(pilot, lambda: "failed: worker 1: pip: no space left (1 of 2 failed)" in ops_text(screen), "it")
+        await until(
+            pilot, lambda: "failed: worker 1: pip: no space left (1 of 2 failed)" in ops_text(screen), "it"
+        )
         assert "bootstrap pod-a: [1] failed: pip: no space left" in ops_text(screen)
         assert "worker 1: pip: no space left" in [n.message for n in app._notifications][-1]
 
@@ -370,13 +429,19 @@ async def test_sync_uploads_the_env_file_and_masks_its_values_in_the_panel(monke
     async def sync(providers, node, *, env_file, progress, on_worker, **kw):
         asked.append(env_file)
         on_worker(0, "wrote .env: WANDB_API_KEY=sekrit-value-123")  # a careless layer below
-        return SimpleNamespace(workers=[SimpleNamespace(worker=0, ok=True, error=None,
-                                                        report=SimpleNamespace(versions_label=lambda: "x"))])
+        return SimpleNamespace(
+            workers=[
+                SimpleNamespace(
+                    worker=0, ok=True, error=None, report=SimpleNamespace(versions_label=lambda: "x")
+                )
+            ]
+        )
 
     monkeypatch.setattr(code_sync, "sync_node", sync)
     options = ConsoleOptions(default_provider="fake", sync_env_file=str(env))
-    app = TpuConsoleApp({"fake": FakeProvider([make_node("pod-a")])}, refresh_every=3600, clock=lambda: NOW,
-                        options=options)
+    app = TpuConsoleApp(
+        {"fake": FakeProvider([make_node("pod-a")])}, refresh_every=3600, clock=lambda: NOW, options=options
+    )
     async with app.run_test() as pilot:
         screen = await started(pilot, app)
         await pilot.press("s")
@@ -396,9 +461,15 @@ async def test_launch_passes_kill_stale_and_fail_fast_from_the_form(monkeypatch)
     async def fake_launch(providers, node, config, overrides, env_file, **kw):
         launched.append((kw["kill_stale"], kw["fail_fast"]))
         kw["on_worker"](1, "waiting for the coordinator")
-        return SimpleNamespace(run_id="20250314-120000-abcd", ok=False, workers=[0, 1],
-                               starts=[SimpleNamespace(worker=0, ok=True, pgid=100, error=None),
-                                       SimpleNamespace(worker=1, ok=False, pgid=None, error="exited 1 at once")])
+        return SimpleNamespace(
+            run_id="20250314-120000-abcd",
+            ok=False,
+            workers=[0, 1],
+            starts=[
+                SimpleNamespace(worker=0, ok=True, pgid=100, error=None),
+                SimpleNamespace(worker=1, ok=False, pgid=None, error="exited 1 at once"),
+            ],
+        )
 
     monkeypatch.setattr(launch_module, "launch", fake_launch)
     app = app_with(FakeProvider([make_node("pod-a", workers=2)]))
@@ -420,8 +491,13 @@ async def test_keys_that_need_a_node_say_so_on_an_empty_table():
     app = app_with(FakeProvider([]))
     async with app.run_test() as pilot:
         await started(pilot, app)
-        for key, doing in (("d", "delete"), ("b", "bootstrap"), ("s", "sync"), ("l", "launch on"),
-                           ("x", "stop the run of")):
+        for key, doing in (
+            ("d", "delete"),
+            ("b", "bootstrap"),
+            ("s", "sync"),
+            ("l", "launch on"),
+            ("x", "stop the run of"),
+        ):
             await pilot.press(key)
             await pilot.pause()
             assert isinstance(app.screen, NodesScreen)
@@ -472,8 +548,14 @@ async def test_escape_leaves_every_dialog_of_the_nodes_screen_without_doing_anyt
     app = app_with(provider)
     async with app.run_test(size=(100, 30)) as pilot:
         screen = await started(pilot, app)
-        for key, dialog in (("d", DeleteNodeModal), ("x", ConfirmModal), ("l", LaunchModal), ("c", CreateNodeModal),
-                            ("s", SyncModal), ("question_mark", HelpScreen)):
+        for key, dialog in (
+            ("d", DeleteNodeModal),
+            ("x", ConfirmModal),
+            ("l", LaunchModal),
+            ("c", CreateNodeModal),
+            ("s", SyncModal),
+            ("question_mark", HelpScreen),
+        ):
             await pilot.press(key)
             assert isinstance(app.screen, dialog)
             await pilot.press("escape")
@@ -484,16 +566,22 @@ async def test_escape_leaves_every_dialog_of_the_nodes_screen_without_doing_anyt
         assert provider.deleted == [] and provider.created == [] and screen.running == []
 
 
-async def test_s_refuses_a_missing_env_file_and_a_git_url_without_its_branch_then_syncs_the_branch(monkeypatch,
-                                                                                                   tmp_path):
+async def test_s_refuses_a_missing_env_file_and_a_git_url_without_its_branch_then_syncs_the_branch(
+    monkeypatch, tmp_path
+):
     from tpu_console.provision import code_sync
 
     asked = []
 
     async def sync(providers, node, *, env_file, git_url, branch, progress, on_worker, **kw):
         asked.append((env_file, git_url, branch))
-        return SimpleNamespace(workers=[SimpleNamespace(worker=0, ok=True, error=None,
-                                                        report=SimpleNamespace(versions_label=lambda: "x"))])
+        return SimpleNamespace(
+            workers=[
+                SimpleNamespace(
+                    worker=0, ok=True, error=None, report=SimpleNamespace(versions_label=lambda: "x")
+                )
+            ]
+        )
 
     monkeypatch.setattr(code_sync, "sync_node", sync)
     app = app_with(FakeProvider([make_node("pod-a")]))

@@ -54,8 +54,18 @@ def test_step_history_keeps_new_steps_bounded_and_gives_median_series():
 
 
 def record(workers: int = 2) -> RunRecord:
-    return RunRecord("20250314-120000-abcd", "pod", "local", "local-2x1", list(range(workers)), "c.yaml", "d", [],
-                     "python", NOW)
+    return RunRecord(
+        "20250314-120000-abcd",
+        "pod",
+        "local",
+        "local-2x1",
+        list(range(workers)),
+        "c.yaml",
+        "d",
+        [],
+        "python",
+        NOW,
+    )
 
 
 def new_feed() -> RunFeed:
@@ -84,16 +94,25 @@ def test_feed_posts_every_step_event_from_the_first_and_batches_the_lines():
     feed.take(HealthChanged(assess(monitor, {}, 0.0)), posted.append)
     snapshot = posted[-1].snapshot
     assert [(w.worker, w.activity, w.step, w.last_line) for w in snapshot.workers] == [
-        (0, "starting", 5, "b"), (1, "starting", None, "c")]
+        (0, "starting", 5, "b"),
+        (1, "starting", None, "c"),
+    ]
 
 
 def test_feed_keeps_the_most_telling_log_signature_and_the_first_wandb_url():
     feed, posted = new_feed(), []
     scanner = SignatureScanner()
-    lines = ["Traceback (most recent call last):", '  File "x.py", line 1', "ValueError: first",
-             "wandb: View run at https://wandb.ai/lab/grpo/runs/one", OOM_LINE,
-             "Traceback (most recent call last):", '  File "x.py", line 2', "KeyError: later",
-             "wandb: View run at https://wandb.ai/lab/grpo/runs/two"]
+    lines = [
+        "Traceback (most recent call last):",
+        '  File "x.py", line 1',
+        "ValueError: first",
+        "wandb: View run at https://wandb.ai/lab/grpo/runs/one",
+        OOM_LINE,
+        "Traceback (most recent call last):",
+        '  File "x.py", line 2',
+        "KeyError: later",
+        "wandb: View run at https://wandb.ai/lab/grpo/runs/two",
+    ]
     for line in lines:
         if (finding := scanner.scan(line)) is not None:
             feed.take(SignatureFound(1, finding), posted.append)
@@ -112,7 +131,11 @@ def test_the_snapshot_carries_the_watchers_judgement_of_a_run_hung_after_a_failu
     assert snapshot.hung == (0, 2, 3) and snapshot.first_failure == 1
     assert snapshot.failure == "worker 1 exited 1: RESOURCE_EXHAUSTED: out of memory in hbm"
     assert [(w.activity, w.hung, w.failed) for w in snapshot.workers] == [
-        ("running", True, False), ("exited", False, True), ("running", True, False), ("running", True, False)]
+        ("running", True, False),
+        ("exited", False, True),
+        ("running", True, False),
+        ("running", True, False),
+    ]
     assert snapshot.workers[1].problem_kind == "oom" and snapshot.workers[1].exit_status == 1
 
     status, _, _ = failed_run()
@@ -138,7 +161,10 @@ class ScriptedWatch(RunWatch):
 
 async def test_a_watch_that_fails_half_way_is_reopened_where_it_stopped(monkeypatch):
     monkeypatch.setattr(run_feed, "RETRY_FIRST_S", 0.01)
-    watches = [ScriptedWatch([LogLines(0, ["a"])], fails=True), ScriptedWatch([LogLines(0, ["b"])], fails=False)]
+    watches = [
+        ScriptedWatch([LogLines(0, ["a"])], fails=True),
+        ScriptedWatch([LogLines(0, ["b"])], fails=False),
+    ]
     watches[0].workers[0].log.offset = 2  # how far the first one had read
     asked: list[int | None] = []
 
@@ -168,7 +194,9 @@ def test_log_lines_are_made_printable_so_they_cannot_move_the_cursor():
 async def test_a_run_whose_node_is_gone_shows_what_the_history_knows_and_the_feed_stops():
     store = RunStore()
     store.add(record())
-    store.update(record().run_id, "running", [WorkerRecord(0, "exited", 10, None, 0), WorkerRecord(1, "running", 11)])
+    store.update(
+        record().run_id, "running", [WorkerRecord(0, "exited", 10, None, 0), WorkerRecord(1, "running", 11)]
+    )
     feed = RunFeed({}, record().run_id, store, clock=lambda: NOW)
     posted = []
     await asyncio.wait_for(feed.follow(posted.append), 30)  # returns: nothing more can come
@@ -176,7 +204,10 @@ async def test_a_run_whose_node_is_gone_shows_what_the_history_knows_and_the_fee
     assert problems == ["cannot watch 20250314-120000-abcd: node 'pod' no longer exists"]
     (snapshot,) = [m.snapshot for m in posted if isinstance(m, RunUpdated)]
     assert snapshot.ended and snapshot.state == "failed" and snapshot.first_failure == 1
-    assert [(w.worker, w.activity, w.exit_status) for w in snapshot.workers] == [(0, "exited", 0), (1, "lost", None)]
+    assert [(w.worker, w.activity, w.exit_status) for w in snapshot.workers] == [
+        (0, "exited", 0),
+        (1, "lost", None),
+    ]
     assert snapshot.workers[1].reason == "node 'pod' no longer exists"
     await asyncio.wait_for(feed.follow_devices(posted.append), 10)  # nothing to read: says why, and ends
     assert posted[-1].problem == "the run has ended: libtpu reports only while a job holds the TPU"

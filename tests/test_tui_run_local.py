@@ -37,7 +37,7 @@ if [ "$TRAINER_PROCESS_ID" = 2 ]; then
 fi
 if [ "$TRAINER_PROCESS_ID" = 3 ]; then sleep 2; fi
 echo done
-"""
+"""  # noqa: E501 - an event line of the fake trainer
 
 
 async def wait_until(pilot, condition, timeout_s: float = 60.0) -> None:
@@ -59,7 +59,9 @@ async def test_dashboard_shows_steps_and_exit_statuses_arriving_from_a_local_pod
     secrets.remember_env_file("pod", env_file)
     providers = {"local": local_pod.provider}
     store = RunStore()
-    result = await launch(providers, "pod", CONFIG, ["steps=3"], env_file=env_file, python=str(python), store=store)
+    result = await launch(
+        providers, "pod", CONFIG, ["steps=3"], env_file=env_file, python=str(python), store=store
+    )
     assert result.ok
 
     feed = RunFeed(providers, result.run_id, store, clock=lambda: NOW, poll_s=0.3)
@@ -94,7 +96,9 @@ async def test_dashboard_shows_steps_and_exit_statuses_arriving_from_a_local_pod
         assert any(states[2:] == ["FAILED first", "HUNG"] for states in seen_states), seen_states
         assert screen.snapshot.state == "failed" and screen.snapshot.failure == "worker 2 exited 3: boom on 2"
         # Every step of every worker, from step 1, for the plots: not only the latest each probe saw.
-        assert {w: sorted(steps) for w, steps in screen.history.by_worker.items()} == {w: [1, 2, 3] for w in range(4)}
+        assert {w: sorted(steps) for w, steps in screen.history.by_worker.items()} == {
+            w: [1, 2, 3] for w in range(4)
+        }
 
         await wait_until(pilot, lambda: "[3]  done" in screen.query_one(LogPane).visible_text())
         lines = screen.query_one(LogPane).visible_text()
@@ -109,11 +113,13 @@ for step in 1 2 3 4 5; do
   echo '{"t": 1, "kind": "step", "process": '$TRAINER_PROCESS_ID', "step": '$step', "time/train/step_s": 0.5}' >> events.jsonl
 done
 sleep 6
-"""
+"""  # noqa: E501 - an event line of the fake trainer
 
 
 async def test_the_plots_get_every_step_and_the_hbm_tab_reads_libtpu(
-    local_pod, tmp_path, libtpu_server  # noqa: F811 - the fixture imported above
+    local_pod,
+    tmp_path,
+    libtpu_server,  # noqa: F811 - the fixture imported above
 ):
     python = tmp_path / "fake-python"
     python.write_text("#!/bin/bash\n" + BURST_TRAINER)
@@ -122,8 +128,15 @@ async def test_the_plots_get_every_step_and_the_hbm_tab_reads_libtpu(
     store = RunStore()
     result = await launch(providers, "pod", CONFIG, ["steps=5"], python=str(python), store=store)
     assert result.ok
-    feed = RunFeed(providers, result.run_id, store, clock=lambda: NOW, poll_s=0.3, metrics_address=libtpu_server,
-                   devices_every_s=0.5)
+    feed = RunFeed(
+        providers,
+        result.run_id,
+        store,
+        clock=lambda: NOW,
+        poll_s=0.3,
+        metrics_address=libtpu_server,
+        devices_every_s=0.5,
+    )
     app = DashboardApp(None, RunScreen(providers, result.run_id, store, feed=feed))
     async with app.run_test(size=(100, 30)) as pilot:
         screen = app.run_screen
@@ -135,4 +148,6 @@ async def test_the_plots_get_every_step_and_the_hbm_tab_reads_libtpu(
         await wait_until(pilot, lambda: screen.snapshot is not None and screen.snapshot.ended)
         await pilot.pause(0.3)
         # Five steps land at once: every one reaches the plots (the watch reads events.jsonl whole).
-        assert {w: sorted(s) for w, s in screen.history.by_worker.items()} == {w: [1, 2, 3, 4, 5] for w in range(4)}
+        assert {w: sorted(s) for w, s in screen.history.by_worker.items()} == {
+            w: [1, 2, 3, 4, 5] for w in range(4)
+        }

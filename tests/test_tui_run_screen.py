@@ -28,7 +28,8 @@ SIZE = (100, 30)
 class DashboardApp(TpuConsoleApp):
     """The real app with the run dashboard opened on top of its first screen."""
 
-    CSS_PATH = str(Path(app_module.__file__).with_name(TpuConsoleApp.CSS_PATH))  # relative to app.py, not here
+    # relative to app.py, not here
+    CSS_PATH = str(Path(app_module.__file__).with_name(TpuConsoleApp.CSS_PATH))
 
     def __init__(self, feed: FixedFeed | None, screen: RunScreen | None = None) -> None:
         super().__init__({}, refresh_every=3600, clock=lambda: NOW)
@@ -90,16 +91,25 @@ async def test_an_ended_run_shows_its_verdict_exit_codes_and_first_failure():
         assert "ended: FAILED" in text_of(screen.query_one("#run-title", Static))
         # The exit alone says little; the log signature says what happened, and the fix.
         assert text_of(screen.query_one("#run-notes", Static)).startswith(
-            "first failure: worker 1 exited 1  ·  W1 log: out of HBM: Used 17.44G of 15.48G hbm; out of device "
-            "memory: reduce rollout.batch_size")
+            "first failure: worker 1 exited 1  ·  W1 log: out of HBM: Used 17.44G of 15.48G hbm; out of "
+            "device "
+            "memory: reduce rollout.batch_size"
+        )
         rows = grid_rows(screen)
         assert [(row[0], row[1], row[4]) for row in rows] == [
-            ("0 ", "failed", "143"), ("1!", "FAILED first", "1"), ("2 ", "failed", "143"), ("3 ", "failed", "143")]
+            ("0 ", "failed", "143"),
+            ("1!", "FAILED first", "1"),
+            ("2 ", "failed", "143"),
+            ("3 ", "failed", "143"),
+        ]
         assert rows[1][5].startswith("out of HBM: Used 17.44G of 15.48G hbm")
         assert [n.title for n in app._notifications] == ["worker 1's log", "run ended"]
         await pilot.press("m")
         hbm = text_of(screen.query_one("#hbm", Static))
-        assert "not reported" in hbm and "LIBTPU: the run has ended: libtpu reports only while a job holds the TPU" in hbm
+        assert (
+            "not reported" in hbm
+            and "LIBTPU: the run has ended: libtpu reports only while a job holds the TPU" in hbm
+        )
         await pilot.press("x")  # nothing left to stop
         assert not isinstance(app.screen, ConfirmModal) and feed.stops == 0
         assert "has ended already" in list(app._notifications)[-1].message
@@ -159,7 +169,8 @@ async def test_f_stops_and_resumes_following_new_lines():
         await pilot.press("f")
         await pilot.pause()
         assert pane.follow and pane.scroll_y == pane.max_scroll_y
-        screen.post_message(RunLogLines([(1, "newest\r\x1b[1mnewest line\x1b[0m")]))  # a progress bar's redraw
+        # a progress bar's redraw
+        screen.post_message(RunLogLines([(1, "newest\r\x1b[1mnewest line\x1b[0m")]))
         await pilot.pause()
         assert pane.scroll_y == pane.max_scroll_y and pane.visible_text()[-1] == "[1]  newest line"
 
@@ -213,9 +224,19 @@ async def test_help_lists_the_dashboard_keys_and_escape_goes_back():
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
         keys = " ".join(text_of(app.screen.query_one("#help-keys", Static)).split())
-        for key, action in (("esc", "Back"), ("0-9", "Worker"), ("tab", "Next"), ("a", "All"), ("f", "Follow"),
-                            ("/", "Search"), ("l", "Logs"), ("s", "Steps"), ("m", "HBM"), ("p", "Plots"),
-                            ("x", "Stop run")):
+        for key, action in (
+            ("esc", "Back"),
+            ("0-9", "Worker"),
+            ("tab", "Next"),
+            ("a", "All"),
+            ("f", "Follow"),
+            ("/", "Search"),
+            ("l", "Logs"),
+            ("s", "Steps"),
+            ("m", "HBM"),
+            ("p", "Plots"),
+            ("x", "Stop run"),
+        ):
             assert f"{key} {action}" in keys
         await pilot.press("escape")
         assert isinstance(app.screen, RunScreen)
@@ -225,10 +246,20 @@ async def test_help_lists_the_dashboard_keys_and_escape_goes_back():
 
 async def test_bindings_have_ids_for_remapping():
     ids = {b.id for b in RunScreen.BINDINGS}
-    assert {"run.back", "run.worker_0", "run.worker_9", "run.next_worker", "run.all_workers", "run.follow",
-            "run.search", "run.next_match", "run.previous_match", "run.tab_plots", "run.stop"} <= ids
+    assert {
+        "run.back",
+        "run.worker_0",
+        "run.worker_9",
+        "run.next_worker",
+        "run.all_workers",
+        "run.follow",
+        "run.search",
+        "run.next_match",
+        "run.previous_match",
+        "run.tab_plots",
+        "run.stop",
+    } <= ids
     assert None not in ids
-
 
 
 async def test_keys_typed_right_after_slash_reach_the_search_box_from_any_tab():
@@ -288,7 +319,9 @@ async def test_hbm_tab_shows_libtpu_metrics_beside_the_trainer_numbers():
         assert "near the limit (>= 90%): W1" in hbm
         await pilot.press("2")
         hbm = text_of(screen.query_one("#hbm", Static))
-        assert "W2 devices:  0: 10.6/15.8G 80%  1: 10.8/15.8G 82%  2: 11.0/15.8G 84%  3: 11.2/15.8G 86%" in hbm
+        assert (
+            "W2 devices:  0: 10.6/15.8G 80%  1: 10.8/15.8G 82%  2: 11.0/15.8G 84%  3: 11.2/15.8G 86%" in hbm
+        )
         await pilot.press("l")  # libtpu is read only while the tab is shown
         await pilot.pause()
         assert not [w for w in screen.workers if w.group == "run-devices" and not w.is_finished]

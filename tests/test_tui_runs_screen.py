@@ -27,20 +27,35 @@ def probes(monkeypatch) -> list[list[str]]:
 
     async def observe(providers, records, store, *args, **kwargs):
         seen.append([r.run_id for r in records])
-        return [control.RunView(record=r, state=r.state, workers=[], live=False, problem="no workers") for r in records]
+        return [
+            control.RunView(record=r, state=r.state, workers=[], live=False, problem="no workers")
+            for r in records
+        ]
 
     monkeypatch.setattr(control, "observe", observe)
     return seen
 
 
-def add_run(run_id: str, state: str = "succeeded", summary: dict | None = None, finished: bool = True,
-            **extra) -> None:
+def add_run(
+    run_id: str, state: str = "succeeded", summary: dict | None = None, finished: bool = True, **extra
+) -> None:
     store = RunStore()
-    store.add(RunRecord(run_id=run_id, node="pod-a", provider="fake", accelerator_type="v6e-16", workers=[0, 1],
-                        config_path="/c/tiny_local.yaml", config_digest="d", python="python3",
-                        started_at=NOW - timedelta(hours=1), state=state,
-                        finished_at=NOW - timedelta(minutes=30) if finished else None,
-                        **{"overrides": [], **extra}))
+    store.add(
+        RunRecord(
+            run_id=run_id,
+            node="pod-a",
+            provider="fake",
+            accelerator_type="v6e-16",
+            workers=[0, 1],
+            config_path="/c/tiny_local.yaml",
+            config_digest="d",
+            python="python3",
+            started_at=NOW - timedelta(hours=1),
+            state=state,
+            finished_at=NOW - timedelta(minutes=30) if finished else None,
+            **{"overrides": [], **extra},
+        )
+    )
     if summary:
         store.set_summary(run_id, summary)
 
@@ -90,8 +105,11 @@ async def test_history_is_newest_first_and_r_reads_it_again(probes):
 
 
 async def test_space_marks_and_unmarks_and_c_compares_three_runs_against_the_first_marked():
-    for run_id, step_s in (("20250314-100000-aaaa", 10.0), ("20250314-110000-bbbb", 12.0),
-                           ("20250314-120000-cccc", 8.0)):
+    for run_id, step_s in (
+        ("20250314-100000-aaaa", 10.0),
+        ("20250314-110000-bbbb", 12.0),
+        ("20250314-120000-cccc", 8.0),
+    ):
         add_run(run_id, summary={"time/train/step_avg_last10_s": step_s})
     the_app = app()
     async with the_app.run_test(size=(100, 30)) as pilot:
@@ -138,7 +156,13 @@ async def test_question_mark_lists_the_runs_keys_and_escape_goes_back():
         await pilot.press("question_mark")
         assert isinstance(the_app.screen, HelpScreen)
         text = " ".join(str(the_app.screen.query_one("#help-keys", Static).render()).split())
-        for words in ("⏎ Open the run in the run dashboard", "space Mark", "c Compare", "r Refresh", "esc Back"):
+        for words in (
+            "⏎ Open the run in the run dashboard",
+            "space Mark",
+            "c Compare",
+            "r Refresh",
+            "esc Back",
+        ):
             assert words in text, text
         await pilot.press("escape", "escape")
         assert isinstance(the_app.screen, NodesScreen)
@@ -155,12 +179,18 @@ async def test_a_history_that_cannot_be_read_is_said_on_the_status_line(monkeypa
     async with the_app.run_test(size=(100, 30)) as pilot:
         screen = await open_runs(pilot)
         assert str(screen.query_one("#status", Static).render()) == (
-            "could not read the history: database is locked; r tries again")
+            "could not read the history: database is locked; r tries again"
+        )
 
 
 async def test_the_line_under_the_table_says_why_the_highlighted_run_failed_and_how_it_was_launched():
-    add_run("20250314-100000-aaaa", state="failed", failure="worker 1 exited 1: RESOURCE_EXHAUSTED",
-            overrides=["rollout.batch_size=64", "steps=40"], code_version="9f8506eb0fb7+dirty")
+    add_run(
+        "20250314-100000-aaaa",
+        state="failed",
+        failure="worker 1 exited 1: RESOURCE_EXHAUSTED",
+        overrides=["rollout.batch_size=64", "steps=40"],
+        code_version="9f8506eb0fb7+dirty",
+    )
     add_run("20250314-110000-bbbb")
     the_app = app()
     async with the_app.run_test(size=(100, 30)) as pilot:
@@ -172,4 +202,5 @@ async def test_the_line_under_the_table_says_why_the_highlighted_run_failed_and_
         await pilot.pause()
         assert str(detail.render()) == (
             "20250314-100000-aaaa on pod-a (v6e-16) · worker 1 exited 1: RESOURCE_EXHAUSTED"
-            " · --set rollout.batch_size=64 steps=40 · code 9f8506eb0fb7+dirty")
+            " · --set rollout.batch_size=64 steps=40 · code 9f8506eb0fb7+dirty"
+        )

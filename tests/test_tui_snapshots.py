@@ -37,10 +37,24 @@ def no_probes(monkeypatch) -> None:
 def add_run(run_id: str, node: str, state: str, started_h: float, ended_h: float | None = None,
             summary: dict | None = None, failure: str | None = None) -> None:
     store = RunStore()
-    store.add(RunRecord(run_id=run_id, node=node, provider="gcp", accelerator_type="v6e-16", workers=[0, 1, 2, 3],
-                        config_path="/c/qwen25_3b_v6e16_bench.yaml", config_digest="d", overrides=[],
-                        python="python3", started_at=NOW - timedelta(hours=started_h), state=state, failure=failure,
-                        finished_at=None if ended_h is None else NOW - timedelta(hours=ended_h), price_per_hour=21.6))
+    store.add(
+        RunRecord(
+            run_id=run_id,
+            node=node,
+            provider="gcp",
+            accelerator_type="v6e-16",
+            workers=[0, 1, 2, 3],
+            config_path="/c/qwen25_3b_v6e16_bench.yaml",
+            config_digest="d",
+            overrides=[],
+            python="python3",
+            started_at=NOW - timedelta(hours=started_h),
+            state=state,
+            failure=failure,
+            finished_at=None if ended_h is None else NOW - timedelta(hours=ended_h),
+            price_per_hour=21.6,
+        )
+    )
     if summary:
         store.set_summary(run_id, summary)
 
@@ -61,8 +75,18 @@ def fleet_app(problems: list[str] | None = None) -> TpuConsoleApp:
                 state=NodeState.PREEMPTED,
                 zone="us-central2-b",
             ),
-            replace(make_node("bench-v6e-8", "gcp", accelerator_type="v6e-8", workers=1, devices=8, spot=False,
-                              age=timedelta(hours=2)), health="UNHEALTHY_MAINTENANCE"),
+            replace(
+                make_node(
+                    "bench-v6e-8",
+                    "gcp",
+                    accelerator_type="v6e-8",
+                    workers=1,
+                    devices=8,
+                    spot=False,
+                    age=timedelta(hours=2),
+                ),
+                health="UNHEALTHY_MAINTENANCE",
+            ),
         ],
         problems=problems,
     )
@@ -125,7 +149,9 @@ def test_operations_panel_while_two_operations_run(snap_compare, monkeypatch):
         on_worker(0, "code installed")
         on_worker(1, "code installed")
         report = SimpleNamespace(versions_label=lambda: "python=3.11.7 jax=0.10.2")
-        return SimpleNamespace(workers=[SimpleNamespace(worker=w, ok=True, error=None, report=report) for w in (0, 1)])
+        return SimpleNamespace(
+            workers=[SimpleNamespace(worker=w, ok=True, error=None, report=report) for w in (0, 1)]
+        )
 
     monkeypatch.setattr(bootstrap, "bootstrap_node", slow_bootstrap)
     monkeypatch.setattr(code_sync, "sync_node", sync)
@@ -185,8 +211,14 @@ def test_delete_dialog(snap_compare):
 
 def test_runs_screen(snap_compare):
     add_run("20250314-000000-abc0", "grpo-v6e-16", "succeeded", started_h=5, ended_h=4)
-    add_run("20250314-010000-abc1", "grpo-v6e-16", "failed", started_h=3, ended_h=2,
-            failure="worker 2 exited 1: RESOURCE_EXHAUSTED")
+    add_run(
+        "20250314-010000-abc1",
+        "grpo-v6e-16",
+        "failed",
+        started_h=3,
+        ended_h=2,
+        failure="worker 2 exited 1: RESOURCE_EXHAUSTED",
+    )
     add_run("20250314-020000-abc2", "grpo-v6e-16", "running", started_h=1)
 
     async def open_runs(pilot) -> None:
@@ -209,14 +241,34 @@ async def until_runs_listed(pilot) -> None:
 
 def test_compare_dialog(snap_compare):
     # The seeds' comparison: legacy vs maxtext rollout sharding on a v6e-16 (numbers of that shape).
-    add_run("20250314-000000-abc0", "grpo-v6e-16", "succeeded", started_h=5, ended_h=4, summary={
-        "time/train/step_avg_last10_s": 31.2, "throughput/train/valid_tokens_per_s": 5210.0,
-        "memory/train/bytes_in_use_max_gib": 21.4, "memory/train/peak_bytes_in_use_max_gib": 27.9,
-        "train-reward/total/mean": 0.41})
-    add_run("20250314-010000-abc1", "grpo-v6e-16", "succeeded", started_h=3, ended_h=2.2, summary={
-        "time/train/step_avg_last10_s": 24.6, "throughput/train/valid_tokens_per_s": 6630.0,
-        "memory/train/bytes_in_use_max_gib": 18.9, "memory/train/peak_bytes_in_use_max_gib": 30.1,
-        "train-reward/total/mean": 0.43})
+    add_run(
+        "20250314-000000-abc0",
+        "grpo-v6e-16",
+        "succeeded",
+        started_h=5,
+        ended_h=4,
+        summary={
+            "time/train/step_avg_last10_s": 31.2,
+            "throughput/train/valid_tokens_per_s": 5210.0,
+            "memory/train/bytes_in_use_max_gib": 21.4,
+            "memory/train/peak_bytes_in_use_max_gib": 27.9,
+            "train-reward/total/mean": 0.41,
+        },
+    )
+    add_run(
+        "20250314-010000-abc1",
+        "grpo-v6e-16",
+        "succeeded",
+        started_h=3,
+        ended_h=2.2,
+        summary={
+            "time/train/step_avg_last10_s": 24.6,
+            "throughput/train/valid_tokens_per_s": 6630.0,
+            "memory/train/bytes_in_use_max_gib": 18.9,
+            "memory/train/peak_bytes_in_use_max_gib": 30.1,
+            "train-reward/total/mean": 0.43,
+        },
+    )
 
     async def compare(pilot) -> None:
         await until_listed(pilot)

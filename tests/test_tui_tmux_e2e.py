@@ -18,7 +18,10 @@ import pytest
 from trainer.synthetic_gsm8k import write_jsonl
 
 pytest_plugins = ("tests.trainer.fixtures",)
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
+]
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -26,8 +29,21 @@ class Tmux:
     def __init__(self, session: str, command: str, env: dict[str, str]) -> None:
         self.session = session
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-        subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "30",
-                        f"cd {shlex.quote(str(REPO))} && env {exports} {command}"], check=True)
+        subprocess.run(
+            [
+                "tmux",
+                "new-session",
+                "-d",
+                "-s",
+                session,
+                "-x",
+                "100",
+                "-y",
+                "30",
+                f"cd {shlex.quote(str(REPO))} && env {exports} {command}",
+            ],
+            check=True,
+        )
 
     def keys(self, *keys: str) -> None:
         subprocess.run(["tmux", "send-keys", "-t", self.session, *keys], check=True)
@@ -38,8 +54,9 @@ class Tmux:
         time.sleep(0.3)
 
     def screen(self) -> str:
-        return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.session], capture_output=True, text=True,
-                              check=True).stdout
+        return subprocess.run(
+            ["tmux", "capture-pane", "-p", "-t", self.session], capture_output=True, text=True, check=True
+        ).stdout
 
     def wait_for(self, *texts: str, timeout: float = 120) -> str:
         deadline = time.monotonic() + timeout
@@ -57,8 +74,12 @@ class Tmux:
 @pytest.mark.timeout(420)
 def test_the_whole_workflow_from_the_keyboard(tmp_path, tiny_model_dir):
     data = write_jsonl(tmp_path / "gsm8k.jsonl", 32, seed=0)
-    env = {"TPU_CONSOLE_HOME": str(tmp_path / "home"), "JAX_PLATFORMS": "cpu", "TERM": "xterm-256color",
-           "PATH": os.environ.get("PATH", "")}
+    env = {
+        "TPU_CONSOLE_HOME": str(tmp_path / "home"),
+        "JAX_PLATFORMS": "cpu",
+        "TERM": "xterm-256color",
+        "PATH": os.environ.get("PATH", ""),
+    }
     app = Tmux(f"e2e-{os.getpid()}", f"{shlex.quote(sys.executable)} -m tpu_console", env)
     try:
         app.wait_for("no nodes: press c to create one")
@@ -83,8 +104,10 @@ def test_the_whole_workflow_from_the_keyboard(tmp_path, tiny_model_dir):
         app.keys("Tab")  # from the shipped configs to the file path
         app.type(str(REPO / "trainer" / "configs" / "tiny_local.yaml"))
         app.keys("Tab")
-        app.type(f"model_path={tiny_model_dir} data.path={data} steps=2 eval_every_steps=0 "
-                 "rollout.global_length=64 rollout.max_length_sample=8")
+        app.type(
+            f"model_path={tiny_model_dir} data.path={data} steps=2 eval_every_steps=0 "
+            "rollout.global_length=64 rollout.max_length_sample=8"
+        )
         app.keys("Enter")
         app.wait_for("started on 2 worker(s)", timeout=60)
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.processes import pid_alive, wait_for
-from tpu_console.worker import agent
 from tpu_console.fleet.command_channel import AGENT_SOURCE, loader_command
+from tpu_console.worker import agent
 
 
 class AgentProcess:

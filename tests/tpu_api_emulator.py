@@ -194,16 +194,35 @@ class TpuApiEmulator:
         with self._lock:
             self._find(zone, name).host_keys[worker] = [line]
 
-    def add_node(self, project: str, zone: str, name: str, accelerator_type: str, *, state: str = "READY",
-                 spot: bool = True, metadata: dict[str, str] | None = None, labels: dict[str, str] | None = None,
-                 runtime_version: str = "v6e-ubuntu-2404", external_ips: bool = True) -> dict[str, Any]:
+    def add_node(
+        self,
+        project: str,
+        zone: str,
+        name: str,
+        accelerator_type: str,
+        *,
+        state: str = "READY",
+        spot: bool = True,
+        metadata: dict[str, str] | None = None,
+        labels: dict[str, str] | None = None,
+        runtime_version: str = "v6e-ubuntu-2404",
+        external_ips: bool = True,
+    ) -> dict[str, Any]:
         """Put a node straight into a state (no operation), as if created earlier."""
         with self._lock:
-            node = self._new_node(project, zone, name, {
-                "acceleratorType": accelerator_type, "runtimeVersion": runtime_version,
-                "schedulingConfig": {"spot": spot}, "metadata": metadata or {}, "labels": labels or {},
-                "networkConfig": {"enableExternalIps": external_ips},
-            })
+            node = self._new_node(
+                project,
+                zone,
+                name,
+                {
+                    "acceleratorType": accelerator_type,
+                    "runtimeVersion": runtime_version,
+                    "schedulingConfig": {"spot": spot},
+                    "metadata": metadata or {},
+                    "labels": labels or {},
+                    "networkConfig": {"enableExternalIps": external_ips},
+                },
+            )
             node.body["state"] = state
             if state == "READY":
                 node.body["health"] = "HEALTHY"
@@ -220,12 +239,16 @@ class TpuApiEmulator:
 
     # ---- the service ---------------------------------------------------------------------------------
 
-    def handle(self, method: str, path: str, query: dict[str, list[str]], body: dict[str, Any]) -> dict[str, Any]:
+    def handle(
+        self, method: str, path: str, query: dict[str, list[str]], body: dict[str, Any]
+    ) -> dict[str, Any]:
         with self._lock:
             self.requests.append((method, path))
             self._advance()
             if path.startswith("/v1/users/") and path.endswith(":importSshPublicKey"):
-                return self._import_ssh_key(path[len("/v1/users/"):-len(":importSshPublicKey")], body, query)
+                return self._import_ssh_key(
+                    path[len("/v1/users/") : -len(":importSshPublicKey")], body, query
+                )
             match = re.fullmatch(r"/v2/projects/([^/]+)/locations/([^/]+)(/.*)?", path)
             if not match:
                 raise ApiError("NOT_FOUND", f"no such path {path}")
@@ -264,7 +287,9 @@ class TpuApiEmulator:
         for (p, z, n), node in self._nodes.items():
             if z == zone and n == name and (project is None or p == project):
                 return node
-        raise ApiError("NOT_FOUND", f"Resource 'projects/{project}/locations/{zone}/nodes/{name}' was not found")
+        raise ApiError(
+            "NOT_FOUND", f"Resource 'projects/{project}/locations/{zone}/nodes/{name}' was not found"
+        )
 
     def _list(self, project: str, zone: str) -> dict[str, Any]:
         nodes = [n.body for (p, z, _), n in sorted(self._nodes.items()) if p == project and zone in ("-", z)]
@@ -282,8 +307,11 @@ class TpuApiEmulator:
         external = spec.get("networkConfig", {}).get("enableExternalIps", False)
         octet = int(node_id) % 200 + 10
         body["networkEndpoints"] = [
-            {"ipAddress": f"10.{octet}.0.{i + 2}", "port": 8470,
-             **({"accessConfig": {"externalIp": f"34.{octet}.1.{i + 2}"}} if external else {})}
+            {
+                "ipAddress": f"10.{octet}.0.{i + 2}",
+                "port": 8470,
+                **({"accessConfig": {"externalIp": f"34.{octet}.1.{i + 2}"}} if external else {}),
+            }
             for i in range(workers)
         ]
         body["cidrBlock"] = f"10.{octet}.0.0/24"
@@ -301,37 +329,62 @@ class TpuApiEmulator:
         if not body.get("runtimeVersion"):
             raise ApiError("INVALID_ARGUMENT", "Field 'runtimeVersion' is required.")
         if any(z == zone and n == name for (_, z, n) in self._nodes):
-            raise ApiError("ALREADY_EXISTS", f"Resource 'projects/{project}/locations/{zone}/nodes/{name}' "
-                                             "already exists")
+            raise ApiError(
+                "ALREADY_EXISTS",
+                f"Resource 'projects/{project}/locations/{zone}/nodes/{name}' already exists",
+            )
         if zone in self._quota:
             kind = "Preemptible" if body.get("schedulingConfig", {}).get("spot") else ""
             family = body["acceleratorType"].split("-")[0].upper()
-            raise ApiError("RESOURCE_EXHAUSTED", f"Quota limit 'TPU{family}{kind}PodPerProjectPerZoneForTPUAPI' "
-                                                 f"has been exceeded. Limit: 0 in zone {zone}.")
+            raise ApiError(
+                "RESOURCE_EXHAUSTED",
+                f"Quota limit 'TPU{family}{kind}PodPerProjectPerZoneForTPUAPI' "
+                f"has been exceeded. Limit: 0 in zone {zone}.",
+            )
         node = self._new_node(project, zone, name, body)
         error = None
         if zone in self._stockout:
-            error = ApiError("RESOURCE_EXHAUSTED", f"There is no more capacity in the zone \"{zone}\"; you can "
-                                                   "try in another zone where Cloud TPU Nodes are offered")
+            error = ApiError(
+                "RESOURCE_EXHAUSTED",
+                f'There is no more capacity in the zone "{zone}"; you can '
+                "try in another zone where Cloud TPU Nodes are offered",
+            )
         elif zone in self._no_reservation:
-            error = ApiError("NOT_FOUND", f"Reservation projects/{project}/reservations/tpu-{zone} not found "
-                                          f"in zone {zone}.")
+            error = ApiError(
+                "NOT_FOUND",
+                f"Reservation projects/{project}/reservations/tpu-{zone} not found in zone {zone}.",
+            )
         if error is None:
             node.ready_at = time.monotonic() + self.create_delay
         key = (project, zone, name)
-        return self._new_operation(project, zone, "create", node.path, self.create_delay, error,
-                                   on_done=(lambda: self._nodes.pop(key, None)) if error else None)
+        return self._new_operation(
+            project,
+            zone,
+            "create",
+            node.path,
+            self.create_delay,
+            error,
+            on_done=(lambda: self._nodes.pop(key, None)) if error else None,
+        )
 
     def _delete(self, project: str, zone: str, name: str) -> dict[str, Any]:
         node = self._find(zone, name, project)
         node.body["state"] = "DELETING"
         node.ready_at = None
         key = (project, zone, name)
-        return self._new_operation(project, zone, "delete", node.path, self.delete_delay, None,
-                                   on_done=lambda: self._nodes.pop(key, None))
+        return self._new_operation(
+            project,
+            zone,
+            "delete",
+            node.path,
+            self.delete_delay,
+            None,
+            on_done=lambda: self._nodes.pop(key, None),
+        )
 
-    def _update(self, project: str, zone: str, name: str, query: dict[str, list[str]],
-                body: dict[str, Any]) -> dict[str, Any]:
+    def _update(
+        self, project: str, zone: str, name: str, query: dict[str, list[str]], body: dict[str, Any]
+    ) -> dict[str, Any]:
         node = self._find(zone, name, project)
         mask = query.get("updateMask", [""])[0]
         paths = [p for p in mask.split(",") if p]
@@ -366,15 +419,36 @@ class TpuApiEmulator:
         self._check_injected("oslogin", "-")
         self.oslogin_keys.setdefault(user, []).append(body["key"])
         username = re.sub(r"[^a-z0-9_]", "_", user.lower())
-        return {"loginProfile": {"name": user, "posixAccounts": [
-            {"primary": True, "username": username, "uid": "1001", "gid": "1001",
-             "homeDirectory": f"/home/{username}", "operatingSystemType": "LINUX"}]}}
+        return {
+            "loginProfile": {
+                "name": user,
+                "posixAccounts": [
+                    {
+                        "primary": True,
+                        "username": username,
+                        "uid": "1001",
+                        "gid": "1001",
+                        "homeDirectory": f"/home/{username}",
+                        "operatingSystemType": "LINUX",
+                    }
+                ],
+            }
+        }
 
-    def _new_operation(self, project: str, zone: str, verb: str, target: str, delay: float,
-                       error: ApiError | None, on_done: Any = None) -> dict[str, Any]:
+    def _new_operation(
+        self,
+        project: str,
+        zone: str,
+        verb: str,
+        target: str,
+        delay: float,
+        error: ApiError | None,
+        on_done: Any = None,
+    ) -> dict[str, Any]:
         name = f"projects/{project}/locations/{zone}/operations/operation-{next(self._ids)}-{verb}"
-        self._operations[name] = _Operation(name, verb, target, _rfc3339(time.time()),
-                                            time.monotonic() + delay, error, on_done)
+        self._operations[name] = _Operation(
+            name, verb, target, _rfc3339(time.time()), time.monotonic() + delay, error, on_done
+        )
         return self._operation_json(name)
 
     def _operation_json(self, name: str) -> dict[str, Any]:
@@ -383,8 +457,13 @@ class TpuApiEmulator:
             raise ApiError("NOT_FOUND", f"Operation {name} not found")
         result: dict[str, Any] = {
             "name": op.name,
-            "metadata": {"@type": "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata",
-                         "createTime": op.created, "target": op.target, "verb": op.verb, "apiVersion": "v2"},
+            "metadata": {
+                "@type": "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata",
+                "createTime": op.created,
+                "target": op.target,
+                "verb": op.verb,
+                "apiVersion": "v2",
+            },
             "done": op.finished,
         }
         if op.finished:
@@ -459,7 +538,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8470)
     parser.add_argument("--create-delay", type=float, default=20.0, help="seconds a node stays CREATING")
     parser.add_argument("--delete-delay", type=float, default=5.0, help="seconds a node stays DELETING")
-    parser.add_argument("--stockout", action="append", default=[], metavar="ZONE", help="zone without capacity")
+    parser.add_argument(
+        "--stockout", action="append", default=[], metavar="ZONE", help="zone without capacity"
+    )
     parser.add_argument("--quota", action="append", default=[], metavar="ZONE", help="zone over quota")
     parser.add_argument("--demo", action="store_true", help="start with nodes in project 'demo'")
     args = parser.parse_args()
@@ -471,8 +552,9 @@ def main() -> None:
     if args.demo:
         api.add_node("demo", "europe-west4-a", "demo-v6e-8", "v6e-8")
         api.add_node("demo", "us-east5-b", "demo-v6e-16", "v6e-16")
-        api.add_node("demo", "us-central2-b", "demo-v4-16", "v4-16", spot=False,
-                     runtime_version="tpu-ubuntu2204-base")
+        api.add_node(
+            "demo", "us-central2-b", "demo-v4-16", "v4-16", spot=False, runtime_version="tpu-ubuntu2204-base"
+        )
         api.preempt("us-east5-b", "demo-v6e-16", "Spot capacity was reclaimed.")
     endpoint = api.start(args.port)
     print(f"TPU API emulator on {endpoint} (Ctrl-C stops it)", flush=True)

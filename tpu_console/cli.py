@@ -95,8 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="create a node",
         description="Create a node. Progress lines go to stderr as they happen.",
-        epilog="types: local-WxD (W workers x D devices), local-v6e-8, local-v6e-16, local-v4-16 for the local "
-        "provider; v4-16, v5p-8, v6e-8, v6e-16, ... for gcp",
+        epilog="types: local-WxD (W workers x D devices), local-v6e-8, local-v6e-16, local-v4-16 for the "
+        "local provider; v4-16, v5p-8, v6e-8, v6e-16, ... for gcp",
     )
     create.add_argument(
         "name", help="node name: lowercase letters, digits and hyphens, starting with a letter"
@@ -145,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
         usage="tpu-console exec NAME [--worker SEL] [--timeout S] [--json] -- COMMAND...",
         description="Run a command on the selected workers at once. Output lines are prefixed by the "
         "worker index ([0] ...); a summary of exit statuses follows on stderr. One argument after -- is a "
-        "shell command line as is; several are quoted one by one. Exits with the first non-zero worker status.",
+        "shell command line as is; several are quoted one by one. Exits with the first non-zero worker "
+        "status.",
     )
     run.add_argument("name")
     run.add_argument(
@@ -203,10 +204,12 @@ def _add_run_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
     )
     launch.add_argument(
         "--recover", action="store_true",
-        help="stay with the run: if the node is preempted, delete and recreate it, bootstrap, sync and relaunch "
-        "from the latest checkpoint (needs checkpoint.dir outside the node and checkpoint.every_steps)",
+        help="stay with the run: if the node is preempted, delete and recreate it, bootstrap, sync and "
+        "relaunch from the latest checkpoint (needs checkpoint.dir outside the node and "
+        "checkpoint.every_steps)",
     )
-    launch.add_argument("--max-recoveries", type=int, default=3, metavar="N", help="with --recover (default 3)")
+    launch.add_argument("--max-recoveries", type=int, default=3, metavar="N",
+                        help="with --recover (default 3)")
     launch.add_argument("--watch-every", type=float, default=30.0, metavar="S",
                         help="with --recover: seconds between two looks at the node and the run (default 30)")
     launch.add_argument(
@@ -216,15 +219,16 @@ def _add_run_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
 
     bootstrap = verbs.add_parser(
         "bootstrap", parents=[common], help="install the trainer's Python environment on every worker",
-        description="Make ~/tpu-console/env on every worker hold the trainer's dependencies (uv when it can be "
-        "installed, else python -m venv and pip; jax[tpu] on TPU VMs, CPU jax elsewhere). Idempotent: a "
+        description="Make ~/tpu-console/env on every worker hold the trainer's dependencies (uv when it can "
+        "be installed, else python -m venv and pip; jax[tpu] on TPU VMs, CPU jax elsewhere). Idempotent: a "
         "worker that already has it answers at once. Reports python, jax, jaxlib, libtpu and flax versions.",
     )
     bootstrap.add_argument("node")
     bootstrap.add_argument("--worker", default="all", metavar="SEL", help="workers: all (default), 0, 1-3")
     bootstrap.add_argument("--python", default="python3", metavar="PY",
                            help="base interpreter on the workers, 3.11+ (default python3)")
-    bootstrap.add_argument("--jax", choices=("tpu", "cpu"), help="JAX flavour (default: tpu on gcp, else cpu)")
+    bootstrap.add_argument("--jax", choices=("tpu", "cpu"),
+                           help="JAX flavour (default: tpu on gcp, else cpu)")
     bootstrap.add_argument("--link", dest="link", action="store_true", default=None,
                            help="use this machine's installed packages through a .pth link (default for pods "
                            "on this machine, such as local pods)")
@@ -233,14 +237,15 @@ def _add_run_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
 
     bench = verbs.add_parser(
         "bench-memory", parents=[common], help="FSDP memory bench on every worker: sharded vs gathered bytes",
-        description="For each mesh shape and mode, run `python -m trainer bench-memory` on every worker (joined "
-        "by jax.distributed, one case after the other) and print per-device bytes against what FSDP predicts "
-        "(total/fsdp sharded, total gathered), with device bytes in use and peak where the platform reports them.",
+        description="For each mesh shape and mode, run `python -m trainer bench-memory` on every worker "
+        "(joined by jax.distributed, one case after the other) and print per-device bytes against what FSDP "
+        "predicts (total/fsdp sharded, total gathered), with device bytes in use and peak where the "
+        "platform reports them.",
     )
     bench.add_argument("node")
     bench.add_argument("--mesh-shape", action="append", metavar="M",
-                       help="a mesh shape to try: auto, host_local or dp,fsdp,tp (repeatable; default auto and "
-                       "host_local)")
+                       help="a mesh shape to try: auto, host_local or dp,fsdp,tp (repeatable; default auto "
+                       "and host_local)")
     bench.add_argument("--mode", default="sharded,gather", metavar="MODES", help="sharded, gather or both")
     bench.add_argument("--target-bytes-gib", type=float, default=5.6, metavar="X",
                        help="buffer size in GiB (default 5.6, Qwen2.5-3B in bf16)")
@@ -249,46 +254,52 @@ def _add_run_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
 
     sweep = verbs.add_parser(
         "sweep", parents=[common], help="find the largest batch that fits in device memory",
-        description="Short trial runs (--steps, 2 by default) on every worker at different values of --param: "
-        "doubling from the config's value while they fit, then bisecting between the largest fit and the first "
-        "RESOURCE_EXHAUSTED. Only values the trainer accepts on this node's shape are tried. Every trial is a run "
-        "in `tpu-console runs`; the sweep is kept in $TPU_CONSOLE_HOME/sweeps/.",
+        description="Short trial runs (--steps, 2 by default) on every worker at different values of "
+        "--param: doubling from the config's value while they fit, then bisecting between the largest fit "
+        "and the first RESOURCE_EXHAUSTED. Only values the trainer accepts on this node's shape are tried. "
+        "Every trial is a run in `tpu-console runs`; the sweep is kept in $TPU_CONSOLE_HOME/sweeps/.",
     )
     sweep.add_argument("node")
     sweep.add_argument("--config", required=True, metavar="FILE", help="trainer YAML config")
-    sweep.add_argument("--param", default="rollout.batch_size", help="rollout.batch_size (default) or rollout.n")
+    sweep.add_argument("--param", default="rollout.batch_size",
+                       help="rollout.batch_size (default) or rollout.n")
     sweep.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config key for every trial (repeatable)")
     sweep.add_argument("--steps", type=int, default=2, help="steps per trial (default 2)")
-    sweep.add_argument("--max", dest="limit", type=int, metavar="N", help="largest value to try (default 16x the config's)")
+    sweep.add_argument("--max", dest="limit", type=int, metavar="N",
+                       help="largest value to try (default 16x the config's)")
     sweep.add_argument("--env-file", metavar="PATH", help="secrets for the trials, as for launch")
     sweep.add_argument("--python", metavar="PY", help="interpreter on the workers (default as for launch)")
 
     idle = verbs.add_parser(
         "idle", parents=[common], help="READY nodes with no run for a while, and what they cost",
-        description="List READY nodes with no live run whose last run ended (or that were created) longer ago than "
-        "--after minutes (default: idle_after_minutes, 60), with their cost while idle. --auto-delete-idle deletes "
-        "them; --watch S keeps checking every S seconds (a guard to leave running overnight).",
+        description="List READY nodes with no live run whose last run ended (or that were created) longer "
+        "ago than --after minutes (default: idle_after_minutes, 60), with their cost while idle. "
+        "--auto-delete-idle deletes them; --watch S keeps checking every S seconds (a guard to leave "
+        "running overnight).",
     )
-    idle.add_argument("--after", type=int, metavar="MIN", help="minutes without a run (default idle_after_minutes)")
+    idle.add_argument("--after", type=int, metavar="MIN",
+                      help="minutes without a run (default idle_after_minutes)")
     idle.add_argument("--auto-delete-idle", action="store_true", help="delete the idle nodes")
     idle.add_argument("--yes", action="store_true", help="with --auto-delete-idle: do not ask")
-    idle.add_argument("--watch", type=float, metavar="S", help="check again every S seconds until interrupted")
+    idle.add_argument("--watch", type=float, metavar="S",
+                      help="check again every S seconds until interrupted")
 
     metrics = verbs.add_parser(
         "metrics", parents=[common], help="live HBM and duty cycle of every TPU device, from libtpu",
-        description="Read libtpu's runtime metrics (HBM in use and total, tensorcore duty cycle) on every worker, "
-        "without the trainer and without importing JAX there: they show even while a job hangs. Workers where "
-        "nothing reports them (CPU pods) say why.",
+        description="Read libtpu's runtime metrics (HBM in use and total, tensorcore duty cycle) on every "
+        "worker, without the trainer and without importing JAX there: they show even while a job hangs. "
+        "Workers where nothing reports them (CPU pods) say why.",
     )
     metrics.add_argument("node")
     metrics.add_argument("--worker", default="all", metavar="SEL", help="workers: all (default), 0, 1-3")
-    metrics.add_argument("--address", default="localhost:8431", help="libtpu's metrics service on each worker")
+    metrics.add_argument("--address", default="localhost:8431",
+                         help="libtpu's metrics service on each worker")
 
     sync = verbs.add_parser(
         "sync", parents=[common], help="install this checkout's code (and .env) on every worker",
-        description="Build a wheel of this checkout as it is on disk (uncommitted changes included), upload it "
-        "to every worker and install it into ~/tpu-console/env; or with --git URL --branch B, clone/fetch "
+        description="Build a wheel of this checkout as it is on disk (uncommitted changes included), upload "
+        "it to every worker and install it into ~/tpu-console/env; or with --git URL --branch B, clone/fetch "
         "and install that on every worker. --env-file uploads secrets as ~/tpu-console/.env (mode 0600), "
         "which later launches use when they get no --env-file.",
     )
@@ -303,8 +314,9 @@ def _add_run_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
         description="Runs launched from this machine, most recent first; unfinished ones are probed now.",
     )
     runs.add_argument("node", nargs="?", help="only this node's runs; or `show`, `compare` (below)")
-    runs.add_argument("more", nargs="*", metavar="RUN", help="`runs show RUN` (or NODE [RUN]): one run in full; "
-                      "`runs compare RUN_A RUN_B ...`: their summaries side by side, with B vs A in percent")
+    runs.add_argument("more", nargs="*", metavar="RUN", help="`runs show RUN` (or NODE [RUN]): one run in "
+                      "full; `runs compare RUN_A RUN_B ...`: their summaries side by side, with B vs A in "
+                      "percent")
     runs.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50)")
 
     status = verbs.add_parser(
@@ -413,7 +425,8 @@ def _serve(args: argparse.Namespace) -> int:
     from textual_serve.server import Server
 
     command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "tpu_console"])
-    print(f"serving tpu-console at http://{args.host}:{args.port} (Ctrl-C stops)", file=sys.stderr, flush=True)
+    print(f"serving tpu-console at http://{args.host}:{args.port} (Ctrl-C stops)",
+          file=sys.stderr, flush=True)
     Server(command, host=args.host, port=args.port, title="tpu-console").serve()
     return 0
 
@@ -522,11 +535,11 @@ async def _exec(args: argparse.Namespace, settings: Settings, providers: dict[st
         stream = sys.stderr if line.stream == "stderr" else sys.stdout
         print(f"[{line.worker}] {masker.mask(line.text)}", file=stream, flush=True)
 
-    outcome = await exec_on_node(
-        providers, args.name, command, args.worker, timeout=args.timeout, on_line=None if args.json else on_line
-    )
+    outcome = await exec_on_node(providers, args.name, command, args.worker, timeout=args.timeout,
+                                 on_line=None if args.json else on_line)
     if args.json:
-        _print_masked_json(masker, 
+        _print_masked_json(
+            masker,
             {
                 "node": outcome.node.name,
                 "command": outcome.command,
@@ -600,7 +613,8 @@ async def _launch_with_recovery(
         if rows:
             print(format_table(("AT", "WHY", "RUN", "NEW RUN", "LAST STEP", "RESUMED AFTER", "LOST"), rows),
                   file=sys.stderr)
-        print(f"{log.runs[-1]}: {log.final_state}" + (f" ({log.gave_up})" if log.gave_up else ""), file=sys.stderr)
+        gave_up = f" ({log.gave_up})" if log.gave_up else ""
+        print(f"{log.runs[-1]}: {log.final_state}{gave_up}", file=sys.stderr)
     return 0 if log.final_state == "succeeded" else 1
 
 
@@ -622,17 +636,19 @@ async def _idle(args: argparse.Namespace, settings: Settings, providers: dict[st
         if args.json:
             _print_json({"idle_after_minutes": minutes, "idle": [
                 {"node": i.node.name, "provider": i.node.provider, "idle_since": i.idle_since.isoformat(),
-                 "idle_minutes": round(i.idle_for.total_seconds() / 60, 1), "cost_while_idle": i.cost_while_idle,
-                 "cost_so_far": i.cost_so_far} for i in idle]})
+                 "idle_minutes": round(i.idle_for.total_seconds() / 60, 1),
+                 "cost_while_idle": i.cost_while_idle, "cost_so_far": i.cost_so_far} for i in idle]})
         elif idle:
             print(format_table(("NODE", "PROVIDER", "IDLE SINCE", "IDLE FOR", "COST IDLE", "COST IN ALL"), [
-                (i.node.name, i.node.provider, f"{i.idle_since:%Y-%m-%d %H:%M}", format_age(i.idle_since, now),
+                (i.node.name, i.node.provider, f"{i.idle_since:%Y-%m-%d %H:%M}",
+                 format_age(i.idle_since, now),
                  "-" if i.cost_while_idle is None else f"~${i.cost_while_idle:,.2f}",
                  "-" if i.cost_so_far is None else f"~${i.cost_so_far:,.0f}") for i in idle]))
         else:
             print(f"no node has been idle for {minutes} min", file=sys.stderr)
         for item in idle if args.auto_delete_idle else []:
-            if not args.yes and input(f"delete idle node {item.node.name}? [y/N] ").strip().lower() not in ("y", "yes"):
+            answer = "yes" if args.yes else input(f"delete idle node {item.node.name}? [y/N] ")
+            if answer.strip().lower() not in ("y", "yes"):
                 continue
             await delete_node(providers, item.node.name, progress=_progress)
             print(f"deleted {item.describe()}", file=sys.stderr)
@@ -736,8 +752,9 @@ async def _sweep(args: argparse.Namespace, settings: Settings, providers: dict[s
     rows = [(str(t.value), str(t.local_batch), t.outcome, "-" if t.peak_gib is None else f"{t.peak_gib:.2f}",
              t.run_id or "-") for t in result.trials]
     print(format_table((args.param.upper(), "LOCAL BATCH", "OUTCOME", "PEAK GiB", "RUN"), rows))
-    print(f"largest that fits: {args.param}={result.largest_fit if result.largest_fit is not None else 'none'}; "
-          f"first that does not: {result.first_oom if result.first_oom is not None else 'none found'}")
+    largest = result.largest_fit if result.largest_fit is not None else "none"
+    first_oom = result.first_oom if result.first_oom is not None else "none found"
+    print(f"largest that fits: {args.param}={largest}; first that does not: {first_oom}")
     if result.stopped:
         print(f"stopped: {result.stopped}", file=sys.stderr)
     return 0 if result.stopped is None else 1
@@ -748,7 +765,8 @@ def _print_setup(result: Any, json_mode: bool) -> int:
     if json_mode:
         _print_json({"node": result.node.name, "ok": result.ok, "workers": [
             {"worker": w.worker, "ok": w.ok, "error": w.error, "seconds": round(w.seconds, 2),
-             "ready": w.report.ready, "versions": w.versions, "code": w.report.code} for w in result.workers]})
+             "ready": w.report.ready, "versions": w.versions, "code": w.report.code}
+            for w in result.workers]})
     else:
         rows = [(f"[{w.worker}]", "ok" if w.ok else "FAILED", w.code,
                  w.report.versions_label() if w.ok else (w.error or ""), f"{w.seconds:.1f}s")
@@ -792,7 +810,8 @@ async def _status(args: argparse.Namespace, settings: Settings, providers: dict[
     age = format_age(record.started_at, datetime.now(UTC))
     print(f"{record.run_id}  {record.node} ({record.provider} {record.accelerator_type})  {view.state}  "
           f"started {age} ago")
-    print(masker.mask(format_table(run_table.WORKER_COLUMNS, [run_table.worker_row(s) for s in view.workers])))
+    worker_rows = [run_table.worker_row(s) for s in view.workers]
+    print(masker.mask(format_table(run_table.WORKER_COLUMNS, worker_rows)))
     if view.failure:
         print(masker.mask(f"failed first: {view.failure}"))
     if view.state == "partially-dead":
@@ -857,8 +876,8 @@ async def _stop(args: argparse.Namespace, settings: Settings, providers: dict[st
         _print_json({"run_id": record.run_id, "state": view.state,
                      "workers": [run_table.stop_record(s) for s in stops]})
     else:
-        rows = [(f"[{s.worker}]", s.outcome, s.signal or "-", "-" if s.exit_status is None else str(s.exit_status),
-                 s.error or "") for s in stops]
+        rows = [(f"[{s.worker}]", s.outcome, s.signal or "-",
+                 "-" if s.exit_status is None else str(s.exit_status), s.error or "") for s in stops]
         print(format_table(("WORKER", "OUTCOME", "SIGNAL", "EXIT", ""), rows), file=sys.stderr)
         print(f"{record.run_id}: {view.state}")
     return 1 if unreachable else 0

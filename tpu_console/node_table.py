@@ -77,7 +77,9 @@ def node_record(node: Node, now: datetime) -> dict[str, Any]:
         "price_per_hour": round(estimate.per_hour, 4) if estimate else None,
         "price_on_demand_per_hour": round(estimate.on_demand_per_hour, 4) if estimate else None,
         "price_spot_per_hour": round(estimate.spot_per_hour, 4) if estimate else None,
-        "cost_since_creation": round(cost, 2) if (cost := cost_since_creation(node, now)) is not None else None,
+        "cost_since_creation": round(cost, 2)
+        if (cost := cost_since_creation(node, now)) is not None
+        else None,
         "price_currency": estimate.currency if estimate else None,
         "price_as_of": estimate.as_of if estimate else None,
         "hosts": [

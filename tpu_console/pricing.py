@@ -77,20 +77,29 @@ def price_per_hour(node: Node, table: PriceTable | None = None) -> PriceEstimate
         return None
     on_demand, spot = table.per_chip_hour[family]
     chips = node.shape.chips
-    return PriceEstimate(family, chips, on_demand * chips, spot * chips, node.spot, table.as_of, table.currency)
+    return PriceEstimate(
+        family, chips, on_demand * chips, spot * chips, node.spot, table.as_of, table.currency
+    )
 
 
-def run_cost(price_per_hour: float | None, started_at: datetime, finished_at: datetime | None,
-             now: datetime | None = None) -> float | None:
+def run_cost(
+    price_per_hour: float | None,
+    started_at: datetime,
+    finished_at: datetime | None,
+    now: datetime | None = None,
+) -> float | None:
     """What a run cost: the node's price per hour times the hours from launch to end (or to now while it
-    runs). The node bills for all its chips whether the run uses them or not, so this is chip-hours x price."""
+    runs). The node bills for all its chips whether the run uses them or not, so this is chip-hours x
+    price."""
     if price_per_hour is None:
         return None
     end = finished_at or now or datetime.now(UTC)
     return price_per_hour * max(0.0, (end - started_at).total_seconds() / 3600)
 
 
-def cost_since_creation(node: Node, now: datetime | None = None, table: PriceTable | None = None) -> float | None:
+def cost_since_creation(
+    node: Node, now: datetime | None = None, table: PriceTable | None = None
+) -> float | None:
     """Approximate spend since `created_at` at the price the node pays (spot or on-demand).
 
     A node bills while it exists, whatever its state, so a preempted spot node is counted too: that

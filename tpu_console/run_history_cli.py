@@ -45,10 +45,15 @@ async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Pro
     finished = f", ended {format_age(record.finished_at, now)} ago" if record.finished_at else ""
     lines = [
         f"{record.run_id}  {view.state}",
-        (f"node      {record.node} ({record.provider} {record.accelerator_type}), workers "
-        f"{','.join(str(w) for w in record.workers)}"),
-        (f"started   {record.started_at.isoformat(timespec='seconds')} ({format_age(record.started_at, now)} ago"
-        f"{finished})"),
+        (
+            f"node      {record.node} ({record.provider} {record.accelerator_type}), workers "
+            f"{','.join(str(w) for w in record.workers)}"
+        ),
+        (
+            f"started   {record.started_at.isoformat(timespec='seconds')} "
+            f"({format_age(record.started_at, now)} ago"
+            f"{finished})"
+        ),
         f"config    {record.config_path} (digest {record.config_digest[:12]})"
         + (f" --set {' --set '.join(record.overrides)}" if record.overrides else ""),
         f"code      {record.code_version or 'unknown'}",
@@ -58,7 +63,9 @@ async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Pro
         lines.append(f"failure   {view.failure}")
     print(masker.mask("\n".join(lines)))
     print()
-    print(masker.mask(format_table(run_table.WORKER_COLUMNS, [run_table.worker_row(s) for s in view.workers])))
+    print(
+        masker.mask(format_table(run_table.WORKER_COLUMNS, [run_table.worker_row(s) for s in view.workers]))
+    )
     print()
     rows = [(m.label, _value(summary.get(m.key))) for m in METRICS]
     print(format_table(("SUMMARY", ""), rows))
@@ -80,9 +87,18 @@ async def compare(targets: Sequence[str], json_mode: bool, providers: dict[str, 
         raise UserError(f"a run is named twice ({', '.join(run_ids)}); compare different runs")
     summaries = [_summary(v) for v in views]
     if json_mode:
-        print(json.dumps({"runs": [{"run_id": v.record.run_id, "state": v.state, "summary": s}
-                                   for v, s in zip(views, summaries, strict=True)],
-                          "rows": compare_rows(run_ids, summaries)}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "runs": [
+                        {"run_id": v.record.run_id, "state": v.state, "summary": s}
+                        for v, s in zip(views, summaries, strict=True)
+                    ],
+                    "rows": compare_rows(run_ids, summaries),
+                },
+                indent=2,
+            )
+        )
         return 0
     headers, cells = compare_table(run_ids, summaries)
     print(format_table(headers, cells))

@@ -132,5 +132,6 @@ def _describe_validation_error(exc: ValidationError, path: Path) -> str:
     first = exc.errors()[0]
     where = ".".join(str(part) for part in first["loc"]) or "(top level)"
     if first["type"] == "extra_forbidden":
-        return f"unknown setting {where!r} in {path} or TPU_CONSOLE_* environment; remove it or fix its spelling"
+        return (f"unknown setting {where!r} in {path} or TPU_CONSOLE_* environment; "
+                "remove it or fix its spelling")
     return f"setting {where!r}: {first['msg']}; fix it in {path} or the TPU_CONSOLE_* environment"

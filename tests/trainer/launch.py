@@ -111,5 +111,7 @@ def launch(tmp_path: Path, config: Path, processes: int, devices: int, *, timeou
            extra_env: dict[str, str] | None = None, distributed: bool = True,
            tag: str = "run") -> list[ProcessResult]:
     """Run `processes` trainer processes to completion."""
-    spawned = spawn(tmp_path, config, processes, devices, extra_env=extra_env, distributed=distributed, tag=tag)
+    spawned = spawn(
+        tmp_path, config, processes, devices, extra_env=extra_env, distributed=distributed, tag=tag
+    )
     return wait_all(spawned, timeout)

@@ -33,9 +33,24 @@ def test_buffer_rows_divide_over_fsdp():
 @pytest.mark.parametrize(("mesh_shape", "fsdp"), [("auto", 16), ("host_local", 4)])
 def test_sharded_is_total_over_fsdp_and_gathered_is_total_on_a_4x4_pod(tmp_path, mesh_shape, fsdp):
     for mode in ("sharded", "gather"):
-        spawned = spawn(tmp_path, tmp_path / "unused.yaml", processes=4, devices=4, tag=f"{mesh_shape}-{mode}",
-                        trainer_args=["bench-memory", "--mesh-shape", mesh_shape, "--mode", mode,
-                                      "--target-bytes-gib", "0.01", "--cols", "512"])
+        spawned = spawn(
+            tmp_path,
+            tmp_path / "unused.yaml",
+            processes=4,
+            devices=4,
+            tag=f"{mesh_shape}-{mode}",
+            trainer_args=[
+                "bench-memory",
+                "--mesh-shape",
+                mesh_shape,
+                "--mode",
+                mode,
+                "--target-bytes-gib",
+                "0.01",
+                "--cols",
+                "512",
+            ],
+        )
         results = wait_all(spawned, timeout=180)
         for process, result in enumerate(results):
             assert result.returncode == 0, result.output[-2000:]

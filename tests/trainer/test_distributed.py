@@ -26,7 +26,9 @@ def check_run(results, *, steps: int, mesh_axes: dict, spans_hosts: bool, style:
         assert kinds[0] == "start" and kinds[-1] == "end", kinds
         assert all(e["process"] == i for e in r.events)
         start = r.events[0]
-        assert start["process_count"] == 4 and start["device_count"] == 16 and start["local_device_count"] == 4
+        assert (
+            start["process_count"] == 4 and start["device_count"] == 16 and start["local_device_count"] == 4
+        )
         assert start["mesh_axes"] == mesh_axes and start["fsdp_spans_hosts"] is spans_hosts
         assert start["sharding_style"] == style and start["local_batch"] == 4 and start["global_batch"] == 16
         digests.add(start["config_digest"])
@@ -50,8 +52,12 @@ def check_run(results, *, steps: int, mesh_axes: dict, spans_hosts: bool, style:
 @pytest.mark.slow
 def test_four_processes_auto_mesh_legacy_sharding(tmp_path, tiny_model_dir):
     # With the KL term, so the reference log-prob pass runs across processes too.
-    config = tiny_config(tmp_path, tiny_model_dir, mesh_shape="auto", **{
-        "rollout.sharding_style": "legacy", "train.beta": 0.04})
+    config = tiny_config(
+        tmp_path,
+        tiny_model_dir,
+        mesh_shape="auto",
+        **{"rollout.sharding_style": "legacy", "train.beta": 0.04},
+    )
     results = launch(tmp_path, config, processes=4, devices=4)
     check_run(results, steps=2, mesh_axes={"dp": 1, "fsdp": 16, "tp": 1}, spans_hosts=True, style="legacy")
     assert "fsdp axis (16 devices) spans 4 hosts" in results[0].output
@@ -59,18 +65,31 @@ def test_four_processes_auto_mesh_legacy_sharding(tmp_path, tiny_model_dir):
 
 @pytest.mark.slow
 def test_four_processes_host_local_mesh_maxtext_sharding(tmp_path, tiny_model_dir):
-    config = tiny_config(tmp_path, tiny_model_dir, mesh_shape="host_local",
-                         **{"rollout.sharding_style": "maxtext", "train.micro_batch_size_per_device": 1})
+    config = tiny_config(
+        tmp_path,
+        tiny_model_dir,
+        mesh_shape="host_local",
+        **{"rollout.sharding_style": "maxtext", "train.micro_batch_size_per_device": 1},
+    )
     results = launch(tmp_path, config, processes=4, devices=4)
     check_run(results, steps=2, mesh_axes={"dp": 4, "fsdp": 4, "tp": 1}, spans_hosts=False, style="maxtext")
 
 
 def test_wrong_process_count_fails_at_once(tmp_path, tiny_model_dir):
     config = tiny_config(tmp_path, tiny_model_dir)
-    [result] = launch(tmp_path, config, processes=1, devices=4, distributed=False, timeout=60,
-                      extra_env={"TRAINER_REQUIRE_PROCESS_COUNT": "4"})
-    message = ("Expected 4 JAX processes but jax.process_count()==1: only some workers were launched; "
-               "launch on all workers (--worker all)")
+    [result] = launch(
+        tmp_path,
+        config,
+        processes=1,
+        devices=4,
+        distributed=False,
+        timeout=60,
+        extra_env={"TRAINER_REQUIRE_PROCESS_COUNT": "4"},
+    )
+    message = (
+        "Expected 4 JAX processes but jax.process_count()==1: only some workers were launched; "
+        "launch on all workers (--worker all)"
+    )
     assert result.returncode != 0
     assert message in result.output
     assert [e["kind"] for e in result.events] == ["error"]
@@ -81,23 +100,34 @@ def test_checkpoint_resume_and_eval(tmp_path, tiny_model_dir):
     ckpt = tmp_path / "ckpt"
     # The two runs compile the same programs: the second reads them from a JAX compilation cache the first
     # writes (this test counts no compilations), instead of compiling them again.
-    jax_cache = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax-cache"),
-                 "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-                 "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    jax_cache = {
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax-cache"),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
     # The first run also evaluates at its last step: 3 samples padded to the 2 local devices.
-    config = tiny_config(tmp_path, tiny_model_dir, steps=1, eval_every_steps=1, eval_samples=3,
-                         **{"checkpoint.dir": str(ckpt), "checkpoint.every_steps": 1})
-    [first] = launch(tmp_path, config, processes=1, devices=2, distributed=False, tag="first",
-                     extra_env=jax_cache)
+    config = tiny_config(
+        tmp_path,
+        tiny_model_dir,
+        steps=1,
+        eval_every_steps=1,
+        eval_samples=3,
+        **{"checkpoint.dir": str(ckpt), "checkpoint.every_steps": 1},
+    )
+    [first] = launch(
+        tmp_path, config, processes=1, devices=2, distributed=False, tag="first", extra_env=jax_cache
+    )
     assert first.returncode == 0, first.output[-3000:]
     [evaluation] = [e for e in first.events if e["kind"] == "eval"]
     assert evaluation["step"] == 1 and evaluation["eval/samples"] == 3
     assert 0.0 <= evaluation["eval/accuracy"] <= 1.0 and "eval step=1 accuracy=" in first.output
     assert [p.name for p in ckpt.iterdir() if p.name.isdigit()] == ["1"]
-    config = tiny_config(tmp_path, tiny_model_dir, steps=2, **{"checkpoint.dir": str(ckpt),
-                                                              "checkpoint.every_steps": 1})
-    [second] = launch(tmp_path, config, processes=1, devices=2, distributed=False, tag="second",
-                      extra_env=jax_cache)
+    config = tiny_config(
+        tmp_path, tiny_model_dir, steps=2, **{"checkpoint.dir": str(ckpt), "checkpoint.every_steps": 1}
+    )
+    [second] = launch(
+        tmp_path, config, processes=1, devices=2, distributed=False, tag="second", extra_env=jax_cache
+    )
     assert second.returncode == 0, second.output[-3000:]
     assert "resumed from checkpoint step 1" in second.output
     assert [e["step"] for e in second.events if e["kind"] == "step"] == [2]
@@ -110,8 +140,11 @@ def test_sigterm_writes_an_error_event_and_exits_143(tmp_path, tiny_model_dir):
     config = tiny_config(tmp_path, tiny_model_dir, steps=50)
     procs = spawn(tmp_path, config, processes=2, devices=1, distributed=True)
     deadline = time.monotonic() + 90
-    while (not all(read_events(p.run_dir) for p in procs) and time.monotonic() < deadline
-           and all(p.proc.poll() is None for p in procs)):
+    while (
+        not all(read_events(p.run_dir) for p in procs)
+        and time.monotonic() < deadline
+        and all(p.proc.poll() is None for p in procs)
+    ):
         time.sleep(0.2)
     assert all(read_events(p.run_dir)[0]["kind"] == "start" for p in procs)
     for p in procs:

@@ -141,5 +141,6 @@ def test_wandb_offline_from_process_0_only_and_disabled_writes_nothing(tmp_path,
     sink = tm.WandbSink("offline", "tpu-console-test", "unit", {"steps": 1}, 0, tmp_path / "worker0")
     sink.log({tm.LOSS: 0.5, tm.MEM_LIMIT: None, tm.MEM_IN_USE_PER_DEVICE: [None]}, step=1)
     sink.finish()
-    [run] = list((tmp_path / "worker0" / "wandb").glob("offline-run-*"))  # wandb writes the log asynchronously
+    # wandb writes the log asynchronously
+    [run] = list((tmp_path / "worker0" / "wandb").glob("offline-run-*"))
     assert list(run.glob("*.wandb"))

@@ -65,13 +65,17 @@ def test_completion_logprobs_and_entropy_match_numpy():
     b, p, c, v = 3, 4, 5, 7
     logits = rng.normal(size=(b, p + c, v)).astype(np.float32)
     ids = rng.integers(0, v, size=(b, p + c))
-    logp, ent = completion_logprobs(jnp.asarray(logits[:, p - 1:-1]), jnp.asarray(ids[:, p:]), temperature=0.7)
+    logp, ent = completion_logprobs(
+        jnp.asarray(logits[:, p - 1 : -1]), jnp.asarray(ids[:, p:]), temperature=0.7
+    )
     ref = np_log_softmax(logits / 0.7)
     for i in range(b):
         for t in range(c):
             # the logit at position p+t-1 predicts the token at p+t
             assert logp[i, t] == pytest.approx(ref[i, p + t - 1, ids[i, p + t]], abs=1e-5)
-            assert ent[i, t] == pytest.approx(-(np.exp(ref[i, p + t - 1]) * ref[i, p + t - 1]).sum(), abs=1e-5)
+            assert ent[i, t] == pytest.approx(
+                -(np.exp(ref[i, p + t - 1]) * ref[i, p + t - 1]).sum(), abs=1e-5
+            )
 
 
 def test_positions_skip_left_padding():
@@ -107,11 +111,13 @@ def test_clipped_surrogate_with_kl_matches_reference(beta):
 def _toy_model(vocab: int, dim: int, p: int):
     """Embedding + position-free linear head: small enough to check against a hand-written loss."""
     key = jax.random.PRNGKey(0)
-    params = {"emb": jax.random.normal(key, (vocab, dim)) * 0.5,
-              "head": jax.random.normal(jax.random.split(key)[0], (dim, vocab)) * 0.5}
+    params = {
+        "emb": jax.random.normal(key, (vocab, dim)) * 0.5,
+        "head": jax.random.normal(jax.random.split(key)[0], (dim, vocab)) * 0.5,
+    }
 
     def apply_fn(pp, extra, ids, positions, mask):
-        return (pp["emb"][ids] @ pp["head"])[:, p - 1:-1]  # the logits that predict the completion
+        return (pp["emb"][ids] @ pp["head"])[:, p - 1 : -1]  # the logits that predict the completion
 
     return params, apply_fn
 
@@ -124,8 +130,12 @@ def _toy_batch(b: int, p: int, c: int, vocab: int):
     cmask = (rng.random((b, c)) > 0.2).astype(np.float32)
     attn[:, p:] = cmask.astype(np.int32)
     adv = group_advantages(rng.normal(size=b).astype(np.float32), 4)
-    return {"input_ids": jnp.asarray(ids), "attention_mask": jnp.asarray(attn),
-            "completion_mask": jnp.asarray(cmask), "advantages": jnp.asarray(adv)}
+    return {
+        "input_ids": jnp.asarray(ids),
+        "attention_mask": jnp.asarray(attn),
+        "completion_mask": jnp.asarray(cmask),
+        "advantages": jnp.asarray(adv),
+    }
 
 
 @pytest.mark.parametrize("micro_batches", [1, 4])
@@ -144,12 +154,22 @@ def test_update_step_gradient_equals_full_batch_loss_gradient(micro_batches):
         m = batch["completion_mask"]
         return (terms["loss"] * m).sum() / m.sum()
 
-    expected_loss, expected_grads = jax.jit(jax.value_and_grad(full_loss))(params)  # one compile, not op by op
+    expected_loss, expected_grads = jax.jit(jax.value_and_grad(full_loss))(
+        params
+    )  # one compile, not op by op
     sgd = optax.sgd(1.0)
-    step = GRPOStep(stats_from_logits(apply_fn), sgd, prompt_len=p, temperature=1.0, micro_batches=micro_batches, loss=settings)
+    step = GRPOStep(
+        stats_from_logits(apply_fn),
+        sgd,
+        prompt_len=p,
+        temperature=1.0,
+        micro_batches=micro_batches,
+        loss=settings,
+    )
     ref_logp = step.logprobs(ref_params, None, batch)
-    new_params, _, metrics = step.update(jax.tree.map(jnp.copy, params), None, sgd.init(params),
-                                         {**batch, "ref_logprobs": ref_logp})
+    new_params, _, metrics = step.update(
+        jax.tree.map(jnp.copy, params), None, sgd.init(params), {**batch, "ref_logprobs": ref_logp}
+    )
     assert float(metrics["loss"]) == pytest.approx(float(expected_loss), rel=1e-5)
     for k in params:  # sgd(1.0): params - new_params == gradient
         np.testing.assert_allclose(params[k] - new_params[k], expected_grads[k], rtol=1e-4, atol=1e-6)
@@ -162,19 +182,26 @@ def test_ppo_epochs_with_old_logprobs_clip_and_schedules():
     batch = _toy_batch(b, p, c, vocab)
     schedule = make_schedule(0.5, "constant", 3, 0, 0.1)
     tx = make_optimizer("adamw", schedule, clip_norm=1.0, weight_decay=0.0, b1=0.9, b2=0.999)
-    step = GRPOStep(stats_from_logits(apply_fn), tx, prompt_len=p, temperature=1.0, micro_batches=2, loss=LossSettings())
+    step = GRPOStep(
+        stats_from_logits(apply_fn), tx, prompt_len=p, temperature=1.0, micro_batches=2, loss=LossSettings()
+    )
     old = step.logprobs(params, None, batch)
     state, opt = jax.tree.map(jnp.copy, params), tx.init(params)
     clip_fractions = []
     for _ in range(3):
         state, opt, m = step.update(state, None, opt, {**batch, "old_logprobs": old})
         clip_fractions.append(float(m["clip_fraction"]))
-    assert clip_fractions[0] == 0.0 and clip_fractions[-1] > 0  # big lr moves the policy out of the trust region
+    assert (
+        clip_fractions[0] == 0.0 and clip_fractions[-1] > 0
+    )  # big lr moves the policy out of the trust region
     cos = make_schedule(1.0, "warmup_cosine", 10, 2, 0.1)
-    assert float(cos(0)) == 0.0 and float(cos(2)) == pytest.approx(1.0) and float(cos(10)) == pytest.approx(0.1)
+    assert (
+        float(cos(0)) == 0.0 and float(cos(2)) == pytest.approx(1.0) and float(cos(10)) == pytest.approx(0.1)
+    )
     lion = make_optimizer("lion", schedule, clip_norm=0.0, weight_decay=0.01, b1=0.9, b2=0.99)
     _, _, m = GRPOStep(stats_from_logits(apply_fn), lion, p, 1.0, 1, LossSettings()).update(
-        jax.tree.map(jnp.copy, params), None, lion.init(params), batch)
+        jax.tree.map(jnp.copy, params), None, lion.init(params), batch
+    )
     assert np.isfinite(float(m["loss"]))
 
 
@@ -189,20 +216,30 @@ def test_qwen2_with_remat_through_logprob_pass_and_update(tiny_model_dir):
     p, c, b = 6, 3, 4
     rng = np.random.default_rng(0)
     ids = rng.integers(3, 200, size=(b, p + c)).astype(np.int32)
-    batch = {"input_ids": jnp.asarray(ids), "attention_mask": jnp.ones((b, p + c), jnp.int32),
-             "completion_mask": jnp.ones((b, c), jnp.float32),
-             "advantages": jnp.asarray(np.array([1.0, -1.0, 0.5, -0.5], np.float32))}
+    batch = {
+        "input_ids": jnp.asarray(ids),
+        "attention_mask": jnp.ones((b, p + c), jnp.int32),
+        "completion_mask": jnp.ones((b, c), jnp.float32),
+        "advantages": jnp.asarray(np.array([1.0, -1.0, 0.5, -0.5], np.float32)),
+    }
     logps = []
     for remat in (False, True):
         model, _ = load_model(tiny_model_dir, compute_dtype=jnp.float32, remat=remat)
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
         tx = optax.adamw(1e-3)
-        step = GRPOStep(completion_token_stats_fn(graphdef, p, chunk=2), tx, prompt_len=p, temperature=1.0, micro_batches=2,
-                        loss=LossSettings(beta=0.1))
+        step = GRPOStep(
+            completion_token_stats_fn(graphdef, p, chunk=2),
+            tx,
+            prompt_len=p,
+            temperature=1.0,
+            micro_batches=2,
+            loss=LossSettings(beta=0.1),
+        )
         logp = step.logprobs(params, rest, batch)
         logps.append(np.asarray(logp))
-        _, _, metrics = step.update(params, rest, tx.init(params),
-                                    {**batch, "old_logprobs": logp, "ref_logprobs": logp})
+        _, _, metrics = step.update(
+            params, rest, tx.init(params), {**batch, "old_logprobs": logp, "ref_logprobs": logp}
+        )
         assert np.isfinite(float(metrics["loss"])) and float(metrics["grad_norm"]) > 0
     np.testing.assert_allclose(logps[0], logps[1], rtol=1e-5, atol=1e-6)
 

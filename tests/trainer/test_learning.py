@@ -38,8 +38,14 @@ def test_mean_reward_rises_on_a_toy_token_reward(tiny_model_dir):
                                weight_decay=0.0, b1=0.9, b2=0.999)
     # Committed to the device as the update's outputs are, so step 2 reuses step 1's compilation.
     opt_state = jax.device_put(optimizer.init(params), jax.devices()[0])
-    step = GRPOStep(completion_token_stats_fn(graphdef, PROMPT_LEN, chunk=0), optimizer, prompt_len=PROMPT_LEN,
-                    temperature=1.0, micro_batches=2, loss=LossSettings())
+    step = GRPOStep(
+        completion_token_stats_fn(graphdef, PROMPT_LEN, chunk=0),
+        optimizer,
+        prompt_len=PROMPT_LEN,
+        temperature=1.0,
+        micro_batches=2,
+        loss=LossSettings(),
+    )
     questions = [p["question"] for p in generate_problems(PROMPTS, seed=0)]
     prompts = [ids for ids in encode_chat_prompts(tokenizer, questions) for _ in range(GROUP)]
     assert max(len(p) for p in prompts) <= PROMPT_LEN  # nothing truncated
@@ -56,10 +62,12 @@ def test_mean_reward_rises_on_a_toy_token_reward(tiny_model_dir):
         ids = np.asarray(rollout.completion_ids)
         mask = np.asarray(rollout.completion_mask).astype(np.float32)
         reward = ((ids == target) * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1)
-        batch = {"input_ids": jnp.concatenate([rollout.prompt_ids, rollout.completion_ids], axis=1),
-                 "attention_mask": jnp.concatenate([rollout.prompt_mask, rollout.completion_mask], axis=1),
-                 "completion_mask": jnp.asarray(mask),
-                 "advantages": jnp.asarray(group_advantages(reward.astype(np.float32), GROUP))}
+        batch = {
+            "input_ids": jnp.concatenate([rollout.prompt_ids, rollout.completion_ids], axis=1),
+            "attention_mask": jnp.concatenate([rollout.prompt_mask, rollout.completion_mask], axis=1),
+            "completion_mask": jnp.asarray(mask),
+            "advantages": jnp.asarray(group_advantages(reward.astype(np.float32), GROUP)),
+        }
         params, opt_state, _ = step.update(params, rest, opt_state, batch)
         history.append(float(reward.mean()))
     early, late = np.mean(history[:5]), np.mean(history[-5:])

@@ -113,7 +113,8 @@ def test_prefill_matches_decode_into_an_empty_cache_and_then_decodes_on():
     kv_mask[:, length] = 1
     step = (ids[:, :1], positions[:, -1:] + 1, jnp.asarray(kv_mask))
     np.testing.assert_allclose(np.asarray(decode(model, *step, cache, jnp.int32(length))[0]),
-                               np.asarray(decode(model, *step, expected_cache, jnp.int32(length))[0]), atol=1e-5)
+                               np.asarray(decode(model, *step, expected_cache, jnp.int32(length))[0]),
+                               atol=1e-5)
 
 
 def test_bf16_compute_tracks_fp32_and_untied_head_is_used():

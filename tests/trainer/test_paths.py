@@ -1,4 +1,5 @@
-"""A config's `~/...` model path means the worker's home: both the weights and the tokenizer must follow it."""
+"""A config's `~/...` model path means the worker's home: both the weights and the tokenizer must
+follow it."""
 
 import shutil
 

@@ -52,7 +52,8 @@ def test_sample_logits_filters_and_logprobs():
 
 
 def _reference_draw(logits: np.ndarray, u: np.ndarray, top_p: float) -> np.ndarray:
-    """Nucleus draw by sorting the whole row in numpy: the smallest prefix reaching top_p, inverse CDF on it."""
+    """Nucleus draw by sorting the whole row in numpy: the smallest prefix reaching top_p, inverse CDF on
+    it."""
     out = []
     for row, ui in zip(logits, u, strict=True):
         order = np.argsort(-row, kind="stable")
@@ -69,16 +70,20 @@ def test_top_p_bounded_candidates_draw_like_a_full_sort(scale):
     vocab = 2 * TOP_P_CANDIDATES
     logits = np.random.default_rng(1).normal(size=(6, vocab)).astype(np.float32) * scale
     u = np.random.default_rng(2).uniform(size=6).astype(np.float32)
-    tokens, _ = jax.jit(lambda lg, u: sample_with_uniform(lg, u, 1.0, 0.9, top_k=0, use_top_p=True,
-                                                          greedy=False))(logits, u)
+    tokens, _ = jax.jit(
+        lambda lg, u: sample_with_uniform(lg, u, 1.0, 0.9, top_k=0, use_top_p=True, greedy=False)
+    )(logits, u)
     np.testing.assert_array_equal(np.asarray(tokens), _reference_draw(logits, u, 0.9))
 
 
 def test_untruncated_draws_follow_the_softmax():
     logits = jnp.asarray([[2.0, 0.0, -1.0, -jnp.inf, 1.0]], jnp.float32)
     u = jnp.linspace(0.0, 1.0, 4000, endpoint=False)
-    draw = jax.vmap(lambda ui: sample_with_uniform(logits, ui[None], 1.0, 1.0, top_k=0, use_top_p=False,
-                                                   greedy=False)[0][0])
+    draw = jax.vmap(
+        lambda ui: sample_with_uniform(logits, ui[None], 1.0, 1.0, top_k=0, use_top_p=False, greedy=False)[0][
+            0
+        ]
+    )
     counts = np.bincount(np.asarray(draw(u)), minlength=5) / 4000
     np.testing.assert_allclose(counts, np.asarray(jax.nn.softmax(logits[0])), atol=1e-3)
 
@@ -101,12 +106,14 @@ def test_end_token_stops_a_row_and_pads_after_it(tiny_model):
     end = int(plain.completion_ids[0, 2])
     others = np.asarray(plain.completion_ids[1:])
     stopped = Sampler(model, pad_id=0, eos_ids=[end], buckets=(8, 16), max_new_tokens=12).generate(
-        PROMPTS, rng=0, greedy=True)
-    ids, mask, logprobs = (np.asarray(x) for x in (stopped.completion_ids, stopped.completion_mask,
-                                                   stopped.logprobs))
+        PROMPTS, rng=0, greedy=True
+    )
+    ids, mask, logprobs = (
+        np.asarray(x) for x in (stopped.completion_ids, stopped.completion_mask, stopped.logprobs)
+    )
     first_end = int(np.argmax(np.asarray(plain.completion_ids[0]) == end))
     assert mask[0].tolist() == [1] * (first_end + 1) + [0] * (11 - first_end)
-    assert (ids[0, first_end + 1:] == 0).all() and (logprobs[0, first_end + 1:] == 0).all()
+    assert (ids[0, first_end + 1 :] == 0).all() and (logprobs[0, first_end + 1 :] == 0).all()
     for row in (1, 2):
         if end not in others[row - 1]:
             assert mask[row].all() and (ids[row] == others[row - 1]).all()
@@ -116,7 +123,8 @@ def test_every_row_ending_at_once_exits_early(tiny_model):
     model, config = tiny_model
     everything = list(range(config.vocab_size))
     batch = Sampler(model, pad_id=0, eos_ids=everything, buckets=(16,), max_new_tokens=12).generate(
-        PROMPTS, rng=3, temperature=1.0)
+        PROMPTS, rng=3, temperature=1.0
+    )
     assert np.asarray(batch.completion_mask).tolist() == [[1] + [0] * 11] * 3
     assert (np.asarray(batch.completion_ids)[:, 1:] == 0).all()
 
@@ -130,7 +138,7 @@ def test_logprobs_match_the_training_forward_at_sampling_temperature(tiny_model)
     positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
     logits = nnx.jit(lambda m, *a: m(*a))(model, ids, positions, mask)
     prompt_len = batch.prompt_ids.shape[1]
-    scores = jax.nn.log_softmax(logits[:, prompt_len - 1:-1] / temperature, axis=-1)
+    scores = jax.nn.log_softmax(logits[:, prompt_len - 1 : -1] / temperature, axis=-1)
     expected = jnp.take_along_axis(scores, batch.completion_ids[..., None], axis=-1)[..., 0]
     valid = np.asarray(batch.completion_mask) == 1
     np.testing.assert_allclose(np.asarray(batch.logprobs)[valid], np.asarray(expected)[valid], atol=1e-4)
@@ -183,8 +191,9 @@ def test_sharded_model_on_a_mesh_generates_the_same_tokens(tiny_model_dir):
         print("ok")
     """)
     env = os.environ | {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240,
-                          check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240, check=False
+    )
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 

@@ -56,12 +56,16 @@ class SweepResult:
         return asdict(self)
 
 
-def candidate_values(config_path: str, overrides: Sequence[str], param: str, node: Any, limit: int) -> list[int]:
+def candidate_values(
+    config_path: str, overrides: Sequence[str], param: str, node: Any, limit: int
+) -> list[int]:
     """Values of `param` in 1..limit that the trainer would accept on this node's shape."""
     values = []
     for value in range(1, limit + 1):
         try:
-            check_shape(validate_config(config_path, [*overrides, f"{param}={value}"]), node, node.shape.workers)
+            check_shape(
+                validate_config(config_path, [*overrides, f"{param}={value}"]), node, node.shape.workers
+            )
         except UserError:
             continue
         values.append(value)
@@ -111,16 +115,22 @@ async def sweep(
     trial_overrides = [*overrides, f"steps={steps}", "eval_every_steps=0"]
     candidates = candidate_values(config_path, trial_overrides, param, node, limit)
     if not candidates:
-        raise UserError(f"no value of {param} up to {limit} fits {node.name}'s shape "
-                        f"({node.shape.workers} workers x {node.shape.devices_per_worker} devices)")
+        raise UserError(
+            f"no value of {param} up to {limit} fits {node.name}'s shape "
+            f"({node.shape.workers} workers x {node.shape.devices_per_worker} devices)"
+        )
     start = start if start in candidates else candidates[0]
     result = SweepResult(datetime.now(UTC).strftime("%Y%m%d-%H%M%S"), node.name, str(base.path), param)
     outcomes: dict[int, str] = {}
     while (value := next_value(candidates, outcomes, start)) is not None and value not in outcomes:
         progress(f"{node.name}: trial {param}={value} ({steps} steps on every worker)")
-        trial = await _trial(providers, node_name, config_path, trial_overrides, param, value, env_file, python)
-        progress(f"{node.name}: {param}={value} (local batch {trial.local_batch}): {trial.outcome}"
-                 + (f" ({trial.detail})" if trial.detail and trial.outcome != "fits" else ""))
+        trial = await _trial(
+            providers, node_name, config_path, trial_overrides, param, value, env_file, python
+        )
+        progress(
+            f"{node.name}: {param}={value} (local batch {trial.local_batch}): {trial.outcome}"
+            + (f" ({trial.detail})" if trial.detail and trial.outcome != "fits" else "")
+        )
         result.trials.append(trial)
         outcomes[value] = trial.outcome
         if trial.outcome == "failed":
@@ -135,8 +145,14 @@ async def sweep(
 
 
 async def _trial(
-    providers: dict[str, Provider], node_name: str, config_path: str, overrides: list[str], param: str,
-    value: int, env_file: str | None, python: str | None,
+    providers: dict[str, Provider],
+    node_name: str,
+    config_path: str,
+    overrides: list[str],
+    param: str,
+    value: int,
+    env_file: str | None,
+    python: str | None,
 ) -> Trial:
     sets = [*overrides, f"{param}={value}"]
     config = validate_config(config_path, sets)
@@ -145,15 +161,22 @@ async def _trial(
     local_batch = rollout["batch_size"] // len(launched.workers) * rollout["n"]
     if not launched.ok:
         first = next(s for s in launched.starts if not s.ok)
-        return Trial(value, local_batch, launched.run_id, "failed", detail=f"worker {first.worker} did not start")
+        return Trial(
+            value, local_batch, launched.run_id, "failed", detail=f"worker {first.worker} did not start"
+        )
     view = await run_control.logs(providers, launched.run_id, lambda _w, _t: None, lines=0, follow=True)
-    peaks = [s.events.last_step.mem_peak_gib for s in view.workers
-             if s.events.last_step is not None and s.events.last_step.mem_peak_gib is not None]
+    peaks = [
+        s.events.last_step.mem_peak_gib
+        for s in view.workers
+        if s.events.last_step is not None and s.events.last_step.mem_peak_gib is not None
+    ]
     peak = max(peaks) if peaks else None
     if view.state == "succeeded":
         return Trial(value, local_batch, launched.run_id, "fits", peak)
     errors = [s.events.error for s in view.workers if s.events.error is not None]
-    oom = any(e.get("resource_exhausted") or "RESOURCE_EXHAUSTED" in str(e.get("message", "")) for e in errors)
+    oom = any(
+        e.get("resource_exhausted") or "RESOURCE_EXHAUSTED" in str(e.get("message", "")) for e in errors
+    )
     return Trial(value, local_batch, launched.run_id, "oom" if oom else "failed", peak, view.failure)
 
 
@@ -164,4 +187,6 @@ def sweeps_dir() -> Path:
 
 
 def _save(result: SweepResult) -> None:
-    (sweeps_dir() / f"{result.sweep_id}-{result.node}.json").write_text(json.dumps(result.to_json(), indent=2))
+    (sweeps_dir() / f"{result.sweep_id}-{result.node}.json").write_text(
+        json.dumps(result.to_json(), indent=2)
+    )

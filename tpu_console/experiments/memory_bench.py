@@ -47,12 +47,26 @@ class CaseResult:
 
 def case_command(python: str, folder: str, mesh_shape: str, mode: str, target_gib: float, cols: int) -> str:
     """Run one case in its own folder, then print the events the trainer wrote there."""
-    args = ["bench-memory", "--mesh-shape", mesh_shape, "--mode", mode, "--target-bytes-gib", f"{target_gib:g}",
-            "--cols", str(cols), "--run-dir", "."]
+    args = [
+        "bench-memory",
+        "--mesh-shape",
+        mesh_shape,
+        "--mode",
+        mode,
+        "--target-bytes-gib",
+        f"{target_gib:g}",
+        "--cols",
+        str(cols),
+        "--run-dir",
+        ".",
+    ]
     d = '"$HOME"/' + shlex.quote(folder)
-    return (f"mkdir -p {d} && cd {d} && {python_word(python)} -u -m trainer {' '.join(shlex.quote(a) for a in args)} "
-            f"> output.log 2>&1; s=$?; echo {shlex.quote(_EVENTS_MARK)}; cat events.jsonl 2>/dev/null; "
-            'tail -n 3 output.log; exit $s')
+    return (
+        f"mkdir -p {d} && cd {d} && {python_word(python)} -u -m trainer "
+        f"{' '.join(shlex.quote(a) for a in args)} "
+        f"> output.log 2>&1; s=$?; echo {shlex.quote(_EVENTS_MARK)}; cat events.jsonl 2>/dev/null; "
+        "tail -n 3 output.log; exit $s"
+    )
 
 
 def _bench_event(stdout: str) -> tuple[dict | None, str | None]:
@@ -109,11 +123,15 @@ async def bench_memory(
         interpreter = python or worker_python(provider, reports)
         if any(r.live_runs for r in reports):
             run_id = next(iter(next(r for r in reports if r.live_runs).live_runs))
-            raise UserError(f"run {run_id} is still running on {node.name} and holds its devices; stop it first "
-                            f"with `tpu-console stop {node.name} {run_id}`")
+            raise UserError(
+                f"run {run_id} is still running on {node.name} and holds its devices; stop it first "
+                f"with `tpu-console stop {node.name} {run_id}`"
+            )
         for shape in mesh_shapes:
             for mode in modes:
-                progress(f"{node.name}: bench-memory mesh_shape={shape} mode={mode} on {len(workers)} worker(s)")
+                progress(
+                    f"{node.name}: bench-memory mesh_shape={shape} mode={mode} on {len(workers)} worker(s)"
+                )
                 envs = launch_env(provider, node, fleet, workers)  # a fresh coordinator port per case
                 folder = f"tpu-console/bench/{stamp}/{shape.replace(',', '_')}-{mode}"
 
@@ -123,7 +141,9 @@ async def bench_memory(
                 for answer in answers:
                     event, last = _bench_event(answer.stdout)
                     if not answer.ok:
-                        error = error or f"worker {answer.worker}: {answer.error or last or answer.exit_status}"
+                        error = (
+                            error or f"worker {answer.worker}: {answer.error or last or answer.exit_status}"
+                        )
                     if answer.worker == 0:
                         bench = event
                 results.append(CaseResult(shape, mode, error is None and bench is not None, error, bench))
@@ -134,7 +154,9 @@ async def _run_everywhere(
     fleet: Fleet, command: str, envs: dict[int, dict[str, str]], workers: list[int], timeout_s: float
 ) -> list[Any]:
     """The same command on every worker at once, each with its own process id in the environment."""
-    answers = await asyncio.gather(*(fleet.run(command, [w], env=envs[w], timeout=timeout_s) for w in workers))
+    answers = await asyncio.gather(
+        *(fleet.run(command, [w], env=envs[w], timeout=timeout_s) for w in workers)
+    )
     return [answer for (answer,) in answers]
 
 
@@ -147,9 +169,20 @@ def table_rows(results: list[CaseResult]) -> list[tuple[str, ...]]:
         b = r.bench or {}
         axes = b.get("mesh_axes", {})
         verdict = {True: "= predicted", False: "differs", None: r.error or "failed"}[r.matches_prediction]
-        rows.append((r.mesh_shape, r.mode, str(axes.get("dp", "-")), str(axes.get("fsdp", "-")), gib(b.get("total_bytes")),
-                     gib(b.get("per_device_array_bytes_max")), gib(b.get("expected_per_device_bytes")),
-                     gib(b.get("bytes_in_use_max")), gib(b.get("peak_bytes_in_use_max")), verdict))
+        rows.append(
+            (
+                r.mesh_shape,
+                r.mode,
+                str(axes.get("dp", "-")),
+                str(axes.get("fsdp", "-")),
+                gib(b.get("total_bytes")),
+                gib(b.get("per_device_array_bytes_max")),
+                gib(b.get("expected_per_device_bytes")),
+                gib(b.get("bytes_in_use_max")),
+                gib(b.get("peak_bytes_in_use_max")),
+                verdict,
+            )
+        )
     return rows
 
 

@@ -42,7 +42,8 @@ from tpu_console.runs.launch import LaunchResult, launch, validate_config
 
 _LOST_NODE_STATES = (NodeState.PREEMPTED, NodeState.TERMINATED)
 _FINAL_RUN_STATES = ("succeeded", "failed", "stopped")
-_SUSPECT_CHECKS = 5  # looks at a node that reads READY while its run's workers are lost, before giving up on it
+# looks at a node that reads READY while its run's workers are lost, before giving up on it
+_SUSPECT_CHECKS = 5
 
 
 
@@ -87,26 +88,38 @@ def require_durable_checkpoints(config_path: str, overrides: Sequence[str], prov
     """Recovery resumes from checkpoints, so they must be on and stored where a new node can read them."""
     data = validate_config(config_path, overrides).data["checkpoint"]
     if not data.get("dir") or not data.get("every_steps"):
-        raise UserError("--recover needs checkpoints to resume from: set checkpoint.dir and checkpoint.every_steps")
+        raise UserError(
+            "--recover needs checkpoints to resume from: set checkpoint.dir and checkpoint.every_steps"
+        )
     if provider == "gcp" and not str(data["dir"]).startswith("gs://"):
-        raise UserError(f"checkpoint.dir {data['dir']} is on the node's own disk, which a preemption takes with it; "
-                        "use a gs:// bucket with --recover")
+        raise UserError(
+            f"checkpoint.dir {data['dir']} is on the node's own disk, which a preemption takes with it; "
+            "use a gs:// bucket with --recover"
+        )
     if provider == "local" and not str(data["dir"]).startswith("/"):
-        raise UserError(f"checkpoint.dir {data['dir']} is inside a worker's folder, which recreating the node "
-                        "wipes; use an absolute path outside it with --recover")
+        raise UserError(
+            f"checkpoint.dir {data['dir']} is inside a worker's folder, which recreating the node "
+            "wipes; use an absolute path outside it with --recover"
+        )
 
 
 async def recreate_node(
     providers: dict[str, Provider], node: Node, zones: Sequence[str], progress: Callable[[str], None]
 ) -> Node:
-    """Delete `node` (if still there) and create it again: same name, type and spot setting, its zone first."""
+    """Delete `node` (if still there) and create it again: same name, type and spot setting, its zone
+    first."""
     try:
         await delete_node(providers, node.name, progress=progress)
     except NotFound:
         pass
     ordered = tuple(dict.fromkeys([z for z in (node.zone, *zones) if z and z != "local"]))
-    request = CreateRequest(name=node.name, accelerator_type=node.accelerator_type, zones=ordered, spot=node.spot,
-                            runtime_version=node.runtime_version if node.provider == "gcp" else None)
+    request = CreateRequest(
+        name=node.name,
+        accelerator_type=node.accelerator_type,
+        zones=ordered,
+        spot=node.spot,
+        runtime_version=node.runtime_version if node.provider == "gcp" else None,
+    )
     return await create_node(providers, node.provider, request, progress=progress)
 
 
@@ -127,7 +140,9 @@ async def launch_with_recovery(
 ) -> RecoveryLog:
     provider, node = await open_node(providers, node_name)
     require_durable_checkpoints(config_path, overrides, provider.name)
-    result = await launch(providers, node_name, config_path, overrides, env_file, python=python, progress=progress)
+    result = await launch(
+        providers, node_name, config_path, overrides, env_file, python=python, progress=progress
+    )
     on_launch(result)
     log = RecoveryLog(node.name, result.run_id, runs=[result.run_id])
     if not result.ok:
@@ -155,13 +170,16 @@ async def launch_with_recovery(
             log.final_state = "failed"
             break
         progress(f"{node_name}: {reason}: recovering ({len(log.recoveries) + 1} of at most {max_recoveries})")
-        recovery = Recovery(datetime.now(UTC).isoformat(timespec="seconds"), reason, run_id, last_step_before=last_step)
+        recovery = Recovery(
+            datetime.now(UTC).isoformat(timespec="seconds"), reason, run_id, last_step_before=last_step
+        )
         log.recoveries.append(recovery)
         node = await recreate_node(providers, node, zones, progress)
         await bootstrap_node(providers, node_name, progress=progress, **(bootstrap_options or {}))
         await sync_node(providers, node_name, progress=progress)
-        result = await launch(providers, node_name, config_path, overrides, env_file, python=python,
-                              progress=progress)
+        result = await launch(
+            providers, node_name, config_path, overrides, env_file, python=python, progress=progress
+        )
         on_launch(result)
         recovery.new_run_id, run_id, last_step, suspect_checks = result.run_id, result.run_id, None, 0
         log.runs.append(run_id)
@@ -183,7 +201,9 @@ async def _node_lost(providers: dict[str, Provider], node_name: str) -> str | No
     return None
 
 
-async def _resumed_step(providers: dict[str, Provider], node_name: str, run_id: str, timeout_s: float = 600) -> int:
+async def _resumed_step(
+    providers: dict[str, Provider], node_name: str, run_id: str, timeout_s: float = 600
+) -> int:
     """The step the relaunched run resumed after: the trainer's `resumed_step` warning, or 0 once it has
     reported a first step without one (no checkpoint was found)."""
     provider, node = await find_node(providers, node_name)

@@ -20,9 +20,9 @@ import itertools
 import asyncssh
 
 from tpu_console import worker
-from tpu_console.worker import agent
 from tpu_console.fleet.output import CommandOutcome, CommandOutput, OnLine
 from tpu_console.fleet.program import PythonProgram, python_from_stdin
+from tpu_console.worker import agent
 
 # The interpreter the loader runs; a name looked up on the worker's PATH.
 AGENT_PYTHON = "python3"

@@ -222,7 +222,12 @@ class Fleet:
         )
 
     async def _open(
-        self, conn: WorkerConnection, command: str, worker: int, on_line: OnLine | None, streamed: bool = False
+        self,
+        conn: WorkerConnection,
+        command: str,
+        worker: int,
+        on_line: OnLine | None,
+        streamed: bool = False,
     ) -> tuple[asyncssh.SSHClientChannel, object]:
         """Open the command's channel. A connection that died while idle is replaced once: the command
         had not started, so sending it again is safe."""

@@ -64,7 +64,8 @@ class HostKeyCheck:
             _record(path, pattern, key)
             return True
         self.refusal = (
-            f"host key unknown: {pattern} is not in {path or 'any known_hosts file'}; add it (e.g. `ssh-keyscan "
+            f"host key unknown: {pattern} is not in {path or 'any known_hosts file'}; add it (e.g. "
+            "`ssh-keyscan "
             f"-p {target.port} {target.host} >> {path or '~/.ssh/known_hosts'}`) or set accept_new = true"
         )
         return False

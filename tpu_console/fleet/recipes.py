@@ -3,7 +3,8 @@
 Each function returns the text of one bash command, built with `shlex.quote` from data, so it can be
 tested without a worker and read in one place. Every recipe runs in a subshell `( ... )`, so recipes can
 be joined with `;` into one round trip. The files they read and write are the worker-side contract of
-docs/contract.md: `~/tpu-console/runs/<run_id>/{launch.json, config.yaml, .env, output.log, events.jsonl, pid, exit}`.
+docs/contract.md: `~/tpu-console/runs/<run_id>/{launch.json, config.yaml, .env, output.log, events.jsonl,
+pid, exit}`.
 
 Stopping a job never relies on SSH channel signals (sshd ignores them for non-pty sessions, and the job
 is detached anyway): the wrapper records the job's process group and `stop` kills that group.
@@ -61,7 +62,9 @@ def prepare_run_dir(run_id: str, copy_env_from: str | None = None) -> str:
 
 # The detached session's script (worker/job_wrapper.sh), without its comments: it shows in `ps`.
 JOB_WRAPPER = "\n".join(
-    line for line in worker.source("job_wrapper.sh").decode().splitlines() if line and not line.startswith("#")
+    line
+    for line in worker.source("job_wrapper.sh").decode().splitlines()
+    if line and not line.startswith("#")
 )
 
 
@@ -106,7 +109,8 @@ def stop_run(run_id: str, grace_s: float = 10.0) -> str:
         'if [ -e exit ]; then echo "state=exited exit=$(cat exit)"; exit 0; fi; '
         "pg=$(cat pid 2>/dev/null); "
         'case "$pg" in ""|*[!0-9]*) echo state=not-started; exit 0;; esac; '
-        'if ! kill -TERM -- "-$pg" 2>/dev/null; then echo "state=gone exit=$(cat exit 2>/dev/null)"; exit 0; fi; '
+        'if ! kill -TERM -- "-$pg" 2>/dev/null; then echo "state=gone exit=$(cat exit 2>/dev/null)"; exit '
+        '0; fi; '
         f'i=0; while [ $i -lt {ticks} ] && kill -0 -- "-$pg" 2>/dev/null; do sleep 0.1; i=$((i+1)); done; '
         "signal=TERM; "
         'if kill -0 -- "-$pg" 2>/dev/null; then kill -KILL -- "-$pg" 2>/dev/null; signal=KILL; fi; '
@@ -136,7 +140,8 @@ def probe_runs(run_ids: Sequence[str], events_tail_bytes: int = 0, log_tail_line
         'case "$pg" in ""|*[!0-9]*) ;; *) kill -0 -- "-$pg" 2>/dev/null && alive=1;; esac',
         'ex=$(cat "$d/exit" 2>/dev/null)',
         # The wrapper writes `exit` just after the job ends: look again before calling the job lost.
-        'if [ $alive = 0 ] && [ -z "$ex" ] && [ -n "$pg" ]; then sleep 0.5; ex=$(cat "$d/exit" 2>/dev/null); fi',
+        'if [ $alive = 0 ] && [ -z "$ex" ] && [ -n "$pg" ]; then sleep 0.5; ex=$(cat "$d/exit" '
+        '2>/dev/null); fi',
         # Sub-second (GNU stat), so of two workers failing within one second the first is told apart.
         'et=""; [ -n "$ex" ] && et=$(stat -c %.9Y "$d/exit" 2>/dev/null || stat -c %Y "$d/exit" 2>/dev/null)',
         'ls=$(wc -c 2>/dev/null <"$d/output.log"); es=$(wc -c 2>/dev/null <"$d/events.jsonl")',
@@ -144,7 +149,8 @@ def probe_runs(run_ids: Sequence[str], events_tail_bytes: int = 0, log_tail_line
     ]
     if events_tail_bytes > 0:
         body.append(
-            f"printf '{_MARK_PRINTF}events\\n'; tail -c {int(events_tail_bytes)} \"$d/events.jsonl\" 2>/dev/null"
+            f"printf '{_MARK_PRINTF}events\\n'; tail -c {int(events_tail_bytes)} \"$d/events.jsonl\" "
+            "2>/dev/null"
         )
     if log_tail_lines > 0:
         body.append(
@@ -191,10 +197,16 @@ FOLLOWER_SOURCE = worker.source("run_follower.py")
 
 
 def follow_run(
-    run_id: str, offsets: Mapping[str, int], poll_s: float, probe_s: float, max_bytes: int, python: str = "python3"
+    run_id: str,
+    offsets: Mapping[str, int],
+    poll_s: float,
+    probe_s: float,
+    max_bytes: int,
+    python: str = "python3",
 ) -> PythonProgram:
     """The program that streams the run's files from `offsets` and its job's state until the job has ended
-    (worker/run_follower.py says what it prints). `python`: for the exec path, looked up on the worker's PATH."""
+    (worker/run_follower.py says what it prints). `python`: for the exec path, looked up on the worker's
+    PATH."""
     specs = [f"{name}={max(0, int(offset))}" for name, offset in offsets.items()]
     args = (f"~/{run_dir(run_id)}", f"{float(poll_s):g}", f"{float(probe_s):g}", str(int(max_bytes)), *specs)
     return PythonProgram(FOLLOWER_SOURCE, args, python)

@@ -28,7 +28,8 @@ def parse_worker_selection(text: str, worker_count: int) -> list[int]:
             stop = int(last) if sep else start
         except ValueError:
             raise UserError(
-                f"bad worker selection {text!r}: use all, an index ({valid}), a list like 0,2 or a range like 1-3"
+                f"bad worker selection {text!r}: use all, an index ({valid}), a list like 0,2 or a range "
+                "like 1-3"
             ) from None
         if start < 0 or stop < 0:
             raise UserError(f"bad worker selection {text!r}: worker indices are {valid}")

@@ -52,7 +52,11 @@ async def bootstrap_node(
     selected = parse_worker_selection(workers, node.shape.workers)
     flavour: JaxFlavour = jax or ("tpu" if provider.name == "gcp" else "cpu")
     targets = await provider.ssh_targets(node)
-    linked = console_site_packages() if (shares_console_machine(provider, targets) if link is None else link) else None
+    linked = (
+        console_site_packages()
+        if (shares_console_machine(provider, targets) if link is None else link)
+        else None
+    )
     requirements = trainer_requirements(flavour)
     command, script = recipes.bootstrap(
         python, requirements, environment_digest(requirements, python, linked), linked, force

@@ -4,7 +4,8 @@ Two ways (by hand this is a git clone + pip install on each worker):
 - from this checkout (the default): build a wheel of exactly what is on disk here, uncommitted changes
   included, upload it to every worker over SFTP and install it into `~/tpu-console/env` (no dependencies:
   bootstrap put those there). `code.json` records the git sha, the dirty flag and the wheel's digest.
-- `--git URL --branch B`: clone or fetch on every worker, check out B, install it; each worker reports its sha.
+- `--git URL --branch B`: clone or fetch on every worker, check out B, install it; each worker reports its
+sha.
 
 `launch` compares `code.json` and the JAX versions across workers and refuses a mixed pod.
 """
@@ -34,7 +35,6 @@ from tpu_console.provision.steps import OnWorker, SetupResult, WorkerSetup, igno
 
 ENV_FILE = f"{recipes.ROOT}/.env"  # where sync puts the secrets; launch copies them into each run
 SYNC_TIMEOUT_S = 600.0
-
 
 
 @dataclass(frozen=True)
@@ -90,10 +90,21 @@ def code_version(cwd: Path | None = None) -> dict[str, Any] | None:
 
 def build_wheel(source: Path, out_dir: Path) -> Wheel:
     """A wheel of `source` as it is on disk (hatchling honours .gitignore, so .venv and caches stay out)."""
-    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--disable-pip-version-check",
-               "-w", str(out_dir), str(source)]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--quiet",
+        "--disable-pip-version-check",
+        "-w",
+        str(out_dir),
+        str(source),
+    ]
     try:
         import hatchling  # noqa: F401 - present: build here, without fetching a build environment
+
         command.insert(4, "--no-build-isolation")
     except ImportError:
         pass
@@ -101,11 +112,15 @@ def build_wheel(source: Path, out_dir: Path) -> Wheel:
     wheels = sorted(out_dir.glob("tpu_console-*.whl"))
     if done.returncode != 0 or not wheels:
         said = (done.stderr or done.stdout).strip().splitlines()
-        raise UserError(f"building the wheel of {source} failed: {said[-1] if said else done.returncode}; "
-                        "run `pip wheel --no-deps .` there to see why")
+        raise UserError(
+            f"building the wheel of {source} failed: {said[-1] if said else done.returncode}; "
+            "run `pip wheel --no-deps .` there to see why"
+        )
     version = code_version(source)
     digest = hashlib.sha256(wheels[-1].read_bytes()).hexdigest()
-    return Wheel(wheels[-1], digest, version["git_sha"] if version else None, version["dirty"] if version else None)
+    return Wheel(
+        wheels[-1], digest, version["git_sha"] if version else None, version["dirty"] if version else None
+    )
 
 
 async def sync_node(
@@ -136,8 +151,10 @@ async def sync_node(
                 progress(f"{node.name}: building a wheel of {checkout}")
                 wheel = await asyncio.to_thread(build_wheel, checkout, Path(tmp))
                 state = "uncommitted changes included" if wheel.dirty else "clean"
-                progress(f"{node.name}: {wheel.path.name} at {str(wheel.git_sha or 'no git')[:12]} ({state}), "
-                         f"uploading to {len(selected)} worker(s)")
+                progress(
+                    f"{node.name}: {wheel.path.name} at {str(wheel.git_sha or 'no git')[:12]} ({state}), "
+                    f"uploading to {len(selected)} worker(s)"
+                )
                 uploads = await fleet.put(wheel.path, f"{recipes.WHEELS_DIR}/{wheel.path.name}", selected)
                 command = recipes.install_wheel(wheel.path.name, wheel.code_json())
             else:
@@ -150,13 +167,12 @@ async def sync_node(
                 failed.update({r.worker: r.error or "upload of .env failed" for r in put if not r.ok})
                 secrets.remember_env_file(node.name, env_file or "")
             ready = [w for w in selected if w not in failed]
-            setups = await run_on_workers(
-                fleet, command, ready, timeout=SYNC_TIMEOUT_S, on_worker=on_worker, masker=masker
-            ) if ready else []
+            setups = (
+                await run_on_workers(
+                    fleet, command, ready, timeout=SYNC_TIMEOUT_S, on_worker=on_worker, masker=masker
+                )
+                if ready
+                else []
+            )
     setups += [WorkerSetup(w, False, error, WorkerReport(w), 0.0) for w, error in failed.items()]
     return SetupResult(node, sorted(setups, key=lambda s: s.worker))
-
-
-def code_summary(setups: list[WorkerSetup]) -> dict[str, Any]:
-    """The code each worker now runs, for --json."""
-    return {str(s.worker): s.report.code for s in setups}

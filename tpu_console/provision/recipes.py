@@ -44,8 +44,8 @@ def v(*names):
         except metadata.PackageNotFoundError:
             pass
     return None
-print("@@ versions " + json.dumps({"python": platform.python_version(), "jax": v("jax"), "jaxlib": v("jaxlib"),
-      "libtpu": v("libtpu", "libtpu-nightly"), "flax": v("flax"), "optax": v("optax"),
+print("@@ versions " + json.dumps({"python": platform.python_version(), "jax": v("jax"),
+      "jaxlib": v("jaxlib"), "libtpu": v("libtpu", "libtpu-nightly"), "flax": v("flax"), "optax": v("optax"),
       "transformers": v("transformers"), "tpu-console": v("tpu-console")}, sort_keys=True))
 """
 
@@ -132,8 +132,8 @@ def git_checkout(url: str, branch: str) -> str:
         'git -C "$src" clean -qfdx || exit 24\n'
         'sha=$(git -C "$src" rev-parse HEAD)\n'
         'echo "@@ step installing the code"\n'
-        f'{_install_command(chr(34) + "$src" + chr(34))} || exit 21\n'
-        f"printf '{{\"source\": \"git\", \"git_sha\": \"%s\", \"dirty\": false, \"url\": %s, \"branch\": %s}}\\n' "
+        f"{_install_command(chr(34) + '$src' + chr(34))} || exit 21\n"
+        f'printf \'{{"source": "git", "git_sha": "%s", "dirty": false, "url": %s, "branch": %s}}\\n\' '
         f'"$sha" {shlex.quote(_json_string(url))} {shlex.quote(_json_string(branch))} '
         f"> {_home(CODE_FILE)}.tmp && mv -f {_home(CODE_FILE)}.tmp {_home(CODE_FILE)}\n"
         'echo "@@ ready synced"; versions )'
@@ -158,20 +158,19 @@ def inspect_worker(runs_dir: str = "tpu-console/runs") -> str:
     )
 
 
-def kill_stale(
-    device_patterns: Sequence[str] = TPU_DEVICE_PATTERNS, lockfile: str = LIBTPU_LOCKFILE
-) -> str:
+def kill_stale(device_patterns: Sequence[str] = TPU_DEVICE_PATTERNS, lockfile: str = LIBTPU_LOCKFILE) -> str:
     """Kill every process that holds a TPU device open (a job from an earlier, unmanaged run that would
     make the next one fail with "TPU in use") and remove libtpu's lockfile. Reads /proc directly, so it
     needs neither lsof nor fuser. Prints `@@ killed PID NAME PATH` and `@@ removed PATH` lines."""
     cases = "|".join(p.replace(" ", "\\ ") for p in device_patterns)
     return (
         "( me=$$; seen=' '\n"
-        "for fd in /proc/[0-9]*/fd/*; do t=$(readlink \"$fd\" 2>/dev/null) || continue\n"
+        'for fd in /proc/[0-9]*/fd/*; do t=$(readlink "$fd" 2>/dev/null) || continue\n'
         f'  case "$t" in {cases}) ;; *) continue;; esac\n'
         '  pid=${fd#/proc/}; pid=${pid%%/*}; [ "$pid" = "$me" ] && continue\n'
         '  case "$seen" in *" $pid "*) continue;; esac; seen="$seen$pid "\n'
-        '  name=$(cat /proc/$pid/comm 2>/dev/null); kill -KILL "$pid" 2>/dev/null && echo "@@ killed $pid $name $t"\n'
+        '  name=$(cat /proc/$pid/comm 2>/dev/null); kill -KILL "$pid" 2>/dev/null && echo "@@ killed $pid '
+        '$name $t"\n'
         "done\n"
         f"lock={shlex.quote(lockfile)}\n"
         'if [ -e "$lock" ]; then rm -f "$lock" && echo "@@ removed $lock"; fi\n'

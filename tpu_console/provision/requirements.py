@@ -21,12 +21,14 @@ def trainer_requirements(jax: JaxFlavour) -> list[str]:
     declared = metadata.requires("tpu-console") or []
     wanted = [spec.split(";")[0].strip() for spec in declared if ";" in spec and _EXTRA.search(spec)]
     if not wanted:
-        raise RuntimeError("the installed tpu-console declares no `trainer` extra; reinstall it from the checkout")
+        raise RuntimeError(
+            "the installed tpu-console declares no `trainer` extra; reinstall it from the checkout"
+        )
     out = []
     for spec in wanted:
         name = re.split(r"[<>=!~\[ ]", spec, maxsplit=1)[0]
         if name == "jax" and jax == "tpu":
-            spec = "jax[tpu]" + spec[len(name):]
+            spec = "jax[tpu]" + spec[len(name) :]
         out.append(spec)
     return sorted(out) + list(_ALSO_NEEDED)
 

@@ -91,15 +91,21 @@ async def run_on_workers(
             tails[line.worker] = [*tails[line.worker][-19:], text]
             on_worker(line.worker, text)
 
-    results: list[WorkerResult] = await fleet.run(command, workers, stdin=stdin, timeout=timeout, on_line=on_line)
+    results: list[WorkerResult] = await fleet.run(
+        command, workers, stdin=stdin, timeout=timeout, on_line=on_line
+    )
     out = []
     for result in results:
         finished[result.worker] = time.monotonic() - started
         report = reports[result.worker]
         error = None
         if not result.ok:
-            error = report.error or result.error or _last(tails[result.worker]) or f"exit {result.exit_status}"
-        out.append(WorkerSetup(result.worker, result.ok, error, report, result.duration_s, tails[result.worker]))
+            error = (
+                report.error or result.error or _last(tails[result.worker]) or f"exit {result.exit_status}"
+            )
+        out.append(
+            WorkerSetup(result.worker, result.ok, error, report, result.duration_s, tails[result.worker])
+        )
     return out
 
 

@@ -42,7 +42,11 @@ class ArchiveResult:
 
 
 async def archive_run(
-    fleet: Fleet, run_id: str, workers: Sequence[int], masker: SecretMasker | None = None, dest: Path | None = None
+    fleet: Fleet,
+    run_id: str,
+    workers: Sequence[int],
+    masker: SecretMasker | None = None,
+    dest: Path | None = None,
 ) -> ArchiveResult:
     """Copy every worker's log and events into `dest` (default `archive_dir(run_id)`), masked."""
     result = ArchiveResult(dest or archive_dir(run_id))
@@ -64,7 +68,9 @@ async def archive_run(
     return result
 
 
-async def _copy(fleet: Fleet, run_id: str, worker: int, name: str, local: Path, masker: SecretMasker) -> int | str:
+async def _copy(
+    fleet: Fleet, run_id: str, worker: int, name: str, local: Path, masker: SecretMasker
+) -> int | str:
     """The number of bytes read from the worker, or why the copy failed."""
     cursor = TailCursor(max_bytes=CHUNK_BYTES)
     tmp = local.with_suffix(local.suffix + ".part")

@@ -75,7 +75,9 @@ async def list_runs(
     return [live.get(r.run_id) or _from_history(r) for r in records]
 
 
-async def show_run(providers: dict[str, Provider], record: RunRecord, store: RunStore | None = None) -> RunView:
+async def show_run(
+    providers: dict[str, Provider], record: RunRecord, store: RunStore | None = None
+) -> RunView:
     """One run for `runs show`: from the history once it has ended, else probed now (with its events)."""
     store = store or RunStore()
     if record.finished:
@@ -141,7 +143,9 @@ async def _probe(
             if record.run_id in probes:
                 monitor.observe(result.worker, probes[record.run_id])
             else:
-                monitor.observe_unreachable(result.worker, result.error or _said(result.stderr, "probe failed"))
+                monitor.observe_unreachable(
+                    result.worker, result.error or _said(result.stderr, "probe failed")
+                )
     return [_view(r, monitors[r.run_id], live=True) for r in records]
 
 
@@ -158,7 +162,8 @@ def _monitor(record: RunRecord, lost_after_unreachable: int = 1) -> RunMonitor:
             # It never started (launch undid the others): its failure came first, at launch time.
             status = monitor.workers[worker]
             status.state, status.reason = WorkerState.LOST, f"did not start: {saved.start_error}"
-            status.exit_time = record.started_at.timestamp() - 1.0  # before any exit file's whole-second mtime
+            # before any exit file's whole-second mtime
+            status.exit_time = record.started_at.timestamp() - 1.0
     return monitor
 
 
@@ -211,9 +216,13 @@ async def stop(
         store.mark_stop_requested(record.run_id)
         record = store.get(record.run_id)
         workers = [w for w in record.workers if w in reach.fleet.targets]
-        results = await reach.fleet.run(recipes.stop_run(record.run_id, grace_s), workers, timeout=grace_s + 30)
-        stops = [_stop_outcome(r.worker, r.stdout, r.error or (None if r.ok else _said(r.stderr, "failed")))
-                 for r in results]
+        results = await reach.fleet.run(
+            recipes.stop_run(record.run_id, grace_s), workers, timeout=grace_s + 30
+        )
+        stops = [
+            _stop_outcome(r.worker, r.stdout, r.error or (None if r.ok else _said(r.stderr, "failed")))
+            for r in results
+        ]
         (view,) = await _probe(reach, [record], STATUS_EVENTS_TAIL_BYTES, 3)
         _save(store, view)
     return view, stops
@@ -257,7 +266,9 @@ async def logs(
         fleet = reach.fleet
         selected = _run_workers(record, workers, len(fleet.targets))
         if follow:
-            watch = RunWatch(fleet, record, workers=selected, first_log_lines=lines, store=store, poll_s=poll_s)
+            watch = RunWatch(
+                fleet, record, workers=selected, first_log_lines=lines, store=store, poll_s=poll_s
+            )
 
             def on_update(update: Update) -> None:
                 if isinstance(update, LogLines):

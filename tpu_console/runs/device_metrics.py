@@ -41,13 +41,21 @@ def parse(worker: int, stdout: str, error: str | None) -> WorkerDeviceMetrics:
         return WorkerDeviceMetrics(worker, not_reported=error or f"unexpected answer: {line[:200]!r}")
     if "error" in answer:
         return WorkerDeviceMetrics(worker, not_reported=str(answer["error"]))
-    devices = [DeviceMetrics(d["device"], d.get("hbm_used_bytes"), d.get("hbm_total_bytes"), d.get("duty_cycle_pct"))
-               for d in answer.get("devices", [])]
+    devices = [
+        DeviceMetrics(d["device"], d.get("hbm_used_bytes"), d.get("hbm_total_bytes"), d.get("duty_cycle_pct"))
+        for d in answer.get("devices", [])
+    ]
     return WorkerDeviceMetrics(worker, devices, None if devices else "libtpu reported no devices")
 
 
 async def read_device_metrics(
-    fleet: Fleet, workers: list[int], python: str, address: str = LIBTPU_METRICS_ADDRESS, timeout_s: float = 15.0
+    fleet: Fleet,
+    workers: list[int],
+    python: str,
+    address: str = LIBTPU_METRICS_ADDRESS,
+    timeout_s: float = 15.0,
 ) -> list[WorkerDeviceMetrics]:
     results = await fleet.run(libtpu_metrics(python, address), workers, timeout=timeout_s)
-    return [parse(r.worker, r.stdout, r.error or (r.stderr.strip().splitlines() or [None])[-1]) for r in results]
+    return [
+        parse(r.worker, r.stdout, r.error or (r.stderr.strip().splitlines() or [None])[-1]) for r in results
+    ]

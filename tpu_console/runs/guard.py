@@ -51,7 +51,10 @@ async def guard(run_id: str, settings_flags: dict[str, Any]) -> int:
             print(f"{run_id}: watching {len(watch.record.workers)} worker(s), fail-fast", flush=True)
             health = await watch.run()
             if watch.survivors_stopped:
-                print(f"{run_id}: stopped worker(s) {watch.survivors_stopped} after the first failure", flush=True)
+                print(
+                    f"{run_id}: stopped worker(s) {watch.survivors_stopped} after the first failure",
+                    flush=True,
+                )
             print(f"{run_id}: {health.verdict}", flush=True)
     finally:
         await close_providers(providers)

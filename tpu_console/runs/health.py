@@ -2,7 +2,8 @@
 
 Per worker, an *activity* a person can read at a glance, with how long it has lasted:
 
-    starting      the job runs but the trainer has not written its `start` event yet (imports, jax.distributed)
+    starting      the job runs but the trainer has not written its `start` event yet (imports,
+    jax.distributed)
     compiling     started, no step finished yet (the first step compiles)
     running       at step N
     stalled       its last step is older than `stall_factor` x its recent step time (and `stall_floor_s`)
@@ -104,8 +105,10 @@ class RunHealth:
         if self.failure:
             parts.append(f"first failure: {self.failure}")
         if self.hung:
-            parts.append(f"worker(s) {_join(self.hung)} still running after that failure (likely hung in a "
-                         "collective): stop them")
+            parts.append(
+                f"worker(s) {_join(self.hung)} still running after that failure (likely hung in a "
+                "collective): stop them"
+            )
         if self.all_silent:
             parts.append("every running worker is silent: the job looks hung")
         elif self.stalled:
@@ -185,8 +188,11 @@ def _activity(status: WorkerStatus, p: Progress, now: float, t: Thresholds) -> t
 
 def _stragglers(statuses: dict[int, WorkerStatus], t: Thresholds) -> dict[int, str]:
     """Workers whose step time, or one phase's time, is `straggler_factor` x the others' median."""
-    steps = {w: s.events.last_step for w, s in statuses.items()
-             if s.state is WorkerState.RUNNING and s.events.last_step is not None}
+    steps = {
+        w: s.events.last_step
+        for w, s in statuses.items()
+        if s.state is WorkerState.RUNNING and s.events.last_step is not None
+    }
     if len(steps) < 2:
         return {}
     found: dict[int, str] = {}

@@ -36,7 +36,9 @@ def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
-def find_idle(nodes: Iterable[Node], runs: Iterable[RunRecord], now: datetime, idle_after: timedelta) -> list[IdleNode]:
+def find_idle(
+    nodes: Iterable[Node], runs: Iterable[RunRecord], now: datetime, idle_after: timedelta
+) -> list[IdleNode]:
     """The READY nodes with no run in progress whose last activity is older than `idle_after`."""
     runs = list(runs)
     idle = []
@@ -45,8 +47,11 @@ def find_idle(nodes: Iterable[Node], runs: Iterable[RunRecord], now: datetime, i
             continue
         created = _aware(node.created_at)
         # Runs of an earlier node of the same name (deleted, then created again) do not count.
-        own = [r for r in runs if r.node == node.name and r.provider == node.provider
-               and _aware(r.started_at) >= created]
+        own = [
+            r
+            for r in runs
+            if r.node == node.name and r.provider == node.provider and _aware(r.started_at) >= created
+        ]
         if any(not r.finished for r in own):
             continue
         ends = [_aware(r.finished_at) for r in own if r.finished_at is not None]

@@ -184,7 +184,8 @@ async def launch(
         envs = launch_env(provider, node, fleet, selected)
         if len(selected) < node.shape.workers and "TRAINER_COORDINATOR_ADDRESS" not in envs[selected[0]]:
             raise UserError(
-                f"{node_name!r} is a {node.provider} pod where JAX joins every host by itself, so the job must "
+                f"{node_name!r} is a {node.provider} pod where JAX joins every host by itself, so the job "
+                "must "
                 "run on all its workers; leave out --worker"
             )
         await require_all_reachable(fleet, node_name, selected, "nothing was launched")
@@ -212,10 +213,13 @@ async def launch(
             price_per_hour=estimate.per_hour if (estimate := price_per_hour(node)) is not None else None,
         )
         progress(f"{run_id}: preparing {len(selected)} worker(s) of {node.name}")
-        problems = await _prepare(fleet, run_id, selected, config, env_data, node, envs, interpreter, version,
-                                  started, fail_fast)
+        problems = await _prepare(
+            fleet, run_id, selected, config, env_data, node, envs, interpreter, version, started, fail_fast
+        )
         if problems:
-            starts = [WorkerStart(w, error=problems.get(w, "not started: another worker failed")) for w in selected]
+            starts = [
+                WorkerStart(w, error=problems.get(w, "not started: another worker failed")) for w in selected
+            ]
         else:
             progress(f"{run_id}: starting the job on {len(selected)} worker(s)")
             starts = await _start(fleet, run_id, selected, envs, interpreter)
@@ -223,7 +227,8 @@ async def launch(
                 await _undo(fleet, run_id, [s.worker for s in starts if s.ok], stop_grace_s)
         _record(store, record, starts)
         if env_file is not None:
-            secrets.remember_env_file(node.name, env_file)  # so every later view of this node masks its values
+            # so every later view of this node masks its values
+            secrets.remember_env_file(node.name, env_file)
     return LaunchResult(run_id, node, selected, starts, config.digest, recipes.run_dir(run_id))
 
 
@@ -242,8 +247,11 @@ async def _prepare(
 ) -> dict[int, str]:
     """Make the run folder and upload its files on every worker; the problems by worker (empty: all done)."""
     # Without --env-file, the .env that `sync --env-file` left on the worker (if any) goes with the run.
-    made = await fleet.run(recipes.prepare_run_dir(run_id, copy_env_from=None if env_data else SYNCED_ENV_FILE),
-                           workers, timeout=60)
+    made = await fleet.run(
+        recipes.prepare_run_dir(run_id, copy_env_from=None if env_data else SYNCED_ENV_FILE),
+        workers,
+        timeout=60,
+    )
     problems = {r.worker: r.error or r.stderr.strip() or f"exit {r.exit_status}" for r in made if not r.ok}
     if problems:
         return problems
@@ -290,10 +298,14 @@ async def _start(
         (result,) = await fleet.run(command, [worker], timeout=60)
         if not result.ok:
             said = result.stderr.strip().splitlines()
-            return WorkerStart(worker, error=result.error or (said[-1] if said else f"exit {result.exit_status}"))
+            return WorkerStart(
+                worker, error=result.error or (said[-1] if said else f"exit {result.exit_status}")
+            )
         pgid = next((line[5:] for line in result.stdout.splitlines() if line.startswith("pgid=")), "")
         if not pgid.isdigit():
-            return WorkerStart(worker, error=f"unexpected answer from the launch wrapper: {result.stdout.strip()!r}")
+            return WorkerStart(
+                worker, error=f"unexpected answer from the launch wrapper: {result.stdout.strip()!r}"
+            )
         return WorkerStart(worker, pgid=int(pgid))
 
     return list(await asyncio.gather(*(start_one(w) for w in workers)))
@@ -323,8 +335,10 @@ async def inspect_workers(fleet: Fleet, workers: list[int]) -> list[WorkerReport
     reports = []
     for result in results:
         if not result.ok:
-            raise UserError(f"worker {result.worker} could not be inspected "
-                            f"({result.error or result.stderr.strip() or result.exit_status}); nothing was launched")
+            raise UserError(
+                f"worker {result.worker} could not be inspected "
+                f"({result.error or result.stderr.strip() or result.exit_status}); nothing was launched"
+            )
         reports.append(WorkerReport.parse(result.worker, result.stdout))
     return reports
 
@@ -341,28 +355,39 @@ def refuse_unready(
     live = {run_id: r.worker for r in reports for run_id in r.live_runs}
     if live:
         run_id, worker = next(iter(live.items()))
-        raise UserError(f"run {run_id} is still running on {node.name} (worker {worker}); stop it first with "
-                        f"`tpu-console stop {node.name} {run_id}`")
+        raise UserError(
+            f"run {run_id} is still running on {node.name} (worker {worker}); stop it first with "
+            f"`tpu-console stop {node.name} {run_id}`"
+        )
     missing = [r.worker for r in reports if not r.env_present]
     if python is None and missing and node.provider != "local":
-        raise UserError(f"worker {missing[0]} of {node.name} has no trainer environment; run "
-                        f"`tpu-console bootstrap {node.name}` then `tpu-console sync {node.name}`")
+        raise UserError(
+            f"worker {missing[0]} of {node.name} has no trainer environment; run "
+            f"`tpu-console bootstrap {node.name}` then `tpu-console sync {node.name}`"
+        )
     if python is None and check_code:
         if any(r.env_present and not r.code for r in reports) and node.provider != "local":
             worker = next(r.worker for r in reports if r.env_present and not r.code)
-            raise UserError(f"worker {worker} of {node.name} has no code installed; run "
-                            f"`tpu-console sync {node.name}`")
+            raise UserError(
+                f"worker {worker} of {node.name} has no code installed; run `tpu-console sync {node.name}`"
+            )
         if differences := mismatches(reports):
-            raise UserError(f"the workers of {node.name} do not run the same software: {'; '.join(differences)}; "
-                            f"run `tpu-console bootstrap {node.name}` and `tpu-console sync {node.name}`")
+            raise UserError(
+                f"the workers of {node.name} do not run the same software: {'; '.join(differences)}; "
+                f"run `tpu-console bootstrap {node.name}` and `tpu-console sync {node.name}`"
+            )
     if config.data.get("wandb_mode") == "online":
         keys = parse_env(env_data.decode("utf-8", "replace")) if env_data else {}
         synced = all(r.env_file_present for r in reports)
         if not keys.get("WANDB_API_KEY") and not (env_data is None and synced):
-            raise UserError("wandb_mode is online but no .env gives WANDB_API_KEY; pass --env-file .env (or "
-                            f"`tpu-console sync {node.name} --env-file .env`), or --set wandb_mode=offline")
+            raise UserError(
+                "wandb_mode is online but no .env gives WANDB_API_KEY; pass --env-file .env (or "
+                f"`tpu-console sync {node.name} --env-file .env`), or --set wandb_mode=offline"
+            )
 
 
-async def clear_stale_holders(fleet: Fleet, workers: list[int], on_worker: Callable[[int, str], None]) -> None:
+async def clear_stale_holders(
+    fleet: Fleet, workers: list[int], on_worker: Callable[[int, str], None]
+) -> None:
     """Kill leftover TPU holders and remove libtpu's lockfile on every worker (what `--kill-stale` asks)."""
     await run_on_workers(fleet, provision_recipes.kill_stale(), workers, timeout=60, on_worker=on_worker)

@@ -22,7 +22,8 @@ class NodeWorkers:
 
 
 class reach_node:
-    """`async with reach_node(providers, node) as r`: r.fleet connected to the node's workers, or r.problem."""
+    """`async with reach_node(providers, node) as r`: r.fleet connected to the node's workers, or
+    r.problem."""
 
     def __init__(self, providers: dict[str, Provider], node: str) -> None:
         self._providers, self._node = providers, node

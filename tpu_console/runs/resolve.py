@@ -1,5 +1,6 @@
 """Which run a person means: `RUN_ID`, `NODE` (its latest run) or `NODE RUN_ID`, as `status`, `stop` and
-`logs` take them. Looked up in the history only, so nothing remote happens for a name that does not resolve."""
+`logs` take them. Looked up in the history only, so nothing remote happens for a name that does not
+resolve."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ async def resolve_run(
     if second is not None:
         record = store.get(check_run_id(second))
         if record.node != first:
-            raise UserError(f"run {record.run_id} ran on {record.node}, not {first}; "
-                            f"use `{record.node} {record.run_id}` or the run id alone")
+            raise UserError(
+                f"run {record.run_id} ran on {record.node}, not {first}; "
+                f"use `{record.node} {record.run_id}` or the run id alone"
+            )
         return record
     if is_run_id(first):
         return store.get(first)
@@ -28,6 +31,8 @@ async def resolve_run(
     try:
         await find_node(providers, first)
     except NotFound:
-        raise NotFound(f"{first!r} is neither a run id (YYYYmmdd-HHMMSS-xxxx) nor a node; list them with "
-                       "`tpu-console runs` and `tpu-console ls`") from None
+        raise NotFound(
+            f"{first!r} is neither a run id (YYYYmmdd-HHMMSS-xxxx) nor a node; list them with "
+            "`tpu-console runs` and `tpu-console ls`"
+        ) from None
     raise NotFound(f"node {first} has no runs yet; start one with `tpu-console launch {first} --config FILE`")

@@ -23,7 +23,9 @@ async def keep_run_end(
     """Archive the run's files and store its summary, once (a run already archived is left alone)."""
     if record.archive_path is not None:
         return
-    result = await archive_run(fleet, record.run_id, record.workers, masker or SecretMasker.for_node(record.node))
+    result = await archive_run(
+        fleet, record.run_id, record.workers, masker or SecretMasker.for_node(record.node)
+    )
     last_steps = await asyncio.to_thread(_last_steps_in, result.path, record.workers)
     if monitor is not None:  # workers whose files could not be copied: what was seen live
         for worker in result.problems:

@@ -1,4 +1,5 @@
-"""Log signatures: the lines in a worker's `output.log` that say what went wrong on a TPU, and the W&B run URL.
+"""Log signatures: the lines in a worker's `output.log` that say what went wrong on a TPU, and the W&B
+run URL.
 
 Pure: no I/O. `SignatureScanner.scan(line)` is called for every line of one worker's log, in order, and
 returns a `Finding` when the line matches a known signature (or completes a Python traceback). The
@@ -61,27 +62,61 @@ class Finding:
 
 # (kind, pattern) in priority order; the first that matches a line wins.
 _PATTERNS: list[tuple[str, str]] = [
-    (OOM, (r"RESOURCE_EXHAUSTED|[Oo]ut of memory (?:in memory space hbm|while trying to allocate)"
-          r"|Ran out of memory in memory space hbm|error: out of device memory")),
+    (
+        OOM,
+        (
+            r"RESOURCE_EXHAUSTED|[Oo]ut of memory (?:in memory space hbm|while trying to allocate)"
+            r"|Ran out of memory in memory space hbm|error: out of device memory"
+        ),
+    ),
     (WRONG_PROCESS_COUNT, r"only some workers were launched|Expected \d+ JAX processes but"),
-    (TPU_IN_USE, (r"TPU is already in use|libtpu_lockfile|TPU platform already in use"
-                 r"|Unable to initialize backend 'tpu'.*(?:in use|busy)")),
-    (DISTRIBUTED_TIMEOUT, (r"DEADLINE_EXCEEDED|Barrier timed out|coordination service.*(?:timed? ?out|unavailable)"
-                          r"|Failed to connect to coordination service|jax\.distributed\.initialize\(\) failed")),
+    (
+        TPU_IN_USE,
+        (
+            r"TPU is already in use|libtpu_lockfile|TPU platform already in use"
+            r"|Unable to initialize backend 'tpu'.*(?:in use|busy)"
+        ),
+    ),
+    (
+        DISTRIBUTED_TIMEOUT,
+        (
+            r"DEADLINE_EXCEEDED|Barrier timed out|coordination service.*(?:timed? ?out|unavailable)"
+            r"|Failed to connect to coordination service|jax\.distributed\.initialize\(\) failed"
+        ),
+    ),
     (WANDB_AUTH, r"wandb.*(?:\b401\b|api_key not configured|user is not logged in|invalid API key)"),
-    (WANDB_INIT, (r"wandb.*(?:Run initialization has timed out|Error communicating with wandb process"
-                 r"|wandb\.init\(\) failed|CommError|UsageError)")),
+    (
+        WANDB_INIT,
+        (
+            r"wandb.*(?:Run initialization has timed out|Error communicating with wandb process"
+            r"|wandb\.init\(\) failed|CommError|UsageError)"
+        ),
+    ),
     (WANDB_URL, r"https://wandb\.ai/\S+/runs/[\w-]+"),
 ]
 _COMBINED = re.compile("|".join(f"(?P<{kind}>{pattern})" for kind, pattern in _PATTERNS))
 # A line can only match if it holds one of these (checked with `in`, much faster than any regex).
-_PREFILTER = ("RESOURCE", "emory", "JAX processes", "only some", "TPU", "libtpu", "DEADLINE", "Barrier",
-              "oordination", "distributed", "wandb", "Traceback")
+_PREFILTER = (
+    "RESOURCE",
+    "emory",
+    "JAX processes",
+    "only some",
+    "TPU",
+    "libtpu",
+    "DEADLINE",
+    "Barrier",
+    "oordination",
+    "distributed",
+    "wandb",
+    "Traceback",
+)
 _HBM_USAGE = re.compile(r"Used [\d.]+[KMGT]? of [\d.]+[KMGT]? hbm|Attempting to allocate [\d.]+[KMGT]?")
 _LOCAL_BATCH = re.compile(r"local_batch=(\d+)")
-_WANDB_URL_RE = re.compile(r"https://wandb\.ai/\S+/runs/[\w-]+")
-# The line that ends a traceback: `ValueError: ...`, `jaxlib.xla_extension.XlaRuntimeError: ...`, `KeyboardInterrupt`.
-_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Terminated)\b(?::.*)?$")
+# The line that ends a traceback: `ValueError: ...`, `jaxlib.xla_extension.XlaRuntimeError: ...`,
+# `KeyboardInterrupt`.
+_EXCEPTION_LINE = re.compile(
+    r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Terminated)\b(?::.*)?$"
+)
 _TRACEBACK_START = "Traceback (most recent call last):"
 
 
@@ -121,7 +156,9 @@ class SignatureScanner:
             if batch := _LOCAL_BATCH.search(line):
                 self._local_batch = int(batch.group(1))
             usage = _HBM_USAGE.search(line)
-            return self._keep(Finding(OOM, line, detail=_oom_detail(line, usage), local_batch=self._local_batch))
+            return self._keep(
+                Finding(OOM, line, detail=_oom_detail(line, usage), local_batch=self._local_batch)
+            )
         return self._keep(Finding(kind, line))
 
     def _traceback(self, line: str) -> Finding | None:
@@ -147,8 +184,3 @@ def _oom_detail(line: str, usage: re.Match[str] | None) -> str:
     if usage is not None:
         return f"out of HBM: {usage.group(0)}"
     return "out of device memory (RESOURCE_EXHAUSTED)"
-
-
-def find_wandb_url(text: str) -> str | None:
-    match = _WANDB_URL_RE.search(text)
-    return match.group(0) if match else None

@@ -112,8 +112,10 @@ class RunStore:
     def add(self, record: RunRecord) -> None:
         with self._connect() as db:
             db.execute(
-                "INSERT INTO runs (run_id, node, provider, accelerator_type, workers, config_path, config_digest,"
-                " overrides, code_version, python, started_at, state, failure, finished_at, stop_requested_at,"
+                "INSERT INTO runs (run_id, node, provider, accelerator_type, workers, config_path, "
+                "config_digest,"
+                " overrides, code_version, python, started_at, state, failure, finished_at, "
+                "stop_requested_at,"
                 " price_per_hour) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.run_id,
@@ -166,7 +168,8 @@ class RunStore:
     ) -> None:
         with self._connect() as db:
             db.execute(
-                "UPDATE runs SET state = ?, failure = ?, finished_at = COALESCE(finished_at, ?) WHERE run_id = ?",
+                "UPDATE runs SET state = ?, failure = ?, finished_at = COALESCE(finished_at, ?) WHERE "
+                "run_id = ?",
                 (state, failure, _iso(datetime.now(UTC)) if finished else None, run_id),
             )
             self._put_workers(db, run_id, workers)
@@ -194,7 +197,8 @@ class RunStore:
         db: sqlite3.Connection, run_id: str, workers: Iterator[WorkerRecord] | Sequence[WorkerRecord]
     ) -> None:
         db.executemany(
-            "INSERT INTO run_workers (run_id, worker, pgid, start_error, state, exit_status) VALUES (?, ?, ?, ?, ?, ?)"
+            "INSERT INTO run_workers (run_id, worker, pgid, start_error, state, exit_status) VALUES (?, ?, "
+            "?, ?, ?, ?)"
             " ON CONFLICT(run_id, worker) DO UPDATE SET pgid = COALESCE(excluded.pgid, pgid),"
             " start_error = COALESCE(excluded.start_error, start_error), state = excluded.state,"
             " exit_status = excluded.exit_status",

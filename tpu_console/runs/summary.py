@@ -2,7 +2,8 @@
 
 The summary is what one reads out of W&B by hand after each benchmark run (a legacy vs maxtext
 rollout-sharding comparison, say): step time averaged over the last 10 steps, valid tokens per second,
-device memory in use and at peak, and the reward. Keys are the trainer's W&B metric names (trainer/telemetry.py), so the
+device memory in use and at peak, and the reward. Keys are the trainer's W&B metric names
+(trainer/telemetry.py), so the
 summary, events.jsonl and W&B say the same thing.
 """
 
@@ -74,26 +75,32 @@ def percent_change(base: float | None, other: float | None) -> float | None:
     return (other - base) / abs(base) * 100.0
 
 
-def compare_rows(run_ids: Sequence[str], summaries: Sequence[Mapping[str, Any] | None]) -> list[dict[str, Any]]:
+def compare_rows(
+    run_ids: Sequence[str], summaries: Sequence[Mapping[str, Any] | None]
+) -> list[dict[str, Any]]:
     """One row per metric: the value of every run and, for each run after the first, its change against
     the first in percent (positive = larger)."""
     rows = []
     for metric in METRICS:
         values = [(s or {}).get(metric.key) for s in summaries]
         base = values[0]
-        rows.append({
-            "metric": metric.key,
-            "label": metric.label,
-            "lower_is_better": metric.lower_is_better,
-            "values": dict(zip(run_ids, values, strict=True)),
-            "change_pct": {run: percent_change(base, v) for run, v in zip(run_ids[1:], values[1:], strict=True)},
-        })
+        rows.append(
+            {
+                "metric": metric.key,
+                "label": metric.label,
+                "lower_is_better": metric.lower_is_better,
+                "values": dict(zip(run_ids, values, strict=True)),
+                "change_pct": {
+                    run: percent_change(base, v) for run, v in zip(run_ids[1:], values[1:], strict=True)
+                },
+            }
+        )
     return rows
 
 
-def compare_table(run_ids: Sequence[str], summaries: Sequence[Mapping[str, Any] | None]) -> tuple[
-    tuple[str, ...], list[tuple[str, ...]]
-]:
+def compare_table(
+    run_ids: Sequence[str], summaries: Sequence[Mapping[str, Any] | None]
+) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
     """Headers and cells of the comparison table: METRIC, A, B, `B vs A`, C, `C vs A` ..."""
     letters = [chr(ord("A") + i) if i < 26 else str(i) for i in range(len(run_ids))]
     headers = ["METRIC", f"A {run_ids[0]}"]

@@ -2,13 +2,17 @@
 
 The streaming API the CLI (`logs -f`) and the TUI's run dashboard build on:
 
-    async with RunWatch.open(providers, run_id) as watch:      # or RunWatch(fleet, record) on a Fleet you hold
+    async with RunWatch.open(providers, run_id) as watch:      # or RunWatch(fleet, record) on a Fleet you
+    hold
         async for update in watch.updates():                     # runs the watch until the run has ended
             match update:
                 case LogLines(worker, lines): ...                 # complete, masked lines, in file order
-                case NewEvents(worker, events): ...               # parsed events.jsonl lines (runs.events.Event)
-                case SignatureFound(worker, finding): ...         # runs.signatures.Finding: OOM, TPU in use ...
-                case HealthChanged(health): ...                   # runs.health.RunHealth: activities, verdict,
+                case NewEvents(worker, events): ...               # parsed events.jsonl lines
+                (runs.events.Event)
+                case SignatureFound(worker, finding): ...         # runs.signatures.Finding: OOM, TPU in use
+                ...
+                case HealthChanged(health): ...                   # runs.health.RunHealth: activities,
+                verdict,
                                                                   # hung / stalled / straggler workers
                 case WatchEnded(health): ...                      # the last update
     # or, without the iterator: `await watch.run(on_update=callback)`
@@ -161,7 +165,8 @@ class RunWatch:
         """`workers`: those to stream (default: every worker the run was launched on; the health always
         covers them all). `first_log_lines`: start each log at its last N lines instead of its beginning
         (events are always read whole, so the summaries are complete). `max_bytes`: the most a follower sends
-        in one chunk. `poll_s`: how often a caught-up follower looks at the files again. `store`: where the run's state is
+        in one chunk. `poll_s`: how often a caught-up follower looks at the files again. `store`: where the
+        run's state is
         saved as it changes (None: not saved), and, with `archive`, where the run's archive and summary
         go when it has ended (runs/run_end.py)."""
         self.fleet = fleet
@@ -227,7 +232,9 @@ class RunWatch:
         self._save(health, final=True)
         if self.store is not None and self.ended and self.archive:
             # The run is over: copy its files home and keep its summary, before anyone deletes the node.
-            await keep_run_end(self.fleet, self.store.get(self.record.run_id), self.store, self.monitor, self.masker)
+            await keep_run_end(
+                self.fleet, self.store.get(self.record.run_id), self.store, self.monitor, self.masker
+            )
         self._emit(HealthChanged(health))
         self._emit(WatchEnded(health))
         return health
@@ -334,8 +341,11 @@ class RunWatch:
             stopping.cancel()
             behind.cancel()
         if not follow.ended:
-            follow.problem = result.error or follow.said or (
-                f"the follower exited {result.exit_status} before the job ended")
+            follow.problem = (
+                result.error
+                or follow.said
+                or (f"the follower exited {result.exit_status} before the job ended")
+            )
             if result.exit_status == 127:  # the shell found no python3
                 follow.problem += " (following a run needs python3 on the worker's PATH)"
         return follow
@@ -457,9 +467,10 @@ class RunWatch:
             await asyncio.wait_for(self._stopping.wait(), seconds)
 
 
-async def stop_survivors(fleet: Fleet, run_id: str, workers: Sequence[int], grace_s: float = 10.0) -> list[str]:
+async def stop_survivors(
+    fleet: Fleet, run_id: str, workers: Sequence[int], grace_s: float = 10.0
+) -> list[str]:
     """TERM, then KILL after `grace_s`, the run's job on `workers` (the fail-fast action, also offered by
     `status` for a run whose other workers hang). Returns each worker's `stop_run` outcome line."""
     results = await fleet.run(recipes.stop_run(run_id, grace_s), list(workers), timeout=grace_s + 30)
     return [r.stdout.strip() or (r.error or "") for r in results]
-

@@ -64,8 +64,13 @@ class TpuConsoleApp(App[None]):
         self.options = options or ConsoleOptions()
 
     def get_default_screen(self) -> Screen:
-        return NodesScreen(self.providers, refresh_every=self.refresh_every, clock=self.clock, store=self.store,
-                           options=self.options)
+        return NodesScreen(
+            self.providers,
+            refresh_every=self.refresh_every,
+            clock=self.clock,
+            store=self.store,
+            options=self.options,
+        )
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):
@@ -92,14 +97,18 @@ class TpuConsoleApp(App[None]):
     async def action_quit(self) -> None:
         # Quitting cancels the operations under way where they stand (a create half done, a sync on some
         # workers): say which, and ask first.
-        running = [op for screen in self.screen_stack if isinstance(screen, NodesScreen) for op in screen.running]
+        running = [
+            op for screen in self.screen_stack if isinstance(screen, NodesScreen) for op in screen.running
+        ]
         if not running:
             self.exit()
             return
         if isinstance(self.screen, ConfirmModal):
             return
-        question = (f"{len(running)} operation(s) still under way ({', '.join(running)}). Quit anyway? They stop "
-                    "where they are; nodes and launched jobs stay as they are.")
+        question = (
+            f"{len(running)} operation(s) still under way ({', '.join(running)}). Quit anyway? They stop "
+            "where they are; nodes and launched jobs stay as they are."
+        )
         self.push_screen(ConfirmModal(question, "Quit"), lambda yes: self.exit() if yes else None)
 
     async def on_unmount(self) -> None:

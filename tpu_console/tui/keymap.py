@@ -30,7 +30,9 @@ def check_keymap(keymap: dict[str, str]) -> dict[str, str]:
     known = known_binding_ids()
     for binding_id, keys in keymap.items():
         if binding_id not in known:
-            raise UserError(f"[keys] {binding_id!r} is not a binding id; use one of: {', '.join(sorted(known))}")
+            raise UserError(
+                f"[keys] {binding_id!r} is not a binding id; use one of: {', '.join(sorted(known))}"
+            )
         if not keys.strip():
-            raise UserError(f"[keys] {binding_id!r} has no key; give one, e.g. {binding_id!r} = \"f5\"")
+            raise UserError(f'[keys] {binding_id!r} has no key; give one, e.g. {binding_id!r} = "f5"')
     return keymap

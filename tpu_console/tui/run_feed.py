@@ -350,7 +350,8 @@ class RunFeed:
             self.watch.monitor.stop_requested = True  # so the verdict reads `stopped` once every job is over
         view, stops = await control.stop(self.providers, self.run_id, store=self.store)
         outcomes = Counter(s.outcome for s in stops)
-        return f"{self.run_id}: {view.state} ({', '.join(f'{n} {what}' for what, n in sorted(outcomes.items()))})"
+        counts = ", ".join(f"{n} {what}" for what, n in sorted(outcomes.items()))
+        return f"{self.run_id}: {view.state} ({counts})"
 
     async def close(self) -> None:
         """Stop watching (the workers' jobs keep running)."""

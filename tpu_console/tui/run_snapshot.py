@@ -45,7 +45,8 @@ class WorkerRow:
     straggler: str | None = None  # the watcher's finding, e.g. "rollout_generate 4.1s vs median 2.0s (2.0x)"
     reason: str | None = None  # why it is lost or unreachable
     error: str | None = None  # its error event's message
-    problem: str | None = None  # what its log says went wrong (a log signature, with the fix): OOM, TPU in use ...
+    # what its log says went wrong (a log signature, with the fix): OOM, TPU in use ...
+    problem: str | None = None
     problem_kind: str | None = None  # runs.signatures kind of `problem`: oom, tpu_in_use, exception ...
     mem_in_use_gib: float | None = None
     mem_peak_gib: float | None = None

@@ -70,8 +70,8 @@ def spare_loader(fd: int) -> str:
     """Run by a spare bash: read one NUL-terminated command from `fd`, close it so the command's processes
     do not inherit it, forget the variable, and run the text in this same bash. EOF without a command (the
     spare discarded) exits quietly. The local pods' worker servers start their spares with it too."""
-    return ('IFS= read -r -d "" -u %d __tpu_command || exit 0; exec %d<&-; '
-            'eval "unset __tpu_command; $__tpu_command"' % (fd, fd))
+    return (f'IFS= read -r -d "" -u {fd} __tpu_command || exit 0; exec {fd}<&-; '
+            'eval "unset __tpu_command; $__tpu_command"')
 
 
 SPARE_LOADER = spare_loader(3)  # the agent hands its spares the command pipe as fd 3

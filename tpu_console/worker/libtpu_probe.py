@@ -33,23 +33,33 @@ def read(address: str, timeout_s: float) -> dict:
         values = {}
         for metric in answer.metric.metrics:
             gauge = metric.gauge
-            values[metric.attribute.value.int_attr] = gauge.as_double if gauge.HasField("as_double") else gauge.as_int
+            values[metric.attribute.value.int_attr] = (
+                gauge.as_double if gauge.HasField("as_double") else gauge.as_int
+            )
         return values
 
     try:
         total, used, duty = by_device(HBM_TOTAL), by_device(HBM_USAGE), by_device(DUTY_CYCLE)
     except grpc.RpcError as exc:
-        return {"error": f"no libtpu metrics at {address} ({exc.code().name.lower()}): no TPU job running, "
-                         "or not a TPU VM"}
+        return {
+            "error": f"no libtpu metrics at {address} ({exc.code().name.lower()}): no TPU job running, "
+            "or not a TPU VM"
+        }
     finally:
         channel.close()
     # Duty cycle is per chip, memory per device (core): on two-core chips, chip i covers devices 2i, 2i+1.
     per_chip = max(1, len(used) // max(1, len(duty)))
-    return {"devices": [
-        {"device": d, "hbm_used_bytes": used[d], "hbm_total_bytes": total.get(d),
-         "duty_cycle_pct": duty.get(d // per_chip)}
-        for d in sorted(used)
-    ]}
+    return {
+        "devices": [
+            {
+                "device": d,
+                "hbm_used_bytes": used[d],
+                "hbm_total_bytes": total.get(d),
+                "duty_cycle_pct": duty.get(d // per_chip),
+            }
+            for d in sorted(used)
+        ]
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -70,7 +70,9 @@ def probe(run_dir):
         except OSError:
             pass
     log, events = _size(os.path.join(run_dir, "output.log")), _size(os.path.join(run_dir, "events.jsonl"))
-    status = f"pid={pid_text} alive={int(alive)} exit={exit_text} exit_t={exit_time} log={log} events={events}"
+    status = (
+        f"pid={pid_text} alive={int(alive)} exit={exit_text} exit_t={exit_time} log={log} events={events}"
+    )
     over = bool(exit_text) or (pgid is not None and not alive)
     return status, over
 
@@ -134,7 +136,12 @@ def _write(out, records):
 
 
 def main(argv):
-    run_dir, poll_s, probe_s, max_bytes = os.path.expanduser(argv[0]), float(argv[1]), float(argv[2]), int(argv[3])
+    run_dir, poll_s, probe_s, max_bytes = (
+        os.path.expanduser(argv[0]),
+        float(argv[1]),
+        float(argv[2]),
+        int(argv[3]),
+    )
     offsets = []
     for spec in argv[4:]:
         name, _, offset = spec.rpartition("=")

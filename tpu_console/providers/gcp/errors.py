@@ -87,7 +87,9 @@ _RESERVATION = re.compile(r"reservation", re.IGNORECASE)
 
 def classify(status: str, message: str) -> ApiFailure:
     message = " ".join(message.split())  # one line
-    if _RESERVATION.search(message) and re.search(r"not found|does not exist|no reservation", message, re.IGNORECASE):
+    if _RESERVATION.search(message) and re.search(
+        r"not found|does not exist|no reservation", message, re.IGNORECASE
+    ):
         kind = FailureKind.RESERVATION
     elif _QUOTA.search(message):
         kind = FailureKind.QUOTA  # before capacity: quota messages can say "resource exhausted" too

@@ -32,7 +32,9 @@ def to_model_node(api_node, *, internal_ip: bool = False) -> Node:
         external = endpoint.access_config.external_ip or None
         internal = endpoint.ip_address or None
         host = internal if internal_ip or not external else external
-        workers.append(Worker(index=index, host=host or "", port=22, internal_ip=internal, external_ip=external))
+        workers.append(
+            Worker(index=index, host=host or "", port=22, internal_ip=internal, external_ip=external)
+        )
     state = _state(api_node)
     health = None if api_node.health.name == "HEALTH_UNSPECIFIED" else api_node.health.name
     scheduling = api_node.scheduling_config
@@ -55,15 +57,24 @@ def to_model_node(api_node, *, internal_ip: bool = False) -> Node:
 def state_hint(node: Node) -> str | None:
     """What a person should know about a node's state, or None when there is nothing to say."""
     if node.state is NodeState.PREEMPTED:
-        return (f"{node.name} was preempted{_reason(node)}; it still holds TPU quota until deleted "
-                f"(`tpu-console delete {node.name} --yes`), then create it again")
+        return (
+            f"{node.name} was preempted{_reason(node)}; it still holds TPU quota until deleted "
+            f"(`tpu-console delete {node.name} --yes`), then create it again"
+        )
     if node.state is NodeState.TERMINATED:
-        return (f"{node.name} was terminated{_reason(node)}; it still holds TPU quota until deleted "
-                f"(`tpu-console delete {node.name} --yes`)")
+        return (
+            f"{node.name} was terminated{_reason(node)}; it still holds TPU quota until deleted "
+            f"(`tpu-console delete {node.name} --yes`)"
+        )
     if node.state is NodeState.STOPPED:
         return f"{node.name} is stopped; it still holds TPU quota until deleted"
-    if node.state in (NodeState.CREATING, NodeState.STARTING, NodeState.RESTARTING, NodeState.REPAIRING,
-                      NodeState.REIMAGING):
+    if node.state in (
+        NodeState.CREATING,
+        NodeState.STARTING,
+        NodeState.RESTARTING,
+        NodeState.REPAIRING,
+        NodeState.REIMAGING,
+    ):
         return f"{node.name} is {node.state.value.lower()}; wait until it is READY"
     if node.state is NodeState.DELETING:
         return f"{node.name} is being deleted"

@@ -185,10 +185,15 @@ class GcpProvider(Provider):
             self._stop_unless_next_zone(outcome, request.name, zone)
             tried.append(f"{zone} {outcome.kind}")
             progress(f"{zone}: {outcome.kind}" + (", trying next zone" if more else ""))
-        fix = "try other zones (--zones), " + ("on-demand (--on-demand)" if request.spot else "spot (--spot)") \
+        fix = (
+            "try other zones (--zones), "
+            + ("on-demand (--on-demand)" if request.spot else "spot (--spot)")
             + ", or retry later"
-        raise UserError(f"could not create {request.name} ({accelerator_type}, {kind}) in any zone: "
-                        f"{'; '.join(tried)}; {fix}")
+        )
+        raise UserError(
+            f"could not create {request.name} ({accelerator_type}, {kind}) in any zone: "
+            f"{'; '.join(tried)}; {fix}"
+        )
 
     def _stop_unless_next_zone(self, failure: ApiFailure, name: str, zone: str) -> None:
         if failure.kind.tries_next_zone:
@@ -197,8 +202,9 @@ class GcpProvider(Provider):
         error = AlreadyExists if failure.kind is FailureKind.EXISTS else UserError
         raise error(f"create {name} in {zone}: {failure.describe()}{fix}")
 
-    async def _await_ready(self, name: str, zone: str, operation_name: str,
-                           progress: Progress) -> Node | ApiFailure:
+    async def _await_ready(
+        self, name: str, zone: str, operation_name: str, progress: Progress
+    ) -> Node | ApiFailure:
         """Follow a create until the node is READY (returns it) or the operation fails (returns why).
 
         Reports each state change with the time since the create was accepted: the state timeline.
@@ -230,8 +236,10 @@ class GcpProvider(Provider):
                 hint = state_hint(node) or f"delete it with `tpu-console delete {name} --yes`"
                 raise UserError(f"{name} in {zone} became {node.state} while being created; {hint}")
             if time.monotonic() - started > self.create_timeout:
-                raise UserError(f"{name} in {zone} is still {last_state or 'not visible'} after "
-                                f"{_format_duration(self.create_timeout)}; watch it with `tpu-console ls`")
+                raise UserError(
+                    f"{name} in {zone} is still {last_state or 'not visible'} after "
+                    f"{_format_duration(self.create_timeout)}; watch it with `tpu-console ls`"
+                )
             await asyncio.sleep(self.poll_interval)
 
     async def _remove_failed_node(self, path: str, zone: str, progress: Progress) -> None:
@@ -246,8 +254,7 @@ class GcpProvider(Provider):
             operation_name = await api.delete_node(path)
             await api.wait_operation(operation_name, self.delete_timeout)
         except API_ERRORS as exc:
-            progress(f"{zone}: could not remove it ({classify_exception(exc).describe()}); "
-                     "delete it by hand")
+            progress(f"{zone}: could not remove it ({classify_exception(exc).describe()}); delete it by hand")
 
     # ---- delete -----------------------------------------------------------------------------------
 
@@ -269,8 +276,10 @@ class GcpProvider(Provider):
         try:
             operation = await api.wait_operation(operation_name, self.delete_timeout)
         except TimeoutError:
-            raise UserError(f"{name} is still being deleted after {_format_duration(self.delete_timeout)}; "
-                            "check `tpu-console ls` later") from None
+            raise UserError(
+                f"{name} is still being deleted after {_format_duration(self.delete_timeout)}; "
+                "check `tpu-console ls` later"
+            ) from None
         if operation.error.code:
             failure = classify_operation_error(operation.error.code, operation.error.message)
             raise UserError(f"delete {name} in {node.zone} failed: {failure.describe()}")
@@ -284,33 +293,50 @@ class GcpProvider(Provider):
         current = self._model(api_node)
         if current.state is not NodeState.READY:
             hint = state_hint(current) or ""
-            raise UserError(f"cannot connect to {current.name}: it is {current.state}, not READY"
-                            + (f"; {hint}" if hint else ""))
+            raise UserError(
+                f"cannot connect to {current.name}: it is {current.state}, not READY"
+                + (f"; {hint}" if hint else "")
+            )
         path = api_node.name
         public_key = keys.public_key_line()
         metadata = dict(api_node.metadata)
         if self._settings.oslogin_user or ssh_access.oslogin_enabled(metadata):
             if not self._settings.oslogin_user:
-                raise UserError(f"{current.name} uses OS Login: set [gcp] oslogin_user = \"you@example.com\" "
-                                "(your Google account) in config.toml")
+                raise UserError(
+                    f'{current.name} uses OS Login: set [gcp] oslogin_user = "you@example.com" '
+                    "(your Google account) in config.toml"
+                )
             credentials = await asyncio.to_thread(load_credentials, self._settings.api_endpoint)
             username = await ssh_access.import_oslogin_key(
-                credentials, oslogin_endpoint(self._settings),
-                self._settings.oslogin_user, public_key,
+                credentials,
+                oslogin_endpoint(self._settings),
+                self._settings.oslogin_user,
+                public_key,
             )
         else:
             username = self._settings.ssh_user
-            await ssh_access.ensure_metadata_key(api, path, username, public_key,
-                                                 retry_delay=self.poll_interval)
+            await ssh_access.ensure_metadata_key(
+                api, path, username, public_key, retry_delay=self.poll_interval
+            )
         observed = await self._host_keys(path, len(current.workers))
         trusted = ssh_access.check_and_pin(path, str(api_node.id), observed)
         client_key = keys.client_key_path()
         targets = []
         for worker, keys_of_worker in zip(current.workers, trusted, strict=True):
             if not worker.host:
-                raise UserError(f"worker {worker.index} of {current.name} has no IP address yet; retry shortly")
-            targets.append(SshTarget(worker=worker.index, host=worker.host, port=worker.port, username=username,
-                                     client_key=client_key, host_keys=keys_of_worker))
+                raise UserError(
+                    f"worker {worker.index} of {current.name} has no IP address yet; retry shortly"
+                )
+            targets.append(
+                SshTarget(
+                    worker=worker.index,
+                    host=worker.host,
+                    port=worker.port,
+                    username=username,
+                    client_key=client_key,
+                    host_keys=keys_of_worker,
+                )
+            )
         return targets
 
     async def _get_fresh(self, node: Node):
@@ -334,16 +360,20 @@ class GcpProvider(Provider):
             if not missing:
                 return observed[:workers]
             if time.monotonic() >= deadline:
-                raise UserError(f"workers {', '.join(map(str, missing))} of {path} have not published their "
-                                "SSH host keys (guest attributes); retry in a minute")
+                raise UserError(
+                    f"workers {', '.join(map(str, missing))} of {path} have not published their "
+                    "SSH host keys (guest attributes); retry in a minute"
+                )
             await asyncio.sleep(self.poll_interval)
 
 
 def _validate_labels(labels: dict[str, str]) -> None:
     for key, value in labels.items():
         if not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value):
-            raise UserError(f"invalid label {key}={value}: keys start with a lowercase letter, keys and values "
-                            "use lowercase letters, digits, '_' and '-', at most 63 characters")
+            raise UserError(
+                f"invalid label {key}={value}: keys start with a lowercase letter, keys and values "
+                "use lowercase letters, digits, '_' and '-', at most 63 characters"
+            )
 
 
 def _format_duration(seconds: float) -> str:

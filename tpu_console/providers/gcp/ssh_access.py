@@ -110,11 +110,14 @@ async def import_oslogin_key(credentials, endpoint: str, account: str, public_ke
     accounts = profile.get("posixAccounts", [])
     primary = next((a for a in accounts if a.get("primary")), accounts[0] if accounts else None)
     if not primary or not primary.get("username"):
-        raise UserError(f"OS Login returned no POSIX account for {account}; log in once with gcloud to create it")
+        raise UserError(
+            f"OS Login returned no POSIX account for {account}; log in once with gcloud to create it"
+        )
     return primary["username"]
 
 
 # ---- host keys --------------------------------------------------------------------------------------
+
 
 def host_keys_from_guest_attributes(attributes: list) -> list[list[str]]:
     """One list per worker (in worker order) of `type base64` lines from the `hostkeys/` namespace."""
@@ -179,7 +182,9 @@ def _load_pins(file: Path) -> dict:
     try:
         return json.loads(file.read_text())
     except json.JSONDecodeError:
-        raise UserError(f"{file} is not valid JSON; fix it or move it aside (it pins gcp host keys)") from None
+        raise UserError(
+            f"{file} is not valid JSON; fix it or move it aside (it pins gcp host keys)"
+        ) from None
 
 
 def _save_pins(file: Path, pins: dict) -> None:

@@ -26,13 +26,15 @@ class CompareModal(ModalScreen[None]):
     DEFAULT_CSS = """
     CompareModal { align: center middle; }
     CompareModal #dialog { width: 100%; height: auto; max-height: 90%; padding: 0 1; border: round $accent;
-                           border-title-style: bold; border-subtitle-color: $text-muted; background: $surface; }
+                           border-title-style: bold; border-subtitle-color: $text-muted; background:
+                           $surface; }
     CompareModal DataTable { height: auto; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q", "close", "Close", id="compare.close")]
 
-    def __init__(self, headers: tuple[str, ...], cells: list[tuple[str, ...]],
-                 lower_is_better: Sequence[bool] = ()) -> None:
+    def __init__(
+        self, headers: tuple[str, ...], cells: list[tuple[str, ...]], lower_is_better: Sequence[bool] = ()
+    ) -> None:
         super().__init__()
         self.headers = headers
         self.cells = cells
@@ -50,8 +52,17 @@ class CompareModal(ModalScreen[None]):
         for index, row in enumerate(self.cells):
             lower = self.lower_is_better[index] if index < len(self.lower_is_better) else None
             # Columns: METRIC, A, then (value, change) per other run: the changes sit at 3, 5, ...
-            table.add_row(*(Text(cell, style=change_style(cell, lower) if lower is not None and column >= 3
-                                 and column % 2 == 1 else "") for column, cell in enumerate(row)))
+            table.add_row(
+                *(
+                    Text(
+                        cell,
+                        style=change_style(cell, lower)
+                        if lower is not None and column >= 3 and column % 2 == 1
+                        else "",
+                    )
+                    for column, cell in enumerate(row)
+                )
+            )
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -14,7 +14,8 @@ from textual.widgets import Button, Static
 class ConfirmModal(ModalScreen[bool]):
     DEFAULT_CSS = """
     ConfirmModal { align: center middle; }
-    ConfirmModal #dialog { width: 70; height: auto; padding: 1 2; border: round $warning; background: $surface; }
+    ConfirmModal #dialog { width: 70; height: auto; padding: 1 2; border: round $warning; background:
+    $surface; }
     ConfirmModal #buttons { height: auto; margin-top: 1; }
     ConfirmModal Button { margin-right: 2; }
     """

@@ -40,15 +40,21 @@ class CreateNodeModal(FormModal[CreateOrder]):
     SUBMIT_ID = "create"
     DEFAULT_CSS = """
     CreateNodeModal { align: center middle; }
-    CreateNodeModal #dialog { width: 76; height: auto; max-height: 100%; overflow-y: auto; padding: 1 2; border: round $accent; background: $surface; }
+    CreateNodeModal #dialog { width: 76; height: auto; max-height: 100%; overflow-y: auto; padding: 1 2;
+    border: round $accent; background: $surface; }
     CreateNodeModal Label { margin-top: 1; color: $text-muted; }
     CreateNodeModal #error { color: $error; height: auto; margin-top: 1; }
     CreateNodeModal #buttons { height: auto; margin-top: 1; }
     CreateNodeModal #buttons Static { width: 2; }
     """
 
-    def __init__(self, providers: list[str], default_provider: str, zones: list[str],
-                 taken: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        providers: list[str],
+        default_provider: str,
+        zones: list[str],
+        taken: dict[str, str] | None = None,
+    ) -> None:
         super().__init__()
         self.taken = taken or {}  # names already listed -> their provider (names are unique across providers)
         self.providers = [p for p in providers if p != "ssh"] or providers
@@ -61,12 +67,19 @@ class CreateNodeModal(FormModal[CreateOrder]):
             yield Label("Name")
             yield Input(placeholder="grpo-v6e-16", id="name", compact=True)
             yield Label("Provider")
-            yield Select([(p, p) for p in self.providers], value=self.default_provider, allow_blank=False,
-                         id="provider", compact=True)
+            yield Select(
+                [(p, p) for p in self.providers],
+                value=self.default_provider,
+                allow_blank=False,
+                id="provider",
+                compact=True,
+            )
             yield Label("Type (v6e-16, v4-16, ... for gcp; local-2x4, local-v6e-16 for local)")
             yield Input(placeholder="local-2x2", id="type", compact=True)
             yield Label("Zones to try, in order (gcp)")
-            yield Input(value=",".join(self.zones), placeholder="europe-west4-a,us-east5-b", id="zones", compact=True)
+            yield Input(
+                value=",".join(self.zones), placeholder="europe-west4-a,us-east5-b", id="zones", compact=True
+            )
             yield Checkbox("Spot (cheaper, may be preempted)", value=True, id="spot", compact=True)
             yield Static("", id="error")
             with Horizontal(id="buttons"):
@@ -107,5 +120,14 @@ class CreateNodeModal(FormModal[CreateOrder]):
             self.show_error(problem)
             return
         spot = self.query_one("#spot", Checkbox).value
-        self.dismiss(CreateOrder(provider, CreateRequest(name=name, accelerator_type=accelerator_type,
-                                                          zones=zones if provider == "gcp" else (), spot=spot)))
+        self.dismiss(
+            CreateOrder(
+                provider,
+                CreateRequest(
+                    name=name,
+                    accelerator_type=accelerator_type,
+                    zones=zones if provider == "gcp" else (),
+                    spot=spot,
+                ),
+            )
+        )

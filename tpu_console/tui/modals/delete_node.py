@@ -16,7 +16,8 @@ from tpu_console.model import Node
 class DeleteNodeModal(ModalScreen[bool]):
     DEFAULT_CSS = """
     DeleteNodeModal { align: center middle; }
-    DeleteNodeModal #dialog { width: 72; height: auto; padding: 1 2; border: round $error; background: $surface; }
+    DeleteNodeModal #dialog { width: 72; height: auto; padding: 1 2; border: round $error; background:
+    $surface; }
     DeleteNodeModal #error { color: $error; height: auto; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel", id="delete.cancel")]
@@ -29,9 +30,11 @@ class DeleteNodeModal(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         node = self.node
         with Vertical(id="dialog"):
-            yield Static(f"[b]Delete {node.provider} node {node.name}[/b] ({node.accelerator_type}, "
-                         f"{node.shape.workers} workers, cost so far {self.cost})?\n"
-                         "Everything on its workers' disks goes with it. Type its name to confirm:")
+            yield Static(
+                f"[b]Delete {node.provider} node {node.name}[/b] ({node.accelerator_type}, "
+                f"{node.shape.workers} workers, cost so far {self.cost})?\n"
+                "Everything on its workers' disks goes with it. Type its name to confirm:"
+            )
             yield Input(placeholder=node.name, id="typed", compact=True)
             yield Static("", id="error")
 
@@ -40,7 +43,8 @@ class DeleteNodeModal(ModalScreen[bool]):
             self.dismiss(True)
         else:
             self.query_one("#error", Static).update(
-                f"the name typed does not match {self.node.name!r}; type it exactly, or esc to cancel")
+                f"the name typed does not match {self.node.name!r}; type it exactly, or esc to cancel"
+            )
 
     def action_cancel(self) -> None:
         self.dismiss(False)

@@ -36,8 +36,11 @@ class HelpScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         key_width = max((len(key) for key, _, _ in self.keys), default=1)
         name_width = max((len(name) for _, name, _ in self.keys), default=1)
-        lines = [f"[b]{escape(key.ljust(key_width))}[/b]  {escape(name.ljust(name_width))}  [dim]{escape(detail)}[/dim]"
-                 for key, name, detail in self.keys]
+        lines = [
+            f"[b]{escape(key.ljust(key_width))}[/b]  {escape(name.ljust(name_width))}  "
+            f"[dim]{escape(detail)}[/dim]"
+            for key, name, detail in self.keys
+        ]
         with VerticalScroll(id="help-dialog") as dialog:
             dialog.border_title = self.title_text
             dialog.border_subtitle = "esc closes"

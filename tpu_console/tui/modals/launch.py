@@ -45,7 +45,8 @@ class LaunchModal(FormModal[LaunchOrder]):
     SUBMIT_ID = "launch"
     DEFAULT_CSS = """
     LaunchModal { align: center middle; }
-    LaunchModal #dialog { width: 84; height: auto; max-height: 100%; overflow-y: auto; padding: 1 2; border: round $accent; background: $surface; }
+    LaunchModal #dialog { width: 84; height: auto; max-height: 100%; overflow-y: auto; padding: 1 2; border:
+    round $accent; background: $surface; }
     LaunchModal Label { margin-top: 1; color: $text-muted; }
     LaunchModal #error { color: $error; height: auto; margin-top: 1; }
     LaunchModal #buttons { height: auto; margin-top: 1; }
@@ -61,11 +62,17 @@ class LaunchModal(FormModal[LaunchOrder]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
-            yield Static(f"[b]Launch the trainer on {self.node.name}[/b] ({self.node.accelerator_type}, "
-                         f"{self.node.shape.workers} workers x {self.node.shape.devices_per_worker} devices)")
+            yield Static(
+                f"[b]Launch the trainer on {self.node.name}[/b] ({self.node.accelerator_type}, "
+                f"{self.node.shape.workers} workers x {self.node.shape.devices_per_worker} devices)"
+            )
             yield Label("Shipped config")
-            yield Select([(p.name, str(p)) for p in self.configs], value=self._default_config(), id="shipped",
-                         compact=True)
+            yield Select(
+                [(p.name, str(p)) for p in self.configs],
+                value=self._default_config(),
+                id="shipped",
+                compact=True,
+            )
             yield Label("...or a config file (wins when given)")
             yield Input(placeholder="path/to/config.yaml", id="path", compact=True)
             yield Label("Overrides: KEY=VALUE separated by spaces (e.g. steps=20 rollout.n=8)")
@@ -82,7 +89,8 @@ class LaunchModal(FormModal[LaunchOrder]):
                 yield Button("Cancel (esc)", id="cancel", compact=True)
 
     def _default_config(self) -> str | object:
-        # A local pod cannot hold the real model: offer the tiny config there, the first shipped one elsewhere.
+        # A local pod cannot hold the real model: offer the tiny config there, the first shipped one
+        # elsewhere.
         if not self.configs:
             return Select.BLANK
         tiny = [p for p in self.configs if p.name == "tiny_local.yaml"]
@@ -101,5 +109,12 @@ class LaunchModal(FormModal[LaunchOrder]):
         except UserError as exc:
             self.show_error(str(exc))
             return
-        self.dismiss(LaunchOrder(config, overrides, env_file, self.query_one("#kill-stale", Checkbox).value,
-                                 self.query_one("#fail-fast", Checkbox).value))
+        self.dismiss(
+            LaunchOrder(
+                config,
+                overrides,
+                env_file,
+                self.query_one("#kill-stale", Checkbox).value,
+                self.query_one("#fail-fast", Checkbox).value,
+            )
+        )

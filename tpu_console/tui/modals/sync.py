@@ -27,7 +27,8 @@ class SyncModal(FormModal[SyncOrder]):
     SUBMIT_ID = "sync"
     DEFAULT_CSS = """
     SyncModal { align: center middle; }
-    SyncModal #dialog { width: 84; height: auto; max-height: 100%; overflow-y: auto; padding: 1 2; border: round $accent; background: $surface; }
+    SyncModal #dialog { width: 84; height: auto; max-height: 100%; overflow-y: auto; padding: 1 2; border:
+    round $accent; background: $surface; }
     SyncModal Label { margin-top: 1; color: $text-muted; }
     SyncModal #error { color: $error; height: auto; margin-top: 1; }
     SyncModal #buttons { height: auto; margin-top: 1; }
@@ -45,8 +46,10 @@ class SyncModal(FormModal[SyncOrder]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
-            yield Static(f"[b]Sync the code to {self.node.name}[/b] ({self.node.shape.workers} workers): this "
-                         "checkout as a wheel, uncommitted changes included")
+            yield Static(
+                f"[b]Sync the code to {self.node.name}[/b] ({self.node.shape.workers} workers): this "
+                "checkout as a wheel, uncommitted changes included"
+            )
             yield Label("Env file with secrets, uploaded as ~/tpu-console/.env (mode 0600); empty: none")
             yield Input(value=self.env_file or "", placeholder="none (e.g. .env)", id="env", compact=True)
             yield Label("...or install a git branch instead of this checkout: repository URL, branch")
@@ -66,7 +69,9 @@ class SyncModal(FormModal[SyncOrder]):
         branch = self.query_one("#branch", Input).value.strip() or None
         try:
             if (git_url is None) != (branch is None):
-                raise UserError("a git URL and its branch go together: give both, or neither to sync this checkout")
+                raise UserError(
+                    "a git URL and its branch go together: give both, or neither to sync this checkout"
+                )
             if env_file:
                 read_env_file(env_file)
         except UserError as exc:

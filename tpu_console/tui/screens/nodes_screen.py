@@ -54,19 +54,50 @@ class NodesScreen(Screen[None]):
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("c", "create", "Create", id="nodes.create", tooltip="create a node: name, type, zones, spot"),
-        Binding("d", "delete", "Delete", id="nodes.delete", tooltip="delete the node, once its name is typed back"),
-        Binding("b", "bootstrap", "Bootstrap", id="nodes.bootstrap",
-                tooltip="the trainer's Python environment on every worker"),
-        Binding("s", "sync", "Sync", id="nodes.sync",
-                tooltip="this checkout (or a git branch) and an env file onto every worker"),
-        Binding("l", "launch", "Launch", id="nodes.launch",
-                tooltip="start the trainer on every worker: config, overrides, env file"),
-        Binding("x", "stop", "Stop", id="nodes.stop", tooltip="stop the node's run on every worker (asks first)"),
+        Binding(
+            "d", "delete", "Delete", id="nodes.delete", tooltip="delete the node, once its name is typed back"
+        ),
+        Binding(
+            "b",
+            "bootstrap",
+            "Bootstrap",
+            id="nodes.bootstrap",
+            tooltip="the trainer's Python environment on every worker",
+        ),
+        Binding(
+            "s",
+            "sync",
+            "Sync",
+            id="nodes.sync",
+            tooltip="this checkout (or a git branch) and an env file onto every worker",
+        ),
+        Binding(
+            "l",
+            "launch",
+            "Launch",
+            id="nodes.launch",
+            tooltip="start the trainer on every worker: config, overrides, env file",
+        ),
+        Binding(
+            "x", "stop", "Stop", id="nodes.stop", tooltip="stop the node's run on every worker (asks first)"
+        ),
         Binding("r", "refresh", "Refresh", id="nodes.refresh", tooltip="list the nodes again now"),
-        Binding("slash", "filter", "Filter", key_display="/", id="nodes.filter",
-                tooltip="show only rows containing the text typed (any column)"),
-        Binding("escape", "clear_filter", "Clear filter", show=False, id="nodes.clear_filter",
-                tooltip="clear the filter"),
+        Binding(
+            "slash",
+            "filter",
+            "Filter",
+            key_display="/",
+            id="nodes.filter",
+            tooltip="show only rows containing the text typed (any column)",
+        ),
+        Binding(
+            "escape",
+            "clear_filter",
+            "Clear filter",
+            show=False,
+            id="nodes.clear_filter",
+            tooltip="clear the filter",
+        ),
     ]
 
     def __init__(
@@ -95,8 +126,9 @@ class NodesScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield Header()
-        yield Input(placeholder="filter: part of a name, type, zone or state (esc clears)", id="filter",
-                    compact=True)
+        yield Input(
+            placeholder="filter: part of a name, type, zone or state (esc clears)", id="filter", compact=True
+        )
         yield NodeTable(id="nodes")
         yield Static("loading nodes...", id="status")
         yield OperationsLog(clock=self.clock, id="ops")
@@ -131,8 +163,9 @@ class NodesScreen(Screen[None]):
         self._probe_wanted = False
         self._listings_under_way += 1
         try:
-            listing = await gather_listing(self.providers, self.store, self.clock(), self.options.idle_after,
-                                           probe)
+            listing = await gather_listing(
+                self.providers, self.store, self.clock(), self.options.idle_after, probe
+            )
         except asyncio.CancelledError:
             self._probe_wanted = self._probe_wanted or probe
             raise
@@ -213,16 +246,20 @@ class NodesScreen(Screen[None]):
 
     # -- operations ----------------------------------------------------------------------------------
 
-    def run_operation(self, label: str, body: Callable[[Say], Awaitable[str]],
-                      masker: SecretMasker | None = None) -> None:
+    def run_operation(
+        self, label: str, body: Callable[[Say], Awaitable[str]], masker: SecretMasker | None = None
+    ) -> None:
         """Run `body` in the background (several may run at once); every line it says, and its outcome,
         land in the operations panel, with the node's `.env` values masked."""
         self.running.append(label)
         self._show()
-        self.run_worker(self._operation(label, body, masker or SecretMasker()), group="operations",
-                        exit_on_error=False)
+        self.run_worker(
+            self._operation(label, body, masker or SecretMasker()), group="operations", exit_on_error=False
+        )
 
-    async def _operation(self, label: str, body: Callable[[Say], Awaitable[str]], masker: SecretMasker) -> None:
+    async def _operation(
+        self, label: str, body: Callable[[Say], Awaitable[str]], masker: SecretMasker
+    ) -> None:
         def say(text: str, style: str = "") -> None:
             self.post_message(OperationProgress(label, masker.mask(text), style))
 
@@ -253,7 +290,9 @@ class NodesScreen(Screen[None]):
 
     def action_create(self) -> None:
         taken = {node.name: node.provider for node in self.listing.nodes}
-        modal = CreateNodeModal(list(self.providers), self.options.default_provider, self.options.zones, taken)
+        modal = CreateNodeModal(
+            list(self.providers), self.options.default_provider, self.options.zones, taken
+        )
         self.app.push_screen(modal, self._create)
 
     def _create(self, order: CreateOrder | None) -> None:
@@ -288,8 +327,12 @@ class NodesScreen(Screen[None]):
         async def bootstrap(say: Say) -> str:
             from tpu_console.provision.bootstrap import bootstrap_node
 
-            result = await bootstrap_node(self.providers, node.name, progress=say,
-                                          on_worker=lambda worker, text: say(f"[{worker}] {text}"))
+            result = await bootstrap_node(
+                self.providers,
+                node.name,
+                progress=say,
+                on_worker=lambda worker, text: say(f"[{worker}] {text}"),
+            )
             return _setup_outcome(result, "bootstrapped", say)
 
         self.run_operation(f"bootstrap {node.name}", bootstrap, SecretMasker.for_node(node.name))
@@ -307,9 +350,15 @@ class NodesScreen(Screen[None]):
         async def sync(say: Say) -> str:
             from tpu_console.provision.code_sync import sync_node
 
-            result = await sync_node(self.providers, node.name, env_file=order.env_file, git_url=order.git_url,
-                                     branch=order.branch, progress=say,
-                                     on_worker=lambda worker, text: say(f"[{worker}] {text}"))
+            result = await sync_node(
+                self.providers,
+                node.name,
+                env_file=order.env_file,
+                git_url=order.git_url,
+                branch=order.branch,
+                progress=say,
+                on_worker=lambda worker, text: say(f"[{worker}] {text}"),
+            )
             return _setup_outcome(result, "synced", say)
 
         masker = SecretMasker.for_node(node.name, [order.env_file] if order.env_file else [])
@@ -327,13 +376,24 @@ class NodesScreen(Screen[None]):
         async def launch(say: Say) -> str:
             from tpu_console.runs.launch import launch as launch_run
 
-            result = await launch_run(self.providers, node.name, order.config_path, order.overrides,
-                                      order.env_file, kill_stale=order.kill_stale, fail_fast=order.fail_fast,
-                                      store=self.store,
-                                      progress=say, on_worker=lambda worker, text: say(f"[{worker}] {text}"))
+            result = await launch_run(
+                self.providers,
+                node.name,
+                order.config_path,
+                order.overrides,
+                order.env_file,
+                kill_stale=order.kill_stale,
+                fail_fast=order.fail_fast,
+                store=self.store,
+                progress=say,
+                on_worker=lambda worker, text: say(f"[{worker}] {text}"),
+            )
             for start in result.starts:
-                say(f"[{start.worker}] " + (f"started, pgid {start.pgid}" if start.ok else f"failed: {start.error}"),
-                    "" if start.ok else "red")
+                say(
+                    f"[{start.worker}] "
+                    + (f"started, pgid {start.pgid}" if start.ok else f"failed: {start.error}"),
+                    "" if start.ok else "red",
+                )
             if not result.ok:
                 raise RuntimeError("the job did not start on every worker; nothing is left running")
             return f"run {result.run_id} started on {len(result.workers)} worker(s): enter opens it"
@@ -387,6 +447,8 @@ def _setup_outcome(result, done: str, say: Say) -> str:
     for worker in failed:
         say(f"[{worker.worker}] failed: {worker.error}", "red")
     if failed:
-        raise RuntimeError(f"worker {failed[0].worker}: {failed[0].error} ({len(failed)} of {len(result.workers)} failed)")
+        raise RuntimeError(
+            f"worker {failed[0].worker}: {failed[0].error} ({len(failed)} of {len(result.workers)} failed)"
+        )
     first = result.workers[0] if result.workers else None
     return f"{done} {len(result.workers)} worker(s)" + (f": {first.report.versions_label()}" if first else "")

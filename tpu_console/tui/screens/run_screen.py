@@ -160,13 +160,19 @@ class RunScreen(Screen[None]):
         self.query_one(WorkerGrid).show(self.snapshot, self.worker)
         self._show_hbm()
         self._show_header()
-        if self._stragglers() != self._stragglers_drawn and self.query_one(TabbedContent).active == TABS["steps"]:
+        steps_shown = self.query_one(TabbedContent).active == TABS["steps"]
+        if self._stragglers() != self._stragglers_drawn and steps_shown:
             self._show_steps()
         if self.snapshot.hung and not self.hung_shown and not self.snapshot.ended:
             self.hung_shown = True
-            self.notify(f"worker(s) {', '.join(map(str, self.snapshot.hung))} still running after worker "
-                        f"{self.snapshot.first_failure} failed, likely hung in a collective and holding the "
-                        "TPU: x stops the run", title="run hung", severity="error", timeout=30)
+            self.notify(
+                f"worker(s) {', '.join(map(str, self.snapshot.hung))} still running after worker "
+                f"{self.snapshot.first_failure} failed, likely hung in a collective and holding the "
+                "TPU: x stops the run",
+                title="run hung",
+                severity="error",
+                timeout=30,
+            )
         if self.snapshot.ended and not self.verdict_shown:
             self.verdict_shown = True
             detail = f": {self.snapshot.failure}" if self.snapshot.failure else ""
@@ -208,7 +214,9 @@ class RunScreen(Screen[None]):
 
     def action_follow_worker(self, worker: int) -> None:
         if worker not in self.run_workers():
-            self.notify(f"no worker {worker} in this run (workers {self._worker_range()})", severity="warning")
+            self.notify(
+                f"no worker {worker} in this run (workers {self._worker_range()})", severity="warning"
+            )
             return
         self._follow(worker)
 
@@ -242,8 +250,12 @@ class RunScreen(Screen[None]):
             self.notify(f"{self.run_id} has ended already ({self.snapshot.state})", severity="warning")
             return
         hung = self.snapshot.hung if self.snapshot is not None else ()
-        why = (f"Worker(s) {', '.join(map(str, hung))} still run after worker {self.snapshot.first_failure} "
-               "failed. " if hung and self.snapshot is not None else "")
+        why = (
+            f"Worker(s) {', '.join(map(str, hung))} still run after worker {self.snapshot.first_failure} "
+            "failed. "
+            if hung and self.snapshot is not None
+            else ""
+        )
         question = f"{why}Stop run {self.run_id} (TERM, then KILL after 10 s, on every worker)?"
         self.app.push_screen(ConfirmModal(question, "Stop"), lambda yes: self._stop_run() if yes else None)
 
@@ -313,7 +325,9 @@ class RunScreen(Screen[None]):
         active = self.query_one(TabbedContent).active
         if active == TABS["steps"]:
             self._stragglers_drawn = self._stragglers()
-            self.query_one(StepBreakdown).show(self.history.latest_by_worker(), self.worker, self._stragglers_drawn)
+            self.query_one(StepBreakdown).show(
+                self.history.latest_by_worker(), self.worker, self._stragglers_drawn
+            )
         elif active == TABS["plots"]:
             self.query_one(MetricPlots).show(self.history, self.worker)
 

@@ -34,15 +34,25 @@ class RunsScreen(Screen[None]):
     RunsScreen #status { height: 1; padding: 0 1; background: $panel; color: $text-muted; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("space", "mark", "Mark", id="runs.mark", tooltip="mark or unmark the run (the first marked is A)"),
-        Binding("c", "compare", "Compare", id="runs.compare",
-                tooltip="the marked runs side by side, each against A in percent"),
-        Binding("r", "refresh", "Refresh", id="runs.refresh", tooltip="read the history again, probing live runs"),
+        Binding(
+            "space", "mark", "Mark", id="runs.mark", tooltip="mark or unmark the run (the first marked is A)"
+        ),
+        Binding(
+            "c",
+            "compare",
+            "Compare",
+            id="runs.compare",
+            tooltip="the marked runs side by side, each against A in percent",
+        ),
+        Binding(
+            "r", "refresh", "Refresh", id="runs.refresh", tooltip="read the history again, probing live runs"
+        ),
         Binding("escape", "back", "Back", id="runs.back", tooltip="back to the nodes"),
     ]
 
-    def __init__(self, providers: dict[str, Provider], *, store: RunStore | None = None,
-                 clock: Callable[[], datetime]) -> None:
+    def __init__(
+        self, providers: dict[str, Provider], *, store: RunStore | None = None, clock: Callable[[], datetime]
+    ) -> None:
         super().__init__()
         self.providers = providers
         self.store = store
@@ -71,7 +81,9 @@ class RunsScreen(Screen[None]):
     async def list_runs(self) -> None:
         # exclusive: `r` pressed again while unfinished runs are probed starts over instead of piling up.
         try:
-            views = await control.list_runs(self.providers, store=self.store or RunStore(), limit=HISTORY_LIMIT)
+            views = await control.list_runs(
+                self.providers, store=self.store or RunStore(), limit=HISTORY_LIMIT
+            )
         except Exception as exc:  # noqa: BLE001 - shown on screen; r tries again
             self.post_message(RunsListed([], f"could not read the history: {one_line(exc)}; r tries again"))
             return
@@ -94,8 +106,11 @@ class RunsScreen(Screen[None]):
             text = "no runs yet: launch one from the nodes screen (l)"
         else:
             text = f"{count} run{'s' if count != 1 else ''} · "
-            text += (f"{len(self.marked)} marked: c compares them" if len(self.marked) >= 2 else
-                     "space marks runs (two or more), c compares them")
+            text += (
+                f"{len(self.marked)} marked: c compares them"
+                if len(self.marked) >= 2
+                else "space marks runs (two or more), c compares them"
+            )
         self.query_one("#status", Static).update(text)
 
     def on_history_table_run_highlighted(self, message: HistoryTable.RunHighlighted) -> None:

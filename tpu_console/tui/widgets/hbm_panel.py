@@ -41,11 +41,15 @@ class HbmPanel(Static):
     }
     """
 
-    def show(self, snapshot: RunSnapshot | None, selected: int | None, devices: DeviceReadings | None) -> None:
+    def show(
+        self, snapshot: RunSnapshot | None, selected: int | None, devices: DeviceReadings | None
+    ) -> None:
         self.update(memory_table(snapshot, selected, devices))
 
 
-def memory_table(snapshot: RunSnapshot | None, selected: int | None, devices: DeviceReadings | None) -> Group | Text:
+def memory_table(
+    snapshot: RunSnapshot | None, selected: int | None, devices: DeviceReadings | None
+) -> Group | Text:
     """`devices`: libtpu's last reading, None while none has been made."""
     if snapshot is None or not snapshot.workers:
         return Text("waiting for the run...", style="dim")
@@ -60,8 +64,9 @@ def memory_table(snapshot: RunSnapshot | None, selected: int | None, devices: De
     table.add_column("DUTY", justify="right")
     near: list[int] = []
     for row in snapshot.workers:
-        level = memory_level(row.mem_peak_gib if row.mem_peak_gib is not None else row.mem_in_use_gib,
-                             row.mem_limit_gib)
+        level = memory_level(
+            row.mem_peak_gib if row.mem_peak_gib is not None else row.mem_in_use_gib, row.mem_limit_gib
+        )
         name = Text(f"{row.worker}", style="reverse" if row.worker == selected else "")
         live = devices.by_worker.get(row.worker) if devices is not None else None
         hbm, duty, live_level = live_cells(live, devices is not None)
@@ -84,11 +89,20 @@ def memory_table(snapshot: RunSnapshot | None, selected: int | None, devices: De
     lines: list = [table, Text("")]
     if near:
         workers = ", ".join(f"W{w}" for w in near)
-        lines.append(Text(f"near the limit (>= {HBM_NEAR_LIMIT:.0%}): {workers}; a larger batch or longer "
-                          "samples will fail with RESOURCE_EXHAUSTED", style="bold red"))
+        lines.append(
+            Text(
+                f"near the limit (>= {HBM_NEAR_LIMIT:.0%}): {workers}; a larger batch or longer "
+                "samples will fail with RESOURCE_EXHAUSTED",
+                style="bold red",
+            )
+        )
     elif all(memory_level(r.mem_in_use_gib, r.mem_limit_gib) == "unknown" for r in snapshot.workers):
-        lines.append(Text("the trainer reports no device memory on this platform (CPU devices); on TPUs it "
-                          "shows here", style="dim"))
+        lines.append(
+            Text(
+                "the trainer reports no device memory on this platform (CPU devices); on TPUs it shows here",
+                style="dim",
+            )
+        )
     lines.extend(libtpu_notes(devices, selected))
     return Group(*lines)
 
@@ -117,8 +131,13 @@ def libtpu_notes(devices: DeviceReadings | None, selected: int | None) -> list[T
     elif len(reasons) == 1 and all(m.not_reported for m in devices.by_worker.values()):
         notes = [Text(f"LIBTPU: not reported: {reasons.pop()}", style="dim")]
     else:
-        notes = [Text("LIBTPU: live from the TPU runtime (fullest device, mean duty cycle), even while the "
-                      "trainer hangs", style="dim")]
+        notes = [
+            Text(
+                "LIBTPU: live from the TPU runtime (fullest device, mean duty cycle), even while the "
+                "trainer hangs",
+                style="dim",
+            )
+        ]
     followed = devices.by_worker.get(selected) if selected is not None else None
     if followed is not None and followed.devices:
         line = Text(f"W{selected} devices:", style="bold")

@@ -128,7 +128,8 @@ class LogPane(ScrollView, can_focus=True):
     def _find_matches(self) -> None:
         term = self.search_term.lower()
         was = self.matches[self.current_match] if self.current_match is not None and self.matches else None
-        self.matches = [i for i in range(self.view_length()) if term in self.line_at(i)[1].lower()] if term else []
+        lines = range(self.view_length()) if term else range(0)
+        self.matches = [i for i in lines if term in self.line_at(i)[1].lower()]
         if was is not None and self.matches:
             self.current_match = min(range(len(self.matches)), key=lambda p: abs(self.matches[p] - was))
         elif not self.matches:
@@ -205,12 +206,16 @@ class LogStatus(Static):
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append(f"log: {who}", style="bold")
         text.append(f"  ({pane.view_length()} lines)  ")
-        text.append("follow on" if pane.follow else "follow OFF", style="green" if pane.follow else "bold yellow")
+        text.append(
+            "follow on" if pane.follow else "follow OFF", style="green" if pane.follow else "bold yellow"
+        )
         if pane.search_term:
             found = len(pane.matches)
             at = f" ({pane.current_match + 1}/{found})" if pane.current_match is not None else ""
-            text.append(f"  /{pane.search_term}: {found} match{'es' if found != 1 else ''}{at}",
-                        style="yellow" if found else "red")
+            text.append(
+                f"  /{pane.search_term}: {found} match{'es' if found != 1 else ''}{at}",
+                style="yellow" if found else "red",
+            )
         hint = "  0-9 worker  tab next  a all  f follow  / search"
         if pane.search_term:
             hint += "  n/N next/prev"

@@ -32,7 +32,9 @@ class StepBreakdown(Static):
         self.update(breakdown(latest, selected, stragglers))
 
 
-def breakdown(latest: dict[int, StepMetrics], selected: int | None, stragglers: dict[int, str]) -> Group | Text:
+def breakdown(
+    latest: dict[int, StepMetrics], selected: int | None, stragglers: dict[int, str]
+) -> Group | Text:
     """`latest`: each worker's last step; `stragglers`: the watcher's finding per straggling worker."""
     if not latest:
         return Text("no step yet: the breakdown appears with the first step event", style="dim")
@@ -57,7 +59,10 @@ def breakdown(latest: dict[int, StepMetrics], selected: int | None, stragglers: 
         share = f"{mine / step_total:.0%}" if mine is not None and step_total and phase != "step" else ""
         table.add_row(
             Text(phase, style="bold" if phase == "step" else ""),
-            Text(_seconds(mine), style=STRAGGLER_STYLE if followed == slowest and followed in stragglers else ""),
+            Text(
+                _seconds(mine),
+                style=STRAGGLER_STYLE if followed == slowest and followed in stragglers else "",
+            ),
             share,
             _seconds(statistics.median(values.values())),
             _seconds(min(values.values())),

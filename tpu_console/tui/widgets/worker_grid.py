@@ -44,7 +44,8 @@ class WorkerGrid(DataTable):
         self._add_columns(LAST_LINE_MIN)
 
     def on_resize(self) -> None:
-        last_line = self.size.width - sum(WIDTHS.values()) - 2 * self.cell_padding * len(COLUMNS) - 1  # scrollbar
+        # scrollbar
+        last_line = self.size.width - sum(WIDTHS.values()) - 2 * self.cell_padding * len(COLUMNS) - 1
         last_line = max(LAST_LINE_MIN, last_line)
         if self.columns["LAST LINE"].width != last_line:  # type: ignore[index] - keyed by the column's name
             self.clear(columns=True)
@@ -124,7 +125,9 @@ def state_text(row: WorkerRow, first_failure: bool) -> Text:
     if row.activity == "exited":
         if row.exit_status == 0:
             return Text("exited", style="green")
-        return Text("FAILED first" if first_failure else "failed", style="bold red" if first_failure else "red")
+        if first_failure:
+            return Text("FAILED first", style="bold red")
+        return Text("failed", style="red")
     if row.activity == "lost":
         return Text("lost first" if first_failure else "lost", style="bold red" if first_failure else "red")
     if row.activity == "unreachable":
