@@ -5,12 +5,12 @@
 
 A tiny-but-not-trivial Qwen2 (4 layers, hidden 256, vocab 8192) is written with make-tiny-model into a temp
 directory, loaded by both sides from that directory, and asked for `batch` prompts x `new-tokens` sampled
-tokens. The defaults are what a GRPO rollout of the trainer does: the model's default compute dtype (bf16, fp32
-params) and the rollout config's default sampling (temperature 1.0, no top-k, no top-p); both sides get the
-same dtype and sampling settings. Prompts are the bare questions (about 30-50 tokens, bucket 64), so decode
-dominates as it does in GRPO. End tokens are disabled so both sides decode exactly batch x new-tokens tokens.
-Prints tokens/s for each (median of alternating repeats, after a warm-up), the ratio, and the Sampler's one-off
-compile time separately. Target: ratio >= 3 on CPU.
+tokens. The defaults are what a GRPO rollout of the trainer does: the model's default compute dtype (bf16,
+fp32 params) and the rollout config's default sampling (temperature 1.0, no top-k, no top-p); both sides get
+the same dtype and sampling settings. Prompts are the bare questions (about 30-50 tokens, bucket 64), so
+decode dominates as it does in GRPO. End tokens are disabled so both sides decode exactly batch x new-tokens
+tokens. Prints tokens/s for each (median of alternating repeats, after a warm-up), the ratio, and the
+Sampler's one-off compile time separately. Target: ratio >= 3 on CPU.
 """
 
 from __future__ import annotations
@@ -109,7 +109,8 @@ def main() -> None:
     ours_tps, theirs_tps = tokens / ours_s, tokens / theirs_s
     print(f"model: {SPEC.num_hidden_layers} layers, hidden {SPEC.hidden_size}, vocab {config.vocab_size}; "
           f"batch {args.batch}, prompt bucket {first.prompt_ids.shape[1]}, {args.new_tokens} new tokens, "
-          f"sampling T={args.temperature} top-k={args.top_k} top-p={args.top_p}, {args.dtype} on both sides, {os.cpu_count()} CPU threads, "
+          f"sampling T={args.temperature} top-k={args.top_k} top-p={args.top_p}, {args.dtype} on both sides, "
+          f"{os.cpu_count()} CPU threads, "
           f"jax {jax.__version__} on {jax.devices()[0].platform}, torch {torch.__version__}")
     print(f"trainer Sampler:        {ours_tps:10.1f} tokens/s  ({ours_s * 1000:.0f} ms per batch)")
     print(f"transformers generate:  {theirs_tps:10.1f} tokens/s  ({theirs_s * 1000:.0f} ms per batch)")

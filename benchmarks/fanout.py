@@ -1,6 +1,6 @@
 """Fan-out to a 64-worker local pod: the fleet's persistent connections against one `ssh` process per
-worker (what `gcloud ... ssh --worker=all` and hand-written launch scripts do), against the same servers in the
-same run.
+worker (what `gcloud ... ssh --worker=all` and hand-written launch scripts do), against the same servers in
+the same run.
 
     .venv/bin/python benchmarks/fanout.py [--workers 64] [--repeats 15] [--pause 0.5]
 
@@ -124,7 +124,8 @@ async def main(workers: int, repeats: int, pause: float) -> int:
     async def ssh_each(extra: Callable[[int], list[str]], command: list[str]) -> None:
         procs = []
         for t in targets:
-            argv = [ssh_bin, *ssh_options, *extra(t.worker), "-p", str(t.port), f"{t.username}@{t.host}", *command]
+            argv = [ssh_bin, *ssh_options, *extra(t.worker), "-p", str(t.port), f"{t.username}@{t.host}",
+                    *command]
             procs.append(await asyncio.create_subprocess_exec(
                 *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE))
         for proc, target in zip(procs, targets, strict=True):
@@ -135,7 +136,8 @@ async def main(workers: int, repeats: int, pause: float) -> int:
     def master(worker: int) -> list[str]:
         return ["-o", f"ControlPath={sockets}/{worker}", "-o", "ControlMaster=no"]
 
-    await ssh_each(lambda w: ["-M", "-f", "-N", "-o", f"ControlPath={sockets}/{w}", "-o", "ControlPersist=600"], [])
+    await ssh_each(lambda w: ["-M", "-f", "-N", "-o", f"ControlPath={sockets}/{w}",
+                              "-o", "ControlPersist=600"], [])
     try:
         await ssh_each(master, ["true"])  # warm: the masters answer
         cm_times = await _timed(lambda: ssh_each(master, ["true"]), repeats, pause)
@@ -167,7 +169,8 @@ async def main(workers: int, repeats: int, pause: float) -> int:
         f"      fleet warm, servers in-process    {inproc_s * 1000:8.1f} ms   (the console's default; info)"
     )
     print(f"  ratio (c)/(b) warm vs ssh processes   {ratio:8.1f}x  (target >= {RATIO_TARGET:g}x)")
-    print(f"  ratio (d)/(b) warm vs ControlMaster    {cm_ratio:8.1f}x  (target >= {CONTROLMASTER_RATIO_TARGET:g}x)")
+    print(f"  ratio (d)/(b) warm vs ControlMaster    {cm_ratio:8.1f}x  "
+          f"(target >= {CONTROLMASTER_RATIO_TARGET:g}x)")
     print(f"  ratio (c)/(a) cold vs ssh processes   {ssh_s / cold_s:8.1f}x")
     met = warm_s < WARM_TARGET_S and ratio >= RATIO_TARGET and cm_ratio >= CONTROLMASTER_RATIO_TARGET
     print(

@@ -87,8 +87,8 @@ async def _start_jobs(fleet, run_id: str, workers: list[int], script: str, args:
 def _record(run_id: str, workers: list[int]):
     from tpu_console.runs.store import RunRecord
 
-    return RunRecord(run_id, "bench", "local", f"local-{len(workers)}x1", workers, "-", "-", [], sys.executable,
-                     datetime.now(UTC))
+    return RunRecord(run_id, "bench", "local", f"local-{len(workers)}x1", workers, "-", "-", [],
+                     sys.executable, datetime.now(UTC))
 
 
 async def main(workers: int, lines: int, latency_s: float) -> int:
@@ -130,7 +130,8 @@ async def main(workers: int, lines: int, latency_s: float) -> int:
             t1 = time.perf_counter()
             local_lines = 0
             for w in ids:
-                path = provider.store.worker_dir(node.name, w) / "tpu-console" / "runs" / run_id / "output.log"
+                path = (provider.store.worker_dir(node.name, w) / "tpu-console" / "runs" / run_id
+                        / "output.log")
                 local_lines += len(path.read_bytes().decode().split("\n")) - 1
             reference = local_lines / (time.perf_counter() - t1)
 
@@ -160,13 +161,15 @@ async def main(workers: int, lines: int, latency_s: float) -> int:
     # lines written before wait for the follower to start, a one-off cost shown apart. On a real pod each
     # worker starts its follower on its own host; here all 64 start on the console's 2 cores at once.
     latencies = sorted(lat for worker, written, lat in samples if written >= first_seen[worker])
-    starting = sorted(lat for worker, written, lat in samples if watch_started <= written < first_seen[worker])
+    starting = sorted(lat for worker, written, lat in samples
+                      if watch_started <= written < first_seen[worker])
     first_line_s = sorted(t - watch_started for t in first_seen.values())
     p50 = statistics.median(latencies) if latencies else float("nan")
     p95 = latencies[int(0.95 * (len(latencies) - 1))] if latencies else float("nan")
     per_cpu_s = got / cpu if cpu > 0 else float("inf")
     print(f"workers: {workers}, lines per worker: {lines:,}, log and events read: {read_mib:.1f} MiB")
-    print(f"(a) throughput: {got:,} lines + {events:,} events in {wall:.2f} s: {got / wall:,.0f} lines/s wall; "
+    print(f"(a) throughput: {got:,} lines + {events:,} events in {wall:.2f} s: "
+          f"{got / wall:,.0f} lines/s wall; "
           f"console CPU {cpu:.2f} s: {per_cpu_s:,.0f} lines per CPU-second; every line once: {complete}")
     print(f"    peak RSS {rss:.0f} MiB (ring buffers hold {ring:,} lines; the logs were {read_mib:.1f} MiB)")
     print(f"    reference, the same logs read and split locally: {reference:,.0f} lines/s; "
@@ -175,8 +178,9 @@ async def main(workers: int, lines: int, latency_s: float) -> int:
           f"p95 {p95 * 1000:.0f} ms, max {latencies[-1] * 1000 if latencies else float('nan'):.0f} ms "
           f"(lines written while followed)")
     if first_line_s:
-        print(f"    start: every worker's first line arrived within {first_line_s[-1] * 1000:.0f} ms of the watch's "
-              f"start (median {statistics.median(first_line_s) * 1000:.0f} ms; 64 tickers and followers starting); "
+        print(f"    start: every worker's first line arrived within {first_line_s[-1] * 1000:.0f} ms "
+              f"of the watch's start (median {statistics.median(first_line_s) * 1000:.0f} ms; "
+              f"64 tickers and followers starting); "
               f"the {len(starting):,} lines written meanwhile arrived within "
               f"{starting[-1] * 1000 if starting else 0:.0f} ms")
         every = sorted(latencies + starting)
@@ -189,7 +193,8 @@ async def main(workers: int, lines: int, latency_s: float) -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, default=64)
     parser.add_argument("--lines", type=int, default=20000, help="log lines each worker writes in (a)")
     parser.add_argument("--latency-s", type=float, default=6.0, help="seconds each worker ticks in (b)")

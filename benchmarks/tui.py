@@ -12,7 +12,8 @@ Two runs in this same invocation: idle (the dashboard shows a run but nothing ne
 worker every 2 s). The load enters through the dashboard's real intake: a `RunWatch` polling every worker
 (its followers' records parsed, the byte offsets, masking, log signatures, events, the health) inside
 `RunFeed`, in the app's process; only the transport is synthetic (`SyntheticPod` streams the bytes written
-since the offset asked for, as a worker's follower would), so what is timed is the dashboard, not the pod. Target (issue 11): median under 100 ms under load.
+since the offset asked for, as a worker's follower would), so what is timed is the dashboard, not the pod.
+Target (issue 11): median under 100 ms under load.
 """
 
 from __future__ import annotations
@@ -81,8 +82,9 @@ class SyntheticPod:
             last = now
             for _ in range(int(owed)):
                 w = self.lines_written % len(self.workers)
-                self.files[w, "output.log"] += (f"step={self.step} loss=0.0213 reward_mean=0.41 dt=3.21s "
-                                                f"rollout_generate=2.10s line {self.lines_written}\n").encode()
+                self.files[w, "output.log"] += (
+                    f"step={self.step} loss=0.0213 reward_mean=0.41 dt=3.21s "
+                    f"rollout_generate=2.10s line {self.lines_written}\n").encode()
                 self.lines_written += 1
             owed -= int(owed)
             await asyncio.sleep(0.02)
@@ -124,7 +126,8 @@ class SyntheticPod:
         if not piece:
             return None
         offsets[name] = offset + len(piece)
-        return f"C {name} {offset} {offset + len(piece)} {dropped + len(data)} {base64.b64encode(piece).decode()}"
+        return (f"C {name} {offset} {offset + len(piece)} {dropped + len(data)} "
+                f"{base64.b64encode(piece).decode()}")
 
     async def close(self) -> None:
         pass
@@ -144,8 +147,8 @@ def run_child(workers: int, lines_per_s: int, stats_path: str) -> None:
     from tpu_console.tui.screens.run_screen import RunScreen
 
     run_id = "20250314-120000-bench"
-    record = RunRecord(run_id, "bench-pod", "local", f"local-{workers}x1", list(range(workers)), "c.yaml", "d",
-                       [], "python", datetime.now(UTC))
+    record = RunRecord(run_id, "bench-pod", "local", f"local-{workers}x1", list(range(workers)), "c.yaml",
+                       "d", [], "python", datetime.now(UTC))
     pod = SyntheticPod(run_id, workers, lines_per_s)
 
     @contextlib.asynccontextmanager
@@ -307,14 +310,16 @@ def main() -> int:
         run_child(args.workers, args.lines_per_s, args.stats)
         return 0
 
-    print(f"run dashboard in a {COLUMNS}x{ROWS} pseudo-terminal, {args.workers} workers, {args.presses} presses")
+    print(f"run dashboard in a {COLUMNS}x{ROWS} pseudo-terminal, {args.workers} workers, "
+          f"{args.presses} presses")
     idle = measure(args.workers, 0, args.presses, args.warmup)
     print(summary("(a) idle  ", idle))
     loaded = measure(args.workers, args.lines_per_s, args.presses, args.warmup)
     print(summary("(b) loaded", loaded) + f"; the app took in {loaded['lines_per_s']:,.0f} log lines/s "
           f"(asked for {args.lines_per_s:,})")
     met = "median" in loaded and loaded["median"] < TARGET_MEDIAN_S and not loaded["missed"]
-    print(f"target: median under {TARGET_MEDIAN_S * 1000:.0f} ms with the load: {'met' if met else 'NOT met'}")
+    print(f"target: median under {TARGET_MEDIAN_S * 1000:.0f} ms with the load: "
+          f"{'met' if met else 'NOT met'}")
     return 0 if met else 1
 
 

@@ -92,7 +92,8 @@ def run(mesh_shape: str, mode: str, target_bytes_gib: float, cols: int, events: 
     events.emit(KIND_BENCH, **fields)
     print(f"bench-memory mode={mode} mesh={mesh_shape} dp={sizes['dp']} fsdp={sizes['fsdp']} "
           f"total={total / GIB:.3f}GiB per_device_array={fields['per_device_array_bytes_max'] / GIB:.3f}GiB "
-          f"in_use={_gib(fields['bytes_in_use_max'])} peak={_gib(fields['peak_bytes_in_use_max'])}", flush=True)
+          f"in_use={_gib(fields['bytes_in_use_max'])} peak={_gib(fields['peak_bytes_in_use_max'])}",
+          flush=True)
     return fields
 
 
@@ -106,7 +107,8 @@ def _gib(value: int | None) -> str:
 
 def main(argv: Sequence[str], events: EventLog | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer bench-memory",
-                                     description="Per-device bytes of an FSDP-sharded vs all-gathered buffer.")
+                                     description="Per-device bytes of an FSDP-sharded vs all-gathered "
+                                                 "buffer.")
     parser.add_argument("--mesh-shape", default="auto", help="auto, host_local or dp,fsdp,tp")
     parser.add_argument("--mode", choices=MODES, default="sharded")
     parser.add_argument("--target-bytes-gib", type=float, default=5.6,

@@ -4,10 +4,12 @@
     python -m trainer make-tiny-model DIR          (a tiny offline Qwen2 model; trainer/tiny_model.py)
     python -m trainer make-gsm8k-jsonl PATH [--n N] [--seed S]   (synthetic GSM8K-format data)
     python -m trainer bench-memory [--mesh-shape M] [--mode sharded|gather] [--target-bytes-gib X]
-                                   (per-device bytes of FSDP-sharded vs gathered weights; trainer/bench_memory.py)
+                                   (per-device bytes of FSDP-sharded vs gathered weights;
+                                   trainer/bench_memory.py)
     python -m trainer plan --config FILE.yaml [--set ...] --topology v6e-16 [--json]
                                    (every program compiled for a TPU slice by libtpu, no TPU needed: per-chip
-                                   memory, verdict, cost; exit 0 fits, 1 does not, 3 no libtpu; trainer/plan.py)
+                                   memory, verdict, cost; exit 0 fits, 1 does not, 3 no libtpu;
+                                   trainer/plan.py)
 
 Exit status: 0 when the run finished, 2 for a config or launch problem (one line naming the key and the fix),
 128+N when stopped by signal N (SIGTERM, SIGINT), 1 for anything else. Every failure also lands in
@@ -70,7 +72,8 @@ def _make_gsm8k_jsonl(argv: Sequence[str]) -> int:
 
 
 def _bench_memory(argv: Sequence[str]) -> int:
-    """The FSDP memory bench (trainer/bench_memory.py), with the same exit statuses and error events as a run."""
+    """The FSDP memory bench (trainer/bench_memory.py), with the same exit statuses and error events as
+    a run."""
     events = EventLog(_run_dir_of(argv), process_id_hint())
     try:
         from trainer.bench_memory import main as bench_main
@@ -150,6 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         traceback.print_exc()
         fields = error_fields(exc, progress.get("local_batch"))
         if fields.get("resource_exhausted"):
-            print(f"error: {fields['hint']} (local_batch={fields['local_batch']})", file=sys.stderr, flush=True)
+            print(f"error: {fields['hint']} (local_batch={fields['local_batch']})", file=sys.stderr,
+                  flush=True)
         events.emit(KIND_ERROR, **fields)
         return EXIT_FAILED

@@ -74,7 +74,8 @@ class RolloutConfig(_Section):
 class TrainConfig(_Section):
     micro_batch_size_per_device: int = Field(1, ge=1)
     ppo_epochs: int = Field(1, ge=1)
-    beta: float = Field(0.0, ge=0, description="KL coefficient against the frozen reference; 0 = no reference")
+    beta: float = Field(0.0, ge=0,
+                        description="KL coefficient against the frozen reference; 0 = no reference")
     epsilon_low: float = Field(0.2, ge=0, lt=1)
     epsilon_high: float = Field(0.28, ge=0)
     optimizer: Literal["adamw", "lion"] = "adamw"
@@ -86,8 +87,10 @@ class TrainConfig(_Section):
     weight_decay: float = Field(0.0, ge=0)
     b1: float = Field(0.9, ge=0, lt=1)
     b2: float = Field(0.999, ge=0, lt=1)
-    compute_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="activations; params stay fp32")
-    remat: bool = Field(True, description="recompute each block in the backward pass (saves activation memory)")
+    compute_dtype: Literal["bfloat16", "float32"] = Field("bfloat16",
+                                                          description="activations; params stay fp32")
+    remat: bool = Field(True,
+                        description="recompute each block in the backward pass (saves activation memory)")
     logprob_chunk: int = Field(128, ge=0, description="completion positions whose vocabulary logits exist at "
                                "once when computing log-probs (recomputed in the backward pass); 0 = all")
 
@@ -116,9 +119,9 @@ class TrainerConfig(_Section):
     wandb_project: str | None = None
     wandb_name: str | None = None
     wandb_mode: Literal["online", "offline", "disabled"] = "disabled"
-    # Test-only: a device memory limit simulated on CPU, so the largest-batch finder (tpu-console sweep) can be
-    # tested where nothing runs out of memory. Above this local batch the run fails at start exactly as an
-    # out-of-memory step does (RESOURCE_EXHAUSTED, error event with the local batch, exit 1).
+    # Test-only: a device memory limit simulated on CPU, so the largest-batch finder (tpu-console sweep) can
+    # be tested where nothing runs out of memory. Above this local batch the run fails at start exactly as
+    # an out-of-memory step does (RESOURCE_EXHAUSTED, error event with the local batch, exit 1).
     debug_max_local_batch: int | None = Field(None, ge=1, description="test-only simulated memory limit")
 
     @field_validator("mesh_shape")
@@ -131,7 +134,8 @@ class TrainerConfig(_Section):
             raise ValueError(f"'{value}' is not auto, host_local or three integers dp,fsdp,tp (e.g. 1,-1,1)")
         sizes = [int(x) for x in value.split(",")]
         if sizes.count(-1) > 1:
-            raise ValueError(f"'{value}' has more than one -1; at most one axis can take the remaining devices")
+            raise ValueError(f"'{value}' has more than one -1; "
+                             "at most one axis can take the remaining devices")
         if any(s == 0 or s < -1 for s in sizes):
             raise ValueError(f"'{value}' has an axis size that is not positive (only -1 is allowed)")
         return ",".join(str(s) for s in sizes)
@@ -187,7 +191,8 @@ def is_local_path(text: str) -> bool:
 
 
 def parse_set(assignment: str) -> tuple[list[str], Any]:
-    """`a.b=value` -> (["a", "b"], value) with the value typed as YAML types it (3, 0.5, true, null, [1,2])."""
+    """`a.b=value` -> (["a", "b"], value) with the value typed as YAML types it
+    (3, 0.5, true, null, [1,2])."""
     if "=" not in assignment:
         raise ConfigError(f"--set {assignment!r}: expected KEY=VALUE, e.g. --set rollout.n=8")
     key, raw = assignment.split("=", 1)
@@ -289,7 +294,8 @@ def check_environment(cfg: TrainerConfig) -> None:
                         f"`python -m trainer make-tiny-model {cfg.model_path}` or point it at a model folder")
     if cfg.data.is_local and not Path(cfg.data.path).expanduser().is_file():
         problems.append(f"data.path: {cfg.data.path} does not exist; write one with "
-                        f"`python -m trainer make-gsm8k-jsonl {cfg.data.path}` or use the hub id openai/gsm8k")
+                        f"`python -m trainer make-gsm8k-jsonl {cfg.data.path}` "
+                        "or use the hub id openai/gsm8k")
     if cfg.wandb_mode == "online" and not wandb_key_available():
         # Checked on every process: otherwise only process 0 fails (in wandb.init) while the others wait for
         # it in a collective until a timeout.
@@ -349,10 +355,10 @@ def check_topology(cfg: TrainerConfig, process_count: int, local_device_count: i
     devices = process_count * local_device_count
     if r.sharding_style == "maxtext" and data_parallel == 1 and devices > 1:
         # maxtext lays rollout rows over dp only: with dp=1 every device would decode the whole batch.
-        problems.append(f"rollout.sharding_style: maxtext splits the rollout batch over dp only, and this mesh "
-                        f"has dp=1 over {devices} devices, so every device would decode the whole batch; "
-                        f"use sharding_style: legacy, or a mesh_shape with dp > 1 (host_local on a multi-host "
-                        f"pod, or e.g. 2,-1,1)")
+        problems.append(f"rollout.sharding_style: maxtext splits the rollout batch over dp only, and this "
+                        f"mesh has dp=1 over {devices} devices, so every device would decode the whole "
+                        f"batch; use sharding_style: legacy, or a mesh_shape with dp > 1 (host_local on a "
+                        f"multi-host pod, or e.g. 2,-1,1)")
     if problems:
         raise ConfigError("invalid config for this pod: " + "; ".join(problems))
 

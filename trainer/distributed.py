@@ -136,8 +136,9 @@ def initialize_or_explain(launch: LaunchEnv, expected: int | None) -> None:
         if not expected or expected < 2:
             raise
         cause = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        raise LaunchError(f"Expected {expected} JAX processes but jax.distributed.initialize() failed ({cause}): "
-                          "are all workers launched? launch on all workers (--worker all)") from exc
+        raise LaunchError(f"Expected {expected} JAX processes but jax.distributed.initialize() failed "
+                          f"({cause}): are all workers launched? "
+                          "launch on all workers (--worker all)") from exc
 
 
 def require_process_count(expected: int | None, actual: int) -> None:

@@ -1,7 +1,8 @@
 """The device mesh ("dp", "fsdp", "tp") and the batch shardings the train loop puts arrays in.
 
 `mesh_shape` in the config:
-- `auto`: full-device FSDP, `1,-1,1`. Fastest for decode-dominated GRPO even across hosts (the v6e-16 full-FSDP benchmark).
+- `auto`: full-device FSDP, `1,-1,1`. Fastest for decode-dominated GRPO even across hosts (the v6e-16
+  full-FSDP benchmark).
 - `host_local`: dp over processes, fsdp over each host's local devices (`process_count, local_count, 1`).
 - `dp,fsdp,tp`: explicit sizes, one of them may be -1 (the remaining devices).
 """
@@ -75,7 +76,8 @@ def train_sharding(mesh: Mesh) -> NamedSharding:
 
 # Host <-> global arrays. Each process holds its own rows of every batch (its prompts, their completions).
 def global_from_local_rows(local: np.ndarray, mesh: Mesh, sharding: NamedSharding | None = None) -> jax.Array:
-    """One global array from every process's `local` rows (stacked in process order), laid out as `sharding`."""
+    """One global array from every process's `local` rows (stacked in process order), laid out as
+    `sharding`."""
     array = jax.make_array_from_process_local_data(batch_sharding(mesh), np.asarray(local))
     return array if sharding is None else reshard(array, sharding)
 

@@ -24,7 +24,8 @@ def resolve_mesh_shape(mesh_shape: str, device_count: int, process_count: int) -
     except ValueError:
         raise MeshError(f"mesh_shape: {mesh_shape!r} is not auto, host_local or dp,fsdp,tp") from None
     if len(sizes) != 3 or sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
-        raise MeshError(f"mesh_shape: {mesh_shape!r} must be three positive sizes dp,fsdp,tp with at most one -1")
+        raise MeshError(f"mesh_shape: {mesh_shape!r} must be three positive sizes dp,fsdp,tp "
+                        "with at most one -1")
     known = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
         if device_count % known:

@@ -188,7 +188,8 @@ class RMSNorm(nnx.Module):
 
 
 def rotary_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
-    """fp32 cos/sin [B, T, head_dim] for integer positions [B, T], computed once per forward for all layers."""
+    """fp32 cos/sin [B, T, head_dim] for integer positions [B, T], computed once per forward for all
+    layers."""
     inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
     angles = positions.astype(jnp.float32)[..., None] * inv_freq
     angles = jnp.concatenate([angles, angles], axis=-1)
@@ -216,7 +217,8 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, compute_d
         scores = jnp.einsum("bkgd,bksd->bkgs", q1, k, preferred_element_type=jnp.float32) * (d ** -0.5)
         scores = jnp.where(mask[:, :, None, :], scores, _MASK_VALUE)  # mask [B, 1, S] -> [B, 1, 1, S]
         probs = jax.nn.softmax(scores, axis=-1).astype(compute_dtype)
-        out = jnp.einsum("bkgs,bksd->bkgd", probs, v.astype(compute_dtype), preferred_element_type=jnp.float32)
+        out = jnp.einsum("bkgs,bksd->bkgd", probs, v.astype(compute_dtype),
+                         preferred_element_type=jnp.float32)
         return out.astype(compute_dtype).reshape(b, 1, h * d)
     q = q.reshape(b, t, kv, h // kv, d)
     scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32) * (d ** -0.5)
@@ -384,8 +386,8 @@ class Qwen2ForCausalLM(nnx.Module):
         dtype = dtype or self.compute_dtype
         return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(c.num_hidden_layers)]
 
-    def prefill(self, input_ids: jax.Array, positions: jax.Array, attention_mask: jax.Array, cache_length: int,
-                cache_dtype: Any = None) -> tuple[jax.Array, KVCache]:
+    def prefill(self, input_ids: jax.Array, positions: jax.Array, attention_mask: jax.Array,
+                cache_length: int, cache_dtype: Any = None) -> tuple[jax.Array, KVCache]:
         """Forward of prompts [B, T] into a fresh KV cache of `cache_length` >= T slots (the prompt in slots
         [0, T)). Same result as `decode` at cache_index 0 on an empty cache, at less cost: attention spans the
         prompt only, and the last layer's MLP runs for the last position only. Returns fp32 logits of the last

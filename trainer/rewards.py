@@ -79,7 +79,7 @@ def score_batch(completions: Sequence[str], golds: Sequence[str],
     """(weighted total [B], {name: unweighted per-function scores [B]}) for the functions with a weight."""
     if len(completions) != len(golds):
         raise ValueError(f"{len(completions)} completions but {len(golds)} gold answers")
-    per_fn = {name: np.array([REWARD_FUNCTIONS[name](c, g) for c, g in zip(completions, golds)],
+    per_fn = {name: np.array([REWARD_FUNCTIONS[name](c, g) for c, g in zip(completions, golds, strict=True)],
                              dtype=np.float32)
               for name in weights}
     total = np.zeros(len(completions), dtype=np.float32)

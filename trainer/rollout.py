@@ -56,8 +56,8 @@ INVERSE_CDF_BLOCK = 128
 
 
 def _pick(cdf: jax.Array, target: jax.Array) -> jax.Array:
-    """First index whose cumulative mass exceeds target [B] in cdf [B, C]; rounding that puts target at or past
-    the total stops at the first index reaching the total (which has positive probability)."""
+    """First index whose cumulative mass exceeds target [B] in cdf [B, C]; rounding that puts target at or
+    past the total stops at the first index reaching the total (which has positive probability)."""
     index = jnp.sum((cdf <= target[:, None]).astype(jnp.int32), axis=-1)
     return jnp.minimum(index, jnp.sum((cdf < cdf[:, -1:]).astype(jnp.int32), axis=-1))
 
@@ -69,9 +69,9 @@ def _inverse_cdf(scores: jax.Array, uniform: jax.Array) -> jax.Array:
 
 
 def _draw(probs: jax.Array, uniform: jax.Array) -> jax.Array:
-    """Index drawn from unnormalised probabilities [B, C] with one uniform in [0, 1) per row: the first index
-    whose cumulative mass exceeds u * total. Exact sampling up to fp32 rounding of the cumulative sums, and far
-    cheaper on CPU than Gumbel noise for every candidate."""
+    """Index drawn from unnormalised probabilities [B, C] with one uniform in [0, 1) per row: the first
+    index whose cumulative mass exceeds u * total. Exact sampling up to fp32 rounding of the cumulative
+    sums, and far cheaper on CPU than Gumbel noise for every candidate."""
     batch, count = probs.shape
     if count <= 2 * INVERSE_CDF_BLOCK:
         cdf = jnp.cumsum(probs, axis=-1)
@@ -120,8 +120,8 @@ def sample_with_uniform(logits: jax.Array, uniform: jax.Array, temperature: jax.
             choice = _inverse_cdf(values, uniform)
             tokens = jnp.take_along_axis(indices, choice[:, None], axis=-1)[:, 0]
         else:
-            # Nucleus among the best TOP_P_CANDIDATES tokens when they hold top_p of the (full-softmax) mass in
-            # every row, the usual case; otherwise sort the whole vocabulary. Same draw either way.
+            # Nucleus among the best TOP_P_CANDIDATES tokens when they hold top_p of the (full-softmax) mass
+            # in every row, the usual case; otherwise sort the whole vocabulary. Same draw either way.
             def nucleus_token(candidates: tuple[jax.Array, jax.Array]) -> jax.Array:
                 values, indices = candidates
                 choice = _inverse_cdf(_nucleus(values, top_p, lse), uniform)
@@ -163,8 +163,8 @@ class Sampler:
         self.cache_dtype = cache_dtype or model.compute_dtype
         self.compile_count = 0  # incremented while tracing, i.e. once per compilation
         self._graphdef = nnx.graphdef(model)
-        # Params are cast to the compute dtype once per generate, shared by prefill and decode. Cast inside the
-        # decode jit, XLA CPU may fold the cast into the dots and run them in fp32 every step.
+        # Params are cast to the compute dtype once per generate, shared by prefill and decode. Cast inside
+        # the decode jit, XLA CPU may fold the cast into the dots and run them in fp32 every step.
         self._cast = jax.jit(self._cast_impl)
         statics = ("top_k", "use_top_p", "greedy")
         self._prefill = jax.jit(self._prefill_impl, static_argnames=statics)
@@ -227,15 +227,16 @@ class Sampler:
             return (i < n) & ~jnp.all(done)
 
         def body(carry):
-            return self._decode_step(model, carry, uniforms, prompt_lens, temperature, top_p, eos, top_k=top_k,
-                                     use_top_p=use_top_p, greedy=greedy)
+            return self._decode_step(model, carry, uniforms, prompt_lens, temperature, top_p, eos,
+                                     top_k=top_k, use_top_p=use_top_p, greedy=greedy)
 
         carry = (jnp.int32(1), cache, kv_mask, tokens, logprobs, done)
         _, cache, kv_mask, tokens, logprobs, _ = jax.lax.while_loop(cond, body, carry)
         is_end = jnp.isin(tokens, eos).astype(jnp.int32)
         completion_mask = ((jnp.cumsum(is_end, axis=1) - is_end) == 0).astype(jnp.int32)
         batch_axes = model.config.sharding.batch
-        tokens, completion_mask = self.constrain(tokens, batch_axes), self.constrain(completion_mask, batch_axes)
+        tokens, completion_mask = (self.constrain(tokens, batch_axes),
+                                   self.constrain(completion_mask, batch_axes))
         logprobs = self.constrain(logprobs * completion_mask, batch_axes)
         # Returning cache/kv_mask lets XLA alias the donated input buffers instead of copying them.
         return tokens, completion_mask, logprobs, cache, kv_mask
@@ -266,8 +267,8 @@ class Sampler:
 
         def step(state, carry, uniforms, prompt_lens, temperature, top_p):
             eos = jnp.asarray(self.eos_ids, jnp.int32)
-            return self._decode_step(self._model(state), carry, uniforms, prompt_lens, temperature, top_p, eos,
-                                     top_k=top_k, use_top_p=use_top_p, greedy=greedy)
+            return self._decode_step(self._model(state), carry, uniforms, prompt_lens, temperature, top_p,
+                                     eos, top_k=top_k, use_top_p=use_top_p, greedy=greedy)
 
         return jax.jit(step, donate_argnums=(1,))
 

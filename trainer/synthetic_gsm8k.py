@@ -14,7 +14,8 @@ from pathlib import Path
 
 _NAMES = ["Ava", "Ben", "Carla", "Dev", "Elena", "Farid", "Grace", "Hugo", "Ines", "Jamal", "Kira", "Liam",
           "Maya", "Noah", "Olga", "Pablo", "Quinn", "Rosa", "Sam", "Tariq"]
-_ITEMS = ["apples", "pencils", "stickers", "marbles", "cookies", "books", "shells", "cards", "eggs", "flowers"]
+_ITEMS = ["apples", "pencils", "stickers", "marbles", "cookies", "books", "shells", "cards", "eggs",
+          "flowers"]
 _CONTAINERS = ["boxes", "bags", "baskets", "crates", "jars"]
 
 
@@ -36,10 +37,12 @@ def _containers(rng: random.Random) -> tuple[str, str]:
     boxes, per_box, extra = rng.randint(2, 9), rng.randint(3, 15), rng.randint(1, 20)
     packed = boxes * per_box
     total = packed + extra
-    question = (f"{name} has {boxes} {box} with {per_box} {item} in each, and {extra} more {item} on the table. "
+    question = (f"{name} has {boxes} {box} with {per_box} {item} in each, "
+                f"and {extra} more {item} on the table. "
                 f"How many {item} does {name} have in total?")
     answer = (f"In the {box} there are {boxes} * {per_box} = <<{boxes}*{per_box}={packed}>>{packed} {item}.\n"
-              f"In total {name} has {packed} + {extra} = <<{packed}+{extra}={total}>>{total} {item}.\n#### {total}")
+              f"In total {name} has {packed} + {extra} = <<{packed}+{extra}={total}>>{total} {item}.\n"
+              f"#### {total}")
     return question, answer
 
 
@@ -49,7 +52,8 @@ def _share(rng: random.Random) -> tuple[str, str]:
     friends, each, kept = rng.randint(2, 8), rng.randint(2, 12), rng.randint(1, 15)
     given = friends * each
     total = given + kept
-    question = (f"{a} gave {each} {item} to each of {friends} friends, including {b}, and kept {kept} {item}. "
+    question = (f"{a} gave {each} {item} to each of {friends} friends, including {b}, "
+                f"and kept {kept} {item}. "
                 f"How many {item} did {a} have at first?")
     answer = (f"{a} gave away {friends} * {each} = <<{friends}*{each}={given}>>{given} {item}.\n"
               f"At first {a} had {given} + {kept} = <<{given}+{kept}={total}>>{total} {item}.\n#### {total}")
@@ -62,7 +66,8 @@ def _speed(rng: random.Random) -> tuple[str, str]:
     out = speed * hours
     back_dist = speed * back
     total = out + back_dist
-    question = (f"{name} drives at {speed} miles per hour for {hours} hours, then drives back for {back} hours "
+    question = (f"{name} drives at {speed} miles per hour for {hours} hours, "
+                f"then drives back for {back} hours "
                 f"at the same speed. How many miles did {name} drive in total?")
     answer = (f"First {name} drives {speed} * {hours} = <<{speed}*{hours}={out}>>{out} miles.\n"
               f"Then {speed} * {back} = <<{speed}*{back}={back_dist}>>{back_dist} miles.\n"
@@ -90,8 +95,10 @@ def _split_evenly(rng: random.Random) -> tuple[str, str]:
     shared = total - eaten
     question = (f"{name} had {total} {item}, used {eaten} of them, and split the rest equally into {groups} "
                 f"groups. How many {item} are in each group?")
-    answer = (f"After using some, {name} had {total} - {eaten} = <<{total}-{eaten}={shared}>>{shared} {item}.\n"
-              f"Each group gets {shared} / {groups} = <<{shared}/{groups}={each}>>{each} {item}.\n#### {each}")
+    answer = (f"After using some, {name} had {total} - {eaten} = "
+              f"<<{total}-{eaten}={shared}>>{shared} {item}.\n"
+              f"Each group gets {shared} / {groups} = <<{shared}/{groups}={each}>>{each} {item}.\n"
+              f"#### {each}")
     return question, answer
 
 

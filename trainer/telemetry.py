@@ -103,7 +103,8 @@ class CompileCounter:
 
 # --- phase timing ------------------------------------------------------------------------------------------
 class PhaseTimer:
-    """Wall time of named phases; `fence(x)` blocks on device work so async dispatch is not mistaken for speed."""
+    """Wall time of named phases; `fence(x)` blocks on device work so async dispatch is not mistaken for
+    speed."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
@@ -179,8 +180,9 @@ def _fmt(value: Any) -> str:
 
 def human_step_line(metrics: Mapping[str, Any]) -> str:
     """`step=N loss=... entropy=... reward_mean=... dt=12.34s rollout_generate=9.10s reward=0.01s ...`."""
-    parts = [f"step={metrics[STEP]}", f"loss={_fmt(metrics.get(LOSS))}", f"entropy={_fmt(metrics.get(ENTROPY))}",
-             f"kl={_fmt(metrics.get(KL))}", f"reward_mean={_fmt(metrics.get(REWARD_MEAN))}",
+    parts = [f"step={metrics[STEP]}", f"loss={_fmt(metrics.get(LOSS))}",
+             f"entropy={_fmt(metrics.get(ENTROPY))}", f"kl={_fmt(metrics.get(KL))}",
+             f"reward_mean={_fmt(metrics.get(REWARD_MEAN))}",
              f"dt={metrics[phase_key('step')]:.2f}s"]
     parts += [f"{p}={metrics[phase_key(p)]:.2f}s" for p in PHASES if p != "step" and phase_key(p) in metrics]
     parts.append(f"tokens_per_s={_fmt(metrics.get(VALID_TOKENS_PER_S))}")

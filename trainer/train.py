@@ -89,7 +89,8 @@ def run(cfg: TrainerConfig, launch: LaunchEnv, events: tm.EventLog, *, run_dir: 
     events.emit(tm.KIND_START, jax_version=jax.__version__, backend=jax.default_backend(),
                 process_count=topo.process_count, device_count=topo.device_count,
                 local_device_count=topo.local_device_count, mesh_shape=cfg.mesh_shape, mesh_axes=sizes,
-                fsdp_spans_hosts=spans, local_batch=local_batch, global_batch=local_batch * topo.process_count,
+                fsdp_spans_hosts=spans, local_batch=local_batch,
+                global_batch=local_batch * topo.process_count,
                 sharding_style=cfg.rollout.sharding_style, steps=cfg.steps, config_digest=cfg.digest())
     if cfg.debug_max_local_batch is not None and local_batch > cfg.debug_max_local_batch:
         raise RuntimeError(f"RESOURCE_EXHAUSTED: simulated device memory limit: local_batch {local_batch} > "
@@ -133,8 +134,8 @@ class Trainer:
 
             self.checkpointer = Checkpointer(cfg.checkpoint.dir, cfg.checkpoint.every_steps,
                                              cfg.checkpoint.max_to_keep)
-        self.wandb = tm.WandbSink(cfg.wandb_mode, cfg.wandb_project, cfg.wandb_name, cfg.model_dump(mode="json"),
-                                  topo.process_index, run_dir)
+        self.wandb = tm.WandbSink(cfg.wandb_mode, cfg.wandb_project, cfg.wandb_name,
+                                  cfg.model_dump(mode="json"), topo.process_index, run_dir)
         self.timer = tm.PhaseTimer()
         self.key = jax.random.key(cfg.seed)
         self._warned_truncation = False
@@ -172,7 +173,8 @@ class Trainer:
         group_problems = [p for p in problems for _ in range(n)]  # each prompt's n samples are adjacent
         with timer.phase("rollout_generate"):
             r = cfg.rollout
-            rollout = self.sampler.generate(self._prompt_tokens(group_problems), jax.random.fold_in(self.key, step),
+            rollout = self.sampler.generate(self._prompt_tokens(group_problems),
+                                            jax.random.fold_in(self.key, step),
                                             temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
                                             state=self._sampler_state())
             timer.fence(rollout)
@@ -195,7 +197,8 @@ class Trainer:
     def _train_batch(self, rollout: Any, advantages: np.ndarray) -> dict:
         layout = train_sharding(self.mesh)
         tokens = reshard({"prompt_ids": rollout.prompt_ids, "prompt_mask": rollout.prompt_mask,
-                          "completion_ids": rollout.completion_ids, "completion_mask": rollout.completion_mask},
+                          "completion_ids": rollout.completion_ids,
+                          "completion_mask": rollout.completion_mask},
                          layout)
         batch = _assemble(tokens)
         batch["advantages"] = global_from_local_rows(advantages.astype(np.float32), self.mesh, layout)
@@ -260,7 +263,8 @@ class Trainer:
         correct = np.array([correct_reward(c, g) for c, g in zip(texts, golds, strict=True)], np.float32)
         total, _ = score_batch(texts, golds, cfg.reward_weights)
         metrics = {tm.STEP: step, tm.EVAL_ACCURACY: float(_gather(correct).mean()),
-                   tm.EVAL_REWARD_MEAN: float(_gather(total).mean()), "eval/samples": wanted * self.topo.process_count,
+                   tm.EVAL_REWARD_MEAN: float(_gather(total).mean()),
+                   "eval/samples": wanted * self.topo.process_count,
                    "time/eval/total_s": time.perf_counter() - start}
         return metrics
 
@@ -275,7 +279,8 @@ class Trainer:
         state = self.checkpointer.restore(latest, {"params": self.params, "opt_state": self.opt_state})
         self.params, self.opt_state = state["params"], state["opt_state"]
         print(f"resumed from checkpoint step {latest} in {self.cfg.checkpoint.dir}", flush=True)
-        self.events.emit(tm.KIND_WARNING, message=f"resumed from checkpoint step {latest}", resumed_step=latest)
+        self.events.emit(tm.KIND_WARNING, message=f"resumed from checkpoint step {latest}",
+                         resumed_step=latest)
         return latest
 
     def train(self) -> None:
