@@ -38,11 +38,15 @@ def tpu_devices(tpu: TpuSlice) -> tuple:
     import platform
 
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        raise LibtpuUnavailable(f"planning needs libtpu, which is published for Linux x86-64 only (this is "
-                                f"{platform.system()} {platform.machine()}); run plan on a Linux x86-64 machine")
+        raise LibtpuUnavailable(
+            f"planning needs libtpu, which is published for Linux x86-64 only (this is "
+            f"{platform.system()} {platform.machine()}); run plan on a Linux x86-64 machine"
+        )
     if libtpu_version() is None:
-        raise LibtpuUnavailable('libtpu is not installed; pip install "jax[tpu]==<your jax version>" '
-                                "(about 700 MB) to plan without a TPU")
+        raise LibtpuUnavailable(
+            'libtpu is not installed; pip install "jax[tpu]==<your jax version>" '
+            "(about 700 MB) to plan without a TPU"
+        )
     # Off a TPU VM: skip the metadata server and name the accelerator, so libtpu does not go looking.
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", tpu.accelerator_type)
@@ -54,11 +58,17 @@ def tpu_devices(tpu: TpuSlice) -> tuple:
     from jax.experimental import topologies
 
     try:
-        desc = topologies.get_topology_desc(platform="tpu", topology_name=tpu.topology_name,
-                                            chip_config_name=tpu.generation.chip_config,
-                                            chips_per_host_bounds=tpu.chips_per_host_bounds, num_slices=1)
+        desc = topologies.get_topology_desc(
+            platform="tpu",
+            topology_name=tpu.topology_name,
+            chip_config_name=tpu.generation.chip_config,
+            chips_per_host_bounds=tpu.chips_per_host_bounds,
+            num_slices=1,
+        )
     except Exception as exc:  # noqa: BLE001 - libtpu's errors are RuntimeErrors of many shapes
-        raise LibtpuUnavailable(f"libtpu cannot describe {tpu.topology_name}: {str(exc).splitlines()[0]}") from None
+        raise LibtpuUnavailable(
+            f"libtpu cannot describe {tpu.topology_name}: {str(exc).splitlines()[0]}"
+        ) from None
     return tuple(desc.devices)
 
 
@@ -71,10 +81,24 @@ def _has_tpu_chips() -> bool:
 # HLO collectives. Async ones appear as a -start/-done pair; the -start names the transfer.
 _COLLECTIVE = re.compile(
     r"=\s*(?P<shape>\(.*?\)|\S+)\s+(?P<op>all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)"
-    r"(?P<suffix>-start)?\(")
+    r"(?P<suffix>-start)?\("
+)
 _ARRAY = re.compile(r"(?P<dtype>pred|s8|u8|s16|u16|f16|bf16|s32|u32|f32|s64|u64|f64)\[(?P<dims>[\d,]*)\]")
-_ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
-             "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+_ITEMSIZE = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+}
 
 
 def _array_bytes(text: str) -> list[int]:
@@ -145,7 +169,11 @@ class CompiledProgram:
 
 
 def is_out_of_memory(message: str) -> bool:
-    return "RESOURCE_EXHAUSTED" in message or "Ran out of memory" in message or "out of memory" in message.lower()
+    return (
+        "RESOURCE_EXHAUSTED" in message
+        or "Ran out of memory" in message
+        or "out of memory" in message.lower()
+    )
 
 
 def oom_summary(message: str) -> str:
@@ -172,12 +200,24 @@ def compile_program(name: str, fn: Callable, *args: Any, **kwargs: Any) -> Compi
     if isinstance(cost, list):  # older JAX: one dict per computation
         cost = cost[0] if cost else {}
     return CompiledProgram(
-        name, argument_bytes=int(memory.argument_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),
-        temp_bytes=int(memory.temp_size_in_bytes), alias_bytes=int(memory.alias_size_in_bytes),
-        code_bytes=int(memory.generated_code_size_in_bytes), flops=float(cost.get("flops", 0.0)),
+        name,
+        argument_bytes=int(memory.argument_size_in_bytes),
+        output_bytes=int(memory.output_size_in_bytes),
+        temp_bytes=int(memory.temp_size_in_bytes),
+        alias_bytes=int(memory.alias_size_in_bytes),
+        code_bytes=int(memory.generated_code_size_in_bytes),
+        flops=float(cost.get("flops", 0.0)),
         bytes_accessed=float(cost.get("bytes accessed", 0.0)),
-        compiler_seconds=cost.get("optimal_seconds"), collectives=collectives_in(compiled.as_text()),
-        compile_s=time.perf_counter() - start)
+        compiler_seconds=_compiler_seconds(cost),
+        collectives=collectives_in(compiled.as_text()),
+        compile_s=time.perf_counter() - start,
+    )
+
+
+def _compiler_seconds(cost: dict) -> float | None:
+    """The compiler's own time estimate; libtpu reports a negative number when it has none."""
+    seconds = cost.get("optimal_seconds")
+    return None if seconds is None or seconds < 0 else float(seconds)
 
 
 _AVAILABLE = re.compile(r"exceeds available HBM \(([\d.]+)([KMGT])\)|available HBM[^\d]*([\d.]+)([KMGT])")
@@ -194,7 +234,9 @@ def hbm_limit_bytes(tpu: TpuSlice) -> int:
 
     device = tpu_devices(tpu)[0]
     mesh = jax.sharding.Mesh([device], ("x",))
-    huge = jax.ShapeDtypeStruct((64, 1024, 1024, 1024), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec()))
+    huge = jax.ShapeDtypeStruct(
+        (64, 1024, 1024, 1024), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec())
+    )
     try:
         jax.jit(lambda x: x * 2 + jnp.flip(x)).lower(huge).compile()
     except Exception as exc:  # noqa: BLE001 - the OOM answer is what we asked for

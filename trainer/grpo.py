@@ -97,7 +97,9 @@ def chunked_token_stats(hidden: jax.Array, head: Callable[[jax.Array], jax.Array
         return completion_logprobs(head(h), t, temperature)
 
     logp, entropy = jax.lax.map(one, (h_chunks, t_chunks))
-    unchunk = lambda x: x.swapaxes(0, 1).reshape(x.shape[1], count * chunk)[:, :length]
+    def unchunk(x: jax.Array) -> jax.Array:
+        return x.swapaxes(0, 1).reshape(x.shape[1], count * chunk)[:, :length]
+
     return unchunk(logp), unchunk(entropy)
 
 

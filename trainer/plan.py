@@ -36,6 +36,10 @@ from trainer.model import Qwen2Config
 from trainer.tpu_specs import TpuSlice
 
 COLLECTIVE_LATENCY_S = 10e-6
+# The programs whose memory grows with the batch: enough for a sweep's fits / does-not-fit.
+MEMORY_PROGRAMS = frozenset(
+    {"prefill", "decode loop", "log-probs", "update", "prefill (eval)", "decode loop (eval)"}
+)
 
 # Which config key shrinks each kind of memory, for the verdict's fix.
 FIXES = {
@@ -44,9 +48,9 @@ FIXES = {
     "reference weights": "train.beta: 0 (no frozen reference), or a larger slice",
     "rollout weights": "rollout.weight_layout: fsdp (no full bf16 copy per chip)",
     "KV cache": "fewer sequences a step (rollout.batch_size or rollout.n) or a shorter "
-                "rollout.max_length_sample / rollout.global_length",
+    "rollout.max_length_sample / rollout.global_length",
     "update temporaries": "a smaller train.micro_batch_size_per_device, train.remat: true, or a smaller "
-                          "train.logprob_chunk",
+    "train.logprob_chunk",
     "log-prob temporaries": "a smaller train.micro_batch_size_per_device or train.logprob_chunk",
     "rollout temporaries": "fewer sequences a step (rollout.batch_size or rollout.n)",
 }
@@ -64,7 +68,9 @@ def model_config_for(model_path: str) -> tuple[Qwen2Config, str]:
     download), or the preset its name matches."""
     local = Path(model_path).expanduser()
     if (local / "config.json").is_file():
-        return Qwen2Config.from_hf(json.loads((local / "config.json").read_text())), str(local / "config.json")
+        return Qwen2Config.from_hf(json.loads((local / "config.json").read_text())), str(
+            local / "config.json"
+        )
     if not is_local_path(model_path):
         try:
             from huggingface_hub import try_to_load_from_cache
@@ -79,8 +85,10 @@ def model_config_for(model_path: str) -> tuple[Qwen2Config, str]:
     name = model_path.lower().rstrip("/").rsplit("/", 1)[-1].removesuffix("-instruct")
     if name in PRESETS:
         return PRESETS[name], f"preset {name}"
-    raise PlanError(f"model_path: cannot read {model_path}/config.json here and it names no preset "
-                    f"({', '.join(PRESETS)}); point model_path at a model folder or a Qwen2.5 hub id")
+    raise PlanError(
+        f"model_path: cannot read {model_path}/config.json here and it names no preset "
+        f"({', '.join(PRESETS)}); point model_path at a model folder or a Qwen2.5 hub id"
+    )
 
 
 # ---- the report --------------------------------------------------------------------------------------------
@@ -100,14 +108,26 @@ class ProgramPlan:
 
     def to_json(self) -> dict:
         c = self.compiled
-        return {"name": self.name, "runs": self.runs, "oom": c.oom, "argument_bytes": c.argument_bytes,
-                "output_bytes": c.output_bytes, "temp_bytes": c.temp_bytes, "alias_bytes": c.alias_bytes,
-                "code_bytes": c.code_bytes, "held_outside_bytes": self.held_outside,
-                "peak_bytes": None if c.oom else self.peak_bytes, "flops": c.flops,
-                "bytes_accessed": c.bytes_accessed, "collective_bytes": c.collectives.bytes,
-                "collectives": c.collectives.count, "collectives_by_kind": c.collectives.by_kind,
-                "compiler_seconds": c.compiler_seconds, "estimated_seconds": self.estimate_s,
-                "compile_seconds": round(c.compile_s, 2)}
+        return {
+            "name": self.name,
+            "runs": self.runs,
+            "oom": c.oom,
+            "argument_bytes": c.argument_bytes,
+            "output_bytes": c.output_bytes,
+            "temp_bytes": c.temp_bytes,
+            "alias_bytes": c.alias_bytes,
+            "code_bytes": c.code_bytes,
+            "held_outside_bytes": self.held_outside,
+            "peak_bytes": None if c.oom else self.peak_bytes,
+            "flops": c.flops,
+            "bytes_accessed": c.bytes_accessed,
+            "collective_bytes": c.collectives.bytes,
+            "collectives": c.collectives.count,
+            "collectives_by_kind": c.collectives.by_kind,
+            "compiler_seconds": c.compiler_seconds,
+            "estimated_seconds": self.estimate_s,
+            "compile_seconds": round(c.compile_s, 2),
+        }
 
 
 @dataclass
@@ -160,13 +180,18 @@ class Plan:
         if self.fits:
             peak = self.peak
             assert peak is not None
-            return (f"fits: peak {peak.peak_bytes / 2**30:.2f} GiB of {gib:.2f} GiB per chip in {peak.name} "
-                    f"({self.headroom:.0%} free)")
+            return (
+                f"fits: peak {peak.peak_bytes / 2**30:.2f} GiB of {gib:.2f} GiB per chip in {peak.name} "
+                f"({self.headroom:.0%} free)"
+            )
         oom = next((p for p in self.programs if p.compiled.oom), None)
         name, size = self.largest_consumer()
         fix = FIXES.get(name, "a smaller batch")
-        where = (f"{oom.name}: the compiler says {oom.compiled.oom}" if oom else
-                 f"{self.peak.name} needs {self.peak.peak_bytes / 2**30:.2f} GiB of {gib:.2f} GiB per chip")
+        where = (
+            f"{oom.name}: the compiler says {oom.compiled.oom}"
+            if oom
+            else f"{self.peak.name} needs {self.peak.peak_bytes / 2**30:.2f} GiB of {gib:.2f} GiB per chip"
+        )
         return f"does not fit: {where}; largest: {name} {size / 2**30:.2f} GiB; fix: {fix}"
 
     # -- time ------------------------------------------------------------------------------------------
@@ -180,8 +205,9 @@ class Plan:
             p = by.get(name)
             return p.estimate_s or 0.0 if p else 0.0
 
-        phases["rollout_generate_s"] = (est("rollout weights") + est("prefill")
-                                        + self.new_tokens * est("decode step"))
+        phases["rollout_generate_s"] = (
+            est("rollout weights") + est("prefill") + self.new_tokens * est("decode step")
+        )
         phases["update_s"] = est("update") + est("log-probs") * self._logprob_passes
         phases["step_s"] = phases["rollout_generate_s"] + phases["update_s"]
         return phases
@@ -190,16 +216,28 @@ class Plan:
 
     def to_json(self) -> dict:
         name, size = self.largest_consumer()
-        return {"accelerator_type": self.accelerator_type, "topology": self.topology, "chips": self.chips,
-                "hosts": self.hosts, "hbm_bytes": self.hbm_bytes, "model_source": self.model_source,
-                "mesh": self.mesh, "weight_layout": self.weight_layout, "resident_bytes": self.resident,
-                "fits": self.fits, "verdict": self.verdict(), "headroom": self.headroom,
-                "peak_bytes": self.peak.peak_bytes if self.peak else None,
-                "peak_program": self.peak.name if self.peak else None,
-                "largest_consumer": {"name": name, "bytes": size},
-                "step_estimate_s": self.step_estimate(), "new_tokens": self.new_tokens,
-                "config_digest": self.config_digest, "versions": self.versions,
-                "programs": [p.to_json() for p in self.programs]}
+        return {
+            "accelerator_type": self.accelerator_type,
+            "topology": self.topology,
+            "chips": self.chips,
+            "hosts": self.hosts,
+            "hbm_bytes": self.hbm_bytes,
+            "model_source": self.model_source,
+            "mesh": self.mesh,
+            "weight_layout": self.weight_layout,
+            "resident_bytes": self.resident,
+            "fits": self.fits,
+            "verdict": self.verdict(),
+            "headroom": self.headroom,
+            "peak_bytes": self.peak.peak_bytes if self.peak else None,
+            "peak_program": self.peak.name if self.peak else None,
+            "largest_consumer": {"name": name, "bytes": size},
+            "step_estimate_s": self.step_estimate(),
+            "new_tokens": self.new_tokens,
+            "config_digest": self.config_digest,
+            "versions": self.versions,
+            "programs": [p.to_json() for p in self.programs],
+        }
 
 
 def estimate_seconds(c: CompiledProgram, tpu: TpuSlice) -> float:
@@ -239,14 +277,23 @@ def _abstract_model(model_config: Qwen2Config, cfg: TrainerConfig, mesh: Any) ->
     from trainer.train import DTYPES
 
     with nnx.use_eager_sharding(False):
-        model = nnx.eval_shape(lambda: Qwen2ForCausalLM(model_config, nnx.Rngs(0), param_dtype=jnp.float32,
-                                                        compute_dtype=DTYPES[cfg.train.compute_dtype],
-                                                        remat=cfg.train.remat))
+        model = nnx.eval_shape(
+            lambda: Qwen2ForCausalLM(
+                model_config,
+                nnx.Rngs(0),
+                param_dtype=jnp.float32,
+                compute_dtype=DTYPES[cfg.train.compute_dtype],
+                remat=cfg.train.remat,
+            )
+        )
     for _, var in nnx.iter_graph(model):
         if isinstance(var, nnx.Param):
             axes = var.get_metadata().get("out_sharding") or ()
-            var.set_value(jax.ShapeDtypeStruct(var.shape, var.dtype,
-                                               sharding=NamedSharding(mesh, fit_spec(var.shape, axes, mesh))))
+            var.set_value(
+                jax.ShapeDtypeStruct(
+                    var.shape, var.dtype, sharding=NamedSharding(mesh, fit_spec(var.shape, axes, mesh))
+                )
+            )
     return model
 
 
@@ -256,8 +303,14 @@ def _with_shardings(shapes: Any, shardings: Any) -> Any:
     return jax.tree.map(lambda s, sh: _abstract(s.shape, s.dtype, sh), shapes, shardings)
 
 
-def build_plan(cfg: TrainerConfig, tpu: TpuSlice, *, weight_layout: str | None = None,
-               only: set[str] | None = None, progress: Any = None) -> Plan:
+def build_plan(
+    cfg: TrainerConfig,
+    tpu: TpuSlice,
+    *,
+    weight_layout: str | None = None,
+    only: set[str] | None = None,
+    progress: Any = None,
+) -> Plan:
     """Compile every program `cfg` runs on `tpu` and assemble the report. weight_layout overrides the
     config's rollout.weight_layout (the benchmark compares layouts); only: compile just these programs."""
     import jax
@@ -276,7 +329,9 @@ def build_plan(cfg: TrainerConfig, tpu: TpuSlice, *, weight_layout: str | None =
     except ConfigError as exc:
         raise PlanError(f"{exc} (on {tpu.accelerator_type}: {hosts} hosts x {local} chips)") from None
     if weight_layout is not None:
-        cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"weight_layout": weight_layout})})
+        cfg = cfg.model_copy(
+            update={"rollout": cfg.rollout.model_copy(update={"weight_layout": weight_layout})}
+        )
     model_config, source = model_config_for(cfg.model_path)
     hbm = hbm_limit_bytes(tpu)
     mesh = make_mesh(cfg.mesh_shape, devices=list(devices))
@@ -295,14 +350,40 @@ def build_plan(cfg: TrainerConfig, tpu: TpuSlice, *, weight_layout: str | None =
         resident = {"parameters": _per_chip_bytes(params), "optimizer state": _per_chip_bytes(opt_state)}
         if t.beta > 0:
             resident["reference weights"] = resident["parameters"]
-        fp32_state = resident["parameters"] + resident["optimizer state"] + resident.get("reference weights", 0)
+        fp32_state = (
+            resident["parameters"] + resident["optimizer state"] + resident.get("reference weights", 0)
+        )
 
-        plan = Plan(tpu.accelerator_type, tpu.topology_name, tpu.chips, hosts, hbm, source, axis_sizes(mesh),
-                    sampler.weight_layout, resident, versions={"jax": jax.__version__, "libtpu": libtpu_version()},
-                    config_digest=cfg.digest(), new_tokens=r.max_length_sample)
+        plan = Plan(
+            tpu.accelerator_type,
+            tpu.topology_name,
+            tpu.chips,
+            hosts,
+            hbm,
+            source,
+            axis_sizes(mesh),
+            sampler.weight_layout,
+            resident,
+            versions={"jax": jax.__version__, "libtpu": libtpu_version()},
+            config_digest=cfg.digest(),
+            new_tokens=r.max_length_sample,
+        )
         plan._logprob_passes = int(t.beta > 0) + int(t.ppo_epochs > 1)
 
-        def add(name: str, runs: str, held_outside: int, fn: Any, *args: Any, **kwargs: Any) -> CompiledProgram:
+        def add(
+            name: str, runs: str, held_outside: int, fn: Any, *args: Any, **kwargs: Any
+        ) -> CompiledProgram:
+            # Prefill is compiled whenever the decode loop is wanted: its outputs' layout is the loop's input.
+            wanted = (
+                only is None
+                or name in only
+                or (
+                    name.startswith("prefill")
+                    and not only.isdisjoint({"decode loop", "decode step", "decode loop (eval)"})
+                )
+            )
+            if not wanted:
+                return CompiledProgram(name)
             say(f"compiling {name} for {tpu.topology_name} ...")
             compiled = compile_program(name, fn, *args, **kwargs)
             entry = ProgramPlan(name, runs, compiled, held_outside)
@@ -319,9 +400,17 @@ def build_plan(cfg: TrainerConfig, tpu: TpuSlice, *, weight_layout: str | None =
         rollout_state = jax.eval_shape(sampler.prepare_weights, state)
         if sampler.weight_layout == "replicated":
             rollout_state = _with_shardings(rollout_state, jax.tree.map(lambda _: replicated, rollout_state))
-            add("rollout weights", "every step", fp32_state - resident["parameters"], sampler._replicate, state)
-        elif rollout_state is not state and any(x.dtype != p.dtype for x, p in
-                                                zip(jax.tree.leaves(rollout_state), jax.tree.leaves(state))):
+            add(
+                "rollout weights",
+                "every step",
+                fp32_state - resident["parameters"],
+                sampler._replicate,
+                state,
+            )
+        elif rollout_state is not state and any(
+            x.dtype != p.dtype
+            for x, p in zip(jax.tree.leaves(rollout_state), jax.tree.leaves(state), strict=True)
+        ):
             rollout_state = _with_shardings(rollout_state, jax.tree.map(lambda x: x.sharding, state))
             add("rollout weights", "every step", fp32_state - resident["parameters"], sampler._cast, state)
         else:
@@ -337,40 +426,98 @@ def build_plan(cfg: TrainerConfig, tpu: TpuSlice, *, weight_layout: str | None =
             lens = _abstract((rows,), jnp.int32, rows_sharding)
             key = _with_shardings(jax.eval_shape(lambda: jax.random.key(0)), replicated)
             scalar = _abstract((), jnp.float32, replicated)
-            prefill = add(f"prefill{label}", "every step" if not label else "every eval", held,
-                          sampler._prefill, rollout_state, ids, ids, key, scalar, scalar, **mode)
+            prefill = add(
+                f"prefill{label}",
+                "every step" if not label else "every eval",
+                held,
+                sampler._prefill,
+                rollout_state,
+                ids,
+                ids,
+                key,
+                scalar,
+                scalar,
+                **mode,
+            )
             if prefill.oom:
                 continue
             lowered = sampler._prefill.lower(rollout_state, ids, ids, key, scalar, scalar, **mode)
-            out_shapes = jax.eval_shape(sampler._prefill, rollout_state, ids, ids, key, scalar, scalar, **mode)
-            cache, kv_mask, first, first_logprobs = _with_shardings(out_shapes, lowered.compile().output_shardings)
+            out_shapes = jax.eval_shape(
+                sampler._prefill, rollout_state, ids, ids, key, scalar, scalar, **mode
+            )
+            cache, kv_mask, first, first_logprobs = _with_shardings(
+                out_shapes, lowered.compile().output_shardings
+            )
             if not label:
                 plan.resident["KV cache"] = _per_chip_bytes(cache)
-            add(f"decode loop{label}", "every step" if not label else "every eval", held, sampler._decode,
-                rollout_state, cache, kv_mask, first, first_logprobs, lens, key, scalar, scalar, **mode)
+            add(
+                f"decode loop{label}",
+                "every step" if not label else "every eval",
+                held,
+                sampler._decode,
+                rollout_state,
+                cache,
+                kv_mask,
+                first,
+                first_logprobs,
+                lens,
+                key,
+                scalar,
+                scalar,
+                **mode,
+            )
             if not label:
                 tokens = _abstract((rows, r.max_length_sample), jnp.int32, first.sharding)
                 logprobs = _abstract((rows, r.max_length_sample), jnp.float32, first.sharding)
                 done = _abstract((rows,), jnp.bool_, first.sharding)
                 carry = (_abstract((), jnp.int32, replicated), cache, kv_mask, tokens, logprobs, done)
-                add("decode step", "per token", held, sampler.decode_step_program(**mode), rollout_state, carry,
-                    logprobs, lens, scalar, scalar)
+                add(
+                    "decode step",
+                    "per token",
+                    held,
+                    sampler.decode_step_program(**mode),
+                    rollout_state,
+                    carry,
+                    logprobs,
+                    lens,
+                    scalar,
+                    scalar,
+                )
         plan.resident["rollout weights"] = rollout_weights
 
         # The update over the step's sequences, its micro-batches scanned inside; log-prob passes before it.
         layout = train_sharding(mesh)
         length = r.global_length + r.max_length_sample
-        train_batch = {"input_ids": _abstract((batch, length), jnp.int32, layout),
-                       "attention_mask": _abstract((batch, length), jnp.int32, layout),
-                       "completion_mask": _abstract((batch, r.max_length_sample), jnp.float32, layout),
-                       "advantages": _abstract((batch,), jnp.float32, layout)}
-        for key_name in (["ref_logprobs"] if t.beta > 0 else []) + (["old_logprobs"] if t.ppo_epochs > 1 else []):
+        train_batch = {
+            "input_ids": _abstract((batch, length), jnp.int32, layout),
+            "attention_mask": _abstract((batch, length), jnp.int32, layout),
+            "completion_mask": _abstract((batch, r.max_length_sample), jnp.float32, layout),
+            "advantages": _abstract((batch,), jnp.float32, layout),
+        }
+        for key_name in (["ref_logprobs"] if t.beta > 0 else []) + (
+            ["old_logprobs"] if t.ppo_epochs > 1 else []
+        ):
             train_batch[key_name] = _abstract((batch, r.max_length_sample), jnp.float32, layout)
         if plan._logprob_passes:
-            add("log-probs", f"{plan._logprob_passes}x every step", fp32_state - resident["parameters"],
-                step_fn.logprobs, params, rest, train_batch)
-        add("update", f"{t.ppo_epochs}x every step", fp32_state - resident["parameters"]
-            - resident["optimizer state"], step_fn.update, params, rest, opt_state, train_batch)
+            add(
+                "log-probs",
+                f"{plan._logprob_passes}x every step",
+                fp32_state - resident["parameters"],
+                step_fn.logprobs,
+                params,
+                rest,
+                train_batch,
+            )
+        add(
+            "update",
+            f"{t.ppo_epochs}x every step",
+            fp32_state - resident["parameters"] - resident["optimizer state"],
+            step_fn.update,
+            params,
+            rest,
+            opt_state,
+            train_batch,
+        )
     return plan
 
 
@@ -396,31 +543,54 @@ def _size(n: float) -> str:
     for unit, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
         if n >= scale:
             value = n / scale
-            return f"{value:.2f}{unit}" if value < 10 else f"{value:.1f}{unit}" if value < 100 else f"{value:.0f}{unit}"
+            return (
+                f"{value:.2f}{unit}"
+                if value < 10
+                else f"{value:.1f}{unit}"
+                if value < 100
+                else f"{value:.0f}{unit}"
+            )
     return f"{int(n)}"
 
 
 def format_plan(plan: Plan) -> str:
-    title = (f"plan for {plan.accelerator_type} ({plan.topology}: {plan.hosts} hosts, {plan.chips} chips, "
-             f"{_gib(plan.hbm_bytes)} GiB HBM a chip as the compiler allows); model {plan.model_source}; "
-             f"mesh {plan.mesh}; rollout weights {plan.weight_layout}")
-    header = (f"{'program (bytes per chip)':<24}{'runs':<15}{'args':>7}{'out':>7}{'temp':>7}{'alias':>7}"
-              f"{'peak':>7}{'GFLOP':>9}{'HBM GB':>8}{'coll MB':>9}{'#coll':>6}{'est ms':>9}{'xla ms':>9}")
-    lines = [title, "resident per chip: " + ", ".join(f"{k} {_size(v)}" for k, v in plan.resident.items()), "",
-             header]
+    title = (
+        f"plan for {plan.accelerator_type} ({plan.topology}: {plan.hosts} hosts, {plan.chips} chips, "
+        f"{_gib(plan.hbm_bytes)} GiB HBM a chip as the compiler allows); model {plan.model_source}; "
+        f"mesh {plan.mesh}; rollout weights {plan.weight_layout}"
+    )
+    header = (
+        f"{'program (bytes per chip)':<24}{'runs':<15}{'args':>7}{'out':>7}{'temp':>7}{'alias':>7}"
+        f"{'peak':>7}{'GFLOP':>9}{'HBM GB':>8}{'coll MB':>9}{'#coll':>6}{'est ms':>9}{'xla ms':>9}"
+    )
+    lines = [
+        title,
+        "resident per chip: " + ", ".join(f"{k} {_size(v)}" for k, v in plan.resident.items()),
+        "",
+        header,
+    ]
     for p in plan.programs:
         c = p.compiled
         if c.oom:
             lines.append(f"{p.name:<24}{p.runs:<15}OUT OF MEMORY: {c.oom}")
             continue
-        xla = "-" if c.compiler_seconds is None else f"{c.compiler_seconds * 1e3:.2f}"
-        lines.append(f"{p.name:<24}{p.runs:<15}{_size(c.argument_bytes):>7}{_size(c.output_bytes):>7}"
-                     f"{_size(c.temp_bytes):>7}{_size(c.alias_bytes):>7}{_size(p.peak_bytes):>7}"
-                     f"{c.flops / 1e9:>9.1f}{c.bytes_accessed / 1e9:>8.2f}{c.collectives.bytes / 1e6:>9.1f}"
-                     f"{c.collectives.count:>6}{(p.estimate_s or 0) * 1e3:>9.2f}{xla:>9}")
+        xla = (
+            "-" if c.compiler_seconds is None or c.compiler_seconds < 0 else f"{c.compiler_seconds * 1e3:.2f}"
+        )
+        lines.append(
+            f"{p.name:<24}{p.runs:<15}{_size(c.argument_bytes):>7}{_size(c.output_bytes):>7}"
+            f"{_size(c.temp_bytes):>7}{_size(c.alias_bytes):>7}{_size(p.peak_bytes):>7}"
+            f"{c.flops / 1e9:>9.1f}{c.bytes_accessed / 1e9:>8.2f}{c.collectives.bytes / 1e6:>9.1f}"
+            f"{c.collectives.count:>6}{(p.estimate_s or 0) * 1e3:>9.2f}{xla:>9}"
+        )
     est = plan.step_estimate()
-    lines += ["", "estimated step: " + ", ".join(f"{k} {v:.2f} s" for k, v in est.items())
-              + f" (decode priced at {plan.new_tokens} tokens)", plan.verdict()]
+    lines += [
+        "",
+        "estimated step: "
+        + ", ".join(f"{k} {v:.2f} s" for k, v in est.items())
+        + f" (decode priced at {plan.new_tokens} tokens)",
+        plan.verdict(),
+    ]
     return "\n".join(lines)
 
 
@@ -445,20 +615,31 @@ def main(argv: list[str]) -> int:
     from trainer.config import load_config
     from trainer.tpu_specs import UnknownAcceleratorType, parse_accelerator_type
 
-    parser = argparse.ArgumentParser(prog="python -m trainer plan",
-                                     description="Compile every program of a run for a TPU slice with the TPU "
-                                                 "compiler (no TPU needed) and report per-chip memory and cost.")
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer plan",
+        description="Compile every program of a run for a TPU slice with the TPU "
+        "compiler (no TPU needed) and report per-chip memory and cost.",
+    )
     parser.add_argument("--config", required=True, help="trainer YAML config")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--topology", required=True, metavar="TYPE", help="accelerator type, e.g. v6e-16, v4-16")
+    parser.add_argument(
+        "--topology", required=True, metavar="TYPE", help="accelerator type, e.g. v6e-16, v4-16"
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument(
+        "--memory-only",
+        action="store_true",
+        help="compile only the programs whose memory grows with the batch (prefill, the decode "
+        "loop, log-probs, the update): what a batch sweep needs, in less time",
+    )
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
         tpu = parse_accelerator_type(args.topology)
         say = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-        plan = build_plan(cfg, tpu, progress=say)
+        only = MEMORY_PROGRAMS if args.memory_only else None
+        plan = build_plan(cfg, tpu, progress=say, only=only)
     except (ConfigError, PlanError, UnknownAcceleratorType) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

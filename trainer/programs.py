@@ -34,10 +34,17 @@ def completion_token_stats_fn(graphdef: Any, prompt_len: int, chunk: int) -> Any
     """GRPOStep's token_stats_fn for the Qwen2 model: log-probs and entropy of the completion tokens, the
     vocabulary projected `chunk` positions at a time (trainer/grpo.py `chunked_token_stats`)."""
 
-    def token_stats(params: Any, rest: Any, ids: jax.Array, positions: jax.Array, mask: jax.Array,
-                    targets: jax.Array, temperature: float) -> tuple[jax.Array, jax.Array]:
+    def token_stats(
+        params: Any,
+        rest: Any,
+        ids: jax.Array,
+        positions: jax.Array,
+        mask: jax.Array,
+        targets: jax.Array,
+        temperature: float,
+    ) -> tuple[jax.Array, jax.Array]:
         model = nnx.merge(graphdef, params, rest)
-        hidden = model.hidden_states(ids, positions, mask)[:, prompt_len - 1:-1]
+        hidden = model.hidden_states(ids, positions, mask)[:, prompt_len - 1 : -1]
         weight, vocab_major = model.head_weight()
         compute_dtype = model.compute_dtype
 
@@ -49,14 +56,20 @@ def completion_token_stats_fn(graphdef: Any, prompt_len: int, chunk: int) -> Any
     return token_stats
 
 
-def optimizer_state_shardings(optimizer: optax.GradientTransformation, params: Any, param_shardings: Any,
-                              mesh: Mesh) -> Any:
+def optimizer_state_shardings(
+    optimizer: optax.GradientTransformation, params: Any, param_shardings: Any, mesh: Mesh
+) -> Any:
     """The optimizer state's shardings: every parameter-shaped leaf (moments) like its parameter, the rest
     (step counts) replicated."""
     abstract = jax.eval_shape(optimizer.init, params)
     replicated = NamedSharding(mesh, PartitionSpec())
-    return optax.tree_map_params(optimizer, lambda _, sharding: sharding, abstract, param_shardings,
-                                 transform_non_params=lambda _: replicated)
+    return optax.tree_map_params(
+        optimizer,
+        lambda _, sharding: sharding,
+        abstract,
+        param_shardings,
+        transform_non_params=lambda _: replicated,
+    )
 
 
 @dataclass
@@ -76,28 +89,50 @@ def compute_weight_bytes(params: Any) -> int:
     return sum(math.prod(x.shape) * 2 for x in jax.tree.leaves(params))
 
 
-def build_programs(cfg: TrainerConfig, model: Qwen2ForCausalLM, mesh: Mesh, *, pad_id: int,
-                   eos_ids: Sequence[int], device_memory_bytes: int | None) -> RunPrograms:
+def build_programs(
+    cfg: TrainerConfig,
+    model: Qwen2ForCausalLM,
+    mesh: Mesh,
+    *,
+    pad_id: int,
+    eos_ids: Sequence[int],
+    device_memory_bytes: int | None,
+) -> RunPrograms:
     """The run's programs for `model` (real or abstract, its params placed or described with shardings).
     device_memory_bytes: one chip's memory (None where unknown), for `rollout.weight_layout: auto`."""
     t, r = cfg.train, cfg.rollout
     graphdef, params, _ = nnx.split(model, nnx.Param, ...)
     weight_layout = resolve_weight_layout(r.weight_layout, compute_weight_bytes(params), device_memory_bytes)
     param_shardings = jax.tree.map(lambda x: x.sharding, params)
-    schedule = make_schedule(t.learning_rate, t.lr_schedule, cfg.steps * t.ppo_epochs, t.warmup_steps,
-                             t.min_lr_ratio)
-    optimizer = make_optimizer(t.optimizer, schedule, clip_norm=t.clip_norm, weight_decay=t.weight_decay,
-                               b1=t.b1, b2=t.b2)
+    schedule = make_schedule(
+        t.learning_rate, t.lr_schedule, cfg.steps * t.ppo_epochs, t.warmup_steps, t.min_lr_ratio
+    )
+    optimizer = make_optimizer(
+        t.optimizer, schedule, clip_norm=t.clip_norm, weight_decay=t.weight_decay, b1=t.b1, b2=t.b2
+    )
     opt_shardings = optimizer_state_shardings(optimizer, params, param_shardings, mesh)
     init_optimizer = jax.jit(optimizer.init, out_shardings=opt_shardings)
-    sampler = ShardedSampler(model, pad_id, eos_ids, prompt_len=r.global_length,
-                             max_new_tokens=r.max_length_sample, mesh=mesh, style=r.sharding_style,
-                             weight_layout=weight_layout)
+    sampler = ShardedSampler(
+        model,
+        pad_id,
+        eos_ids,
+        prompt_len=r.global_length,
+        max_new_tokens=r.max_length_sample,
+        mesh=mesh,
+        style=r.sharding_style,
+        weight_layout=weight_layout,
+    )
     per_device = r.batch_size * r.n // (mesh.shape["dp"] * mesh.shape["fsdp"])
-    step_fn = GRPOStep(completion_token_stats_fn(graphdef, r.global_length, t.logprob_chunk), optimizer,
-                       prompt_len=r.global_length, temperature=r.temperature,
-                       micro_batches=per_device // t.micro_batch_size_per_device,
-                       loss=LossSettings(t.epsilon_low, t.epsilon_high, t.beta),
-                       batch_sharding=train_sharding(mesh), state_shardings=(param_shardings, opt_shardings))
-    return RunPrograms(graphdef, optimizer, schedule, param_shardings, opt_shardings, init_optimizer, sampler,
-                       step_fn)
+    step_fn = GRPOStep(
+        completion_token_stats_fn(graphdef, r.global_length, t.logprob_chunk),
+        optimizer,
+        prompt_len=r.global_length,
+        temperature=r.temperature,
+        micro_batches=per_device // t.micro_batch_size_per_device,
+        loss=LossSettings(t.epsilon_low, t.epsilon_high, t.beta),
+        batch_sharding=train_sharding(mesh),
+        state_shardings=(param_shardings, opt_shardings),
+    )
+    return RunPrograms(
+        graphdef, optimizer, schedule, param_shardings, opt_shardings, init_optimizer, sampler, step_fn
+    )

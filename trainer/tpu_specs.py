@@ -1,4 +1,5 @@
-"""Cloud TPU slices as libtpu's ahead-of-time compiler names them, and each generation's published chip figures.
+"""Cloud TPU slices as libtpu's ahead-of-time compiler names them, and each generation's published
+per-chip figures.
 
 Pure (no JAX): the console maps a node's accelerator type (`v6e-16`, `v4-16`) to a slice with it, and the
 planner (trainer/plan.py) asks libtpu for that slice's devices. The figures are Google's published per-chip
@@ -42,10 +43,26 @@ GENERATIONS: dict[str, Generation] = {
 ALIASES = {"v5e": "v5litepod"}
 
 # Slice shapes by chip count (Google's supported topologies).
-_SHAPES_2D = {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16),
-              256: (16, 16)}
-_SHAPES_3D = {4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4), 64: (4, 4, 4), 128: (4, 4, 8),
-              256: (4, 8, 8), 512: (8, 8, 8)}
+_SHAPES_2D = {
+    1: (1, 1),
+    4: (2, 2),
+    8: (2, 4),
+    16: (4, 4),
+    32: (4, 8),
+    64: (8, 8),
+    128: (8, 16),
+    256: (16, 16),
+}
+_SHAPES_3D = {
+    4: (2, 2, 1),
+    8: (2, 2, 2),
+    16: (2, 2, 4),
+    32: (2, 4, 4),
+    64: (4, 4, 4),
+    128: (4, 4, 8),
+    256: (4, 8, 8),
+    512: (8, 8, 8),
+}
 
 
 class UnknownAcceleratorType(ValueError):
@@ -67,7 +84,9 @@ class TpuSlice:
 
     @property
     def hosts(self) -> int:
-        per_host = self.chips_per_host_bounds[0] * self.chips_per_host_bounds[1] * self.chips_per_host_bounds[2]
+        per_host = (
+            self.chips_per_host_bounds[0] * self.chips_per_host_bounds[1] * self.chips_per_host_bounds[2]
+        )
         return self.chips // per_host
 
 
@@ -80,20 +99,25 @@ def parse_accelerator_type(text: str) -> TpuSlice:
     """`v6e-16` -> the slice (4x4, 4 hosts of 4 chips). Raises UnknownAcceleratorType with the fix."""
     match = re.fullmatch(r"(v\d+[a-z]*)-(\d+)", text.strip().lower())
     if not match:
-        raise UnknownAcceleratorType(f"accelerator type {text!r} is not GENERATION-COUNT; use one of "
-                                     f"{known_types()}")
+        raise UnknownAcceleratorType(
+            f"accelerator type {text!r} is not GENERATION-COUNT; use one of {known_types()}"
+        )
     name, count = ALIASES.get(match.group(1), match.group(1)), int(match.group(2))
     generation = GENERATIONS.get(name)
     if generation is None:
-        raise UnknownAcceleratorType(f"accelerator type {text!r}: unknown TPU generation {match.group(1)!r}; "
-                                     f"known: {', '.join(GENERATIONS)}")
+        raise UnknownAcceleratorType(
+            f"accelerator type {text!r}: unknown TPU generation {match.group(1)!r}; "
+            f"known: {', '.join(GENERATIONS)}"
+        )
     if count % generation.cores_per_chip_in_type:
         raise UnknownAcceleratorType(f"accelerator type {text!r}: {name} counts TensorCores, an even number")
     chips = count // generation.cores_per_chip_in_type
     shapes = _SHAPES_2D if generation.torus_dims == 2 else _SHAPES_3D
     if chips not in shapes:
         sizes = ", ".join(f"{name}-{c * generation.cores_per_chip_in_type}" for c in shapes)
-        raise UnknownAcceleratorType(f"accelerator type {text!r} is not a {name} slice shape; use one of {sizes}")
+        raise UnknownAcceleratorType(
+            f"accelerator type {text!r} is not a {name} slice shape; use one of {sizes}"
+        )
     shape = shapes[chips]
     if chips <= generation.largest_single_host:
         bounds = (*shape, 1) if len(shape) == 2 else shape

@@ -30,8 +30,9 @@ def test_chunked_log_probs_and_entropy_equal_the_plain_ones(chunk):
     hidden, weight, targets = _head_problem()
     head = lambda h: jnp.einsum("...d,vd->...v", h, weight)  # noqa: E731
     logp, entropy = completion_logprobs(head(hidden), targets, temperature=0.7)
-    chunked_logp, chunked_entropy = jax.jit(
-        lambda h: chunked_token_stats(h, head, targets, 0.7, chunk))(hidden)
+    chunked_logp, chunked_entropy = jax.jit(lambda h: chunked_token_stats(h, head, targets, 0.7, chunk))(
+        hidden
+    )
     assert chunked_logp.shape == logp.shape == targets.shape
     np.testing.assert_allclose(chunked_logp, logp, atol=1e-6, rtol=1e-6)
     np.testing.assert_allclose(chunked_entropy, entropy, atol=1e-6, rtol=1e-6)
@@ -69,8 +70,13 @@ def test_chunked_backward_keeps_no_full_logits():
             head = lambda x: jnp.einsum("...d,vd->...v", x, w)  # noqa: E731
             return jnp.sum(chunked_token_stats(h, head, targets, 1.0, chunk)[0])
 
-        return jax.jit(jax.grad(loss, argnums=(0, 1))).lower(hidden, weight).compile().memory_analysis() \
+        return (
+            jax.jit(jax.grad(loss, argnums=(0, 1)))
+            .lower(hidden, weight)
+            .compile()
+            .memory_analysis()
             .temp_size_in_bytes
+        )
 
     full_logits = rows * length * vocab * 4
     assert temp_bytes(0) >= full_logits
@@ -88,7 +94,8 @@ def test_a_real_trainers_optimizer_state_is_sharded_like_its_parameters(tiny_mod
         from trainer.synthetic_gsm8k import write_jsonl
         from trainer.train import Topology, Trainer
         data = write_jsonl({str(tmp_path / "gsm8k.jsonl")!r}, 16, 0)
-        cfg = load_config(raw={{"model_path": {str(tiny_model_dir)!r}, "steps": 1, "data": {{"path": str(data)}},
+        cfg = load_config(raw={{"model_path": {str(tiny_model_dir)!r}, "steps": 1,
+                               "data": {{"path": str(data)}},
                                "rollout": {{"batch_size": 2, "n": 2, "global_length": 64,
                                             "max_length_sample": 8}}}})
         mesh = make_mesh("auto")
@@ -105,6 +112,7 @@ def test_a_real_trainers_optimizer_state_is_sharded_like_its_parameters(tiny_mod
         print("ok")
     """)
     env = os.environ | {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240,
-                          check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240, check=False
+    )
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr[-3000:]

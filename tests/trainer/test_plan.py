@@ -17,8 +17,12 @@ needs_libtpu = pytest.mark.skipif(aot.libtpu_version() is None, reason="libtpu i
 
 def test_accelerator_types_map_to_libtpu_topologies():
     v6e16 = parse_accelerator_type("v6e-16")
-    assert (v6e16.topology_name, v6e16.chips, v6e16.hosts, v6e16.chips_per_host_bounds) == ("v6e:4x4", 16, 4,
-                                                                                          (2, 2, 1))
+    assert (v6e16.topology_name, v6e16.chips, v6e16.hosts, v6e16.chips_per_host_bounds) == (
+        "v6e:4x4",
+        16,
+        4,
+        (2, 2, 1),
+    )
     v6e8 = parse_accelerator_type("v6e-8")
     assert (v6e8.topology_name, v6e8.hosts, v6e8.chips_per_host_bounds) == ("v6e:2x4", 1, (2, 4, 1))
     v4 = parse_accelerator_type("v4-16")  # v4 counts TensorCores: 8 chips on 2 hosts
@@ -66,9 +70,13 @@ def test_bad_topology_and_batch_are_one_line_errors(tmp_path, capsys):
 def _tiny_config(tmp_path, tiny_model_dir, **rollout) -> str:
     import yaml
 
-    raw = {"model_path": str(tiny_model_dir), "steps": 2, "mesh_shape": "auto",
-           "rollout": {"batch_size": 4, "n": 4, "global_length": 64, "max_length_sample": 32, **rollout},
-           "train": {"micro_batch_size_per_device": 2, "compute_dtype": "bfloat16"}}
+    raw = {
+        "model_path": str(tiny_model_dir),
+        "steps": 2,
+        "mesh_shape": "auto",
+        "rollout": {"batch_size": 4, "n": 4, "global_length": 64, "max_length_sample": 32, **rollout},
+        "train": {"micro_batch_size_per_device": 2, "compute_dtype": "bfloat16"},
+    }
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(raw))
     return str(path)
@@ -82,7 +90,9 @@ def test_tiny_model_plan_on_v6e_2x2_matches_a_hand_computation(tmp_path, tiny_mo
     config = _tiny_config(tmp_path, tiny_model_dir)
     assert main(["--config", config, "--topology", "v6e-4", "--json", "--quiet"]) == EXIT_FITS
     plan = json.loads(capsys.readouterr().out)
-    assert plan["fits"] and plan["verdict"].startswith("fits") and plan["mesh"] == {"dp": 1, "fsdp": 4, "tp": 1}
+    assert (
+        plan["fits"] and plan["verdict"].startswith("fits") and plan["mesh"] == {"dp": 1, "fsdp": 4, "tp": 1}
+    )
 
     # By hand: fp32 parameters, each split 4 ways along its fsdp dimension when that divides (all do here
     # but the 1-D norms and biases, which stay whole), AdamW's two moments the same, plus its step count.
@@ -109,8 +119,9 @@ def test_tiny_model_plan_on_v6e_2x2_matches_a_hand_computation(tmp_path, tiny_mo
 @needs_libtpu
 def test_a_config_the_compiler_cannot_fit_is_a_verdict_not_a_traceback(tmp_path, tiny_model_dir, capsys):
     # 4096 sequences of 8192 tokens: attention scores alone would need far more than a chip's HBM.
-    config = _tiny_config(tmp_path, tiny_model_dir, batch_size=256, n=16, global_length=4096,
-                          max_length_sample=4096)
+    config = _tiny_config(
+        tmp_path, tiny_model_dir, batch_size=256, n=16, global_length=4096, max_length_sample=4096
+    )
     assert main(["--config", config, "--topology", "v6e-4", "--quiet"]) == EXIT_DOES_NOT_FIT
     out = capsys.readouterr().out
     verdict = out.strip().splitlines()[-1]
