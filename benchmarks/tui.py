@@ -50,7 +50,7 @@ class SyntheticPod:
     """Stands in for the Fleet of a pod whose workers' output.log and events.jsonl grow by the clock.
 
     `follow(command, worker, on_line)` streams each file's new bytes and the job's state as a worker's
-    follower does (fleet/run_follower.py's records), so everything from the records on is the watch's own
+    follower does (worker/run_follower.py's records), so everything from the records on is the watch's own
     code. It starts at the watch's cursors (what the follower is told); bytes before them are dropped, so
     memory stays small however long it runs."""
 

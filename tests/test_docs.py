@@ -1,0 +1,135 @@
+"""The docs against the tree.
+
+The code map in docs/architecture.md names every module of `tpu_console/` and `trainer/` and nothing that does
+not exist; every relative link in README.md and docs/*.md leads to a file.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+PACKAGES = ("tpu_console", "trainer")
+
+_ITEM = re.compile(r"^(?P<indent> *)- (?P<text>.*)$")
+_NAMES = re.compile(r"^(?:`[^`]+`(?:, |,? and )?)+")
+_LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def code_map_section(text: str) -> str:
+    """The lines of the `## Code map` section, up to the next heading of the same level."""
+    start = text.index("\n## Code map\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def code_map_paths(section: str) -> list[str]:
+    """Every path the code map names, relative to the repository root.
+
+    The map is a nested list; an item begins with the names it maps (in backticks, separated by commas), then
+    a colon and what they are. A name ending in `/` is a folder; the items indented under it are inside it.
+    Lines that are not list items continue the item above and name nothing.
+    """
+    items: list[tuple[int, str]] = []  # (indent, text with its continuation lines joined)
+    for line in section.splitlines():
+        item = _ITEM.match(line)
+        if item:
+            items.append((len(item["indent"]), item["text"]))
+        elif items and line.strip():
+            items[-1] = (items[-1][0], items[-1][1] + " " + line.strip())
+    paths: list[str] = []
+    folders: list[tuple[int, str]] = []  # (indent, folder path) of the open items
+    for indent, text in items:
+        while folders and folders[-1][0] >= indent:
+            folders.pop()
+        parent = folders[-1][1] if folders else ""
+        head = _NAMES.match(text)
+        names = re.findall(r"`([^`]+)`", head.group(0)) if head else []
+        # names in the description after the colon, when the head is a folder: `screens/`: `a.py`, `b.py`
+        rest = text[head.end() :] if head else text
+        if len(names) == 1 and names[0].endswith("/") and rest.startswith(": `"):
+            inner = _NAMES.match(rest[2:])
+            if inner:
+                paths += [parent + names[0] + n for n in re.findall(r"`([^`]+)`", inner.group(0))]
+        paths += [parent + n for n in names]
+        if len(names) == 1 and names[0].endswith("/"):
+            folders.append((indent, parent + names[0]))
+    return paths
+
+
+def package_modules() -> set[str]:
+    """Every module of the packages (an `__init__.py` only when it holds code), and the worker's scripts."""
+    found = set()
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            if "__pycache__" in path.parts:
+                continue
+            if path.name == "__init__.py" and not _has_code(path):
+                continue
+            found.add(path.relative_to(ROOT).as_posix())
+    for path in (ROOT / "tpu_console" / "worker").glob("*.sh"):
+        found.add(path.relative_to(ROOT).as_posix())
+    return found
+
+
+def _has_code(path: Path) -> bool:
+    """An `__init__.py` with more than a docstring and imports is a module a reader needs to find."""
+    tree = ast.parse(path.read_text())
+    return any(
+        not isinstance(node, (ast.Import, ast.ImportFrom))
+        and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
+        and not (isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__all__"])
+        for node in tree.body
+    )
+
+
+def test_code_map_names_only_what_exists():
+    paths = code_map_paths(code_map_section(ARCHITECTURE.read_text()))
+    assert len(paths) > 50, "the code map in docs/architecture.md was not read: is it still a nested list?"
+    missing = [p for p in paths if not (ROOT / p).exists()]
+    assert not missing, f"docs/architecture.md's code map names what does not exist: {missing}"
+
+
+def test_code_map_names_every_module():
+    named = set(code_map_paths(code_map_section(ARCHITECTURE.read_text())))
+    unnamed = sorted(package_modules() - named)
+    assert not unnamed, f"modules missing from docs/architecture.md's code map (add them there): {unnamed}"
+
+
+def test_code_map_parser_nests_folders():
+    section = "\n## Code map\n\n- `pkg/`: a\n  - `a.py`,\n    `b.py`: x\n    and more\n"
+    section += "  - `sub/`: `c.py`\n- `d.py`: y\n"
+    assert code_map_paths(section) == ["pkg/", "pkg/a.py", "pkg/b.py", "pkg/sub/c.py", "pkg/sub/", "d.py"]
+
+
+def markdown_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def relative_links(text: str) -> list[str]:
+    """The targets of the Markdown links that point into the repository (no scheme, no bare #anchor)."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    links = []
+    for target in _LINK.findall(text):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            continue
+        links.append(target)
+    return links
+
+
+def test_relative_links_lead_to_files():
+    broken = []
+    for md in markdown_files():
+        for target in relative_links(md.read_text()):
+            path = target.split("#", 1)[0]
+            if not (md.parent / path).exists():
+                broken.append(f"{md.relative_to(ROOT)}: {target}")
+    assert not broken, f"links to files that do not exist: {broken}"
+
+
+def test_relative_links_are_found():
+    text = "see [a](docs/a.md#x), [b](https://x.org), [c](#here), ![img](p.png)\n```\n[d](nope.md)\n```\n"
+    assert relative_links(text) == ["docs/a.md#x"]
