@@ -65,10 +65,17 @@ class RolloutConfig(_Section):
     top_k: int = Field(0, ge=0, description="0 = no top-k filtering")
     top_p: float = Field(1.0, gt=0, le=1)
     sharding_style: Literal["legacy", "maxtext"] = "legacy"
-    weight_layout: Literal["auto", "fsdp", "replicated"] = Field(
-        "auto", description="bf16 weights during rollout: fsdp = sharded as in training (collectives every "
-        "token), replicated = a full copy per chip (none); auto = replicated when it takes at most a quarter "
-        "of a chip's memory")
+    weight_layout: Literal["fsdp", "replicated"] = Field(
+        "fsdp", description="bf16 weights during rollout: fsdp = sharded as in training; replicated = a full "
+        "copy per chip, no collectives in decode (the planner measures it slower per token: docs/plan.md)")
+    activation_layout: Literal["rows", "free"] = Field(
+        "rows", description="rollout activations and logits: rows = split by rows as the batch is (each "
+        "device computes and samples its own rows); free = left to the partitioner (the layout before, "
+        "which gave every device every row)")
+    partial_sums: Literal["auto", "compute", "float32"] = Field(
+        "auto", description="dtype of the rollout's weight-matmul outputs, which FSDP all-reduces as partial "
+        "sums every token: compute = the compute dtype (bf16: half the bytes), auto = compute on TPU, "
+        "float32 elsewhere")
 
 
 class TrainConfig(_Section):

@@ -16,8 +16,10 @@ and `param_shardings` below turn it into shardings. Layouts are [in, out] (HF Li
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +31,20 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 Axes = tuple[str | tuple[str, ...] | None, ...]
 # A large finite negative instead of -inf: rows with every key masked (left padding) stay finite.
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+# The dtype the weight matmuls and the head return. fp32 by default (what the MXU accumulates in); a sampler
+# on TPU traces its programs under `matmul_output(bfloat16)`: when a matmul's contracting dimension is sharded
+# (FSDP weights), its partial sums cross the interconnect in this dtype, half the bytes of fp32.
+_MATMUL_OUTPUT: contextvars.ContextVar[Any] = contextvars.ContextVar("matmul_output", default=jnp.float32)
+
+
+@contextlib.contextmanager
+def matmul_output(dtype: Any) -> Iterator[None]:
+    token = _MATMUL_OUTPUT.set(dtype)
+    try:
+        yield
+    finally:
+        _MATMUL_OUTPUT.reset(token)
 
 
 @dataclass(frozen=True)
@@ -168,7 +184,7 @@ class Dense(nnx.Module):
         Accumulating in fp32 is what the MXU does; on CPU a bf16-output dot is also several times slower
         (XLA widens it to an fp32 dot), and so is elementwise math in bf16 (widened op by op)."""
         y = jnp.dot(x.astype(self.compute_dtype), self.kernel[...].astype(self.compute_dtype),
-                    preferred_element_type=jnp.float32)
+                    preferred_element_type=_MATMUL_OUTPUT.get()).astype(jnp.float32)
         if self.bias is not None:
             y = y + self.bias[...].astype(jnp.float32)
         return y
@@ -326,6 +342,11 @@ class Block(nnx.Module):
 
 
 KVCache = list[tuple[jax.Array, jax.Array]]  # per layer (keys, values), each [B, kv_heads, S, head_dim]
+RowLayout = Any  # Callable[[jax.Array], jax.Array]: places an activation's rows (a sharding constraint)
+
+
+def _rows_anywhere(x: jax.Array) -> jax.Array:
+    return x
 
 
 class Qwen2ForCausalLM(nnx.Module):
@@ -387,11 +408,13 @@ class Qwen2ForCausalLM(nnx.Module):
         return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(c.num_hidden_layers)]
 
     def prefill(self, input_ids: jax.Array, positions: jax.Array, attention_mask: jax.Array,
-                cache_length: int, cache_dtype: Any = None) -> tuple[jax.Array, KVCache]:
+                cache_length: int, cache_dtype: Any = None,
+                rows: RowLayout | None = None) -> tuple[jax.Array, KVCache]:
         """Forward of prompts [B, T] into a fresh KV cache of `cache_length` >= T slots (the prompt in slots
         [0, T)). Same result as `decode` at cache_index 0 on an empty cache, at less cost: attention spans the
         prompt only, and the last layer's MLP runs for the last position only. Returns fp32 logits of the last
-        position [B, V] and the cache."""
+        position [B, V] and the cache. rows: see `decode`."""
+        rows = rows or _rows_anywhere
         t = input_ids.shape[1]
         mask = jnp.tril(jnp.ones((t, t), bool))[None] & attention_mask.astype(bool)[:, None, :]
         cos, sin = rotary_tables(positions, self.config.dim_per_head, self.config.rope_theta)
@@ -402,15 +425,18 @@ class Qwen2ForCausalLM(nnx.Module):
         for index, layer in enumerate(self.layers):
             x, (k, v) = layer.prefill(x, cos, sin, mask, last_only=index == len(self.layers) - 1)
             cache.append((jnp.pad(k.astype(dtype), free), jnp.pad(v.astype(dtype), free)))
-        return self.logits(self.norm(x[:, -1])), cache
+        return rows(self.logits(self.norm(x[:, -1]))), cache
 
     def decode(self, input_ids: jax.Array, positions: jax.Array, kv_mask: jax.Array, cache: KVCache,
-               cache_index: jax.Array) -> tuple[jax.Array, KVCache]:
+               cache_index: jax.Array, rows: RowLayout | None = None) -> tuple[jax.Array, KVCache]:
         """Cached forward of a chunk input_ids [B, T] stored at cache slots [cache_index, cache_index + T).
 
         kv_mask [B, S] marks the cache slots holding real tokens, including this chunk's. Returns fp32 logits
-        of the chunk's last position [B, V] and the updated cache.
+        of the chunk's last position [B, V] and the updated cache. rows: the sampler's row layout for the
+        logits, so each device samples its own rows (left free, the partitioner may give every device all
+        of them: 78 MB of fp32 logits for 128 rows of Qwen2.5, every token).
         """
+        rows = rows or _rows_anywhere
         t, s = input_ids.shape[1], kv_mask.shape[1]
         causal = jnp.arange(s)[None, :] <= (cache_index + jnp.arange(t))[:, None]  # [T, S]
         mask = causal[None] & kv_mask.astype(bool)[:, None, :]
@@ -420,7 +446,7 @@ class Qwen2ForCausalLM(nnx.Module):
         for layer, layer_cache in zip(self.layers, cache, strict=True):
             x, layer_cache = layer.decode(x, cos, sin, mask, layer_cache, cache_index)
             new_cache.append(layer_cache)
-        return self.logits(self.norm(x[:, -1])), new_cache
+        return rows(self.logits(self.norm(x[:, -1]))), new_cache
 
 
 def project_logits(hidden: jax.Array, weight: jax.Array, vocab_major: bool, compute_dtype: Any) -> jax.Array:
@@ -428,7 +454,7 @@ def project_logits(hidden: jax.Array, weight: jax.Array, vocab_major: bool, comp
     cast before use, so an FSDP-sharded fp32 weight is gathered in the compute dtype."""
     h, w = hidden.astype(compute_dtype), weight.astype(compute_dtype)
     pattern = "...d,vd->...v" if vocab_major else "...d,dv->...v"
-    return jnp.einsum(pattern, h, w, preferred_element_type=jnp.float32)
+    return jnp.einsum(pattern, h, w, preferred_element_type=_MATMUL_OUTPUT.get()).astype(jnp.float32)
 
 
 def constrain_batch(x: jax.Array, batch_axes: Axes) -> jax.Array:

@@ -307,12 +307,13 @@ def build_plan(
     cfg: TrainerConfig,
     tpu: TpuSlice,
     *,
-    weight_layout: str | None = None,
+    layout: dict[str, str] | None = None,
     only: set[str] | None = None,
     progress: Any = None,
 ) -> Plan:
-    """Compile every program `cfg` runs on `tpu` and assemble the report. weight_layout overrides the
-    config's rollout.weight_layout (the benchmark compares layouts); only: compile just these programs."""
+    """Compile every program `cfg` runs on `tpu` and assemble the report. layout: rollout keys to override
+    (weight_layout, activation_layout, partial_sums; the benchmark compares layouts); only: compile just
+    these programs."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -328,10 +329,8 @@ def build_plan(
         check_pod_shape(cfg, hosts, local)
     except ConfigError as exc:
         raise PlanError(f"{exc} (on {tpu.accelerator_type}: {hosts} hosts x {local} chips)") from None
-    if weight_layout is not None:
-        cfg = cfg.model_copy(
-            update={"rollout": cfg.rollout.model_copy(update={"weight_layout": weight_layout})}
-        )
+    if layout:
+        cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update=layout)})
     model_config, source = model_config_for(cfg.model_path)
     hbm = hbm_limit_bytes(tpu)
     mesh = make_mesh(cfg.mesh_shape, devices=list(devices))
@@ -341,7 +340,7 @@ def build_plan(
     # Built outside the mesh context (optax initialises a little eagerly), traced and compiled inside it.
     model = _abstract_model(model_config, cfg, mesh)
     eos = model_config.eos_token_ids or (0,)
-    programs = build_programs(cfg, model, mesh, pad_id=0, eos_ids=eos, device_memory_bytes=hbm)
+    programs = build_programs(cfg, model, mesh, pad_id=0, eos_ids=eos)
     sampler, step_fn = programs.sampler, programs.step_fn
     _, params, rest = nnx.split(model, nnx.Param, ...)
     opt_state = _with_shardings(jax.eval_shape(programs.optimizer.init, params), programs.opt_shardings)

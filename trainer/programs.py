@@ -13,7 +13,6 @@ the plan measures the programs the run executes, not a re-creation of them:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +26,7 @@ from trainer.config import TrainerConfig
 from trainer.grpo import GRPOStep, LossSettings, chunked_token_stats, make_optimizer, make_schedule
 from trainer.mesh import train_sharding
 from trainer.model import Qwen2ForCausalLM, project_logits
-from trainer.rollout_sharding import ShardedSampler, resolve_weight_layout
+from trainer.rollout_sharding import ShardedSampler
 
 
 def completion_token_stats_fn(graphdef: Any, prompt_len: int, chunk: int) -> Any:
@@ -84,11 +83,6 @@ class RunPrograms:
     step_fn: GRPOStep
 
 
-def compute_weight_bytes(params: Any) -> int:
-    """The weights' size in the compute dtype (bf16): what a replicated rollout copy costs each chip."""
-    return sum(math.prod(x.shape) * 2 for x in jax.tree.leaves(params))
-
-
 def build_programs(
     cfg: TrainerConfig,
     model: Qwen2ForCausalLM,
@@ -96,13 +90,10 @@ def build_programs(
     *,
     pad_id: int,
     eos_ids: Sequence[int],
-    device_memory_bytes: int | None,
 ) -> RunPrograms:
-    """The run's programs for `model` (real or abstract, its params placed or described with shardings).
-    device_memory_bytes: one chip's memory (None where unknown), for `rollout.weight_layout: auto`."""
+    """The run's programs for `model` (real or abstract, its params placed or described with shardings)."""
     t, r = cfg.train, cfg.rollout
     graphdef, params, _ = nnx.split(model, nnx.Param, ...)
-    weight_layout = resolve_weight_layout(r.weight_layout, compute_weight_bytes(params), device_memory_bytes)
     param_shardings = jax.tree.map(lambda x: x.sharding, params)
     schedule = make_schedule(
         t.learning_rate, t.lr_schedule, cfg.steps * t.ppo_epochs, t.warmup_steps, t.min_lr_ratio
@@ -120,7 +111,9 @@ def build_programs(
         max_new_tokens=r.max_length_sample,
         mesh=mesh,
         style=r.sharding_style,
-        weight_layout=weight_layout,
+        weight_layout=r.weight_layout,
+        activation_layout=r.activation_layout,
+        partial_sums=r.partial_sums,
     )
     per_device = r.batch_size * r.n // (mesh.shape["dp"] * mesh.shape["fsdp"])
     step_fn = GRPOStep(

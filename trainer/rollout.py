@@ -15,6 +15,7 @@ Log-probs are those of the sampled token under softmax(logits / temperature), be
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +25,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
-from trainer.model import Qwen2ForCausalLM, fit_spec
+from trainer.model import Qwen2ForCausalLM, fit_spec, matmul_output
 
 
 @jax.tree_util.register_dataclass
@@ -151,7 +152,8 @@ def sample_logits(logits: jax.Array, rng: jax.Array, temperature: jax.Array, top
 class Sampler:
     def __init__(self, model: Qwen2ForCausalLM, pad_id: int, eos_ids: Sequence[int],
                  buckets: Sequence[int] = (64, 128, 256, 512, 1024), max_new_tokens: int = 256,
-                 mesh: Mesh | None = None, cache_dtype: Any = None):
+                 mesh: Mesh | None = None, cache_dtype: Any = None, constrain_rows: bool = True,
+                 matmul_dtype: Any = jnp.float32):
         if not eos_ids:
             raise ValueError("eos_ids is empty; pass the tokenizer's end-of-turn id(s), e.g. <|im_end|>")
         self.model = model
@@ -160,6 +162,8 @@ class Sampler:
         self.buckets = tuple(sorted(int(b) for b in buckets))
         self.max_new_tokens = int(max_new_tokens)
         self.mesh = mesh
+        self.constrain_rows = constrain_rows
+        self.matmul_dtype = matmul_dtype  # of the weight matmuls' outputs (partial sums): model.matmul_output
         self.cache_dtype = cache_dtype or model.compute_dtype
         self.compile_count = 0  # incremented while tracing, i.e. once per compilation
         self._graphdef = nnx.graphdef(model)
@@ -167,8 +171,8 @@ class Sampler:
         # the decode jit, XLA CPU may fold the cast into the dots and run them in fp32 every step.
         self._cast = jax.jit(self._cast_impl)
         statics = ("top_k", "use_top_p", "greedy")
-        self._prefill = jax.jit(self._prefill_impl, static_argnames=statics)
-        self._decode = jax.jit(self._decode_impl, static_argnames=statics,
+        self._prefill = jax.jit(self._under_matmul_output(self._prefill_impl), static_argnames=statics)
+        self._decode = jax.jit(self._under_matmul_output(self._decode_impl), static_argnames=statics,
                                donate_argnames=("cache", "kv_mask"))
 
     # ---- traced functions -------------------------------------------------------------------------------
@@ -179,6 +183,24 @@ class Sampler:
     def _cast_impl(self, state: nnx.State) -> nnx.State:
         dtype = self.model.compute_dtype
         return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
+
+    def _under_matmul_output(self, fn: Any) -> Any:
+        """`fn` traced with the weight matmuls returning `matmul_dtype` (same signature: jit's statics)."""
+
+        @functools.wraps(fn)
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            with matmul_output(self.matmul_dtype):
+                return fn(*args, **kwargs)
+
+        return traced
+
+    def _rows_layout(self, model: Qwen2ForCausalLM) -> Any:
+        """The model's row placement for activations and logits: rows split as the batch is, unless
+        `constrain_rows` is off (the partitioner then decides, and may give every device every row)."""
+        if self.mesh is None or not self.constrain_rows:
+            return None
+        axes = model.config.sharding.batch
+        return lambda x: self.constrain(x, axes)
 
     def prepare_weights(self, state: nnx.State) -> nnx.State:
         """The weights prefill and decode read: cast to the compute dtype when they are not (overridable)."""
@@ -201,7 +223,7 @@ class Sampler:
         batch, prompt_len = prompt_ids.shape
         positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
         logits, cache = model.prefill(prompt_ids, positions, prompt_mask, prompt_len + self.max_new_tokens,
-                                      self.cache_dtype)
+                                      self.cache_dtype, rows=self._rows_layout(model))
         cache_axes = model.config.sharding.kv_cache
         cache = [(self.constrain(k, cache_axes), self.constrain(v, cache_axes)) for k, v in cache]
         kv_mask = jnp.concatenate([prompt_mask, jnp.zeros((batch, self.max_new_tokens), jnp.int32)], axis=1)
@@ -251,7 +273,7 @@ class Sampler:
         kv_mask = jax.lax.dynamic_update_slice(kv_mask, jnp.ones((batch, 1), jnp.int32), (0, slot))
         previous = jax.lax.dynamic_slice(tokens, (0, i - 1), (batch, 1))
         positions = (prompt_lens + i - 1)[:, None]
-        logits, cache = model.decode(previous, positions, kv_mask, cache, slot)
+        logits, cache = model.decode(previous, positions, kv_mask, cache, slot, rows=self._rows_layout(model))
         uniform = jax.lax.dynamic_slice(uniforms, (0, i), (batch, 1))[:, 0]
         new, new_logprobs = sample_with_uniform(logits, uniform, temperature, top_p, top_k=top_k,
                                                 use_top_p=use_top_p, greedy=greedy)
@@ -270,7 +292,7 @@ class Sampler:
             return self._decode_step(self._model(state), carry, uniforms, prompt_lens, temperature, top_p,
                                      eos, top_k=top_k, use_top_p=use_top_p, greedy=greedy)
 
-        return jax.jit(step, donate_argnums=(1,))
+        return jax.jit(self._under_matmul_output(step), donate_argnums=(1,))
 
     # ---- host side --------------------------------------------------------------------------------------
 

@@ -10,15 +10,18 @@ fixed length, so all of them compile the same program). `rollout.sharding_style`
   contract over a sharded dimension, so each token all-reduces partial sums in every layer and the logits.
 - `replicated`: one all-gather per rollout makes a full bf16 copy on every chip; decode then needs no
   collective at all (each chip decodes its own rows). Costs the bf16 weights' size per chip.
-- `auto`: replicated when that copy takes at most a quarter of a chip's memory, else fsdp
-  (`resolve_weight_layout`). The planner measures both (`python -m trainer plan`, benchmarks/plan.py).
+The planner measures both (`python -m trainer plan`, benchmarks/plan.py): by the TPU compiler's figures,
+fsdp with the logits kept on their rows and bf16 partial sums is the faster one per token, so it is the
+default.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -34,12 +37,14 @@ class ShardedSampler(Sampler):
     """`Sampler` whose inputs are this process's rows and whose batch layout follows the sharding style."""
 
     def __init__(self, model: Qwen2ForCausalLM, pad_id: int, eos_ids: Sequence[int], *, prompt_len: int,
-                 max_new_tokens: int, mesh: Mesh, style: str, weight_layout: str = "fsdp") -> None:
+                 max_new_tokens: int, mesh: Mesh, style: str, weight_layout: str = "fsdp",
+                 activation_layout: str = "rows", partial_sums: str = "auto") -> None:
         # One bucket: every process pads to the same width whatever its own longest prompt is.
         super().__init__(model, pad_id, eos_ids, buckets=(prompt_len,), max_new_tokens=max_new_tokens,
-                         mesh=mesh)
+                         mesh=mesh, constrain_rows=activation_layout == "rows",
+                         matmul_dtype=resolve_partial_sums(partial_sums, model.compute_dtype, mesh))
         if weight_layout not in ("fsdp", "replicated"):
-            raise ValueError(f"weight_layout {weight_layout!r}: resolve 'auto' first (resolve_weight_layout)")
+            raise ValueError(f"weight_layout {weight_layout!r}: use fsdp or replicated")
         self.style = style
         self.weight_layout = weight_layout
         self.sharding = rollout_sharding(mesh, style)
@@ -67,10 +72,11 @@ def rollout_axes(batch_axes: tuple[str, ...], model_axes: tuple) -> tuple:
     return (batch_axes, *rest)
 
 
-def resolve_weight_layout(setting: str, bf16_weight_bytes: int, device_memory_bytes: int | None) -> str:
-    """`rollout.weight_layout` for a chip with `device_memory_bytes` (None: unknown, as on CPU -> fsdp)."""
-    if setting != "auto":
-        return setting
-    if device_memory_bytes is None:
-        return "fsdp"
-    return "replicated" if bf16_weight_bytes * 4 <= device_memory_bytes else "fsdp"
+def resolve_partial_sums(setting: str, compute_dtype: Any, mesh: Mesh) -> Any:
+    """`rollout.partial_sums`: auto = the compute dtype on TPU (bf16 partial sums cross the interconnect at
+    half the bytes), fp32 elsewhere (XLA CPU widens a bf16-output dot to an fp32 one and is slower for it)."""
+    if setting == "float32":
+        return jnp.float32
+    if setting == "compute" or (setting == "auto" and mesh.devices.flat[0].platform == "tpu"):
+        return compute_dtype
+    return jnp.float32

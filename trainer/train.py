@@ -45,12 +45,6 @@ class Topology:
     local_device_count: int
 
 
-def _device_memory_bytes() -> int | None:
-    """One local device's memory limit, where the platform reports it (TPU, GPU; None on CPU)."""
-    stats = jax.local_devices()[0].memory_stats()
-    return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
-
-
 def _gather(local: np.ndarray) -> np.ndarray:
     """Every process's rows of a small host array, concatenated in process order."""
     if jax.process_count() == 1:
@@ -120,8 +114,7 @@ class Trainer:
         self.eval_problems = (process_shard(load_problems(cfg.data, cfg.data.eval_split), topo.process_index,
                                             topo.process_count) if cfg.eval_every_steps else [])
         eos = eos_token_ids(self.tokenizer, self.model_config.eos_token_ids)
-        programs = build_programs(cfg, self.model, mesh, pad_id=self.tokenizer.pad_token_id, eos_ids=eos,
-                                  device_memory_bytes=_device_memory_bytes())
+        programs = build_programs(cfg, self.model, mesh, pad_id=self.tokenizer.pad_token_id, eos_ids=eos)
         self.graphdef, self.params, self.rest = nnx.split(self.model, nnx.Param, ...)
         self.sampler, self.step_fn = programs.sampler, programs.step_fn
         self.schedule, self.optimizer = programs.schedule, programs.optimizer

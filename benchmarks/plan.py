@@ -1,0 +1,172 @@
+"""The trainer at the seeds' scale, read by the TPU compiler on this machine (no TPU): one table.
+
+    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/plan.py [--part fit,decode,sweep] [--json OUT]
+
+Needs libtpu (`pip install "jax[tpu]==<jax>"`; scripts/test installs it). Every figure is the compiler's
+own analysis of the trainer's real programs (trainer/plan.py): memory_analysis() per chip, cost_analysis()
+flops and bytes accessed, the collectives in the compiled HLO. Takes about half an hour on 2 cores.
+
+- fit: `qwen25_3b_v6e8_bench.yaml` on v6e-8 and `qwen25_3b_v6e16_bench.yaml` on v6e-16, every program.
+  Target: every program fits with at least 25% of HBM free per chip.
+- decode: one generated token on v6e-16 (3B bench) in three rollout layouts: today's (before this change:
+  FSDP weights, the logits and sampling left to the partitioner, fp32 partial sums), replicated bf16
+  weights, and the default (FSDP weights, logits kept on their rows, bf16 partial sums). Per chip: HBM
+  bytes accessed, collective bytes and count, the estimated time (trainer/plan.py's method), beside the
+  bandwidth floor (the chip's bf16 weights plus its KV cache at the chip's HBM bandwidth). Target:
+  today's / default >= 2 by the same method in the same run; the estimated step beside the seeds'
+  measured 10.0 s/step.
+- sweep: `qwen25_7b_v4_16.yaml` on v4-16, the largest local batch whose plan fits, found the way
+  `tpu-console sweep --compile-only` finds it. Target: >= 8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+from trainer.config import load_config
+from trainer.plan import build_plan, format_plan
+from trainer.tpu_specs import parse_accelerator_type
+
+CONFIGS = Path(__file__).resolve().parent.parent / "trainer" / "configs"
+SEEDS_V6E16_STEP_S = 10.0  # seed 000: Qwen2.5-3B, 128 sequences, full-device FSDP on v6e-16
+BASE_SETS = ["wandb_mode=disabled"]
+# Rollout layouts compared per generated token (config keys under rollout.).
+LAYOUTS = {
+    "today": {"weight_layout": "fsdp", "activation_layout": "free", "partial_sums": "float32"},
+    "replicated": {"weight_layout": "replicated"},
+    "default": {},
+}
+
+
+def _say(msg: str) -> None:
+    print(f"  {msg}", file=sys.stderr, flush=True)
+
+
+def fit_part(results: dict) -> list:
+    plans = []
+    for config, tpu_type in (
+        ("qwen25_3b_v6e8_bench.yaml", "v6e-8"),
+        ("qwen25_3b_v6e16_bench.yaml", "v6e-16"),
+    ):
+        start = time.perf_counter()
+        plan = build_plan(
+            load_config(CONFIGS / config, BASE_SETS), parse_accelerator_type(tpu_type), progress=_say
+        )
+        print(format_plan(plan), flush=True)
+        worst = min((1 - p.peak_bytes / plan.hbm_bytes) for p in plan.programs if not p.compiled.oom)
+        ok = plan.fits and worst >= 0.25
+        print(
+            f"== fit {config} on {tpu_type}: {'PASS' if ok else 'FAIL'} (least free {worst:.0%}, target "
+            f">= 25%), compiled in {time.perf_counter() - start:.0f} s\n",
+            flush=True,
+        )
+        results.setdefault("fit", []).append(
+            {
+                "config": config,
+                "tpu_type": tpu_type,
+                "fits": plan.fits,
+                "least_free": worst,
+                "plan": plan.to_json(),
+            }
+        )
+        plans.append(plan)
+    return plans
+
+
+def decode_part(results: dict, default_plan=None) -> None:
+    tpu = parse_accelerator_type("v6e-16")
+    cfg = load_config(CONFIGS / "qwen25_3b_v6e16_bench.yaml", BASE_SETS)
+    g = tpu.generation
+    rows = []
+    for layout, overrides in LAYOUTS.items():
+        plan = (
+            default_plan
+            if layout == "default" and default_plan is not None
+            else build_plan(cfg, tpu, layout=overrides, only={"decode step"}, progress=_say)
+        )
+        step = next(p for p in plan.programs if p.name == "decode step")
+        c = step.compiled
+        floor_bytes = plan.resident.get("rollout weights") or plan.resident["parameters"] // 2
+        floor_bytes += plan.resident["KV cache"]
+        rows.append(
+            {
+                "layout": layout,
+                "hbm_bytes": c.bytes_accessed,
+                "collective_bytes": c.collectives.bytes,
+                "collectives": c.collectives.count,
+                "estimated_s": step.estimate_s,
+                "floor_s": floor_bytes / g.hbm_bandwidth,
+                "floor_bytes": floor_bytes,
+                "step_estimate": plan.step_estimate(),
+            }
+        )
+    print("decode, one generated token per chip, Qwen2.5-3B on v6e-16 (128 sequences, 8 per chip):")
+    print(f"{'layout':<22}{'HBM GB':>9}{'coll MB':>10}{'#coll':>7}{'est ms':>9}{'floor ms':>10}")
+    for r in rows:
+        print(
+            f"{r['layout']:<22}{r['hbm_bytes'] / 1e9:>9.2f}"
+            f"{r['collective_bytes'] / 1e6:>10.1f}{r['collectives']:>7}{r['estimated_s'] * 1e3:>9.2f}"
+            f"{r['floor_s'] * 1e3:>10.2f}"
+        )
+    by = {r["layout"]: r for r in rows}
+    ratio = by["today"]["estimated_s"] / by["default"]["estimated_s"]
+    print(
+        f"== decode: today's layout / default = {ratio:.2f}x per token ({'PASS' if ratio >= 2 else 'FAIL'}, "
+        "target >= 2)"
+    )
+    if by["default"]["step_estimate"]:
+        est = by["default"]["step_estimate"]
+        print(
+            f"== estimated step with the default layout: {est['step_s']:.2f} s (rollout "
+            f"{est['rollout_generate_s']:.2f} s at {cfg.rollout.max_length_sample} tokens, update "
+            f"{est['update_s']:.2f} s); the seeds measured {SEEDS_V6E16_STEP_S:.1f} s/step\n",
+            flush=True,
+        )
+    results["decode"] = {"rows": rows, "ratio": ratio}
+
+
+def sweep_part(results: dict) -> None:
+    from tpu_console.experiments.plan import compile_only_sweep
+
+    config = CONFIGS / "qwen25_7b_v4_16.yaml"
+    start = time.perf_counter()
+    sweep = asyncio.run(
+        compile_only_sweep(config, BASE_SETS, "v4-16", "rollout.batch_size", limit=64, progress=_say)
+    )
+    for t in sweep.trials:
+        peak = "-" if t.peak_gib is None else f"{t.peak_gib:.2f} GiB"
+        print(f"  rollout.batch_size={t.value:<3} local batch {t.local_batch:<3} peak {peak:<11} {t.verdict}")
+    best = sweep.largest_local_batch or 0
+    print(
+        f"== sweep --compile-only, Qwen2.5-7B length 2048 on v4-16: largest local batch that fits = {best} "
+        f"({'PASS' if best >= 8 else 'FAIL'}, target >= 8; seed 004 found 4 on hardware), "
+        f"{time.perf_counter() - start:.0f} s\n",
+        flush=True,
+    )
+    results["sweep"] = sweep.to_json()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", default="fit,decode,sweep")
+    parser.add_argument("--json", default=None, help="also write every figure to this JSON file")
+    args = parser.parse_args()
+    parts = set(args.part.split(","))
+    results: dict = {}
+    plans = fit_part(results) if "fit" in parts else []
+    if "decode" in parts:
+        decode_part(results, plans[1] if len(plans) > 1 else None)
+    if "sweep" in parts:
+        sweep_part(results)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
