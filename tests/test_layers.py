@@ -22,7 +22,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tpu_console.cli",
             "tpu_console.__main__",
             "tpu_console.tui",
-            "tpu_console.run_history_cli",
             "tpu_console.node_table",
             "tpu_console.run_table",
         ),

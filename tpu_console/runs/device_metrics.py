@@ -9,7 +9,12 @@ import json
 from dataclasses import dataclass, field
 
 from tpu_console.fleet.fleet import Fleet
+from tpu_console.fleet.preflight import open_node, require_all_reachable
 from tpu_console.fleet.recipes import LIBTPU_METRICS_ADDRESS, libtpu_metrics
+from tpu_console.fleet.selection import parse_worker_selection
+from tpu_console.model import Node
+from tpu_console.providers.base import Provider
+from tpu_console.runs.launch import inspect_workers, worker_python
 
 
 @dataclass(frozen=True)
@@ -59,3 +64,20 @@ async def read_device_metrics(
     return [
         parse(r.worker, r.stdout, r.error or (r.stderr.strip().splitlines() or [None])[-1]) for r in results
     ]
+
+
+async def read_node_metrics(
+    providers: dict[str, Provider],
+    node_name: str,
+    workers: str = "all",
+    address: str = LIBTPU_METRICS_ADDRESS,
+) -> tuple[Node, list[WorkerDeviceMetrics]]:
+    """`tpu-console metrics`: open the node, check the selected workers answer, and read each one's devices
+    with the interpreter a launch would use there."""
+    provider, node = await open_node(providers, node_name)
+    selected = parse_worker_selection(workers, node.shape.workers)
+    async with Fleet(await provider.ssh_targets(node)) as fleet:
+        await require_all_reachable(fleet, node_name, selected, "nothing was read")
+        reports = await inspect_workers(fleet, selected)
+        python = worker_python(provider, reports)
+        return node, await read_device_metrics(fleet, selected, python, address)

@@ -1,6 +1,6 @@
 """`tpu-console runs show RUN` and `tpu-console runs compare RUN_A RUN_B ...`: one run from the history in
 full, and several side by side (the table one writes by hand after each benchmark). Printing only;
-the data comes from the runs layer. Kept apart from cli.py so that file stays a table of verbs."""
+the data comes from the runs layer; the sub-commands themselves are declared in cli/runs.py."""
 
 from __future__ import annotations
 

@@ -1,0 +1,122 @@
+"""What the CLI prints: JSON documents, progress lines on stderr, errors, and the tables of the verbs that
+have one (the node and run tables the app shows too live in node_table.py and run_table.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime
+from typing import Any, TextIO
+
+from tpu_console.node_table import format_age, format_table
+from tpu_console.secrets import SecretMasker
+
+
+def print_json(document: dict[str, Any]) -> None:
+    print(json.dumps(document, indent=2))
+
+
+def print_masked_json(masker: SecretMasker, document: dict[str, Any]) -> None:
+    print(masker.mask(json.dumps(document, indent=2)))
+
+
+def print_error(message: str, json_mode: bool) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    if json_mode:
+        print_json({"error": message})
+
+
+def progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def worker_progress(worker: int, text: str) -> None:
+    print(f"[{worker}] {text}", file=sys.stderr, flush=True)
+
+
+# ---- tables ------------------------------------------------------------------------------------------------
+
+
+def print_exec_summary(outcome: Any, out: TextIO) -> None:
+    rows = []
+    for r in outcome.results:
+        if r.error is not None or r.exit_status is None:
+            rows.append((f"[{r.worker}]", "-", f"{r.duration_s:.2f}s", r.error or "did not finish"))
+        else:
+            rows.append(
+                (f"[{r.worker}]", str(r.exit_status), f"{r.duration_s:.2f}s", "ok" if r.ok else "failed")
+            )
+    print(format_table(("WORKER", "EXIT", "TIME", ""), rows), file=out)
+
+
+def print_setup(result: Any, json_mode: bool) -> int:
+    """The per-worker table of bootstrap and sync; exit status 1 when a worker failed."""
+    if json_mode:
+        print_json({"node": result.node.name, "ok": result.ok, "workers": [
+            {"worker": w.worker, "ok": w.ok, "error": w.error, "seconds": round(w.seconds, 2),
+             "ready": w.report.ready, "versions": w.versions, "code": w.report.code}
+            for w in result.workers]})
+    else:
+        rows = [(f"[{w.worker}]", "ok" if w.ok else "FAILED", w.code,
+                 w.report.versions_label() if w.ok else (w.error or ""), f"{w.seconds:.1f}s")
+                for w in result.workers]
+        print(format_table(("WORKER", "", "CODE", "VERSIONS", "TIME"), rows))
+    return 0 if result.ok else 1
+
+
+def launch_table(result: Any) -> str:
+    rows = [(f"[{s.worker}]", "started" if s.ok else "failed", str(s.pgid or "-"), s.error or "")
+            for s in result.starts]
+    return format_table(("WORKER", "START", "PGID", ""), rows)
+
+
+def recovery_table(log: Any) -> str | None:
+    rows = [(r.at, r.reason, r.old_run_id, r.new_run_id or "-", str(r.last_step_before or "-"),
+             str(r.resumed_step if r.resumed_step is not None else "-"),
+             str(r.steps_lost if r.steps_lost is not None else "-")) for r in log.recoveries]
+    if not rows:
+        return None
+    return format_table(("AT", "WHY", "RUN", "NEW RUN", "LAST STEP", "RESUMED AFTER", "LOST"), rows)
+
+
+def stop_table(stops: list[Any]) -> str:
+    rows = [(f"[{s.worker}]", s.outcome, s.signal or "-",
+             "-" if s.exit_status is None else str(s.exit_status), s.error or "") for s in stops]
+    return format_table(("WORKER", "OUTCOME", "SIGNAL", "EXIT", ""), rows)
+
+
+def idle_record(minutes: int, idle: list[Any]) -> dict[str, Any]:
+    return {"idle_after_minutes": minutes, "idle": [
+        {"node": i.node.name, "provider": i.node.provider, "idle_since": i.idle_since.isoformat(),
+         "idle_minutes": round(i.idle_for.total_seconds() / 60, 1),
+         "cost_while_idle": i.cost_while_idle, "cost_so_far": i.cost_so_far} for i in idle]}
+
+
+def idle_table(idle: list[Any], now: datetime) -> str:
+    return format_table(("NODE", "PROVIDER", "IDLE SINCE", "IDLE FOR", "COST IDLE", "COST IN ALL"), [
+        (i.node.name, i.node.provider, f"{i.idle_since:%Y-%m-%d %H:%M}",
+         format_age(i.idle_since, now),
+         "-" if i.cost_while_idle is None else f"~${i.cost_while_idle:,.2f}",
+         "-" if i.cost_so_far is None else f"~${i.cost_so_far:,.0f}") for i in idle])
+
+
+def metrics_table(answers: list[Any]) -> str:
+    gib = float(1 << 30)
+    rows = []
+    for answer in answers:
+        if answer.not_reported:
+            rows.append((f"[{answer.worker}]", "-", "not reported", "-", answer.not_reported))
+        for d in answer.devices:
+            used = "-" if d.hbm_used_bytes is None else f"{d.hbm_used_bytes / gib:.1f}"
+            total = "-" if d.hbm_total_bytes is None else f"{d.hbm_total_bytes / gib:.1f}"
+            share = f" ({d.hbm_fraction:.0%})" if d.hbm_fraction is not None else ""
+            duty = "-" if d.duty_cycle_pct is None else f"{d.duty_cycle_pct:.0f}%"
+            warn = "near the limit" if d.hbm_fraction is not None and d.hbm_fraction >= 0.9 else ""
+            rows.append((f"[{answer.worker}]", str(d.device), f"{used}/{total} GiB{share}", duty, warn))
+    return format_table(("WORKER", "DEVICE", "HBM", "DUTY", ""), rows)
+
+
+def sweep_table(param: str, trials: list[Any]) -> str:
+    rows = [(str(t.value), str(t.local_batch), t.outcome, "-" if t.peak_gib is None else f"{t.peak_gib:.2f}",
+             t.run_id or "-") for t in trials]
+    return format_table((param.upper(), "LOCAL BATCH", "OUTCOME", "PEAK GiB", "RUN"), rows)

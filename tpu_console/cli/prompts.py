@@ -1,0 +1,43 @@
+"""The questions the CLI asks before it destroys something, and the refusal when nobody can answer them
+(`--json`, or no terminal) and `--yes` was not given."""
+
+from __future__ import annotations
+
+import sys
+
+from tpu_console.errors import UserError
+from tpu_console.model import Node
+from tpu_console.runs.store import RunRecord
+
+
+def can_ask(json_mode: bool, *, stderr_too: bool = True) -> bool:
+    """A person is there to answer: not --json, and stdin (and stderr, where the question goes) a terminal."""
+    return not json_mode and sys.stdin.isatty() and (not stderr_too or sys.stderr.isatty())
+
+
+def yes_no(question: str) -> bool:
+    return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+
+
+def confirm_delete(node: Node, name: str, *, yes: bool, json_mode: bool) -> None:
+    """Deleting a node: the person types its name (or passed --yes); UserError otherwise."""
+    if yes:
+        return
+    if not can_ask(json_mode):
+        raise UserError(f"refusing to delete {name} without --yes")
+    typed = input(
+        f"delete {node.provider} node {node.name} ({node.accelerator_type})? type its name to confirm: "
+    )
+    if typed.strip() != node.name:
+        raise UserError(f"refusing to delete {name}: the name typed did not match (or pass --yes)")
+
+
+def confirm_stop(record: RunRecord, *, yes: bool, json_mode: bool) -> None:
+    """Stopping a run: y/N (or --yes); UserError otherwise."""
+    if yes:
+        return
+    run_id = record.run_id
+    if not can_ask(json_mode):
+        raise UserError(f"refusing to stop {run_id} without --yes")
+    if not yes_no(f"stop run {run_id} on {record.node} (workers {record.workers})?"):
+        raise UserError(f"not stopping {run_id}")

@@ -1,0 +1,343 @@
+"""Verbs on runs: `launch`, `status`, `logs`, `stop`, `runs` (`ls`, `show`, `compare`) and `metrics`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from tpu_console import run_table
+from tpu_console.cli import flags, output, prompts, run_history
+from tpu_console.errors import UserError
+from tpu_console.node_table import format_age, format_table
+from tpu_console.providers.base import Provider
+from tpu_console.runs import control as run_control
+from tpu_console.runs.launch import launch as launch_run
+from tpu_console.runs.resolve import resolve_run
+from tpu_console.runs.store import RunStore
+from tpu_console.secrets import SecretMasker
+from tpu_console.settings import Settings
+
+RUNS_SUB_COMMANDS = ("ls", "show", "compare")
+# Options that take a value, up to and including the `runs` sub-commands' own (to find the positionals).
+VALUE_OPTIONS = ("--project", "--limit")
+
+
+def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
+    launch = verbs.add_parser(
+        "launch",
+        parents=[common],
+        help="start the trainer on every worker of a node",
+        description="Validate the config (and --set overrides) here, then start `python -m trainer` "
+        "detached on the selected workers, each in ~/tpu-console/runs/RUN_ID/. Prints the run id.",
+    )
+    launch.add_argument("node")
+    flags.add_config(launch, "override a config key, e.g. --set rollout.n=8 (repeatable)")
+    flags.add_env_file(
+        launch, "KEY=value secrets (WANDB_API_KEY, HF_TOKEN) uploaded as a 0600 file and sourced by the job"
+    )
+    flags.add_worker(launch, "workers: all (default); a subset only on local and ssh pods")
+    flags.add_python(
+        launch,
+        "interpreter on the workers (default: the environment `bootstrap` made, ~/tpu-console/env; "
+        "this interpreter for local pods that were not bootstrapped)",
+    )
+    launch.add_argument(
+        "--kill-stale", action="store_true",
+        help="first kill processes still holding the TPU and remove /tmp/libtpu_lockfile on every worker",
+    )
+    launch.add_argument(
+        "--no-code-check", dest="check_code", action="store_false",
+        help="launch even if the workers run different code or JAX versions",
+    )
+    launch.add_argument(
+        "--recover", action="store_true",
+        help="stay with the run: if the node is preempted, delete and recreate it, bootstrap, sync and "
+        "relaunch from the latest checkpoint (needs checkpoint.dir outside the node and "
+        "checkpoint.every_steps)",
+    )
+    launch.add_argument("--max-recoveries", type=int, default=3, metavar="N",
+                        help="with --recover (default 3)")
+    launch.add_argument("--watch-every", type=float, default=30.0, metavar="S",
+                        help="with --recover: seconds between two looks at the node and the run (default 30)")
+    launch.add_argument(
+        "--fail-fast", action="store_true",
+        help="stop the other workers as soon as one worker's job fails (recorded in launch.json)",
+    )
+
+    runs = verbs.add_parser(
+        "runs", help="list launched runs; show one; compare several",
+        description="Runs launched from this machine. `tpu-console runs [NODE]` is short for "
+        "`tpu-console runs ls [NODE]`.",
+    )
+    sub = runs.add_subparsers(dest="runs_verb", metavar="ls|show|compare", required=True)
+    ls = sub.add_parser(
+        "ls", parents=[common], help="runs, most recent first",
+        description="Runs launched from this machine, most recent first; unfinished ones are probed now.",
+    )
+    ls.add_argument("node", nargs="?", help="only this node's runs")
+    ls.add_argument("more", nargs="*", help=argparse.SUPPRESS)
+    ls.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50)")
+    show = sub.add_parser(
+        "show", parents=[common], help="one run in full",
+        description="One run in full: where and what it ran, each worker's state, and its summary.",
+    )
+    show.add_argument("targets", nargs="*", metavar="NODE|RUN_ID",
+                      help="a run id, or a node (its latest run) and optionally one of its runs")
+    compare = sub.add_parser(
+        "compare", parents=[common], help="runs' summaries side by side",
+        description="Two runs or more side by side, with B vs A in percent.",
+    )
+    compare.add_argument("targets", nargs="*", metavar="RUN", help="run ids (or nodes: their latest run)")
+
+    status = verbs.add_parser(
+        "status", parents=[common], help="a run's state on every worker",
+        description="Each worker's state, exit status and latest step metrics; the first failure.",
+    )
+    flags.add_run_target(status)
+
+    logs = verbs.add_parser(
+        "logs", parents=[common], help="a run's output, prefixed by worker",
+        description="The end of each worker's output.log, prefixed [i]; with --follow, new output as it "
+        "comes until every worker's job has ended (exit 0 when the run succeeded, else 1).",
+    )
+    flags.add_run_target(logs)
+    flags.add_worker(logs)
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
+    logs.add_argument(
+        "--lines", "-n", default="50", metavar="N",
+        help="start with the last N lines of each worker (default 50; `all` for the whole log)",
+    )
+
+    stop = verbs.add_parser(
+        "stop", parents=[common], help="stop a run on every worker",
+        description="SIGTERM the job's process group on every worker, SIGKILL it after --grace seconds.",
+    )
+    flags.add_run_target(stop)
+    flags.add_yes(stop, "stop without asking")
+    stop.add_argument("--grace", type=float, default=10.0, metavar="S", help="seconds before SIGKILL (10)")
+
+    metrics = verbs.add_parser(
+        "metrics", parents=[common], help="live HBM and duty cycle of every TPU device, from libtpu",
+        description="Read libtpu's runtime metrics (HBM in use and total, tensorcore duty cycle) on every "
+        "worker, without the trainer and without importing JAX there: they show even while a job hangs. "
+        "Workers where nothing reports them (CPU pods) say why.",
+    )
+    metrics.add_argument("node")
+    flags.add_worker(metrics)
+    metrics.add_argument("--address", default="localhost:8431",
+                         help="libtpu's metrics service on each worker")
+
+
+def with_runs_sub_command(argv: Sequence[str]) -> list[str]:
+    """`runs [NODE]` is short for `runs ls [NODE]`, and options may come before the sub-command
+    (`runs --json show RUN`): give argparse the sub-command first. A node named `show` is `runs ls show`."""
+    argv = list(argv)
+    verb = _first_positional(argv)
+    if verb is None or argv[verb] != "runs":
+        return argv
+    rest = argv[verb + 1 :]
+    first = _first_positional(rest)
+    if first is not None and rest[first] in RUNS_SUB_COMMANDS:
+        rest = [rest[first], *rest[:first], *rest[first + 1 :]]
+    elif first is None and any(a in ("-h", "--help") for a in rest):
+        pass  # `runs --help`: the sub-commands
+    else:
+        rest = ["ls", *rest]
+    return [*argv[: verb + 1], *rest]
+
+
+def _first_positional(argv: Sequence[str]) -> int | None:
+    skip = False
+    for index, arg in enumerate(argv):
+        if skip:
+            skip = False
+        elif arg in VALUE_OPTIONS:
+            skip = True
+        elif not arg.startswith("-"):
+            return index
+    return None
+
+
+# ---- launch ------------------------------------------------------------------------------------------------
+
+
+async def launch(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    if args.recover:
+        return await _launch_with_recovery(args, settings, providers)
+    result = await launch_run(
+        providers, args.node, args.config, args.overrides, args.env_file, args.worker,
+        python=args.python, kill_stale=args.kill_stale, fail_fast=args.fail_fast, check_code=args.check_code,
+        progress=output.progress, on_worker=output.worker_progress,
+    )
+    if result.ok and args.fail_fast:
+        _start_fail_fast_guard(result.run_id, args)
+    if args.json:
+        output.print_json(run_table.launch_record(result))
+    else:
+        print(output.launch_table(result), file=sys.stderr)
+        print(result.run_id)
+        if result.ok:
+            print(f"follow it with `tpu-console logs {result.node.name} --follow`", file=sys.stderr)
+        else:
+            print("error: the job did not start on every worker; nothing is left running", file=sys.stderr)
+    return 0 if result.ok else 1
+
+
+async def _launch_with_recovery(
+    args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]
+) -> int:
+    from tpu_console.experiments.recovery import launch_with_recovery
+
+    if args.worker != "all":
+        raise UserError("--recover relaunches on every worker; leave out --worker")
+
+    def launched(result: Any) -> None:
+        print(result.run_id, flush=True)
+        print(f"{result.run_id}: started on {len(result.workers)} worker(s); watching {result.node.name} for "
+              "preemption", file=sys.stderr, flush=True)
+
+    log = await launch_with_recovery(
+        providers, args.node, args.config, args.overrides, args.env_file, zones=settings.gcp.zones,
+        max_recoveries=args.max_recoveries, watch_every_s=args.watch_every, python=args.python,
+        progress=output.progress, on_launch=launched,
+    )
+    if args.json:
+        output.print_json(log.to_json())
+    else:
+        table = output.recovery_table(log)
+        if table:
+            print(table, file=sys.stderr)
+        gave_up = f" ({log.gave_up})" if log.gave_up else ""
+        print(f"{log.runs[-1]}: {log.final_state}{gave_up}", file=sys.stderr)
+    return 0 if log.final_state == "succeeded" else 1
+
+
+def _start_fail_fast_guard(run_id: str, args: argparse.Namespace) -> None:
+    from tpu_console.runs.guard import guard_log, start_guard
+
+    pid = start_guard(run_id, flags.settings_flags(args))
+    print(f"{run_id}: fail-fast watcher started (pid {pid}, log {guard_log(run_id)})", file=sys.stderr)
+
+
+# ---- the history -------------------------------------------------------------------------------------------
+
+
+async def runs(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    if args.runs_verb == "show":
+        return await run_history.show(args.targets, args.json, providers)
+    if args.runs_verb == "compare":
+        return await run_history.compare(args.targets, args.json, providers)
+    if args.more:
+        raise UserError(f"unexpected arguments after {args.node}: {' '.join(args.more)}; "
+                        "use `runs NODE`, `runs show RUN` or `runs compare RUN_A RUN_B`")
+    views = await run_control.list_runs(providers, args.node, limit=args.limit)
+    if args.json:
+        output.print_json({"runs": [run_table.run_record(v) for v in views]})
+    elif views:
+        now = datetime.now(UTC)
+        print(format_table(run_table.RUN_COLUMNS, [run_table.run_row(v, now) for v in views]))
+    else:
+        print("no runs yet; start one with `tpu-console launch NODE --config FILE`", file=sys.stderr)
+    return 0
+
+
+# ---- one run -----------------------------------------------------------------------------------------------
+
+
+async def status(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    record = await resolve_run(RunStore(), providers, args.target, args.run_id)
+    view = await run_control.run_status(providers, record.run_id)
+    masker = SecretMasker.for_node(record.node)  # notes quote worker output, which may hold a leaked value
+    if args.json:
+        print(masker.mask(json.dumps(run_table.run_record(view), indent=2)))
+        return 0
+    record = view.record
+    age = format_age(record.started_at, datetime.now(UTC))
+    print(f"{record.run_id}  {record.node} ({record.provider} {record.accelerator_type})  {view.state}  "
+          f"started {age} ago")
+    worker_rows = [run_table.worker_row(s) for s in view.workers]
+    print(masker.mask(format_table(run_table.WORKER_COLUMNS, worker_rows)))
+    if view.failure:
+        print(masker.mask(f"failed first: {view.failure}"))
+    if view.state == "partially-dead":
+        alive = [str(s.worker) for s in view.workers if not s.done]
+        print(f"workers {','.join(alive)} still run after that failure and will likely hang; stop them with "
+              f"`tpu-console stop {record.node} {record.run_id}`")
+    if view.problem:
+        print(f"note: {view.problem}", file=sys.stderr)
+    return 0
+
+
+async def logs(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    lines = parse_lines(args.lines)
+    collected: list[dict[str, Any]] = []
+
+    def on_line(worker: int, text: str) -> None:
+        text = masker.mask(text)
+        if args.json:
+            collected.append({"worker": worker, "text": text})
+        else:
+            print(f"[{worker}] {text}", flush=True)
+
+    record = await resolve_run(RunStore(), providers, args.target, args.run_id)
+    masker = SecretMasker.for_node(record.node)  # a value a job printed is shown as ***
+    view = await run_control.logs(
+        providers, record.run_id, on_line, workers=args.worker, lines=lines, follow=args.follow
+    )
+    if args.json:
+        output.print_json({"run_id": view.record.run_id, "state": view.state, "failure": view.failure,
+                           "lines": collected})
+    elif args.follow:
+        print(f"{view.record.run_id}: {view.state}" + (f": {view.failure}" if view.failure else ""),
+              file=sys.stderr)
+    if args.follow:
+        return 0 if view.state == "succeeded" else 1
+    return 0
+
+
+def parse_lines(text: str) -> int | None:
+    if text.strip().lower() == "all":
+        return None
+    try:
+        lines = int(text)
+    except ValueError:
+        raise UserError(f"--lines {text!r} is not a number; give a count like 100, or all") from None
+    if lines < 0:
+        raise UserError(f"--lines {lines} is negative; give a count like 100, or all")
+    return lines
+
+
+async def stop(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    record = await resolve_run(RunStore(), providers, args.target, args.run_id)
+    prompts.confirm_stop(record, yes=args.yes, json_mode=args.json)
+    view, stops = await run_control.stop(providers, record.run_id, grace_s=args.grace)
+    unreachable = [s for s in stops if s.outcome == "unreachable"]
+    if args.json:
+        output.print_json({"run_id": record.run_id, "state": view.state,
+                           "workers": [run_table.stop_record(s) for s in stops]})
+    else:
+        print(output.stop_table(stops), file=sys.stderr)
+        print(f"{record.run_id}: {view.state}")
+    return 1 if unreachable else 0
+
+
+async def metrics(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    from tpu_console.runs.device_metrics import read_node_metrics
+
+    node, answers = await read_node_metrics(providers, args.node, args.worker, args.address)
+    if args.json:
+        output.print_json({"node": node.name, "workers": [
+            {"worker": a.worker, "not_reported": a.not_reported,
+             "devices": [vars(d) for d in a.devices]} for a in answers]})
+        return 0
+    print(output.metrics_table(answers))
+    return 0
+
+
+HANDLERS = {
+    "launch": launch, "runs": runs, "status": status, "logs": logs, "stop": stop, "metrics": metrics,
+}
