@@ -215,3 +215,13 @@ def test_console_script_runs_as_a_process(tmp_path):
     )
     assert bad.returncode == 2
     assert bad.stderr == "error: unknown node 'ghost': `tpu-console ls` lists the nodes\n"
+
+
+def test_runs_sub_commands_leave_every_node_name_listable(capsys):
+    # `runs NODE` lists a node's runs; a node named like a sub-command is listed with `runs ls show`.
+    assert_one_line_error(*run(capsys, "runs", "ls", "show"), "unknown node 'show'")
+    assert_one_line_error(*run(capsys, "runs", "ghost"), "unknown node 'ghost'")
+    status, out, _ = run(capsys, "runs", "--json", "show")  # options may come before the sub-command
+    assert status == 2 and json.loads(out)["error"].startswith("runs show takes a run id")
+    status, out, _ = run(capsys, "runs", "--limit", "3", "--json")
+    assert status == 0 and json.loads(out) == {"runs": []}
