@@ -37,7 +37,12 @@ SEEDS_V6E16_STEP_S = 10.0  # seed 000: Qwen2.5-3B, 128 sequences, full-device FS
 BASE_SETS = ["wandb_mode=disabled"]
 # Rollout layouts compared per generated token (config keys under rollout.).
 LAYOUTS = {
-    "today": {"weight_layout": "fsdp", "activation_layout": "free", "partial_sums": "float32"},
+    "today": {
+        "weight_layout": "fsdp",
+        "activation_layout": "free",
+        "partial_sums": "float32",
+        "cache_write": "bits",
+    },
     "replicated": {"weight_layout": "replicated"},
     "default": {},
 }

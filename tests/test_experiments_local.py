@@ -60,6 +60,10 @@ def test_bench_memory_refuses_a_mesh_that_does_not_fit_before_running(capsys, po
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sweep_finds_the_largest_batch_under_a_simulated_memory_limit(capsys, tmp_path, tiny_model_dir):
+    # The trainer's test facility (trainer/fault_injection.py), armed through the job's environment (the
+    # env file every trial's job sources): a local batch above 8 fails as an OOM does.
+    env_file = tmp_path / "fault.env"
+    env_file.write_text("TRAINER_FAULT_MAX_LOCAL_BATCH=8\n")
     assert run(capsys, "create", "one", "--type", "local-1x2")[0] == 0
     data = write_jsonl(tmp_path / "gsm8k.jsonl", 32, seed=0)
     # rollout.n = 4: local batch = 4 x batch_size; the simulated limit lets 8 sequences through, not 12.
@@ -68,9 +72,9 @@ def test_sweep_finds_the_largest_batch_under_a_simulated_memory_limit(capsys, tm
         f"data.path={data}",
         "rollout.global_length=64",
         "rollout.max_length_sample=8",
-        "debug_max_local_batch=8",
     ]
-    argv = ["sweep", "one", "--config", str(CONFIG), "--steps", "1", "--max", "8", "--json"]
+    argv = ["sweep", "one", "--config", str(CONFIG), "--steps", "1", "--max", "8", "--json",
+            "--env-file", str(env_file)]
     for item in sets:
         argv += ["--set", item]
     status, out, err = run(capsys, *argv)

@@ -76,6 +76,10 @@ class RolloutConfig(_Section):
         "auto", description="dtype of the rollout's weight-matmul outputs, which FSDP all-reduces as partial "
         "sums every token: compute = the compute dtype (bf16: half the bytes), auto = compute on TPU, "
         "float32 elsewhere")
+    cache_write: Literal["auto", "bits", "plain"] = Field(
+        "auto", description="how decode writes a bf16 KV cache: bits = through an integer bitcast (XLA CPU "
+        "otherwise widens the whole cache every token), plain = a dynamic-update-slice (on TPU the bitcast "
+        "is a relayout copy of the cache); auto = plain on TPU, bits elsewhere")
 
 
 class TrainConfig(_Section):
@@ -126,10 +130,6 @@ class TrainerConfig(_Section):
     wandb_project: str | None = None
     wandb_name: str | None = None
     wandb_mode: Literal["online", "offline", "disabled"] = "disabled"
-    # Test-only: a device memory limit simulated on CPU, so the largest-batch finder (tpu-console sweep) can
-    # be tested where nothing runs out of memory. Above this local batch the run fails at start exactly as
-    # an out-of-memory step does (RESOURCE_EXHAUSTED, error event with the local batch, exit 1).
-    debug_max_local_batch: int | None = Field(None, ge=1, description="test-only simulated memory limit")
 
     @field_validator("mesh_shape")
     @classmethod

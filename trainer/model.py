@@ -38,13 +38,20 @@ _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 _MATMUL_OUTPUT: contextvars.ContextVar[Any] = contextvars.ContextVar("matmul_output", default=jnp.float32)
 
 
+# Whether a 16-bit KV cache is written through a bitcast to integers (CPU: see _write_cache). On TPU the
+# bitcast is a relayout, a copy of the whole cache every token, so a TPU sampler turns it off.
+_CACHE_WRITE_AS_BITS: contextvars.ContextVar[bool] = contextvars.ContextVar("cache_bits", default=True)
+
+
 @contextlib.contextmanager
-def matmul_output(dtype: Any) -> Iterator[None]:
-    token = _MATMUL_OUTPUT.set(dtype)
+def matmul_output(dtype: Any, cache_write_as_bits: bool = True) -> Iterator[None]:
+    """Trace under these choices: the weight matmuls' output dtype and how a 16-bit cache is written."""
+    tokens = _MATMUL_OUTPUT.set(dtype), _CACHE_WRITE_AS_BITS.set(cache_write_as_bits)
     try:
         yield
     finally:
-        _MATMUL_OUTPUT.reset(token)
+        _MATMUL_OUTPUT.reset(tokens[0])
+        _CACHE_WRITE_AS_BITS.reset(tokens[1])
 
 
 @dataclass(frozen=True)
@@ -251,7 +258,7 @@ def _write_cache(cache: jax.Array, update: jax.Array, start: tuple) -> jax.Array
     rewrites the whole cache every decode step instead of one slot. On the bits it is a plain in-place write.
     """
     update = update.astype(cache.dtype)
-    if cache.dtype.itemsize != 2:
+    if cache.dtype.itemsize != 2 or not _CACHE_WRITE_AS_BITS.get():
         return jax.lax.dynamic_update_slice(cache, update, start)
     bits = jax.lax.dynamic_update_slice(jax.lax.bitcast_convert_type(cache, jnp.uint16),
                                         jax.lax.bitcast_convert_type(update, jnp.uint16), start)

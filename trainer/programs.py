@@ -114,6 +114,7 @@ def build_programs(
         weight_layout=r.weight_layout,
         activation_layout=r.activation_layout,
         partial_sums=r.partial_sums,
+        cache_write=r.cache_write,
     )
     per_device = r.batch_size * r.n // (mesh.shape["dp"] * mesh.shape["fsdp"])
     step_fn = GRPOStep(

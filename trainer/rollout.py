@@ -153,7 +153,7 @@ class Sampler:
     def __init__(self, model: Qwen2ForCausalLM, pad_id: int, eos_ids: Sequence[int],
                  buckets: Sequence[int] = (64, 128, 256, 512, 1024), max_new_tokens: int = 256,
                  mesh: Mesh | None = None, cache_dtype: Any = None, constrain_rows: bool = True,
-                 matmul_dtype: Any = jnp.float32):
+                 matmul_dtype: Any = jnp.float32, cache_write_as_bits: bool = True):
         if not eos_ids:
             raise ValueError("eos_ids is empty; pass the tokenizer's end-of-turn id(s), e.g. <|im_end|>")
         self.model = model
@@ -164,6 +164,7 @@ class Sampler:
         self.mesh = mesh
         self.constrain_rows = constrain_rows
         self.matmul_dtype = matmul_dtype  # of the weight matmuls' outputs (partial sums): model.matmul_output
+        self.cache_write_as_bits = cache_write_as_bits  # model._write_cache: right on CPU, a copy on TPU
         self.cache_dtype = cache_dtype or model.compute_dtype
         self.compile_count = 0  # incremented while tracing, i.e. once per compilation
         self._graphdef = nnx.graphdef(model)
@@ -189,7 +190,7 @@ class Sampler:
 
         @functools.wraps(fn)
         def traced(*args: Any, **kwargs: Any) -> Any:
-            with matmul_output(self.matmul_dtype):
+            with matmul_output(self.matmul_dtype, cache_write_as_bits=self.cache_write_as_bits):
                 return fn(*args, **kwargs)
 
         return traced

@@ -38,11 +38,14 @@ class ShardedSampler(Sampler):
 
     def __init__(self, model: Qwen2ForCausalLM, pad_id: int, eos_ids: Sequence[int], *, prompt_len: int,
                  max_new_tokens: int, mesh: Mesh, style: str, weight_layout: str = "fsdp",
-                 activation_layout: str = "rows", partial_sums: str = "auto") -> None:
+                 activation_layout: str = "rows", partial_sums: str = "auto",
+                 cache_write: str = "auto") -> None:
         # One bucket: every process pads to the same width whatever its own longest prompt is.
         super().__init__(model, pad_id, eos_ids, buckets=(prompt_len,), max_new_tokens=max_new_tokens,
                          mesh=mesh, constrain_rows=activation_layout == "rows",
-                         matmul_dtype=resolve_partial_sums(partial_sums, model.compute_dtype, mesh))
+                         matmul_dtype=resolve_partial_sums(partial_sums, model.compute_dtype, mesh),
+                         cache_write_as_bits=cache_write == "bits"
+                         or (cache_write == "auto" and not _on_tpu(mesh)))
         if weight_layout not in ("fsdp", "replicated"):
             raise ValueError(f"weight_layout {weight_layout!r}: use fsdp or replicated")
         self.style = style
@@ -72,11 +75,15 @@ def rollout_axes(batch_axes: tuple[str, ...], model_axes: tuple) -> tuple:
     return (batch_axes, *rest)
 
 
+def _on_tpu(mesh: Mesh) -> bool:
+    return mesh.devices.flat[0].platform == "tpu"
+
+
 def resolve_partial_sums(setting: str, compute_dtype: Any, mesh: Mesh) -> Any:
     """`rollout.partial_sums`: auto = the compute dtype on TPU (bf16 partial sums cross the interconnect at
     half the bytes), fp32 elsewhere (XLA CPU widens a bf16-output dot to an fp32 one and is slower for it)."""
     if setting == "float32":
         return jnp.float32
-    if setting == "compute" or (setting == "auto" and mesh.devices.flat[0].platform == "tpu"):
+    if setting == "compute" or (setting == "auto" and _on_tpu(mesh)):
         return compute_dtype
     return jnp.float32

@@ -21,6 +21,7 @@ from flax import nnx
 from trainer import telemetry as tm
 from trainer.config import ConfigError, TrainerConfig, check_topology, prompts_per_process
 from trainer.distributed import LaunchEnv, Terminated, initialize_or_explain, require_process_count
+from trainer.fault_injection import raise_armed_faults
 from trainer.grpo import group_advantages
 from trainer.mesh import (
     MeshError,
@@ -86,9 +87,7 @@ def run(cfg: TrainerConfig, launch: LaunchEnv, events: tm.EventLog, *, run_dir: 
                 fsdp_spans_hosts=spans, local_batch=local_batch,
                 global_batch=local_batch * topo.process_count,
                 sharding_style=cfg.rollout.sharding_style, steps=cfg.steps, config_digest=cfg.digest())
-    if cfg.debug_max_local_batch is not None and local_batch > cfg.debug_max_local_batch:
-        raise RuntimeError(f"RESOURCE_EXHAUSTED: simulated device memory limit: local_batch {local_batch} > "
-                           f"debug_max_local_batch {cfg.debug_max_local_batch}")
+    raise_armed_faults(local_batch)  # tests only (trainer/fault_injection.py)
     print(f"backend={jax.default_backend()} process={topo.process_index}/{topo.process_count} "
           f"device_count={topo.device_count} local_device_count={topo.local_device_count} "
           f"mesh={sizes} local_batch={local_batch}", flush=True)
