@@ -34,6 +34,7 @@ examples:
   tpu-console create run-1 --type v6e-16 --zones europe-west4-a,us-east5-b
   tpu-console exec pod-a -- hostname            run on every worker
   tpu-console exec pod-a --worker 1-3 -- 'nvidia-smi || true'
+  tpu-console plan --type v6e-16 --config trainer/configs/qwen25_3b_v6e16_bench.yaml
   tpu-console launch pod-a --config trainer/configs/tiny_local.yaml --set steps=2 --env-file .env
   tpu-console logs RUN_ID --follow              every worker's output, prefixed [i], until the run ends
   tpu-console status RUN_ID                     per-worker state, exit status, latest step metrics
@@ -42,7 +43,8 @@ examples:
 
 exit status: 0 success; 2 bad input or unmet precondition (nothing was changed);
 exec: the first non-zero worker status, 255 for a worker whose command did not finish;
-launch: 1 when a worker could not start the job; logs --follow: 1 when the run did not succeed.
+launch: 1 when a worker could not start the job; logs --follow: 1 when the run did not succeed;
+plan: 1 when the config does not fit, 3 when it cannot be planned here (no libtpu).
 """
 
 

@@ -1,4 +1,5 @@
-"""Verbs that measure: `bench-memory` and `sweep`."""
+"""Verbs that measure or plan: `bench-memory`, `sweep` (trial runs, or `--compile-only` from plans alone) and
+`plan` (the TPU compiler's per-chip memory and cost for a config on a TPU type, no TPU needed)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ from typing import Any
 from tpu_console.cli import flags, output
 from tpu_console.errors import UserError
 from tpu_console.providers.base import Provider
+from tpu_console.providers.registry import find_node
 from tpu_console.settings import Settings
+
+# `tpu-console plan`'s exit statuses, as python -m trainer plan's.
+PLAN_EXIT = {"fits": 0, "does-not-fit": 1, "error": 2, "unavailable": 3}
 
 
 def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
@@ -35,17 +40,35 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
         description="Short trial runs (--steps, 2 by default) on every worker at different values of "
         "--param: doubling from the config's value while they fit, then bisecting between the largest fit "
         "and the first RESOURCE_EXHAUSTED. Only values the trainer accepts on this node's shape are tried. "
-        "Every trial is a run in `tpu-console runs`; the sweep is kept in $TPU_CONSOLE_HOME/sweeps/.",
+        "Every trial is a run in `tpu-console runs`; the sweep is kept in $TPU_CONSOLE_HOME/sweeps/. "
+        "With --compile-only, no run and no pod: the same search over the TPU compiler's plans for the "
+        "node's TPU type (or --type T).",
     )
-    sweep.add_argument("node")
+    flags.add_node_or_type(sweep)
     flags.add_config(sweep, "override a config key for every trial (repeatable)")
     sweep.add_argument("--param", default="rollout.batch_size",
                        help="rollout.batch_size (default) or rollout.n")
     sweep.add_argument("--steps", type=int, default=2, help="steps per trial (default 2)")
-    sweep.add_argument("--max", dest="limit", type=int, metavar="N",
-                       help="largest value to try (default 16x the config's)")
+    sweep.add_argument("--max", "--limit", dest="limit", type=int, metavar="N",
+                       help="largest value to try (default 16x the config's; 256 with --compile-only)")
+    sweep.add_argument("--compile-only", action="store_true",
+                       help="plans instead of trial runs: the TPU compiler says what fits (no TPU needed)")
     flags.add_env_file(sweep, "secrets for the trials, as for launch")
     flags.add_python(sweep)
+
+    plan = verbs.add_parser(
+        "plan", parents=[common], help="will a config fit a TPU type? the TPU compiler's plan, no TPU needed",
+        description="Compile every program the trainer runs for the config on the TPU type (a node's, or "
+        "--type T; a local pod plans for the type it rehearses, local-v6e-8 as v6e-8) with libtpu on this "
+        "machine, and print per chip: what is resident, each program's memory, flops, bytes accessed and "
+        "collectives, an estimated step time, and a verdict. Answers are cached in $TPU_CONSOLE_HOME/plans "
+        "by config digest, type, jax/libtpu versions and trainer source. Exit status: 0 fits, 1 does not "
+        "fit, 2 bad input, 3 cannot plan here (no libtpu).",
+    )
+    flags.add_node_or_type(plan)
+    flags.add_config(plan, "override a config key, e.g. --set rollout.n=8 (repeatable)")
+    plan.add_argument("--no-cache", dest="use_cache", action="store_false",
+                      help="plan again even if an answer is cached")
 
 
 async def bench_memory(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
@@ -70,6 +93,11 @@ async def bench_memory(args: argparse.Namespace, settings: Settings, providers: 
 async def sweep(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
     from tpu_console.experiments import batch_sweep
 
+    if args.compile_only:
+        return await _compile_only_sweep(args, providers)
+    if args.accelerator_type or not args.node:
+        raise UserError("sweep runs trials on a node: `tpu-console sweep NODE --config F`; "
+                        "--type T goes with --compile-only")
     if args.steps < 1:
         raise UserError("--steps must be at least 1")
     result = await batch_sweep.sweep(
@@ -88,4 +116,72 @@ async def sweep(args: argparse.Namespace, settings: Settings, providers: dict[st
     return 0 if result.stopped is None else 1
 
 
-HANDLERS = {"bench-memory": bench_memory, "sweep": sweep}
+async def _compile_only_sweep(args: argparse.Namespace, providers: dict[str, Provider]) -> int:
+    from tpu_console.experiments.plan import compile_only_sweep
+    from tpu_console.runs.launch import validate_config
+
+    config = validate_config(args.config, args.overrides)  # a bad config is one line, before any plan
+    tpu_type = await _tpu_type(args, providers)
+    if args.limit is not None and args.limit < 1:
+        raise UserError("--limit must be at least 1")
+    result = await compile_only_sweep(
+        config.path, config.overrides, tpu_type, args.param, limit=args.limit or 256, progress=output.progress
+    )
+    if args.json:
+        output.print_json(result.to_json())
+        return 0 if result.stopped is None else 1
+    print(output.compile_sweep_table(args.param, result.trials))
+    if result.largest_fit is None:
+        print(f"no value of {args.param} that was tried fits {tpu_type}")
+    else:
+        print(f"largest that fits {tpu_type}: {args.param}={result.largest_fit} "
+              f"(local batch {result.largest_local_batch} sequences per host)")
+    if result.stopped:
+        print(f"stopped: {result.stopped}", file=sys.stderr)
+    return 0 if result.stopped is None else 1
+
+
+async def plan(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    from tpu_console.experiments.plan import plan as make_plan
+    from tpu_console.runs.launch import validate_config
+
+    config = validate_config(args.config, args.overrides)  # a bad config is one line, before any plan
+    tpu_type = await _tpu_type(args, providers)
+    outcome = await make_plan(
+        config.path, config.overrides, tpu_type, config_digest=config.digest, progress=output.progress,
+        use_cache=args.use_cache,
+    )
+    if args.json:
+        output.print_json(outcome.to_json())
+    elif outcome.plan is not None:
+        print(output.plan_text(outcome.plan))
+        if outcome.cached:
+            print("(from the cache; --no-cache plans again)", file=sys.stderr)
+    if outcome.status == "unavailable":
+        print(f"error: cannot plan here: {outcome.verdict}", file=sys.stderr)
+    elif outcome.status == "error":
+        print(f"error: {outcome.verdict}", file=sys.stderr)
+    return PLAN_EXIT[outcome.status]
+
+
+async def _tpu_type(args: argparse.Namespace, providers: dict[str, Provider]) -> str:
+    """The TPU type to plan for: --type T's, or the node's (a local pod's rehearsed type)."""
+    from tpu_console.experiments.plan import tpu_type_for
+
+    if bool(args.node) == bool(args.accelerator_type):
+        raise UserError("give a node or --type T (e.g. --type v6e-16), one of them")
+    if args.accelerator_type:
+        tpu_type = tpu_type_for(args.accelerator_type)
+        if tpu_type is None:
+            raise UserError(f"{args.accelerator_type} is not a TPU type; give one such as v6e-8, v6e-16 or "
+                            "v4-16 (a local pod's local-v6e-8 plans as v6e-8)")
+        return tpu_type
+    _, node = await find_node(providers, args.node)
+    tpu_type = tpu_type_for(node.accelerator_type)
+    if tpu_type is None:
+        raise UserError(f"{node.name} is a {node.accelerator_type} pod, a shape no TPU has; plan with "
+                        "--type T (e.g. v6e-8), or on a pod that rehearses one (local-v6e-8)")
+    return tpu_type
+
+
+HANDLERS = {"bench-memory": bench_memory, "sweep": sweep, "plan": plan}

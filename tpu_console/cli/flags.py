@@ -62,6 +62,15 @@ def add_config(parser: argparse.ArgumentParser, set_help: str) -> None:
     )
 
 
+def add_node_or_type(parser: argparse.ArgumentParser) -> None:
+    """NODE, or `--type T` for a TPU type without a node (plan, sweep --compile-only)."""
+    parser.add_argument("node", nargs="?", help="a node: plan for its accelerator type")
+    parser.add_argument(
+        "--type", dest="accelerator_type", metavar="TYPE",
+        help="a TPU type instead of a node, e.g. v6e-16 (no node needed)",
+    )
+
+
 def add_run_target(parser: argparse.ArgumentParser) -> None:
     """A run named by its id, or by its node (the node's latest run) and optionally one of its runs."""
     parser.add_argument("target", metavar="NODE|RUN_ID", help="a run id, or a node (its latest run)")

@@ -120,3 +120,59 @@ def sweep_table(param: str, trials: list[Any]) -> str:
     rows = [(str(t.value), str(t.local_batch), t.outcome, "-" if t.peak_gib is None else f"{t.peak_gib:.2f}",
              t.run_id or "-") for t in trials]
     return format_table((param.upper(), "LOCAL BATCH", "OUTCOME", "PEAK GiB", "RUN"), rows)
+
+
+def compile_sweep_table(param: str, trials: list[Any]) -> str:
+    rows = [(str(t.value), str(t.local_batch), "fits" if t.fits else "does not fit",
+             "-" if t.peak_gib is None else f"{t.peak_gib:.2f}") for t in trials]
+    return format_table((param.upper(), "LOCAL BATCH", "PLAN", "PEAK GiB"), rows)
+
+
+def _size(n: float | None) -> str:
+    """Bytes in about 5 characters: 1.23G, 45.6M, 12K (binary units), as the planner prints them."""
+    if n is None:
+        return "-"
+    for unit, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if n >= scale:
+            value = n / scale
+            return f"{value:.2f}{unit}" if value < 10 else f"{value:.1f}{unit}" if value < 100 else (
+                f"{value:.0f}{unit}")
+    return str(int(n))
+
+
+def plan_text(plan: dict[str, Any]) -> str:
+    """The planner's JSON (python -m trainer plan --json) as its table: per chip, what is resident, and
+    for each program its arguments, outputs, temporaries, aliases, peak held at once, compiler flops,
+    bytes accessed, collectives and estimated time."""
+    hbm = plan.get("hbm_bytes") or 0
+    lines = [
+        f"plan for {plan['accelerator_type']} ({plan['topology']}: {plan['hosts']} hosts, {plan['chips']} "
+        f"chips, {hbm / 2**30:.2f} GiB HBM a chip as the compiler allows); model {plan['model_source']}; "
+        f"mesh {plan['mesh']}; rollout weights {plan['weight_layout']}",
+        "resident per chip: " + ", ".join(f"{k} {_size(v)}" for k, v in plan["resident_bytes"].items()),
+        "",
+    ]
+    rows = []
+    for p in plan["programs"]:
+        if p.get("oom"):
+            rows.append((p["name"], p["runs"], "OUT OF MEMORY", "", "", "", "", "", "", "", "", ""))
+            continue
+        est = p.get("estimated_seconds")
+        rows.append((
+            p["name"], p["runs"], _size(p["argument_bytes"]), _size(p["output_bytes"]),
+            _size(p["temp_bytes"]), _size(p["alias_bytes"]), _size(p["peak_bytes"]),
+            f"{p['flops'] / 1e9:.1f}",
+            f"{p['bytes_accessed'] / 1e9:.2f}", f"{p['collective_bytes'] / 1e6:.1f}", str(p["collectives"]),
+            "-" if est is None else f"{est * 1e3:.2f}",
+        ))
+    lines.append(format_table(("PROGRAM (PER CHIP)", "RUNS", "ARGS", "OUT", "TEMP", "ALIAS", "PEAK", "GFLOP",
+                               "HBM GB", "COLL MB", "#COLL", "EST MS"), rows))
+    for p in plan["programs"]:
+        if p.get("oom"):
+            lines.append(f"{p['name']}: out of memory: {p['oom']}")
+    estimate = plan.get("step_estimate_s") or {}
+    if estimate:
+        lines += ["", "estimated step: " + ", ".join(f"{k} {v:.2f} s" for k, v in estimate.items())
+                  + f" (decode priced at {plan.get('new_tokens', 0)} tokens)"]
+    lines.append(plan["verdict"])
+    return "\n".join(lines)

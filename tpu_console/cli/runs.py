@@ -5,16 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from tpu_console import run_table
 from tpu_console.cli import flags, output, prompts, run_history
 from tpu_console.errors import UserError
+from tpu_console.model import Node
 from tpu_console.node_table import format_age, format_table
 from tpu_console.providers.base import Provider
 from tpu_console.runs import control as run_control
+from tpu_console.runs.launch import ValidatedConfig
 from tpu_console.runs.launch import launch as launch_run
 from tpu_console.runs.resolve import resolve_run
 from tpu_console.runs.store import RunStore
@@ -31,7 +33,8 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
         "launch",
         parents=[common],
         help="start the trainer on every worker of a node",
-        description="Validate the config (and --set overrides) here, then start `python -m trainer` "
+        description="Validate the config (and --set overrides) here, check with the TPU compiler's plan that "
+        "it fits the node's TPU type (local pods: the type they rehearse), then start `python -m trainer` "
         "detached on the selected workers, each in ~/tpu-console/runs/RUN_ID/. Prints the run id.",
     )
     launch.add_argument("node")
@@ -52,6 +55,10 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
     launch.add_argument(
         "--no-code-check", dest="check_code", action="store_false",
         help="launch even if the workers run different code or JAX versions",
+    )
+    launch.add_argument(
+        "--no-plan-check", dest="check_plan", action="store_false",
+        help="launch even if the TPU compiler's plan says the config does not fit the node's type",
     )
     launch.add_argument(
         "--recover", action="store_true",
@@ -165,13 +172,38 @@ def _first_positional(argv: Sequence[str]) -> int | None:
 # ---- launch ------------------------------------------------------------------------------------------------
 
 
+def plan_check(enabled: bool) -> Callable[[ValidatedConfig, Node], Awaitable[None]] | None:
+    """The check launch makes once the config and shape are validated, before any worker is reached: the
+    TPU compiler's plan for the node's type (cached), refused when it does not fit. Its peak is shown as a
+    progress line; a plan that cannot be made here (no libtpu, or the planner failed) is said in one line and
+    does not block the launch. None with --no-plan-check."""
+    if not enabled:
+        return None
+
+    async def check(config: ValidatedConfig, node: Node) -> None:
+        from tpu_console.experiments.plan import require_fit
+
+        outcome = await require_fit(
+            config.path, config.overrides, node.accelerator_type, config_digest=config.digest,
+            node_name=node.name, progress=output.progress,
+        )
+        if outcome is None:
+            return  # a shape no TPU has (local-2x4): nothing to plan for
+        if outcome.fits:
+            output.progress(outcome.summary())
+        else:
+            output.progress(f"{outcome.tpu_type}: no plan ({outcome.verdict}); launching without the check")
+
+    return check
+
+
 async def launch(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
     if args.recover:
         return await _launch_with_recovery(args, settings, providers)
     result = await launch_run(
         providers, args.node, args.config, args.overrides, args.env_file, args.worker,
         python=args.python, kill_stale=args.kill_stale, fail_fast=args.fail_fast, check_code=args.check_code,
-        progress=output.progress, on_worker=output.worker_progress,
+        progress=output.progress, on_worker=output.worker_progress, before_send=plan_check(args.check_plan),
     )
     if result.ok and args.fail_fast:
         _start_fail_fast_guard(result.run_id, args)
@@ -203,7 +235,7 @@ async def _launch_with_recovery(
     log = await launch_with_recovery(
         providers, args.node, args.config, args.overrides, args.env_file, zones=settings.gcp.zones,
         max_recoveries=args.max_recoveries, watch_every_s=args.watch_every, python=args.python,
-        progress=output.progress, on_launch=launched,
+        progress=output.progress, on_launch=launched, before_send=plan_check(args.check_plan),
     )
     if args.json:
         output.print_json(log.to_json())

@@ -160,17 +160,27 @@ async def plan(
     )
     out, err = await proc.communicate()
     message = _last_line(err.decode(errors="replace"))
-    if proc.returncode in (EXIT_FITS, EXIT_DOES_NOT_FIT):
-        data = json.loads(out)
+    data = _json_or_none(out) if proc.returncode in (EXIT_FITS, EXIT_DOES_NOT_FIT) else None
+    if data is not None:  # not a crash that exits 1 too (a traceback, no JSON)
         status = "fits" if proc.returncode == EXIT_FITS else "does-not-fit"
         outcome = PlanOutcome(tpu_type, status, data["verdict"], data)
         cached.write_text(json.dumps({"status": status, "verdict": outcome.verdict, "plan": data}))
         return outcome
     if proc.returncode == EXIT_CANNOT_PLAN:
         return PlanOutcome(tpu_type, "unavailable", message.removeprefix("error: "))
+    if message.startswith("ModuleNotFoundError"):  # no JAX (or trainer dependency) in this environment
+        return PlanOutcome(tpu_type, "unavailable", f"the planner cannot start here: {message}")
     return PlanOutcome(
         tpu_type, "error", message.removeprefix("error: ") or f"planner exited {proc.returncode}"
     )
+
+
+def _json_or_none(out: bytes) -> dict[str, Any] | None:
+    try:
+        data = json.loads(out)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _last_line(text: str) -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -38,7 +38,7 @@ from tpu_console.providers.registry import find_node
 from tpu_console.provision.bootstrap import bootstrap_node
 from tpu_console.provision.code_sync import sync_node
 from tpu_console.runs import control as run_control
-from tpu_console.runs.launch import LaunchResult, launch, validate_config
+from tpu_console.runs.launch import LaunchResult, ValidatedConfig, launch, validate_config
 
 _LOST_NODE_STATES = (NodeState.PREEMPTED, NodeState.TERMINATED)
 _FINAL_RUN_STATES = ("succeeded", "failed", "stopped")
@@ -137,11 +137,15 @@ async def launch_with_recovery(
     bootstrap_options: dict[str, Any] | None = None,
     progress: Callable[[str], None] = no_progress,
     on_launch: Callable[[LaunchResult], None] = lambda _r: None,
+    before_send: Callable[[ValidatedConfig, Node], Awaitable[None]] | None = None,
 ) -> RecoveryLog:
+    """`before_send` as for launch, before the first launch (a relaunch runs the same config on the same
+    type)."""
     provider, node = await open_node(providers, node_name)
     require_durable_checkpoints(config_path, overrides, provider.name)
     result = await launch(
-        providers, node_name, config_path, overrides, env_file, python=python, progress=progress
+        providers, node_name, config_path, overrides, env_file, python=python, progress=progress,
+        before_send=before_send,
     )
     on_launch(result)
     log = RecoveryLog(node.name, result.run_id, runs=[result.run_id])

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -161,6 +161,7 @@ async def launch(
     progress: Callable[[str], None] = no_progress,
     on_worker: Callable[[int, str], None] = ignore_worker,
     stop_grace_s: float = 5.0,
+    before_send: Callable[[ValidatedConfig, Node], Awaitable[None]] | None = None,
 ) -> LaunchResult:
     """Start the trainer on the selected workers of `node_name` (all by default) and record the run.
 
@@ -169,6 +170,8 @@ async def launch(
     the pod shares this machine), and workers whose code or JAX versions differ (`check_code`).
     `kill_stale` first kills processes holding the TPU and removes libtpu's lockfile on every worker.
     `fail_fast` is recorded in launch.json for the run's watcher (stop the others when one fails).
+    `before_send` runs once the config and the node's shape are checked, before any worker is reached:
+    a check of the caller's (the plan's fit, experiments/plan.py) that refuses by raising UserError.
     """
     config = validate_config(config_path, overrides)
     env_data = read_env_file(env_file)
@@ -177,6 +180,8 @@ async def launch(
     provider, node = await open_node(providers, node_name)
     selected = parse_worker_selection(workers, node.shape.workers)
     check_shape(config, node, len(selected))
+    if before_send is not None:
+        await before_send(config, node)
     targets = await provider.ssh_targets(node)
     store = store or RunStore()
 
