@@ -59,3 +59,23 @@ async def local_pod() -> AsyncIterator[LocalPod]:
 async def local_fleet(local_pod: LocalPod) -> AsyncIterator[Fleet]:
     async with Fleet(local_pod.targets) as fleet:
         yield fleet
+
+
+@pytest.fixture
+def planner(monkeypatch):
+    """The launch form's plan, stubbed: the real one compiles with libtpu in a subprocess (tests/trainer/
+    test_plan.py and tests/test_cli_plan.py run it). Set `planner.status` to choose the answer."""
+    from tpu_console.experiments import plan as planning
+
+    class Stub:
+        status, verdict = "unavailable", "stubbed in this test"
+        calls: list = []
+
+        async def __call__(self, config_path, overrides, tpu_type, **kwargs):
+            self.calls.append((Path(config_path).name, list(overrides), tpu_type))
+            data = {"peak_bytes": 10 * 2**30, "hbm_bytes": 32 * 2**30} if self.status == "fits" else None
+            return planning.PlanOutcome(tpu_type, self.status, self.verdict, data)
+
+    stub = Stub()
+    monkeypatch.setattr(planning, "plan", stub)
+    return stub

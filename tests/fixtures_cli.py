@@ -96,3 +96,4 @@ def console_home(tmp_path, monkeypatch):
     home = tmp_path / "home"
     monkeypatch.setenv("TPU_CONSOLE_HOME", str(home))
     return home
+

@@ -14,8 +14,9 @@ from tpu_console.tui.modals.create_node import CreateNodeModal
 from tpu_console.tui.modals.launch import LaunchModal
 from tpu_console.tui.options import ConsoleOptions
 
-pytestmark = pytest.mark.usefixtures("console_home")
+pytestmark = pytest.mark.usefixtures("console_home", "planner")
 TINY = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "tiny_local.yaml"
+
 
 
 class GcpFake(FakeProvider):
@@ -127,6 +128,31 @@ async def test_launch_form_refuses_bad_configs_before_anything_is_sent(
         error = await error_after_submit(pilot, modal, "#overrides")
         assert problem in error and "\n" not in error.strip()
         assert app.screen is modal
+
+
+async def test_launch_form_shows_the_plan_and_refuses_a_config_that_does_not_fit(planner):
+    planner.status, planner.verdict = "does-not-fit", "does not fit: update needs 40.00 GiB of 31.25 GiB"
+    app = TpuConsoleApp({"fake": FakeProvider([make_node("pod-a")])}, refresh_every=3600, clock=lambda: NOW)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await listed(pilot)
+        await pilot.press("l")
+        modal = app.screen
+        modal.query_one("#path", Input).value = str(TINY)
+        for _ in range(300):  # the plan runs half a second after the last change
+            if planner.calls and planner.calls[-1][0] == "tiny_local.yaml":
+                break
+            await pilot.pause(0.01)
+        assert planner.calls[-1] == ("tiny_local.yaml", [], "v6e-16")
+        await pilot.pause()
+        assert "does not fit" in str(modal.query_one("#plan", Static).render())
+        error = await error_after_submit(pilot, modal, "#overrides")
+        assert "does not fit: update needs 40.00 GiB" in error and "Skip the plan check" in error
+        assert app.screen is modal
+        modal.query_one("#no-plan-check", Checkbox).value = True
+        modal.query_one("#overrides", Input).focus()
+        await pilot.press("enter")
+        await pilot.pause()
+        assert not isinstance(app.screen, LaunchModal)  # launched anyway, as asked
 
 
 async def test_launch_form_offers_every_shipped_config():

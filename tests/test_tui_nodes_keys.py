@@ -26,7 +26,7 @@ from tpu_console.tui.screens.nodes_screen import NodesScreen
 from tpu_console.tui.screens.runs_screen import RunsScreen
 from tpu_console.tui.widgets.operations_log import OperationsLog
 
-pytestmark = pytest.mark.usefixtures("console_home")
+pytestmark = pytest.mark.usefixtures("console_home", "planner")
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,7 @@ from tpu_console.tui.app import TpuConsoleApp
 SIZE = (100, 30)  # the smallest terminal every panel must be legible in
 
 
-pytestmark = pytest.mark.usefixtures("console_home")
+pytestmark = pytest.mark.usefixtures("console_home", "planner")
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,10 @@
 """`l`: the launch form. The config (a shipped one or a file), its `--set` overrides and the env file are
 checked here with the trainer's own schema and against the node's shape, and any problem is shown in the
-form; only a config that passes closes it, and only then does anything reach a worker."""
+form; only a config that passes closes it, and only then does anything reach a worker.
+
+On a node of a TPU type (and local pods that rehearse one, local-v6e-16), the form also shows the planned
+peak HBM per chip for the chosen config, from the TPU compiler (tpu_console/experiments/plan.py, cached),
+and refuses a config the compiler says will not fit unless "Skip the plan check" is ticked."""
 
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 
 from tpu_console.errors import UserError
+from tpu_console.experiments import plan as planning
+from tpu_console.experiments.plan import PlanOutcome, tpu_type_for
 from tpu_console.model import Node
 from tpu_console.runs.launch import check_shape, validate_config
 from tpu_console.secrets import read_env_file
@@ -25,6 +31,7 @@ class LaunchOrder:
     env_file: str | None
     kill_stale: bool
     fail_fast: bool = False
+    plan_check: bool = True
 
 
 def shipped_configs() -> list[Path]:
@@ -49,6 +56,7 @@ class LaunchModal(FormModal[LaunchOrder]):
     round $accent; background: $surface; }
     LaunchModal Label { margin-top: 1; color: $text-muted; }
     LaunchModal #error { color: $error; height: auto; margin-top: 1; }
+    LaunchModal #plan { color: $text-muted; height: auto; margin-top: 1; }
     LaunchModal #buttons { height: auto; margin-top: 1; }
     LaunchModal #buttons Static { width: 2; }
     LaunchModal #flags { height: 1; margin-top: 1; }
@@ -59,6 +67,8 @@ class LaunchModal(FormModal[LaunchOrder]):
         super().__init__()
         self.node = node
         self.configs = shipped_configs()
+        self.tpu_type = tpu_type_for(node.accelerator_type)
+        self.planned: dict[tuple[str, tuple[str, ...]], PlanOutcome] = {}  # (config, overrides) -> outcome
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
@@ -82,6 +92,8 @@ class LaunchModal(FormModal[LaunchOrder]):
             with Horizontal(id="flags"):
                 yield Checkbox("Kill stale TPU holders first", id="kill-stale", compact=True)
                 yield Checkbox("Fail fast: stop all when one fails", id="fail-fast", compact=True)
+                yield Checkbox("Skip the plan check", id="no-plan-check", compact=True)
+            yield Static(self._plan_hint(), id="plan")
             yield Static("", id="error")
             with Horizontal(id="buttons"):
                 yield Button("Launch", variant="primary", id="launch", compact=True)
@@ -96,16 +108,65 @@ class LaunchModal(FormModal[LaunchOrder]):
         tiny = [p for p in self.configs if p.name == "tiny_local.yaml"]
         return str(tiny[0] if tiny and self.node.provider == "local" else self.configs[0])
 
-    def submit(self) -> None:
+    def _chosen(self) -> tuple[str, list[str]]:
         path = self.query_one("#path", Input).value.strip()
         shipped = self.query_one("#shipped", Select).value
         config = path or ("" if shipped is Select.BLANK else str(shipped))
-        overrides = self.query_one("#overrides", Input).value.split()
+        return config, self.query_one("#overrides", Input).value.split()
+
+    # ---- the plan ------------------------------------------------------------------------------------
+
+    def _plan_hint(self) -> str:
+        if self.tpu_type is None:
+            return f"Plan: {self.node.accelerator_type} is no TPU type, nothing to plan"
+        return f"Plan: the peak HBM per chip on {self.tpu_type} shows here"
+
+    def on_mount(self) -> None:
+        self._schedule_plan()
+
+    def on_select_changed(self, _event: Select.Changed) -> None:
+        self._schedule_plan()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id in ("path", "overrides"):
+            self._schedule_plan()
+
+    def _schedule_plan(self) -> None:
+        if self.tpu_type is not None:
+            # The line always speaks of the inputs as they are now: back to the hint until the new plan.
+            self.query_one("#plan", Static).update(self._plan_hint())
+            self.run_worker(self._plan_chosen(), exclusive=True, group="plan")
+
+    async def _plan_chosen(self) -> None:
+        import asyncio
+
+        await asyncio.sleep(0.5)  # typing settles first: one plan per pause, not per key
+        config, overrides = self._chosen()
+        line = self.query_one("#plan", Static)
+        try:
+            validated = validate_config(config, overrides)
+            check_shape(validated, self.node, self.node.shape.workers)
+        except UserError:
+            line.update(self._plan_hint())
+            return
+        line.update(f"Plan: compiling for {self.tpu_type} with the TPU compiler (minutes for a large model)")
+        outcome = await planning.plan(config, overrides, self.tpu_type, config_digest=validated.digest)
+        self.planned[(config, tuple(overrides))] = outcome
+        line.update("Plan: " + outcome.summary())
+
+    # ---- submit --------------------------------------------------------------------------------------
+
+    def submit(self) -> None:
+        config, overrides = self._chosen()
         env_file = self.query_one("#env", Input).value.strip() or None
+        plan_check = not self.query_one("#no-plan-check", Checkbox).value
         try:
             if not config:
                 raise UserError("pick a shipped config or give a config file")
             check_launch(self.node, config, overrides, env_file)
+            outcome = self.planned.get((config, tuple(overrides)))
+            if plan_check and outcome is not None and outcome.status == "does-not-fit":
+                raise UserError(f"{outcome.verdict} (tick 'Skip the plan check' to launch anyway)")
         except UserError as exc:
             self.show_error(str(exc))
             return
@@ -116,5 +177,6 @@ class LaunchModal(FormModal[LaunchOrder]):
                 env_file,
                 self.query_one("#kill-stale", Checkbox).value,
                 self.query_one("#fail-fast", Checkbox).value,
+                plan_check,
             )
         )
