@@ -137,7 +137,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # From here a stop becomes an exception, so the run still writes its `error` event on the way out.
         signal.signal(signal.SIGTERM, _stop_handler(progress))
         signal.signal(signal.SIGINT, _stop_handler(progress))
+        from trainer import compilation_cache
         from trainer.train import run  # imports JAX; only after the config passed
+
+        compilation_cache.enable()
 
         run(cfg, launch, events, run_dir=args.run_dir, progress=progress)
         return EXIT_OK

@@ -56,6 +56,7 @@ GRAD_NORM, LEARNING_RATE = "train/grad_norm", "train/learning_rate"
 COMPLETION_LEN_MEAN = "train/completion_length/mean"
 COMPLETION_LEN_MAX = "train/completion_length/max"
 COMPILE_COUNT = "compile/count"
+COMPILE_CACHE_HITS = "compile/cache_hits"  # loaded from the persistent cache (trainer/compilation_cache.py)
 EVAL_ACCURACY = "eval/accuracy"
 EVAL_REWARD_MEAN = "eval-reward/total/mean"
 
@@ -89,16 +90,23 @@ class CompileCounter:
     """Counts XLA backend compilations in this process (all jitted functions, the sampler's included)."""
 
     _EVENT = "/jax/core/compile/backend_compile_duration"
+    _CACHE_HIT = "/jax/compilation_cache/cache_hits"
 
     def __init__(self) -> None:
         import jax.monitoring
 
         self.count = 0
+        self.cache_hits = 0  # of those, how many the persistent cache answered
         jax.monitoring.register_event_duration_secs_listener(self._on_event)
+        jax.monitoring.register_event_listener(self._on_cache_event)
 
     def _on_event(self, event: str, duration: float, **kwargs: Any) -> None:
         if event == self._EVENT:
             self.count += 1
+
+    def _on_cache_event(self, event: str, **kwargs: Any) -> None:
+        if event == self._CACHE_HIT:
+            self.cache_hits += 1
 
 
 # --- phase timing ------------------------------------------------------------------------------------------

@@ -233,6 +233,7 @@ class Trainer:
         metrics[tm.COMPLETION_LEN_MEAN] = float(lengths.mean())
         metrics[tm.COMPLETION_LEN_MAX] = int(lengths.max())
         metrics[tm.COMPILE_COUNT] = self.compiles.count
+        metrics[tm.COMPILE_CACHE_HITS] = self.compiles.cache_hits
         return metrics
 
     # ---- eval -------------------------------------------------------------------------------------------
