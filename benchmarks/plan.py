@@ -1,6 +1,6 @@
 """The trainer at the seeds' scale, read by the TPU compiler on this machine (no TPU): one table.
 
-    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/plan.py [--part fit,decode,sweep] [--json OUT]
+    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/plan.py [--part fit,decode,sweep,order] [--json OUT]
 
 Needs libtpu (`pip install "jax[tpu]==<jax>"`; scripts/test installs it). Every figure is the compiler's
 own analysis of the trainer's real programs (trainer/plan.py): memory_analysis() per chip, cost_analysis()
@@ -17,6 +17,8 @@ flops and bytes accessed, the collectives in the compiled HLO. Takes about half 
   measured 10.0 s/step.
 - sweep: `qwen25_7b_v4_16.yaml` on v4-16, the largest local batch whose plan fits, found the way
   `tpu-console sweep --compile-only` finds it. Target: >= 8.
+- order (not in the default parts): the update on v6e-16 with the hosts' devices in host-major order (what
+  the trainer uses) and in mesh_utils' topology-aware order, by the compiler's figures.
 """
 
 from __future__ import annotations
@@ -156,6 +158,31 @@ def sweep_part(results: dict) -> None:
     results["sweep"] = sweep.to_json()
 
 
+def order_part(results: dict) -> None:
+    """Host-major device order (what the trainer uses on several hosts) against mesh_utils' topology-aware
+    order, for the update (FSDP's gathers and reduce-scatters) on v6e-16, by the compiler's figures."""
+    tpu = parse_accelerator_type("v6e-16")
+    cfg = load_config(CONFIGS / "qwen25_3b_v6e16_bench.yaml", BASE_SETS)
+    rows = {}
+    for name, topology_order in (("host-major", False), ("topology", True)):
+        plan = build_plan(cfg, tpu, only={"update"}, topology_order=topology_order, progress=_say)
+        c = plan.programs[0].compiled
+        rows[name] = {
+            "collective_bytes": c.collectives.bytes,
+            "collectives": c.collectives.count,
+            "hbm_bytes": c.bytes_accessed,
+            "estimated_s": plan.programs[0].estimate_s,
+            "peak_bytes": plan.programs[0].peak_bytes,
+        }
+        print(
+            f"update, {name:<11} order: coll {c.collectives.bytes / 1e6:.1f} MB in {c.collectives.count} "
+            f"collectives, HBM {c.bytes_accessed / 1e9:.2f} GB, est {plan.programs[0].estimate_s * 1e3:.1f} "
+            f"ms, peak {plan.programs[0].peak_bytes / 2**30:.2f} GiB",
+            flush=True,
+        )
+    results["device_order"] = rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", default="fit,decode,sweep")
@@ -168,6 +195,8 @@ def main() -> int:
         decode_part(results, plans[1] if len(plans) > 1 else None)
     if "sweep" in parts:
         sweep_part(results)
+    if "order" in parts:
+        order_part(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))
     return 0

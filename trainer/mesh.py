@@ -22,12 +22,17 @@ __all__ = ["AXES", "MeshError", "make_mesh", "resolve_mesh_shape"]
 AXES = ("dp", "fsdp", "tp")
 
 
-def make_mesh(mesh_shape: str, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A Mesh with axes ("dp", "fsdp", "tp") over `devices` (default: all devices of all processes)."""
+def make_mesh(mesh_shape: str, devices: Sequence[jax.Device] | None = None, *,
+              topology_order: bool = False) -> Mesh:
+    """A Mesh with axes ("dp", "fsdp", "tp") over `devices` (default: all devices of all processes).
+
+    topology_order: order several hosts' devices as mesh_utils does for the physical interconnect, instead
+    of host-major. Only the planner uses it, to compare the two: the train loop's host<->device exchange
+    needs each process's devices contiguous."""
     devices = list(jax.devices() if devices is None else devices)
     process_count = len({d.process_index for d in devices})
     dp, fsdp, tp = resolve_mesh_shape(mesh_shape, len(devices), process_count)
-    if process_count == 1:
+    if process_count == 1 or topology_order:
         # One host: let JAX order devices for the physical interconnect.
         from jax.experimental import mesh_utils
         grid = mesh_utils.create_device_mesh((dp, fsdp, tp), devices=devices)

@@ -309,6 +309,7 @@ def build_plan(
     *,
     layout: dict[str, str] | None = None,
     only: set[str] | None = None,
+    topology_order: bool = False,
     progress: Any = None,
 ) -> Plan:
     """Compile every program `cfg` runs on `tpu` and assemble the report. layout: rollout keys to override
@@ -333,7 +334,7 @@ def build_plan(
         cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update=layout)})
     model_config, source = model_config_for(cfg.model_path)
     hbm = hbm_limit_bytes(tpu)
-    mesh = make_mesh(cfg.mesh_shape, devices=list(devices))
+    mesh = make_mesh(cfg.mesh_shape, devices=list(devices), topology_order=topology_order)
     say = progress or (lambda _msg: None)
     t, r = cfg.train, cfg.rollout
 
