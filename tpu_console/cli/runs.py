@@ -173,28 +173,11 @@ def _first_positional(argv: Sequence[str]) -> int | None:
 
 
 def plan_check(enabled: bool) -> Callable[[ValidatedConfig, Node], Awaitable[None]] | None:
-    """The check launch makes once the config and shape are validated, before any worker is reached: the
-    TPU compiler's plan for the node's type (cached), refused when it does not fit. Its peak is shown as a
-    progress line; a plan that cannot be made here (no libtpu, or the planner failed) is said in one line and
-    does not block the launch. None with --no-plan-check."""
-    if not enabled:
-        return None
+    """launch's check of the TPU compiler's plan (experiments/plan.py `launch_check`); None with
+    --no-plan-check."""
+    from tpu_console.experiments.plan import launch_check
 
-    async def check(config: ValidatedConfig, node: Node) -> None:
-        from tpu_console.experiments.plan import require_fit
-
-        outcome = await require_fit(
-            config.path, config.overrides, node.accelerator_type, config_digest=config.digest,
-            node_name=node.name, progress=output.progress,
-        )
-        if outcome is None:
-            return  # a shape no TPU has (local-2x4): nothing to plan for
-        if outcome.fits:
-            output.progress(outcome.summary())
-        else:
-            output.progress(f"{outcome.tpu_type}: no plan ({outcome.verdict}); launching without the check")
-
-    return check
+    return launch_check(output.progress) if enabled else None
 
 
 async def launch(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:

@@ -17,7 +17,7 @@ import asyncio
 import hashlib
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -317,3 +317,22 @@ def _get(data: dict[str, Any], dotted: str) -> int:
     for part in dotted.split("."):
         data = data[part]
     return int(data)  # type: ignore[arg-type]
+
+
+def launch_check(progress: Callable[[str], None]) -> Callable[[Any, Any], Awaitable[None]]:
+    """`runs.launch`'s `before_send` for a launch with the plan check: once the config and the node's shape
+    are checked and before any worker is reached, the TPU compiler's plan for the node's type (cached),
+    refused when it does not fit. The planned peak is said as a progress line; a plan that cannot be made
+    here (no libtpu, or the planner failed) is said in one line and does not block the launch."""
+
+    async def check(config: Any, node: Any) -> None:
+        outcome = await require_fit(config.path, config.overrides, node.accelerator_type,
+                                    config_digest=config.digest, node_name=node.name, progress=progress)
+        if outcome is None:
+            return  # a shape no TPU has (local-2x4): nothing to plan for
+        if outcome.fits:
+            progress(outcome.summary())
+        else:
+            progress(f"{outcome.tpu_type}: no plan ({outcome.verdict}); launching without the check")
+
+    return check

@@ -135,7 +135,7 @@ class LaunchModal(FormModal[LaunchOrder]):
         if self.tpu_type is not None:
             # The line always speaks of the inputs as they are now: back to the hint until the new plan.
             self.query_one("#plan", Static).update(self._plan_hint())
-            self.run_worker(self._plan_chosen(), exclusive=True, group="plan")
+            self.run_worker(self._plan_chosen, exclusive=True, group="plan")
 
     async def _plan_chosen(self) -> None:
         import asyncio

@@ -374,16 +374,9 @@ class NodesScreen(Screen[None]):
             return
 
         async def launch(say: Say) -> str:
-            from tpu_console.experiments.plan import require_fit
+            from tpu_console.experiments.plan import launch_check
             from tpu_console.runs.launch import launch as launch_run
-            from tpu_console.runs.launch import validate_config
 
-            if order.plan_check:  # the form may have been submitted before its plan came back
-                digest = validate_config(order.config_path, order.overrides).digest
-                outcome = await require_fit(order.config_path, order.overrides, node.accelerator_type,
-                                            config_digest=digest, node_name=node.name, progress=say)
-                if outcome is not None:
-                    say("plan: " + outcome.summary())
             result = await launch_run(
                 self.providers,
                 node.name,
@@ -392,6 +385,8 @@ class NodesScreen(Screen[None]):
                 order.env_file,
                 kill_stale=order.kill_stale,
                 fail_fast=order.fail_fast,
+                # the plan again (cached): the form may have been submitted before its plan came back
+                before_send=launch_check(say) if order.plan_check else None,
                 store=self.store,
                 progress=say,
                 on_worker=lambda worker, text: say(f"[{worker}] {text}"),
