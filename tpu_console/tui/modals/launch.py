@@ -52,10 +52,10 @@ class LaunchModal(FormModal[LaunchOrder]):
     SUBMIT_ID = "launch"
     DEFAULT_CSS = """
     LaunchModal { align: center middle; }
-    LaunchModal #dialog { width: 84; height: auto; max-height: 100%; overflow-y: auto; padding: 1 2; border:
+    LaunchModal #dialog { width: 84; height: auto; max-height: 100%; overflow-y: auto; padding: 0 2; border:
     round $accent; background: $surface; }
     LaunchModal Label { margin-top: 1; color: $text-muted; }
-    LaunchModal #error { color: $error; height: auto; margin-top: 1; }
+    LaunchModal #error { color: $error; height: auto; }
     LaunchModal #plan { color: $text-muted; height: auto; margin-top: 1; }
     LaunchModal #buttons { height: auto; margin-top: 1; }
     LaunchModal #buttons Static { width: 2; }
@@ -91,8 +91,12 @@ class LaunchModal(FormModal[LaunchOrder]):
             yield Input(placeholder=".env", id="env", compact=True)
             with Horizontal(id="flags"):
                 yield Checkbox("Kill stale TPU holders first", id="kill-stale", compact=True)
-                yield Checkbox("Fail fast: stop all when one fails", id="fail-fast", compact=True)
-                yield Checkbox("Skip the plan check", id="no-plan-check", compact=True)
+                fail_fast = Checkbox("Fail fast", id="fail-fast", compact=True)
+                fail_fast.tooltip = "stop every worker's job when one fails"
+                yield fail_fast
+                skip_plan = Checkbox("Skip the plan check", id="no-plan-check", compact=True)
+                skip_plan.tooltip = "launch even if the TPU compiler says the config will not fit"
+                yield skip_plan
             yield Static(self._plan_hint(), id="plan")
             yield Static("", id="error")
             with Horizontal(id="buttons"):
