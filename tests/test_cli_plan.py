@@ -10,8 +10,8 @@ import time
 import pytest
 import yaml
 
+from tests.console.runs.test_local import fake_trainer, run, worker_home
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
-from tests.test_runs_local import fake_trainer, run, worker_home
 from trainer import aot
 
 pytest_plugins = ("tests.trainer.fixtures",)

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from tests.console.runs.test_local import CONFIG, fake_trainer, run
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
-from tests.test_runs_local import CONFIG, fake_trainer, run
 from tpu_console.experiments.recovery import launch_with_recovery
 from tpu_console.locations import home
 from tpu_console.model import CreateRequest

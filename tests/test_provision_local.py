@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.console.runs.test_local import CONFIG, LONG_RUNNING, fake_trainer, run, run_folder, worker_home
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tests.processes import wait_for
-from tests.test_runs_local import CONFIG, LONG_RUNNING, fake_trainer, run, run_folder, worker_home
 from tpu_console import cli
 from tpu_console.fleet import recipes as run_recipes
 from tpu_console.locations import database_file

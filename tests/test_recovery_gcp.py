@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.console.runs.test_local import CONFIG
 from tests.fixtures_gcp import PROJECT, ZONES, emulator, gcp_home, make_provider  # noqa: F401 - fixtures
-from tests.test_runs_local import CONFIG
 from tpu_console.errors import UserError
 from tpu_console.experiments.recovery import _node_lost, recreate_node, require_durable_checkpoints
 from tpu_console.model import NodeState

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.console.runs.test_local import fake_trainer, launch, pod, run  # noqa: F401 - pod is a fixture
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
-from tests.test_runs_local import fake_trainer, launch, pod, run  # noqa: F401 - pod is a fixture
 from trainer import telemetry as tm
 
 pytestmark = pytest.mark.usefixtures("console_home")
@@ -94,8 +94,8 @@ while true; do sleep 0.1; done
 
 
 def test_launch_fail_fast_stops_the_other_workers_when_one_fails(capsys, pod, tmp_path):  # noqa: F811
+    from tests.console.runs.test_local import run_folder
     from tests.processes import wait_for
-    from tests.test_runs_local import run_folder
     from tpu_console.runs.guard import guard_log
 
     run_id = launch(capsys, fake_trainer(tmp_path, ONE_FAILS), "--fail-fast")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.console.runs.test_device_metrics import libtpu_server  # noqa: F401 - fixture
 from tests.fixtures_cli import NOW
-from tests.test_device_metrics import libtpu_server  # noqa: F401 - fixture
 from tests.test_tui_run_screen import DashboardApp, text_of
 from tpu_console import secrets
 from tpu_console.runs.launch import launch

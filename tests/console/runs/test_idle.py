@@ -7,8 +7,8 @@ from datetime import timedelta
 
 import pytest
 
+from tests.console.runs.test_local import run
 from tests.fixtures_cli import NOW, console_home, make_node  # noqa: F401 - fixture
-from tests.test_runs_local import run
 from tpu_console.locations import home
 from tpu_console.model import NodeState
 from tpu_console.runs.idle import find_idle

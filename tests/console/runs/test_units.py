@@ -56,7 +56,7 @@ def test_new_run_id_refuses_a_bad_suffix():
 
 def test_config_validation_does_not_import_jax():
     # The console validates trainer configs on a laptop that may have no JAX at all.
-    config = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "tiny_local.yaml"
+    config = Path(__file__).resolve().parents[3] / "trainer" / "configs" / "tiny_local.yaml"
     code = (
         "import sys\n"
         "from tpu_console import cli\n"

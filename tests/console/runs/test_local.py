@@ -17,7 +17,7 @@ from tpu_console.locations import database_file, home
 pytestmark = pytest.mark.usefixtures("console_home")
 
 SECRET = "hunter2-s3cr3t-do-not-leak"
-CONFIG = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "tiny_local.yaml"
+CONFIG = Path(__file__).resolve().parents[3] / "trainer" / "configs" / "tiny_local.yaml"
 
 # Writes a step event, fails on process 1 with an error event, succeeds elsewhere.
 FAILING_ON_1 = """\

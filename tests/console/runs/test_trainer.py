@@ -21,7 +21,7 @@ from trainer.synthetic_gsm8k import write_jsonl
 pytest_plugins = ("tests.trainer.fixtures",)
 pytestmark = [pytest.mark.usefixtures("console_home"), pytest.mark.slow]
 
-CONFIG = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "tiny_local.yaml"
+CONFIG = Path(__file__).resolve().parents[3] / "trainer" / "configs" / "tiny_local.yaml"
 
 
 @pytest.mark.timeout(300)
