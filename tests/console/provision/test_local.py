@@ -175,7 +175,7 @@ def test_bootstrap_is_idempotent_and_sync_installs_the_checkout_with_its_env(
 
 def source_repo(path: Path) -> Path:
     """A git repository holding this project's sources, committed on branch main."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[3]
     path.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(root / name, path / name)
