@@ -64,7 +64,7 @@ async def local_fleet(local_pod: LocalPod) -> AsyncIterator[Fleet]:
 @pytest.fixture
 def planner(monkeypatch):
     """The launch form's plan, stubbed: the real one compiles with libtpu in a subprocess (tests/trainer/
-    test_plan.py and tests/test_cli_plan.py run it). Set `planner.status` to choose the answer."""
+    test_plan.py and tests/console/cli/test_plan.py run it). Set `planner.status` to choose the answer."""
     from tpu_console.experiments import plan as planning
 
     class Stub:
