@@ -1,12 +1,13 @@
 """Snapshot tests of the run dashboard at 100x30 with fixed data: a running 4-worker run with a straggler
 and a stall (each tab; libtpu's metrics in the HBM tab), a run hung after a failure, and an ended failed
 run. Update after an intended change with
-`pytest tests/test_tui_run_snapshots.py --snapshot-update`, and look at the report before committing."""
+`pytest tests/console/tui/test_run_snapshots.py --snapshot-update`, and look at the report before
+committing."""
 
 from __future__ import annotations
 
-from tests.fixtures_run_dashboard import FixedFeed, failed_run, hung_run, running_run
-from tests.test_tui_run_screen import SIZE, DashboardApp
+from tests.console.tui.fixtures_run_dashboard import FixedFeed, failed_run, hung_run, running_run
+from tests.console.tui.test_run_screen import SIZE, DashboardApp
 
 
 async def until_posted(pilot) -> None:

@@ -8,8 +8,8 @@ import contextlib
 
 import pytest
 
+from tests.console.tui.fixtures_run_dashboard import OOM_LINE, failed_run, hung_run, step_event, step_metrics
 from tests.fixtures_cli import NOW
-from tests.fixtures_run_dashboard import OOM_LINE, failed_run, hung_run, step_event, step_metrics
 from tpu_console.runs.events import Event
 from tpu_console.runs.health import assess
 from tpu_console.runs.monitor import RunMonitor

@@ -1,7 +1,7 @@
 """Snapshot tests of the first screen. Fixed nodes, clock and terminal size keep them deterministic.
 
-Update after an intended UI change with `pytest tests/test_tui_snapshots.py --snapshot-update`, and look
-at the report before committing the new SVGs.
+Update after an intended UI change with `pytest tests/console/tui/test_snapshots.py --snapshot-update`,
+and look at the report before committing the new SVGs.
 """
 
 from __future__ import annotations

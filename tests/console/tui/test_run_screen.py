@@ -10,8 +10,15 @@ from rich.console import Console
 from textual import events
 from textual.widgets import Static, TabbedContent
 
+from tests.console.tui.fixtures_run_dashboard import (
+    RUN_ID,
+    WORKERS,
+    FixedFeed,
+    failed_run,
+    hung_run,
+    running_run,
+)
 from tests.fixtures_cli import NOW
-from tests.fixtures_run_dashboard import RUN_ID, WORKERS, FixedFeed, failed_run, hung_run, running_run
 from tpu_console.tui import app as app_module
 from tpu_console.tui.app import TpuConsoleApp
 from tpu_console.tui.messages import RunLogLines

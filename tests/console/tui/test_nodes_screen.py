@@ -48,7 +48,7 @@ def probes(monkeypatch) -> list[list[str]]:
     return seen
 
 
-TINY = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "tiny_local.yaml"
+TINY = Path(__file__).resolve().parents[3] / "trainer" / "configs" / "tiny_local.yaml"
 
 
 def app_with(provider: FakeProvider) -> TpuConsoleApp:

@@ -15,7 +15,7 @@ from tpu_console.tui.modals.launch import LaunchModal
 from tpu_console.tui.options import ConsoleOptions
 
 pytestmark = pytest.mark.usefixtures("console_home", "planner")
-TINY = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "tiny_local.yaml"
+TINY = Path(__file__).resolve().parents[3] / "trainer" / "configs" / "tiny_local.yaml"
 
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.console.runs.test_device_metrics import libtpu_server  # noqa: F401 - fixture
+from tests.console.tui.test_run_screen import DashboardApp, text_of
 from tests.fixtures_cli import NOW
-from tests.test_tui_run_screen import DashboardApp, text_of
 from tpu_console import secrets
 from tpu_console.runs.launch import launch
 from tpu_console.runs.store import RunStore
@@ -19,7 +19,7 @@ from tpu_console.tui.widgets.hbm_panel import HbmPanel
 from tpu_console.tui.widgets.log_pane import LogPane
 from tpu_console.tui.widgets.worker_grid import WorkerGrid
 
-CONFIG = Path(__file__).resolve().parents[1] / "trainer" / "configs" / "tiny_local.yaml"
+CONFIG = Path(__file__).resolve().parents[3] / "trainer" / "configs" / "tiny_local.yaml"
 SECRET = "hunter2-s3cr3t-do-not-leak"
 
 # Three steps a second apart, each an events.jsonl line and a log line; worker 2 then fails with exit 3,
