@@ -143,11 +143,13 @@ def sweep_part(results: dict) -> None:
     config = CONFIGS / "qwen25_7b_v4_16.yaml"
     start = time.perf_counter()
     sweep = asyncio.run(
-        compile_only_sweep(config, BASE_SETS, "v4-16", "rollout.batch_size", limit=64, progress=_say)
+        compile_only_sweep(config, BASE_SETS, "v4-16", "rollout.batch_size", limit=8, progress=_say)
     )
     for t in sweep.trials:
         peak = "-" if t.peak_gib is None else f"{t.peak_gib:.2f} GiB"
         print(f"  rollout.batch_size={t.value:<3} local batch {t.local_batch:<3} peak {peak:<11} {t.verdict}")
+    if sweep.stopped:
+        print(f"  stopped: {sweep.stopped}")
     best = sweep.largest_local_batch or 0
     print(
         f"== sweep --compile-only, Qwen2.5-7B length 2048 on v4-16: largest local batch that fits = {best} "

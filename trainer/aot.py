@@ -160,6 +160,7 @@ class CompiledProgram:
     collectives: Collectives = field(default_factory=Collectives)
     oom: str | None = None  # the compiler's out-of-memory message, when it could not fit the program
     compile_s: float = 0.0
+    output_shardings: Any = None  # of the executable's outputs (the next program's inputs are laid out so)
 
     @property
     def peak_bytes(self) -> int:
@@ -185,7 +186,9 @@ def oom_summary(message: str) -> str:
 
 
 def compile_program(name: str, fn: Callable, *args: Any, **kwargs: Any) -> CompiledProgram:
-    """Lower the jitted `fn` with abstract arguments (ShapeDtypeStructs carrying shardings) and compile it."""
+    """Lower the jitted `fn` with abstract arguments (ShapeDtypeStructs carrying shardings) and compile it.
+    Only the figures are kept: the executable (gigabytes of host memory for a 7B model) is dropped, and so
+    are JAX's caches of the traced program."""
     import time
 
     start = time.perf_counter()
@@ -199,7 +202,7 @@ def compile_program(name: str, fn: Callable, *args: Any, **kwargs: Any) -> Compi
     cost = compiled.cost_analysis() or {}
     if isinstance(cost, list):  # older JAX: one dict per computation
         cost = cost[0] if cost else {}
-    return CompiledProgram(
+    program = CompiledProgram(
         name,
         argument_bytes=int(memory.argument_size_in_bytes),
         output_bytes=int(memory.output_size_in_bytes),
@@ -211,7 +214,16 @@ def compile_program(name: str, fn: Callable, *args: Any, **kwargs: Any) -> Compi
         compiler_seconds=_compiler_seconds(cost),
         collectives=collectives_in(compiled.as_text()),
         compile_s=time.perf_counter() - start,
+        output_shardings=compiled.output_shardings,
     )
+    del compiled
+    import gc
+
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
+    return program
 
 
 def _compiler_seconds(cost: dict) -> float | None:

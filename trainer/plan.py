@@ -441,13 +441,10 @@ def build_plan(
             )
             if prefill.oom:
                 continue
-            lowered = sampler._prefill.lower(rollout_state, ids, ids, key, scalar, scalar, **mode)
             out_shapes = jax.eval_shape(
                 sampler._prefill, rollout_state, ids, ids, key, scalar, scalar, **mode
             )
-            cache, kv_mask, first, first_logprobs = _with_shardings(
-                out_shapes, lowered.compile().output_shardings
-            )
+            cache, kv_mask, first, first_logprobs = _with_shardings(out_shapes, prefill.output_shardings)
             if not label:
                 plan.resident["KV cache"] = _per_chip_bytes(cache)
             add(

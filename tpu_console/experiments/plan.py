@@ -168,6 +168,10 @@ async def plan(
         return outcome
     if proc.returncode == EXIT_CANNOT_PLAN:
         return PlanOutcome(tpu_type, "unavailable", message.removeprefix("error: "))
+    if proc.returncode is not None and proc.returncode < 0:  # killed: a large model's compile can take the
+        # host's memory (Qwen2.5-7B's update needs about 24 GB of RAM to compile)
+        return PlanOutcome(tpu_type, "error", f"the planner was killed by signal {-proc.returncode} (out of "
+                           "host memory? a 7B model's compile needs about 24 GB of RAM)")
     if message.startswith("ModuleNotFoundError"):  # no JAX (or trainer dependency) in this environment
         return PlanOutcome(tpu_type, "unavailable", f"the planner cannot start here: {message}")
     return PlanOutcome(
