@@ -1,7 +1,9 @@
 """The docs against the tree.
 
 The code map in docs/architecture.md names every module of `tpu_console/` and `trainer/` and nothing that does
-not exist; every relative link in README.md and docs/*.md leads to a file.
+not exist; every relative link in README.md and docs/*.md leads to a file, and every `tests/` path they name
+exists. The tests mirror the packages (docs/architecture.md, "The test suite"): each folder of tests/ stands
+for a folder of the code, and each snapshot folder for a test module beside it.
 """
 
 from __future__ import annotations
@@ -133,3 +135,61 @@ def test_relative_links_lead_to_files():
 def test_relative_links_are_found():
     text = "see [a](docs/a.md#x), [b](https://x.org), [c](#here), ![img](p.png)\n```\n[d](nope.md)\n```\n"
     assert relative_links(text) == ["docs/a.md#x"]
+
+
+_TESTS_PATH = re.compile(r"(?<![\w/.])tests/[\w/.-]*[\w/]")
+
+
+def test_tests_the_docs_name_exist():
+    named = [
+        (path.relative_to(ROOT).as_posix(), found)
+        for path in [*markdown_files(), *(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))]
+        for found in _TESTS_PATH.findall(path.read_text())
+    ]
+    assert len(named) > 10, "no tests/ path found in the docs: did the pattern break?"
+    missing = sorted({f"{where}: {found}" for where, found in named if not (ROOT / found).exists()})
+    assert not missing, f"tests/ paths named in the docs that do not exist (a test module moved?): {missing}"
+
+
+# A folder of tests/ and the folder of the code it mirrors.
+MIRRORS = {"tests/console": "tpu_console", "tests/trainer": "trainer", "tests/benchmarks": "benchmarks"}
+ROOT_TESTS = {"test_docs.py", "test_layers.py"}  # checks of the whole project, at the top of tests/
+
+
+def test_test_suite_layout_names_only_what_exists():
+    text = ARCHITECTURE.read_text()
+    start = text.index("\n## The test suite\n")
+    end = text.find("\n## ", start + 1)
+    paths = code_map_paths(text[start : end if end != -1 else len(text)])
+    assert len(paths) > 20, "docs/architecture.md's test suite layout was not read: still a nested list?"
+    missing = [p for p in paths if not (ROOT / p).exists()]
+    assert not missing, f"docs/architecture.md's test suite layout names what does not exist: {missing}"
+
+
+def test_tests_mirror_the_packages():
+    tests = ROOT / "tests"
+    problems = []
+    for folder in sorted(p for p in tests.rglob("*") if p.is_dir()):
+        rel = folder.relative_to(ROOT).as_posix()
+        if "__pycache__" in folder.parts or "__snapshots__" in folder.parts:
+            continue
+        if not (folder / "__init__.py").exists():
+            problems.append(f"{rel} has no __init__.py (tests/ is a package)")
+        top = next((t for t in MIRRORS if rel == t or rel.startswith(t + "/")), None)
+        if top is None:
+            problems.append(f"{rel} mirrors no folder of the code (expected under one of {sorted(MIRRORS)})")
+        elif not (ROOT / (MIRRORS[top] + rel[len(top) :])).is_dir():
+            problems.append(f"{rel} mirrors {MIRRORS[top] + rel[len(top):]}, which does not exist")
+    for module in sorted(tests.glob("test_*.py")):
+        if module.name not in ROOT_TESTS:
+            problems.append(f"tests/{module.name} belongs in the folder that mirrors its code")
+    assert not problems, problems
+
+
+def test_snapshots_sit_beside_their_test_module():
+    stale = [
+        folder.relative_to(ROOT).as_posix()
+        for folder in sorted((ROOT / "tests").rglob("__snapshots__/*"))
+        if folder.is_dir() and not (folder.parent.parent / f"{folder.name}.py").exists()
+    ]
+    assert not stale, f"snapshot folders whose test module is not beside them (move them with it): {stale}"

@@ -4,7 +4,7 @@ run URL.
 Pure: no I/O. `SignatureScanner.scan(line)` is called for every line of one worker's log, in order, and
 returns a `Finding` when the line matches a known signature (or completes a Python traceback). The
 patterns are the messages JAX, libtpu, the XLA coordination service, wandb and the trainer print, as
-recorded in `tests/test_runs_signatures.py`.
+recorded in `tests/console/runs/test_signatures.py`.
 
 Speed matters (the console scans every line of 64 workers): one combined regular expression with a cheap
 substring pre-filter decides in about a microsecond that an ordinary line matches nothing.

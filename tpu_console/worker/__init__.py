@@ -3,7 +3,7 @@ watch's follower (run_follower.py), the job wrapper (job_wrapper.sh), the libtpu
 (libtpu_probe.py) and the bootstrap script (bootstrap.sh).
 
 Everything here runs under whatever python3 the worker has (3.8+) with its standard library only, and imports
-nothing from the rest of tpu_console (tests/console/test_layers.py checks both). The console reaches these
+nothing from the rest of tpu_console (tests/test_layers.py checks both). The console reaches these
 files through fleet/ and provision/, which ship them, and providers/local/, whose worker servers are the
 local pods' hosts.
 """
