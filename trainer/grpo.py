@@ -245,7 +245,10 @@ class GRPOStep:
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
         def body(carry: tuple, mb: dict) -> tuple[tuple, None]:
-            grads, stats, weights, extra_ = carry  # weights as carry: see _logprobs
+            # weights as carry: see _logprobs. The barrier keeps micro-batches one after another even where
+            # XLA unrolls the loop: the next one starts from the previous one's finished gradients, so only
+            # one micro-batch's activations are ever alive (the point of micro-batching).
+            grads, stats, weights, extra_ = jax.lax.optimization_barrier(carry)
             (_, mb_stats), mb_grads = grad_fn(weights, extra_, self._constrain(mb))
             grads = jax.tree.map(jnp.add, grads, mb_grads)
             stats = jax.tree.map(jnp.add, stats, mb_stats)
