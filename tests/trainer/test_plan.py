@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from tests.trainer.fixtures import planning_config
 from trainer import aot
 from trainer.plan import EXIT_BAD_INPUT, EXIT_CANNOT_PLAN, EXIT_DOES_NOT_FIT, EXIT_FITS, main
 from trainer.tpu_specs import UnknownAcceleratorType, parse_accelerator_type
@@ -67,27 +68,12 @@ def test_bad_topology_and_batch_are_one_line_errors(tmp_path, capsys):
     assert "v6e-12" in capsys.readouterr().err
 
 
-def _tiny_config(tmp_path, tiny_model_dir, **rollout) -> str:
-    import yaml
-
-    raw = {
-        "model_path": str(tiny_model_dir),
-        "steps": 2,
-        "mesh_shape": "auto",
-        "rollout": {"batch_size": 4, "n": 4, "global_length": 64, "max_length_sample": 32, **rollout},
-        "train": {"micro_batch_size_per_device": 2, "compute_dtype": "bfloat16"},
-    }
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return str(path)
-
-
 @needs_libtpu
 def test_tiny_model_plan_on_v6e_2x2_matches_a_hand_computation(tmp_path, tiny_model_dir, capsys):
     from tests.trainer.fixtures import TINY_SPEC  # noqa: F401 - the fixture's model is what we count
     from trainer.model import Qwen2Config
 
-    config = _tiny_config(tmp_path, tiny_model_dir)
+    config = planning_config(tmp_path, tiny_model_dir)
     assert main(["--config", config, "--topology", "v6e-4", "--json", "--quiet"]) == EXIT_FITS
     plan = json.loads(capsys.readouterr().out)
     assert (
@@ -119,7 +105,7 @@ def test_tiny_model_plan_on_v6e_2x2_matches_a_hand_computation(tmp_path, tiny_mo
 @needs_libtpu
 def test_a_config_the_compiler_cannot_fit_is_a_verdict_not_a_traceback(tmp_path, tiny_model_dir, capsys):
     # 4096 sequences of 8192 tokens: attention scores alone would need far more than a chip's HBM.
-    config = _tiny_config(
+    config = planning_config(
         tmp_path, tiny_model_dir, batch_size=256, n=16, global_length=4096, max_length_sample=4096
     )
     assert main(["--config", config, "--topology", "v6e-4", "--quiet"]) == EXIT_DOES_NOT_FIT

@@ -8,28 +8,15 @@ import json
 import time
 
 import pytest
-import yaml
 
 from tests.console.runs.test_local import fake_trainer, run, worker_home
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
+from tests.trainer.fixtures import planning_config
 from trainer import aot
 
 pytest_plugins = ("tests.trainer.fixtures",)
 pytestmark = pytest.mark.usefixtures("console_home")
 needs_libtpu = pytest.mark.skipif(aot.libtpu_version() is None, reason="libtpu is not installed")
-
-
-def tiny_config(tmp_path, tiny_model_dir, **rollout) -> str:
-    raw = {
-        "model_path": str(tiny_model_dir),
-        "steps": 2,
-        "mesh_shape": "auto",
-        "rollout": {"batch_size": 4, "n": 4, "global_length": 64, "max_length_sample": 32, **rollout},
-        "train": {"micro_batch_size_per_device": 2, "compute_dtype": "bfloat16"},
-    }
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return str(path)
 
 
 @pytest.fixture
@@ -43,7 +30,7 @@ def pod(capsys) -> str:
 def test_plan_of_a_node_fits_and_the_second_answer_comes_from_the_cache(
     pod, tmp_path, tiny_model_dir, capsys
 ):
-    config = tiny_config(tmp_path, tiny_model_dir)
+    config = planning_config(tmp_path, tiny_model_dir)
     status, out, err = run(capsys, "plan", pod, "--config", config, "--json")
     assert status == 0, err
     first = json.loads(out)
@@ -65,7 +52,7 @@ def test_plan_of_a_node_fits_and_the_second_answer_comes_from_the_cache(
 def test_launch_refuses_a_config_the_compiler_cannot_fit_before_anything_is_sent(
     pod, tmp_path, tiny_model_dir, capsys
 ):
-    config = tiny_config(
+    config = planning_config(
         tmp_path, tiny_model_dir, batch_size=256, n=16, global_length=4096, max_length_sample=4096
     )
     python = fake_trainer(tmp_path, "echo started\n")
@@ -93,7 +80,7 @@ def test_plan_for_a_shape_no_tpu_has_is_one_line(tmp_path, capsys):
 
 @needs_libtpu
 def test_sweep_compile_only_needs_no_pod(tmp_path, tiny_model_dir, capsys):
-    config = tiny_config(tmp_path, tiny_model_dir)
+    config = planning_config(tmp_path, tiny_model_dir)
     argv = ["sweep", "--compile-only", "--type", "v6e-8", "--config", config, "--limit", "4", "--json"]
     status, out, err = run(capsys, *argv)
     assert status == 0, err
