@@ -439,7 +439,7 @@ def build_plan(
                 scalar,
                 **mode,
             )
-            if prefill.oom:
+            if prefill.oom or prefill.output_shardings is None:  # did not fit, or not wanted
                 continue
             out_shapes = jax.eval_shape(
                 sampler._prefill, rollout_state, ids, ids, key, scalar, scalar, **mode

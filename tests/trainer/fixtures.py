@@ -41,19 +41,3 @@ def tiny_model(tiny_model_dir):
     from trainer.weights import load_model
 
     return load_model(tiny_model_dir, compute_dtype=jnp.float32)
-
-
-def planning_config(tmp_path: Path, model_dir: Path, **rollout: object) -> str:
-    """A config file for planning the tiny model (bf16 compute, as on a TPU); `rollout` keys override."""
-    import yaml
-
-    raw = {
-        "model_path": str(model_dir),
-        "steps": 2,
-        "mesh_shape": "auto",
-        "rollout": {"batch_size": 4, "n": 4, "global_length": 64, "max_length_sample": 32, **rollout},
-        "train": {"micro_batch_size_per_device": 2, "compute_dtype": "bfloat16"},
-    }
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return str(path)

@@ -115,3 +115,19 @@ def launch(tmp_path: Path, config: Path, processes: int, devices: int, *, timeou
         tmp_path, config, processes, devices, extra_env=extra_env, distributed=distributed, tag=tag
     )
     return wait_all(spawned, timeout)
+
+
+def planning_config(tmp_path: Path, model_dir: Path, **rollout: object) -> str:
+    """A config file for planning the tiny model (bf16 compute, as on a TPU); `rollout` keys override."""
+    import yaml
+
+    raw = {
+        "model_path": str(model_dir),
+        "steps": 2,
+        "mesh_shape": "auto",
+        "rollout": {"batch_size": 4, "n": 4, "global_length": 64, "max_length_sample": 32, **rollout},
+        "train": {"micro_batch_size_per_device": 2, "compute_dtype": "bfloat16"},
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return str(path)

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from tests.trainer.fixtures import planning_config
+from tests.trainer.launch import planning_config
 from trainer import aot
 from trainer.plan import EXIT_BAD_INPUT, EXIT_CANNOT_PLAN, EXIT_DOES_NOT_FIT, EXIT_FITS, main
 from trainer.tpu_specs import UnknownAcceleratorType, parse_accelerator_type
@@ -70,7 +70,6 @@ def test_bad_topology_and_batch_are_one_line_errors(tmp_path, capsys):
 
 @needs_libtpu
 def test_tiny_model_plan_on_v6e_2x2_matches_a_hand_computation(tmp_path, tiny_model_dir, capsys):
-    from tests.trainer.fixtures import TINY_SPEC  # noqa: F401 - the fixture's model is what we count
     from trainer.model import Qwen2Config
 
     config = planning_config(tmp_path, tiny_model_dir)

@@ -11,7 +11,7 @@ import pytest
 
 from tests.console.runs.test_local import fake_trainer, run, worker_home
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
-from tests.trainer.fixtures import planning_config
+from tests.trainer.launch import planning_config
 from trainer import aot
 
 pytest_plugins = ("tests.trainer.fixtures",)
