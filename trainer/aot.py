@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainer.distributed import has_tpu_chips
 from trainer.tpu_specs import TpuSlice
 
 
@@ -51,7 +52,7 @@ def tpu_devices(tpu: TpuSlice) -> tuple:
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", tpu.accelerator_type)
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-    if not _has_tpu_chips():
+    if not has_tpu_chips():
         # Compiling only: several planners (a test run beside a benchmark) may hold libtpu at once. On a TPU
         # VM the lockfile keeps guarding the chips.
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -70,12 +71,6 @@ def tpu_devices(tpu: TpuSlice) -> tuple:
             f"libtpu cannot describe {tpu.topology_name}: {str(exc).splitlines()[0]}"
         ) from None
     return tuple(desc.devices)
-
-
-def _has_tpu_chips() -> bool:
-    import glob
-
-    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
 # HLO collectives. Async ones appear as a -start/-done pair; the -start names the transfer.

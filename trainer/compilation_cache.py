@@ -11,16 +11,13 @@ Set before JAX starts its backends, so it works before `jax.distributed.initiali
 
 from __future__ import annotations
 
-import glob
 import os
 from pathlib import Path
 
+from trainer.distributed import has_tpu_chips
+
 ENV = "TRAINER_COMPILATION_CACHE"
 DEFAULT_DIR = Path("~/.cache/tpu-console/jax-compile")
-
-
-def on_tpu_vm() -> bool:
-    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
 def cache_dir() -> Path | None:
@@ -28,7 +25,7 @@ def cache_dir() -> Path | None:
     if ENV in os.environ:
         value = os.environ[ENV].strip()
         return Path(value).expanduser() if value else None
-    return DEFAULT_DIR.expanduser() if on_tpu_vm() else None
+    return DEFAULT_DIR.expanduser() if has_tpu_chips() else None
 
 
 def enable() -> Path | None:

@@ -84,10 +84,15 @@ def process_id_hint(env: dict[str, str] | None = None) -> int:
         return 0
 
 
+def has_tpu_chips() -> bool:
+    """TPU chips attached to this machine (their device files), whatever the environment says."""
+    return Path("/dev/accel0").exists() or Path("/dev/vfio/0").exists()
+
+
 def on_tpu_vm() -> bool:
     """A Cloud TPU VM, where JAX finds its peers from the VM metadata."""
-    return (bool(os.environ.get("TPU_WORKER_HOSTNAMES") or os.environ.get("TPU_ACCELERATOR_TYPE"))
-            or Path("/dev/accel0").exists() or Path("/dev/vfio/0").exists())
+    named = os.environ.get("TPU_WORKER_HOSTNAMES") or os.environ.get("TPU_ACCELERATOR_TYPE")
+    return bool(named) or has_tpu_chips()
 
 
 def initialize(launch: LaunchEnv) -> None:

@@ -145,6 +145,7 @@ class Plan:
     versions: dict[str, str | None] = field(default_factory=dict)
     config_digest: str = ""
     new_tokens: int = 0
+    logprob_passes: int = 0  # log-prob passes a step: reference (beta > 0), old policy (ppo_epochs > 1)
 
     # -- verdict ---------------------------------------------------------------------------------------
 
@@ -201,18 +202,16 @@ class Plan:
         by = {p.name: p for p in self.programs}
         phases: dict[str, float] = {}
 
-        def est(name: str) -> float:
+        def est(name: str) -> float:  # 0 for a program not compiled (or out of memory)
             p = by.get(name)
-            return p.estimate_s or 0.0 if p else 0.0
+            return (p.estimate_s or 0.0) if p is not None else 0.0
 
         phases["rollout_generate_s"] = (
             est("rollout weights") + est("prefill") + self.new_tokens * est("decode step")
         )
-        phases["update_s"] = est("update") + est("log-probs") * self._logprob_passes
+        phases["update_s"] = est("update") + est("log-probs") * self.logprob_passes
         phases["step_s"] = phases["rollout_generate_s"] + phases["update_s"]
         return phases
-
-    _logprob_passes: int = 0
 
     def to_json(self) -> dict:
         name, size = self.largest_consumer()
@@ -368,7 +367,7 @@ def build_plan(
             config_digest=cfg.digest(),
             new_tokens=r.max_length_sample,
         )
-        plan._logprob_passes = int(t.beta > 0) + int(t.ppo_epochs > 1)
+        plan.logprob_passes = int(t.beta > 0) + int(t.ppo_epochs > 1)
 
         def add(
             name: str, runs: str, held_outside: int, fn: Any, *args: Any, **kwargs: Any
@@ -495,10 +494,10 @@ def build_plan(
             ["old_logprobs"] if t.ppo_epochs > 1 else []
         ):
             train_batch[key_name] = _abstract((batch, r.max_length_sample), jnp.float32, layout)
-        if plan._logprob_passes:
+        if plan.logprob_passes:
             add(
                 "log-probs",
-                f"{plan._logprob_passes}x every step",
+                f"{plan.logprob_passes}x every step",
                 fp32_state - resident["parameters"],
                 step_fn.logprobs,
                 params,

@@ -31,9 +31,9 @@ def test_a_second_launch_loads_its_programs_from_the_cache(tmp_path, tiny_model_
 
 def test_the_cache_is_off_off_a_tpu_vm_unless_asked(monkeypatch, tmp_path):
     monkeypatch.delenv(ENV, raising=False)
-    monkeypatch.setattr("trainer.compilation_cache.on_tpu_vm", lambda: False)
+    monkeypatch.setattr("trainer.compilation_cache.has_tpu_chips", lambda: False)
     assert cache_dir() is None
-    monkeypatch.setattr("trainer.compilation_cache.on_tpu_vm", lambda: True)
+    monkeypatch.setattr("trainer.compilation_cache.has_tpu_chips", lambda: True)
     assert str(cache_dir()).endswith(".cache/tpu-console/jax-compile")
     monkeypatch.setenv(ENV, "")
     assert cache_dir() is None
