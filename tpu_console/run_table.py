@@ -33,7 +33,7 @@ def worker_row(status: WorkerStatus) -> tuple[str, ...]:
     step = status.events.last_step
     return (
         f"[{status.worker}]",
-        str(status.state),
+        "stopped" if status.stopped else str(status.state),
         "-" if status.exit_status is None else str(status.exit_status),
         "-" if step is None else str(step.step),
         _num(step.step_s if step else None, ".2f"),
@@ -103,7 +103,7 @@ def worker_record(status: WorkerStatus) -> dict[str, Any]:
     start = status.events.start
     return {
         "worker": status.worker,
-        "state": str(status.state),
+        "state": "stopped" if status.stopped else str(status.state),
         "exit_status": status.exit_status,
         "pgid": status.pgid,
         "reason": status.reason,

@@ -44,6 +44,49 @@ def python_word(python: str) -> str:
     return shlex.quote(python)
 
 
+def check_inputs(inputs: Sequence[tuple[str, str, str]]) -> str:
+    """For (key, path, need) with need `exists`, `file` or `writable`: `@@ input missing KEY` for a path
+    that is not there, `@@ input unwritable KEY` for a folder the job could not write (its nearest
+    existing parent is not a writable folder). Changes nothing on the worker."""
+    lines = ["("]
+    for key, path, need in inputs:
+        word, mark = python_word(path), shlex.quote(key)
+        if need == "writable":
+            lines.append(
+                f'd={word}; while [ ! -e "$d" ] && [ "$d" != / ]; do d=$(dirname "$d"); done; '
+                f'{{ [ -d "$d" ] && [ -w "$d" ]; }} || echo "@@ input unwritable "{mark}'
+            )
+        else:
+            test = "-f" if need == "file" else "-e"
+            lines.append(f'[ {test} {word} ] || echo "@@ input missing "{mark}')
+    lines.append("exit 0 )")
+    return "\n".join(lines)
+
+
+def make_tiny_inputs(python: str, model_path: str, data_path: str) -> str:
+    """The offline demo's inputs where missing: a tiny random Qwen2 at `model_path` and synthetic
+    GSM8K-format problems at `data_path`, made by the trainer installed on the worker. Prints `@@ step`
+    lines, and `@@ error` (exit 1) when the worker's Python has no trainer or making one failed."""
+    py = python_word(python)
+    made = []
+    for path, verb, what in ((model_path, "make-tiny-model", "the tiny model"),
+                             (data_path, "make-gsm8k-jsonl", "synthetic GSM8K data")):
+        word, shown = python_word(path), shlex.quote(path)
+        test = "-e" if verb == "make-tiny-model" else "-f"
+        made.append(
+            f'if [ {test} {word} ]; then echo "@@ step {what}: already at "{shown}; '
+            f'else out=$({py} -m trainer {verb} {word} 2>&1) || {{ printf "%s\\n" "$out" | tail -n 3; '
+            f'echo "@@ error could not make {what} at "{shown}; exit 1; }}; '
+            f'echo "@@ step {what}: made at "{shown}; fi'
+        )
+    return "\n".join([
+        f"( if ! {py} -c 'import trainer' 2>/dev/null; then "
+        'echo "@@ error the Python of this worker has no trainer: sync the code first"; exit 1; fi',
+        *made,
+        "exit 0 )",
+    ])
+
+
 def prepare_run_dir(run_id: str, copy_env_from: str | None = None) -> str:
     """Make the run folder (private to the user); fail if a run with this id already exists there.
 

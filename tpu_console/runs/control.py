@@ -151,7 +151,7 @@ async def _probe(
 
 def _monitor(record: RunRecord, lost_after_unreachable: int = 1) -> RunMonitor:
     monitor = RunMonitor(record.run_id, record.workers, lost_after_unreachable)
-    monitor.stop_requested = record.stop_requested_at is not None
+    monitor.note_stop(record.stop_requested_at)
     for worker, saved in record.worker_records.items():
         if worker in monitor.workers and saved.state in (WorkerState.EXITED, WorkerState.LOST):
             # Final states are kept: a finished worker's folder may be gone since.
@@ -179,7 +179,7 @@ def _view(
         record=record,
         state=str(state),
         workers=list(monitor.workers.values()),
-        failure=None if state is RunState.STOPPED else monitor.failure_message(),
+        failure=monitor.failure_message(),  # a worker that failed before a stop
         live=live,
         problem=problem,
     )

@@ -8,6 +8,7 @@ Per worker, an *activity* a person can read at a glance, with how long it has la
     running       at step N
     stalled       its last step is older than `stall_factor` x its recent step time (and `stall_floor_s`)
     exited        with its exit status
+    stopped       ended by a stop the console asked for (whatever its exit status)
     lost          the job is gone without an exit status, or the node is gone
     unreachable   the last probe could not reach the worker (may come back)
 
@@ -34,6 +35,7 @@ class Activity(enum.StrEnum):
     RUNNING = "running"
     STALLED = "stalled"
     EXITED = "exited"
+    STOPPED = "stopped"
     LOST = "lost"
     UNREACHABLE = "unreachable"
 
@@ -168,6 +170,8 @@ def assess(
 
 
 def _activity(status: WorkerStatus, p: Progress, now: float, t: Thresholds) -> tuple[Activity, float | None]:
+    if status.stopped:
+        return Activity.STOPPED, None
     if status.state is WorkerState.EXITED:
         return Activity.EXITED, None
     if status.unreachable_probes > 0:

@@ -12,6 +12,7 @@ import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from tpu_console.runs.events import EventSummary
 from tpu_console.runs.probe import RunProbe
@@ -48,9 +49,12 @@ class WorkerStatus:
     events_bytes: int = 0
     events: EventSummary = field(default_factory=EventSummary)
     log_tail: list[str] = field(default_factory=list)
+    stopped: bool = False  # it ended after the console asked the run to stop: not a failure
 
     @property
     def failed(self) -> bool:
+        if self.stopped:
+            return False
         return self.state is WorkerState.LOST or (self.state is WorkerState.EXITED and self.exit_status != 0)
 
     @property
@@ -73,6 +77,9 @@ class RunMonitor:
         self.workers = {w: WorkerStatus(w) for w in workers}
         self.lost_after_unreachable = max(1, lost_after_unreachable)
         self.stop_requested = False
+        # When the stop was asked for (unix s), where known: a worker that ended before it had failed on
+        # its own. Unknown: every worker that ended is taken as stopped.
+        self.stop_requested_at: float | None = None
 
     def observe(self, worker: int, probe: RunProbe) -> WorkerStatus:
         """Feed one probe of this worker (the events in it are added to its summary)."""
@@ -111,12 +118,28 @@ class RunMonitor:
 
     # -- the run as a whole ----------------------------------------------------------------------------
 
+    def note_stop(self, requested_at: datetime | None) -> None:
+        """The run's stop request as the history has it (None: none was made)."""
+        self.stop_requested = requested_at is not None
+        self.stop_requested_at = requested_at.timestamp() if requested_at is not None else None
+
     @property
     def all_done(self) -> bool:
         return all(s.done for s in self.workers.values())
 
+    def _settle_stopped(self) -> None:
+        """Mark the workers whose end the stop caused, so a stop the user asked for is no failure."""
+        for status in self.workers.values():
+            status.stopped = self.stop_requested and status.done and self._ended_after_stop(status)
+
+    def _ended_after_stop(self, status: WorkerStatus) -> bool:
+        if self.stop_requested_at is None or status.exit_time is None:
+            return True
+        return status.exit_time >= self.stop_requested_at - 1.0  # the worker's clock against ours
+
     @property
     def state(self) -> RunState:
+        self._settle_stopped()
         statuses = list(self.workers.values())
         if self.stop_requested and self.all_done:
             return RunState.STOPPED
@@ -130,6 +153,7 @@ class RunMonitor:
 
     def first_failure(self) -> WorkerStatus | None:
         """The worker that failed first (the likely cause; the others often die waiting on it)."""
+        self._settle_stopped()
         failed = [s for s in self.workers.values() if s.failed]
         return min(failed, key=lambda s: (s.failed_at, s.worker)) if failed else None
 

@@ -185,7 +185,7 @@ class RunWatch:
         self.archive = archive
         self.clock = clock
         self.monitor = RunMonitor(record.run_id, record.workers, lost_after_unreachable)
-        self.monitor.stop_requested = record.stop_requested_at is not None
+        self.monitor.note_stop(record.stop_requested_at)
         self.workers = {w: WorkerStream(w, ring_lines, ring_events) for w in record.workers}
         self.progress: dict[int, Progress] = {}
         self.survivors_stopped: list[int] = []  # workers fail-fast stopped

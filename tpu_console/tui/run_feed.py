@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 
 from textual.message import Message
 
@@ -270,6 +270,7 @@ class RunFeed:
             last_line=seen.last_line,
             failed=health.activity is Activity.LOST
             or (health.activity is Activity.EXITED and health.exit_status != 0),
+            stopped=health.activity is Activity.STOPPED,
             step_age_s=health.step_age_s,
             hung=health.hung,
             straggler=health.straggler,
@@ -292,7 +293,7 @@ class RunFeed:
         masker = await asyncio.to_thread(SecretMasker.for_node, view.record.node)
         monitor = RunMonitor(view.record.run_id, view.record.workers)
         monitor.workers = {s.worker: s for s in view.workers}
-        monitor.stop_requested = view.record.stop_requested_at is not None
+        monitor.note_stop(view.record.stop_requested_at)
         self.record = view.record
         for status in view.workers:
             if status.done:  # lost with its node, or exited: for good, not a passing "unreachable"
@@ -347,7 +348,8 @@ class RunFeed:
     async def stop_run(self) -> str:
         """TERM (then KILL) the run's job on every worker; one line saying how each ended."""
         if self.watch is not None:
-            self.watch.monitor.stop_requested = True  # so the verdict reads `stopped` once every job is over
+            # so the verdict reads `stopped` once every job is over, and no worker it ends reads failed
+            self.watch.monitor.note_stop(datetime.now(UTC))
         view, stops = await control.stop(self.providers, self.run_id, store=self.store)
         outcomes = Counter(s.outcome for s in stops)
         counts = ", ".join(f"{n} {what}" for what, n in sorted(outcomes.items()))

@@ -33,13 +33,14 @@ class WorkerRow:
     """One worker as last seen: the watcher's health of it, and what its files said last."""
 
     worker: int
-    activity: str  # runs.health.Activity: starting, compiling, running, stalled, exited, lost, unreachable
+    activity: str  # runs.health.Activity: starting, compiling, running, stalled, exited, stopped, lost ...
     for_s: float = 0.0  # how long it has been in this activity, as the console saw it
     step: int | None = None
     step_s: float | None = None
     exit_status: int | None = None
     last_line: str = ""
     failed: bool = False  # exited non-zero, or lost
+    stopped: bool = False  # ended by a stop the console asked for: not a failure
     step_age_s: float | None = None  # since its last step arrived (while running or stalled)
     hung: bool = False  # still running after another worker failed: likely stuck in a collective
     straggler: str | None = None  # the watcher's finding, e.g. "rollout_generate 4.1s vs median 2.0s (2.0x)"

@@ -2,16 +2,20 @@
 
 Tokens/s and reward are run-wide numbers (the trainer gathers them over every process), so one line is
 drawn: the median of what the workers reported. Step time also gets the followed worker's own line, so a
-straggler shows as a line above the median.
+straggler shows as a line above the median. Steps are whole numbers, and so are the axis' ticks; with
+fewer than two steps there is no line to draw, and the panel says so instead of drawing an empty frame.
 """
 
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.containers import Horizontal
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
 from tpu_console.tui.run_snapshot import StepHistory
+
+MAX_TICKS = 5
 
 
 class MetricPlot(PlotextPlot):
@@ -24,6 +28,23 @@ class MetricPlot(PlotextPlot):
     """
 
 
+class MetricPanel(Vertical):
+    """One plot, or the line that says why there is none yet."""
+
+    DEFAULT_CSS = """
+    MetricPanel { width: 1fr; height: 1fr; }
+    MetricPanel .too-few { height: 1fr; content-align: center middle; color: $text-muted; padding: 0 1; }
+    """
+
+    def __init__(self, plot_id: str) -> None:
+        super().__init__()
+        self.plot_id = plot_id
+
+    def compose(self) -> ComposeResult:
+        yield MetricPlot(id=self.plot_id)
+        yield Static("", classes="too-few", id=f"{self.plot_id}-note")
+
+
 class MetricPlots(Horizontal):
     DEFAULT_CSS = """
     MetricPlots {
@@ -32,34 +53,61 @@ class MetricPlots(Horizontal):
     """
 
     def compose(self) -> ComposeResult:
-        yield MetricPlot(id="plot-step-time")
-        yield MetricPlot(id="plot-tokens")
-        yield MetricPlot(id="plot-reward")
+        yield MetricPanel("plot-step-time")
+        yield MetricPanel("plot-tokens")
+        yield MetricPanel("plot-reward")
 
     def show(self, history: StepHistory, selected: int | None) -> None:
-        step_time = self.query_one("#plot-step-time", MetricPlot)
         median = history.series(lambda m: m.step_s)
         lines = [("median", median)]
         if selected is not None and len(history.by_worker) > 1:
             lines.append((f"W{selected}", history.series(lambda m: m.step_s, selected)))
-        draw(step_time, "step time (s)", lines)
-        draw(self.query_one("#plot-tokens", MetricPlot), "valid tokens/s",
-             [("", history.series(lambda m: m.tokens_per_s))])
-        draw(self.query_one("#plot-reward", MetricPlot), "mean reward",
-             [("", history.series(lambda m: m.reward_mean))])
+        self._draw("plot-step-time", "step time (s)", lines)
+        self._draw("plot-tokens", "valid tokens/s", [("", history.series(lambda m: m.tokens_per_s))])
+        self._draw("plot-reward", "mean reward", [("", history.series(lambda m: m.reward_mean))])
+
+    def _draw(self, plot_id: str, title: str, lines: list[tuple[str, tuple[list[int], list[float]]]]) -> None:
+        plot = self.query_one(f"#{plot_id}", MetricPlot)
+        note = self.query_one(f"#{plot_id}-note", Static)
+        steps = sorted({s for _, (xs, _) in lines for s in xs})
+        if len(steps) < 2:
+            plot.display, note.display = False, True
+            note.update(too_few_text(title, lines))
+            return
+        plot.display, note.display = True, False
+        draw(plot, title, lines, steps)
 
 
-def draw(plot: MetricPlot, title: str, lines: list[tuple[str, tuple[list[int], list[float]]]]) -> None:
+def too_few_text(title: str, lines: list[tuple[str, tuple[list[int], list[float]]]]) -> str:
+    """What a plot with no line to draw says instead: none yet, or the one value there is."""
+    points = [(xs[0], ys[0]) for _, (xs, ys) in lines[:1] if xs]
+    if not points:
+        return f"{title}\n\nno steps yet"
+    step, value = points[0]
+    return f"{title}\n\none step so far: {value:.4g} at step {step}\n(a line needs two)"
+
+
+def integer_ticks(steps: list[int], most: int = MAX_TICKS) -> list[int]:
+    """At most `most` whole-number ticks from the first step to the last, evenly spaced."""
+    first, last = steps[0], steps[-1]
+    stride = max(1, -(-(last - first) // (most - 1)))
+    ticks = list(range(first, last + 1, stride))
+    if ticks[-1] != last and len(ticks) < most:
+        ticks.append(last)
+    return ticks
+
+
+def draw(
+    plot: MetricPlot, title: str, lines: list[tuple[str, tuple[list[int], list[float]]]], steps: list[int]
+) -> None:
     plt = plot.plt
     plt.clear_data()
     plt.clear_figure()
     plt.title(title)
     plt.xlabel("step")
-    drawn = False
-    for label, (steps, values) in lines:
-        if steps:
-            plt.plot(steps, values, label=label or None, marker="braille")
-            drawn = True
-    if not drawn:
-        plt.title(f"{title}: no steps yet")
+    for label, (xs, values) in lines:
+        if xs:
+            plt.plot(xs, values, label=label or None, marker="braille")
+    ticks = integer_ticks(steps)
+    plt.xticks(ticks, [str(t) for t in ticks])
     plot.refresh()

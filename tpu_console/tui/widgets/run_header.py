@@ -58,7 +58,7 @@ def title_text(run_id: str, snapshot: RunSnapshot | None, problem: str | None) -
             text.append(snapshot.state, style=STATE_STYLE.get(snapshot.state, ""))
         # A job that is starting or compiling is running too, as `status` and the nodes screen say.
         running = sum(w.activity in ("starting", "compiling", "running", "stalled") for w in snapshot.workers)
-        exited = sum(w.activity == "exited" for w in snapshot.workers)
+        exited = sum(w.activity in ("exited", "stopped") for w in snapshot.workers)
         steps = [w.step for w in snapshot.workers if w.step is not None]
         text.append(f"  {running} running, {exited} exited of {len(snapshot.workers)}", style="dim")
         if steps:

@@ -1,10 +1,11 @@
 """The run's workers, one row each: state, step, last step time, exit status, last line of output.
 
 The state is the watcher's judgement of the worker (runs/health.py): starting, compiling, running,
-stalled, exited, lost, unreachable, and HUNG for a worker still running after another one failed. The
-first failure is marked, a stall and a straggler are coloured like nvitop colours a busy GPU, a worker
-whose log matched a known problem (out of HBM, TPU in use ...) shows it in place of its last line, and the
-row of the worker the dashboard follows carries the cursor. Cells are rewritten only when they change.
+stalled, exited, stopped (by a stop asked for), lost, unreachable, and HUNG for a worker still running
+after another one failed. The first failure is marked, a stall and a straggler are coloured like nvitop
+colours a busy GPU, a worker whose log matched a known problem (out of HBM, TPU in use ...) shows it in
+place of its last line, and the row of the worker the dashboard follows carries the cursor. Cells are
+rewritten only when they change.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def row_cells(row: WorkerRow, first_failure: int | None, ratio: float | None) ->
         state_text(row, row.worker == first_failure),
         Text("-" if row.step is None else str(row.step), justify="right"),
         step_time_text(row.step_s, ratio, row.straggler is not None),
-        exit_text(row.exit_status),
+        exit_text(row.exit_status, row.stopped),
         Text(note, no_wrap=True, overflow="ellipsis", style=style),
     )
 
@@ -110,7 +111,7 @@ def row_note(row: WorkerRow) -> tuple[str, str]:
     specific = row.problem is not None and row.problem_kind != EXCEPTION
     for text in (row.problem if specific else None, row.error, row.problem):
         if text:
-            return text, "red"
+            return text, "yellow" if row.stopped else "red"
     if row.last_line:
         return row.last_line, ""
     return row.reason or "", "dim"
@@ -122,6 +123,8 @@ def state_text(row: WorkerRow, first_failure: bool) -> Text:
         return Text("HUNG", style=HUNG_STYLE)
     if row.stalled:
         return Text(f"stalled {format_age(row.step_age_s or 0)}", style="bold yellow")
+    if row.activity == "stopped":
+        return Text("stopped", style="yellow")
     if row.activity == "exited":
         if row.exit_status == 0:
             return Text("exited", style="green")
@@ -150,10 +153,11 @@ def step_time_text(step_s: float | None, ratio: float | None, straggler: bool) -
     return Text(f"{step_s:.2f}s{slower}", style="bold red", justify="right")
 
 
-def exit_text(exit_status: int | None) -> Text:
+def exit_text(exit_status: int | None, stopped: bool = False) -> Text:
     if exit_status is None:
         return Text("-", justify="right", style="dim")
-    return Text(str(exit_status), justify="right", style="green" if exit_status == 0 else "bold red")
+    style = "green" if exit_status == 0 else "yellow" if stopped else "bold red"
+    return Text(str(exit_status), justify="right", style=style)
 
 
 def format_age(seconds: float) -> str:
