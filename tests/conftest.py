@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures_cli import stand_in_tiny_inputs
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.model import CreateRequest, Node, SshTarget
 from tpu_console.providers.local import LocalProvider
@@ -41,6 +42,7 @@ async def local_pod() -> AsyncIterator[LocalPod]:
     provider = LocalProvider()
     node = await provider.create(CreateRequest(name="pod", accelerator_type="local-4x2"))
     targets = await provider.ssh_targets(node)
+    stand_in_tiny_inputs(provider.store.worker_dir(node.name, w) for w in range(node.shape.workers))
     try:
         yield LocalPod(provider, node, targets)
     finally:

@@ -97,3 +97,12 @@ def console_home(tmp_path, monkeypatch):
     monkeypatch.setenv("TPU_CONSOLE_HOME", str(home))
     return home
 
+
+
+def stand_in_tiny_inputs(worker_dirs) -> None:
+    """What tiny_local.yaml reads on every worker (~/tiny-qwen2, ~/gsm8k-synthetic.jsonl), as empty stand-ins
+    in each worker's home: for launches of fake trainers, which read neither, past launch's check that
+    they are there (runs/inputs.py)."""
+    for home in worker_dirs:
+        (home / "tiny-qwen2").mkdir(parents=True, exist_ok=True)
+        (home / "gsm8k-synthetic.jsonl").touch()

@@ -64,6 +64,21 @@ def print_setup(result: Any, json_mode: bool) -> int:
     return 0 if result.ok else 1
 
 
+def print_demo(result: Any, json_mode: bool) -> int:
+    """What `demo` made (or found) on each worker; exit status 1 when a worker failed."""
+    if json_mode:
+        print_json({"node": result.node.name, "ok": result.ok, "model_path": result.model_path,
+                    "data_path": result.data_path, "workers": [
+                        {"worker": w.worker, "ok": w.ok, "error": w.error, "done": w.report.steps,
+                         "seconds": round(w.seconds, 2)} for w in result.workers]})
+    else:
+        rows = [(f"[{w.worker}]", "ok" if w.ok else "FAILED",
+                 "; ".join(w.report.steps) if w.ok else (w.error or ""), f"{w.seconds:.1f}s")
+                for w in result.workers]
+        print(format_table(("WORKER", "", "DONE", "TIME"), rows))
+    return 0 if result.ok else 1
+
+
 def launch_table(result: Any) -> str:
     rows = [(f"[{s.worker}]", "started" if s.ok else "failed", str(s.pgid or "-"), s.error or "")
             for s in result.starts]

@@ -1,4 +1,4 @@
-"""Verbs that make workers ready or run on them: `bootstrap`, `sync`, `exec`."""
+"""Verbs that make workers ready or run on them: `bootstrap`, `sync`, `demo`, `exec`."""
 
 from __future__ import annotations
 
@@ -44,6 +44,19 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
     sync.add_argument("--git", dest="git_url", metavar="URL", help="clone this repository on the workers")
     sync.add_argument("--branch", metavar="B", help="with --git: the branch or tag to check out")
 
+    demo = verbs.add_parser(
+        "demo", parents=[common], help="make the offline demo's tiny model and data on every worker",
+        description="Make what trainer/configs/tiny_local.yaml reads on every worker that lacks it: a tiny "
+        "random Qwen2 at its model_path (~/tiny-qwen2) and synthetic GSM8K-format problems at its data.path "
+        "(~/gsm8k-synthetic.jsonl), by the trainer installed on the workers (after bootstrap and sync). "
+        "What is there already is left alone. --config/--set name other paths.",
+    )
+    demo.add_argument("node")
+    demo.add_argument("--config", metavar="FILE", help="trainer YAML config (default tiny_local.yaml)")
+    demo.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a config key, as for launch (repeatable)")
+    flags.add_python(demo)
+
     run = verbs.add_parser(
         "exec",
         parents=[common],
@@ -78,6 +91,16 @@ async def sync(args: argparse.Namespace, settings: Settings, providers: dict[str
         branch=args.branch, progress=output.progress, on_worker=output.worker_progress,
     )
     return output.print_setup(result, args.json)
+
+
+async def demo(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    from tpu_console.runs.demo import make_tiny_inputs
+
+    result = await make_tiny_inputs(
+        providers, args.node, args.config, args.overrides, python=args.python, progress=output.progress,
+        on_worker=output.worker_progress,
+    )
+    return output.print_demo(result, args.json)
 
 
 async def exec_(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
@@ -115,4 +138,4 @@ async def exec_(args: argparse.Namespace, settings: Settings, providers: dict[st
     return outcome.exit_status
 
 
-HANDLERS = {"bootstrap": bootstrap, "sync": sync, "exec": exec_}
+HANDLERS = {"bootstrap": bootstrap, "sync": sync, "demo": demo, "exec": exec_}

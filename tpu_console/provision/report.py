@@ -32,6 +32,7 @@ class WorkerReport:
     killed: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     steps: list[str] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)  # `missing KEY` / `unwritable KEY` (runs/inputs.py)
 
     def add(self, line: str) -> str | None:
         """Take one line of output; returns the progress text it carries for a person, if any."""
@@ -64,6 +65,8 @@ class WorkerReport:
         elif kind == "killed":
             self.killed.append(rest)
             return f"killed stale TPU holder {rest}"
+        elif kind == "input":
+            self.inputs.append(rest)
         elif kind == "removed":
             self.removed.append(rest)
             return f"removed {rest}"

@@ -2,10 +2,11 @@
 
 Everything that can be checked on this machine is checked before any worker is touched: the node exists
 and is READY, the config validates against the trainer's schema, a named `.env` exists, the worker
-selection is in range, every selected worker answers. Then, in two phases so that a failure leaves no
-half-started pod: (1) on every worker, make `~/tpu-console/runs/<run_id>/` and upload launch.json,
-config.yaml and .env (0600); (2) start the detached job on every worker. If a start fails, the workers
-that did start are stopped again.
+selection is in range, every selected worker answers; then, in one round trip, that every worker is ready
+and has the model, the data and a writable checkpoint folder the config names (runs/inputs.py). Then, in
+two phases so that a failure leaves no half-started pod: (1) on every worker, make
+`~/tpu-console/runs/<run_id>/` and upload launch.json, config.yaml and .env (0600); (2) start the detached
+job on every worker. If a start fails, the workers that did start are stopped again.
 
 Secrets: the `.env` content travels by SFTP into a 0600 file that the wrapper sources; it is never on a
 command line, in launch.json, in the run database or in a message.
@@ -37,6 +38,7 @@ from tpu_console.provision.code_sync import code_version
 from tpu_console.provision.recipes import ENV_PYTHON
 from tpu_console.provision.report import WorkerReport, mismatches
 from tpu_console.provision.steps import ignore_worker, run_on_workers
+from tpu_console.runs.inputs import job_inputs, refuse_missing
 from tpu_console.runs.run_id import new_run_id
 from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
 from tpu_console.secrets import parse_env
@@ -174,6 +176,7 @@ async def launch(
     a check of the caller's (the plan's fit, experiments/plan.py) that refuses by raising UserError.
     """
     config = validate_config(config_path, overrides)
+    needed = job_inputs(config.config)  # a malformed hub id or gs:// path is refused here
     env_data = read_env_file(env_file)
     if python is not None and not python.strip():
         raise UserError("--python is empty; give an interpreter, e.g. --python python3")
@@ -194,8 +197,11 @@ async def launch(
                 "run on all its workers; leave out --worker"
             )
         await require_all_reachable(fleet, node_name, selected, "nothing was launched")
-        reports = await inspect_workers(fleet, selected)
+        # the same round trip asks whether the model, the data and the checkpoint folder are there
+        reports = await inspect_workers(fleet, selected, also=recipes.check_inputs(
+            [(i.key, i.path, i.need) for i in needed]))
         refuse_unready(node, reports, config, env_data, python, check_code)
+        refuse_missing(node, needed, {r.worker: r.inputs for r in reports})
         interpreter = python or worker_python(provider, reports)
         if kill_stale:
             await clear_stale_holders(fleet, selected, on_worker)
@@ -334,9 +340,10 @@ def _record(store: RunStore, record: RunRecord, starts: list[WorkerStart]) -> No
     store.add(record)
 
 
-async def inspect_workers(fleet: Fleet, workers: list[int]) -> list[WorkerReport]:
-    """Environment, code, versions and live runs of each worker, in one round trip."""
-    results = await fleet.run(provision_recipes.inspect_worker(), workers, timeout=60)
+async def inspect_workers(fleet: Fleet, workers: list[int], also: str = "") -> list[WorkerReport]:
+    """Environment, code, versions and live runs of each worker, and what `also` asks, in one round trip."""
+    command = provision_recipes.inspect_worker() + (f"\n{also}" if also else "")
+    results = await fleet.run(command, workers, timeout=60)
     reports = []
     for result in results:
         if not result.ok:

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from tests.console.runs.test_local import CONFIG, fake_trainer, run
-from tests.fixtures_cli import console_home  # noqa: F401 - fixture
+from tests.console.runs.test_local import CONFIG, fake_trainer, run, worker_home
+from tests.fixtures_cli import console_home, stand_in_tiny_inputs  # noqa: F401 - fixture
 from tpu_console.experiments.recovery import launch_with_recovery
 from tpu_console.locations import home
 from tpu_console.model import CreateRequest
@@ -25,6 +25,7 @@ pytestmark = pytest.mark.usefixtures("console_home")
 @pytest.fixture
 def pod2x2(capsys) -> str:
     assert run(capsys, "create", "pod", "--type", "local-2x2")[0] == 0
+    stand_in_tiny_inputs(worker_home(w) for w in range(2))
     return "pod"
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.console.runs.test_local import CONFIG, LONG_RUNNING, fake_trainer, run, run_folder, worker_home
-from tests.fixtures_cli import console_home  # noqa: F401 - fixture
+from tests.fixtures_cli import console_home, stand_in_tiny_inputs  # noqa: F401 - fixture
 from tests.processes import wait_for
 from tpu_console import cli
 from tpu_console.fleet import recipes as run_recipes
@@ -48,6 +48,7 @@ def group_alive(pgid: int) -> bool:
 def pod(capsys) -> str:
     assert cli.main(["create", "pod", "--type", "local-2x1"]) == 0
     capsys.readouterr()
+    stand_in_tiny_inputs(worker_home(w) for w in range(2))
     return "pod"
 
 
@@ -166,11 +167,12 @@ def test_bootstrap_is_idempotent_and_sync_installs_the_checkout_with_its_env(
     status, synced = json_run(capsys, "sync", "pod", "--git", f"file://{repo}", "--branch", "main")
     assert status == 0, synced
     assert [(w["code"]["source"], w["code"]["git_sha"]) for w in synced["workers"]] == [("git", sha)] * 2
-    # Not refused now, and the job runs the git install's trainer, which finds no model on these workers.
+    # Not refused now, and the job runs the git install's trainer, which finds an empty model folder.
+    stand_in_tiny_inputs(worker_home(w) for w in range(2))
     status, out, err = run(capsys, "launch", "pod", "--config", str(CONFIG))
     assert status == 0, err
     status, out, err = run(capsys, "logs", "pod", "--follow", "--lines", "all")
-    assert status == 1 and "model_path: ~/tiny-qwen2 does not exist" in out
+    assert status == 1 and "tiny-qwen2/config.json" in out
 
 
 def source_repo(path: Path) -> Path:

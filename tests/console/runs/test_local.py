@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures_cli import console_home  # noqa: F401 - fixture
+from tests.fixtures_cli import console_home, stand_in_tiny_inputs  # noqa: F401 - fixture
 from tests.processes import pid_alive, wait_for
 from tpu_console import cli
 from tpu_console.locations import database_file, home
@@ -64,6 +64,7 @@ def run_folder(worker: int, run_id: str) -> Path:
 def pod(capsys) -> str:
     assert cli.main(["create", "pod", "--type", "local-2x1"]) == 0
     capsys.readouterr()
+    stand_in_tiny_inputs(worker_home(w) for w in range(2))
     return "pod"
 
 
