@@ -83,7 +83,11 @@ class RunMonitor:
 
     def observe(self, worker: int, probe: RunProbe) -> WorkerStatus:
         """Feed one probe of this worker (the events in it are added to its summary)."""
-        status = self.workers[worker]
+        status = self._observe(self.workers[worker], probe)
+        self._settle_stopped()
+        return status
+
+    def _observe(self, status: WorkerStatus, probe: RunProbe) -> WorkerStatus:
         status.unreachable_probes = 0
         status.events.add(probe.events)
         if probe.log_tail:
@@ -110,6 +114,7 @@ class RunMonitor:
         status.reason = error
         if not status.done and status.unreachable_probes >= self.lost_after_unreachable:
             status.state = WorkerState.LOST
+        self._settle_stopped()
         return status
 
     def _lose(self, status: WorkerStatus, reason: str) -> WorkerStatus:
@@ -122,6 +127,7 @@ class RunMonitor:
         """The run's stop request as the history has it (None: none was made)."""
         self.stop_requested = requested_at is not None
         self.stop_requested_at = requested_at.timestamp() if requested_at is not None else None
+        self._settle_stopped()
 
     @property
     def all_done(self) -> bool:

@@ -4,7 +4,9 @@ as --python): launch on every worker, per-worker exit codes, logs --follow, stop
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -212,6 +214,19 @@ def test_launch_on_a_subset_of_a_local_pod(capsys, pod, tmp_path):
             ["launch", "pod", "--config", str(CONFIG), "--set", "mesh_shape=3,-1,1"],
             "mesh_shape: 3,-1,1 cannot fill",
         ),
+        (
+            ["launch", "pod", "--config", str(CONFIG), "--set", "data.path=~/none.jsonl"],
+            "data.path ~/none.jsonl does not exist on every worker of pod: write synthetic data there with "
+            "`tpu-console demo pod`",
+        ),
+        (
+            ["launch", "pod", "--config", str(CONFIG), "--set", "checkpoint.dir=~/gsm8k-synthetic.jsonl/ck"],
+            "checkpoint.dir ~/gsm8k-synthetic.jsonl/ck is not writable on every worker of pod",
+        ),
+        (
+            ["launch", "pod", "--config", str(CONFIG), "--set", "model_path=Qwen--x"],
+            "nor a well-formed hub id",
+        ),
         (["stop", "20250101-000000-abcd", "--yes"], "unknown run id"),
         (["logs", "20250101-000000-abcd", "--lines", "x"], "--lines 'x' is not a number"),
     ],
@@ -224,3 +239,24 @@ def test_bad_input_is_one_line_exit_2_and_touches_no_worker(capsys, pod, argv, m
         assert not (worker_home(worker) / "tpu-console").exists()
     status, listing, _ = run(capsys, "runs", "--json")
     assert json.loads(listing)["runs"] == []
+
+
+def test_a_model_missing_on_one_worker_is_refused_until_demo_makes_it(capsys, pod, tmp_path):
+    shutil.rmtree(worker_home(1) / "tiny-qwen2")
+    status, _, err = run(capsys, "launch", "pod", "--config", str(CONFIG), "--python", sys.executable)
+    assert status == 2 and err.count("\n") == 1
+    assert err.startswith("error: model_path ~/tiny-qwen2 does not exist on worker 1 of pod: make the tiny ")
+    assert "`tpu-console demo pod`" in err and err.strip().endswith("nothing was launched")
+    for worker in (0, 1):  # nothing started anywhere: no run folder on either worker, no run recorded
+        assert not (worker_home(worker) / "tpu-console").exists()
+    assert json.loads(run(capsys, "runs", "--json")[1])["runs"] == []
+
+    # demo makes what is missing (worker 1's model, by the trainer) and leaves what is there alone
+    status, out, err = run(capsys, "demo", "pod", "--json")
+    assert status == 0, err
+    done = {w["worker"]: w["done"] for w in json.loads(out)["workers"]}
+    assert done[1][0] == "the tiny model: made at ~/tiny-qwen2"
+    assert done[0] == ["the tiny model: already at ~/tiny-qwen2", "synthetic GSM8K data: already at "
+                       "~/gsm8k-synthetic.jsonl"]
+    assert (worker_home(1) / "tiny-qwen2" / "config.json").is_file()
+    launch(capsys, fake_trainer(tmp_path, "echo fine\n"))

@@ -332,6 +332,98 @@ def test_monitor_exited_is_final_and_stop_gives_stopped():
     assert monitor.state is RunState.STOPPED
 
 
+def test_a_stop_asked_for_is_no_failure_unless_a_worker_failed_before_it():
+    stopped_at = datetime.fromtimestamp(100.0, UTC)
+    monitor = RunMonitor(RUN, [0, 1])
+    monitor.observe(0, RunProbe(RUN, pgid=1, alive=True))
+    monitor.observe(1, RunProbe(RUN, pgid=2, alive=True))
+    monitor.note_stop(stopped_at)
+    monitor.observe(0, RunProbe(RUN, pgid=1, exit_status=143, exit_time=101.0))
+    # worker 0 ended by the stop, worker 1 not yet: a run being stopped, not partially dead
+    assert monitor.state is RunState.RUNNING and monitor.workers[0].stopped and not monitor.workers[0].failed
+    monitor.observe(1, RunProbe(RUN, pgid=2, exit_status=137, exit_time=110.0))
+    assert monitor.state is RunState.STOPPED
+    assert monitor.first_failure() is None and monitor.failure_message() is None
+
+    # A worker that had failed on its own before the stop stays the run's first failure.
+    monitor = RunMonitor(RUN, [0, 1])
+    monitor.observe(0, RunProbe(RUN, pgid=1, exit_status=1, exit_time=50.0))
+    monitor.observe(1, RunProbe(RUN, pgid=2, alive=True))
+    monitor.note_stop(stopped_at)
+    monitor.observe(1, RunProbe(RUN, pgid=2, exit_status=143, exit_time=102.0))
+    assert monitor.state is RunState.STOPPED
+    assert monitor.failure_message() == "worker 0 exited 1" and monitor.workers[1].stopped
+
+
+def test_a_stopped_worker_reads_stopped_in_health():
+    from tpu_console.runs.health import Activity, assess
+
+    monitor = RunMonitor(RUN, [0, 1])
+    monitor.note_stop(datetime.fromtimestamp(100.0, UTC))
+    monitor.observe(0, RunProbe(RUN, pgid=1, exit_status=143, exit_time=101.0))
+    monitor.observe(1, RunProbe(RUN, pgid=2, exit_status=143, exit_time=101.0))
+    health = assess(monitor, {}, now=200.0)
+    assert health.state == "stopped" and health.failure is None and health.first_failure is None
+    assert {h.activity for h in health.workers.values()} == {Activity.STOPPED} and not health.hung
+
+
+# -- the inputs a job reads ------------------------------------------------------------------------------
+
+
+def tiny(**sets: str):
+    from trainer.config import load_config
+
+    config = Path(__file__).resolve().parents[3] / "trainer" / "configs" / "tiny_local.yaml"
+    return load_config(config, [f"{k}={v}" for k, v in sets.items()])
+
+
+def test_job_inputs_lists_local_paths_and_refuses_what_cannot_be_right_anywhere():
+    from tpu_console.runs.inputs import JobInput, job_inputs
+
+    assert job_inputs(tiny()) == [
+        JobInput("model_path", "~/tiny-qwen2", "exists"),
+        JobInput("data.path", "~/gsm8k-synthetic.jsonl", "file"),
+    ]
+    remote = tiny(**{"model_path": "Qwen/Qwen2.5-0.5B-Instruct", "data.path": "openai/gsm8k",
+                     "checkpoint.dir": "gs://my-bucket/ckpt"})
+    assert job_inputs(remote) == []
+    with_dir = job_inputs(tiny(**{"checkpoint.dir": "/mnt/ck"}))
+    assert with_dir[-1] == JobInput("checkpoint.dir", "/mnt/ck", "writable")
+    for key, value, said in (
+        ("model_path", "Qwen--bad", "nor a well-formed hub id"),
+        ("data.path", "gs://B/x.jsonl", "not a well-formed gs:// path"),
+        ("data.path", "data/gsm8k.jsonl", "is relative, but the job runs in its new run folder"),
+        ("checkpoint.dir", "gs://x", "not a well-formed gs:// path"),
+    ):
+        with pytest.raises(UserError, match=said):
+            job_inputs(tiny(**{key: value}))
+
+
+def test_check_inputs_recipe_reports_what_is_missing_or_unwritable(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "data.jsonl").touch()
+    checks = [
+        ("model_path", "~/model", "exists"),
+        ("data.path", "~/data.jsonl", "file"),
+        ("checkpoint.dir", "~/new/ck", "writable"),  # made by the job, under a writable home
+    ]
+    assert bash(recipes.check_inputs(checks), tmp_path).stdout == ""
+    checks = [
+        ("model_path", "~/no-model", "exists"),
+        ("data.path", "~/model", "file"),  # a folder is no data file
+        ("checkpoint.dir", "~/data.jsonl/ck", "writable"),  # under a file: nothing can make it
+        ("hostile", "~/" + HOSTILE, "exists"),
+    ]
+    said = bash(recipes.check_inputs(checks), tmp_path)
+    assert said.returncode == 0 and said.stdout.splitlines() == [
+        "@@ input missing model_path",
+        "@@ input missing data.path",
+        "@@ input unwritable checkpoint.dir",
+        "@@ input missing hostile",
+    ]
+    assert not (tmp_path / "PWNED").exists() and not (tmp_path / "new").exists()
+
+
 # -- store -----------------------------------------------------------------------------------------------
 
 
