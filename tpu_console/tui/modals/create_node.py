@@ -8,11 +8,15 @@ from dataclasses import dataclass
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Button, Checkbox, Input, Label, Select, Static
+from textual.widgets import Button, Checkbox, Input, Label, Static
 
 from tpu_console.errors import UserError
 from tpu_console.model import CreateRequest, validate_node_name
-from tpu_console.tui.modals.form import FormModal
+from tpu_console.tui.modals.form import FormModal, FormSelect
+
+# The type `c` offers for each provider: a local pod the tiny demo runs on with two CPU cores, and the
+# smallest v6e slice the shipped configs plan for.
+DEFAULT_TYPES = {"local": "local-2x2", "gcp": "v6e-8"}
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,15 @@ def check_type(provider: str, accelerator_type: str) -> None:
     elif provider == "ssh":
         raise UserError("the ssh provider cannot create nodes; add them under [[ssh.nodes]] in config.toml")
     # any other provider checks its types itself when asked to create
+
+
+def free_name(taken: dict[str, str], base: str = "demo") -> str:
+    """`demo`, else `demo-2`, `demo-3` ...: a name no listed node has."""
+    n, name = 1, base
+    while name in taken:
+        n += 1
+        name = f"{base}-{n}"
+    return name
 
 
 class CreateNodeModal(FormModal[CreateOrder]):
@@ -65,9 +78,9 @@ class CreateNodeModal(FormModal[CreateOrder]):
         with Vertical(id="dialog"):
             yield Static("[b]Create a node[/b]")
             yield Label("Name")
-            yield Input(placeholder="grpo-v6e-16", id="name", compact=True)
+            yield Input(value=free_name(self.taken), placeholder="e.g. grpo-v6e-16", id="name", compact=True)
             yield Label("Provider")
-            yield Select(
+            yield FormSelect(
                 [(p, p) for p in self.providers],
                 value=self.default_provider,
                 allow_blank=False,
@@ -75,10 +88,11 @@ class CreateNodeModal(FormModal[CreateOrder]):
                 compact=True,
             )
             yield Label("Type (v6e-16, v4-16, ... for gcp; local-2x4, local-v6e-16 for local)")
-            yield Input(placeholder="local-2x2", id="type", compact=True)
+            yield Input(value=DEFAULT_TYPES.get(self.default_provider, ""), id="type", compact=True)
             yield Label("Zones to try, in order (gcp)")
             yield Input(
-                value=",".join(self.zones), placeholder="europe-west4-a,us-east5-b", id="zones", compact=True
+                value=",".join(self.zones), placeholder="e.g. europe-west4-a,us-east5-b", id="zones",
+                compact=True
             )
             yield Checkbox("Spot (cheaper, may be preempted)", value=True, id="spot", compact=True)
             yield Static("", id="error")
@@ -90,19 +104,22 @@ class CreateNodeModal(FormModal[CreateOrder]):
     def on_mount(self) -> None:
         self._fit_to(self.default_provider)
 
-    def on_select_changed(self, event: Select.Changed) -> None:
+    def on_select_changed(self, event: FormSelect.Changed) -> None:
         if event.select.id == "provider":
             self._fit_to(str(event.value))
 
     def _fit_to(self, provider: str) -> None:
-        # Zones mean something to gcp only; the type's example follows the provider picked.
+        # Zones mean something to gcp only; the type follows the provider picked, unless one was typed.
         self.query_one("#zones", Input).disabled = provider != "gcp"
-        self.query_one("#type", Input).placeholder = "v6e-16" if provider == "gcp" else "local-2x2"
+        field = self.query_one("#type", Input)
+        if not field.value or field.value in DEFAULT_TYPES.values():
+            field.value = DEFAULT_TYPES.get(provider, "")
+        field.placeholder = "e.g. v6e-16, v4-16" if provider == "gcp" else "e.g. local-2x4, local-v6e-16"
 
     def submit(self) -> None:
         name = self.query_one("#name", Input).value.strip()
         accelerator_type = self.query_one("#type", Input).value.strip()
-        provider = str(self.query_one("#provider", Select).value)
+        provider = str(self.query_one("#provider", FormSelect).value)
         zones = tuple(z.strip() for z in self.query_one("#zones", Input).value.split(",") if z.strip())
         problem = validate_node_name(name) if name else "give the node a name"
         if problem is None and name in self.taken:

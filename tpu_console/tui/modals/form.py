@@ -1,5 +1,7 @@
-"""What the create and launch forms share: enter in any field or the first button submits, the other
-button or esc cancels, and a problem is shown in the form's `#error` line instead of closing it."""
+"""What the create, sync and launch forms share: enter in any field (a text field, a list, the first
+button) submits, ctrl+s submits from anywhere, the other button or esc cancels, and a problem is shown in
+the form's `#error` line instead of closing it. Hints in empty fields read "e.g. ..." and are dim
+(Textual's placeholder style); a real default is filled in as a value."""
 
 from __future__ import annotations
 
@@ -7,18 +9,34 @@ from typing import ClassVar, TypeVar
 
 from textual.binding import Binding, BindingType
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Static
+from textual.widgets import Button, Input, Select, Static
 
 Order = TypeVar("Order")
 
 
+class FormSelect(Select, inherit_bindings=False):
+    """A list whose choices open with space or the arrows, so that enter submits the form here too."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("down,space,up", "show_overlay", "Show choices", show=False, id="form.choices"),
+    ]
+
+
 class FormModal(ModalScreen[Order | None]):
     SUBMIT_ID: ClassVar[str] = "submit"  # the id of the button that submits
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel", id="form.cancel")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "cancel", "Cancel", id="form.cancel"),
+        Binding("ctrl+s", "submit", "Submit", priority=True, id="form.submit"),
+        # enter where no field takes it (a closed list): the form's own answer
+        Binding("enter", "submit", "Submit", show=False, id="form.enter"),
+    ]
 
     def submit(self) -> None:
         """Check the form; `dismiss` with the order, or `show_error`."""
         raise NotImplementedError
+
+    def action_submit(self) -> None:
+        self.submit()
 
     def show_error(self, text: str) -> None:
         self.query_one("#error", Static).update(text)

@@ -19,9 +19,10 @@ from tpu_console.errors import UserError
 from tpu_console.experiments import plan as planning
 from tpu_console.experiments.plan import PlanOutcome, tpu_type_for
 from tpu_console.model import Node
+from tpu_console.runs.demo import is_tiny_config
 from tpu_console.runs.launch import check_shape, validate_config
 from tpu_console.secrets import read_env_file
-from tpu_console.tui.modals.form import FormModal
+from tpu_console.tui.modals.form import FormModal, FormSelect
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class LaunchOrder:
     kill_stale: bool
     fail_fast: bool = False
     plan_check: bool = True
+    make_inputs: bool = False  # the tiny demo's model and data first, where a worker lacks them
 
 
 def shipped_configs() -> list[Path]:
@@ -77,18 +79,24 @@ class LaunchModal(FormModal[LaunchOrder]):
                 f"{self.node.shape.workers} workers x {self.node.shape.devices_per_worker} devices)"
             )
             yield Label("Shipped config")
-            yield Select(
+            yield FormSelect(
                 [(p.name, str(p)) for p in self.configs],
                 value=self._default_config(),
                 id="shipped",
                 compact=True,
             )
             yield Label("...or a config file (wins when given)")
-            yield Input(placeholder="path/to/config.yaml", id="path", compact=True)
-            yield Label("Overrides: KEY=VALUE separated by spaces (e.g. steps=20 rollout.n=8)")
-            yield Input(placeholder="steps=20", id="overrides", compact=True)
+            yield Input(placeholder="e.g. path/to/config.yaml", id="path", compact=True)
+            yield Label("Overrides: KEY=VALUE separated by spaces (none: the config as it is)")
+            yield Input(placeholder="e.g. steps=20 rollout.n=8", id="overrides", compact=True)
             yield Label("Env file with secrets (optional; else the one `sync` uploaded)")
-            yield Input(placeholder=".env", id="env", compact=True)
+            yield Input(placeholder="e.g. .env", id="env", compact=True)
+            yield Checkbox(
+                "Make the tiny model and data on workers that lack them (tpu-console demo)",
+                value=True,
+                id="make-inputs",
+                compact=True,
+            )
             with Horizontal(id="flags"):
                 yield Checkbox("Kill stale TPU holders first", id="kill-stale", compact=True)
                 fail_fast = Checkbox("Fail fast", id="fail-fast", compact=True)
@@ -126,14 +134,22 @@ class LaunchModal(FormModal[LaunchOrder]):
         return f"Plan: the peak HBM per chip on {self.tpu_type} shows here"
 
     def on_mount(self) -> None:
+        self._offer_inputs()
         self._schedule_plan()
 
     def on_select_changed(self, _event: Select.Changed) -> None:
+        self._offer_inputs()
         self._schedule_plan()
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id in ("path", "overrides"):
+            self._offer_inputs()
             self._schedule_plan()
+
+    def _offer_inputs(self) -> None:
+        # The demo's inputs can be made for the shipped tiny configs only: a real model is no one's to make.
+        config, _ = self._chosen()
+        self.query_one("#make-inputs", Checkbox).display = bool(config) and is_tiny_config(config)
 
     def _schedule_plan(self) -> None:
         if self.tpu_type is not None:
@@ -182,5 +198,6 @@ class LaunchModal(FormModal[LaunchOrder]):
                 self.query_one("#kill-stale", Checkbox).value,
                 self.query_one("#fail-fast", Checkbox).value,
                 plan_check,
+                make_inputs=is_tiny_config(config) and self.query_one("#make-inputs", Checkbox).value,
             )
         )

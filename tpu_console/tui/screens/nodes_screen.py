@@ -377,6 +377,8 @@ class NodesScreen(Screen[None]):
             from tpu_console.experiments.plan import launch_check
             from tpu_console.runs.launch import launch as launch_run
 
+            if order.make_inputs:
+                await self._make_tiny_inputs(node, order, say)
             result = await launch_run(
                 self.providers,
                 node.name,
@@ -403,6 +405,25 @@ class NodesScreen(Screen[None]):
 
         masker = SecretMasker.for_node(node.name, [order.env_file] if order.env_file else [])
         self.run_operation(f"launch {node.name}", launch, masker)
+
+    async def _make_tiny_inputs(self, node: Node, order: LaunchOrder, say: Say) -> None:
+        """The launch form's offer for the tiny configs: `tpu-console demo` before the launch."""
+        from tpu_console.runs.demo import make_tiny_inputs
+
+        made = await make_tiny_inputs(
+            self.providers,
+            node.name,
+            order.config_path,
+            order.overrides,
+            progress=say,
+            on_worker=lambda worker, text: say(f"[{worker}] {text}"),
+        )
+        failed = [w for w in made.workers if not w.ok]
+        for worker in failed:
+            say(f"[{worker.worker}] failed: {worker.error}", "red")
+        if failed:
+            raise RuntimeError(f"the tiny model and data could not be made on worker {failed[0].worker}: "
+                               f"{failed[0].error}; nothing was launched")
 
     def action_stop(self) -> None:
         node = self._require_node("stop the run of")
