@@ -206,7 +206,7 @@ async def test_create_form_offers_zones_only_for_gcp_and_creates_locally_without
         modal = app.screen
         assert not modal.query_one("#zones", Input).disabled
         modal.query_one("#provider", Select).focus()
-        await pilot.press("enter", "down", "enter")  # open the list, pick local
+        await pilot.press("space", "down", "enter")  # open the list (enter would submit), pick local
         await pilot.pause()
         assert modal.query_one("#provider", Select).value == "local"
         assert modal.query_one("#zones", Input).disabled

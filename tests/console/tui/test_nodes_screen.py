@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from textual.widgets import DataTable, Input, Static
+from textual.widgets import Checkbox, DataTable, Input, Static
 
 from tests.fixtures_cli import NOW, FakeProvider, console_home, make_node  # noqa: F401 - fixture
 from tpu_console.model import NodeState
@@ -207,6 +207,7 @@ async def test_l_validates_the_config_in_the_form_before_anything_is_sent(monkey
         assert isinstance(app.screen, LaunchModal)
         modal = app.screen
         modal.query_one("#path", Input).value = str(TINY)
+        modal.query_one("#make-inputs", Checkbox).value = False  # offered for the tiny config, not wanted
         modal.query_one("#overrides", Input).value = "rollout.batch_size=3"  # 3 prompts over 4 workers
         await submit(pilot, modal, "#overrides")
         assert "3 prompts do not split over 4 processes" in str(modal.query_one("#error", Static).render())
@@ -454,11 +455,18 @@ async def test_sync_uploads_the_env_file_and_masks_its_values_in_the_panel(monke
 
 
 async def test_launch_passes_kill_stale_and_fail_fast_from_the_form(monkeypatch):
+    from tpu_console.runs import demo
     from tpu_console.runs import launch as launch_module
 
-    launched = []
+    launched, done = [], []
+
+    async def fake_inputs(providers, node, config, overrides, **kw):
+        done.append("inputs")
+        kw["on_worker"](0, "the tiny model: made at ~/tiny-qwen2")
+        return SimpleNamespace(workers=[SimpleNamespace(worker=w, ok=True, error=None) for w in (0, 1)])
 
     async def fake_launch(providers, node, config, overrides, env_file, **kw):
+        done.append("launch")
         launched.append((kw["kill_stale"], kw["fail_fast"]))
         kw["on_worker"](1, "waiting for the coordinator")
         return SimpleNamespace(
@@ -472,6 +480,7 @@ async def test_launch_passes_kill_stale_and_fail_fast_from_the_form(monkeypatch)
         )
 
     monkeypatch.setattr(launch_module, "launch", fake_launch)
+    monkeypatch.setattr(demo, "make_tiny_inputs", fake_inputs)
     app = app_with(FakeProvider([make_node("pod-a", workers=2)]))
     async with app.run_test(size=(100, 30)) as pilot:
         screen = await started(pilot, app)
@@ -484,6 +493,8 @@ async def test_launch_passes_kill_stale_and_fail_fast_from_the_form(monkeypatch)
         await until(pilot, lambda: launched == [(True, True)], "the launch")
         await until(pilot, lambda: "did not start on every worker" in ops_text(screen), "the failure")
         assert "launch pod-a: [1] waiting for the coordinator" in ops_text(screen)
+        # the tiny config's inputs, as the form offers them (ticked), made before the launch
+        assert done == ["inputs", "launch"] and "[0] the tiny model: made at ~/tiny-qwen2" in ops_text(screen)
         assert "launch pod-a: [1] failed: exited 1 at once" in ops_text(screen)
 
 

@@ -63,6 +63,7 @@ class LaunchModal(FormModal[LaunchOrder]):
     LaunchModal #buttons Static { width: 2; }
     LaunchModal #flags { height: 1; margin-top: 1; }
     LaunchModal #flags Checkbox { margin-right: 3; }
+    LaunchModal #make-inputs { margin-top: 1; }
     """
 
     def __init__(self, node: Node) -> None:
@@ -91,12 +92,6 @@ class LaunchModal(FormModal[LaunchOrder]):
             yield Input(placeholder="e.g. steps=20 rollout.n=8", id="overrides", compact=True)
             yield Label("Env file with secrets (optional; else the one `sync` uploaded)")
             yield Input(placeholder="e.g. .env", id="env", compact=True)
-            yield Checkbox(
-                "Make the tiny model and data on workers that lack them (tpu-console demo)",
-                value=True,
-                id="make-inputs",
-                compact=True,
-            )
             with Horizontal(id="flags"):
                 yield Checkbox("Kill stale TPU holders first", id="kill-stale", compact=True)
                 fail_fast = Checkbox("Fail fast", id="fail-fast", compact=True)
@@ -105,6 +100,12 @@ class LaunchModal(FormModal[LaunchOrder]):
                 skip_plan = Checkbox("Skip the plan check", id="no-plan-check", compact=True)
                 skip_plan.tooltip = "launch even if the TPU compiler says the config will not fit"
                 yield skip_plan
+            yield Checkbox(
+                "Make the tiny model and data on workers that lack them (tpu-console demo)",
+                value=True,
+                id="make-inputs",
+                compact=True,
+            )
             yield Static(self._plan_hint(), id="plan")
             yield Static("", id="error")
             with Horizontal(id="buttons"):

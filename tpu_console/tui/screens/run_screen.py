@@ -31,12 +31,13 @@ from tpu_console.tui.messages import (
     RunUpdated,
 )
 from tpu_console.tui.modals.confirm import ConfirmModal
+from tpu_console.tui.modals.full_text import FullTextModal
 from tpu_console.tui.run_feed import Post, RunFeed, local_now
 from tpu_console.tui.run_snapshot import DeviceReadings, RunSnapshot, StepHistory
 from tpu_console.tui.widgets.hbm_panel import HbmPanel
 from tpu_console.tui.widgets.log_pane import LogPane, LogStatus
 from tpu_console.tui.widgets.metric_plots import MetricPlots
-from tpu_console.tui.widgets.run_header import RunHeader
+from tpu_console.tui.widgets.run_header import RunHeader, first_failure_text, worker_text
 from tpu_console.tui.widgets.run_log_search import LogSearch
 from tpu_console.tui.widgets.step_breakdown import StepBreakdown
 from tpu_console.tui.widgets.worker_grid import WorkerGrid
@@ -82,6 +83,12 @@ class RunScreen(Screen[None]):
                 id="run.previous_worker"),
         Binding("a", "follow_all", "All", id="run.all_workers"),
         Binding("f", "toggle_follow", "Follow", id="run.follow"),
+        Binding("w", "toggle_wrap", "Wrap", id="run.wrap",
+                tooltip="wrap long log lines, or cut them (less -S)"),
+        Binding("e", "first_failure", "Error", id="run.first_failure",
+                tooltip="the run's first failure, whole"),
+        Binding("enter", "worker_error", "Worker error", show=False, id="run.worker_error",
+                tooltip="the followed worker's last error, whole"),
         # Priority: it runs as the app reads the key, so the keys typed after it reach the prompt.
         Binding("slash", "search", "Search", key_display="/", priority=True, id="run.search"),
         Binding("n", "next_match(1)", "Next match", show=False, id="run.next_match"),
@@ -231,6 +238,28 @@ class RunScreen(Screen[None]):
 
     def action_follow_all(self) -> None:
         self._follow(None)
+
+    def action_toggle_wrap(self) -> None:
+        pane = self.query_one(LogPane)
+        pane.set_wrap(not pane.wrap)
+        self._show_log_status()
+
+    def action_first_failure(self) -> None:
+        text = first_failure_text(self.snapshot)
+        if text is None:
+            self.notify("nothing has failed in this run", severity="information")
+            return
+        self.app.push_screen(FullTextModal(f"run {self.run_id}: first failure", text))
+
+    def action_worker_error(self) -> None:
+        if self.snapshot is None:
+            return
+        worker = self.worker if self.worker is not None else self.snapshot.first_failure
+        row = self.snapshot.row(worker) if worker is not None else None
+        if row is None:
+            self.notify("follow a worker first (0-9, tab): enter shows its last error", severity="warning")
+            return
+        self.app.push_screen(FullTextModal(f"worker {row.worker} of {self.run_id}", worker_text(row)))
 
     def action_toggle_follow(self) -> None:
         pane = self.query_one(LogPane)

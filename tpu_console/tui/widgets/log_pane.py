@@ -1,4 +1,5 @@
-"""The workers' output: one worker's log, or every worker's interleaved, followed or frozen, searchable.
+"""The workers' output: one worker's log, or every worker's interleaved, followed or frozen, searchable,
+long lines wrapped to the pane's width (or cut, and scrolled sideways, like `less -S`: `w` toggles).
 
 Drawn with Textual's line API, like toolong's log view: only the lines on screen are rendered, so
 thousands of lines a second cost a deque append each and one repaint per batch. Each worker keeps its
@@ -8,6 +9,7 @@ however long the run. Lines arrive already masked (RunFeed masks secrets before 
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections import deque
 
@@ -24,6 +26,7 @@ _WORKER_STYLES = [Style(color=c) for c in ("cyan", "magenta", "green", "yellow",
                                            "bright_magenta", "bright_green")]
 _ESCAPE_SEQUENCE = re.compile(r"\x1b(\[[0-9;?]*[ -/]*[@-~]|\][^\x07]*\x07|.)")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+PREFIX_WIDTH = 5  # "[12] " before each line of the interleaved view
 _MATCH = Style(bgcolor="yellow", color="black", bold=True)
 _CURRENT_MATCH = Style(bgcolor="bright_red", color="white", bold=True)
 
@@ -47,7 +50,14 @@ class LogPane(ScrollView, can_focus=True):
         self.search_term = ""
         self.matches: list[int] = []  # line indices of the current view that contain the term
         self.current_match: int | None = None  # index into `matches`
+        self.wrap = True
         self._width = 0
+        # While wrapping: the first screen row of each line of the view, as a running count (an entry
+        # per line since the last rebuild; the first `_first` belong to lines the view no longer holds).
+        self._starts: list[int] = []
+        self._first = 0
+        self._rows = 0  # the running count's end
+        self._wrap_width = 0
 
     # -- what is shown ---------------------------------------------------------------------------------
 
@@ -67,6 +77,8 @@ class LogPane(ScrollView, can_focus=True):
         if not lines:
             return
         touches_view = self.worker is None
+        length_before = self.view_length()
+        added: list[str] = []
         for worker, text in lines:
             if not text.isprintable():
                 text = printable(text)
@@ -75,9 +87,13 @@ class LogPane(ScrollView, can_focus=True):
                 buffer = self.by_worker[worker] = deque(maxlen=self.lines_per_worker)
             buffer.append(text)
             self.interleaved.append((worker, text))
+            if self.worker is None or worker == self.worker:
+                added.append(text)
             touches_view = touches_view or worker == self.worker
             if len(text) > self._width:
                 self._width = min(len(text), MAX_WIDTH)
+        if added and self.wrap:
+            self._add_rows(added, length_before)
         if touches_view:
             if self.search_term:
                 self._find_matches()
@@ -85,9 +101,65 @@ class LogPane(ScrollView, can_focus=True):
 
     def show_worker(self, worker: int | None) -> None:
         self.worker = worker
+        self._rebuild_rows()
         if self.search_term:
             self._find_matches()
         self._resize(jump=True)
+
+    def set_wrap(self, wrap: bool) -> None:
+        """Long lines wrapped to the width, or cut and scrolled sideways (`less -S`)."""
+        self.wrap = wrap
+        self._rebuild_rows()
+        self.scroll_to(x=0, animate=False, immediate=True)
+        self._resize(jump=True)
+
+    # -- wrapping --------------------------------------------------------------------------------------
+
+    def _text_width(self) -> int:
+        prefix = 0 if self.worker is not None else PREFIX_WIDTH
+        return max(10, self.size.width - 1 - prefix)  # the vertical scroll bar's column
+
+    def _rows_of(self, text: str) -> int:
+        return max(1, -(-min(len(text), MAX_WIDTH) // self._wrap_width))
+
+    def _rebuild_rows(self) -> None:
+        self._wrap_width = self._text_width()
+        self._starts, self._first, self._rows = [], 0, 0
+        if self.wrap:
+            self._add_rows([self.line_at(i)[1] for i in range(self.view_length())], 0)
+
+    def _add_rows(self, texts: list[str], length_before: int) -> None:
+        if self._wrap_width != self._text_width():
+            self._rebuild_rows()  # the width changed since: every line's rows again, this batch included
+            return
+        for text in texts:
+            self._starts.append(self._rows)
+            self._rows += self._rows_of(text)
+        # lines the view's bounded buffer let go of
+        self._first += max(0, length_before + len(texts) - self.view_length())
+        if self._first > 50_000:
+            del self._starts[: self._first]
+            self._first = 0
+
+    def row_count(self) -> int:
+        """How many screen rows the view takes."""
+        if not self.wrap or not self._starts:
+            return self.view_length()
+        return self._rows - self._starts[self._first]
+
+    def row_of_line(self, index: int) -> int:
+        """The first screen row of the view's line `index`."""
+        if not self.wrap or not self._starts:
+            return index
+        return self._starts[self._first + index] - self._starts[self._first]
+
+    def line_of_row(self, row: int) -> tuple[int, int]:
+        """(the view's line, which of its wrapped pieces) at screen row `row`."""
+        if not self.wrap or not self._starts:
+            return row, 0
+        absolute = self._starts[self._first] + row
+        at = bisect.bisect_right(self._starts, absolute, lo=self._first) - 1
+        return at - self._first, absolute - self._starts[at]
 
     def set_follow(self, follow: bool) -> None:
         self.follow = follow
@@ -96,6 +168,9 @@ class LogPane(ScrollView, can_focus=True):
         self.refresh()
 
     def on_resize(self) -> None:
+        if self.wrap and self._wrap_width != self._text_width():
+            self._rebuild_rows()
+            self._resize()
         if self.follow:  # lines that arrived before the pane had a size must still end at the bottom
             self.scroll_end(animate=False, immediate=True, x_axis=False)
 
@@ -121,7 +196,7 @@ class LogPane(ScrollView, can_focus=True):
     def _go_to_match(self, position: int) -> None:
         self.current_match = position
         self.follow = False  # reading a match: new lines must not scroll it away
-        line = self.matches[position]
+        line = self.row_of_line(self.matches[position])
         self.scroll_to(y=max(0, line - self.size.height // 2), animate=False, immediate=True)
         self.refresh()
 
@@ -138,12 +213,13 @@ class LogPane(ScrollView, can_focus=True):
     # -- drawing ---------------------------------------------------------------------------------------
 
     def _resize(self, jump: bool = False) -> None:
-        prefix = 0 if self.worker is not None else 5
-        self.virtual_size = Size(self._width + prefix, self.view_length())
+        prefix = 0 if self.worker is not None else PREFIX_WIDTH
+        width = self.size.width - 1 if self.wrap else self._width + prefix
+        self.virtual_size = Size(width, self.row_count())
         if self.follow:
             self.scroll_end(animate=False, immediate=True, x_axis=False)
         elif jump:
-            self.scroll_to(y=min(self.scroll_y, max(0, self.view_length() - 1)), animate=False)
+            self.scroll_to(y=min(self.scroll_y, max(0, self.row_count() - 1)), animate=False)
         self.refresh()
 
     def _prefix(self, worker: int) -> str:
@@ -151,16 +227,21 @@ class LogPane(ScrollView, can_focus=True):
 
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
-        index = scroll_y + y
         width = self.scrollable_content_region.width
-        if index >= self.view_length():
+        if scroll_y + y >= self.row_count():
             return Strip.blank(width, self.rich_style)
+        index, piece = self.line_of_row(scroll_y + y)
         worker, text = self.line_at(index)
         segments = []
         if self.worker is None:
-            segments.append(Segment(self._prefix(worker), _WORKER_STYLES[worker % len(_WORKER_STYLES)]))
-        segments.extend(self._highlighted(text, index))
-        strip = Strip(segments).crop(scroll_x, scroll_x + width)
+            prefix = self._prefix(worker) if piece == 0 else " " * PREFIX_WIDTH
+            segments.append(Segment(prefix, _WORKER_STYLES[worker % len(_WORKER_STYLES)]))
+        line = Strip(self._highlighted(text, index))
+        if self.wrap:
+            start = piece * self._wrap_width
+            line = line.crop(start, start + self._wrap_width)
+            scroll_x = 0
+        strip = Strip([*segments, *line]).crop(scroll_x, scroll_x + width)
         return strip.extend_cell_length(width, self.rich_style).apply_style(self.rich_style)
 
     def _highlighted(self, text: str, index: int) -> list[Segment]:
@@ -216,7 +297,8 @@ class LogStatus(Static):
                 f"  /{pane.search_term}: {found} match{'es' if found != 1 else ''}{at}",
                 style="yellow" if found else "red",
             )
-        hint = "  0-9 worker  tab next  a all  f follow  / search"
+        text.append("  wrap" if pane.wrap else "  cut (w wraps)", style="dim")
+        hint = "  0-9 worker  tab next  a all  f follow  w wrap  / search"
         if pane.search_term:
             hint += "  n/N next/prev"
         text.append(hint if worker_count else "", style="dim")

@@ -1,7 +1,8 @@
 """The dashboard's top lines: which run, where, its state (the verdict once it ended); then what needs
 attention first: workers hung after a failure (with the key that stops them), the first failure, the log
 signature that explains it (out of HBM with the hint, TPU in use ...), a hung or stalled job, stragglers;
-then the W&B URL, and why the run could not be read when it could not."""
+then the W&B URL, and why the run could not be read when it could not. What does not fit its line opens
+whole: `e` the first failure, `enter` the followed worker's last error (first_failure_text, worker_text)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
-from tpu_console.tui.run_snapshot import RunSnapshot
+from tpu_console.tui.run_snapshot import RunSnapshot, WorkerRow
 
 STATE_STYLE = {
     "pending": "dim",
@@ -116,3 +117,26 @@ def telling_problem(snapshot: RunSnapshot) -> tuple[int, str] | None:
 
 def _workers(workers: tuple[int, ...]) -> str:
     return ",".join(f"W{w}" for w in workers)
+
+
+def first_failure_text(snapshot: RunSnapshot | None) -> str | None:
+    """The first failure whole, with what its worker's log says (`e`); None when nothing failed."""
+    if snapshot is None or not snapshot.failure:
+        return None
+    lines = [snapshot.failure]
+    if (found := telling_problem(snapshot)) is not None:
+        lines.append(f"worker {found[0]}'s log: {found[1]}")
+    return "\n\n".join(lines)
+
+
+def worker_text(row: WorkerRow) -> str:
+    """Everything known of why a worker is where it is (enter on its row), whole."""
+    state = row.activity if row.exit_status is None else f"{row.activity}, exit status {row.exit_status}"
+    lines = [f"state: {state}"]
+    for label, value in (("error", row.error), ("log", row.problem), ("why", row.reason),
+                         ("last line", row.last_line)):
+        if value:
+            lines.append(f"{label}: {value}")
+    if len(lines) == 1:
+        lines.append("no error: nothing went wrong on this worker")
+    return "\n\n".join(lines)
