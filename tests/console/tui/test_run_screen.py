@@ -11,18 +11,21 @@ from textual import events
 from textual.widgets import Static, TabbedContent
 
 from tests.console.tui.fixtures_run_dashboard import (
+    OOM_LINE,
     RUN_ID,
     WORKERS,
     FixedFeed,
     failed_run,
     hung_run,
     running_run,
+    stopped_run,
 )
 from tests.fixtures_cli import NOW
 from tpu_console.tui import app as app_module
 from tpu_console.tui.app import TpuConsoleApp
 from tpu_console.tui.messages import RunLogLines
 from tpu_console.tui.modals.confirm import ConfirmModal
+from tpu_console.tui.modals.full_text import FullTextModal
 from tpu_console.tui.modals.help import HelpScreen
 from tpu_console.tui.screens.run_screen import RunScreen
 from tpu_console.tui.widgets.log_pane import LogPane, LogStatus
@@ -260,6 +263,9 @@ async def test_bindings_have_ids_for_remapping():
         "run.next_worker",
         "run.all_workers",
         "run.follow",
+        "run.wrap",
+        "run.first_failure",
+        "run.worker_error",
         "run.search",
         "run.next_match",
         "run.previous_match",
@@ -332,3 +338,70 @@ async def test_hbm_tab_shows_libtpu_metrics_beside_the_trainer_numbers():
         await pilot.press("l")  # libtpu is read only while the tab is shown
         await pilot.pause()
         assert not [w for w in screen.workers if w.group == "run-devices" and not w.is_finished]
+
+
+def pane_rows(screen: RunScreen) -> list[str]:
+    """The log pane's rows as drawn on screen now."""
+    pane = screen.query_one(LogPane)
+    return [pane.render_line(y).text.rstrip() for y in range(pane.size.height)]
+
+
+async def test_long_log_lines_wrap_at_100_columns_and_w_cuts_them_like_less_s():
+    feed = FixedFeed(*failed_run())
+    app = DashboardApp(feed)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await opened(pilot, feed)
+        pane = screen.query_one(LogPane)
+        shown = "".join(row[5:] for row in pane_rows(screen))  # the rows after each "[1]  " prefix
+        assert pane.wrap and OOM_LINE.replace(" ", "") in shown.replace(" ", "")  # the whole line, wrapped
+        assert pane.row_count() > pane.view_length()
+        assert "wrap" in log_status(screen)
+        await pilot.press("w")
+        assert not pane.wrap and pane.row_count() == pane.view_length()
+        rows = pane_rows(screen)
+        assert "Exceeded hbm capacity" not in "".join(rows)  # cut at the width, as less -S shows it
+        assert any(row.startswith("[1]  jaxlib.xla_extension.XlaRuntimeError") for row in rows)
+        assert "cut (w wraps)" in log_status(screen)
+        await pilot.press("w")
+        assert pane.wrap and "Exceeded hbm capacity by 1.96G." in "".join(pane_rows(screen))
+
+
+async def test_e_opens_the_first_failure_whole_and_enter_a_workers_last_error():
+    feed = FixedFeed(*failed_run())
+    app = DashboardApp(feed)
+    async with app.run_test(size=SIZE) as pilot:
+        await opened(pilot, feed)
+        await pilot.press("e")
+        modal = app.screen
+        assert isinstance(modal, FullTextModal)
+        body = text_of(modal.query_one("#body", Static))
+        # the whole of it, however long: the signature's fix, which the header's one line cuts
+        assert "first failure" in text_of(modal.query_one("#title", Static))
+        assert body.startswith("worker 1 exited 1")
+        assert "out of device memory: reduce rollout.batch_size" in " ".join(body.split())
+        await pilot.press("escape")
+        assert isinstance(app.screen, RunScreen)
+        await pilot.press("1", "enter")  # worker 1's row, then its last error
+        modal = app.screen
+        assert isinstance(modal, FullTextModal)
+        assert "worker 1 of" in text_of(modal.query_one("#title", Static))
+        body = " ".join(text_of(modal.query_one("#body", Static)).split())
+        assert "state: exited, exit status 1" in body and "Used 17.44G of 15.48G hbm" in body
+        await pilot.press("enter")  # enter closes it as well
+        assert isinstance(app.screen, RunScreen)
+
+
+async def test_a_run_stopped_with_x_reads_stopped_and_names_no_failure():
+    feed = FixedFeed(*stopped_run())
+    app = DashboardApp(feed)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await opened(pilot, feed)
+        assert "ended: STOPPED" in text_of(screen.query_one("#run-title", Static))
+        assert "4 exited of 4" in text_of(screen.query_one("#run-title", Static))
+        assert "failure" not in text_of(screen.query_one("#run-notes", Static))
+        assert [(row[0], row[1], row[4]) for row in grid_rows(screen)] == [
+            (f"{w} ", "stopped", "143") for w in range(4)
+        ]
+        await pilot.press("e")
+        assert isinstance(app.screen, RunScreen)  # nothing failed: nothing to open
+        assert "nothing has failed" in list(app._notifications)[-1].message
