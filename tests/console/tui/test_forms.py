@@ -4,6 +4,7 @@ line with the fix, the form stays open, and nothing reaches a provider or a work
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from textual.widgets import Checkbox, Input, Select, Static
@@ -223,3 +224,137 @@ async def test_create_form_offers_zones_only_for_gcp_and_creates_locally_without
             ("rehearsal", "local-2x2", ())
         ]
         assert gcp.created == []
+
+
+# -- forms that behave: defaults as values, hints as hints, enter and ctrl+s, the tab order -----------------
+
+
+class LocalFake(FakeProvider):
+    name = "local"
+
+    async def create(self, request, progress=lambda _: None):
+        self.created.append(request)
+        return make_node(request.name, "local", accelerator_type=request.accelerator_type)
+
+
+async def tab_through(pilot, presses: int) -> list[str]:
+    seen = [pilot.app.focused.id]
+    for _ in range(presses):
+        await pilot.press("tab")
+        seen.append(pilot.app.focused.id)
+    return seen
+
+
+async def test_create_form_enter_creates_with_the_defaults_it_shows_and_tab_visits_every_field():
+    local = LocalFake([make_node("demo", "local")])  # `demo` is taken: the next free name is offered
+    app = TpuConsoleApp({"local": local}, refresh_every=3600, clock=lambda: NOW)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await listed(pilot)
+        await pilot.press("c")
+        modal = app.screen
+        assert isinstance(modal, CreateNodeModal)
+        assert modal.query_one("#name", Input).value == "demo-2"
+        assert modal.query_one("#type", Input).value == "local-2x2"  # a value, not a placeholder
+        assert modal.query_one("#zones", Input).placeholder.startswith("e.g. ")  # a hint reads as one
+        # zones are for gcp: tab skips them on a local pod
+        assert await tab_through(pilot, 6) == ["name", "provider", "type", "spot", "create", "cancel", "name"]
+        await pilot.press("enter")  # in the name field, as the form opened
+        await pilot.pause()
+        for _ in range(300):
+            if local.created:
+                break
+            await pilot.pause(0.01)
+        assert [(r.name, r.accelerator_type) for r in local.created] == [("demo-2", "local-2x2")]
+
+
+async def test_create_form_type_follows_the_provider_until_one_is_typed():
+    app = TpuConsoleApp({"gcp": GcpFake([]), "local": LocalFake([])}, refresh_every=3600, clock=lambda: NOW,
+                        options=ConsoleOptions(default_provider="local"))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await listed(pilot)
+        await pilot.press("c")
+        modal = app.screen
+        modal.query_one("#provider", Select).value = "gcp"
+        await pilot.pause()
+        assert modal.query_one("#type", Input).value == "v6e-8"
+        modal.query_one("#type", Input).value = "v4-16"
+        modal.query_one("#provider", Select).value = "local"
+        await pilot.pause()
+        assert modal.query_one("#type", Input).value == "v4-16"  # typed: kept
+
+
+async def test_launch_form_enter_on_its_first_field_launches_and_ctrl_s_works_from_a_checkbox(monkeypatch):
+    from tpu_console.runs import demo
+    from tpu_console.runs import launch as launch_module
+
+    launched, made = [], []
+
+    async def fake_inputs(providers, node, config, overrides, **kw):
+        made.append(Path(config).name)
+        return SimpleNamespace(workers=[SimpleNamespace(worker=0, ok=True, error=None)])
+
+    async def fake_launch(providers, node, config, overrides, env_file, **kw):
+        launched.append((Path(config).name, overrides, env_file))
+        return SimpleNamespace(run_id="20250314-120000-abcd", ok=True, workers=[0],
+                               starts=[SimpleNamespace(worker=0, ok=True, pgid=100, error=None)])
+
+    monkeypatch.setattr(launch_module, "launch", fake_launch)
+    monkeypatch.setattr(demo, "make_tiny_inputs", fake_inputs)
+    pod = make_node("pod-a", "local", accelerator_type="local-1x4", workers=1, devices=4)
+    app = TpuConsoleApp({"local": LocalFake([pod])}, refresh_every=3600, clock=lambda: NOW)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await listed(pilot)
+        for submit_keys in (["enter"], ["tab", "tab", "tab", "tab", "ctrl+s"]):
+            await pilot.press("l")
+            modal = app.screen
+            assert isinstance(modal, LaunchModal)
+            # the shipped tiny config as the value, no overrides, and hints that read as hints
+            assert Path(str(modal.query_one("#shipped", Select).value)).name == "tiny_local.yaml"
+            assert modal.query_one("#overrides", Input).value == ""
+            assert modal.query_one("#overrides", Input).placeholder.startswith("e.g. ")
+            assert modal.query_one("#env", Input).placeholder.startswith("e.g. ")
+            assert modal.query_one("#make-inputs", Checkbox).display and modal_value(app, "#make-inputs")
+            assert app.focused.id == "shipped"
+            await pilot.press(*submit_keys)  # enter on the list launches, not opens it; ctrl+s from a box
+            for _ in range(300):
+                if not isinstance(app.screen, LaunchModal) and len(launched) == len(made):
+                    break
+                await pilot.pause(0.01)
+            assert not isinstance(app.screen, LaunchModal)
+        assert launched == [("tiny_local.yaml", [], None)] * 2 and made == ["tiny_local.yaml"] * 2
+
+
+async def test_launch_form_tab_order_and_no_demo_offer_for_a_real_model():
+    app = TpuConsoleApp({"fake": FakeProvider([make_node("pod-a")])}, refresh_every=3600, clock=lambda: NOW)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await listed(pilot)
+        await pilot.press("l")
+        modal = app.screen
+        assert Path(str(modal.query_one("#shipped", Select).value)).name.startswith("qwen25")
+        assert not modal.query_one("#make-inputs", Checkbox).display  # a real model is no one's to make
+        assert await tab_through(pilot, 9) == [
+            "shipped", "path", "overrides", "env", "kill-stale", "fail-fast", "no-plan-check", "launch",
+            "cancel", "shipped",
+        ]
+
+
+async def test_sync_form_enter_submits_and_ctrl_s_too(monkeypatch):
+    from tpu_console.provision import code_sync
+
+    synced = []
+
+    async def fake_sync(providers, node, **kw):
+        synced.append((node, kw["env_file"]))
+        return SimpleNamespace(workers=[])
+
+    monkeypatch.setattr(code_sync, "sync_node", fake_sync)
+    app = TpuConsoleApp({"fake": FakeProvider([make_node("pod-a")])}, refresh_every=3600, clock=lambda: NOW)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await listed(pilot)
+        for keys in (["enter"], ["tab", "ctrl+s"]):
+            await pilot.press("s", *keys)
+            for _ in range(300):
+                if len(synced) == (1 if keys == ["enter"] else 2):
+                    break
+                await pilot.pause(0.01)
+        assert synced == [("pod-a", None), ("pod-a", None)]
