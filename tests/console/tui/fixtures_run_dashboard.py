@@ -9,7 +9,7 @@ slow), worker 3 stalled at step 9 for 95 s, TPU memory with worker 1 near the li
 `hung_run()`: worker 1 ran out of HBM and exited 1 at step 3; workers 0, 2, 3 still run (hung).
 `failed_run()`: ended, worker 1 exited 1 first out of HBM, the others stopped afterwards (143); CPU devices,
 so no memory is reported.
-`stopped_run()`: stopped with `x` at step 3: every worker ended by the stop (143), none failed.
+`stopped_run()`: stopped with `x` at step 3 (or `steps`): every worker ended by the stop (143), none failed.
 """
 
 from __future__ import annotations
@@ -250,12 +250,12 @@ def failed_run() -> tuple[list[Message], list[Message], list[Message]]:
     )
 
 
-def stopped_run() -> tuple[list[Message], list[Message]]:
+def stopped_run(steps: int = 3) -> tuple[list[Message], list[Message]]:
     run = ScriptedRun("rehearsal", "local-4x2")
     for worker in range(WORKERS):
         run.probe(worker)
         run.events(worker, [Event("start", 0.0, worker, {})])
-        run.events(worker, [step_event(worker, s, memory=False) for s in range(1, 4)])
+        run.events(worker, [step_event(worker, s, memory=False) for s in range(1, steps + 1)])
     run.judge(1000.0)
     run.monitor.note_stop(datetime.fromtimestamp(1100.0, UTC))  # `x`, as RunFeed.stop_run notes it
     for worker in range(WORKERS):
@@ -263,5 +263,5 @@ def stopped_run() -> tuple[list[Message], list[Message]]:
         run.log(worker, ["Terminated"])
         run.probe(worker, exit_status=143, exit_time=1101.0)
     run.judge(1180.0)
-    lines = [(w, f"step={s} loss=0.0100") for s in range(1, 4) for w in range(WORKERS)]
+    lines = [(w, f"step={s} loss=0.0100") for s in range(1, steps + 1) for w in range(WORKERS)]
     return run.status(), [RunLogLines(lines)]

@@ -12,7 +12,7 @@ from textual.widgets import Button, Checkbox, Input, Label, Static
 
 from tpu_console.errors import UserError
 from tpu_console.model import CreateRequest, validate_node_name
-from tpu_console.tui.modals.form import FormModal, FormSelect
+from tpu_console.tui.modals.form import KEYS_HINT, FormModal, FormSelect
 
 # The type `c` offers for each provider: a local pod the tiny demo runs on with two CPU cores, and the
 # smallest v6e slice the shipped configs plan for.
@@ -100,6 +100,7 @@ class CreateNodeModal(FormModal[CreateOrder]):
                 yield Button("Create", variant="primary", id="create", compact=True)
                 yield Static("  ")
                 yield Button("Cancel (esc)", id="cancel", compact=True)
+                yield Static(KEYS_HINT, classes="keys-hint")
 
     def on_mount(self) -> None:
         self._fit_to(self.default_provider)

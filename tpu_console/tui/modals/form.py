@@ -22,7 +22,13 @@ class FormSelect(Select, inherit_bindings=False):
     ]
 
 
+KEYS_HINT = "enter or ctrl+s submits"  # shown beside each form's buttons (class `keys-hint`)
+
+
 class FormModal(ModalScreen[Order | None]):
+    DEFAULT_CSS = """
+    FormModal #buttons .keys-hint { width: auto; color: $text-muted; margin-left: 3; }
+    """
     SUBMIT_ID: ClassVar[str] = "submit"  # the id of the button that submits
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "cancel", "Cancel", id="form.cancel"),

@@ -22,7 +22,7 @@ from tpu_console.model import Node
 from tpu_console.runs.demo import is_tiny_config
 from tpu_console.runs.launch import check_shape, validate_config
 from tpu_console.secrets import read_env_file
-from tpu_console.tui.modals.form import FormModal, FormSelect
+from tpu_console.tui.modals.form import KEYS_HINT, FormModal, FormSelect
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,7 @@ class LaunchModal(FormModal[LaunchOrder]):
                 yield Button("Launch", variant="primary", id="launch", compact=True)
                 yield Static("  ")
                 yield Button("Cancel (esc)", id="cancel", compact=True)
+                yield Static(KEYS_HINT, classes="keys-hint")
 
     def _default_config(self) -> str | object:
         # A local pod cannot hold the real model: offer the tiny config there, the first shipped one

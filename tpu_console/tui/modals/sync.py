@@ -13,7 +13,7 @@ from textual.widgets import Button, Input, Label, Static
 from tpu_console.errors import UserError
 from tpu_console.model import Node
 from tpu_console.secrets import read_env_file
-from tpu_console.tui.modals.form import FormModal
+from tpu_console.tui.modals.form import KEYS_HINT, FormModal
 
 
 @dataclass(frozen=True)
@@ -54,14 +54,17 @@ class SyncModal(FormModal[SyncOrder]):
             yield Input(value=self.env_file or "", placeholder="none (e.g. .env)", id="env", compact=True)
             yield Label("...or install a git branch instead of this checkout: repository URL, branch")
             with Horizontal(id="git-fields"):
-                yield Input(placeholder="https://github.com/me/tpu-console.git", id="git-url", compact=True)
+                yield Input(
+                    placeholder="e.g. https://github.com/me/tpu-console.git", id="git-url", compact=True
+                )
                 yield Static("  ")
-                yield Input(placeholder="main", id="branch", compact=True)
+                yield Input(placeholder="e.g. main", id="branch", compact=True)
             yield Static("", id="error")
             with Horizontal(id="buttons"):
                 yield Button("Sync", variant="primary", id="sync", compact=True)
                 yield Static("  ")
                 yield Button("Cancel (esc)", id="cancel", compact=True)
+                yield Static(KEYS_HINT, classes="keys-hint")
 
     def submit(self) -> None:
         env_file = self.query_one("#env", Input).value.strip() or None
