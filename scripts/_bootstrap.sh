@@ -25,12 +25,14 @@ bootstrap_venv() {
   fi
 }
 
-# Debian packages some tests need (a real OpenSSH server and client, tmux). Installed only when missing.
+# Debian packages some tests need (a real OpenSSH server and client, tmux, and chromium for the browser
+# test of `serve`). Installed only when missing.
 ensure_apt_packages() {
   local missing=()
   command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
   command -v ssh >/dev/null 2>&1 || missing+=(openssh-client)
   command -v tmux >/dev/null 2>&1 || missing+=(tmux)
+  command -v chromium >/dev/null 2>&1 || missing+=(chromium)
   [ ${#missing[@]} -eq 0 ] && return 0
   if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     echo "note: ${missing[*]} not installed; the tests that need them will be skipped" >&2
