@@ -1,6 +1,7 @@
-"""The real app, driven in tmux the way a person drives it, against a local pod and the real trainer:
-create a 2-worker pod from the form, bootstrap, sync, launch tiny_local.yaml from the launch form, open the
-run, watch steps arrive from both workers and both exit 0, then delete the pod after typing its name."""
+"""The newcomer's first session, driven in tmux at 100x30 the way a person drives it: `scripts/console`
+with an empty home, `c` with the form's defaults, `b`, `s`, `l` with the tiny config as offered (its model
+and data made on the workers by the form's offer, no path typed), the run to SUCCEEDED on both workers with
+its plots, a second run stopped with `x` that reads stopped, and `d` after typing the pod's name."""
 
 from __future__ import annotations
 
@@ -15,9 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from trainer.synthetic_gsm8k import write_jsonl
-
-pytest_plugins = ("tests.trainer.fixtures",)
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
@@ -71,60 +69,85 @@ class Tmux:
         subprocess.run(["tmux", "kill-session", "-t", self.session], check=False, capture_output=True)
 
 
-@pytest.mark.timeout(420)
-def test_the_whole_workflow_from_the_keyboard(tmp_path, tiny_model_dir):
-    data = write_jsonl(tmp_path / "gsm8k.jsonl", 32, seed=0)
+# Shorter than the shipped tiny run (10 steps, longer rollouts), typed as overrides: no path is typed.
+QUICK = "eval_every_steps=0 rollout.global_length=64 rollout.max_length_sample=8"
+
+
+@pytest.mark.timeout(900)
+def test_the_newcomers_path_from_the_keyboard(tmp_path):
     env = {
-        "TPU_CONSOLE_HOME": str(tmp_path / "home"),
+        "TPU_CONSOLE_HOME": str(tmp_path / "home"),  # empty: a fresh clone's first session
         "JAX_PLATFORMS": "cpu",
         "TERM": "xterm-256color",
         "PATH": os.environ.get("PATH", ""),
+        "PYTHON": sys.executable,  # the interpreter scripts/console makes .venv with, where it has none
     }
-    app = Tmux(f"e2e-{os.getpid()}", f"{shlex.quote(sys.executable)} -m tpu_console", env)
+    app = Tmux(f"e2e-{os.getpid()}", "scripts/console", env)
     try:
-        app.wait_for("no nodes: press c to create one")
+        app.wait_for("no nodes: press c to create one", timeout=300)  # scripts/console may install first
         app.keys("c")
-        app.wait_for("Create a node")
-        app.type("e2e")
-        app.keys("Tab", "Tab")  # past the provider (local is the default) to the type
-        app.type("local-2x1")
-        app.keys("Enter")
-        app.wait_for("e2e is READY")
-        app.wait_for("local-2x1", "READY")
+        app.wait_for("Create a node", "local-2x2")
+        app.keys("Enter")  # the defaults as offered: demo, local, local-2x2
+        app.wait_for("demo is READY")
+        app.wait_for("local-2x2", "READY")
 
         app.keys("b")
         app.wait_for("bootstrapped 2 worker(s)", timeout=240)
         app.keys("s")
-        app.wait_for("Sync the code to e2e")
+        app.wait_for("Sync the code to demo")
         app.keys("Enter")  # this checkout, as the form offers it
         app.wait_for("synced 2 worker(s)", timeout=120)
 
         app.keys("l")
-        app.wait_for("Launch the trainer on e2e")
-        app.keys("Tab")  # from the shipped configs to the file path
-        app.type(str(REPO / "trainer" / "configs" / "tiny_local.yaml"))
-        app.keys("Tab")
-        app.type(
-            f"model_path={tiny_model_dir} data.path={data} steps=2 eval_every_steps=0 "
-            "rollout.global_length=64 rollout.max_length_sample=8"
-        )
+        shown = app.wait_for("Launch the trainer on demo", "tiny_local.yaml")
+        assert "Make the tiny model and data on workers that lack them" in shown  # offered, ticked
+        app.keys("Tab", "Tab")  # past the shipped config and the file path, to the overrides
+        app.type(f"steps=3 {QUICK}")
         app.keys("Enter")
-        app.wait_for("started on 2 worker(s)", timeout=60)
+        app.wait_for("started on 2 worker(s)", timeout=180)  # the tiny model and data first, then the run
+        workers = tmp_path / "home" / "local" / "demo" / "workers"
+        for worker in (0, 1):  # made by the form's offer, on each worker's own disk
+            assert (workers / str(worker) / "tiny-qwen2" / "config.json").is_file()
+            assert (workers / str(worker) / "gsm8k-synthetic.jsonl").is_file()
 
         app.keys("Enter")  # the node's run, in the dashboard
-        shown = app.wait_for("ended: SUCCEEDED", timeout=240)
+        shown = app.wait_for("ended: SUCCEEDED", timeout=300)
         assert "2 exited of 2" in shown
-        for worker in (0, 1):  # the worker grid: exited, at step 2, exit status 0, its step line
-            assert re.search(rf"^ {worker}\s+exited\s+2\s+[\d.]+s\s+0\s+step=2 ", shown, re.MULTILINE), shown
-        assert "[0]  step=1 " in shown and "[1]  step=1 " in shown  # their output in the interleaved log
+        for worker in (0, 1):  # the worker grid: exited, at step 3, exit status 0, its step line
+            assert re.search(rf"^ {worker}\s+exited\s+3\s+[\d.]+s\s+0\s+step=3 ", shown, re.MULTILINE), shown
+        app.keys("p")
+        plots = app.wait_for("step time (s)", "valid tokens/s", "mean reward")
+        assert "no steps yet" not in plots and "one step so far" not in plots
+        lines = plots.splitlines()
+        xlabel = next(i for i, line in enumerate(lines) if re.fullmatch(r"\s*(step\s*)+", line))
+        ticks = re.findall(r"\d+(?:\.\d+)?", lines[xlabel - 1])
+        assert ticks == ["1", "2", "3"] * 3, plots  # whole-number steps on each plot's axis
         app.keys("Escape")
         app.wait_for("succeeded")  # the node's RUN column
 
-        app.keys("d")
-        app.wait_for("Delete local node e2e")
-        app.type("e2e")
+        # A second run, stopped with x once it runs: it reads stopped, not failed.
+        app.keys("l")
+        app.wait_for("Launch the trainer on demo")
+        app.keys("Tab", "Tab")
+        app.type(f"steps=500 {QUICK}")
         app.keys("Enter")
-        app.wait_for("e2e deleted", timeout=60)
+        app.wait_for("started on 2 worker(s)", timeout=120)
+        app.keys("Enter")
+        app.wait_for("step=1 ", timeout=300)  # the job is well under way
+        app.keys("x")
+        app.wait_for("Stop run")
+        app.keys("y")
+        shown = app.wait_for("ended: STOPPED", timeout=120)
+        assert "first failure" not in shown and "FAILED" not in shown, shown
+        assert len(re.findall(r"^ [01]\s+stopped\s", shown, re.MULTILINE)) == 2, shown
+        app.keys("Escape")
+        app.wait_for("stopped")  # the node's RUN column
+
+        app.keys("d")
+        app.wait_for("Delete local node demo")
+        app.type("demo")
+        app.keys("Enter")
+        app.wait_for("demo deleted", timeout=60)
         app.keys("q")
     finally:
         app.close()
