@@ -99,8 +99,8 @@ def test_the_newcomers_path_from_the_keyboard(tmp_path):
         app.wait_for("synced 2 worker(s)", timeout=120)
 
         app.keys("l")
-        shown = app.wait_for("Launch the trainer on demo", "tiny_local.yaml")
-        assert "Make the tiny model and data on workers that lack them" in shown  # offered, ticked
+        # the tiny config as the value, and its model and data offered (ticked)
+        app.wait_for("Launch the trainer on demo", "tiny_local.yaml", "Make the tiny model and data")
         app.keys("Tab", "Tab")  # past the shipped config and the file path, to the overrides
         app.type(f"steps=3 {QUICK}")
         app.keys("Enter")
