@@ -65,6 +65,16 @@ class Tmux:
             time.sleep(0.1)
         raise AssertionError(f"never saw {texts} on screen; it shows:\n{self.screen()}")
 
+    def wait_for_line(self, pattern: str, timeout: float = 60) -> str:
+        """The screen once a whole line of it matches `pattern` (a frame can arrive in pieces)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            shown = self.screen()
+            if any(re.fullmatch(pattern, line) for line in shown.splitlines()):
+                return shown
+            time.sleep(0.1)
+        raise AssertionError(f"never saw a line like {pattern!r}; it shows:\n{self.screen()}")
+
     def close(self) -> None:
         subprocess.run(["tmux", "kill-session", "-t", self.session], check=False, capture_output=True)
 
@@ -116,10 +126,11 @@ def test_the_newcomers_path_from_the_keyboard(tmp_path):
         for worker in (0, 1):  # the worker grid: exited, at step 3, exit status 0, its step line
             assert re.search(rf"^ {worker}\s+exited\s+3\s+[\d.]+s\s+0\s+step=3 ", shown, re.MULTILINE), shown
         app.keys("p")
-        plots = app.wait_for("step time (s)", "valid tokens/s", "mean reward")
+        app.wait_for("step time (s)", "valid tokens/s", "mean reward")
+        plots = app.wait_for_line(r"\s*step\s+step\s+step\s*")  # each plot's axis label, drawn
         assert "no steps yet" not in plots and "one step so far" not in plots
         lines = plots.splitlines()
-        xlabel = next(i for i, line in enumerate(lines) if re.fullmatch(r"\s*(step\s*)+", line))
+        xlabel = next(i for i, line in enumerate(lines) if re.fullmatch(r"\s*step\s+step\s+step\s*", line))
         ticks = re.findall(r"\d+(?:\.\d+)?", lines[xlabel - 1])
         assert ticks == ["1", "2", "3"] * 3, plots  # whole-number steps on each plot's axis
         app.keys("Escape")
