@@ -652,3 +652,34 @@ async def test_q_asks_first_while_operations_are_under_way(monkeypatch):
         await pilot.press("q", "y")
         await pilot.pause()
         assert not app.is_running
+
+
+async def test_a_launch_refused_for_a_missing_model_reads_whole_in_the_operations_panel(monkeypatch):
+    from tpu_console.errors import UserError
+    from tpu_console.runs import launch as launch_module
+
+    refusal = (
+        "model_path ~/tiny-qwen2 does not exist on worker 1 of pod-a: make the tiny model there with "
+        "`tpu-console demo pod-a`, or point model_path at a model folder every worker has (or a hub id); "
+        "nothing was launched"
+    )
+
+    async def refused(*args, **kwargs):
+        raise UserError(refusal)
+
+    monkeypatch.setattr(launch_module, "launch", refused)
+    app = app_with(FakeProvider([make_node("pod-a")]))
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await started(pilot, app)
+        await pilot.press("l")
+        modal = app.screen
+        modal.query_one("#path", Input).value = str(TINY)
+        modal.query_one("#make-inputs", Checkbox).value = False  # so launch's own check speaks
+        await submit(pilot, modal, "#path")
+        await until(pilot, lambda: "nothing was launched" in ops_text(screen), "the refusal")
+        await pilot.pause()
+        log = screen.query_one("#ops", OperationsLog)
+        rows = [strip.text.rstrip() for strip in log.lines]
+        # wrapped at the panel's width: every word of it on screen, the fix included
+        assert all(len(row) <= log.size.width for row in rows)
+        assert " ".join(" ".join(rows).split()).endswith(f"launch pod-a refused: {refusal}")
