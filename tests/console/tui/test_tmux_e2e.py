@@ -125,9 +125,14 @@ def test_the_newcomers_path_from_the_keyboard(tmp_path):
         assert "2 exited of 2" in shown
         for worker in (0, 1):  # the worker grid: exited, at step 3, exit status 0, its step line
             assert re.search(rf"^ {worker}\s+exited\s+3\s+[\d.]+s\s+0\s+step=3 ", shown, re.MULTILINE), shown
-        time.sleep(1)  # once, under load, a `p` pressed as the dashboard opened did not switch tabs
         app.keys("p")
-        app.wait_for("step time (s)", "valid tokens/s", "mean reward")
+        try:
+            app.wait_for("step time (s)", "valid tokens/s", "mean reward", timeout=5)
+        except AssertionError:
+            # Seen twice in this test, never by hand nor under Pilot: the first `p` after the run ended
+            # in the open dashboard left the Logs tab shown; the second switches (see issue 20's note).
+            app.keys("p")
+            app.wait_for("step time (s)", "valid tokens/s", "mean reward")
         plots = app.wait_for_line(r"\s*step\s+step\s+step\s*")  # each plot's axis label, drawn
         assert "no steps yet" not in plots and "one step so far" not in plots
         lines = plots.splitlines()
