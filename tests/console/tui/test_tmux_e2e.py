@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tpu_console.providers.local.jobs import running_job_groups, stop_groups
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
@@ -26,6 +28,7 @@ REPO = Path(__file__).resolve().parents[3]
 class Tmux:
     def __init__(self, session: str, command: str, env: dict[str, str]) -> None:
         self.session = session
+        self.unheeded: list[str] = []
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
         subprocess.run(
             [
@@ -64,6 +67,19 @@ class Tmux:
                 return shown
             time.sleep(0.1)
         raise AssertionError(f"never saw {texts} on screen; it shows:\n{self.screen()}")
+
+    def press_until(self, key: str, *texts: str, tries: int = 3, timeout: float = 10) -> str:
+        """`key`, then the screen once it shows `texts`; the key again (at most `tries` times in all) when
+        it did not. Under a loaded machine (trainer jobs on both cores) a key pressed in the run dashboard
+        was seen to go unheeded in this test, never by hand nor under Pilot; `unheeded` counts them."""
+        for _ in range(tries - 1):
+            self.keys(key)
+            try:
+                return self.wait_for(*texts, timeout=timeout)
+            except AssertionError:
+                self.unheeded.append(key)
+        self.keys(key)
+        return self.wait_for(*texts, timeout=timeout)
 
     def wait_for_line(self, pattern: str, timeout: float = 60) -> str:
         """The screen once a whole line of it matches `pattern` (a frame can arrive in pieces)."""
@@ -125,21 +141,14 @@ def test_the_newcomers_path_from_the_keyboard(tmp_path):
         assert "2 exited of 2" in shown
         for worker in (0, 1):  # the worker grid: exited, at step 3, exit status 0, its step line
             assert re.search(rf"^ {worker}\s+exited\s+3\s+[\d.]+s\s+0\s+step=3 ", shown, re.MULTILINE), shown
-        app.keys("p")
-        try:
-            app.wait_for("step time (s)", "valid tokens/s", "mean reward", timeout=5)
-        except AssertionError:
-            # Seen twice in this test, never by hand nor under Pilot: the first `p` after the run ended
-            # in the open dashboard left the Logs tab shown; the second switches (see issue 20's note).
-            app.keys("p")
-            app.wait_for("step time (s)", "valid tokens/s", "mean reward")
+        app.press_until("p", "step time (s)", "valid tokens/s", "mean reward")
         plots = app.wait_for_line(r"\s*step\s+step\s+step\s*")  # each plot's axis label, drawn
         assert "no steps yet" not in plots and "one step so far" not in plots
         lines = plots.splitlines()
         xlabel = next(i for i, line in enumerate(lines) if re.fullmatch(r"\s*step\s+step\s+step\s*", line))
         ticks = re.findall(r"\d+(?:\.\d+)?", lines[xlabel - 1])
         assert ticks == ["1", "2", "3"] * 3, plots  # whole-number steps on each plot's axis
-        app.keys("Escape")
+        app.press_until("Escape", "1 node · updated")  # back on the nodes screen
         app.wait_for("succeeded")  # the node's RUN column
 
         # A second run, stopped with x once it runs: it reads stopped, not failed.
@@ -151,13 +160,12 @@ def test_the_newcomers_path_from_the_keyboard(tmp_path):
         app.wait_for("started on 2 worker(s)", timeout=120)
         app.keys("Enter")
         app.wait_for("step=1 ", timeout=300)  # the job is well under way
-        app.keys("x")
-        app.wait_for("Stop run")
+        app.press_until("x", "Stop run")
         app.keys("y")
         shown = app.wait_for("ended: STOPPED", timeout=120)
         assert "first failure" not in shown and "FAILED" not in shown, shown
         assert len(re.findall(r"^ [01]\s+stopped\s", shown, re.MULTILINE)) == 2, shown
-        app.keys("Escape")
+        app.press_until("Escape", "1 node · updated")
         app.wait_for("stopped")  # the node's RUN column
 
         app.keys("d")
@@ -166,5 +174,11 @@ def test_the_newcomers_path_from_the_keyboard(tmp_path):
         app.keys("Enter")
         app.wait_for("demo deleted", timeout=60)
         app.keys("q")
+        print(f"keys pressed again after going unheeded: {app.unheeded or 'none'}")
     finally:
         app.close()
+        # A test that failed half-way must not leave its detached jobs running (they are meant to outlive
+        # the app): the pod's workers' job groups are stopped.
+        pod = tmp_path / "home" / "local" / "demo" / "workers"
+        if pod.exists():
+            stop_groups([g for w in pod.iterdir() for g in running_job_groups(w)], grace_s=1.0)
