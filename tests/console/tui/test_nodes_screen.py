@@ -683,3 +683,30 @@ async def test_a_launch_refused_for_a_missing_model_reads_whole_in_the_operation
         # wrapped at the panel's width: every word of it on screen, the fix included
         assert all(len(row) <= log.size.width for row in rows)
         assert " ".join(" ".join(rows).split()).endswith(f"launch pod-a refused: {refusal}")
+
+
+async def test_enter_right_after_a_launch_opens_the_new_run_not_the_last_listed(monkeypatch):
+    from tpu_console.runs import launch as launch_module
+    from tpu_console.tui.screens.run_screen import RunScreen
+
+    add_run("pod-a", "20250314-113000-bbbb", finished=True, state="succeeded")
+
+    async def fake_launch(providers, node, config, overrides, env_file, **kw):
+        # recorded in the store by launch; the listing learns of it only at its next refresh
+        return SimpleNamespace(run_id="20250314-120000-abcd", ok=True, workers=[0],
+                               starts=[SimpleNamespace(worker=0, ok=True, pgid=100, error=None)])
+
+    monkeypatch.setattr(launch_module, "launch", fake_launch)
+    app = app_with(FakeProvider([make_node("pod-a", workers=1)]))
+    async with app.run_test() as pilot:
+        screen = await started(pilot, app)
+        monkeypatch.setattr(screen, "action_refresh", lambda: None)  # the listing stays as it was
+        await pilot.press("l")
+        modal = app.screen
+        modal.query_one("#path", Input).value = str(TINY)
+        modal.query_one("#make-inputs", Checkbox).value = False
+        await submit(pilot, modal, "#path")
+        await until(pilot, lambda: "started on 1 worker(s)" in ops_text(screen), "the launch")
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, RunScreen), "the run dashboard")
+        assert app.screen.run_id == "20250314-120000-abcd"

@@ -119,6 +119,8 @@ class NodesScreen(Screen[None]):
         self.listing = NodesListing()
         self.filter_text = ""
         self.running: list[str] = []  # the operations under way, in the order they started
+        # node -> the last run launched from here: `enter` opens it even before the listing has it
+        self.launched: dict[str, str] = {}
         self._problems: list[str] = []
         self._probed_at = float("-inf")
         self._probe_wanted = True
@@ -401,6 +403,7 @@ class NodesScreen(Screen[None]):
                 )
             if not result.ok:
                 raise RuntimeError("the job did not start on every worker; nothing is left running")
+            self.launched[node.name] = result.run_id
             return f"run {result.run_id} started on {len(result.workers)} worker(s): enter opens it"
 
         masker = SecretMasker.for_node(node.name, [order.env_file] if order.env_file else [])
@@ -454,12 +457,15 @@ class NodesScreen(Screen[None]):
         if node is None:
             return
         record = self.listing.latest_run(node)
-        if record is None:
+        # Run ids sort by their start: a run launched here since the last listing is the latest.
+        known = [record.run_id] if record is not None else []
+        run_id = max([*known, self.launched.get(node.name, "")]) or None
+        if run_id is None:
             self.notify(f"{node.name} has no runs yet: press l to launch one", severity="warning")
             return
         from tpu_console.tui.screens.run_screen import RunScreen
 
-        self.app.push_screen(RunScreen(self.providers, record.run_id, self.store, clock=self.clock))
+        self.app.push_screen(RunScreen(self.providers, run_id, self.store, clock=self.clock))
 
     def on_data_table_row_selected(self, _event: DataTable.RowSelected) -> None:
         self.action_open_run()
