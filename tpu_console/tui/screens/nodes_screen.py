@@ -433,6 +433,9 @@ class NodesScreen(Screen[None]):
         if node is None:
             return
         record = self.listing.latest_run(node)
+        launched = self.launched.get(node.name)
+        if launched and (record is None or launched > record.run_id):
+            record = (self.store or RunStore()).get(launched)  # launched here since the last listing
         if record is None or record.finished:
             self.notify(f"{node.name} has no run in progress", severity="warning")
             return
