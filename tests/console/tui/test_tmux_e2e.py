@@ -139,6 +139,7 @@ def test_the_newcomers_path_from_the_keyboard(tmp_path):
         app.keys("Enter")  # the node's run, in the dashboard
         shown = app.wait_for("ended: SUCCEEDED", timeout=300)
         assert "2 exited of 2" in shown
+        first = re.search(r"run (\d{8}-\d{6}-[0-9a-f]{4}) on demo", shown).group(1)
         for worker in (0, 1):  # the worker grid: exited, at step 3, exit status 0, its step line
             assert re.search(rf"^ {worker}\s+exited\s+3\s+[\d.]+s\s+0\s+step=3 ", shown, re.MULTILINE), shown
         app.press_until("p", "step time (s)", "valid tokens/s", "mean reward")
@@ -157,9 +158,11 @@ def test_the_newcomers_path_from_the_keyboard(tmp_path):
         app.keys("Tab", "Tab")
         app.type(f"steps=500 {QUICK}")
         app.keys("Enter")
-        app.wait_for("started on 2 worker(s)", timeout=120)
+        # the new run's line (the first run's may still be in the panel)
+        shown = app.wait_for_line(rf".* run (?!{first})\S+ started on 2 worker\(s\).*", timeout=120)
+        second = re.search(rf"run (?!{first})(\S+) started on 2 worker", shown).group(1)
         app.keys("Enter")
-        app.wait_for("step=1 ", timeout=300)  # the job is well under way
+        app.wait_for(f"run {second} on demo", "step=1 ", timeout=300)  # its dashboard, the job under way
         app.press_until("x", "Stop run")
         app.keys("y")
         shown = app.wait_for("ended: STOPPED", timeout=120)
