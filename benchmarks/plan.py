@@ -8,9 +8,10 @@ flops and bytes accessed, the collectives in the compiled HLO. Takes about half 
 
 - fit: `qwen25_3b_v6e8_bench.yaml` on v6e-8 and `qwen25_3b_v6e16_bench.yaml` on v6e-16, every program.
   Target: every program fits with at least 25% of HBM free per chip.
-- decode: one generated token on v6e-16 (3B bench) in three rollout layouts: today's (before this change:
+- decode: one generated token on v6e-16 (3B bench) in four rollout layouts: today's (before this change:
   FSDP weights, the logits and sampling left to the partitioner, fp32 partial sums), replicated bf16
-  weights, and the default (FSDP weights, logits kept on their rows, bf16 partial sums). Per chip: HBM
+  weights, tensor parallel inside each host, and the default (FSDP weights, logits kept on their rows,
+  bf16 partial sums). Per chip: HBM
   bytes accessed, collective bytes and count, the estimated time (trainer/plan.py's method), beside the
   bandwidth floor (the chip's bf16 weights plus its KV cache at the chip's HBM bandwidth). Target:
   today's / default >= 2 by the same method in the same run; the estimated step beside the seeds'
@@ -46,6 +47,7 @@ LAYOUTS = {
         "cache_write": "bits",
     },
     "replicated": {"weight_layout": "replicated"},
+    "tensor": {"weight_layout": "tensor"},
     "default": {},
 }
 
