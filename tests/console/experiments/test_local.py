@@ -116,7 +116,10 @@ async def test_a_preempted_spot_run_is_recreated_bootstrapped_synced_and_resumed
         await create_node(providers, "local", CreateRequest("spot", "local-2x1"))
         ckpt = tmp_path / "ckpt"
         ckpt.mkdir()
-        sets = [f"checkpoint.dir={ckpt}", "checkpoint.every_steps=1", "steps=8"]
+        # the inputs the fake trainer never reads, where every worker (the recreated node's too) has them
+        stand_in_tiny_inputs([tmp_path])
+        sets = [f"checkpoint.dir={ckpt}", "checkpoint.every_steps=1", "steps=8",
+                f"model_path={tmp_path / 'tiny-qwen2'}", f"data.path={tmp_path / 'gsm8k-synthetic.jsonl'}"]
         task = asyncio.create_task(
             launch_with_recovery(
                 providers,
