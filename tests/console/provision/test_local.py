@@ -64,6 +64,7 @@ def test_bootstrap_is_idempotent_and_sync_installs_the_checkout_with_its_env(
     # 2 workers x 2 CPU devices: the real trainer below runs jax.distributed across them. (It runs here, not
     # in a test of its own, so that one bootstrap and sync serve both.)
     assert run(capsys, "create", "pod", "--type", "local-2x2")[0] == 0
+    stand_in_tiny_inputs(worker_home(w) for w in range(2))  # for the fake trainers launched below
     status, first = json_run(capsys, "bootstrap", "pod")
     assert status == 0, first
     assert [w["ready"] for w in first["workers"]] == ["installed", "installed"]
@@ -167,8 +168,7 @@ def test_bootstrap_is_idempotent_and_sync_installs_the_checkout_with_its_env(
     status, synced = json_run(capsys, "sync", "pod", "--git", f"file://{repo}", "--branch", "main")
     assert status == 0, synced
     assert [(w["code"]["source"], w["code"]["git_sha"]) for w in synced["workers"]] == [("git", sha)] * 2
-    # Not refused now, and the job runs the git install's trainer, which finds an empty model folder.
-    stand_in_tiny_inputs(worker_home(w) for w in range(2))
+    # Not refused now, and the job runs the git install's trainer, which finds the empty stand-in folder.
     status, out, err = run(capsys, "launch", "pod", "--config", str(CONFIG))
     assert status == 0, err
     status, out, err = run(capsys, "logs", "pod", "--follow", "--lines", "all")
