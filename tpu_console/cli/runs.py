@@ -20,6 +20,7 @@ from tpu_console.runs.launch import ValidatedConfig
 from tpu_console.runs.launch import launch as launch_run
 from tpu_console.runs.resolve import resolve_run
 from tpu_console.runs.store import RunStore
+from tpu_console.runs.supervision import SupervisionPolicy, parse_duration, parse_restart_on
 from tpu_console.secrets import SecretMasker
 from tpu_console.settings import Settings
 
@@ -72,8 +73,36 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
                         help="with --recover: seconds between two looks at the node and the run (default 30)")
     launch.add_argument(
         "--fail-fast", action="store_true",
-        help="stop the other workers as soon as one worker's job fails (recorded in launch.json)",
+        help="the run's supervisor on the pod stops the other workers as soon as one worker's job fails",
     )
+    launch.add_argument(
+        "--on-end", choices=("keep", "delete"), default="keep",
+        help="delete: the supervisor deletes the node (and its queued request) once every worker's job has "
+        "ended and --grace has passed, unless a newer run started on it (default keep)",
+    )
+    launch.add_argument("--grace", default="10m", metavar="DURATION",
+                        help="with --on-end delete: how long to wait after the run ends (default 10m)")
+    launch.add_argument(
+        "--max-cost", type=float, metavar="USD",
+        help="the supervisor stops the run (SIGTERM first, so the trainer checkpoints) and deletes the node "
+        "once the run has cost this much at the node's hourly price",
+    )
+    launch.add_argument(
+        "--price-per-hour", type=float, metavar="USD",
+        help="the node's price for --max-cost, where the price table has none (local, ssh) or to override it",
+    )
+    launch.add_argument(
+        "--max-hang", metavar="DURATION",
+        help="the supervisor stops the run and deletes the node when no worker made a step for this long "
+        "(e.g. 30m)",
+    )
+    launch.add_argument(
+        "--restart-on", metavar="CLASSES",
+        help="restart every job from its latest checkpoint when the run fails with one of these failure "
+        "classes: transient (lost_worker, distributed_timeout, tpu_in_use, preempted), or a comma list",
+    )
+    launch.add_argument("--max-restarts", type=int, default=3, metavar="N",
+                        help="with --restart-on: restarts allowed per failure class (default 3)")
 
     runs = verbs.add_parser(
         "runs", help="list launched runs; show one; compare several",
@@ -183,13 +212,17 @@ def plan_check(enabled: bool) -> Callable[[ValidatedConfig, Node], Awaitable[Non
 async def launch(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
     if args.recover:
         return await _launch_with_recovery(args, settings, providers)
+    policy = supervision_policy(args)
+    webhook = settings.notify.webhook_url
     result = await launch_run(
         providers, args.node, args.config, args.overrides, args.env_file, args.worker,
         python=args.python, kill_stale=args.kill_stale, fail_fast=args.fail_fast, check_code=args.check_code,
         progress=output.progress, on_worker=output.worker_progress, before_send=plan_check(args.check_plan),
+        policy=policy, webhook_url=webhook.get_secret_value() if webhook else None,
     )
-    if result.ok and args.fail_fast:
-        _start_fail_fast_guard(result.run_id, args)
+    if result.ok:
+        print(f"{result.run_id}: supervised on worker {result.workers[0]}: {describe_policy(policy)}",
+              file=sys.stderr)
     if args.json:
         output.print_json(run_table.launch_record(result))
     else:
@@ -231,11 +264,35 @@ async def _launch_with_recovery(
     return 0 if log.final_state == "succeeded" else 1
 
 
-def _start_fail_fast_guard(run_id: str, args: argparse.Namespace) -> None:
-    from tpu_console.runs.guard import guard_log, start_guard
+def supervision_policy(args: argparse.Namespace) -> SupervisionPolicy:
+    """What the run's supervisor is asked to do, from launch's flags (one-line errors for bad values)."""
+    if args.on_end != "delete" and args.grace != "10m":
+        raise UserError("--grace is how long after the run the node is deleted; add --on-end delete")
+    if args.max_restarts != 3 and not args.restart_on:
+        raise UserError("--max-restarts counts restarts; add --restart-on transient")
+    return SupervisionPolicy(
+        fail_fast=args.fail_fast,
+        on_end=args.on_end,
+        grace_s=parse_duration(args.grace, "--grace"),
+        max_cost=args.max_cost,
+        price_per_hour=args.price_per_hour,
+        max_hang_s=parse_duration(args.max_hang, "--max-hang") if args.max_hang is not None else None,
+        restart_on=parse_restart_on(args.restart_on) if args.restart_on else (),
+        max_restarts=args.max_restarts,
+    )
 
-    pid = start_guard(run_id, flags.settings_flags(args))
-    print(f"{run_id}: fail-fast watcher started (pid {pid}, log {guard_log(run_id)})", file=sys.stderr)
+
+def describe_policy(policy: SupervisionPolicy) -> str:
+    parts = ["fail-fast" if policy.fail_fast else "no fail-fast"]
+    if policy.restart_on:
+        parts.append(f"restart on {','.join(policy.restart_on)} (up to {policy.max_restarts} each)")
+    if policy.on_end == "delete":
+        parts.append(f"delete the node {policy.grace_s:g}s after the run ends")
+    if policy.max_cost is not None:
+        parts.append(f"max cost ${policy.max_cost:g}")
+    if policy.max_hang_s is not None:
+        parts.append(f"max hang {policy.max_hang_s:g}s")
+    return ", ".join(parts)
 
 
 # ---- the history -------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from tpu_console.model import CreateRequest, Node, SshTarget
 
@@ -52,6 +52,17 @@ class Provider(abc.ABC):
     def coordinator_env(self, node: Node, targets: list[SshTarget]) -> dict[str, str]:
         """Environment the trainer needs to find its peers. Empty on TPU VMs, where JAX discovers them."""
         return {}
+
+    def supervisor_delete_target(self, node: Node) -> dict[str, Any] | None:
+        """How the run's supervisor on the pod deletes this node (worker/supervisor.py reads it), or None
+        when it cannot: plain data, since the supervisor imports nothing of the console."""
+        return None
+
+    def supervisor_address(self, node: Node, targets: list[SshTarget]) -> tuple[str, str]:
+        """(the address the supervisor listens on, the one the workers reach it at): worker 0 on the
+        pod's own network. Providers whose workers share this machine override it with loopback."""
+        first = node.workers[0] if node.workers else None
+        return "0.0.0.0", (first.internal_ip if first and first.internal_ip else targets[0].host)
 
     async def close(self) -> None:  # noqa: B027 - a provider with nothing to release keeps this
         """Release connections, servers and threads."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from typing import Any
 
 from tpu_console import keys
 from tpu_console.errors import AlreadyExists, NotFound, UserError
@@ -17,6 +18,7 @@ from tpu_console.model import CreateRequest, Node, NodeState, SshTarget, validat
 from tpu_console.providers.base import NodeListing, Progress, Provider, no_progress
 from tpu_console.providers.gcp import accelerators, ssh_access
 from tpu_console.providers.gcp.client import (
+    CLOUD_PLATFORM_SCOPE,
     TpuApi,
     load_credentials,
     make_tpu_client,
@@ -161,9 +163,13 @@ class GcpProvider(Provider):
             runtime_version=runtime,
             scheduling_config=tpu_v2.SchedulingConfig(spot=request.spot),
             network_config=tpu_v2.NetworkConfig(enable_external_ips=True),
+            # The VM's own credentials (the metadata server's token) let the run's supervisor delete it.
+            service_account=tpu_v2.ServiceAccount(scope=[CLOUD_PLATFORM_SCOPE]),
             labels={"created-by": "tpu-console", **request.labels},
         )
 
+        progress("the VM runs as the project's default service account with the cloud-platform scope, so "
+                 "a run's supervisor can delete it (launch --on-end delete)")
         tried: list[str] = []
         for index, zone in enumerate(zones):
             more = index + 1 < len(zones)
@@ -284,6 +290,17 @@ class GcpProvider(Provider):
             failure = classify_operation_error(operation.error.code, operation.error.message)
             raise UserError(f"delete {name} in {node.zone} failed: {failure.describe()}")
         progress(f"{node.zone}: {name} deleted after {_format_duration(time.monotonic() - started)}")
+
+    def supervisor_delete_target(self, node: Node) -> dict[str, Any] | None:
+        """The supervisor deletes the node through the TPU API with the VM's own service account (`create`
+        gives it one with the cloud-platform scope). `queued_resource`: a node made through a queued
+        resource request names it (issue 19's model); deleting the node alone would leave it queued."""
+        return {
+            "kind": "gcp",
+            "api": self._settings.api_endpoint,
+            "node": node_path(self.project, node.zone or "-", node.name),
+            "queued_resource": getattr(node, "queued_resource", None),
+        }
 
     # ---- ssh --------------------------------------------------------------------------------------
 
