@@ -19,10 +19,12 @@ events.jsonl as an `error` event.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import signal
 import sys
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 
 from trainer.config import ConfigError, check_environment, dump_yaml, load_config
 from trainer.distributed import LaunchError, Terminated, process_id_hint, read_launch_env
@@ -108,6 +110,18 @@ def error_fields(exc: BaseException, local_batch: int | None) -> dict:
     return fields
 
 
+STACKS_FILE = "stacks.txt"
+
+
+def dump_stacks_on_sigusr1(run_dir: str | None) -> None:
+    """SIGUSR1 appends every thread's Python stack to `stacks.txt` in the run folder (`tpu-console stacks`
+    asks for it; faulthandler writes even while the main thread is blocked in a collective)."""
+    if run_dir is None or not hasattr(signal, "SIGUSR1"):
+        return
+    out = open(Path(run_dir) / STACKS_FILE, "a")  # noqa: SIM115 - open for the process's life
+    faulthandler.register(signal.SIGUSR1, file=out, all_threads=True, chain=False)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "make-tiny-model":
@@ -124,6 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return plan_main(argv[1:])
 
     args = _train_parser().parse_args(argv)
+    dump_stacks_on_sigusr1(args.run_dir)
     progress: dict = {}  # filled by the run (local batch) for the error event; stop_signal by the handler
     events = EventLog(args.run_dir, process_id_hint())
     try:
