@@ -1,4 +1,5 @@
-"""Verbs on runs: `launch`, `status`, `logs`, `stop`, `runs` (`ls`, `show`, `compare`) and `metrics`."""
+"""Verbs on runs: `launch`, `status`, `logs`, `stop`, `stacks`, `runs` (`ls`, `show`, `compare`) and
+`metrics`."""
 
 from __future__ import annotations
 
@@ -155,6 +156,16 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
     flags.add_run_target(stop)
     flags.add_yes(stop, "stop without asking")
     stop.add_argument("--grace", type=float, default=10.0, metavar="S", help="seconds before SIGKILL (10)")
+
+    stacks = verbs.add_parser(
+        "stacks", parents=[common], help="where a run is stuck: every worker's Python stacks, grouped",
+        description="Signal every worker's job (SIGUSR1: the trainer dumps every thread's stack into its run "
+        "folder), collect the dumps, group identical stacks and name the odd ones out; a worker whose job "
+        "does not answer (stopped, or blocked where Python cannot run) is named with its process state.",
+    )
+    flags.add_run_target(stacks)
+    stacks.add_argument("--wait", type=float, default=5.0, metavar="S",
+                        help="seconds to wait for each worker's dump (default 5)")
 
     metrics = verbs.add_parser(
         "metrics", parents=[common], help="live HBM and duty cycle of every TPU device, from libtpu",
@@ -325,7 +336,11 @@ async def status(args: argparse.Namespace, settings: Settings, providers: dict[s
     view = await run_control.run_status(providers, record.run_id)
     masker = SecretMasker.for_node(record.node)  # notes quote worker output, which may hold a leaked value
     if args.json:
-        print(masker.mask(json.dumps(run_table.run_record(view), indent=2)))
+        document = run_table.run_record(view)
+        decisions = await run_control.supervisor_decisions(providers, view.record)
+        document["supervisor"] = None if decisions is None else [
+            {"t": d.t, "decision": d.decision, "message": d.message, **d.fields} for d in decisions]
+        print(masker.mask(json.dumps(document, indent=2)))
         return 0
     record = view.record
     age = format_age(record.started_at, datetime.now(UTC))
@@ -339,6 +354,9 @@ async def status(args: argparse.Namespace, settings: Settings, providers: dict[s
         alive = [str(s.worker) for s in view.workers if not s.done]
         print(f"workers {','.join(alive)} still run after that failure and will likely hang; stop them with "
               f"`tpu-console stop {record.node} {record.run_id}`")
+    decisions = await run_control.supervisor_decisions(providers, view.record)
+    for decision in decisions or []:
+        print(masker.mask(f"supervisor: {decision.message}"))
     if view.problem:
         print(f"note: {view.problem}", file=sys.stderr)
     return 0
@@ -397,6 +415,24 @@ async def stop(args: argparse.Namespace, settings: Settings, providers: dict[str
     return 1 if unreachable else 0
 
 
+async def stacks(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    from tpu_console.runs.stacks import collect_stacks
+
+    if args.wait <= 0:
+        raise UserError(f"--wait {args.wait:g} must be positive; give seconds, e.g. --wait 5")
+    record = await resolve_run(RunStore(), providers, args.target, args.run_id)
+    found = await collect_stacks(providers, record, wait_s=args.wait)
+    masker = SecretMasker.for_node(record.node)
+    if args.json:
+        print(masker.mask(json.dumps(found.to_json(), indent=2)))
+        return 0
+    print(masker.mask(f"{record.run_id} on {record.node}: {found.summary()}"))
+    for stack_group in found.groups:
+        names = ",".join(str(w) for w in stack_group.workers)
+        print(masker.mask(f"\n--- worker(s) {names}: {stack_group.where}\n{stack_group.stack}"))
+    return 0
+
+
 async def metrics(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
     from tpu_console.runs.device_metrics import read_node_metrics
 
@@ -412,4 +448,5 @@ async def metrics(args: argparse.Namespace, settings: Settings, providers: dict[
 
 HANDLERS = {
     "launch": launch, "runs": runs, "status": status, "logs": logs, "stop": stop, "metrics": metrics,
+    "stacks": stacks,
 }
