@@ -11,6 +11,7 @@ import asyncio
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from tpu_console.errors import UserError
 from tpu_console.fleet import recipes
@@ -340,8 +341,12 @@ __all__ = ["RunState", "RunView", "WorkerStop", "list_runs", "logs", "observe", 
 
 
 async def supervisor_decisions(providers: dict[str, Provider], record: RunRecord) -> list[Decision] | None:
-    """What the run's supervisor decided (supervisor.jsonl on its worker), or None when it cannot be read
-    (node gone or unreachable, or a run launched before supervisors)."""
+    """What the run's supervisor decided (supervisor.jsonl on its worker; the archived copy once the run
+    ended and was archived), or None when it cannot be read (node gone or unreachable)."""
+    if record.archive_path and record.workers:
+        archived = Path(record.archive_path) / f"worker-{record.workers[0]}" / DECISIONS_FILE
+        if archived.is_file():
+            return parse_decisions(archived.read_text(errors="replace"))
     async with reach_node(providers, record.node) as reached:
         if reached.fleet is None or not record.workers:
             return None
