@@ -76,13 +76,28 @@ def threads(dump: str) -> list[list[tuple[str, int, str]]]:
 
 
 def where(dump: str) -> str:
-    """The innermost frame of the main thread (the one whose outermost frame is `<module>`)."""
+    """Where the main thread (the one whose outermost frame is `<module>`) is: its innermost frame of the
+    run's own code, and the library call it waits in, if any ("trainer/grpo.py:201 (update), inside
+    jax/_src/...:88 (block_until_ready)")."""
     stacks = [t for t in threads(dump) if t]
     if not stacks:
         return "no Python frames"
     main = next((t for t in stacks if t[-1][2] == "<module>"), stacks[-1])
-    path, line, func = main[0]
+    own = next((frame for frame in main if not _library(frame[0])), main[0])
+    text = _frame(own)
+    return text if own is main[0] else f"{text}, inside {_frame(main[0])}"
+
+
+def _frame(frame: tuple[str, int, str]) -> str:
+    path, line, func = frame
     return f"{short_path(path)}:{line} ({func})"
+
+
+def _library(path: str) -> bool:
+    """The standard library or an installed package other than the trainer."""
+    if "/site-packages/" in path or "/dist-packages/" in path:
+        return not short_path(path).startswith("trainer/")
+    return bool(re.search(r"/lib/python3\.\d+/", path)) or path.startswith("<")
 
 
 def short_path(path: str) -> str:

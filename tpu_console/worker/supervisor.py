@@ -175,7 +175,8 @@ class Supervisor:
                         f"({used} of {self.plan['max_restarts']} used)", cause=cause)
         elif classes:
             self.decide("not-restarted", f"{what}: a {cause} failure is never restarted", cause=cause)
-        others = [w.index for w in self.workers.values() if w.state == "running"]
+        # a worker whose runner has not reported yet is stopped as soon as it does
+        others = [w.index for w in self.workers.values() if w.state in ("pending", "running")]
         if (self.plan.get("fail_fast") or classes) and others:
             self.stopping = "fail-fast"
             self.decide("stop-others", f"{what}: stopping worker(s) {_join(others)} "
@@ -199,7 +200,7 @@ class Supervisor:
                     self.decide("worker-lost", f"worker {w.index}'s job runner has not reported for "
                                 f"{t - w.last_seen:.0f}s: the worker is lost")
                     if not self.stopping and not self.restart_pending:
-                        others = [o.index for o in self.workers.values() if o.state == "running"]
+                        others = [o.index for o in self.workers.values() if o.state in ("pending", "running")]
                         if others and (self.plan.get("fail_fast") or self.plan.get("restart_on")):
                             self.stopping = "fail-fast"
                             self.decide("stop-others", f"stopping worker(s) {_join(others)} after worker "
