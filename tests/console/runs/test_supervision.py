@@ -24,7 +24,9 @@ from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tests.processes import wait_for
 from tpu_console import cli
 from tpu_console.locations import home
+from trainer.synthetic_gsm8k import write_jsonl
 
+pytest_plugins = ("tests.trainer.fixtures",)
 pytestmark = pytest.mark.usefixtures("console_home")
 
 WEBHOOK_SECRET_PATH = "/hooks/T000-B000-very-secret-token"
@@ -267,3 +269,33 @@ def test_bad_supervision_flags_are_one_line_and_start_nothing(capsys, pod2, flag
     status, _, err = run(capsys, "launch", "pod", "--config", str(CONFIG), "--python", "true", *flags)
     assert status == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1
     assert not (home() / "local" / "pod" / "workers" / "0" / "tpu-console").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_real_trainer_is_restarted_from_its_checkpoint_after_a_distributed_timeout(
+    capsys, tmp_path, tiny_model_dir
+):
+    """The trainer (tiny model, CPU) fails with an injected jax.distributed timeout right after step 2's
+    checkpoint; the supervisor starts it again, and it resumes from step 2 and ends at step 3."""
+    assert cli.main(["create", "pod", "--type", "local-1x1"]) == 0
+    data = write_jsonl(tmp_path / "gsm8k.jsonl", 32, seed=0)
+    env = tmp_path / "faults.env"
+    env.write_text("TRAINER_FAULT_DISTRIBUTED_TIMEOUT_AFTER_STEP=2\n")
+    sets = [f"model_path={tiny_model_dir}", f"data.path={data}", "steps=3", "eval_every_steps=0",
+            "rollout.global_length=64", "rollout.max_length_sample=8", f"checkpoint.dir={tmp_path}/ckpt",
+            "checkpoint.every_steps=1"]
+    run_id, _ = launch_then_kill_console(
+        sys.executable, "--env-file", str(env), "--restart-on", "transient",
+        *(arg for value in sets for arg in ("--set", value)),
+    )
+    wait_for(lambda: decided(run_id, "ended"), timeout=240, poll=0.5)
+    made = decisions(run_id)
+    log = (run_folder(0, run_id) / "output.log").read_text()
+    assert made[-1]["outcome"] == "succeeded", log[-3000:]
+    (restart,) = [d for d in made if d["decision"] == "restart"]
+    assert restart["cause"] == "distributed_timeout"
+    assert "DEADLINE_EXCEEDED" in log and "resumed from checkpoint step 2" in log
+    events = [json.loads(line) for line in (run_folder(0, run_id) / "events.jsonl").read_text().splitlines()]
+    steps = [e["step"] for e in events if e["kind"] == "step"]
+    assert steps == [1, 2, 3]  # step 3 once, after the resume; steps 1-2 not run again
