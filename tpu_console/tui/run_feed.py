@@ -353,6 +353,18 @@ class RunFeed:
         counts = ", ".join(f"{n} {what}" for what, n in sorted(outcomes.items()))
         return f"{self.run_id}: {view.state} ({counts})"
 
+    async def stacks(self) -> str:
+        """Where the run is stuck: every worker's Python stacks, grouped (runs/stacks.py), as text."""
+        from tpu_console.runs.stacks import collect_stacks
+
+        record = (self.store or RunStore()).get(self.run_id)
+        found = await collect_stacks(self.providers, record)
+        masker = SecretMasker.for_node(record.node)
+        blocks = [found.summary()] + [
+            f"--- {','.join(map(str, g.workers))}: {g.where}\n{g.stack}" for g in found.groups
+        ]
+        return masker.mask("\n\n".join(blocks))
+
     async def close(self) -> None:
         """Stop watching (the workers' jobs keep running)."""
         if self.watch is not None:

@@ -24,6 +24,7 @@ from tpu_console.tui.app import TpuConsoleApp
 from tpu_console.tui.messages import RunLogLines
 from tpu_console.tui.modals.confirm import ConfirmModal
 from tpu_console.tui.modals.help import HelpScreen
+from tpu_console.tui.modals.stacks import StacksModal
 from tpu_console.tui.screens.run_screen import RunScreen
 from tpu_console.tui.widgets.log_pane import LogPane, LogStatus
 from tpu_console.tui.widgets.run_log_search import LogSearch
@@ -332,3 +333,20 @@ async def test_hbm_tab_shows_libtpu_metrics_beside_the_trainer_numbers():
         await pilot.press("l")  # libtpu is read only while the tab is shown
         await pilot.pause()
         assert not [w for w in screen.workers if w.group == "run-devices" and not w.is_finished]
+
+
+async def test_t_shows_where_every_worker_is_stuck():
+    feed = FixedFeed(*hung_run())
+    app = DashboardApp(feed)
+    async with app.run_test(size=SIZE) as pilot:
+        await opened(pilot, feed)
+        assert any("t shows where each one waits" in n.message for n in app._notifications)
+        await pilot.press("t")
+        assert isinstance(app.screen, StacksModal)
+        modal = app.screen
+        await asyncio.wait_for(asyncio.gather(*(w.wait() for w in modal.workers if w.group == "stacks")), 10)
+        await pilot.pause()
+        shown = text_of(modal.query_one("#stacks", Static))
+        assert "workers 0,2,3: trainer/grpo.py:201 (update); worker 1: did not answer" in shown
+        await pilot.press("escape")
+        assert isinstance(app.screen, RunScreen)
