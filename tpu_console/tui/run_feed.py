@@ -52,6 +52,7 @@ from tpu_console.runs.watch import (
     NewEvents,
     RunWatch,
     SignatureFound,
+    SupervisorDecided,
     Update,
     WatchEnded,
 )
@@ -62,6 +63,7 @@ from tpu_console.tui.messages import (
     RunLogLines,
     RunSignatureFound,
     RunStepsArrived,
+    RunSupervisorDecided,
     RunUpdated,
 )
 from tpu_console.tui.run_snapshot import RunSnapshot, WorkerRow
@@ -72,6 +74,8 @@ OpenWatch = Callable[[int | None], AbstractAsyncContextManager[RunWatch]]
 
 RETRY_FIRST_S, RETRY_MAX_S = 2.0, 30.0
 # Run states that are final: every worker's job is over (runs.monitor.RunState).
+# The supervisor's bookkeeping, not worth a toast.
+QUIET_DECISIONS = ("notified", "notify-failed")
 _VERDICTS = (str(RunState.SUCCEEDED), str(RunState.FAILED), str(RunState.STOPPED))
 
 
@@ -197,6 +201,10 @@ class RunFeed:
                 steps = [StepMetrics.from_event(e) for e in events if e.kind == "step"]
                 if steps:
                     post(RunStepsArrived(worker, steps))
+            case SupervisorDecided(decisions):
+                shown = [d.message for d in decisions if d.decision not in QUIET_DECISIONS]
+                if shown:
+                    post(RunSupervisorDecided(shown))
             case SignatureFound(worker, finding) if finding.kind == WANDB_URL:
                 self.wandb_url = self.wandb_url or finding.detail
             case SignatureFound(worker, finding):

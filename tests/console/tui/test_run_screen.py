@@ -21,7 +21,7 @@ from tests.console.tui.fixtures_run_dashboard import (
 from tests.fixtures_cli import NOW
 from tpu_console.tui import app as app_module
 from tpu_console.tui.app import TpuConsoleApp
-from tpu_console.tui.messages import RunLogLines
+from tpu_console.tui.messages import RunLogLines, RunSupervisorDecided
 from tpu_console.tui.modals.confirm import ConfirmModal
 from tpu_console.tui.modals.help import HelpScreen
 from tpu_console.tui.modals.stacks import StacksModal
@@ -350,3 +350,15 @@ async def test_t_shows_where_every_worker_is_stuck():
         assert "workers 0,2,3: trainer/grpo.py:201 (update); worker 1: did not answer" in shown
         await pilot.press("escape")
         assert isinstance(app.screen, RunScreen)
+
+
+async def test_the_supervisors_decisions_show_on_the_dashboard():
+    status, logs, devices = running_run()
+    said = "worker 1 exited 1: stopping worker(s) 0,2,3 (they would wait in a collective)"
+    decided = RunSupervisorDecided([said])
+    feed = FixedFeed(status, [*logs, decided], devices)
+    app = DashboardApp(feed)
+    async with app.run_test(size=SIZE) as pilot:
+        await opened(pilot, feed)
+        shown = [n for n in app._notifications if n.title == "supervisor on the pod"]
+        assert [n.message for n in shown] == [said]

@@ -29,6 +29,7 @@ from tpu_console.tui.messages import (
     RunLogLines,
     RunSignatureFound,
     RunStepsArrived,
+    RunSupervisorDecided,
     RunUpdated,
 )
 from tpu_console.tui.modals.confirm import ConfirmModal
@@ -195,6 +196,10 @@ class RunScreen(Screen[None]):
         if message.kind not in self.signatures_shown:
             self.signatures_shown.add(message.kind)
             self.notify(message.message, title=f"worker {message.worker}'s log", severity="error", timeout=20)
+
+    def on_run_supervisor_decided(self, message: RunSupervisorDecided) -> None:
+        for decision in message.decisions:
+            self.notify(decision, title="supervisor on the pod", timeout=20)
 
     def on_run_devices_read(self, message: RunDevicesRead) -> None:
         by_worker = {m.worker: m for m in message.workers}
