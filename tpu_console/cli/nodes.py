@@ -159,6 +159,7 @@ async def delete(args: argparse.Namespace, settings: Settings, providers: dict[s
 
 async def idle(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
     from tpu_console.runs.idle_watch import watch_idle
+    from tpu_console.runs.notifications import Notifier
 
     minutes = args.after or settings.idle_after_minutes
     if minutes < 1:
@@ -166,7 +167,15 @@ async def idle(args: argparse.Namespace, settings: Settings, providers: dict[str
     if args.auto_delete_idle and not args.yes and not prompts.can_ask(args.json, stderr_too=False):
         raise UserError("refusing to delete idle nodes without --yes")
 
+    notifier = Notifier.from_settings(settings, output.progress)
+    told: set[str] = set()  # each node once while it stays idle
+
     def report(now: datetime, idle: list[Any]) -> None:
+        for item in idle:
+            if item.node.name not in told:
+                notifier.notify("idle", f"{item.describe()}")
+        told.intersection_update(i.node.name for i in idle)
+        told.update(i.node.name for i in idle)
         if args.json:
             output.print_json(output.idle_record(minutes, idle))
         elif idle:

@@ -19,6 +19,7 @@ from tpu_console.providers.base import Provider
 from tpu_console.runs import control as run_control
 from tpu_console.runs.launch import ValidatedConfig
 from tpu_console.runs.launch import launch as launch_run
+from tpu_console.runs.notifications import Notifier
 from tpu_console.runs.resolve import resolve_run
 from tpu_console.runs.store import RunStore
 from tpu_console.runs.supervision import SupervisionPolicy, parse_duration, parse_restart_on
@@ -263,6 +264,7 @@ async def _launch_with_recovery(
         providers, args.node, args.config, args.overrides, args.env_file, zones=settings.gcp.zones,
         max_recoveries=args.max_recoveries, watch_every_s=args.watch_every, python=args.python,
         progress=output.progress, on_launch=launched, before_send=plan_check(args.check_plan),
+        notify=Notifier.from_settings(settings, output.progress).notify,
     )
     if args.json:
         output.print_json(log.to_json())
@@ -384,6 +386,9 @@ async def logs(args: argparse.Namespace, settings: Settings, providers: dict[str
     elif args.follow:
         print(f"{view.record.run_id}: {view.state}" + (f": {view.failure}" if view.failure else ""),
               file=sys.stderr)
+    if args.follow:  # the run ended while someone watched: tell their desktop (the pod tells the webhook)
+        Notifier.from_settings(settings, output.progress).notify(
+            view.state, f"run {view.record.run_id} on {view.record.node} {view.state}")
     if args.follow:
         return 0 if view.state == "succeeded" else 1
     return 0

@@ -385,6 +385,7 @@ class NodesScreen(Screen[None]):
                 order.env_file,
                 kill_stale=order.kill_stale,
                 fail_fast=order.fail_fast,
+                webhook_url=self.options.webhook_url.get_secret_value() if self.options.webhook_url else None,
                 # the plan again (cached): the form may have been submitted before its plan came back
                 before_send=launch_check(say) if order.plan_check else None,
                 store=self.store,

@@ -190,6 +190,15 @@ class RunScreen(Screen[None]):
             detail = f": {self.snapshot.failure}" if self.snapshot.failure else ""
             severity = "information" if self.snapshot.state == "succeeded" else "error"
             self.notify(f"{self.run_id} {self.snapshot.state}{detail}", title="run ended", severity=severity)
+            self._desktop(self.snapshot.state, f"run {self.run_id} {self.snapshot.state}{detail}")
+
+    def _desktop(self, event: str, text: str) -> None:
+        """The desktop notification of `[notify] desktop` (the pod's supervisor tells the webhook)."""
+        options = getattr(self.app, "options", None)
+        if options is not None and options.desktop_notify:
+            from tpu_console.runs.notifications import Notifier
+
+            Notifier(desktop=True).notify(event, text)
 
     def on_run_signature_found(self, message: RunSignatureFound) -> None:
         # Once per kind: on a pod the same problem (TPU in use ...) shows on every worker at once.
