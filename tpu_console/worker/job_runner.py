@@ -33,6 +33,7 @@ JOB_PID_FILE = "job.pid"
 COORDINATOR_ENV = "TRAINER_COORDINATOR_ADDRESS"
 EXIT_BAD_INPUT = 2  # the trainer's status for a config it refuses
 TRACEBACK_START = "Traceback (most recent call last):"
+NO_ANSWER_S = 5.0  # after its job ended, how long the runner waits for a supervisor that does not answer
 
 
 class Classifier:
@@ -172,20 +173,19 @@ class Runner:
             status = self.wait_job()
             cause = self.classifier.classify("output.log", self.log_offset, status) if status else None
             answer = self.report("exit", status=status, cause=cause, stopped=self.stopped)
-            deadline = time.monotonic() + float(self.plan.get("lost_after_s", 60))
-            while True:
-                order = (answer or {}).get("order")
-                if order == "restart":
-                    self.restart(answer)
-                    break
-                if order == "done" or (answer is None and time.monotonic() > deadline):
+            unanswered_since = None
+            while (answer or {}).get("order") != "restart":
+                if (answer or {}).get("order") == "done":
                     return status
-                if answer is not None:
-                    deadline = time.monotonic() + float(self.plan.get("lost_after_s", 60))
+                if answer is None:  # the supervisor is gone (or the network blinked): do not hold `exit`
+                    unanswered_since = unanswered_since or time.monotonic()
+                    if time.monotonic() - unanswered_since > NO_ANSWER_S:
+                        return status
+                else:
+                    unanswered_since = None
                 time.sleep(0.2)
                 answer = self.report("poll")
-            if answer.get("order") != "restart":
-                return status
+            self.restart(answer)
 
     def restart(self, order):
         self.attempt = int(order["attempt"])
