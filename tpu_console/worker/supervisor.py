@@ -373,19 +373,20 @@ def metadata_token(metadata_url):
 
 
 def delete_gcp_node(target):
-    """DELETE the node (and its queued resource) through the TPU API with the VM's own credentials."""
+    """DELETE the node through the TPU API with the VM's own credentials; a node made from a queued
+    resource is deleted with it (`force`: the request and its node), else the request would stay queued."""
     token = metadata_token(target.get("metadata_url") or METADATA_URL)
     api = (target.get("api") or TPU_API).rstrip("/")
-    paths = [target["node"]] + ([target["queued_resource"]] if target.get("queued_resource") else [])
-    for path in paths:
-        query = "?force=true" if "/queuedResources/" in path else ""
-        request = urllib.request.Request(f"{api}/v2/{path}{query}", method="DELETE",
-                                         headers={"Authorization": f"Bearer {token}"})
-        try:
-            urllib.request.urlopen(request, timeout=30).close()
-        except urllib.error.HTTPError as exc:
-            if exc.code != 404:  # gone already is what we wanted
-                raise
+    if target.get("queued_resource"):
+        url = f"{api}/v2/{target['queued_resource']}?force=true"
+    else:
+        url = f"{api}/v2/{target['node']}"
+    request = urllib.request.Request(url, method="DELETE", headers={"Authorization": f"Bearer {token}"})
+    try:
+        urllib.request.urlopen(request, timeout=30).close()
+    except urllib.error.HTTPError as exc:
+        if exc.code != 404:  # gone already is what we wanted
+            raise
 
 
 # ---- serving -----------------------------------------------------------------------------------------

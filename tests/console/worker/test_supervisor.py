@@ -196,3 +196,30 @@ async def test_on_gcp_the_supervisor_deletes_the_node_through_the_api_with_the_v
     assert "deleted: node night deleted" in out
     assert len(metadata_server.asked) == 1
     assert [n.name for n in (await provider.list_nodes()).nodes if n.state.value != "DELETING"] == []
+
+
+def test_a_node_of_a_queued_request_is_deleted_with_its_request(metadata_server):
+    deleted: list[tuple[str, str | None]] = []
+
+    class Api(BaseHTTPRequestHandler):
+        def do_DELETE(self):  # noqa: N802
+            deleted.append((self.path, self.headers.get("Authorization")))
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    api = ThreadingHTTPServer(("127.0.0.1", 0), Api)
+    threading.Thread(target=api.serve_forever, daemon=True).start()
+    try:
+        sv.delete_gcp_node({
+            "api": f"http://127.0.0.1:{api.server_address[1]}", "metadata_url": metadata_server.url,
+            "node": "projects/p/locations/z/nodes/n",
+            "queued_resource": "projects/p/locations/z/queuedResources/n",
+        })
+    finally:
+        api.shutdown()
+    assert deleted == [("/v2/projects/p/locations/z/queuedResources/n?force=true", "Bearer ya29.fake")]

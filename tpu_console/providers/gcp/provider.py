@@ -294,12 +294,15 @@ class GcpProvider(Provider):
     def supervisor_delete_target(self, node: Node) -> dict[str, Any] | None:
         """The supervisor deletes the node through the TPU API with the VM's own service account (`create`
         gives it one with the cloud-platform scope). `queued_resource`: a node made through a queued
-        resource request names it (issue 19's model); deleting the node alone would leave it queued."""
+        resource request names it (`queued_request`); deleting the node alone would leave it queued."""
+        queued = getattr(node, "queued_request", None)  # absent from models that predate queued requests
+        zone = node.zone or "-"
         return {
             "kind": "gcp",
             "api": self._settings.api_endpoint,
-            "node": node_path(self.project, node.zone or "-", node.name),
-            "queued_resource": getattr(node, "queued_resource", None),
+            "node": node_path(self.project, zone, node.name),
+            "queued_resource": f"projects/{self.project}/locations/{zone}/queuedResources/{queued}"
+            if queued else None,
         }
 
     # ---- ssh --------------------------------------------------------------------------------------
