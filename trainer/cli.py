@@ -118,7 +118,11 @@ def dump_stacks_on_sigusr1(run_dir: str | None) -> None:
     asks for it; faulthandler writes even while the main thread is blocked in a collective)."""
     if run_dir is None or not hasattr(signal, "SIGUSR1"):
         return
-    out = open(Path(run_dir) / STACKS_FILE, "a")  # noqa: SIM115 - open for the process's life
+    try:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        out = open(Path(run_dir) / STACKS_FILE, "a")  # noqa: SIM115 - open for the process's life
+    except OSError:
+        return  # no stacks on demand; the run itself goes on
     faulthandler.register(signal.SIGUSR1, file=out, all_threads=True, chain=False)
 
 
@@ -138,9 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return plan_main(argv[1:])
 
     args = _train_parser().parse_args(argv)
-    dump_stacks_on_sigusr1(args.run_dir)
     progress: dict = {}  # filled by the run (local batch) for the error event; stop_signal by the handler
     events = EventLog(args.run_dir, process_id_hint())
+    dump_stacks_on_sigusr1(args.run_dir)
     try:
         cfg = load_config(args.config, args.overrides)
         if args.print_config:
