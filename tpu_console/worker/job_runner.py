@@ -82,6 +82,7 @@ class Runner:
         self.ordered_stop = False
         self.classifier = Classifier(plan.get("signatures", []))
         self.step = None
+        self.step_s = None
         self.events_offset = _size("events.jsonl")
 
     # ---- talking to the supervisor -----------------------------------------------------------------
@@ -154,6 +155,9 @@ class Runner:
                 continue
             if event.get("kind") == "step" and isinstance(event.get("step"), int):
                 self.step = event["step"]
+                # the trainer's own step time, which the supervisor's stall judgement scales with
+                recent = event.get("time/train/step_avg_last10_s") or event.get("time/train/step_s")
+                self.step_s = recent if isinstance(recent, (int, float)) else self.step_s
 
     def wait_job(self):
         heartbeat = float(self.plan.get("heartbeat_s", 2))
@@ -162,7 +166,7 @@ class Runner:
             time.sleep(min(0.1, heartbeat))
             if time.monotonic() >= next_beat:
                 self.read_step()
-                self.react(self.report("heartbeat", step=self.step))
+                self.react(self.report("heartbeat", step=self.step, step_s=self.step_s))
                 next_beat = time.monotonic() + heartbeat
         code = self.job.returncode
         return 128 - code if code < 0 else code

@@ -47,6 +47,7 @@ PID_FILE = "supervisor.pid"
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
 TPU_API = "https://tpu.googleapis.com"
 TICK_S = 0.25
+STALL_FACTOR, STALL_FLOOR_S = 3.0, 60.0  # runs/health.py's Thresholds: a worker stalls after 3 step times
 
 # Orders in the answers to a job runner.
 RUN, STOP, RESTART, WAIT, DONE = "run", "stop", "restart", "wait", "done"
@@ -66,6 +67,8 @@ class WorkerView:
         self.last_seen = started
         self.step = None
         self.progress_at = started  # when its step last changed (or it started)
+        self.step_interval = None  # seconds between its last two step changes, as seen here
+        self.step_s = None  # the trainer's own recent step time, from its events
         self.status = None
         self.cause = None
         self.stopped = None  # who stopped it: "supervisor" or "outside"
@@ -89,6 +92,7 @@ class Supervisor:
         self.ended = None  # the run's outcome once every job has ended
         self.delete_reason = None
         self.coordinator_port = None
+        self.silent_told = False  # the run was said to look hung, and has not stepped since
 
     # ---- what the job runners say ----------------------------------------------------------------
 
@@ -104,7 +108,7 @@ class Supervisor:
             if event == "start":
                 return self._on_start(worker, attempt)
             if event == "heartbeat":
-                return self._on_heartbeat(worker, attempt, message.get("step"))
+                return self._on_heartbeat(worker, attempt, message.get("step"), message.get("step_s"))
             if event == "exit":
                 return self._on_exit(worker, attempt, message)
             if event == "poll":
@@ -118,10 +122,14 @@ class Supervisor:
             return {"order": STOP}
         return {"order": RUN}
 
-    def _on_heartbeat(self, worker, attempt, step):
+    def _on_heartbeat(self, worker, attempt, step, step_s=None):
         if worker.state in ("pending", "lost") and attempt == self.attempt:
             worker.state = "running"
+        if isinstance(step_s, (int, float)):
+            worker.step_s = float(step_s)
         if step is not None and step != worker.step:
+            if worker.step is not None:
+                worker.step_interval = self.clock() - worker.progress_at
             worker.step, worker.progress_at = step, self.clock()
         if self.stopping or self.restart_pending:
             return {"order": STOP}
@@ -183,6 +191,9 @@ class Supervisor:
                         "(they would wait in a collective)", workers=others)
         else:
             self.decide("worker-failed", what)
+            if others:
+                self.notify("hung", f"{what}; worker(s) {_join(others)} still run and will likely hang in a "
+                            "collective: stop them (tpu-console stop)")
 
     def _lost(self):
         return [w.index for w in self.workers.values() if w.state == "lost"]
@@ -236,9 +247,22 @@ class Supervisor:
                                   f"(at ${price:g}/h): stopping it and deleting the node")
 
     def _check_hang(self, t):
-        limit = self.plan.get("max_hang_s")
         running = [w for w in self.workers.values() if w.state == "running"]
-        if limit is None or not running:
+        if not running:
+            return
+        # As runs/health.py judges a stall: no new step for 3 step times, and at least a minute.
+        silent = all(w.step is not None and t - w.progress_at > max(STALL_FLOOR_S, STALL_FACTOR * (
+            w.step_s or w.step_interval or 0)) for w in running)
+        if silent and not self.silent_told:
+            self.silent_told = True
+            self.decide("silent", "every worker stopped making steps: the run looks hung")
+            if self.plan.get("max_hang_s") is None:
+                self.notify("hung", "hung: every worker stopped making steps (`tpu-console stacks` shows "
+                            "where)")
+        elif not silent:
+            self.silent_told = False
+        limit = self.plan.get("max_hang_s")
+        if limit is None:
             return
         if all(t - w.progress_at >= limit for w in running):
             steps = ", ".join(f"{w.index}@{w.step if w.step is not None else '-'}" for w in running)

@@ -83,12 +83,14 @@ def test_restarts_are_counted_per_failure_class_and_an_oom_ends_the_run(tmp_path
     assert fail(s2, 0, "oom")["order"] == "done" and s2.restarts == {}
 
 
-def beat(s: sv.Supervisor, clock: Clock, seconds: float, steps: dict[int, int] | None = None) -> None:
+def beat(s: sv.Supervisor, clock: Clock, seconds: float, steps: dict[int, int] | None = None,
+         step_s: float | None = None) -> None:
     """`seconds` pass with a heartbeat from every worker every 10 s (their steps, when given, at the end)."""
     for _ in range(int(seconds // 10)):
         clock.t += 10
         for w in s.workers:
-            s.report({"worker": w, "event": "heartbeat", "attempt": 0, "step": (steps or {}).get(w)})
+            s.report({"worker": w, "event": "heartbeat", "attempt": 0, "step": (steps or {}).get(w),
+                      "step_s": step_s})
         s.tick()
 
 
@@ -112,6 +114,32 @@ def test_a_hang_and_a_budget_stop_the_run_and_ask_for_the_node_to_go(tmp_path):
         stopped(s, w)
     s.tick()
     assert s.ended == "stopped" and s.delete_reason == "max-cost"
+
+
+def test_a_run_that_stops_stepping_is_said_to_look_hung_once_per_silence(tmp_path):
+    s, clock = make(tmp_path)
+    sent: list[str] = []
+    s.notify = lambda event, text, wait=False: sent.append(event)
+    start_all(s)
+    beat(s, clock, 10, {0: 1, 1: 1}, step_s=100.0)  # the trainer says a step takes 100 s
+    beat(s, clock, 290, {0: 1, 1: 1}, step_s=100.0)
+    assert sent == []  # 290 s: under 3 step times
+    beat(s, clock, 20, {0: 1, 1: 1}, step_s=100.0)
+    assert sent == ["hung"] and s.silent_told
+    beat(s, clock, 100, {0: 1, 1: 1}, step_s=100.0)
+    assert sent == ["hung"]  # once
+    beat(s, clock, 10, {0: 2, 1: 2}, step_s=100.0)
+    assert not s.silent_told
+
+
+def test_without_fail_fast_a_failure_is_told_as_a_hang_of_the_others(tmp_path):
+    s, _ = make(tmp_path, workers=(0, 1, 2))
+    sent: list[tuple[str, str]] = []
+    s.notify = lambda event, text, wait=False: sent.append((event, text))
+    start_all(s)
+    assert fail(s, 1, "exception")["order"] == "done" and s.stopping is None
+    assert sent == [("hung", "worker 1 exited 1 (exception); worker(s) 0,2 still run and will likely hang in "
+                             "a collective: stop them (tpu-console stop)")]
 
 
 def test_a_lost_worker_stops_the_others_and_a_newer_run_keeps_the_node(tmp_path):
