@@ -276,13 +276,13 @@ def test_bad_supervision_flags_are_one_line_and_start_nothing(capsys, pod2, flag
 def test_the_real_trainer_is_restarted_from_its_checkpoint_after_a_distributed_timeout(
     capsys, tmp_path, tiny_model_dir
 ):
-    """The trainer (tiny model, CPU) fails with an injected jax.distributed timeout right after step 2's
-    checkpoint; the supervisor starts it again, and it resumes from step 2 and ends at step 3."""
+    """The trainer (tiny model, CPU) fails with an injected jax.distributed timeout right after step 1's
+    checkpoint; the supervisor starts it again, and it resumes from step 1 and ends at step 2."""
     assert cli.main(["create", "pod", "--type", "local-1x1"]) == 0
     data = write_jsonl(tmp_path / "gsm8k.jsonl", 32, seed=0)
     env = tmp_path / "faults.env"
-    env.write_text("TRAINER_FAULT_DISTRIBUTED_TIMEOUT_AFTER_STEP=2\n")
-    sets = [f"model_path={tiny_model_dir}", f"data.path={data}", "steps=3", "eval_every_steps=0",
+    env.write_text("TRAINER_FAULT_DISTRIBUTED_TIMEOUT_AFTER_STEP=1\n")
+    sets = [f"model_path={tiny_model_dir}", f"data.path={data}", "steps=2", "eval_every_steps=0",
             "rollout.global_length=64", "rollout.max_length_sample=8", f"checkpoint.dir={tmp_path}/ckpt",
             "checkpoint.every_steps=1"]
     run_id, _ = launch_then_kill_console(
@@ -295,7 +295,7 @@ def test_the_real_trainer_is_restarted_from_its_checkpoint_after_a_distributed_t
     assert made[-1]["outcome"] == "succeeded", log[-3000:]
     (restart,) = [d for d in made if d["decision"] == "restart"]
     assert restart["cause"] == "distributed_timeout"
-    assert "DEADLINE_EXCEEDED" in log and "resumed from checkpoint step 2" in log
+    assert "DEADLINE_EXCEEDED" in log and "resumed from checkpoint step 1" in log
     events = [json.loads(line) for line in (run_folder(0, run_id) / "events.jsonl").read_text().splitlines()]
     steps = [e["step"] for e in events if e["kind"] == "step"]
-    assert steps == [1, 2, 3]  # step 3 once, after the resume; steps 1-2 not run again
+    assert steps == [1, 2]  # step 2 once, after the resume; step 1 not run again
