@@ -151,8 +151,8 @@ class TpuApi:
     # ---- queued resources (tpu_v2) ----------------------------------------------------------------
 
     async def create_queued_resource(self, parent: str, queued_resource_id: str, queued_resource) -> str:
-        future = await call(self._client.create_queued_resource, parent=parent,
-                            queued_resource_id=queued_resource_id, queued_resource=queued_resource, attempts=1)
+        future = await call(self._client.create_queued_resource, parent=parent, attempts=1,
+                            queued_resource_id=queued_resource_id, queued_resource=queued_resource)
         return future.operation.name
 
     async def get_queued_resource(self, path: str):

@@ -174,7 +174,8 @@ class GcpProvider(Provider):
             if isinstance(answer, BaseException) and not isinstance(answer, Exception):
                 raise answer
         count = len(zones)
-        node_answers, queued_answers, alpha_answers = answers[:count], answers[count:2 * count], answers[2 * count:]
+        node_answers, queued_answers = answers[:count], answers[count:2 * count]
+        alpha_answers = answers[2 * count:]
         maintenance = {alpha_node.name: found for answer in alpha_answers if not isinstance(answer, Exception)
                        for alpha_node in answer if (found := maintenance_of(alpha_node)) is not None}
         listing = NodeListing()
@@ -394,8 +395,8 @@ class GcpProvider(Provider):
                 raise
             if request.state.holds_quota:
                 progress(f"queued request {name} is {request.state}: it holds quota until deleted")
-            await self.delete_request(queued_path(self.project, request.zone or "-", name), request.zone or "-",
-                                      progress)
+            zone = request.zone or "-"
+            await self.delete_request(queued_path(self.project, zone, name), zone, progress)
             return
         if node.queued_request:
             if node.state.holds_quota:

@@ -100,7 +100,8 @@ class QueuedCreate:
 
     async def _race(self, zones: list[str]) -> Node:
         race = _Race()
-        tasks = {zone: asyncio.create_task(self._one_zone(zone, race), name=f"queue {zone}") for zone in zones}
+        tasks = {zone: asyncio.create_task(self._one_zone(zone, race), name=f"queue {zone}")
+                 for zone in zones}
 
         def cancel_others(winner: str) -> None:
             for zone, task in tasks.items():
