@@ -104,6 +104,14 @@ def maintenance_text(maintenance: Maintenance) -> str:
     return f"maintenance {maintenance.kind} {maintenance.status}{window}"
 
 
+def maintenance_warning(node: Node, run_started_at: datetime, run_ended_at: datetime | None) -> str | None:
+    """The run dashboard's warning when the node's announced maintenance falls while the run runs."""
+    ended = _aware(run_ended_at) if run_ended_at else None
+    if node.maintenance is None or not node.maintenance.overlaps(_aware(run_started_at), ended):
+        return None
+    return f"{maintenance_text(node.maintenance)} on {node.name}, while this run runs: checkpoint before it"
+
+
 def node_notes(node: Node) -> list[str]:
     """What a person should know about a node beyond its row: the queued request behind it, health
     other than HEALTHY, symptoms, upcoming maintenance, quota still held."""

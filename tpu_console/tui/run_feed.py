@@ -38,6 +38,7 @@ from textual.message import Message
 
 from tpu_console.errors import NotFound, UserError, one_line
 from tpu_console.providers.base import Provider
+from tpu_console.node_table import maintenance_warning
 from tpu_console.providers.registry import find_node
 from tpu_console.runs import control
 from tpu_console.runs.device_metrics import LIBTPU_METRICS_ADDRESS, read_device_metrics
@@ -71,6 +72,7 @@ Post = Callable[[Message], object]
 OpenWatch = Callable[[int | None], AbstractAsyncContextManager[RunWatch]]
 
 RETRY_FIRST_S, RETRY_MAX_S = 2.0, 30.0
+NODE_CHECK_S = 300.0  # how often the node's announced maintenance is looked at again
 # Run states that are final: every worker's job is over (runs.monitor.RunState).
 _VERDICTS = (str(RunState.SUCCEEDED), str(RunState.FAILED), str(RunState.STOPPED))
 
@@ -137,6 +139,7 @@ class RunFeed:
         self._watching = asyncio.Event()  # a watch is open (device metrics ride on its connections)
         self._probe_python: str | None = None
         self._last_turning_point: tuple | None = None
+        self.node_warning: str | None = None  # check_node's
 
     def _open_run_watch(self, first_log_lines: int | None) -> AbstractAsyncContextManager[RunWatch]:
         return RunWatch.open(self.providers, self.run_id, self.store, first_log_lines=first_log_lines,
@@ -177,10 +180,12 @@ class RunFeed:
 
     async def _consume(self, watch: RunWatch, post: Post) -> None:
         ticker = asyncio.create_task(self._tick(watch, post))
+        node_check = asyncio.create_task(self.check_node())
         try:
             async for update in watch.updates():
                 self.take(update, post)
         finally:
+            node_check.cancel()
             ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await ticker
@@ -235,6 +240,19 @@ class RunFeed:
             seen = self.seen[worker] = WorkerSeen()
         return seen
 
+    async def check_node(self, every_s: float = NODE_CHECK_S) -> None:
+        """The node's announced maintenance, looked at now and then: a warning when it falls in the run."""
+        while self.record is not None:
+            try:
+                _, node = await find_node(self.providers, self.record.node)
+            except Exception:  # noqa: BLE001 - a nicety: the watch itself reports a node that is gone
+                node = None
+            if node is not None:
+                self.node_warning = maintenance_warning(node, self.record.started_at, self.record.finished_at)
+            if every_s <= 0:
+                return
+            await asyncio.sleep(every_s)
+
     # -- what the dashboard shows ----------------------------------------------------------------------
 
     def snapshot(self) -> RunSnapshot:
@@ -255,6 +273,7 @@ class RunFeed:
             stalled=health.stalled,
             all_silent=health.all_silent,
             stragglers=health.stragglers,
+            node_warning=self.node_warning,
         )
 
     def _row(self, health: WorkerHealth) -> WorkerRow:

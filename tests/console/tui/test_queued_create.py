@@ -81,8 +81,8 @@ async def test_esc_offers_to_cancel_a_waiting_create_no_keeps_it_yes_deletes_it(
 
         await pilot.press("escape")
         await pilot.press("y")
-        await until(pilot, lambda: "cancelled: the queued request is deleted, confirmed gone" in ops_text(screen),
-                    "the cancel to finish")
+        done = "cancelled: the queued request is deleted, confirmed gone"
+        await until(pilot, lambda: done in ops_text(screen), "the cancel to finish")
         assert f"{Z1}: queued request grpo deleted, confirmed gone" in ops_text(screen)
         assert emulator.queued_json(Z1, "grpo") is None
         assert screen.running == [] and screen.queued_creates == {}

@@ -46,7 +46,8 @@ async def test_a_queued_create_waits_for_capacity_then_shows_its_timeline(emulat
         "ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE", "node CREATING", "node READY"]
     assert lines[0] == f"{Z1}: queuing v6e-16 (spot, v6e-ubuntu-2404)"
     (attempt,) = capacity.CapacityStore().attempts()
-    assert (attempt.zone, attempt.outcome, attempt.method, attempt.provisioning) == (Z1, "ready", "queued", "spot")
+    assert (attempt.zone, attempt.outcome, attempt.method, attempt.provisioning) == (
+        Z1, "ready", "queued", "spot")
     assert attempt.ready_after_s >= attempt.active_after_s >= 0.3  # capacity came after 0.3 s
     assert emulator.queued_json(Z1, "grpo")["state"]["state"] == "ACTIVE"
 
@@ -211,4 +212,5 @@ async def test_listing_shows_maintenance_and_symptoms(emulator, make_provider):
     assert node.maintenance.starts_at == datetime(2026, 11, 25, 3, tzinfo=UTC)
     assert node.symptoms == ("HBM_OUT_OF_MEMORY (worker 0): worker ran out of HBM",)
     assert node.maintenance.overlaps(datetime(2026, 11, 25, 4, tzinfo=UTC), None)
-    assert not node.maintenance.overlaps(datetime(2026, 11, 24, tzinfo=UTC), datetime(2026, 11, 25, tzinfo=UTC))
+    before = (datetime(2026, 11, 24, tzinfo=UTC), datetime(2026, 11, 25, tzinfo=UTC))
+    assert not node.maintenance.overlaps(*before)
