@@ -37,8 +37,8 @@ from datetime import datetime
 from textual.message import Message
 
 from tpu_console.errors import NotFound, UserError, one_line
-from tpu_console.providers.base import Provider
 from tpu_console.node_table import maintenance_warning
+from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import find_node
 from tpu_console.runs import control
 from tpu_console.runs.device_metrics import LIBTPU_METRICS_ADDRESS, read_device_metrics

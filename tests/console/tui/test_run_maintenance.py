@@ -26,8 +26,8 @@ async def test_maintenance_during_the_run_is_a_warning_in_the_header():
     window = Maintenance("SCHEDULED", "PENDING", NOW + timedelta(hours=2), NOW + timedelta(hours=3))
     feed = feed_on(window)
     await feed.check_node(every_s=0)
-    assert feed.node_warning == ("maintenance SCHEDULED PENDING 2025-03-14 14:00-15:00 UTC on pod, while this "
-                                 "run runs: checkpoint before it")
+    assert feed.node_warning == ("maintenance SCHEDULED PENDING 2025-03-14 14:00-15:00 UTC on pod, "
+                                 "while this run runs: checkpoint before it")
     snapshot = RunSnapshot("20250314-110000-abcd", "pod", "running", (), NOW, node_warning=feed.node_warning)
     assert "maintenance SCHEDULED PENDING" in notes_text(snapshot, None).plain
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from tpu_console.errors import AlreadyExists, CreateInterrupted, UserError
 from tpu_console.model import CreateRequest, Node, NodeState, QueueState
@@ -28,11 +28,26 @@ from tpu_console.providers.gcp.errors import (
 from tpu_console.providers.gcp.node_mapping import node_path, state_hint
 from tpu_console.providers.gcp.queued_mapping import build_queued_resource, queued_path, queued_reason
 
-if TYPE_CHECKING:
-    from tpu_console.providers.gcp.provider import GcpProvider
-
 # Node states a queued node can end in without ever becoming READY.
 _DEAD = (NodeState.PREEMPTED, NodeState.TERMINATED, NodeState.STOPPED, NodeState.DELETING, NodeState.HIDDEN)
+
+
+class QueueHost(Protocol):
+    """What a queued create uses of the provider (GcpProvider): its clients, its timings, its record."""
+
+    project: str
+    poll_interval: float
+    create_timeout: float
+
+    async def _client(self): ...
+    async def _alpha(self): ...
+    def _model(self, api_node, maintenance=None) -> Node: ...
+    async def delete_request(self, path: str, zone: str, progress: Progress) -> None: ...
+    def capacity_start(self, path: str, zone: str, accelerator_type: str, request: CreateRequest,
+                       method: str) -> None: ...
+    def capacity_active(self, path: str, active_after_s: float) -> None: ...
+    def capacity_finish(self, path: str, outcome: str, reason: str | None, *,
+                        active_after_s: float | None = None, ready_after_s: float | None = None) -> None: ...
 
 
 @dataclass
@@ -47,7 +62,7 @@ class LostRace(Exception):
 class QueuedCreate:
     """One `create` through queued resources, for `GcpProvider.create`."""
 
-    def __init__(self, provider: GcpProvider, request: CreateRequest, accelerator_type: str, runtime: str,
+    def __init__(self, provider: QueueHost, request: CreateRequest, accelerator_type: str, runtime: str,
                  progress: Progress) -> None:
         self.provider = provider
         self.request = request
