@@ -755,9 +755,17 @@ def main() -> None:
         "--stockout", action="append", default=[], metavar="ZONE", help="zone without capacity"
     )
     parser.add_argument("--quota", action="append", default=[], metavar="ZONE", help="zone over quota")
+    parser.add_argument("--queue-delay", type=float, default=5.0,
+                        help="seconds each queued-request state lasts, capacity permitting")
+    parser.add_argument("--capacity-after", action="append", default=[], metavar="ZONE=S",
+                        help="queued requests in ZONE get capacity only after S seconds")
     parser.add_argument("--demo", action="store_true", help="start with nodes in project 'demo'")
     args = parser.parse_args()
-    api = TpuApiEmulator(create_delay=args.create_delay, delete_delay=args.delete_delay, update_delay=0.5)
+    api = TpuApiEmulator(create_delay=args.create_delay, delete_delay=args.delete_delay, update_delay=0.5,
+                         queue_delay=args.queue_delay)
+    for item in args.capacity_after:
+        zone, _, seconds = item.partition("=")
+        api.capacity_after(zone, float(seconds))
     for zone in args.stockout:
         api.stockout(zone)
     for zone in args.quota:
