@@ -39,6 +39,7 @@ from textual.message import Message
 from tpu_console.errors import NotFound, UserError, one_line
 from tpu_console.node_table import maintenance_warning
 from tpu_console.providers.base import Provider
+from tpu_console.providers.nodes import list_nodes
 from tpu_console.providers.registry import find_node
 from tpu_console.runs import control
 from tpu_console.runs.device_metrics import LIBTPU_METRICS_ADDRESS, read_device_metrics
@@ -243,10 +244,11 @@ class RunFeed:
     async def check_node(self, every_s: float = NODE_CHECK_S) -> None:
         """The node's announced maintenance, looked at now and then: a warning when it falls in the run."""
         while self.record is not None:
-            try:
-                _, node = await find_node(self.providers, self.record.node)
+            try:  # the listing, not a lookup: only the listing reads maintenance (gcp's v2alpha1)
+                listing = await list_nodes(self.providers)
             except Exception:  # noqa: BLE001 - a nicety: the watch itself reports a node that is gone
-                node = None
+                listing = None
+            node = next((n for n in listing.nodes if n.name == self.record.node), None) if listing else None
             if node is not None:
                 self.node_warning = maintenance_warning(node, self.record.started_at, self.record.finished_at)
             if every_s <= 0:

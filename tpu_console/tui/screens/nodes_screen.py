@@ -277,6 +277,9 @@ class NodesScreen(Screen[None]):
         say("started")
         try:
             outcome = await body(say)
+        except asyncio.CancelledError:  # cancelled before anything was left to clean up
+            self.post_message(OperationEnded(label, "", problem="cancelled"))
+            raise
         except UserError as exc:
             self.post_message(OperationEnded(label, "", problem=masker.mask(f"refused: {exc}")))
         except Exception as exc:  # noqa: BLE001 - an operation's failure is reported, never the app's end
@@ -323,7 +326,7 @@ class NodesScreen(Screen[None]):
 
         label = f"create {order.request.name}"
         worker = self.run_operation(label, create)
-        if order.request.queued:
+        if order.request.queued and _queues(order.request.accelerator_type):
             self.queued_creates[label] = worker
 
     def _offer_cancel(self) -> None:
@@ -494,6 +497,17 @@ class NodesScreen(Screen[None]):
 
     def on_data_table_row_selected(self, _event: DataTable.RowSelected) -> None:
         self.action_open_run()
+
+
+def _queues(accelerator_type: str) -> bool:
+    """Does a gcp create of this type wait in a queue (and so may be cancelled with esc)?"""
+    from tpu_console.providers.gcp.accelerators import canonical_type
+    from tpu_console.providers.gcp.queued_mapping import supports_queued
+
+    try:
+        return supports_queued(canonical_type(accelerator_type))
+    except UserError:
+        return False
 
 
 def _setup_outcome(result, done: str, say: Say) -> str:
