@@ -73,10 +73,6 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
     create.add_argument("--race", action="store_true",
                         help="gcp: one queued request per zone at once; the first to become ACTIVE wins and "
                         "the others are deleted")
-    create.add_argument("--reservation", metavar="NAME",
-                        help="gcp: create in this reservation (a name in the zone, or its full path)")
-    create.add_argument("--best-effort", action="store_true",
-                        help="gcp: the best-effort tier (TPU API v2alpha1)")
     create.add_argument("--wait-for", metavar="DURATION",
                         help="gcp: the queued request gives up after this long, e.g. 2h, 45m, 1h30m "
                         "(its valid-until); without it, it waits until deleted")
@@ -89,6 +85,10 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
         help="spot capacity: cheaper, may be preempted (the default)",
     )
     pricing.add_argument("--on-demand", dest="spot", action="store_false", help="on-demand capacity")
+    pricing.add_argument("--reservation", metavar="NAME",
+                         help="gcp: create in this reservation (a name in the zone, or its full path)")
+    pricing.add_argument("--best-effort", action="store_true",
+                         help="gcp: the best-effort tier (TPU API v2alpha1)")
     create.add_argument("--runtime-version", metavar="V", help="gcp TPU software version")
     create.add_argument(
         "--label", action="append", default=[], metavar="KEY=VALUE", help="a label for the node (repeatable)"
