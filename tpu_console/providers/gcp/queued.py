@@ -70,6 +70,7 @@ class QueuedCreate:
         self.runtime = runtime
         self.progress = progress
         self.outstanding: dict[str, str] = {}  # request path -> zone: made, and not yet deleted or READY
+        self.with_node: set[str] = set()  # requests that became ACTIVE: their node exists
 
     @property
     def project(self) -> str:
@@ -85,6 +86,9 @@ class QueuedCreate:
             if self.request.race and len(zones) > 1:
                 return await self._race(zones)
             return await self._in_order(zones)
+        except Exception:
+            await self._abandon()
+            raise
         except asyncio.CancelledError:
             if not self.outstanding:
                 raise
@@ -94,6 +98,24 @@ class QueuedCreate:
             raise CreateInterrupted(
                 "gcp", [f"{zone}/{path.rsplit('/', 1)[-1]}" for path, zone in self.outstanding.items()]
             ) from None
+
+    async def _abandon(self) -> None:
+        """The create failed: delete the requests still out, so none is left behind silently; one whose
+        node exists is left for the person to look at, and named."""
+        for path, zone in list(self.outstanding.items()):
+            name = path.rsplit("/", 1)[-1]
+            if path in self.with_node:
+                self.progress(f"{zone}: left queued request {name} and its node for you to look at; "
+                              f"`tpu-console delete {name} --yes` removes both")
+                continue
+            try:
+                await self.provider.delete_request(path, zone, self.progress)
+            except (UserError, *API_ERRORS) as exc:
+                self.progress(f"{zone}: could not delete queued request {name} ({exc}); "
+                              f"`tpu-console delete {name} --yes` removes it")
+                continue
+            self.outstanding.pop(path, None)
+            self.provider.capacity_finish(path, capacity.FAILED, "the create failed elsewhere")
 
     # ---- zone after zone --------------------------------------------------------------------------
 
@@ -139,7 +161,9 @@ class QueuedCreate:
                     if error is not None:
                         if zone == race.winner:
                             raise error
-                        failures.append(f"{zone} {error}")
+                        why = classify_exception(error).describe() if isinstance(error, API_ERRORS) else error
+                        failures.append(f"{zone} {why}")
+                        self.progress(f"{zone}: {why}, out of the race")
                         continue
                     outcome = task.result()
                     if isinstance(outcome, Node):
@@ -219,6 +243,7 @@ class QueuedCreate:
                         self._on_win(zone)
                     elif race.winner != zone:
                         raise LostRace(zone)
+                self.with_node.add(path)
                 node = await self._await_node(zone, started)
                 self.outstanding.pop(path, None)
                 provider.capacity_finish(path, capacity.READY, None, active_after_s=active_after,

@@ -214,3 +214,17 @@ async def test_listing_shows_maintenance_and_symptoms(emulator, make_provider):
     assert node.maintenance.overlaps(datetime(2026, 11, 25, 4, tzinfo=UTC), None)
     before = (datetime(2026, 11, 24, tzinfo=UTC), datetime(2026, 11, 25, tzinfo=UTC))
     assert not node.maintenance.overlaps(*before)
+
+
+async def test_a_race_that_fails_everywhere_leaves_no_request_behind(emulator, make_provider):
+    emulator.stockout(Z1)
+    emulator.fail_next("getQueued", "PERMISSION_DENIED", "Permission 'tpu.queuedResources.get' denied",
+                       zone=Z1)  # Z1 errors out while its request waits
+    emulator.fail_queued(Z2, "There is no more capacity in the zone.")
+    lines: list[str] = []
+    with pytest.raises(UserError, match="in any zone: ") as caught:
+        await make_provider().create(queued(zones=(Z1, Z2), race=True), lines.append)
+    assert f"{Z2} no capacity" in str(caught.value)
+    assert f"{Z1} permission denied: Permission 'tpu.queuedResources.get' denied" in str(caught.value)
+    assert emulator.queued_json(Z1, "grpo") is None and emulator.queued_json(Z2, "grpo") is None
+    assert f"{Z1}: queued request grpo deleted, confirmed gone" in " ".join(lines)
