@@ -177,7 +177,9 @@ async def create(args: argparse.Namespace, settings: Settings, providers: dict[s
     try:
         node = await create_node(providers, provider, request, progress=output.progress)
     except CreateInterrupted as interrupted:
-        await _after_interrupt(interrupted, providers, json_mode=args.json)
+        cancelled = await _after_interrupt(interrupted, providers, json_mode=args.json)
+        if args.json:
+            output.print_json({"interrupted": True, "requests": interrupted.requests, "cancelled": cancelled})
         return 130
     if args.json:
         output.print_json({"node": node_record(node, datetime.now(UTC))})
@@ -191,7 +193,7 @@ async def create(args: argparse.Namespace, settings: Settings, providers: dict[s
 
 
 async def _after_interrupt(interrupted: CreateInterrupted, providers: dict[str, Provider], *,
-                           json_mode: bool) -> None:
+                           json_mode: bool) -> bool:
     """Ctrl-C while queued: ask whether to cancel (nobody to ask: cancel); never leave one silently."""
     names = ", ".join(interrupted.requests)
     try:
@@ -201,10 +203,11 @@ async def _after_interrupt(interrupted: CreateInterrupted, providers: dict[str, 
     if not cancel:
         output.progress(f"left queued request(s) {names} waiting: `tpu-console ls` shows them, "
                         "`tpu-console delete NAME --yes` removes them")
-        return
+        return False
     output.progress(f"cancelling queued request(s) {names}")
     await cancel_queued(providers, interrupted, progress=output.progress)
     output.progress("cancelled: no queued request left behind")
+    return True
 
 
 _DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")

@@ -90,9 +90,10 @@ def interrupt_once_waiting(emulator, zone: str, name: str) -> threading.Thread:
 def test_ctrl_c_while_waiting_cancels_the_request_and_confirms_it_is_gone(capsys, gcp_cli):
     gcp_cli.stockout(Z1)
     watcher = interrupt_once_waiting(gcp_cli, Z1, "grpo")
-    status, out, err = run(capsys, "create", "grpo", "--type", "v6e-8", "--zones", Z1)
+    status, out, err = run(capsys, "create", "grpo", "--type", "v6e-8", "--zones", Z1, "--json")
     watcher.join()
-    assert status == 130 and out == ""
+    assert status == 130
+    assert json.loads(out) == {"interrupted": True, "requests": [f"{Z1}/grpo"], "cancelled": True}
     assert gcp_cli.queued_json(Z1, "grpo") is None  # nobody to ask (no terminal): cancelled
     assert f"{Z1}: queued request grpo deleted, confirmed gone" in err
     assert err.rstrip().endswith("cancelled: no queued request left behind")
