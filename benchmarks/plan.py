@@ -1,6 +1,6 @@
 """The trainer at the seeds' scale, read by the TPU compiler on this machine (no TPU): one table.
 
-    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/plan.py [--part fit,decode,sweep,order] [--json OUT]
+    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/plan.py [--part fit,decode,...] [--json OUT]
 
 Needs libtpu (`pip install "jax[tpu]==<jax>"`; scripts/test installs it). Every figure is the compiler's
 own analysis of the trainer's real programs (trainer/plan.py): memory_analysis() per chip, cost_analysis()
@@ -8,15 +8,18 @@ flops and bytes accessed, the collectives in the compiled HLO. Takes about half 
 
 - fit: `qwen25_3b_v6e8_bench.yaml` on v6e-8 and `qwen25_3b_v6e16_bench.yaml` on v6e-16, every program.
   Target: every program fits with at least 25% of HBM free per chip.
-- decode: one generated token on v6e-16 (3B bench) in three rollout layouts: today's (before this change:
+- decode: one generated token on v6e-16 (3B bench) in four rollout layouts: today's (before this change:
   FSDP weights, the logits and sampling left to the partitioner, fp32 partial sums), replicated bf16
-  weights, and the default (FSDP weights, logits kept on their rows, bf16 partial sums). Per chip: HBM
+  weights, tensor parallel inside each host, and the default (FSDP weights, logits kept on their rows,
+  bf16 partial sums). Per chip: HBM
   bytes accessed, collective bytes and count, the estimated time (trainer/plan.py's method), beside the
   bandwidth floor (the chip's bf16 weights plus its KV cache at the chip's HBM bandwidth). Target:
   today's / default >= 2 by the same method in the same run; the estimated step beside the seeds'
   measured 10.0 s/step.
 - sweep: `qwen25_7b_v4_16.yaml` on v4-16, the largest local batch whose plan fits, found the way
   `tpu-console sweep --compile-only` finds it. Target: >= 8.
+- weight-count (not in the default parts): how the compiler's `bytes accessed` counts a weight one matmul
+  streams, against the weight's bytes (docs/plan.md explains why it matters for comparing layouts).
 - order (not in the default parts): the update on v6e-16 with the hosts' devices in host-major order (what
   the trainer uses) and in mesh_utils' topology-aware order, by the compiler's figures.
 """
@@ -46,6 +49,7 @@ LAYOUTS = {
         "cache_write": "bits",
     },
     "replicated": {"weight_layout": "replicated"},
+    "tensor": {"weight_layout": "tensor"},
     "default": {},
 }
 
@@ -185,6 +189,27 @@ def order_part(results: dict) -> None:
     results["device_order"] = rows
 
 
+def weight_count_part(results: dict) -> None:
+    """How the compiler's `bytes accessed` counts a weight a matmul streams: x[32, 2048] @ W[2048, 2752]
+    (one chip's share of an MLP matrix in the tensor layout) compiled alone for v6e, against W's bytes."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from trainer.aot import compile_program, tpu_devices
+
+    mesh = Mesh(np.array(tpu_devices(parse_accelerator_type("v6e-4"))).reshape(4), ("tp",))
+    x = jax.ShapeDtypeStruct((32, 2048), jnp.bfloat16, sharding=NamedSharding(mesh, PartitionSpec()))
+    split = NamedSharding(mesh, PartitionSpec(None, "tp"))
+    w = jax.ShapeDtypeStruct((2048, 4 * 2752), jnp.bfloat16, sharding=split)
+    matmul = jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32))
+    c = compile_program("matmul", matmul, x, w)
+    ratio = c.bytes_accessed / (2048 * 2752 * 2)
+    print(f"== one matmul's bytes accessed / its weight's bytes per chip: {ratio:.2f}x (HBM reads W once)")
+    results["weight_count"] = {"bytes_accessed": c.bytes_accessed, "ratio": ratio}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", default="fit,decode,sweep")
@@ -199,6 +224,8 @@ def main() -> int:
         sweep_part(results)
     if "order" in parts:
         order_part(results)
+    if "weight-count" in parts:
+        weight_count_part(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))
     return 0

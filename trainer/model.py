@@ -295,12 +295,15 @@ class Attention(nnx.Module):
         return self.o_proj(_attend(q, k, v, mask, self.compute_dtype))
 
     def decode(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
-               cache: tuple[jax.Array, jax.Array], cache_index: jax.Array) -> tuple[jax.Array, tuple]:
-        """Write this chunk's k/v at `cache_index` and attend over the whole cache (mask [B, T, S])."""
+               cache: tuple[jax.Array, jax.Array], cache_index: jax.Array,
+               cache_layout: RowLayout | None = None) -> tuple[jax.Array, tuple]:
+        """Write this chunk's k/v at `cache_index` and attend over the whole cache (mask [B, T, S]).
+        cache_layout: places the written cache before attention reads it (see Qwen2ForCausalLM.decode)."""
         q, k, v = self._qkv(x, cos, sin)
         k_cache, v_cache = cache
         start = (0, 0, cache_index, 0)
-        k_cache, v_cache = _write_cache(k_cache, k, start), _write_cache(v_cache, v, start)
+        layout = cache_layout or _rows_anywhere
+        k_cache, v_cache = layout(_write_cache(k_cache, k, start)), layout(_write_cache(v_cache, v, start))
         out = _attend(q, k_cache.astype(self.compute_dtype), v_cache, mask, self.compute_dtype)
         return self.o_proj(out), (k_cache, v_cache)
 
@@ -342,8 +345,9 @@ class Block(nnx.Module):
         x = x + self.self_attn.o_proj(_attend(q, k, v, mask, self.self_attn.compute_dtype))
         return x + self.mlp(self.post_attention_layernorm(x)), (k, v)
 
-    def decode(self, x, cos, sin, mask, cache, cache_index):
-        h, cache = self.self_attn.decode(self.input_layernorm(x), cos, sin, mask, cache, cache_index)
+    def decode(self, x, cos, sin, mask, cache, cache_index, cache_layout=None):
+        h, cache = self.self_attn.decode(self.input_layernorm(x), cos, sin, mask, cache, cache_index,
+                                         cache_layout)
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x)), cache
 
@@ -435,13 +439,16 @@ class Qwen2ForCausalLM(nnx.Module):
         return rows(self.logits(self.norm(x[:, -1]))), cache
 
     def decode(self, input_ids: jax.Array, positions: jax.Array, kv_mask: jax.Array, cache: KVCache,
-               cache_index: jax.Array, rows: RowLayout | None = None) -> tuple[jax.Array, KVCache]:
+               cache_index: jax.Array, rows: RowLayout | None = None,
+               cache_layout: RowLayout | None = None) -> tuple[jax.Array, KVCache]:
         """Cached forward of a chunk input_ids [B, T] stored at cache slots [cache_index, cache_index + T).
 
         kv_mask [B, S] marks the cache slots holding real tokens, including this chunk's. Returns fp32 logits
         of the chunk's last position [B, V] and the updated cache. rows: the sampler's row layout for the
         logits, so each device samples its own rows (left free, the partitioner may give every device all
-        of them: 78 MB of fp32 logits for 128 rows of Qwen2.5, every token).
+        of them: 78 MB of fp32 logits for 128 rows of Qwen2.5, every token). cache_layout: the sampler's
+        layout for each layer's cache, applied right after the write (left free, the partitioner may split a
+        cache the loop holds whole over the chips that share its rows, and gather it back every token).
         """
         rows = rows or _rows_anywhere
         t, s = input_ids.shape[1], kv_mask.shape[1]
@@ -451,7 +458,7 @@ class Qwen2ForCausalLM(nnx.Module):
         x = self._embed(input_ids)
         new_cache = []
         for layer, layer_cache in zip(self.layers, cache, strict=True):
-            x, layer_cache = layer.decode(x, cos, sin, mask, layer_cache, cache_index)
+            x, layer_cache = layer.decode(x, cos, sin, mask, layer_cache, cache_index, cache_layout)
             new_cache.append(layer_cache)
         return rows(self.logits(self.norm(x[:, -1]))), new_cache
 

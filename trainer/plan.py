@@ -321,6 +321,7 @@ def build_plan(
 
     from trainer.mesh import axis_sizes, make_mesh, train_sharding
     from trainer.programs import build_programs
+    from trainer.rollout_sharding import tensor_parallel_shardings
 
     devices = tpu_devices(tpu)
     hosts = len({d.process_index for d in devices})
@@ -345,7 +346,6 @@ def build_plan(
     _, params, rest = nnx.split(model, nnx.Param, ...)
     opt_state = _with_shardings(jax.eval_shape(programs.optimizer.init, params), programs.opt_shardings)
     with jax.set_mesh(mesh):
-        replicated = NamedSharding(mesh, PartitionSpec())
         resident = {"parameters": _per_chip_bytes(params), "optimizer state": _per_chip_bytes(opt_state)}
         if t.beta > 0:
             resident["reference weights"] = resident["parameters"]
@@ -395,91 +395,107 @@ def build_plan(
             add("optimizer init", "once", 0, programs.init_optimizer, params)
 
         # Rollout: the weights decode reads, prefill, the loop, and one step of it alone (per-token figures).
-        state = nnx.merge_state(params, rest)
-        rollout_state = jax.eval_shape(sampler.prepare_weights, state)
-        if sampler.weight_layout == "replicated":
-            rollout_state = _with_shardings(rollout_state, jax.tree.map(lambda _: replicated, rollout_state))
-            add(
-                "rollout weights",
-                "every step",
-                fp32_state - resident["parameters"],
-                sampler._replicate,
-                state,
-            )
-        elif rollout_state is not state and any(
-            x.dtype != p.dtype
-            for x, p in zip(jax.tree.leaves(rollout_state), jax.tree.leaves(state), strict=True)
-        ):
-            rollout_state = _with_shardings(rollout_state, jax.tree.map(lambda x: x.sharding, state))
-            add("rollout weights", "every step", fp32_state - resident["parameters"], sampler._cast, state)
-        else:
-            rollout_state = state
-        rollout_weights = _per_chip_bytes(rollout_state) if rollout_state is not state else 0
-        held = fp32_state if rollout_state is not state else fp32_state - resident["parameters"]
-
-        batch = r.batch_size * r.n
-        statics = {"top_k": r.top_k, "use_top_p": r.top_p < 1.0, "greedy": False}
-        for label, rows, mode in _rollouts(cfg, hosts, local, batch, statics):
-            rows_sharding = sampler.sharding
-            ids = _abstract((rows, r.global_length), jnp.int32, rows_sharding)
-            lens = _abstract((rows,), jnp.int32, rows_sharding)
-            key = _with_shardings(jax.eval_shape(lambda: jax.random.key(0)), replicated)
-            scalar = _abstract((), jnp.float32, replicated)
-            prefill = add(
-                f"prefill{label}",
-                "every step" if not label else "every eval",
-                held,
-                sampler._prefill,
-                rollout_state,
-                ids,
-                ids,
-                key,
-                scalar,
-                scalar,
-                **mode,
-            )
-            if prefill.oom or prefill.output_shardings is None:  # did not fit, or not wanted
-                continue
-            out_shapes = jax.eval_shape(
-                sampler._prefill, rollout_state, ids, ids, key, scalar, scalar, **mode
-            )
-            cache, kv_mask, first, first_logprobs = _with_shardings(out_shapes, prefill.output_shardings)
-            if not label:
-                plan.resident["KV cache"] = _per_chip_bytes(cache)
-            add(
-                f"decode loop{label}",
-                "every step" if not label else "every eval",
-                held,
-                sampler._decode,
-                rollout_state,
-                cache,
-                kv_mask,
-                first,
-                first_logprobs,
-                lens,
-                key,
-                scalar,
-                scalar,
-                **mode,
-            )
-            if not label:
-                tokens = _abstract((rows, r.max_length_sample), jnp.int32, first.sharding)
-                logprobs = _abstract((rows, r.max_length_sample), jnp.float32, first.sharding)
-                done = _abstract((rows,), jnp.bool_, first.sharding)
-                carry = (_abstract((), jnp.int32, replicated), cache, kv_mask, tokens, logprobs, done)
+        # Under the rollout's own mesh: the `tensor` layout decodes on a mesh of its own.
+        with sampler.mesh_context():
+            on_rollout_mesh = NamedSharding(sampler.mesh, PartitionSpec())  # key, scalars
+            state = nnx.merge_state(params, rest)
+            rollout_state = jax.eval_shape(sampler.prepare_weights, state)
+            if sampler.weight_layout == "replicated":
+                whole = jax.tree.map(lambda _: on_rollout_mesh, rollout_state)
+                rollout_state = _with_shardings(rollout_state, whole)
                 add(
-                    "decode step",
-                    "per token",
-                    held,
-                    sampler.decode_step_program(**mode),
-                    rollout_state,
-                    carry,
-                    logprobs,
-                    lens,
-                    scalar,
-                    scalar,
+                    "rollout weights",
+                    "every step",
+                    fp32_state - resident["parameters"],
+                    sampler._replicate,
+                    state,
                 )
-        plan.resident["rollout weights"] = rollout_weights
+            elif sampler.weight_layout == "tensor":
+                shardings = tensor_parallel_shardings(state, sampler.mesh, model_config.num_key_value_heads)
+                rollout_state = _with_shardings(rollout_state, shardings)
+                add(
+                    "rollout weights",
+                    "every step",
+                    fp32_state - resident["parameters"],
+                    sampler.tensor_program(state),
+                    state,
+                )
+            elif rollout_state is not state and any(
+                x.dtype != p.dtype
+                for x, p in zip(jax.tree.leaves(rollout_state), jax.tree.leaves(state), strict=True)
+            ):
+                rollout_state = _with_shardings(rollout_state, jax.tree.map(lambda x: x.sharding, state))
+                add("rollout weights", "every step", fp32_state - resident["parameters"], sampler._cast,
+                    state)
+            else:
+                rollout_state = state
+            rollout_weights = _per_chip_bytes(rollout_state) if rollout_state is not state else 0
+            held = fp32_state if rollout_state is not state else fp32_state - resident["parameters"]
+
+            batch = r.batch_size * r.n
+            statics = {"top_k": r.top_k, "use_top_p": r.top_p < 1.0, "greedy": False}
+            for label, rows, mode in _rollouts(cfg, hosts, local, batch, statics):
+                rows_sharding = sampler.sharding
+                ids = _abstract((rows, r.global_length), jnp.int32, rows_sharding)
+                lens = _abstract((rows,), jnp.int32, rows_sharding)
+                key = _with_shardings(jax.eval_shape(lambda: jax.random.key(0)), on_rollout_mesh)
+                scalar = _abstract((), jnp.float32, on_rollout_mesh)
+                prefill = add(
+                    f"prefill{label}",
+                    "every step" if not label else "every eval",
+                    held,
+                    sampler._prefill,
+                    rollout_state,
+                    ids,
+                    ids,
+                    key,
+                    scalar,
+                    scalar,
+                    **mode,
+                )
+                if prefill.oom or prefill.output_shardings is None:  # did not fit, or not wanted
+                    continue
+                out_shapes = jax.eval_shape(
+                    sampler._prefill, rollout_state, ids, ids, key, scalar, scalar, **mode
+                )
+                cache, kv_mask, first, first_logprobs = _with_shardings(out_shapes, prefill.output_shardings)
+                if not label:
+                    plan.resident["KV cache"] = _per_chip_bytes(cache)
+                add(
+                    f"decode loop{label}",
+                    "every step" if not label else "every eval",
+                    held,
+                    sampler._decode,
+                    rollout_state,
+                    cache,
+                    kv_mask,
+                    first,
+                    first_logprobs,
+                    lens,
+                    key,
+                    scalar,
+                    scalar,
+                    **mode,
+                )
+                if not label:
+                    tokens = _abstract((rows, r.max_length_sample), jnp.int32, first.sharding)
+                    logprobs = _abstract((rows, r.max_length_sample), jnp.float32, first.sharding)
+                    done = _abstract((rows,), jnp.bool_, first.sharding)
+                    counter = _abstract((), jnp.int32, on_rollout_mesh)
+                    carry = (counter, cache, kv_mask, tokens, logprobs, done)
+                    add(
+                        "decode step",
+                        "per token",
+                        held,
+                        sampler.decode_step_program(**mode),
+                        rollout_state,
+                        carry,
+                        logprobs,
+                        lens,
+                        scalar,
+                        scalar,
+                    )
+            plan.resident["rollout weights"] = rollout_weights
 
         # The update over the step's sequences, its micro-batches scanned inside; log-prob passes before it.
         layout = train_sharding(mesh)

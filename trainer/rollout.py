@@ -203,6 +203,13 @@ class Sampler:
         axes = model.config.sharding.batch
         return lambda x: self.constrain(x, axes)
 
+    def _cache_layout(self, model: Qwen2ForCausalLM) -> Any:
+        """Where each layer's KV cache stays through a decode step: where prefill put it."""
+        if self.mesh is None or not self.constrain_rows:
+            return None
+        axes = model.config.sharding.kv_cache
+        return lambda x: self.constrain(x, axes)
+
     def prepare_weights(self, state: nnx.State) -> nnx.State:
         """The weights prefill and decode read: cast to the compute dtype when they are not (overridable)."""
         if any(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != self.model.compute_dtype
@@ -274,7 +281,8 @@ class Sampler:
         kv_mask = jax.lax.dynamic_update_slice(kv_mask, jnp.ones((batch, 1), jnp.int32), (0, slot))
         previous = jax.lax.dynamic_slice(tokens, (0, i - 1), (batch, 1))
         positions = (prompt_lens + i - 1)[:, None]
-        logits, cache = model.decode(previous, positions, kv_mask, cache, slot, rows=self._rows_layout(model))
+        logits, cache = model.decode(previous, positions, kv_mask, cache, slot, rows=self._rows_layout(model),
+                                     cache_layout=self._cache_layout(model))
         uniform = jax.lax.dynamic_slice(uniforms, (0, i), (batch, 1))[:, 0]
         new, new_logprobs = sample_with_uniform(logits, uniform, temperature, top_p, top_k=top_k,
                                                 use_top_p=use_top_p, greedy=greedy)

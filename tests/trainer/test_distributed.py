@@ -51,12 +51,13 @@ def check_run(results, *, steps: int, mesh_axes: dict, spans_hosts: bool, style:
 
 @pytest.mark.slow
 def test_four_processes_auto_mesh_legacy_sharding(tmp_path, tiny_model_dir):
-    # With the KL term, so the reference log-prob pass runs across processes too.
+    # With the KL term, so the reference log-prob pass runs across processes too; and the tensor rollout
+    # layout, whose decode mesh (4 hosts x 4 chips) differs from training's (fsdp over all 16).
     config = tiny_config(
         tmp_path,
         tiny_model_dir,
         mesh_shape="auto",
-        **{"rollout.sharding_style": "legacy", "train.beta": 0.04},
+        **{"rollout.sharding_style": "legacy", "train.beta": 0.04, "rollout.weight_layout": "tensor"},
     )
     results = launch(tmp_path, config, processes=4, devices=4)
     check_run(results, steps=2, mesh_axes={"dp": 1, "fsdp": 16, "tp": 1}, spans_hosts=True, style="legacy")

@@ -197,6 +197,46 @@ def test_sharded_model_on_a_mesh_generates_the_same_tokens(tiny_model_dir):
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
+def test_rollout_weight_layouts_sample_the_same_tokens(tiny_model_dir):
+    # The tensor layout decodes on a second mesh (hosts x chips per host) over the same devices: the same
+    # greedy tokens and log-probs as FSDP weights, its weights split over tp (KV projections whole: the tiny
+    # model's 2 KV heads do not divide over 4 chips), and the tokens come back readable on the train mesh.
+    script = textwrap.dedent(f"""
+        import jax.numpy as jnp, numpy as np
+        from trainer.mesh import local_rows, make_mesh
+        from trainer.rollout_sharding import ShardedSampler
+        from trainer.weights import load_model
+        prompts = {PROMPTS!r} + [[3, 4]]
+        mesh = make_mesh("1,4,1")
+        model, config = load_model({str(tiny_model_dir)!r}, mesh=mesh, compute_dtype=jnp.float32)
+        assert config.num_key_value_heads % 4, config
+        out = {{}}
+        for layout in ("fsdp", "replicated", "tensor"):
+            sampler = ShardedSampler(model, 0, config.eos_token_ids, prompt_len=16, max_new_tokens=8,
+                                     mesh=mesh, style="legacy", weight_layout=layout)
+            out[layout] = sampler.generate(prompts, rng=0, greedy=True)
+            if layout == "tensor":
+                assert dict(sampler.mesh.shape) == {{"dp": 1, "fsdp": 1, "tp": 4}}, sampler.mesh
+                weights = sampler.prepare_weights(__import__("flax").nnx.state(model))
+                layer = weights["layers"][0]
+                gate = layer["mlp"]["gate_proj"]["kernel"][...]
+                k = layer["self_attn"]["k_proj"]["kernel"][...]
+                assert gate.sharding.shard_shape(gate.shape) == (gate.shape[0], gate.shape[1] // 4)
+                assert k.sharding.shard_shape(k.shape) == k.shape
+        for layout in ("replicated", "tensor"):
+            np.testing.assert_array_equal(local_rows(out[layout].completion_ids, mesh),
+                                          local_rows(out["fsdp"].completion_ids, mesh))
+            np.testing.assert_allclose(local_rows(out[layout].logprobs, mesh),
+                                       local_rows(out["fsdp"].logprobs, mesh), atol=1e-4)
+        print("ok")
+    """)
+    env = os.environ | {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240, check=False
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
 def test_two_level_inverse_cdf_draws_like_one_cumsum_over_the_row():
     # A vocabulary-sized row (not a multiple of the block) with masked tokens, including whole masked blocks
     # and a masked block start: same token as one cumulative sum over the row, for every uniform.
