@@ -8,7 +8,8 @@ reservation is missing, a quota error, any HTTP error for the next N calls of a 
 5xx then success), and preemption of a READY node.
 
 Queued resources (`queuedResources`: create, get, list, delete with `force`) move through ACCEPTED,
-WAITING_FOR_RESOURCES, PROVISIONING and ACTIVE on injectable delays: capacity that appears in a zone
+WAITING_FOR_RESOURCES, PROVISIONING and ACTIVE on injectable delays, one state per read of the request
+(so a client that polls sees every state, however slow the machine): capacity that appears in a zone
 only after a wait (`capacity_after`), a zone that never has any (`stockout`: the request waits until its
 valid-until passes, then FAILED), failure with a reason (`fail_queued`, a missing reservation), and
 suspension (`suspend`). The `v2alpha1` paths answer too, with the fields only that version has
@@ -247,6 +248,7 @@ class TpuApiEmulator:
             self._set_queued_state(queued, state, time.monotonic())
 
     def queued_json(self, zone: str, name: str) -> dict[str, Any] | None:
+        """A request as it stands (reading it here does not move it on), or None when it is gone."""
         with self._lock:
             self._advance()
             queued = self._queued.get(next((k for k in self._queued if k[1:] == (zone, name)), ("", "", "")))
@@ -381,15 +383,17 @@ class TpuApiEmulator:
                      body: dict[str, Any], alpha: bool) -> dict[str, Any]:
         if rest == "/queuedResources" and method == "GET":
             self._check_injected("listQueued", zone)
-            found = [_version_view(q.body, alpha) for (p, z, _), q in sorted(self._queued.items())
-                     if p == project and zone in ("-", z)]
-            return {"queuedResources": found}
+            listed = [q for (p, z, _), q in sorted(self._queued.items()) if p == project and zone in ("-", z)]
+            self._advance_queued(time.monotonic(), listed)
+            return {"queuedResources": [_version_view(q.body, alpha) for q in listed]}
         if rest == "/queuedResources" and method == "POST":
             return self._create_queued(project, zone, query.get("queuedResourceId", [""])[0], body, alpha)
         m = re.fullmatch(r"/queuedResources/([^/:]+)", rest)
         if m and method == "GET":
             self._check_injected("getQueued", zone)
-            return _version_view(self._queued_in(zone, m.group(1), project).body, alpha)
+            queued = self._queued_in(zone, m.group(1), project)
+            self._advance_queued(time.monotonic(), [queued])
+            return _version_view(queued.body, alpha)
         if m and method == "DELETE":
             self._check_injected("deleteQueued", zone)
             return self._delete_queued(project, zone, m.group(1), query.get("force", [""])[0] == "true")
@@ -470,8 +474,10 @@ class TpuApiEmulator:
         queued.body["state"] = {"state": state, **data}
         queued.state_since = now
 
-    def _advance_queued(self, now: float) -> None:
-        for queued in list(self._queued.values()):
+    def _advance_queued(self, now: float, queued_resources: list[_Queued]) -> None:
+        """Move each request on by one state whose time has come. Requests move when they are read (get,
+        list), one state per read, so a client polling a request sees every state it passes through."""
+        for queued in queued_resources:
             state = queued.body["state"]["state"]
             if now - queued.state_since < self.queue_delay and state in ("CREATING", "ACCEPTED"):
                 continue
@@ -681,7 +687,6 @@ class TpuApiEmulator:
     def _advance(self) -> None:
         """Apply every state change whose time has come (called on each request; no background thread)."""
         now = time.monotonic()
-        self._advance_queued(now)
         for node in self._nodes.values():
             if node.ready_at is not None and now >= node.ready_at and node.body["state"] == "CREATING":
                 node.body["state"] = "READY"
