@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from tpu_console.model import CreateRequest, Node, SshTarget
+from tpu_console.model import CreateRequest, Node, QueuedRequest, SshTarget
 
 # Progress callbacks receive one short human line, e.g. "us-east5-b: no capacity, trying next zone".
 Progress = Callable[[str], None]
@@ -23,6 +23,7 @@ class NodeListing:
 
     nodes: list[Node] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # one line each, e.g. "zone us-east1-d: 503 ..."
+    requests: list[QueuedRequest] = field(default_factory=list)  # queued requests, with a node or not
 
 
 class Provider(abc.ABC):
@@ -44,6 +45,12 @@ class Provider(abc.ABC):
         from tpu_console.errors import UserError
 
         raise UserError(f"the {self.name} provider cannot delete nodes; remove them from config.toml instead")
+
+    async def cancel_requests(  # noqa: B027 - a provider without queued requests keeps this
+        self, requests: list[str], progress: Progress = no_progress
+    ) -> None:
+        """Delete queued requests a create left out when interrupted (`CreateInterrupted.requests`), and
+        confirm each is gone. Only providers that queue requests have any."""
 
     @abc.abstractmethod
     async def ssh_targets(self, node: Node) -> list[SshTarget]:

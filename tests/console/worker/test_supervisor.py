@@ -5,6 +5,7 @@ and a job runner running as the processes they are on a pod."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -224,6 +225,21 @@ async def test_on_gcp_the_supervisor_deletes_the_node_through_the_api_with_the_v
     assert "deleted: node night deleted" in out
     assert len(metadata_server.asked) == 1
     assert [n.name for n in (await provider.list_nodes()).nodes if n.state.value != "DELETING"] == []
+
+
+async def test_a_queued_node_has_the_scope_too_and_the_supervisor_deletes_its_request(
+    emulator, make_provider, metadata_server
+):
+    provider = make_provider()
+    node = await provider.create(CreateRequest(name="qn", accelerator_type="v6e-8", zones=[ZONES[0]],
+                                               queued=True))
+    spec = emulator.queued_json(ZONES[0], "qn")["tpu"]["nodeSpec"][0]["node"]
+    assert spec["serviceAccount"]["scope"] == ["https://www.googleapis.com/auth/cloud-platform"]
+    target = {**provider.supervisor_delete_target(node), "metadata_url": metadata_server.url}
+    assert target["queued_resource"] == f"projects/{PROJECT}/locations/{ZONES[0]}/queuedResources/qn"
+    await asyncio.to_thread(sv.delete_gcp_node, target)
+    wait_for(lambda: emulator.queued_json(ZONES[0], "qn") is None, timeout=10)
+    assert len(metadata_server.asked) == 1
 
 
 def test_a_node_of_a_queued_request_is_deleted_with_its_request(metadata_server):
