@@ -7,6 +7,14 @@ node is DELETING, then gone. Failures are injected per test: a zone out of capac
 reservation is missing, a quota error, any HTTP error for the next N calls of a method (a 409 on update,
 5xx then success), and preemption of a READY node.
 
+Queued resources (`queuedResources`: create, get, list, delete with `force`) move through ACCEPTED,
+WAITING_FOR_RESOURCES, PROVISIONING and ACTIVE on injectable delays, one state per read of the request
+(so a client that polls sees every state, however slow the machine): capacity that appears in a zone
+only after a wait (`capacity_after`), a zone that never has any (`stockout`: the request waits until its
+valid-until passes, then FAILED), failure with a reason (`fail_queued`, a missing reservation), and
+suspension (`suspend`). The `v2alpha1` paths answer too, with the fields only that version has
+(`upcomingMaintenance` on nodes, `bestEffort` on requests).
+
 Standalone, for trying the console without a cloud project:
 
     python tests/tpu_api_emulator.py --port 8470 --demo
@@ -103,6 +111,23 @@ class _Node:
 
 
 @dataclass
+class _Queued:
+    project: str
+    zone: str
+    qr_id: str
+    body: dict[str, Any]  # the QueuedResource JSON as the API returns it
+    created: float  # time.monotonic() when created
+    capacity_at: float | None  # when capacity appears for it (None: never)
+    valid_until: float | None = None
+    fail_with: ApiError | None = None  # FAILED with this once accepted
+    state_since: float = 0.0
+
+    @property
+    def path(self) -> str:
+        return f"projects/{self.project}/locations/{self.zone}/queuedResources/{self.qr_id}"
+
+
+@dataclass
 class _Operation:
     name: str
     verb: str
@@ -117,10 +142,16 @@ class _Operation:
 class TpuApiEmulator:
     """The service state plus failure injection. Thread-safe; serve it with `start()`."""
 
-    def __init__(self, *, create_delay: float = 0.05, delete_delay: float = 0.05, update_delay: float = 0.02):
+    def __init__(self, *, create_delay: float = 0.05, delete_delay: float = 0.05, update_delay: float = 0.02,
+                 queue_delay: float = 0.05):
         self.create_delay = create_delay
         self.delete_delay = delete_delay
         self.update_delay = update_delay
+        self.queue_delay = queue_delay  # each queued state lasts this long, capacity permitting
+        self._queued: dict[tuple[str, str, str], _Queued] = {}
+        self._capacity_after: dict[str, float] = {}
+        self._queued_failures: dict[str, ApiError] = {}
+        self.queued_created: list[dict[str, Any]] = []  # every QueuedResource body as sent, with its URL
         self._lock = threading.RLock()
         self._nodes: dict[tuple[str, str, str], _Node] = {}
         self._operations: dict[str, _Operation] = {}
@@ -175,6 +206,53 @@ class TpuApiEmulator:
     def quota_exceeded(self, zone: str) -> None:
         """Creates in `zone` are refused at once with a 429 naming the quota."""
         self._quota.add(zone)
+
+    def capacity_after(self, zone: str, seconds: float) -> None:
+        """Queued requests in `zone` wait this long (from their creation) before capacity appears."""
+        self._capacity_after[zone] = seconds
+
+    def fail_queued(self, zone: str, message: str, status: str = "RESOURCE_EXHAUSTED") -> None:
+        """Queued requests in `zone` become FAILED with this error once accepted."""
+        self._queued_failures[zone] = ApiError(status, message)
+
+    def suspend(self, zone: str, name: str, reason: str = "The queued resource was suspended.") -> None:
+        """The service suspends a request: SUSPENDED, its node (if any) gone."""
+        with self._lock:
+            queued = self._queued_in(zone, name)
+            self._set_queued_state(queued, "SUSPENDED", time.monotonic(), suspendedData={})
+            queued.body["state"]["stateInitiator"] = "SERVICE"
+            queued.fail_with = ApiError("ABORTED", reason)
+            self._nodes.pop((queued.project, zone, name), None)
+
+    def set_maintenance(self, zone: str, name: str, start: str, end: str, kind: str = "SCHEDULED") -> None:
+        """Announce maintenance for a node (RFC 3339 times); only v2alpha1 answers show it."""
+        with self._lock:
+            self._find(zone, name).body["upcomingMaintenance"] = {
+                "type": kind, "canReschedule": True, "windowStartTime": start, "windowEndTime": end,
+                "maintenanceStatus": "PENDING"}
+
+    def set_symptom(self, zone: str, name: str, kind: str, details: str) -> None:
+        with self._lock:
+            self._find(zone, name).body.setdefault("symptoms", []).append(
+                {"createTime": _rfc3339(time.time()), "symptomType": kind, "details": details,
+                 "workerId": "0"})
+
+    def add_queued(self, project: str, zone: str, name: str, accelerator_type: str, *,
+                   state: str = "WAITING_FOR_RESOURCES", spot: bool = True) -> None:
+        """Put a queued request straight into a state, as if made earlier (it does not move on)."""
+        with self._lock:
+            body = {"tpu": {"nodeSpec": [{"parent": f"projects/{project}/locations/{zone}", "nodeId": name,
+                                          "node": {"acceleratorType": accelerator_type}}]},
+                    **({"spot": {}} if spot else {})}
+            queued = self._new_queued(project, zone, name, body, capacity_at=None)
+            self._set_queued_state(queued, state, time.monotonic())
+
+    def queued_json(self, zone: str, name: str) -> dict[str, Any] | None:
+        """A request as it stands (reading it here does not move it on), or None when it is gone."""
+        with self._lock:
+            self._advance()
+            queued = self._queued.get(next((k for k in self._queued if k[1:] == (zone, name)), ("", "", "")))
+            return json.loads(json.dumps(queued.body)) if queued else None
 
     def fail_next(self, method: str, status: str, message: str, times: int = 1, *, http: int | None = None,
                   zone: str | None = None) -> None:
@@ -249,13 +327,16 @@ class TpuApiEmulator:
                 return self._import_ssh_key(
                     path[len("/v1/users/") : -len(":importSshPublicKey")], body, query
                 )
-            match = re.fullmatch(r"/v2/projects/([^/]+)/locations/([^/]+)(/.*)?", path)
+            match = re.fullmatch(r"/(v2|v2alpha1)/projects/([^/]+)/locations/([^/]+)(/.*)?", path)
             if not match:
                 raise ApiError("NOT_FOUND", f"no such path {path}")
-            project, zone, rest = match.group(1), match.group(2), match.group(3) or ""
+            alpha = match.group(1) == "v2alpha1"
+            project, zone, rest = match.group(2), match.group(3), match.group(4) or ""
             if rest == "/nodes" and method == "GET":
                 self._check_injected("list", zone)
-                return self._list(project, zone)
+                return self._list(project, zone, alpha)
+            if rest.startswith("/queuedResources"):
+                return self._queued_call(method, project, zone, rest, query, body, alpha)
             if rest == "/nodes" and method == "POST":
                 return self._create(project, zone, query.get("nodeId", [""])[0], body)
             if m := re.fullmatch(r"/nodes/([^/:]+):getGuestAttributes", rest):
@@ -265,7 +346,7 @@ class TpuApiEmulator:
                 name = m.group(1)
                 if method == "GET":
                     self._check_injected("get", zone)
-                    return self._find(zone, name, project).body
+                    return _version_view(self._find(zone, name, project).body, alpha)
                 if method == "DELETE":
                     self._check_injected("delete", zone)
                     return self._delete(project, zone, name)
@@ -291,9 +372,139 @@ class TpuApiEmulator:
             "NOT_FOUND", f"Resource 'projects/{project}/locations/{zone}/nodes/{name}' was not found"
         )
 
-    def _list(self, project: str, zone: str) -> dict[str, Any]:
-        nodes = [n.body for (p, z, _), n in sorted(self._nodes.items()) if p == project and zone in ("-", z)]
+    def _list(self, project: str, zone: str, alpha: bool = False) -> dict[str, Any]:
+        nodes = [_version_view(n.body, alpha)
+                 for (p, z, _), n in sorted(self._nodes.items()) if p == project and zone in ("-", z)]
         return {"nodes": nodes}
+
+    # ---- queued resources ------------------------------------------------------------------------------
+
+    def _queued_call(self, method: str, project: str, zone: str, rest: str, query: dict[str, list[str]],
+                     body: dict[str, Any], alpha: bool) -> dict[str, Any]:
+        if rest == "/queuedResources" and method == "GET":
+            self._check_injected("listQueued", zone)
+            listed = [q for (p, z, _), q in sorted(self._queued.items()) if p == project and zone in ("-", z)]
+            self._advance_queued(time.monotonic(), listed)
+            return {"queuedResources": [_version_view(q.body, alpha) for q in listed]}
+        if rest == "/queuedResources" and method == "POST":
+            return self._create_queued(project, zone, query.get("queuedResourceId", [""])[0], body, alpha)
+        m = re.fullmatch(r"/queuedResources/([^/:]+)", rest)
+        if m and method == "GET":
+            self._check_injected("getQueued", zone)
+            queued = self._queued_in(zone, m.group(1), project)
+            self._advance_queued(time.monotonic(), [queued])
+            return _version_view(queued.body, alpha)
+        if m and method == "DELETE":
+            self._check_injected("deleteQueued", zone)
+            return self._delete_queued(project, zone, m.group(1), query.get("force", [""])[0] == "true")
+        raise ApiError("NOT_FOUND", f"no such method {method} {rest}")
+
+    def _queued_in(self, zone: str, name: str, project: str | None = None) -> _Queued:
+        for (p, z, n), queued in self._queued.items():
+            if z == zone and n == name and (project is None or p == project):
+                return queued
+        raise ApiError("NOT_FOUND",
+                       f"Resource 'projects/{project}/locations/{zone}/queuedResources/{name}' was not found")
+
+    def _new_queued(self, project: str, zone: str, name: str, body: dict[str, Any],
+                    capacity_at: float | None) -> _Queued:
+        now = time.monotonic()
+        stored = json.loads(json.dumps(body))
+        stored["name"] = f"projects/{project}/locations/{zone}/queuedResources/{name}"
+        stored["createTime"] = _rfc3339(time.time())
+        queued = _Queued(project, zone, name, stored, now, capacity_at)
+        self._set_queued_state(queued, "CREATING", now, creatingData={})
+        self._queued[(project, zone, name)] = queued
+        return queued
+
+    def _create_queued(self, project: str, zone: str, name: str, body: dict[str, Any],
+                       alpha: bool) -> dict[str, Any]:
+        self.create_attempts.append(zone)
+        self.queued_created.append({"zone": zone, "id": name, "alpha": alpha, "body": body})
+        self._check_injected("createQueued", zone)
+        if not _NODE_NAME.match(name):
+            raise ApiError("INVALID_ARGUMENT", f"Invalid value for field 'queuedResourceId': '{name}'.")
+        specs = body.get("tpu", {}).get("nodeSpec", [])
+        if len(specs) != 1 or not _TYPE.match(specs[0].get("node", {}).get("acceleratorType", "")):
+            raise ApiError("INVALID_ARGUMENT", "tpu.nodeSpec needs one node with a known acceleratorType.")
+        if "bestEffort" in body and not alpha:
+            raise ApiError("INVALID_ARGUMENT", "Unknown field 'bestEffort' (it exists in v2alpha1 only).")
+        if any(z == zone and n == name for (_, z, n) in self._queued) or any(
+            z == zone and n == specs[0].get("nodeId") for (_, z, n) in self._nodes
+        ):
+            raise ApiError("ALREADY_EXISTS", f"Resource '{name}' already exists in {zone}")
+        if zone in self._quota:
+            raise ApiError("RESOURCE_EXHAUSTED",
+                           f"Quota limit 'TPUQueuedResourcesPerProjectPerZone' has been exceeded in {zone}.")
+        now = time.monotonic()
+        wait = self._capacity_after.get(zone, self.queue_delay)
+        capacity_at = None if zone in self._stockout else now + wait
+        queued = self._new_queued(project, zone, name, body, capacity_at)
+        if until := body.get("queueingPolicy", {}).get("validUntilDuration"):
+            queued.valid_until = now + float(until.rstrip("s"))
+        if zone in self._no_reservation:
+            queued.fail_with = ApiError(
+                "NOT_FOUND",
+                f"Reservation {body.get('reservationName') or 'for ' + zone} not found in {zone}.")
+        elif zone in self._queued_failures:
+            queued.fail_with = self._queued_failures[zone]
+        return self._new_operation(project, zone, "create", queued.path, 0.0, None)
+
+    def _delete_queued(self, project: str, zone: str, name: str, force: bool) -> dict[str, Any]:
+        queued = self._queued_in(zone, name, project)
+        node_id = queued.body["tpu"]["nodeSpec"][0]["nodeId"]
+        node = self._nodes.get((project, zone, node_id))
+        if node is not None and not force:
+            raise ApiError("FAILED_PRECONDITION",
+                           f"Queued resource {name} has a node; delete it with force=true to delete both")
+        self._set_queued_state(queued, "DELETING", time.monotonic(), deletingData={})
+        if node is not None:
+            node.body["state"] = "DELETING"
+            node.ready_at = None
+        key = (project, zone, name)
+
+        def gone() -> None:
+            self._queued.pop(key, None)
+            self._nodes.pop((project, zone, node_id), None)
+
+        return self._new_operation(project, zone, "delete", queued.path, self.delete_delay, None,
+                                   on_done=gone)
+
+    def _set_queued_state(self, queued: _Queued, state: str, now: float, **data: Any) -> None:
+        queued.body["state"] = {"state": state, **data}
+        queued.state_since = now
+
+    def _advance_queued(self, now: float, queued_resources: list[_Queued]) -> None:
+        """Move each request on by one state whose time has come. Requests move when they are read (get,
+        list), one state per read, so a client polling a request sees every state it passes through."""
+        for queued in queued_resources:
+            state = queued.body["state"]["state"]
+            if now - queued.state_since < self.queue_delay and state in ("CREATING", "ACCEPTED"):
+                continue
+            if state == "CREATING":
+                self._set_queued_state(queued, "ACCEPTED", now, acceptedData={})
+            elif state == "ACCEPTED" and queued.fail_with is not None:
+                error = queued.fail_with
+                self._set_queued_state(queued, "FAILED", now, failedData={"error": error.rpc_status()})
+            elif state == "ACCEPTED":
+                self._set_queued_state(queued, "WAITING_FOR_RESOURCES", now)
+            elif state == "WAITING_FOR_RESOURCES":
+                if queued.valid_until is not None and now >= queued.valid_until and (
+                        queued.capacity_at is None or queued.capacity_at > now):
+                    error = ApiError("RESOURCE_EXHAUSTED", f"There is no more capacity in the zone "
+                                     f'"{queued.zone}"; the request expired at its valid-until time.')
+                    self._set_queued_state(queued, "FAILED", now, failedData={"error": error.rpc_status()})
+                elif queued.capacity_at is not None and now >= queued.capacity_at:
+                    self._set_queued_state(queued, "PROVISIONING", now, provisioningData={})
+            elif state == "PROVISIONING" and now - queued.state_since >= self.queue_delay:
+                spec = queued.body["tpu"]["nodeSpec"][0]
+                node_body = dict(spec.get("node", {}))
+                node_body.setdefault("schedulingConfig", {"spot": "spot" in queued.body})
+                node_body.setdefault("networkConfig", {"enableExternalIps": True})
+                node = self._new_node(queued.project, queued.zone, spec["nodeId"], node_body)
+                node.body["queuedResource"] = queued.path
+                node.ready_at = now + self.create_delay
+                self._set_queued_state(queued, "ACTIVE", now, activeData={})
 
     def _new_node(self, project: str, zone: str, name: str, spec: dict[str, Any]) -> _Node:
         node_id = str(next(self._ids))
@@ -529,6 +740,13 @@ class _Handler(BaseHTTPRequestHandler):
             super().log_message(format, *args)
 
 
+def _version_view(body: dict[str, Any], alpha: bool) -> dict[str, Any]:
+    """A resource as one API version shows it: v2 lacks the alpha-only fields."""
+    if alpha:
+        return body
+    return {k: v for k, v in body.items() if k not in ("upcomingMaintenance", "bestEffort")}
+
+
 def _rfc3339(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -542,9 +760,17 @@ def main() -> None:
         "--stockout", action="append", default=[], metavar="ZONE", help="zone without capacity"
     )
     parser.add_argument("--quota", action="append", default=[], metavar="ZONE", help="zone over quota")
+    parser.add_argument("--queue-delay", type=float, default=5.0,
+                        help="seconds each queued-request state lasts, capacity permitting")
+    parser.add_argument("--capacity-after", action="append", default=[], metavar="ZONE=S",
+                        help="queued requests in ZONE get capacity only after S seconds")
     parser.add_argument("--demo", action="store_true", help="start with nodes in project 'demo'")
     args = parser.parse_args()
-    api = TpuApiEmulator(create_delay=args.create_delay, delete_delay=args.delete_delay, update_delay=0.5)
+    api = TpuApiEmulator(create_delay=args.create_delay, delete_delay=args.delete_delay, update_delay=0.5,
+                         queue_delay=args.queue_delay)
+    for item in args.capacity_after:
+        zone, _, seconds = item.partition("=")
+        api.capacity_after(zone, float(seconds))
     for zone in args.stockout:
         api.stockout(zone)
     for zone in args.quota:

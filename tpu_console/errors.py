@@ -26,3 +26,13 @@ def one_line(exc: BaseException) -> str:
     """An exception as one line for a person: its first line, or its type when it has no message."""
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0]
+
+
+class CreateInterrupted(Exception):
+    """A create was interrupted (Ctrl-C, esc) while queued requests were out: the caller asks whether to
+    cancel them, so none is left behind silently. `requests` are the provider's names for them."""
+
+    def __init__(self, provider: str, requests: list[str]) -> None:
+        super().__init__(f"create interrupted with queued request(s) {', '.join(requests)} still out")
+        self.provider = provider
+        self.requests = requests

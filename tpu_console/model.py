@@ -44,6 +44,31 @@ class NodeState(enum.StrEnum):
         return self in (NodeState.PREEMPTED, NodeState.TERMINATED, NodeState.STOPPED)
 
 
+class QueueState(enum.StrEnum):
+    """Mirrors `google.cloud.tpu_v2.QueuedResourceState.State`: a queued request for a node."""
+
+    STATE_UNSPECIFIED = "STATE_UNSPECIFIED"
+    CREATING = "CREATING"
+    ACCEPTED = "ACCEPTED"
+    WAITING_FOR_RESOURCES = "WAITING_FOR_RESOURCES"
+    PROVISIONING = "PROVISIONING"
+    ACTIVE = "ACTIVE"
+    FAILED = "FAILED"
+    SUSPENDING = "SUSPENDING"
+    SUSPENDED = "SUSPENDED"
+    DELETING = "DELETING"
+
+    @property
+    def waiting(self) -> bool:
+        """Still queued for capacity: nothing has been provisioned yet."""
+        return self in (QueueState.CREATING, QueueState.ACCEPTED, QueueState.WAITING_FOR_RESOURCES)
+
+    @property
+    def holds_quota(self) -> bool:
+        """A failed or suspended request keeps its quota until it is deleted (like a PREEMPTED node)."""
+        return self in (QueueState.FAILED, QueueState.SUSPENDED, QueueState.SUSPENDING)
+
+
 @dataclass(frozen=True)
 class AcceleratorShape:
     """How a node's devices are laid out: `workers` hosts with `devices_per_worker` JAX devices each."""
@@ -83,10 +108,43 @@ class Node:
     created_at: datetime | None = None
     labels: dict[str, str] = field(default_factory=dict)
     state_reason: str | None = None  # e.g. why it was preempted or failed
+    queued_request: str | None = None  # the queued request that made it (gcp), by name
+    symptoms: tuple[str, ...] = ()  # what the TPU API reports wrong with it, one line each
+    maintenance: Maintenance | None = None  # upcoming maintenance, where the provider reports it
 
     @property
     def accelerator_type(self) -> str:
         return self.shape.accelerator_type
+
+
+@dataclass(frozen=True)
+class Maintenance:
+    """Maintenance the provider has announced for a node (the TPU API's `upcoming_maintenance`)."""
+
+    kind: str  # SCHEDULED, UNSCHEDULED
+    status: str  # PENDING, ONGOING
+    starts_at: datetime | None = None
+    ends_at: datetime | None = None
+
+    def overlaps(self, start: datetime, end: datetime | None) -> bool:
+        """Does the window touch [start, end) (end None: still going)? An unknown start counts as now."""
+        begins = self.starts_at or start
+        return (end is None or begins < end) and (self.ends_at is None or self.ends_at > start)
+
+
+@dataclass(frozen=True)
+class QueuedRequest:
+    """A request for a node that waits for capacity (gcp queued resources); its name is the node's."""
+
+    name: str
+    provider: str
+    state: QueueState
+    zone: str | None = None
+    accelerator_type: str = ""
+    provisioning: str = "on-demand"  # spot, on-demand, reservation, best-effort
+    created_at: datetime | None = None
+    reason: str | None = None  # why it failed or was suspended
+    has_node: bool = False  # its node exists (listed among the nodes)
 
 
 @dataclass(frozen=True)
@@ -99,6 +157,20 @@ class CreateRequest:
     spot: bool = True
     runtime_version: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    queued: bool = False  # a queued request that waits for capacity, where the provider and type allow
+    reservation: str | None = None  # a reservation's name (or full path) to create in
+    best_effort: bool = False  # the best-effort tier (gcp's v2alpha1 API)
+    valid_for_s: float | None = None  # a queued request gives up after this long
+    race: bool = False  # one queued request per zone at once; the first to become ACTIVE wins
+
+    @property
+    def provisioning(self) -> str:
+        """How the capacity is paid for: reservation, best-effort, spot or on-demand."""
+        if self.reservation:
+            return "reservation"
+        if self.best_effort:
+            return "best-effort"
+        return "spot" if self.spot else "on-demand"
 
 
 _NODE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")

@@ -1,15 +1,18 @@
 """How a node reads as a row: the columns `tpu-console ls` prints and the TUI's node table shows,
-and the JSON record `ls --json` emits. Pure functions of a node and the current time."""
+and the JSON record `ls --json` emits; the same for a queued request, and the notes on a node (its
+request, health, symptoms, maintenance). Pure functions of a node and the current time."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any
 
-from tpu_console.model import Node
+from tpu_console.model import Maintenance, Node, QueuedRequest, QueueState
 from tpu_console.pricing import cost_since_creation, price_per_hour
 
 COLUMNS = ("NAME", "PROVIDER", "TYPE", "WORKERS", "STATE", "ZONE", "SPOT", "AGE", "PRICE/H", "COST")
+REQUEST_COLUMNS = ("QUEUED REQUEST", "PROVIDER", "TYPE", "TIER", "STATE", "ZONE", "AGE")
+HOLDS_QUOTA = "holds quota until deleted"
 
 
 def format_age(created_at: datetime | None, now: datetime) -> str:
@@ -55,6 +58,76 @@ def format_cost(node: Node, now: datetime) -> str:
     return f"~${cost:,.0f}" if cost is not None else "-"
 
 
+def request_state(request: QueuedRequest, now: datetime) -> str:
+    """`WAITING 12m` (queued for capacity since), `PROVISIONING`, `FAILED: reason`, `SUSPENDED`."""
+    if request.state.waiting:
+        return f"WAITING {format_age(request.created_at, now)}"
+    if request.state is QueueState.FAILED:
+        return f"FAILED: {request.reason or 'no reason given'}"
+    return str(request.state)
+
+
+def request_row(request: QueuedRequest, now: datetime) -> tuple[str, ...]:
+    """One row in REQUEST_COLUMNS order; a request that holds quota says so."""
+    state = request_state(request, now)
+    if request.state.holds_quota:
+        state += f" ({HOLDS_QUOTA})"
+    return (request.name, request.provider, request.accelerator_type or "-", request.provisioning, state,
+            request.zone or "-", format_age(request.created_at, now))
+
+
+def request_record(request: QueuedRequest, now: datetime) -> dict[str, Any]:
+    return {
+        "name": request.name,
+        "provider": request.provider,
+        "zone": request.zone,
+        "accelerator_type": request.accelerator_type,
+        "provisioning": request.provisioning,
+        "state": str(request.state),
+        "reason": request.reason,
+        "has_node": request.has_node,
+        "holds_quota": request.state.holds_quota,
+        "created_at": _aware(request.created_at).isoformat() if request.created_at else None,
+        "age_s": int((now - _aware(request.created_at)).total_seconds()) if request.created_at else None,
+    }
+
+
+def maintenance_text(maintenance: Maintenance) -> str:
+    """`maintenance SCHEDULED PENDING 2026-11-25 03:00-05:00 UTC`."""
+    window = ""
+    if maintenance.starts_at is not None:
+        start = _aware(maintenance.starts_at).astimezone(UTC)
+        window = f" {start:%Y-%m-%d %H:%M}"
+        if maintenance.ends_at is not None:
+            window += f"-{_aware(maintenance.ends_at).astimezone(UTC):%H:%M}"
+        window += " UTC"
+    return f"maintenance {maintenance.kind} {maintenance.status}{window}"
+
+
+def maintenance_warning(node: Node, run_started_at: datetime, run_ended_at: datetime | None) -> str | None:
+    """The run dashboard's warning when the node's announced maintenance falls while the run runs."""
+    ended = _aware(run_ended_at) if run_ended_at else None
+    if node.maintenance is None or not node.maintenance.overlaps(_aware(run_started_at), ended):
+        return None
+    return f"{maintenance_text(node.maintenance)} on {node.name}, while this run runs: checkpoint before it"
+
+
+def node_notes(node: Node) -> list[str]:
+    """What a person should know about a node beyond its row: the queued request behind it, health
+    other than HEALTHY, symptoms, upcoming maintenance, quota still held."""
+    notes = []
+    if node.queued_request:
+        notes.append(f"queued request {node.queued_request}")
+    if node.health and node.health != "HEALTHY":
+        notes.append(f"health {node.health}")
+    notes.extend(f"symptom {symptom}" for symptom in node.symptoms)
+    if node.maintenance is not None:
+        notes.append(maintenance_text(node.maintenance))
+    if node.state.holds_quota:
+        notes.append(f"{node.state}: {HOLDS_QUOTA}")
+    return notes
+
+
 def node_record(node: Node, now: datetime) -> dict[str, Any]:
     """The JSON form of a node: everything a script may want, with plain types only."""
     estimate = price_per_hour(node)
@@ -74,6 +147,9 @@ def node_record(node: Node, now: datetime) -> dict[str, Any]:
         "created_at": _aware(node.created_at).isoformat() if node.created_at else None,
         "age_s": int((now - _aware(node.created_at)).total_seconds()) if node.created_at else None,
         "labels": dict(node.labels),
+        "queued_request": node.queued_request,
+        "symptoms": list(node.symptoms),
+        "upcoming_maintenance": _maintenance_record(node.maintenance),
         "price_per_hour": round(estimate.per_hour, 4) if estimate else None,
         "price_on_demand_per_hour": round(estimate.on_demand_per_hour, 4) if estimate else None,
         "price_spot_per_hour": round(estimate.spot_per_hour, 4) if estimate else None,
@@ -92,6 +168,17 @@ def node_record(node: Node, now: datetime) -> dict[str, Any]:
             }
             for w in node.workers
         ],
+    }
+
+
+def _maintenance_record(maintenance: Maintenance | None) -> dict[str, Any] | None:
+    if maintenance is None:
+        return None
+    return {
+        "type": maintenance.kind,
+        "status": maintenance.status,
+        "window_start": _aware(maintenance.starts_at).isoformat() if maintenance.starts_at else None,
+        "window_end": _aware(maintenance.ends_at).isoformat() if maintenance.ends_at else None,
     }
 
 

@@ -7,13 +7,16 @@ shows or stores goes through a `SecretMasker` built from the same file, so a val
 job is shown as `***` instead.
 
 Which `.env` belongs to a node is remembered by path only (`$TPU_CONSOLE_HOME/secret_sources.json`), never
-by value, so a later `logs` or the app can mask what an earlier `sync` or `launch` uploaded.
+by value, so a later `logs` or the app can mask what an earlier `sync` or `launch` uploaded. The
+`[notify]` webhook URL of config.toml is a secret too, masked by the same maskers.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import tomllib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -78,7 +81,7 @@ class SecretMasker:
     def for_node(cls, node: str, extra: Iterable[str | Path] = ()) -> SecretMasker:
         """A masker for what `sync` and `launch` uploaded to `node`, plus any `extra` env files. Files that
         are gone or unreadable are skipped: masking is a safety net, not a precondition."""
-        values: list[str] = []
+        values: list[str] = configured_secrets()
         for path in [*remembered_env_files(node), *extra]:
             try:
                 data = Path(path).expanduser().read_bytes()
@@ -94,6 +97,21 @@ class SecretMasker:
         if self._pattern is None or not text:
             return text
         return self._pattern.sub(MASK, text)
+
+
+def configured_secrets() -> list[str]:
+    """Secret values of the console's own settings: the `[notify]` webhook URL (config.toml or
+    TPU_CONSOLE_NOTIFY__WEBHOOK_URL), masked wherever worker output or a run's record is shown."""
+    values = []
+    if url := os.environ.get("TPU_CONSOLE_NOTIFY__WEBHOOK_URL"):
+        values.append(url)
+    try:
+        notify = tomllib.loads(locations.config_file().read_text()).get("notify", {})
+    except (OSError, ValueError):
+        notify = {}
+    if isinstance(notify, dict) and isinstance(notify.get("webhook_url"), str):
+        values.append(notify["webhook_url"])
+    return values
 
 
 def _sources_file() -> Path:

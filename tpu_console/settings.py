@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 
 from tpu_console import locations
@@ -63,6 +63,20 @@ class LocalSettings(_Strict):
     enabled: bool = True
 
 
+class NotifySettings(_Strict):
+    # Slack-compatible incoming webhook (a JSON body with `text`). A secret: masked like .env values, sent
+    # to the run's supervisor as a 0600 file, never on a command line.
+    webhook_url: SecretStr | None = None
+    desktop: bool = False  # notify-send (Linux) or osascript (macOS) here, for what the console sees
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _http_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().startswith(("http://", "https://")):
+            raise ValueError("the webhook URL must start with https:// (or http://)")
+        return value
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="TPU_CONSOLE_", env_nested_delimiter="__", extra="forbid", validate_default=True
@@ -74,6 +88,7 @@ class Settings(BaseSettings):
     local: LocalSettings = Field(default_factory=LocalSettings)
     gcp: GcpSettings = Field(default_factory=GcpSettings)
     ssh: SshSettings = Field(default_factory=SshSettings)
+    notify: NotifySettings = Field(default_factory=NotifySettings)
     # The terminal app's keys, by binding id: [keys] "nodes.create" = "n" (ids listed in the README).
     keys: dict[str, str] = Field(default_factory=dict)
 

@@ -19,10 +19,12 @@ events.jsonl as an `error` event.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import signal
 import sys
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 
 from trainer.config import ConfigError, check_environment, dump_yaml, load_config
 from trainer.distributed import LaunchError, Terminated, process_id_hint, read_launch_env
@@ -108,6 +110,22 @@ def error_fields(exc: BaseException, local_batch: int | None) -> dict:
     return fields
 
 
+STACKS_FILE = "stacks.txt"
+
+
+def dump_stacks_on_sigusr1(run_dir: str | None) -> None:
+    """SIGUSR1 appends every thread's Python stack to `stacks.txt` in the run folder (`tpu-console stacks`
+    asks for it; faulthandler writes even while the main thread is blocked in a collective)."""
+    if run_dir is None or not hasattr(signal, "SIGUSR1"):
+        return
+    try:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        out = open(Path(run_dir) / STACKS_FILE, "a")  # noqa: SIM115 - open for the process's life
+    except OSError:
+        return  # no stacks on demand; the run itself goes on
+    faulthandler.register(signal.SIGUSR1, file=out, all_threads=True, chain=False)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "make-tiny-model":
@@ -126,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _train_parser().parse_args(argv)
     progress: dict = {}  # filled by the run (local batch) for the error event; stop_signal by the handler
     events = EventLog(args.run_dir, process_id_hint())
+    dump_stacks_on_sigusr1(args.run_dir)
     try:
         cfg = load_config(args.config, args.overrides)
         if args.print_config:

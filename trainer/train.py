@@ -21,7 +21,7 @@ from flax import nnx
 from trainer import telemetry as tm
 from trainer.config import ConfigError, TrainerConfig, check_topology, prompts_per_process
 from trainer.distributed import LaunchEnv, Terminated, initialize_or_explain, require_process_count
-from trainer.fault_injection import raise_armed_faults
+from trainer.fault_injection import armed_step_fault, raise_armed_faults
 from trainer.grpo import group_advantages
 from trainer.mesh import (
     MeshError,
@@ -301,6 +301,10 @@ class Trainer:
                     self.wandb.log(eval_metrics, step)
                 if self.checkpointer is not None and self.checkpointer.should_save(step, cfg.steps):
                     self.checkpointer.save(step, {"params": self.params, "opt_state": self.opt_state})
+                if (fault := armed_step_fault(step, first)) is not None:  # tests only (fault_injection.py)
+                    if self.checkpointer is not None:
+                        self.checkpointer.close()  # the checkpoint of this step is written, then it fails
+                    raise fault
             if self.checkpointer is not None:
                 self.checkpointer.close()
         except BaseException:

@@ -32,6 +32,8 @@ examples:
   tpu-console ls                                nodes of every configured provider
   tpu-console create pod-a --type local-2x4     a simulated 2-worker pod on this machine
   tpu-console create run-1 --type v6e-16 --zones europe-west4-a,us-east5-b
+  tpu-console create run-1 --type v6e-16 --zones auto --race --wait-for 2h
+  tpu-console capacity --type v6e-16            what past creates say about each zone
   tpu-console exec pod-a -- hostname            run on every worker
   tpu-console exec pod-a --worker 1-3 -- 'nvidia-smi || true'
   tpu-console plan --type v6e-16 --config trainer/configs/qwen25_3b_v6e16_bench.yaml

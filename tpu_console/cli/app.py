@@ -33,6 +33,7 @@ def open_app(settings: Settings) -> int:
         default_provider=create_provider_name(settings), zones=list(settings.gcp.zones),
         idle_after=timedelta(minutes=settings.idle_after_minutes),
         sync_env_file=".env" if os.path.isfile(".env") else None,
+        webhook_url=settings.notify.webhook_url, desktop_notify=settings.notify.desktop,
     )
     keymap = check_keymap(settings.keys)  # before the app takes the terminal: a bad id is one line
     TpuConsoleApp(build_providers(settings), options=options, keymap=keymap).run()

@@ -1,19 +1,30 @@
-"""Verbs on nodes: `ls`, `create`, `delete`, `idle`."""
+"""Verbs on nodes: `ls`, `create`, `delete`, `idle`, `capacity`."""
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tpu_console.cli import flags, output, prompts
-from tpu_console.errors import UserError
-from tpu_console.model import CreateRequest, Node
-from tpu_console.node_table import COLUMNS, format_table, node_record, node_row
+from tpu_console.errors import CreateInterrupted, UserError
+from tpu_console.model import CreateRequest, Node, QueuedRequest
+from tpu_console.node_table import (
+    COLUMNS,
+    REQUEST_COLUMNS,
+    format_table,
+    node_notes,
+    node_record,
+    node_row,
+    request_record,
+    request_row,
+)
+from tpu_console.providers import capacity
 from tpu_console.providers.base import Provider
-from tpu_console.providers.nodes import create_node, delete_node, list_nodes
+from tpu_console.providers.nodes import cancel_queued, create_node, delete_node, list_nodes
 from tpu_console.providers.registry import KNOWN_PROVIDERS, create_provider_name
 from tpu_console.settings import Settings
 
@@ -53,7 +64,18 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
         help="where to create it (default: default_provider, else gcp when a project is "
         "configured, else local)",
     )
-    create.add_argument("--zones", metavar="Z1,Z2", help="gcp zones to try in order (default: gcp.zones)")
+    create.add_argument("--zones", metavar="Z1,Z2",
+                        help="gcp zones to try in order (default: gcp.zones); auto: gcp.zones ordered by "
+                        "the capacity record (`tpu-console capacity`)")
+    create.add_argument("--direct", action="store_true",
+                        help="gcp: the Create Node API (fails at once without capacity) instead of a queued "
+                        "request that waits for it (the default for v5e, v5p, v6e)")
+    create.add_argument("--race", action="store_true",
+                        help="gcp: one queued request per zone at once; the first to become ACTIVE wins and "
+                        "the others are deleted")
+    create.add_argument("--wait-for", metavar="DURATION",
+                        help="gcp: the queued request gives up after this long, e.g. 2h, 45m, 1h30m "
+                        "(its valid-until); without it, it waits until deleted")
     pricing = create.add_mutually_exclusive_group()
     pricing.add_argument(
         "--spot",
@@ -63,6 +85,10 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
         help="spot capacity: cheaper, may be preempted (the default)",
     )
     pricing.add_argument("--on-demand", dest="spot", action="store_false", help="on-demand capacity")
+    pricing.add_argument("--reservation", metavar="NAME",
+                         help="gcp: create in this reservation (a name in the zone, or its full path)")
+    pricing.add_argument("--best-effort", action="store_true",
+                         help="gcp: the best-effort tier (TPU API v2alpha1)")
     create.add_argument("--runtime-version", metavar="V", help="gcp TPU software version")
     create.add_argument(
         "--label", action="append", default=[], metavar="KEY=VALUE", help="a label for the node (repeatable)"
@@ -91,29 +117,49 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
     idle.add_argument("--watch", type=float, metavar="S",
                       help="check again every S seconds until interrupted")
 
+    record = verbs.add_parser(
+        "capacity", parents=[common], help="what past creates say about each zone's capacity",
+        description="Per zone and type, from every create attempt this console made: attempts (cancelled "
+        "ones and lost races left out), successes, the median wait from request to READY, and for spot "
+        "nodes the preemptions per node-hour. `create --zones auto` orders zones by it.",
+    )
+    record.add_argument("--type", dest="accelerator_type", metavar="TYPE", help="only this accelerator type")
+
 
 async def ls(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
     listing = await list_nodes(providers, args.provider)
     now = datetime.now(UTC)
     for problem in listing.problems:
         print(f"warning: {problem}", file=sys.stderr)
+    waiting = [r for r in listing.requests if not r.has_node]  # the others show as their node
     if args.json:
-        output.print_json(
-            {"nodes": [node_record(n, now) for n in listing.nodes], "problems": listing.problems}
-        )
-    elif listing.nodes:
+        output.print_json({"nodes": [node_record(n, now) for n in listing.nodes],
+                           "requests": [request_record(r, now) for r in listing.requests],
+                           "problems": listing.problems})
+        return 0
+    if listing.nodes:
         print(format_table(COLUMNS, [node_row(n, now) for n in listing.nodes]))
-    else:
+        for node in listing.nodes:
+            if notes := node_notes(node):
+                print(f"  {node.name}: {'; '.join(notes)}")
+    if waiting:
+        table = format_table(REQUEST_COLUMNS, [request_row(r, now) for r in waiting])
+        print(("\n" if listing.nodes else "") + table)
+    if not listing.nodes and not waiting:
         print("no nodes; create one with `tpu-console create NAME --type TYPE`", file=sys.stderr)
     return 0
 
 
 async def create(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
-    zones = (
-        tuple(z.strip() for z in args.zones.split(",") if z.strip())
-        if args.zones
-        else tuple(settings.gcp.zones)
-    )
+    if args.zones and args.zones.strip() == "auto":
+        zones = auto_zones(settings, args.accelerator_type)
+        output.progress(f"zones by the capacity record: {', '.join(zones)}")
+    elif args.zones:
+        zones = tuple(z.strip() for z in args.zones.split(",") if z.strip())
+    else:
+        zones = tuple(settings.gcp.zones)
+    if args.direct and args.race:
+        raise UserError("--race queues a request in every zone at once; it cannot go with --direct")
     request = CreateRequest(
         name=args.name,
         accelerator_type=args.accelerator_type,
@@ -121,9 +167,20 @@ async def create(args: argparse.Namespace, settings: Settings, providers: dict[s
         spot=args.spot,
         runtime_version=args.runtime_version,
         labels=parse_labels(args.label),
+        queued=not args.direct,
+        reservation=args.reservation,
+        best_effort=args.best_effort,
+        valid_for_s=parse_duration(args.wait_for) if args.wait_for else None,
+        race=args.race,
     )
     provider = create_provider_name(settings, args.provider)
-    node = await create_node(providers, provider, request, progress=output.progress)
+    try:
+        node = await create_node(providers, provider, request, progress=output.progress)
+    except CreateInterrupted as interrupted:
+        cancelled = await _after_interrupt(interrupted, providers, json_mode=args.json)
+        if args.json:
+            output.print_json({"interrupted": True, "requests": interrupted.requests, "cancelled": cancelled})
+        return 130
     if args.json:
         output.print_json({"node": node_record(node, datetime.now(UTC))})
     else:
@@ -132,7 +189,58 @@ async def create(args: argparse.Namespace, settings: Settings, providers: dict[s
             f"created {node.name}: {node.provider} {node.accelerator_type}, {node.shape.workers} "
             f"worker{'s' if node.shape.workers != 1 else ''}{where}, {node.state}"
         )
+        if node.provider == "gcp":
+            print("its VM runs as the project's default service account with the cloud-platform scope, so a "
+                  "run's supervisor on it can delete it (launch --on-end delete, --max-cost, --max-hang)",
+                  file=sys.stderr)
     return 0
+
+
+async def _after_interrupt(interrupted: CreateInterrupted, providers: dict[str, Provider], *,
+                           json_mode: bool) -> bool:
+    """Ctrl-C while queued: ask whether to cancel (nobody to ask: cancel); never leave one silently."""
+    names = ", ".join(interrupted.requests)
+    try:
+        cancel = prompts.cancel_queued(interrupted.requests, json_mode=json_mode)
+    except (KeyboardInterrupt, EOFError):
+        cancel = False
+    if not cancel:
+        output.progress(f"left queued request(s) {names} waiting: `tpu-console ls` shows them, "
+                        "`tpu-console delete NAME --yes` removes them")
+        return False
+    output.progress(f"cancelling queued request(s) {names}")
+    await cancel_queued(providers, interrupted, progress=output.progress)
+    output.progress("cancelled: no queued request left behind")
+    return True
+
+
+_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+
+
+def parse_duration(text: str) -> float:
+    """`2h`, `45m`, `1h30m`, `90s`, `1d` -> seconds; UserError for anything else."""
+    match = _DURATION.match(text.strip().lower())
+    if not match or not any(match.groups()):
+        raise UserError(f"bad duration {text!r}: write it like 2h, 45m, 1h30m or 90s")
+    days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
+    total = days * 86400 + hours * 3600 + minutes * 60 + seconds
+    if total <= 0:
+        raise UserError(f"bad duration {text!r}: it must be longer than zero")
+    return float(total)
+
+
+def auto_zones(settings: Settings, accelerator_type: str) -> tuple[str, ...]:
+    """`--zones auto`: the configured zones (and any proven in the record) by what the record says."""
+    from tpu_console.providers.gcp.accelerators import canonical_type
+
+    canonical = canonical_type(accelerator_type)
+    store = capacity.CapacityStore()
+    records = capacity.summarize(store.attempts(canonical, settings.gcp.project), datetime.now(UTC))
+    zones = capacity.order_zones(list(settings.gcp.zones), records, canonical)
+    if not zones:
+        raise UserError("--zones auto needs [gcp] zones in config.toml (or a capacity record); "
+                        "or name zones: --zones europe-west4-a,us-east5-b")
+    return tuple(zones)
 
 
 def parse_labels(items: Sequence[str]) -> dict[str, str]:
@@ -146,19 +254,22 @@ def parse_labels(items: Sequence[str]) -> dict[str, str]:
 
 
 async def delete(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
-    def confirm(node: Node) -> None:
-        prompts.confirm_delete(node, args.name, yes=args.yes, json_mode=args.json)
+    def confirm(found: Node | QueuedRequest) -> None:
+        prompts.confirm_delete(found, args.name, yes=args.yes, json_mode=args.json)
 
-    node = await delete_node(providers, args.name, progress=output.progress, confirm=confirm)
+    found = await delete_node(providers, args.name, progress=output.progress, confirm=confirm)
+    what = "queued request" if isinstance(found, QueuedRequest) else "node"
     if args.json:
-        output.print_json({"deleted": node.name, "provider": node.provider})
+        extra = {"queued_request": True} if what != "node" else {}
+        output.print_json({"deleted": found.name, "provider": found.provider, **extra})
     else:
-        print(f"deleted {node.name}")
+        print(f"deleted {found.name}" if what == "node" else f"deleted queued request {found.name}")
     return 0
 
 
 async def idle(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
     from tpu_console.runs.idle_watch import watch_idle
+    from tpu_console.runs.notifications import Notifier
 
     minutes = args.after or settings.idle_after_minutes
     if minutes < 1:
@@ -166,7 +277,15 @@ async def idle(args: argparse.Namespace, settings: Settings, providers: dict[str
     if args.auto_delete_idle and not args.yes and not prompts.can_ask(args.json, stderr_too=False):
         raise UserError("refusing to delete idle nodes without --yes")
 
+    notifier = Notifier.from_settings(settings, output.progress)
+    told: set[str] = set()  # each node once while it stays idle
+
     def report(now: datetime, idle: list[Any]) -> None:
+        for item in idle:
+            if item.node.name not in told:
+                notifier.notify("idle", f"{item.describe()}")
+        told.intersection_update(i.node.name for i in idle)
+        told.update(i.node.name for i in idle)
         if args.json:
             output.print_json(output.idle_record(minutes, idle))
         elif idle:
@@ -184,4 +303,23 @@ async def idle(args: argparse.Namespace, settings: Settings, providers: dict[str
     return 0
 
 
-HANDLERS = {"ls": ls, "create": create, "delete": delete, "idle": idle}
+async def capacity_record(
+    args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]
+) -> int:
+    accelerator_type = args.accelerator_type
+    if accelerator_type and not accelerator_type.startswith("local-"):
+        from tpu_console.providers.gcp.accelerators import canonical_type
+
+        accelerator_type = canonical_type(accelerator_type)
+    records = capacity.summarize(capacity.CapacityStore().attempts(accelerator_type), datetime.now(UTC))
+    if args.json:
+        output.print_json({"zones": [output.capacity_record(r) for r in records]})
+    elif records:
+        print(output.capacity_table(records))
+    else:
+        print("no create attempts recorded yet" + (f" for {accelerator_type}" if accelerator_type else ""),
+              file=sys.stderr)
+    return 0
+
+
+HANDLERS = {"ls": ls, "create": create, "delete": delete, "idle": idle, "capacity": capacity_record}

@@ -37,6 +37,34 @@ def worker_progress(worker: int, text: str) -> None:
 # ---- tables ------------------------------------------------------------------------------------------------
 
 
+def capacity_table(records: list[Any]) -> str:
+    """`tpu-console capacity`: one row per zone and type (providers.capacity.ZoneRecord)."""
+    rows = []
+    for r in records:
+        wait = format_seconds(r.median_wait_s) if r.median_wait_s is not None else "-"
+        rate = r.preemptions_per_node_hour
+        preemptions = "-" if rate is None else f"{rate:.2f} ({r.preemptions} in {r.spot_node_hours:.1f} h)"
+        rows.append((r.zone, r.accelerator_type, str(r.attempts), str(r.successes), wait, preemptions))
+    return format_table(("ZONE", "TYPE", "ATTEMPTS", "READY", "MEDIAN WAIT", "PREEMPTIONS/NODE-H"), rows)
+
+
+def capacity_record(record: Any) -> dict[str, Any]:
+    rate = record.preemptions_per_node_hour
+    return {"zone": record.zone, "accelerator_type": record.accelerator_type, "attempts": record.attempts,
+            "successes": record.successes, "median_wait_s": record.median_wait_s,
+            "preemptions": record.preemptions, "spot_node_hours": round(record.spot_node_hours, 4),
+            "preemptions_per_node_hour": round(rate, 4) if rate is not None else None}
+
+
+def format_seconds(seconds: float) -> str:
+    """`42s`, `12m05s`, `3h10m`."""
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    minutes, rest = divmod(whole, 60)
+    return f"{minutes}m{rest:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
+
+
 def print_exec_summary(outcome: Any, out: TextIO) -> None:
     rows = []
     for r in outcome.results:

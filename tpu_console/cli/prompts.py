@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from tpu_console.errors import UserError
-from tpu_console.model import Node
+from tpu_console.model import Node, QueuedRequest
 from tpu_console.runs.store import RunRecord
 
 
@@ -19,17 +19,28 @@ def yes_no(question: str) -> bool:
     return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
 
 
-def confirm_delete(node: Node, name: str, *, yes: bool, json_mode: bool) -> None:
-    """Deleting a node: the person types its name (or passed --yes); UserError otherwise."""
+def confirm_delete(node: Node | QueuedRequest, name: str, *, yes: bool, json_mode: bool) -> None:
+    """Deleting a node or a queued request: the person types its name (or passed --yes); UserError
+    otherwise."""
     if yes:
         return
     if not can_ask(json_mode):
         raise UserError(f"refusing to delete {name} without --yes")
+    what = "queued request" if isinstance(node, QueuedRequest) else "node"
     typed = input(
-        f"delete {node.provider} node {node.name} ({node.accelerator_type})? type its name to confirm: "
+        f"delete {node.provider} {what} {node.name} ({node.accelerator_type})? type its name to confirm: "
     )
     if typed.strip() != node.name:
         raise UserError(f"refusing to delete {name}: the name typed did not match (or pass --yes)")
+
+
+def cancel_queued(requests: list[str], *, json_mode: bool) -> bool:
+    """After Ctrl-C with queued requests out: cancel them? Yes unless a person at the terminal says no
+    (a request left waiting keeps its place in the queue, and can hold quota)."""
+    if not can_ask(json_mode):
+        return True
+    answer = input(f"cancel the queued request(s) {', '.join(requests)}? [Y/n] ").strip().lower()
+    return answer not in ("n", "no")
 
 
 def confirm_stop(record: RunRecord, *, yes: bool, json_mode: bool) -> None:

@@ -38,7 +38,11 @@ async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Pro
     summary = _summary(view)
     masker = SecretMasker.for_node(record.node)
     if json_mode:
-        document = {**run_table.run_record(view), "summary": summary, "archive_path": record.archive_path}
+        decisions = await control.supervisor_decisions(providers, record)
+        document = {**run_table.run_record(view), "summary": summary, "archive_path": record.archive_path,
+                    "supervisor": None if decisions is None else [
+                        {"t": d.t, "decision": d.decision, "message": d.message, **d.fields}
+                        for d in decisions]}
         print(masker.mask(json.dumps(document, indent=2)))
         return 0
     now = datetime.now(UTC)
@@ -69,6 +73,10 @@ async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Pro
     print()
     rows = [(m.label, _value(summary.get(m.key))) for m in METRICS]
     print(format_table(("SUMMARY", ""), rows))
+    decisions = await control.supervisor_decisions(providers, record)
+    if decisions:
+        print()
+        print(masker.mask("\n".join(f"supervisor  {d.message}" for d in decisions)))
     if view.problem:
         print(f"note: {view.problem}", file=sys.stderr)
     return 0

@@ -1,4 +1,5 @@
-"""Verbs on runs: `launch`, `status`, `logs`, `stop`, `runs` (`ls`, `show`, `compare`) and `metrics`."""
+"""Verbs on runs: `launch`, `status`, `logs`, `stop`, `stacks`, `runs` (`ls`, `show`, `compare`) and
+`metrics`."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ from tpu_console.providers.base import Provider
 from tpu_console.runs import control as run_control
 from tpu_console.runs.launch import ValidatedConfig
 from tpu_console.runs.launch import launch as launch_run
+from tpu_console.runs.notifications import Notifier
 from tpu_console.runs.resolve import resolve_run
 from tpu_console.runs.store import RunStore
+from tpu_console.runs.supervision import SupervisionPolicy, parse_duration, parse_restart_on
 from tpu_console.secrets import SecretMasker
 from tpu_console.settings import Settings
 
@@ -72,8 +75,36 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
                         help="with --recover: seconds between two looks at the node and the run (default 30)")
     launch.add_argument(
         "--fail-fast", action="store_true",
-        help="stop the other workers as soon as one worker's job fails (recorded in launch.json)",
+        help="the run's supervisor on the pod stops the other workers as soon as one worker's job fails",
     )
+    launch.add_argument(
+        "--on-end", choices=("keep", "delete"), default="keep",
+        help="delete: the supervisor deletes the node (and its queued request) once every worker's job has "
+        "ended and --grace has passed, unless a newer run started on it (default keep)",
+    )
+    launch.add_argument("--grace", default="10m", metavar="DURATION",
+                        help="with --on-end delete: how long to wait after the run ends (default 10m)")
+    launch.add_argument(
+        "--max-cost", type=float, metavar="USD",
+        help="the supervisor stops the run (SIGTERM first, so the trainer checkpoints) and deletes the node "
+        "once the run has cost this much at the node's hourly price",
+    )
+    launch.add_argument(
+        "--price-per-hour", type=float, metavar="USD",
+        help="the node's price for --max-cost, where the price table has none (local, ssh) or to override it",
+    )
+    launch.add_argument(
+        "--max-hang", metavar="DURATION",
+        help="the supervisor stops the run and deletes the node when no worker made a step for this long "
+        "(e.g. 30m)",
+    )
+    launch.add_argument(
+        "--restart-on", metavar="CLASSES",
+        help="restart every job from its latest checkpoint when the run fails with one of these failure "
+        "classes: transient (lost_worker, distributed_timeout, tpu_in_use, preempted), or a comma list",
+    )
+    launch.add_argument("--max-restarts", type=int, default=3, metavar="N",
+                        help="with --restart-on: restarts allowed per failure class (default 3)")
 
     runs = verbs.add_parser(
         "runs", help="list launched runs; show one; compare several",
@@ -126,6 +157,16 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
     flags.add_run_target(stop)
     flags.add_yes(stop, "stop without asking")
     stop.add_argument("--grace", type=float, default=10.0, metavar="S", help="seconds before SIGKILL (10)")
+
+    stacks = verbs.add_parser(
+        "stacks", parents=[common], help="where a run is stuck: every worker's Python stacks, grouped",
+        description="Signal every worker's job (SIGUSR1: the trainer dumps every thread's stack into its run "
+        "folder), collect the dumps, group identical stacks and name the odd ones out; a worker whose job "
+        "does not answer (stopped, or blocked where Python cannot run) is named with its process state.",
+    )
+    flags.add_run_target(stacks)
+    stacks.add_argument("--wait", type=float, default=5.0, metavar="S",
+                        help="seconds to wait for each worker's dump (default 5)")
 
     metrics = verbs.add_parser(
         "metrics", parents=[common], help="live HBM and duty cycle of every TPU device, from libtpu",
@@ -183,13 +224,17 @@ def plan_check(enabled: bool) -> Callable[[ValidatedConfig, Node], Awaitable[Non
 async def launch(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
     if args.recover:
         return await _launch_with_recovery(args, settings, providers)
+    policy = supervision_policy(args)
+    webhook = settings.notify.webhook_url
     result = await launch_run(
         providers, args.node, args.config, args.overrides, args.env_file, args.worker,
         python=args.python, kill_stale=args.kill_stale, fail_fast=args.fail_fast, check_code=args.check_code,
         progress=output.progress, on_worker=output.worker_progress, before_send=plan_check(args.check_plan),
+        policy=policy, webhook_url=webhook.get_secret_value() if webhook else None,
     )
-    if result.ok and args.fail_fast:
-        _start_fail_fast_guard(result.run_id, args)
+    if result.ok:
+        print(f"{result.run_id}: supervised on worker {result.workers[0]}: {describe_policy(policy)}",
+              file=sys.stderr)
     if args.json:
         output.print_json(run_table.launch_record(result))
     else:
@@ -219,6 +264,7 @@ async def _launch_with_recovery(
         providers, args.node, args.config, args.overrides, args.env_file, zones=settings.gcp.zones,
         max_recoveries=args.max_recoveries, watch_every_s=args.watch_every, python=args.python,
         progress=output.progress, on_launch=launched, before_send=plan_check(args.check_plan),
+        notify=Notifier.from_settings(settings, output.progress).notify,
     )
     if args.json:
         output.print_json(log.to_json())
@@ -231,11 +277,35 @@ async def _launch_with_recovery(
     return 0 if log.final_state == "succeeded" else 1
 
 
-def _start_fail_fast_guard(run_id: str, args: argparse.Namespace) -> None:
-    from tpu_console.runs.guard import guard_log, start_guard
+def supervision_policy(args: argparse.Namespace) -> SupervisionPolicy:
+    """What the run's supervisor is asked to do, from launch's flags (one-line errors for bad values)."""
+    if args.on_end != "delete" and args.grace != "10m":
+        raise UserError("--grace is how long after the run the node is deleted; add --on-end delete")
+    if args.max_restarts != 3 and not args.restart_on:
+        raise UserError("--max-restarts counts restarts; add --restart-on transient")
+    return SupervisionPolicy(
+        fail_fast=args.fail_fast,
+        on_end=args.on_end,
+        grace_s=parse_duration(args.grace, "--grace"),
+        max_cost=args.max_cost,
+        price_per_hour=args.price_per_hour,
+        max_hang_s=parse_duration(args.max_hang, "--max-hang") if args.max_hang is not None else None,
+        restart_on=parse_restart_on(args.restart_on) if args.restart_on else (),
+        max_restarts=args.max_restarts,
+    )
 
-    pid = start_guard(run_id, flags.settings_flags(args))
-    print(f"{run_id}: fail-fast watcher started (pid {pid}, log {guard_log(run_id)})", file=sys.stderr)
+
+def describe_policy(policy: SupervisionPolicy) -> str:
+    parts = ["fail-fast" if policy.fail_fast else "no fail-fast"]
+    if policy.restart_on:
+        parts.append(f"restart on {','.join(policy.restart_on)} (up to {policy.max_restarts} each)")
+    if policy.on_end == "delete":
+        parts.append(f"delete the node {policy.grace_s:g}s after the run ends")
+    if policy.max_cost is not None:
+        parts.append(f"max cost ${policy.max_cost:g}")
+    if policy.max_hang_s is not None:
+        parts.append(f"max hang {policy.max_hang_s:g}s")
+    return ", ".join(parts)
 
 
 # ---- the history -------------------------------------------------------------------------------------------
@@ -268,7 +338,11 @@ async def status(args: argparse.Namespace, settings: Settings, providers: dict[s
     view = await run_control.run_status(providers, record.run_id)
     masker = SecretMasker.for_node(record.node)  # notes quote worker output, which may hold a leaked value
     if args.json:
-        print(masker.mask(json.dumps(run_table.run_record(view), indent=2)))
+        document = run_table.run_record(view)
+        decisions = await run_control.supervisor_decisions(providers, view.record)
+        document["supervisor"] = None if decisions is None else [
+            {"t": d.t, "decision": d.decision, "message": d.message, **d.fields} for d in decisions]
+        print(masker.mask(json.dumps(document, indent=2)))
         return 0
     record = view.record
     age = format_age(record.started_at, datetime.now(UTC))
@@ -282,6 +356,9 @@ async def status(args: argparse.Namespace, settings: Settings, providers: dict[s
         alive = [str(s.worker) for s in view.workers if not s.done]
         print(f"workers {','.join(alive)} still run after that failure and will likely hang; stop them with "
               f"`tpu-console stop {record.node} {record.run_id}`")
+    decisions = await run_control.supervisor_decisions(providers, view.record)
+    for decision in decisions or []:
+        print(masker.mask(f"supervisor: {decision.message}"))
     if view.problem:
         print(f"note: {view.problem}", file=sys.stderr)
     return 0
@@ -309,6 +386,9 @@ async def logs(args: argparse.Namespace, settings: Settings, providers: dict[str
     elif args.follow:
         print(f"{view.record.run_id}: {view.state}" + (f": {view.failure}" if view.failure else ""),
               file=sys.stderr)
+    if args.follow:  # the run ended while someone watched: tell their desktop (the pod tells the webhook)
+        Notifier.from_settings(settings, output.progress).notify(
+            view.state, f"run {view.record.run_id} on {view.record.node} {view.state}")
     if args.follow:
         return 0 if view.state == "succeeded" else 1
     return 0
@@ -340,6 +420,24 @@ async def stop(args: argparse.Namespace, settings: Settings, providers: dict[str
     return 1 if unreachable else 0
 
 
+async def stacks(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    from tpu_console.runs.stacks import collect_stacks
+
+    if args.wait <= 0:
+        raise UserError(f"--wait {args.wait:g} must be positive; give seconds, e.g. --wait 5")
+    record = await resolve_run(RunStore(), providers, args.target, args.run_id)
+    found = await collect_stacks(providers, record, wait_s=args.wait)
+    masker = SecretMasker.for_node(record.node)
+    if args.json:
+        print(masker.mask(json.dumps(found.to_json(), indent=2)))
+        return 0
+    print(masker.mask(f"{record.run_id} on {record.node}: {found.summary()}"))
+    for stack_group in found.groups:
+        names = ",".join(str(w) for w in stack_group.workers)
+        print(masker.mask(f"\n--- worker(s) {names}: {stack_group.where}\n{stack_group.stack}"))
+    return 0
+
+
 async def metrics(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
     from tpu_console.runs.device_metrics import read_node_metrics
 
@@ -355,4 +453,5 @@ async def metrics(args: argparse.Namespace, settings: Settings, providers: dict[
 
 HANDLERS = {
     "launch": launch, "runs": runs, "status": status, "logs": logs, "stop": stop, "metrics": metrics,
+    "stacks": stacks,
 }

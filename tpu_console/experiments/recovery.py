@@ -138,9 +138,10 @@ async def launch_with_recovery(
     progress: Callable[[str], None] = no_progress,
     on_launch: Callable[[LaunchResult], None] = lambda _r: None,
     before_send: Callable[[ValidatedConfig, Node], Awaitable[None]] | None = None,
+    notify: Callable[[str, str], None] = lambda _event, _text: None,
 ) -> RecoveryLog:
     """`before_send` as for launch, before the first launch (a relaunch runs the same config on the same
-    type)."""
+    type). `notify(event, text)` is told of each preemption (runs/notifications.py)."""
     provider, node = await open_node(providers, node_name)
     require_durable_checkpoints(config_path, overrides, provider.name)
     result = await launch(
@@ -174,6 +175,7 @@ async def launch_with_recovery(
             log.final_state = "failed"
             break
         progress(f"{node_name}: {reason}: recovering ({len(log.recoveries) + 1} of at most {max_recoveries})")
+        notify("preempted", f"{node_name}: {reason} during run {run_id}: recreating it and relaunching")
         recovery = Recovery(
             datetime.now(UTC).isoformat(timespec="seconds"), reason, run_id, last_step_before=last_step
         )

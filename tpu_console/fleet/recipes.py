@@ -142,6 +142,59 @@ def start_detached(
     )
 
 
+def start_supervisor(run_id: str, python: str, wait_s: float = 15.0) -> str:
+    """Start the run's supervisor (worker/supervisor.py, uploaded into the run folder) detached, wait until
+    it listens, and print `port=<n>`."""
+    d = _home_path(run_dir(run_id))
+    tries = max(1, int(wait_s / 0.05))
+    return (
+        f"( cd {d} || exit 3; rm -f supervisor.port; "
+        f"setsid {python_word(python)} -u supervisor.py . </dev/null >>supervisor.log 2>&1 & "
+        f"i=0; while [ ! -s supervisor.port ] && [ $i -lt {tries} ]; do sleep 0.05; i=$((i+1)); done; "
+        'if [ -s supervisor.port ]; then echo "port=$(cat supervisor.port)"; '
+        'else echo "the run\'s supervisor did not start: $(tail -n 2 supervisor.log)" >&2; exit 4; fi )'
+    )
+
+
+def stop_supervisor(run_id: str) -> str:
+    """End the run's supervisor (a launch that did not start on every worker takes it back)."""
+    d = _home_path(run_dir(run_id))
+    return (
+        f"( cd {d} 2>/dev/null || exit 0; p=$(cat supervisor.pid 2>/dev/null); "
+        'case "$p" in ""|*[!0-9]*) ;; *) kill -TERM "$p" 2>/dev/null;; esac; exit 0 )'
+    )
+
+
+def request_stacks(run_id: str, wait_s: float = 5.0) -> str:
+    """SIGUSR1 to the run's job (the trainer dumps every thread's stack into `stacks.txt`, trainer/cli.py),
+    then wait up to `wait_s` for the dump. Prints `state=answered`, `state=silent proc=<ps state>` (a job
+    that did not answer: stopped, or blocked where Python cannot run), `state=ended` or `state=missing`,
+    then, when answered, the dump base64-encoded on one line."""
+    d = _home_path(run_dir(run_id))
+    ticks = max(1, int(wait_s / 0.1))
+    return (
+        f"( cd {d} 2>/dev/null || {{ echo state=missing; exit 0; }}; "
+        "p=$(cat job.pid 2>/dev/null || cat pid 2>/dev/null); "
+        'case "$p" in ""|*[!0-9]*) echo state=ended; exit 0;; esac; '
+        'if [ -e exit ] || ! kill -0 "$p" 2>/dev/null; then echo state=ended; exit 0; fi; '
+        "s=$(wc -c <stacks.txt 2>/dev/null || echo 0); "
+        'kill -USR1 "$p" 2>/dev/null; '
+        f'i=0; while [ $i -lt {ticks} ]; do n=$(wc -c <stacks.txt 2>/dev/null || echo 0); '
+        '[ "$n" -gt "$s" ] && break; sleep 0.1; i=$((i+1)); done; '
+        'n=$(wc -c <stacks.txt 2>/dev/null || echo 0); '
+        'if [ "$n" -le "$s" ]; then '
+        "echo \"state=silent proc=$(awk '{print $3}' /proc/$p/stat 2>/dev/null)\"; exit 0; fi; "
+        # the dump is written by a signal handler in one go; give it a moment to finish
+        "sleep 0.3; echo state=answered; tail -c +$((s + 1)) stacks.txt | base64 | tr -d '\\n'; echo )"
+    )
+
+
+def read_run_file(run_id: str, name: str, max_bytes: int = 1 << 20) -> str:
+    """The end of one file of the run folder (at most `max_bytes`), or nothing when it does not exist."""
+    f = _home_path(f"{run_dir(run_id)}/{name}")
+    return f"( tail -c {int(max_bytes)} {f} 2>/dev/null; exit 0 )"
+
+
 def stop_run(run_id: str, grace_s: float = 10.0) -> str:
     """SIGTERM the job's process group, SIGKILL it if still alive after `grace_s`, wait briefly for the
     wrapper's `exit` file. Prints one `key=value ...` line: state=missing|exited|not-started|gone|stopped."""
@@ -237,6 +290,9 @@ def tail_log(
 
 
 FOLLOWER_SOURCE = worker.source("run_follower.py")
+# The run's supervision, uploaded into the run folder by `launch` (worker/supervisor.py, job_runner.py).
+SUPERVISOR_SOURCE = worker.source("supervisor.py")
+RUNNER_SOURCE = worker.source("job_runner.py")
 
 
 def follow_run(

@@ -1,5 +1,5 @@
 """Nodes across every enabled provider, for the CLI and the TUI: list, create (a name free in every provider),
-delete.
+delete (a node, or a queued request that has no node yet), and cancel what an interrupted create left queued.
 
 Each returns plain data and raises UserError for bad input before anything remote changes.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from tpu_console.errors import AlreadyExists, NotFound, UserError, one_line
-from tpu_console.model import CreateRequest, Node, validate_node_name
+from tpu_console.errors import AlreadyExists, CreateInterrupted, NotFound, UserError, one_line
+from tpu_console.model import CreateRequest, Node, QueuedRequest, validate_node_name
 from tpu_console.providers.base import NodeListing, Progress, Provider, no_progress
 from tpu_console.providers.registry import find_node, pick_provider
 
@@ -31,6 +31,7 @@ async def list_nodes(providers: dict[str, Provider], provider: str | None = None
             result.problems.append(f"{name}: {one_line(answer)}")
             continue
         result.nodes.extend(answer.nodes)
+        result.requests.extend(answer.requests)
         result.problems.extend(f"{name}: {problem}" for problem in answer.problems)
     result.nodes.sort(key=lambda node: (node.provider, node.name))
     return result
@@ -74,11 +75,30 @@ async def delete_node(
     providers: dict[str, Provider],
     name: str,
     progress: Progress = no_progress,
-    confirm: Callable[[Node], None] | None = None,
-) -> Node:
-    """Delete node `name` and return it as it was. `confirm` may raise UserError to refuse."""
-    provider, node = await find_node(providers, name)
+    confirm: Callable[[Node | QueuedRequest], None] | None = None,
+) -> Node | QueuedRequest:
+    """Delete node `name` (with its queued request, if any), or the queued request `name` that has no
+    node yet; return it as it was. `confirm` may raise UserError to refuse."""
+    try:
+        provider, found = await find_node(providers, name)
+    except NotFound:
+        request = await _find_request(providers, name)
+        if request is None:
+            raise
+        provider, found = providers[request.provider], request
     if confirm is not None:
-        confirm(node)
+        confirm(found)
     await provider.delete(name, progress)
-    return node
+    return found
+
+
+async def _find_request(providers: dict[str, Provider], name: str) -> QueuedRequest | None:
+    listing = await list_nodes(providers)
+    return next((r for r in listing.requests if r.name == name and not r.has_node), None)
+
+
+async def cancel_queued(
+    providers: dict[str, Provider], interrupted: CreateInterrupted, progress: Progress = no_progress
+) -> None:
+    """Delete the queued requests an interrupted create left, confirming each is gone."""
+    await pick_provider(providers, interrupted.provider).cancel_requests(interrupted.requests, progress)

@@ -22,7 +22,8 @@ from tpu_console.fleet.fleet import Fleet
 from tpu_console.runs.tail import TailCursor, parse_chunk
 from tpu_console.secrets import SecretMasker
 
-ARCHIVED_FILES = ("output.log", "events.jsonl")
+# supervisor.jsonl: what the run's supervisor decided (on its worker only; empty elsewhere)
+ARCHIVED_FILES = ("output.log", "events.jsonl", "supervisor.jsonl")
 CHUNK_BYTES = 4 << 20
 
 

@@ -11,6 +11,7 @@ import asyncio
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from tpu_console.errors import UserError
 from tpu_console.fleet import recipes
@@ -23,6 +24,7 @@ from tpu_console.runs.reach import NodeWorkers, reach_node
 from tpu_console.runs.run_end import keep_run_end
 from tpu_console.runs.run_id import check_run_id
 from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
+from tpu_console.runs.supervision import DECISIONS_FILE, Decision, parse_decisions
 from tpu_console.runs.tail import TailCursor, parse_chunk
 from tpu_console.runs.watch import LogLines, RunWatch, Update
 
@@ -336,3 +338,19 @@ def _said(stderr: str, default: str) -> str:
 
 
 __all__ = ["RunState", "RunView", "WorkerStop", "list_runs", "logs", "observe", "run_status", "stop"]
+
+
+async def supervisor_decisions(providers: dict[str, Provider], record: RunRecord) -> list[Decision] | None:
+    """What the run's supervisor decided (supervisor.jsonl on its worker; the archived copy once the run
+    ended and was archived), or None when it cannot be read (node gone or unreachable)."""
+    if record.archive_path and record.workers:
+        archived = Path(record.archive_path) / f"worker-{record.workers[0]}" / DECISIONS_FILE
+        if archived.is_file():
+            return parse_decisions(archived.read_text(errors="replace"))
+    async with reach_node(providers, record.node) as reached:
+        if reached.fleet is None or not record.workers:
+            return None
+        (result,) = await reached.fleet.run(
+            recipes.read_run_file(record.run_id, DECISIONS_FILE), [record.workers[0]], timeout=30
+        )
+    return parse_decisions(result.stdout) if result.ok else None

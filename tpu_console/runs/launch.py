@@ -38,12 +38,17 @@ from tpu_console.provision.code_sync import code_version
 from tpu_console.provision.recipes import ENV_PYTHON
 from tpu_console.provision.report import WorkerReport, mismatches
 from tpu_console.provision.steps import ignore_worker, run_on_workers
+from tpu_console.runs import supervision
 from tpu_console.runs.inputs import job_inputs, refuse_missing
 from tpu_console.runs.run_id import new_run_id
 from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
+from tpu_console.runs.supervision import SupervisionPolicy
 from tpu_console.secrets import parse_env
 
 TRAINER_ARGS = ("-m", "trainer", "--config", "config.yaml", "--run-dir", ".")
+# The job as the wrapper starts it: the job runner (worker/job_runner.py), which runs the trainer and
+# reports it to the run's supervisor.
+RUNNER, SUPERVISOR = "job_runner.py", "supervisor.py"
 
 
 
@@ -164,6 +169,8 @@ async def launch(
     on_worker: Callable[[int, str], None] = ignore_worker,
     stop_grace_s: float = 5.0,
     before_send: Callable[[ValidatedConfig, Node], Awaitable[None]] | None = None,
+    policy: SupervisionPolicy | None = None,
+    webhook_url: str | None = None,
 ) -> LaunchResult:
     """Start the trainer on the selected workers of `node_name` (all by default) and record the run.
 
@@ -171,7 +178,9 @@ async def launch(
     a run still alive on the node, workers without a trainer environment (unless `python` is given, or
     the pod shares this machine), and workers whose code or JAX versions differ (`check_code`).
     `kill_stale` first kills processes holding the TPU and removes libtpu's lockfile on every worker.
-    `fail_fast` is recorded in launch.json for the run's watcher (stop the others when one fails).
+    `fail_fast` is recorded in launch.json and enforced by the run's supervisor on the pod, which
+    `policy` tells what else to do (restart, delete when done, budgets); `webhook_url` is where it sends
+    notifications (uploaded 0600 to the supervisor's worker only).
     `before_send` runs once the config and the node's shape are checked, before any worker is reached:
     a check of the caller's (the plan's fit, experiments/plan.py) that refuses by raising UserError.
     """
@@ -183,6 +192,11 @@ async def launch(
     provider, node = await open_node(providers, node_name)
     selected = parse_worker_selection(workers, node.shape.workers)
     check_shape(config, node, len(selected))
+    policy = policy or SupervisionPolicy(fail_fast=fail_fast)
+    estimate = price_per_hour(node)
+    price = policy.price_per_hour if policy.price_per_hour is not None else estimate and estimate.per_hour
+    can_delete = provider.supervisor_delete_target(node) is not None
+    supervision.check_policy(policy, node.provider, can_delete, price)
     if before_send is not None:
         await before_send(config, node)
     targets = await provider.ssh_targets(node)
@@ -221,21 +235,40 @@ async def launch(
             python=interpreter,
             started_at=started,
             code_version=version["git_sha"] + ("+dirty" if version["dirty"] else "") if version else None,
-            price_per_hour=estimate.per_hour if (estimate := price_per_hour(node)) is not None else None,
+            price_per_hour=estimate.per_hour if estimate is not None else None,
         )
+        bind, supervisor_host = provider.supervisor_address(node, targets)
+        plan = supervision.plan(
+            run_id=run_id, node=node.name, provider=node.provider, workers=selected,
+            started_at=started.timestamp(), policy=policy,
+            price_per_hour=estimate.per_hour if estimate is not None else None,
+            delete_target=provider.supervisor_delete_target(node), bind=bind,
+            coordinator_host=supervisor_host if "TRAINER_COORDINATOR_ADDRESS" in envs[selected[0]] else None,
+        )
+        supervisor_python = default_python(provider)
         progress(f"{run_id}: preparing {len(selected)} worker(s) of {node.name}")
         problems = await _prepare(
-            fleet, run_id, selected, config, env_data, node, envs, interpreter, version, started, fail_fast
+            fleet, run_id, selected, config, env_data, node, envs, interpreter, version, started,
+            policy.fail_fast, plan, webhook_url,
         )
+        if not problems:
+            progress(f"{run_id}: starting the run's supervisor on worker {selected[0]}")
+            address = await _start_supervisor(fleet, run_id, selected[0], supervisor_python, supervisor_host)
+            if isinstance(address, str):
+                for worker_env in envs.values():
+                    worker_env[supervision.ADDRESS_ENV] = address
+            else:
+                problems = address
         if problems:
             starts = [
                 WorkerStart(w, error=problems.get(w, "not started: another worker failed")) for w in selected
             ]
         else:
             progress(f"{run_id}: starting the job on {len(selected)} worker(s)")
-            starts = await _start(fleet, run_id, selected, envs, interpreter)
+            starts = await _start(fleet, run_id, selected, envs, interpreter, supervisor_python)
             if not all(s.ok for s in starts):
                 await _undo(fleet, run_id, [s.worker for s in starts if s.ok], stop_grace_s)
+                await fleet.run(recipes.stop_supervisor(run_id), [selected[0]], timeout=30)
         _record(store, record, starts)
         if env_file is not None:
             # so every later view of this node masks its values
@@ -255,6 +288,8 @@ async def _prepare(
     version: dict[str, Any] | None,
     started: datetime,
     fail_fast: bool = False,
+    plan: dict[str, Any] | None = None,
+    webhook_url: str | None = None,
 ) -> dict[int, str]:
     """Make the run folder and upload its files on every worker; the problems by worker (empty: all done)."""
     # Without --env-file, the .env that `sync --env-file` left on the worker (if any) goes with the run.
@@ -286,6 +321,7 @@ async def _prepare(
             "env": envs[worker],  # non-secret variables only; secrets are in .env
             "env_file": ".env" if env_data is not None else (SYNCED_ENV_FILE if synced_env else None),
             "fail_fast": fail_fast,
+            "supervised": plan is not None,
             "config_source": str(config.path),
             "overrides": config.overrides,
             "config_digest": config.digest,
@@ -294,6 +330,15 @@ async def _prepare(
         uploads.append(
             fleet.put(json.dumps(manifest, indent=2).encode() + b"\n", f"{folder}/launch.json", [worker])
         )
+    if plan is not None:
+        uploads.append(fleet.put(json.dumps(plan, indent=2).encode() + b"\n",
+                                 f"{folder}/{supervision.PLAN_FILE}", workers, mode=0o600))
+        uploads.append(fleet.put(recipes.RUNNER_SOURCE, f"{folder}/{RUNNER}", workers, mode=0o644))
+        first = workers[:1]  # the supervisor's worker
+        uploads.append(fleet.put(recipes.SUPERVISOR_SOURCE, f"{folder}/{SUPERVISOR}", first, mode=0o644))
+        if webhook_url:
+            notify = supervision.notify_file(webhook_url)
+            uploads.append(fleet.put(notify, f"{folder}/{supervision.NOTIFY_FILE}", first, mode=0o600))
     for results in await asyncio.gather(*uploads):
         for r in results:
             if not r.ok:
@@ -301,11 +346,27 @@ async def _prepare(
     return problems
 
 
+async def _start_supervisor(
+    fleet: Fleet, run_id: str, worker: int, python: str, host: str
+) -> str | dict[int, str]:
+    """Start the run's supervisor on `worker`: the address the jobs report to, or the problem."""
+    (result,) = await fleet.run(recipes.start_supervisor(run_id, python), [worker], timeout=60)
+    port = next((line[5:] for line in result.stdout.splitlines() if line.startswith("port=")), "")
+    if not result.ok or not port.isdigit():
+        said = result.stderr.strip().splitlines()
+        return {worker: "the run's supervisor did not start: "
+                + (result.error or (said[-1] if said else f"exit {result.exit_status}"))}
+    return f"{host}:{port}"
+
+
 async def _start(
-    fleet: Fleet, run_id: str, workers: list[int], envs: dict[int, dict[str, str]], python: str
+    fleet: Fleet, run_id: str, workers: list[int], envs: dict[int, dict[str, str]], python: str,
+    runner_python: str,
 ) -> list[WorkerStart]:
+    job_args = (RUNNER, "--", python, "-u", *TRAINER_ARGS)
+
     async def start_one(worker: int) -> WorkerStart:
-        command = recipes.start_detached(run_id, python, TRAINER_ARGS, envs[worker])
+        command = recipes.start_detached(run_id, runner_python, job_args, envs[worker])
         (result,) = await fleet.run(command, [worker], timeout=60)
         if not result.ok:
             said = result.stderr.strip().splitlines()

@@ -23,6 +23,8 @@ OOM = "oom"
 WRONG_PROCESS_COUNT = "wrong_process_count"
 TPU_IN_USE = "tpu_in_use"
 DISTRIBUTED_TIMEOUT = "distributed_timeout"
+LOST_WORKER = "lost_worker"
+PREEMPTED = "preempted"
 WANDB_AUTH = "wandb_auth"
 WANDB_INIT = "wandb_init"
 EXCEPTION = "exception"
@@ -34,6 +36,10 @@ HINTS = {
     TPU_IN_USE: "another process holds the TPU (a previous run?): launch with --kill-stale, or stop that run",
     DISTRIBUTED_TIMEOUT: "a worker never joined jax.distributed: check that every worker was launched and "
     "is reachable from worker 0 (the coordinator)",
+    LOST_WORKER: "another worker of the job went away (its process died or its host was lost): look at the "
+    "first worker that failed",
+    PREEMPTED: "the TPU was preempted or taken for maintenance: recreate the node (launch --recover) or "
+    "restart the run (launch --restart-on transient)",
     WANDB_AUTH: "W&B refused the API key: put a valid WANDB_API_KEY in the .env given to --env-file, "
     "or set wandb_mode: disabled",
     WANDB_INIT: "wandb.init failed: check the network from the workers, or set wandb_mode: offline",
@@ -78,6 +84,14 @@ _PATTERNS: list[tuple[str, str]] = [
         ),
     ),
     (
+        LOST_WORKER,
+        (
+            r"stopped sending heartbeats|tasks are unhealthy|[Tt]ask \S+ (?:has been|was) lost"
+            r"|[Pp]eer (?:task|process) .*(?:disconnected|lost)"
+        ),
+    ),
+    (PREEMPTED, r"TPU (?:VM )?(?:was|has been) preempted|[Pp]reemption notice|maintenance event"),
+    (
         DISTRIBUTED_TIMEOUT,
         (
             r"DEADLINE_EXCEEDED|Barrier timed out|coordination service.*(?:timed? ?out|unavailable)"
@@ -105,11 +119,24 @@ _PREFILTER = (
     "libtpu",
     "DEADLINE",
     "Barrier",
+    "heartbeat",
+    "unhealthy",
+    "lost",
+    "reempt",
+    "maintenance",
     "oordination",
     "distributed",
     "wandb",
     "Traceback",
 )
+
+
+def patterns() -> list[tuple[str, str]]:
+    """(kind, regular expression) of every problem signature, in priority order: what the job runners on
+    the pod classify a failure with (runs/supervision.py ships them). Python 3.8's `re` reads them."""
+    return [(kind, pattern) for kind, pattern in _PATTERNS if kind != WANDB_URL]
+
+
 _HBM_USAGE = re.compile(r"Used [\d.]+[KMGT]? of [\d.]+[KMGT]? hbm|Attempting to allocate [\d.]+[KMGT]?")
 _LOCAL_BATCH = re.compile(r"local_batch=(\d+)")
 # The line that ends a traceback: `ValueError: ...`, `jaxlib.xla_extension.XlaRuntimeError: ...`,

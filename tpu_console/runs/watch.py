@@ -58,10 +58,12 @@ from tpu_console.runs.run_end import keep_run_end
 from tpu_console.runs.run_id import check_run_id
 from tpu_console.runs.signatures import Finding, SignatureScanner
 from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
+from tpu_console.runs.supervision import DECISIONS_FILE, Decision, parse_decisions
 from tpu_console.runs.tail import TailCursor, parse_chunk, parse_chunk_record
 from tpu_console.secrets import SecretMasker
 
 LOG, EVENTS = "output.log", "events.jsonl"
+SUPERVISOR = DECISIONS_FILE  # what the run's supervisor decided, on the run's first worker
 MAX_BACKOFF_S = 8.0
 PROBE_EVERY_S = 1.0  # the follower reports its job's state this often: the watch's heartbeat
 SILENCE_S = 20.0  # a follower not heard from for this long is on a half-dead connection: start over
@@ -89,6 +91,11 @@ class SignatureFound:
 
 
 @dataclass(frozen=True)
+class SupervisorDecided:
+    decisions: list[Decision]  # new lines of the supervisor's record (runs/supervision.py)
+
+
+@dataclass(frozen=True)
 class HealthChanged:
     health: RunHealth
 
@@ -98,7 +105,7 @@ class WatchEnded:
     health: RunHealth
 
 
-Update = LogLines | NewEvents | SignatureFound | HealthChanged | WatchEnded
+Update = LogLines | NewEvents | SignatureFound | SupervisorDecided | HealthChanged | WatchEnded
 
 
 @dataclass
@@ -121,6 +128,7 @@ class WorkerStream:
     ring_events: int
     log: TailCursor = field(default_factory=TailCursor)
     events_cursor: TailCursor = field(default_factory=TailCursor)
+    decisions_cursor: TailCursor = field(default_factory=TailCursor)
     scanner: SignatureScanner = field(default_factory=SignatureScanner)
     lines: deque[str] = field(init=False)
     events: deque[Event] = field(init=False)
@@ -187,6 +195,7 @@ class RunWatch:
         self.monitor = RunMonitor(record.run_id, record.workers, lost_after_unreachable)
         self.monitor.note_stop(record.stop_requested_at)
         self.workers = {w: WorkerStream(w, ring_lines, ring_events) for w in record.workers}
+        self.decisions: list[Decision] = []  # the run's supervisor's record, as read so far
         self.progress: dict[int, Progress] = {}
         self.survivors_stopped: list[int] = []  # workers fail-fast stopped
         self._on_update: Callable[[Update], object] | None = None
@@ -306,6 +315,8 @@ class RunWatch:
         offsets = {EVENTS: stream.events_cursor.offset}
         if streamed:  # a worker whose log is not streamed still has its events read (health covers all)
             offsets[LOG] = stream.log.offset
+        if stream.worker == self.record.workers[0]:  # where the run's supervisor writes
+            offsets[SUPERVISOR] = stream.decisions_cursor.offset
         follower = recipes.follow_run(self.record.run_id, offsets, self.poll_s, PROBE_EVERY_S, self.max_bytes)
         loop = asyncio.get_running_loop()
         follow = _Follow(heard=loop.time())
@@ -361,12 +372,15 @@ class RunWatch:
                     self._take_log_lines(stream, stream.log.take(chunk))
                 elif name == EVENTS:
                     self._take_event_lines(stream, stream.events_cursor.take(chunk))
+                elif name == SUPERVISOR:
+                    self._take_decisions(stream.decisions_cursor.take(chunk))
         elif kind == "P":
             self.monitor.observe(stream.worker, probe_from_status(self.record.run_id, fields))
         elif kind == "E":
             follow.ended = True
             self._take_log_lines(stream, stream.log.finish())
             self._take_event_lines(stream, stream.events_cursor.finish())
+            self._take_decisions(stream.decisions_cursor.finish())
 
     async def _read_last_lines(self, stream: WorkerStream) -> None:
         command = recipes.tail_log(self.record.run_id, lines=self.first_log_lines)
@@ -398,6 +412,11 @@ class RunWatch:
         for line in lines:
             if (finding := scan(line)) is not None:
                 self._emit(SignatureFound(stream.worker, finding))
+
+    def _take_decisions(self, lines: list[str]) -> None:
+        if decisions := parse_decisions("\n".join(lines)):
+            self.decisions.extend(decisions)
+            self._emit(SupervisorDecided(decisions))
 
     def _take_event_lines(self, stream: WorkerStream, lines: list[str]) -> None:
         if not lines:

@@ -94,6 +94,15 @@ class RunFeedProblem(Message):
         self.problem = problem
 
 
+class RunSupervisorDecided(Message):
+    """The run's supervisor on the pod decided something (stopped the others, restarts, deletes the node):
+    one line each, as it wrote them (runs/supervision.py)."""
+
+    def __init__(self, decisions: list[str]) -> None:
+        super().__init__()
+        self.decisions = decisions
+
+
 class RunSignatureFound(Message):
     """A worker's log says what went wrong (runs/signatures.py: out of HBM, the wrong process count, TPU in
     use, a jax.distributed timeout, a traceback, a wandb error): its `kind`, and `message` with the fix."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from tpu_console.errors import one_line
-from tpu_console.model import Node, NodeState
+from tpu_console.model import Node, NodeState, QueuedRequest
 from tpu_console.providers.base import NodeListing, Provider
 from tpu_console.providers.nodes import list_nodes
 from tpu_console.runs.idle import IdleNode, find_idle
@@ -27,6 +27,7 @@ class NodesListing:
     problems: list[str] = field(default_factory=list)
     latest_runs: dict[str, RunRecord] = field(default_factory=dict)  # node key -> its latest run
     idle: dict[str, IdleNode] = field(default_factory=dict)  # node key -> how long it has idled
+    requests: list[QueuedRequest] = field(default_factory=list)  # queued requests, with a node or not
 
     def latest_run(self, node: Node) -> RunRecord | None:
         return self.latest_runs.get(node_key(node))
@@ -60,7 +61,7 @@ async def gather_listing(
         runs = [probed.get(r.run_id, r) for r in runs]
         latest = {key: probed.get(r.run_id, r) for key, r in latest.items()}
     idle = {node_key(i.node): i for i in find_idle(listing.nodes, runs, now, idle_after)}
-    return NodesListing(listing.nodes, listing.problems, latest, idle)
+    return NodesListing(listing.nodes, listing.problems, latest, idle, listing.requests)
 
 
 def _latest_run(node: Node, runs: Sequence[RunRecord]) -> RunRecord | None:

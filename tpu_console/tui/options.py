@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from pydantic import SecretStr
+
 
 @dataclass(frozen=True)
 class ConsoleOptions:
@@ -14,3 +16,5 @@ class ConsoleOptions:
     zones: list[str] = field(default_factory=list)
     idle_after: timedelta = timedelta(minutes=60)
     sync_env_file: str | None = None
+    webhook_url: SecretStr | None = None  # [notify]: handed to each run's supervisor (a secret)
+    desktop_notify: bool = False

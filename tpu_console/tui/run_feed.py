@@ -37,7 +37,9 @@ from datetime import UTC, datetime
 from textual.message import Message
 
 from tpu_console.errors import NotFound, UserError, one_line
+from tpu_console.node_table import maintenance_warning
 from tpu_console.providers.base import Provider
+from tpu_console.providers.nodes import list_nodes
 from tpu_console.providers.registry import find_node
 from tpu_console.runs import control
 from tpu_console.runs.device_metrics import LIBTPU_METRICS_ADDRESS, read_device_metrics
@@ -52,6 +54,7 @@ from tpu_console.runs.watch import (
     NewEvents,
     RunWatch,
     SignatureFound,
+    SupervisorDecided,
     Update,
     WatchEnded,
 )
@@ -62,6 +65,7 @@ from tpu_console.tui.messages import (
     RunLogLines,
     RunSignatureFound,
     RunStepsArrived,
+    RunSupervisorDecided,
     RunUpdated,
 )
 from tpu_console.tui.run_snapshot import RunSnapshot, WorkerRow
@@ -71,7 +75,10 @@ Post = Callable[[Message], object]
 OpenWatch = Callable[[int | None], AbstractAsyncContextManager[RunWatch]]
 
 RETRY_FIRST_S, RETRY_MAX_S = 2.0, 30.0
+NODE_CHECK_S = 300.0  # how often the node's announced maintenance is looked at again
 # Run states that are final: every worker's job is over (runs.monitor.RunState).
+# The supervisor's bookkeeping, not worth a toast.
+QUIET_DECISIONS = ("notified", "notify-failed")
 _VERDICTS = (str(RunState.SUCCEEDED), str(RunState.FAILED), str(RunState.STOPPED))
 
 
@@ -137,6 +144,7 @@ class RunFeed:
         self._watching = asyncio.Event()  # a watch is open (device metrics ride on its connections)
         self._probe_python: str | None = None
         self._last_turning_point: tuple | None = None
+        self.node_warning: str | None = None  # check_node's
 
     def _open_run_watch(self, first_log_lines: int | None) -> AbstractAsyncContextManager[RunWatch]:
         return RunWatch.open(self.providers, self.run_id, self.store, first_log_lines=first_log_lines,
@@ -177,10 +185,12 @@ class RunFeed:
 
     async def _consume(self, watch: RunWatch, post: Post) -> None:
         ticker = asyncio.create_task(self._tick(watch, post))
+        node_check = asyncio.create_task(self.check_node())
         try:
             async for update in watch.updates():
                 self.take(update, post)
         finally:
+            node_check.cancel()
             ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await ticker
@@ -197,6 +207,10 @@ class RunFeed:
                 steps = [StepMetrics.from_event(e) for e in events if e.kind == "step"]
                 if steps:
                     post(RunStepsArrived(worker, steps))
+            case SupervisorDecided(decisions):
+                shown = [d.message for d in decisions if d.decision not in QUIET_DECISIONS]
+                if shown:
+                    post(RunSupervisorDecided(shown))
             case SignatureFound(worker, finding) if finding.kind == WANDB_URL:
                 self.wandb_url = self.wandb_url or finding.detail
             case SignatureFound(worker, finding):
@@ -235,6 +249,20 @@ class RunFeed:
             seen = self.seen[worker] = WorkerSeen()
         return seen
 
+    async def check_node(self, every_s: float = NODE_CHECK_S) -> None:
+        """The node's announced maintenance, looked at now and then: a warning when it falls in the run."""
+        while self.record is not None:
+            try:  # the listing, not a lookup: only the listing reads maintenance (gcp's v2alpha1)
+                listing = await list_nodes(self.providers)
+            except Exception:  # noqa: BLE001 - a nicety: the watch itself reports a node that is gone
+                listing = None
+            node = next((n for n in listing.nodes if n.name == self.record.node), None) if listing else None
+            if node is not None:
+                self.node_warning = maintenance_warning(node, self.record.started_at, self.record.finished_at)
+            if every_s <= 0:
+                return
+            await asyncio.sleep(every_s)
+
     # -- what the dashboard shows ----------------------------------------------------------------------
 
     def snapshot(self) -> RunSnapshot:
@@ -255,6 +283,7 @@ class RunFeed:
             stalled=health.stalled,
             all_silent=health.all_silent,
             stragglers=health.stragglers,
+            node_warning=self.node_warning,
         )
 
     def _row(self, health: WorkerHealth) -> WorkerRow:
@@ -354,6 +383,18 @@ class RunFeed:
         outcomes = Counter(s.outcome for s in stops)
         counts = ", ".join(f"{n} {what}" for what, n in sorted(outcomes.items()))
         return f"{self.run_id}: {view.state} ({counts})"
+
+    async def stacks(self) -> str:
+        """Where the run is stuck: every worker's Python stacks, grouped (runs/stacks.py), as text."""
+        from tpu_console.runs.stacks import collect_stacks
+
+        record = (self.store or RunStore()).get(self.run_id)
+        found = await collect_stacks(self.providers, record)
+        masker = SecretMasker.for_node(record.node)
+        blocks = [found.summary()] + [
+            f"--- {','.join(map(str, g.workers))}: {g.where}\n{g.stack}" for g in found.groups
+        ]
+        return masker.mask("\n\n".join(blocks))
 
     async def close(self) -> None:
         """Stop watching (the workers' jobs keep running)."""

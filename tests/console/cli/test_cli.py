@@ -44,7 +44,7 @@ def test_ls_empty(capsys):
     assert status == 0 and out == ""
     assert "no nodes" in err
     status, out, _ = run(capsys, "ls", "--json")
-    assert json.loads(out) == {"nodes": [], "problems": []}
+    assert json.loads(out) == {"nodes": [], "requests": [], "problems": []}
 
 
 def test_create_ls_delete_round_trip(capsys):

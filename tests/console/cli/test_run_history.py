@@ -96,12 +96,14 @@ while true; do sleep 0.1; done
 def test_launch_fail_fast_stops_the_other_workers_when_one_fails(capsys, pod, tmp_path):  # noqa: F811
     from tests.console.runs.test_local import run_folder
     from tests.processes import wait_for
-    from tpu_console.runs.guard import guard_log
 
     run_id = launch(capsys, fake_trainer(tmp_path, ONE_FAILS), "--fail-fast")
     exit_file = run_folder(0, run_id) / "exit"
     wait_for(exit_file.exists, timeout=45)
-    assert exit_file.read_text().strip() == "143"  # TERM from the guard
-    wait_for(lambda: "failed" in guard_log(run_id).read_text(), timeout=30)
-    log = guard_log(run_id).read_text()
-    assert "stopped worker(s) [0] after the first failure" in log and "worker 1 exited 3" in log
+    assert exit_file.read_text().strip() == "143"  # TERM from the run's supervisor
+    decisions = run_folder(0, run_id) / "supervisor.jsonl"
+    wait_for(lambda: '"ended"' in decisions.read_text(), timeout=30)
+    assert "worker 1 exited 3: stopping worker(s) 0" in decisions.read_text()
+    status, out, _ = run(capsys, "status", run_id)
+    assert status == 0 and "supervisor: worker 1 exited 3: stopping worker(s) 0" in out
+    assert "supervisor: the run failed" in out

@@ -64,6 +64,13 @@ TRAINER_OOM_LINE = (
             sig.DISTRIBUTED_TIMEOUT,
         ),
         (
+            "E1124 07:01:02.345 coordination_service.cc:512] The following tasks are unhealthy (stopped "
+            "sending heartbeats): /job:jax_worker/replica:0/task:2",
+            sig.LOST_WORKER,
+        ),
+        ("I1124 07:01:02.345 preemption_notifier.cc:89] Preemption notice received: the TPU VM will be "
+         "shut down", sig.PREEMPTED),
+        (
             "wandb: ERROR Error while calling W&B API: user is not logged in (<Response [401]>)",
             sig.WANDB_AUTH,
         ),
@@ -141,3 +148,14 @@ def test_a_specific_signature_beats_the_traceback_and_the_wandb_url_is_kept():
     assert scanner.wandb_url == "https://wandb.ai/e/p/runs/abc123"
     assert scanner.first_problem.kind == sig.OOM
     assert scanner.last_exception.line == OOM_LINE
+
+
+def test_the_patterns_the_pod_classifies_with_are_the_scanners():
+    """The job runner on the pod compiles `patterns()` with Python's `re` (3.8+): same kinds, same order."""
+    import re
+
+    kinds = [kind for kind, _ in sig.patterns()]
+    assert kinds[0] == sig.OOM and sig.WANDB_URL not in kinds and sig.LOST_WORKER in kinds
+    compiled = [(kind, re.compile(pattern)) for kind, pattern in sig.patterns()]
+    line = "jaxlib.xla_extension.XlaRuntimeError: DEADLINE_EXCEEDED: Barrier timed out"
+    assert next(kind for kind, p in compiled if p.search(line)) == sig.DISTRIBUTED_TIMEOUT

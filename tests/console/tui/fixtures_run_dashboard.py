@@ -71,6 +71,9 @@ class FixedFeed:
         self.stops += 1
         return f"{RUN_ID}: stopped (4 stopped)"
 
+    async def stacks(self) -> str:
+        return "workers 0,2,3: trainer/grpo.py:201 (update); worker 1: did not answer (its job is stopped)"
+
     async def close(self) -> None:
         pass
 

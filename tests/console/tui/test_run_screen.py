@@ -23,10 +23,11 @@ from tests.console.tui.fixtures_run_dashboard import (
 from tests.fixtures_cli import NOW
 from tpu_console.tui import app as app_module
 from tpu_console.tui.app import TpuConsoleApp
-from tpu_console.tui.messages import RunLogLines
+from tpu_console.tui.messages import RunLogLines, RunSupervisorDecided
 from tpu_console.tui.modals.confirm import ConfirmModal
 from tpu_console.tui.modals.full_text import FullTextModal
 from tpu_console.tui.modals.help import HelpScreen
+from tpu_console.tui.modals.stacks import StacksModal
 from tpu_console.tui.screens.run_screen import RunScreen
 from tpu_console.tui.widgets.log_pane import LogPane, LogStatus
 from tpu_console.tui.widgets.run_log_search import LogSearch
@@ -405,3 +406,32 @@ async def test_a_run_stopped_with_x_reads_stopped_and_names_no_failure():
         await pilot.press("e")
         assert isinstance(app.screen, RunScreen)  # nothing failed: nothing to open
         assert "nothing has failed" in list(app._notifications)[-1].message
+
+
+async def test_t_shows_where_every_worker_is_stuck():
+    feed = FixedFeed(*hung_run())
+    app = DashboardApp(feed)
+    async with app.run_test(size=SIZE) as pilot:
+        await opened(pilot, feed)
+        assert any("t shows where each one waits" in n.message for n in app._notifications)
+        await pilot.press("t")
+        assert isinstance(app.screen, StacksModal)
+        modal = app.screen
+        await asyncio.wait_for(asyncio.gather(*(w.wait() for w in modal.workers if w.group == "stacks")), 10)
+        await pilot.pause()
+        shown = text_of(modal.query_one("#stacks", Static))
+        assert "workers 0,2,3: trainer/grpo.py:201 (update); worker 1: did not answer" in shown
+        await pilot.press("escape")
+        assert isinstance(app.screen, RunScreen)
+
+
+async def test_the_supervisors_decisions_show_on_the_dashboard():
+    status, logs, devices = running_run()
+    said = "worker 1 exited 1: stopping worker(s) 0,2,3 (they would wait in a collective)"
+    decided = RunSupervisorDecided([said])
+    feed = FixedFeed(status, [*logs, decided], devices)
+    app = DashboardApp(feed)
+    async with app.run_test(size=SIZE) as pilot:
+        await opened(pilot, feed)
+        shown = [n for n in app._notifications if n.title == "supervisor on the pod"]
+        assert [n.message for n in shown] == [said]

@@ -148,6 +148,30 @@ class TpuApi:
         )
         return list(response.guest_attributes)
 
+    # ---- queued resources (tpu_v2) ----------------------------------------------------------------
+
+    async def create_queued_resource(self, parent: str, queued_resource_id: str, queued_resource) -> str:
+        future = await call(self._client.create_queued_resource, parent=parent, attempts=1,
+                            queued_resource_id=queued_resource_id, queued_resource=queued_resource)
+        return future.operation.name
+
+    async def get_queued_resource(self, path: str):
+        return await call(self._client.get_queued_resource, name=path)
+
+    async def list_queued_resources(self, parent: str) -> list:
+        def fetch() -> list:
+            return list(self._client.list_queued_resources(parent=parent))
+
+        return await call(fetch)
+
+    async def delete_queued_resource(self, path: str, *, force: bool) -> str:
+        """`force` deletes the request's node with it (the request cannot go while its node exists)."""
+        from google.cloud import tpu_v2
+
+        request = tpu_v2.DeleteQueuedResourceRequest(name=path, force=force)
+        future = await call(self._client.delete_queued_resource, request=request, attempts=1)
+        return future.operation.name
+
     async def get_operation(self, name: str):
         return await call(self._client.get_operation, {"name": name})
 

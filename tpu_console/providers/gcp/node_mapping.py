@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
-from tpu_console.model import Node, NodeState, Worker
+from tpu_console.model import Maintenance, Node, NodeState, Worker
 from tpu_console.providers.gcp.accelerators import shape_of_listed_node
 
 _PATH = re.compile(r"^projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)/nodes/(?P<name>[^/]+)$")
@@ -23,9 +23,10 @@ def split_node_path(path: str) -> tuple[str, str, str]:
     return match.group("project"), match.group("zone"), match.group("name")
 
 
-def to_model_node(api_node, *, internal_ip: bool = False) -> Node:
+def to_model_node(api_node, *, internal_ip: bool = False, maintenance: Maintenance | None = None) -> Node:
     """Map a `google.cloud.tpu_v2.Node`. Workers are reached on their external IP unless `internal_ip`
-    is set or the node has none (nodes created without external IPs)."""
+    is set or the node has none (nodes created without external IPs). `maintenance` comes from the same
+    node read through v2alpha1 (`maintenance_of`), the only version that reports it."""
     _, zone, name = split_node_path(api_node.name)
     workers = []
     for index, endpoint in enumerate(api_node.network_endpoints):
@@ -51,7 +52,39 @@ def to_model_node(api_node, *, internal_ip: bool = False) -> Node:
         created_at=_created_at(api_node),
         labels=dict(api_node.labels),
         state_reason=_state_reason(api_node, state),
+        queued_request=api_node.queued_resource.rsplit("/", 1)[-1] if api_node.queued_resource else None,
+        symptoms=tuple(_symptom(s) for s in api_node.symptoms),
+        maintenance=maintenance,
     )
+
+
+def maintenance_of(alpha_node) -> Maintenance | None:
+    """A `tpu_v2alpha1.Node`'s `upcoming_maintenance`, or None when none is announced."""
+    if "upcoming_maintenance" not in alpha_node:
+        return None
+    upcoming = alpha_node.upcoming_maintenance
+    return Maintenance(
+        kind=upcoming.type_.name if "type_" in upcoming else "UNKNOWN_TYPE",
+        status=upcoming.maintenance_status.name if "maintenance_status" in upcoming else "UNKNOWN",
+        starts_at=_rfc3339(upcoming.window_start_time),
+        ends_at=_rfc3339(upcoming.window_end_time),
+    )
+
+
+def _symptom(symptom) -> str:
+    kind = symptom.symptom_type.name
+    worker = f" (worker {symptom.worker_id})" if symptom.worker_id else ""
+    return f"{kind}{worker}" + (f": {symptom.details}" if symptom.details else "")
+
+
+def _rfc3339(text: str) -> datetime | None:
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def state_hint(node: Node) -> str | None:

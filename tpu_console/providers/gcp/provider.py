@@ -8,15 +8,22 @@ metadata (or OS Login) and host keys pinned from guest attributes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
+import sqlite3
 import time
+from datetime import UTC, datetime
+from typing import Any
 
 from tpu_console import keys
 from tpu_console.errors import AlreadyExists, NotFound, UserError
-from tpu_console.model import CreateRequest, Node, NodeState, SshTarget, validate_node_name
+from tpu_console.model import CreateRequest, Node, NodeState, QueuedRequest, SshTarget, validate_node_name
+from tpu_console.providers import capacity
 from tpu_console.providers.base import NodeListing, Progress, Provider, no_progress
 from tpu_console.providers.gcp import accelerators, ssh_access
+from tpu_console.providers.gcp.alpha import AlphaApi
 from tpu_console.providers.gcp.client import (
+    CLOUD_PLATFORM_SCOPE,
     TpuApi,
     load_credentials,
     make_tpu_client,
@@ -30,7 +37,16 @@ from tpu_console.providers.gcp.errors import (
     classify_exception,
     classify_operation_error,
 )
-from tpu_console.providers.gcp.node_mapping import node_path, state_hint, to_model_node
+from tpu_console.providers.gcp.node_mapping import maintenance_of, node_path, state_hint, to_model_node
+from tpu_console.providers.gcp.queued import QueuedCreate, capacity_outcome
+from tpu_console.providers.gcp.queued import format_duration as _format_duration
+from tpu_console.providers.gcp.queued_mapping import (
+    node_name_of,
+    queued_path,
+    split_queued_path,
+    supports_queued,
+    to_queued_request,
+)
 from tpu_console.settings import Settings
 
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -51,6 +67,9 @@ class GcpProvider(Provider):
         self.delete_timeout = delete_timeout
         self.host_key_wait = host_key_wait  # how long a fresh node may take to publish its host keys
         self._api: TpuApi | None = None  # built on first use, so a missing login only bites when used
+        self._alpha_api: AlphaApi | None = None
+        self._capacity: capacity.CapacityStore | None = None
+        self._attempts: dict[str, capacity.Attempt] = {}  # request or node path -> its open attempt
 
     # ---- plumbing ---------------------------------------------------------------------------------
 
@@ -67,36 +86,118 @@ class GcpProvider(Provider):
                 self._api = TpuApi(client, poll_interval=self.poll_interval)
         return self._api
 
+    async def _alpha(self) -> AlphaApi:
+        if self._alpha_api is None:
+            credentials = await asyncio.to_thread(load_credentials, self._settings.api_endpoint)
+            self._alpha_api = AlphaApi(credentials, self._settings.api_endpoint)
+        return self._alpha_api
+
     def _zones(self, zones: tuple[str, ...] | list[str] = ()) -> list[str]:
         return [z for z in (zones or self._settings.zones) if z]
 
-    def _model(self, api_node) -> Node:
-        return to_model_node(api_node, internal_ip=self._settings.internal_ip)
+    def _model(self, api_node, maintenance=None) -> Node:
+        return to_model_node(api_node, internal_ip=self._settings.internal_ip, maintenance=maintenance)
 
     async def close(self) -> None:
         if self._api is not None:
             await self._api.close()
             self._api = None
+        if self._alpha_api is not None:
+            await self._alpha_api.close()
+            self._alpha_api = None
+
+    # ---- the capacity record (a failure to write it never fails a create) ------------------------
+
+    def _store(self) -> capacity.CapacityStore | None:
+        if self._capacity is None:
+            try:
+                self._capacity = capacity.CapacityStore()
+            except sqlite3.Error:
+                return None
+        return self._capacity
+
+    def capacity_start(self, path: str, zone: str, accelerator_type: str, request: CreateRequest,
+                       method: str) -> None:
+        attempt = capacity.Attempt(
+            provider=self.name, project=self.project, zone=zone, accelerator_type=accelerator_type,
+            provisioning=request.provisioning, method=method, node=request.name,
+            started_at=datetime.now(UTC))
+        self._attempts[path] = attempt
+        if (store := self._store()) is not None:
+            try:
+                store.start(attempt)
+            except sqlite3.Error:
+                pass
+
+    def capacity_active(self, path: str, active_after_s: float) -> None:
+        attempt = self._attempts.get(path)
+        if attempt is not None and attempt.id and (store := self._store()) is not None:
+            try:
+                store.mark_active(attempt.id, active_after_s)
+            except sqlite3.Error:
+                pass
+
+    def capacity_finish(self, path: str, outcome: str, reason: str | None, *,
+                        active_after_s: float | None = None, ready_after_s: float | None = None) -> None:
+        attempt = self._attempts.pop(path, None)
+        if attempt is not None and attempt.id and (store := self._store()) is not None:
+            try:
+                store.finish(attempt.id, outcome, reason, active_after_s=active_after_s,
+                             ready_after_s=ready_after_s)
+            except sqlite3.Error:
+                pass
+
+    def _capacity_note(self, nodes: list[Node], now: datetime) -> None:
+        """Spot nodes first seen PREEMPTED: when, for the preemption rate of their zone."""
+        store = self._store()
+        if store is None:
+            return
+        for node in nodes:
+            if node.spot and node.state is NodeState.PREEMPTED and node.zone:
+                try:
+                    store.mark_preempted(self.project, node.zone, node.name, now)
+                except sqlite3.Error:
+                    return
 
     # ---- list / get -------------------------------------------------------------------------------
 
     async def list_nodes(self) -> NodeListing:
+        """Nodes and queued requests of every zone at once; maintenance from the v2alpha1 listing (a
+        zone whose alpha listing fails just shows none)."""
         api = await self._client()
+        alpha = await self._alpha()
         zones = self._zones() or ["-"]  # "-": every location the project has nodes in
-        answers = await asyncio.gather(
-            *(api.list_nodes(f"projects/{self.project}/locations/{zone}") for zone in zones),
-            return_exceptions=True,
-        )
+        parents = [f"projects/{self.project}/locations/{zone}" for zone in zones]
+        answers = await asyncio.gather(*(api.list_nodes(parent) for parent in parents),
+                                       *(api.list_queued_resources(parent) for parent in parents),
+                                       *(alpha.list_nodes(parent) for parent in parents),
+                                       return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, BaseException) and not isinstance(answer, Exception):
+                raise answer
+        count = len(zones)
+        node_answers, queued_answers = answers[:count], answers[count:2 * count]
+        alpha_answers = answers[2 * count:]
+        maintenance = {alpha_node.name: found for answer in alpha_answers if not isinstance(answer, Exception)
+                       for alpha_node in answer if (found := maintenance_of(alpha_node)) is not None}
         listing = NodeListing()
-        for zone, answer in zip(zones, answers, strict=True):
-            if isinstance(answer, BaseException):
-                if not isinstance(answer, Exception):
-                    raise answer
-                where = "all zones" if zone == "-" else f"zone {zone}"
+        requests: list[tuple[QueuedRequest, str | None]] = []
+        for zone, answer, queued in zip(zones, node_answers, queued_answers, strict=True):
+            where = "all zones" if zone == "-" else f"zone {zone}"
+            if isinstance(answer, Exception):
                 listing.problems.append(f"{where}: {classify_exception(answer).describe()}")
                 continue
-            listing.nodes.extend(self._model(api_node) for api_node in answer)
+            listing.nodes.extend(self._model(api_node, maintenance.get(api_node.name)) for api_node in answer)
+            if isinstance(queued, Exception):
+                listing.problems.append(f"{where} (queued requests): {classify_exception(queued).describe()}")
+                continue
+            requests.extend((to_queued_request(q), node_name_of(q)) for q in queued)
         listing.nodes.sort(key=lambda node: (node.zone or "", node.name))
+        with_node = {(node.zone, node.name) for node in listing.nodes}
+        listing.requests = sorted(
+            (dataclasses.replace(r, has_node=(r.zone, node_id) in with_node) for r, node_id in requests),
+            key=lambda r: (r.zone or "", r.name))
+        self._capacity_note(listing.nodes, datetime.now(UTC))
         return listing
 
     async def get(self, name: str) -> Node:
@@ -154,6 +255,19 @@ class GcpProvider(Provider):
             raise UserError("zone '-' means all zones and only works for listing; name real zones in --zones")
         _validate_labels(request.labels)
         runtime = request.runtime_version or accelerators.default_runtime_version(accelerator_type)
+        queued = request.queued and supports_queued(accelerator_type)
+        needs_queue = [flag for flag, asked in (("--reservation", request.reservation),
+                                                ("--best-effort", request.best_effort),
+                                                ("--wait-for", request.valid_for_s), ("--race", request.race))
+                       if asked]
+        if needs_queue and not queued:
+            why = ("drop --direct" if not request.queued else
+                   f"{accelerator_type} has no queued resources (v5e, v5p and v6e do)")
+            raise UserError(f"{', '.join(needs_queue)} work through a queued request: {why}")
+        if queued:
+            return await QueuedCreate(self, request, accelerator_type, runtime, progress).run(zones)
+        if request.queued:
+            progress(f"{accelerator_type} has no queued resources; creating it with the Create Node API")
         api = await self._client()
         kind = "spot" if request.spot else "on-demand"
         spec = tpu_v2.Node(
@@ -161,6 +275,8 @@ class GcpProvider(Provider):
             runtime_version=runtime,
             scheduling_config=tpu_v2.SchedulingConfig(spot=request.spot),
             network_config=tpu_v2.NetworkConfig(enable_external_ips=True),
+            # The VM's own credentials (the metadata server's token) let the run's supervisor delete it.
+            service_account=tpu_v2.ServiceAccount(scope=[CLOUD_PLATFORM_SCOPE]),
             labels={"created-by": "tpu-console", **request.labels},
         )
 
@@ -168,20 +284,33 @@ class GcpProvider(Provider):
         for index, zone in enumerate(zones):
             more = index + 1 < len(zones)
             progress(f"{zone}: creating {accelerator_type} ({kind}, {runtime})")
+            path = node_path(self.project, zone, request.name)
+            self.capacity_start(path, zone, accelerator_type, request, "direct")
+            started = time.monotonic()
             try:
                 operation_name = await api.create_node(
                     f"projects/{self.project}/locations/{zone}", request.name, spec
                 )
             except API_ERRORS as exc:
                 failure = classify_exception(exc)
+                self.capacity_finish(path, capacity_outcome(failure), failure.message)
                 self._stop_unless_next_zone(failure, request.name, zone)
                 tried.append(f"{zone} {failure.kind}")
                 progress(f"{zone}: {failure.kind}" + (", trying next zone" if more else ""))
                 continue
             progress(f"{zone}: accepted, waiting for READY")
-            outcome = await self._await_ready(request.name, zone, operation_name, progress)
+            try:
+                outcome = await self._await_ready(request.name, zone, operation_name, progress)
+            except (UserError, asyncio.CancelledError) as exc:
+                cancelled = isinstance(exc, asyncio.CancelledError)
+                outcome_now = capacity.CANCELLED if cancelled else capacity.FAILED
+                self.capacity_finish(path, outcome_now, str(exc) or None)
+                raise
             if isinstance(outcome, Node):
+                waited = time.monotonic() - started
+                self.capacity_finish(path, capacity.READY, None, active_after_s=waited, ready_after_s=waited)
                 return outcome
+            self.capacity_finish(path, capacity_outcome(outcome), outcome.message)
             self._stop_unless_next_zone(outcome, request.name, zone)
             tried.append(f"{zone} {outcome.kind}")
             progress(f"{zone}: {outcome.kind}" + (", trying next zone" if more else ""))
@@ -259,9 +388,28 @@ class GcpProvider(Provider):
     # ---- delete -----------------------------------------------------------------------------------
 
     async def delete(self, name: str, progress: Progress = no_progress) -> None:
-        """Delete the node and wait until it is gone. The caller has already asked for confirmation."""
+        """Delete the node (through its queued request, when it has one) and wait until it is gone; or a
+        queued request without a node. The caller has already asked for confirmation."""
         api = await self._client()
-        node = self._model(await self._find(name))
+        try:
+            node = self._model(await self._find(name))
+        except NotFound:
+            request = await self.find_request(name)
+            if request is None:
+                raise
+            if request.state.holds_quota:
+                progress(f"queued request {name} is {request.state}: it holds quota until deleted")
+            zone = request.zone or "-"
+            await self.delete_request(queued_path(self.project, zone, name), zone, progress)
+            return
+        if node.queued_request:
+            if node.state.holds_quota:
+                progress(f"{name} is {node.state}: it holds TPU quota until deleted, deleting it frees that")
+            progress(f"{node.zone}: deleting {name} with its queued request {node.queued_request}")
+            await self.delete_request(queued_path(self.project, node.zone or "-", node.queued_request),
+                                      node.zone or "-", progress)
+            self._capacity_ended(node)
+            return
         if node.state.holds_quota:
             progress(f"{name} is {node.state}: it holds TPU quota until deleted, deleting it frees that")
         progress(f"{node.zone}: deleting {name} ({node.accelerator_type}, {node.state})")
@@ -284,6 +432,80 @@ class GcpProvider(Provider):
             failure = classify_operation_error(operation.error.code, operation.error.message)
             raise UserError(f"delete {name} in {node.zone} failed: {failure.describe()}")
         progress(f"{node.zone}: {name} deleted after {_format_duration(time.monotonic() - started)}")
+        self._capacity_ended(node)
+
+    def _capacity_ended(self, node: Node) -> None:
+        if node.zone and (store := self._store()) is not None:
+            try:
+                store.mark_ended(self.project, node.zone, node.name, datetime.now(UTC))
+            except sqlite3.Error:
+                pass
+
+    # ---- queued requests --------------------------------------------------------------------------
+
+    async def find_request(self, name: str) -> QueuedRequest | None:
+        """The queued request called `name` in the configured zones (every zone without any)."""
+        api = await self._client()
+        zones = self._zones() or ["-"]
+        answers = await asyncio.gather(
+            *(api.list_queued_resources(f"projects/{self.project}/locations/{zone}") for zone in zones),
+            return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, Exception):
+                    raise answer
+                continue
+            for api_queued in answer:
+                if split_queued_path(api_queued.name)[2] == name:
+                    return to_queued_request(api_queued)
+        return None
+
+    async def delete_request(self, path: str, zone: str, progress: Progress = no_progress) -> None:
+        """Delete a queued request (with its node, if it has one) and confirm it is gone."""
+        api = await self._client()
+        name = path.rsplit("/", 1)[-1]
+        started = time.monotonic()
+        try:
+            await api.delete_queued_resource(path, force=True)
+        except API_ERRORS as exc:
+            failure = classify_exception(exc)
+            if failure.kind is not FailureKind.NOT_FOUND:
+                raise UserError(f"could not delete queued request {name} in {zone}: {failure.describe()}; "
+                                f"delete it with `tpu-console delete {name} --yes`") from None
+        while True:
+            try:
+                await api.get_queued_resource(path)
+            except API_ERRORS as exc:
+                if classify_exception(exc).kind is FailureKind.NOT_FOUND:
+                    break
+                raise
+            if time.monotonic() - started > self.delete_timeout:
+                raise UserError(f"queued request {name} in {zone} is still there after "
+                                f"{_format_duration(self.delete_timeout)}; check `tpu-console ls` later")
+            await asyncio.sleep(self.poll_interval)
+        progress(f"{zone}: queued request {name} deleted, confirmed gone after "
+                 f"{_format_duration(time.monotonic() - started)}")
+
+    async def cancel_requests(self, requests: list[str], progress: Progress = no_progress) -> None:
+        for item in requests:
+            zone, _, name = item.partition("/")
+            path = queued_path(self.project, zone, name)
+            await self.delete_request(path, zone, progress)
+            self.capacity_finish(path, capacity.CANCELLED, "cancelled while waiting")
+
+    def supervisor_delete_target(self, node: Node) -> dict[str, Any] | None:
+        """The supervisor deletes the node through the TPU API with the VM's own service account (`create`
+        gives it one with the cloud-platform scope). `queued_resource`: a node made through a queued
+        resource request names it (`queued_request`); deleting the node alone would leave it queued."""
+        queued = getattr(node, "queued_request", None)  # absent from models that predate queued requests
+        zone = node.zone or "-"
+        return {
+            "kind": "gcp",
+            "api": self._settings.api_endpoint,
+            "node": node_path(self.project, zone, node.name),
+            "queued_resource": f"projects/{self.project}/locations/{zone}/queuedResources/{queued}"
+            if queued else None,
+        }
 
     # ---- ssh --------------------------------------------------------------------------------------
 
@@ -375,13 +597,3 @@ def _validate_labels(labels: dict[str, str]) -> None:
                 "use lowercase letters, digits, '_' and '-', at most 63 characters"
             )
 
-
-def _format_duration(seconds: float) -> str:
-    seconds = round(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes, seconds = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes}m{seconds:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"

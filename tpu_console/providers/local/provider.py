@@ -12,6 +12,7 @@ import getpass
 import socket
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from tpu_console import keys, locations
 from tpu_console.errors import UserError
@@ -111,6 +112,13 @@ class LocalProvider(Provider):
             "TRAINER_COORDINATOR_ADDRESS": f"{targets[0].host}:{_free_port(targets[0].host)}",
             "TRAINER_NUM_PROCESSES": str(len(targets)),
         }
+
+    def supervisor_delete_target(self, node: Node) -> dict[str, Any] | None:
+        """The supervisor deletes a local pod from the store's layout, as `delete` does (store.py)."""
+        return {"kind": "local", "node_dir": str(self.store.node_dir(node.name).resolve())}
+
+    def supervisor_address(self, node: Node, targets: list[SshTarget]) -> tuple[str, str]:
+        return LOOPBACK, LOOPBACK  # every worker of a local pod is this machine
 
     def worker_server(self, name: str, worker: int) -> WorkerServer:
         """The running SSH server of one worker (after `ssh_targets`): stopping and starting it again

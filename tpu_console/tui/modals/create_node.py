@@ -146,6 +146,7 @@ class CreateNodeModal(FormModal[CreateOrder]):
                     accelerator_type=accelerator_type,
                     zones=zones if provider == "gcp" else (),
                     spot=spot,
+                    queued=provider == "gcp",  # waits for capacity where the type allows (v5e, v5p, v6e)
                 ),
             )
         )

@@ -19,13 +19,14 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
+from textual.worker import Worker
 
-from tpu_console.errors import UserError, one_line
-from tpu_console.model import Node
-from tpu_console.node_table import format_cost
+from tpu_console.errors import CreateInterrupted, UserError, one_line
+from tpu_console.model import Node, QueuedRequest
+from tpu_console.node_table import HOLDS_QUOTA, format_cost
 from tpu_console.pricing import price_per_hour
 from tpu_console.providers.base import Provider
-from tpu_console.providers.nodes import create_node, delete_node
+from tpu_console.providers.nodes import cancel_queued, create_node, delete_node
 from tpu_console.runs.store import RunRecord, RunStore
 from tpu_console.secrets import SecretMasker
 from tpu_console.tui.messages import NodesRefreshed, OperationEnded, OperationProgress
@@ -121,6 +122,7 @@ class NodesScreen(Screen[None]):
         self.running: list[str] = []  # the operations under way, in the order they started
         # node -> the last run launched from here: `enter` opens it even before the listing has it
         self.launched: dict[str, str] = {}
+        self.queued_creates: dict[str, Worker] = {}  # creates that may be waiting in a queue, by label
         self._problems: list[str] = []
         self._probed_at = float("-inf")
         self._probe_wanted = True
@@ -206,6 +208,12 @@ class NodesScreen(Screen[None]):
             text += f" · ~${sum(prices):,.2f}/h"
         if self.listing.idle:
             text += f" · [b yellow]{len(self.listing.idle)} idle[/b yellow]"
+        waiting = [r for r in self.listing.requests if not r.has_node]
+        if waiting:
+            text += f" · {len(waiting)} queued"
+            if held := [r for r in waiting if r.state.holds_quota]:
+                text += f" [b red]({len(held)} {HOLDS_QUOTA})[/b red]"
+
         if self.running:
             text += f" · [b]running:[/b] {', '.join(self.running)}"
         if self.listing.problems:
@@ -240,6 +248,9 @@ class NodesScreen(Screen[None]):
 
     def action_clear_filter(self) -> None:
         box = self.query_one("#filter", Input)
+        if not box.has_class("shown") and not self.filter_text and self.queued_creates:
+            self._offer_cancel()
+            return
         box.value = ""
         box.remove_class("shown")
         self.filter_text = ""
@@ -250,12 +261,12 @@ class NodesScreen(Screen[None]):
 
     def run_operation(
         self, label: str, body: Callable[[Say], Awaitable[str]], masker: SecretMasker | None = None
-    ) -> None:
+    ) -> Worker:
         """Run `body` in the background (several may run at once); every line it says, and its outcome,
         land in the operations panel, with the node's `.env` values masked."""
         self.running.append(label)
         self._show()
-        self.run_worker(
+        return self.run_worker(
             self._operation(label, body, masker or SecretMasker()), group="operations", exit_on_error=False
         )
 
@@ -268,6 +279,9 @@ class NodesScreen(Screen[None]):
         say("started")
         try:
             outcome = await body(say)
+        except asyncio.CancelledError:  # cancelled before anything was left to clean up
+            self.post_message(OperationEnded(label, "", problem="cancelled"))
+            raise
         except UserError as exc:
             self.post_message(OperationEnded(label, "", problem=masker.mask(f"refused: {exc}")))
         except Exception as exc:  # noqa: BLE001 - an operation's failure is reported, never the app's end
@@ -288,6 +302,7 @@ class NodesScreen(Screen[None]):
             self.notify(message.outcome, title=message.operation)
         if message.operation in self.running:
             self.running.remove(message.operation)
+        self.queued_creates.pop(message.operation, None)
         self.action_refresh()  # what the operation changed shows at once
 
     def action_create(self) -> None:
@@ -302,17 +317,57 @@ class NodesScreen(Screen[None]):
             return
 
         async def create(say: Say) -> str:
-            node = await create_node(self.providers, order.provider, order.request, progress=say)
+            try:
+                node = await create_node(self.providers, order.provider, order.request, progress=say)
+            except CreateInterrupted as interrupted:  # esc, and the person said cancel
+                say(f"cancelling queued request(s) {', '.join(interrupted.requests)}")
+                await cancel_queued(self.providers, interrupted, progress=say)
+                return "cancelled: the queued request is deleted, confirmed gone"
             where = f" in {node.zone}" if node.zone else ""
             return f"{node.name} is {node.state.value}{where}"
 
-        self.run_operation(f"create {order.request.name}", create)
+        label = f"create {order.request.name}"
+        worker = self.run_operation(label, create)
+        if order.request.queued and _queues(order.request.accelerator_type):
+            self.queued_creates[label] = worker
+
+    def _offer_cancel(self) -> None:
+        """esc with a queued create under way: cancel it (the request deleted, and confirmed gone)?"""
+        label = list(self.queued_creates)[-1]
+        question = (f"Cancel {label}? Its queued request is deleted and its deletion confirmed; "
+                    "No keeps it waiting.")
+
+        def answer(yes: bool | None) -> None:
+            worker = self.queued_creates.get(label)
+            if yes and worker is not None:
+                self.query_one(OperationsLog).say(label, "cancel asked: deleting the queued request")
+                worker.cancel()
+
+        self.app.push_screen(ConfirmModal(question, "Cancel the request"), answer)
 
     def action_delete(self) -> None:
+        item = self.query_one(NodeTable).selected()
+        if isinstance(item, QueuedRequest):
+            self._delete_request(item)
+            return
         node = self._require_node("delete")
         if node is not None:
             modal = DeleteNodeModal(node, format_cost(node, self.clock()))
             self.app.push_screen(modal, lambda yes: self._delete(node) if yes else None)
+
+    def _delete_request(self, request: QueuedRequest) -> None:
+        quota = f" It {HOLDS_QUOTA}." if request.state.holds_quota else ""
+        question = f"Delete the queued request {request.name} ({request.state}) in {request.zone}?{quota}"
+
+        async def delete(say: Say) -> str:
+            await delete_node(self.providers, request.name, progress=say)
+            return f"queued request {request.name} deleted"
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self.run_operation(f"delete {request.name}", delete)
+
+        self.app.push_screen(ConfirmModal(question, "Delete"), answer)
 
     def _delete(self, node: Node) -> None:
         async def delete(say: Say) -> str:
@@ -389,6 +444,7 @@ class NodesScreen(Screen[None]):
                 order.env_file,
                 kill_stale=order.kill_stale,
                 fail_fast=order.fail_fast,
+                webhook_url=self.options.webhook_url.get_secret_value() if self.options.webhook_url else None,
                 # the plan again (cached): the form may have been submitted before its plan came back
                 before_send=launch_check(say) if order.plan_check else None,
                 store=self.store,
@@ -472,6 +528,17 @@ class NodesScreen(Screen[None]):
 
     def on_data_table_row_selected(self, _event: DataTable.RowSelected) -> None:
         self.action_open_run()
+
+
+def _queues(accelerator_type: str) -> bool:
+    """Does a gcp create of this type wait in a queue (and so may be cancelled with esc)?"""
+    from tpu_console.providers.gcp.accelerators import canonical_type
+    from tpu_console.providers.gcp.queued_mapping import supports_queued
+
+    try:
+        return supports_queued(canonical_type(accelerator_type))
+    except UserError:
+        return False
 
 
 def _setup_outcome(result, done: str, say: Say) -> str:

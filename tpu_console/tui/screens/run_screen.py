@@ -3,7 +3,8 @@
 Holds the keys and routes the feed's messages to the widgets; the data comes from `RunFeed` only (a
 `RunWatch` on the run, followed by an exclusive background worker; libtpu's device metrics by another
 while the HBM tab is shown), so tests can hand the screen a feed of fixed messages. `x` stops the run
-(after a yes), what to do when workers hang after another one failed.
+(after a yes), what to do when workers hang after another one failed; `t` shows where each worker is stuck
+(its Python stacks), offered when the run stalls.
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ from tpu_console.tui.messages import (
     RunLogLines,
     RunSignatureFound,
     RunStepsArrived,
+    RunSupervisorDecided,
     RunUpdated,
 )
 from tpu_console.tui.modals.confirm import ConfirmModal
 from tpu_console.tui.modals.full_text import FullTextModal
+from tpu_console.tui.modals.stacks import StacksModal
 from tpu_console.tui.run_feed import Post, RunFeed, local_now
 from tpu_console.tui.run_snapshot import DeviceReadings, RunSnapshot, StepHistory
 from tpu_console.tui.widgets.hbm_panel import HbmPanel
@@ -53,6 +56,8 @@ class Feed(Protocol):
     async def follow_devices(self, post: Post) -> None: ...
 
     async def stop_run(self) -> str: ...
+
+    async def stacks(self) -> str: ...
 
     async def close(self) -> None: ...
 
@@ -98,6 +103,7 @@ class RunScreen(Screen[None]):
         Binding("m", "show_tab('hbm')", "HBM", id="run.tab_hbm"),
         Binding("p", "show_tab('plots')", "Plots", id="run.tab_plots"),
         Binding("x", "stop_run", "Stop run", id="run.stop"),
+        Binding("t", "stacks", "Stacks", show=False, id="run.stacks"),
     ]
 
     def __init__(
@@ -119,6 +125,7 @@ class RunScreen(Screen[None]):
         self.worker: int | None = None  # the followed worker; None = every worker interleaved
         self.verdict_shown = False
         self.hung_shown = False
+        self.stuck_shown = False
         self.signatures_shown: set[str] = set()  # kinds of log signature already announced
         self._steps_pending = False
         self._stragglers_drawn: dict[int, str] = {}
@@ -175,22 +182,40 @@ class RunScreen(Screen[None]):
             self.notify(
                 f"worker(s) {', '.join(map(str, self.snapshot.hung))} still running after worker "
                 f"{self.snapshot.first_failure} failed, likely hung in a collective and holding the "
-                "TPU: x stops the run",
+                "TPU: x stops the run, t shows where each one waits",
                 title="run hung",
                 severity="error",
                 timeout=30,
             )
+        stuck = self.snapshot.all_silent  # every running worker stalled: the run as a whole
+        if stuck and not self.stuck_shown and not self.snapshot.ended:
+            self.stuck_shown = True
+            self.notify("the run looks stuck: t shows every worker's Python stacks (where each one waits)",
+                        title="run stalled", severity="warning", timeout=30)
         if self.snapshot.ended and not self.verdict_shown:
             self.verdict_shown = True
             detail = f": {self.snapshot.failure}" if self.snapshot.failure else ""
             severity = "information" if self.snapshot.state == "succeeded" else "error"
             self.notify(f"{self.run_id} {self.snapshot.state}{detail}", title="run ended", severity=severity)
+            self._desktop(self.snapshot.state, f"run {self.run_id} {self.snapshot.state}{detail}")
+
+    def _desktop(self, event: str, text: str) -> None:
+        """The desktop notification of `[notify] desktop` (the pod's supervisor tells the webhook)."""
+        options = getattr(self.app, "options", None)
+        if options is not None and options.desktop_notify:
+            from tpu_console.runs.notifications import Notifier
+
+            Notifier(desktop=True).notify(event, text)
 
     def on_run_signature_found(self, message: RunSignatureFound) -> None:
         # Once per kind: on a pod the same problem (TPU in use ...) shows on every worker at once.
         if message.kind not in self.signatures_shown:
             self.signatures_shown.add(message.kind)
             self.notify(message.message, title=f"worker {message.worker}'s log", severity="error", timeout=20)
+
+    def on_run_supervisor_decided(self, message: RunSupervisorDecided) -> None:
+        for decision in message.decisions:
+            self.notify(decision, title="supervisor on the pod", timeout=20)
 
     def on_run_devices_read(self, message: RunDevicesRead) -> None:
         by_worker = {m.worker: m for m in message.workers}
@@ -297,6 +322,12 @@ class RunScreen(Screen[None]):
             self.notify(f"could not stop {self.run_id}: {one_line(exc)}", title="stop", severity="error")
         else:
             self.notify(outcome, title="stop")
+
+    def action_stacks(self) -> None:
+        if self.snapshot is not None and self.snapshot.ended:
+            self.notify(f"{self.run_id} has ended: no job to ask for its stacks", severity="warning")
+            return
+        self.app.push_screen(StacksModal(self.run_id, self.feed.stacks))
 
     def action_next_match(self, step: int) -> None:
         self.query_one(LogPane).next_match(step)

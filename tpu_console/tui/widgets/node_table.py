@@ -11,8 +11,8 @@ from rich.text import Text
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable
 
-from tpu_console.model import Node
-from tpu_console.node_table import format_age, format_price, node_row
+from tpu_console.model import Node, QueuedRequest
+from tpu_console.node_table import HOLDS_QUOTA, format_age, format_price, node_row, request_row, request_state
 from tpu_console.tui.nodes_feed import NodesListing, node_key
 from tpu_console.tui.styles import NODE_STATE_STYLES, RUN_STATE_STYLES
 
@@ -39,7 +39,18 @@ def state_text(node: Node) -> Text:
     text = Text(str(node.state), style=NODE_STATE_STYLES.get(node.state, ""))
     if (word := health_word(node.health)) is not None:
         text.append(f" {word}", style=HEALTH_STYLES.get(word, "bold red"))
+    if node.symptoms:
+        text.append(" symptom", style="bold red")
+    if node.maintenance is not None:
+        text.append(" maint due", style="bold yellow")
     return text
+
+
+def request_state_text(request: QueuedRequest, now: datetime) -> Text:
+    """`WAITING 12m`, `PROVISIONING`, `FAILED: reason`, `SUSPENDED`; red with "holds quota" when it does."""
+    if request.state.holds_quota:
+        return Text(f"{request_state(request, now)} ({HOLDS_QUOTA})", style="bold red")
+    return Text(request_state(request, now), style="yellow" if request.state.waiting else "cyan")
 
 
 def where_text(node: Node) -> str:
@@ -63,7 +74,7 @@ class NodeTable(DataTable):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
-        self.shown: list[Node] = []
+        self.shown: list[Node | QueuedRequest] = []
 
     def on_mount(self) -> None:
         for column in COLUMNS:
@@ -72,7 +83,7 @@ class NodeTable(DataTable):
     def show(self, listing: NodesListing, now: datetime, filter_text: str = "") -> None:
         """Redraw from `listing`, keeping the cursor on the same node; rows that do not contain
         `filter_text` (lower case) in any cell are left out."""
-        selected = self.selected_node()
+        selected = self.selected()
         self.clear()
         self.shown = []
         for node in listing.nodes:
@@ -83,18 +94,45 @@ class NodeTable(DataTable):
                 continue
             self.add_row(*cells, key=node_key(node))
             self.shown.append(node)
-        if selected is not None and node_key(selected) in self.rows:
-            self.move_cursor(row=self.get_row_index(node_key(selected)))
+        for request in listing.requests:  # those with a node show as their node
+            if request.has_node:
+                continue
+            cells = [request.name, request.zone or request.provider, request.accelerator_type or "-", "-",
+                     request_state_text(request, now), format_age(request.created_at, now),
+                     request.provisioning, Text("queued request", style="dim")]
+            searched = request_row(request, now)
+            if filter_text and not any(filter_text in cell.lower() for cell in searched):
+                continue
+            self.add_row(*cells, key=request_key(request))
+            self.shown.append(request)
+        if selected is not None and _key(selected) in self.rows:
+            self.move_cursor(row=self.get_row_index(_key(selected)))
 
-    def selected_node(self) -> Node | None:
+    def selected(self) -> Node | QueuedRequest | None:
         if not self.shown or not 0 <= self.cursor_row < len(self.shown):
             return None
         return self.shown[self.cursor_row]
 
+    def selected_node(self) -> Node | None:
+        item = self.selected()
+        return item if isinstance(item, Node) else None
+
     @staticmethod
     def _cells(node: Node, listing: NodesListing, now: datetime) -> list[str | Text]:
-        return [node.name, where_text(node), node.accelerator_type, str(node.shape.workers), state_text(node),
+        name: str | Text = node.name
+        if node.queued_request:  # made by a queued request (deleting the node deletes it too)
+            mark = " ⧗" if node.queued_request == node.name else f" ⧗{node.queued_request}"
+            name = Text.assemble(node.name, (mark, "dim"))
+        return [name, where_text(node), node.accelerator_type, str(node.shape.workers), state_text(node),
                 format_age(node.created_at, now), price_text(node), run_text(node, listing, now)]
+
+
+def request_key(request: QueuedRequest) -> str:
+    return f"{request.provider}/queued/{request.name}"
+
+
+def _key(item: Node | QueuedRequest) -> str:
+    return node_key(item) if isinstance(item, Node) else request_key(item)
 
 
 def run_text(node: Node, listing: NodesListing, now: datetime) -> Text:

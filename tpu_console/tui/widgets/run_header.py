@@ -103,6 +103,8 @@ def attention(snapshot: RunSnapshot) -> list[tuple[str, str]]:
         notes.append((f"stalled: {_workers(snapshot.stalled)}", "bold yellow"))
     if snapshot.stragglers:
         notes.append((f"stragglers: {_workers(snapshot.stragglers)}", "yellow"))
+    if snapshot.node_warning:
+        notes.append((snapshot.node_warning, "bold yellow"))
     return notes
 
 

@@ -1,0 +1,42 @@
+"""The run dashboard's warning when the run's node has maintenance announced while the run runs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+from tests.fixtures_cli import NOW, FakeProvider, make_node
+from tpu_console.model import Maintenance
+from tpu_console.runs.store import RunRecord
+from tpu_console.tui.run_feed import RunFeed
+from tpu_console.tui.run_snapshot import RunSnapshot
+from tpu_console.tui.widgets.run_header import notes_text
+
+
+def feed_on(maintenance: Maintenance | None, finished: bool = False) -> RunFeed:
+    node = replace(make_node("pod"), maintenance=maintenance)
+    feed = RunFeed({"fake": FakeProvider([node])}, "20250314-110000-abcd", clock=lambda: NOW)
+    feed.record = RunRecord("20250314-110000-abcd", "pod", "fake", "v6e-16", [0, 1, 2, 3], "c.yaml", "d", [],
+                            "python", NOW - timedelta(hours=1),
+                            finished_at=NOW - timedelta(minutes=30) if finished else None)
+    return feed
+
+
+async def test_maintenance_during_the_run_is_a_warning_in_the_header():
+    window = Maintenance("SCHEDULED", "PENDING", NOW + timedelta(hours=2), NOW + timedelta(hours=3))
+    feed = feed_on(window)
+    await feed.check_node(every_s=0)
+    assert feed.node_warning == ("maintenance SCHEDULED PENDING 2025-03-14 14:00-15:00 UTC on pod, "
+                                 "while this run runs: checkpoint before it")
+    snapshot = RunSnapshot("20250314-110000-abcd", "pod", "running", (), NOW, node_warning=feed.node_warning)
+    assert "maintenance SCHEDULED PENDING" in notes_text(snapshot, None).plain
+
+
+async def test_no_warning_without_maintenance_or_after_the_run_ended():
+    feed = feed_on(None)
+    await feed.check_node(every_s=0)
+    assert feed.node_warning is None
+    later = Maintenance("SCHEDULED", "PENDING", NOW + timedelta(hours=2), NOW + timedelta(hours=3))
+    feed = feed_on(later, finished=True)
+    await feed.check_node(every_s=0)
+    assert feed.node_warning is None

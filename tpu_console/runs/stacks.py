@@ -1,0 +1,162 @@
+"""Where a run is stuck: every worker's Python stacks, asked for at once and grouped.
+
+`collect_stacks` signals each worker's job (SIGUSR1: the trainer's faulthandler appends every thread's stack
+to `stacks.txt` in its run folder, trainer/cli.py) and reads the dump back; `group` puts workers whose
+stacks are the same (thread ids aside) together, so the odd ones out stand apart: "workers 0,2,3: all-reduce
+in trainer/grpo.py:201 (update); worker 1: trainer/data.py:40 (loading)". A job that does not answer
+(stopped, or blocked where Python cannot run a handler) is named with its process state.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from dataclasses import dataclass, field
+
+from tpu_console.fleet import recipes
+from tpu_console.providers.base import Provider
+from tpu_console.runs.reach import reach_node
+from tpu_console.runs.store import RunRecord
+
+_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+")
+_FRAME = re.compile(r'^\s+File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>.+)$')
+# ps states: what a job that did not answer is doing.
+PROCESS_STATES = {"T": "stopped (SIGSTOP)", "t": "stopped by a debugger", "D": "in uninterruptible I/O",
+                  "Z": "a zombie", "S": "sleeping", "R": "running"}
+
+
+@dataclass(frozen=True)
+class WorkerStacks:
+    worker: int
+    dump: str | None = None  # faulthandler's text, when it answered
+    silent: str | None = None  # why there is no dump
+
+
+@dataclass
+class StackGroup:
+    workers: list[int]
+    where: str  # the innermost frame of the main thread: "trainer/grpo.py:201 (update)"
+    stack: str  # the dump, thread ids removed
+
+
+@dataclass
+class RunStacks:
+    run_id: str
+    node: str
+    groups: list[StackGroup] = field(default_factory=list)
+    silent: dict[int, str] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        parts = [f"{_workers(g.workers)}: {g.where}" for g in self.groups]
+        parts += [f"worker {w}: did not answer ({why})" for w, why in sorted(self.silent.items())]
+        return "; ".join(parts) or "no worker's job is running"
+
+    def to_json(self) -> dict:
+        return {"run_id": self.run_id, "node": self.node, "summary": self.summary(),
+                "groups": [vars(g) for g in self.groups],
+                "silent": [{"worker": w, "why": why} for w, why in sorted(self.silent.items())]}
+
+
+def normalize(dump: str) -> str:
+    """The dump without what differs between identical stacks: thread ids."""
+    lines = [_THREAD.sub(lambda m: m.group(1), line.rstrip()) for line in dump.strip().splitlines()]
+    return "\n".join(lines)
+
+
+def threads(dump: str) -> list[list[tuple[str, int, str]]]:
+    """Each thread's frames, innermost first, as (path, line, function)."""
+    found: list[list[tuple[str, int, str]]] = []
+    for line in dump.splitlines():
+        if _THREAD.match(line):
+            found.append([])
+        elif (frame := _FRAME.match(line)) and found:
+            found[-1].append((frame["path"], int(frame["line"]), frame["func"].strip()))
+    return found
+
+
+def where(dump: str) -> str:
+    """Where the main thread (the one whose outermost frame is `<module>`) is: its innermost frame of the
+    run's own code, and the library call it waits in, if any ("trainer/grpo.py:201 (update), inside
+    jax/_src/...:88 (block_until_ready)")."""
+    stacks = [t for t in threads(dump) if t]
+    if not stacks:
+        return "no Python frames"
+    main = next((t for t in stacks if t[-1][2] == "<module>"), stacks[-1])
+    own = next((frame for frame in main if not _library(frame[0])), main[0])
+    text = _frame(own)
+    return text if own is main[0] else f"{text}, inside {_frame(main[0])}"
+
+
+def _frame(frame: tuple[str, int, str]) -> str:
+    path, line, func = frame
+    return f"{short_path(path)}:{line} ({func})"
+
+
+def _library(path: str) -> bool:
+    """The standard library or an installed package other than the trainer."""
+    if "/site-packages/" in path or "/dist-packages/" in path:
+        return not short_path(path).startswith("trainer/")
+    return bool(re.search(r"/lib/python3\.\d+/", path)) or path.startswith("<")
+
+
+def short_path(path: str) -> str:
+    """`/home/u/tpu-console/env/lib/python3.11/site-packages/trainer/grpo.py` -> `trainer/grpo.py`."""
+    for marker in ("/site-packages/", "/dist-packages/"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    match = re.search(r"/((?:trainer|tpu_console|jax|jaxlib|flax|optax)/.*)$", path)
+    return match.group(1) if match else path.rsplit("/", 1)[-1]
+
+
+def group(answers: list[WorkerStacks], run_id: str, node: str) -> RunStacks:
+    result = RunStacks(run_id, node)
+    by_stack: dict[str, StackGroup] = {}
+    for answer in answers:
+        if answer.dump is None:
+            result.silent[answer.worker] = answer.silent or "no answer"
+            continue
+        key = normalize(answer.dump)
+        if key not in by_stack:
+            by_stack[key] = StackGroup([], where(answer.dump), key)
+        by_stack[key].workers.append(answer.worker)
+    # the largest group first: the odd ones out come after it
+    result.groups = sorted(by_stack.values(), key=lambda g: (-len(g.workers), g.workers))
+    return result
+
+
+def parse_answer(worker: int, stdout: str, error: str | None) -> WorkerStacks:
+    lines = stdout.strip().splitlines()
+    state = next((line for line in lines if line.startswith("state=")), "")
+    if state == "state=answered":
+        body = lines[lines.index(state) + 1] if lines.index(state) + 1 < len(lines) else ""
+        try:
+            return WorkerStacks(worker, dump=base64.b64decode(body).decode("utf-8", "replace"))
+        except (binascii.Error, ValueError):
+            return WorkerStacks(worker, silent="its dump could not be read")
+    if state.startswith("state=silent"):
+        proc = state.partition("proc=")[2].strip()
+        return WorkerStacks(worker, silent=f"its job is {PROCESS_STATES.get(proc, proc or 'gone')}")
+    if state == "state=ended":
+        return WorkerStacks(worker, silent="its job has ended")
+    if state == "state=missing":
+        return WorkerStacks(worker, silent="no run folder")
+    return WorkerStacks(worker, silent=error or "unreachable")
+
+
+async def collect_stacks(providers: dict[str, Provider], record: RunRecord, wait_s: float = 5.0) -> RunStacks:
+    """Every worker's stacks of `record`'s run, grouped; a UserError-free answer even for a node that is
+    gone (every worker silent, saying why)."""
+    async with reach_node(providers, record.node) as reached:
+        if reached.fleet is None:
+            return RunStacks(record.run_id, record.node, silent={w: reached.problem or "unreachable"
+                                                                  for w in record.workers})
+        results = await reached.fleet.run(recipes.request_stacks(record.run_id, wait_s), record.workers,
+                                          timeout=wait_s + 30)
+    answers = [parse_answer(r.worker, r.stdout, r.error or (None if r.ok else r.stderr.strip()))
+               for r in results]
+    return group(answers, record.run_id, record.node)
+
+
+def _workers(workers: list[int]) -> str:
+    return ("worker " if len(workers) == 1 else "workers ") + ",".join(str(w) for w in workers)

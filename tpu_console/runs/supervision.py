@@ -1,0 +1,181 @@
+"""What the run's supervisor on the pod is asked to do (worker/supervisor.py runs it), and what it decided.
+
+Pure: no I/O. `launch` turns its flags into a `SupervisionPolicy`, checks it against the node (one-line
+errors before anything is sent), and writes `plan(...)` as `supervision.json` in every worker's run folder;
+the supervisor writes its decisions to `supervisor.jsonl`, read back here by `parse_decisions`.
+
+The failure classes a restart can name come from the console's log signatures (runs/signatures.py): the
+job runner on every worker classifies its job's log with the very patterns `signatures.patterns()` gives,
+shipped in the plan, so there is one source of truth for what a log line means.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets as token_source
+from dataclasses import dataclass, field
+from typing import Any
+
+from tpu_console.errors import UserError
+from tpu_console.runs import signatures
+
+DECISIONS_FILE = "supervisor.jsonl"
+PLAN_FILE = "supervision.json"
+NOTIFY_FILE = ".notify"
+PORT_FILE = "supervisor.port"
+ADDRESS_ENV = "TPU_CONSOLE_SUPERVISOR"
+
+# Failures that another try can cure: a worker lost, jax.distributed timing out, the TPU held by a
+# previous process, the node preempted. Never retried: OOM, a traceback in the user's code, a config the
+# trainer refused, W&B refusing its key (another try fails the same way).
+TRANSIENT = (signatures.LOST_WORKER, signatures.DISTRIBUTED_TIMEOUT, signatures.TPU_IN_USE,
+             signatures.PREEMPTED)
+NEVER = (signatures.OOM, signatures.EXCEPTION, signatures.WRONG_PROCESS_COUNT, signatures.WANDB_AUTH,
+         signatures.WANDB_INIT, "config")
+ON_END = ("keep", "delete")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
+
+
+@dataclass(frozen=True)
+class SupervisionPolicy:
+    fail_fast: bool = False
+    on_end: str = "keep"
+    grace_s: float = 600.0
+    max_cost: float | None = None
+    price_per_hour: float | None = None  # overrides the price table (local and ssh pods have none)
+    max_hang_s: float | None = None
+    restart_on: tuple[str, ...] = ()
+    max_restarts: int = 3
+    heartbeat_s: float = 2.0
+    lost_after_s: float = 60.0
+    stop_grace_s: float = 10.0
+
+    @property
+    def deletes(self) -> bool:
+        """Whether the supervisor may delete the node (so the provider must allow it from the pod)."""
+        return self.on_end == "delete" or self.max_cost is not None or self.max_hang_s is not None
+
+
+@dataclass(frozen=True)
+class Decision:
+    t: float
+    decision: str
+    message: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_duration(text: str, flag: str) -> float:
+    """`90`, `90s`, `10m`, `1.5h` -> seconds; a UserError naming the flag otherwise."""
+    match = _DURATION.match(str(text))
+    if not match:
+        raise UserError(f"{flag} {text!r} is not a duration; give seconds, or a number with s, m or h "
+                        "(e.g. 10m)")
+    value, unit = float(match.group(1)), match.group(2) or "s"
+    return value * {"s": 1, "m": 60, "h": 3600}[unit]
+
+
+def parse_restart_on(text: str) -> tuple[str, ...]:
+    """`transient` (every transient class) or a comma-separated list of them."""
+    classes: list[str] = []
+    for name in (part.strip().replace("-", "_") for part in text.split(",") if part.strip()):
+        if name == "transient":
+            classes.extend(TRANSIENT)
+        elif name in TRANSIENT:
+            classes.append(name)
+        elif name in NEVER:
+            raise UserError(f"--restart-on {name}: a {name} failure fails the same way again and is never "
+                            f"restarted; choose from transient, {', '.join(TRANSIENT)}")
+        else:
+            raise UserError(f"--restart-on {name!r} is not a failure class; choose from transient, "
+                            f"{', '.join(TRANSIENT)}")
+    if not classes:
+        raise UserError("--restart-on is empty; give transient, or classes among " + ", ".join(TRANSIENT))
+    return tuple(dict.fromkeys(classes))
+
+
+def check_policy(policy: SupervisionPolicy, provider: str, can_delete: bool, price: float | None) -> None:
+    """UserError for a policy the node cannot honour; nothing has been sent yet."""
+    if policy.on_end not in ON_END:
+        raise UserError(f"--on-end {policy.on_end!r}: choose keep or delete")
+    if policy.max_restarts < 0:
+        raise UserError(f"--max-restarts {policy.max_restarts} is negative; give 0 or more")
+    for name, value in (("--grace", policy.grace_s), ("--max-hang", policy.max_hang_s),
+                        ("--max-cost", policy.max_cost), ("--price-per-hour", policy.price_per_hour)):
+        if value is not None and value < 0:
+            raise UserError(f"{name} is negative; give a positive value")
+    if policy.deletes and not can_delete:
+        raise UserError(f"a {provider} node cannot be deleted from the pod, so --on-end delete, --max-cost "
+                        "and --max-hang need a gcp or local node; leave them out")
+    if policy.max_cost is not None and price is None:
+        raise UserError(f"--max-cost needs the node's price and the price table has none for this {provider} "
+                        "node; give it with --price-per-hour USD")
+
+
+def plan(
+    *,
+    run_id: str,
+    node: str,
+    provider: str,
+    workers: list[int],
+    started_at: float,
+    policy: SupervisionPolicy,
+    price_per_hour: float | None,
+    delete_target: dict[str, Any] | None,
+    bind: str,
+    coordinator_host: str | None,
+) -> dict[str, Any]:
+    """supervision.json: everything the supervisor and the job runners are told (no secret but the
+    run's own token, and the file is 0600)."""
+    return {
+        "run_id": run_id,
+        "node": node,
+        "provider": provider,
+        "workers": workers,
+        "started_at": started_at,
+        "token": token_source.token_urlsafe(24),
+        "bind": bind,
+        "coordinator_host": coordinator_host,
+        "fail_fast": policy.fail_fast,
+        "on_end": policy.on_end,
+        "grace_s": policy.grace_s,
+        "max_cost": policy.max_cost,
+        "price_per_hour": policy.price_per_hour if policy.price_per_hour is not None else price_per_hour,
+        "max_hang_s": policy.max_hang_s,
+        "restart_on": list(policy.restart_on),
+        "max_restarts": policy.max_restarts,
+        "heartbeat_s": policy.heartbeat_s,
+        "lost_after_s": policy.lost_after_s,
+        "stop_grace_s": policy.stop_grace_s,
+        "delete": delete_target if policy.deletes else None,
+        "signatures": [[kind, pattern] for kind, pattern in signatures.patterns()],
+    }
+
+
+def notify_file(webhook_url: str) -> bytes:
+    """`.notify`: the webhook URL, for the supervisor only (uploaded 0600, never on a command line)."""
+    return json.dumps({"webhook_url": webhook_url}).encode() + b"\n"
+
+
+def parse_decisions(text: str) -> list[Decision]:
+    decisions = []
+    for line in text.splitlines():
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict) and "decision" in data:
+            extra = {k: v for k, v in data.items() if k not in ("t", "decision", "message")}
+            decisions.append(Decision(float(data.get("t", 0)), str(data["decision"]),
+                                      str(data.get("message", "")), extra))
+    return decisions
+
+
+def restarts(decisions: list[Decision]) -> dict[str, int]:
+    """Restarts by failure class, from the decisions."""
+    counts: dict[str, int] = {}
+    for d in decisions:
+        if d.decision == "restart":
+            cause = str(d.fields.get("cause", "unknown"))
+            counts[cause] = counts.get(cause, 0) + 1
+    return counts

@@ -1,0 +1,232 @@
+"""A worker's side of the run's supervision: runs the job and reports it to the supervisor (supervisor.py).
+
+The launch wrapper (job_wrapper.sh) starts `python3 job_runner.py -- COMMAND...` in the run folder as the
+job, so the runner leads the job's process group: `stop` still ends everything with one group signal, and
+the wrapper's `exit` file holds the job's own exit status (128+N for signal N), written once, when the
+runner gives up the job for good.
+
+The runner starts COMMAND (its pid in `job.pid`, which `tpu-console stacks` signals), then reports to the
+supervisor at `$TPU_CONSOLE_SUPERVISOR` (host:port, on the pod's network) over HTTP: `start`; a
+`heartbeat` every `heartbeat_s` with the last step of its `events.jsonl`; `exit` with the status and the
+failure's class, read from this attempt's part of `output.log` with the console's log signatures (the
+patterns come in `supervision.json`, written by `launch` from tpu_console/runs/signatures.py). Each answer
+is an order: carry on, stop the job (SIGTERM to the job's group, SIGKILL to the job after `stop_grace_s`),
+start it again (a restart: the trainer resumes from its latest checkpoint; on pods where the console names
+the coordinator, on a new port), wait, or be done. A supervisor that does not answer changes nothing: the
+job runs, and its status is the runner's.
+
+Python 3.8+ and the standard library only; it imports nothing of the console.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+PLAN_FILE = "supervision.json"
+ADDRESS_ENV = "TPU_CONSOLE_SUPERVISOR"
+JOB_PID_FILE = "job.pid"
+COORDINATOR_ENV = "TRAINER_COORDINATOR_ADDRESS"
+EXIT_BAD_INPUT = 2  # the trainer's status for a config it refuses
+TRACEBACK_START = "Traceback (most recent call last):"
+NO_ANSWER_S = 5.0  # after its job ended, how long the runner waits for a supervisor that does not answer
+
+
+class Classifier:
+    """The class of a failure from a log, as the console's SignatureScanner judges it: the first line
+    that matches a specific signature, else a Python traceback (`exception`), else a refused config."""
+
+    def __init__(self, signatures):
+        self.signatures = [(kind, re.compile(pattern)) for kind, pattern in signatures]
+
+    def classify(self, path, offset, status):
+        found, traceback = None, False
+        try:
+            with open(path, "rb") as log:
+                log.seek(offset)
+                for raw in log:
+                    line = raw.decode("utf-8", "replace")
+                    if line.startswith(TRACEBACK_START):
+                        traceback = True
+                    for kind, pattern in self.signatures:
+                        if pattern.search(line):
+                            found = kind
+                            break
+                    if found:
+                        break
+        except OSError:
+            pass
+        if found:
+            return found
+        if traceback:
+            return "exception"
+        if status == EXIT_BAD_INPUT:
+            return "config"
+        return None
+
+
+class Runner:
+    def __init__(self, command, plan, worker, address, env=None):
+        self.command = command
+        self.plan = plan
+        self.worker = worker
+        self.address = address
+        self.env = dict(os.environ if env is None else env)
+        self.attempt = 0
+        self.job = None
+        self.stopped = None  # "supervisor" when ordered to stop, "outside" when signalled by someone else
+        self.ordered_stop = False
+        self.classifier = Classifier(plan.get("signatures", []))
+        self.step = None
+        self.step_s = None
+        self.events_offset = _size("events.jsonl")
+
+    # ---- talking to the supervisor -----------------------------------------------------------------
+
+    def report(self, event, **fields):
+        """POST one report; the supervisor's order, or None when it does not answer."""
+        if not self.address:
+            return None
+        body = {"token": self.plan.get("token"), "worker": self.worker, "attempt": self.attempt,
+                "event": event, **fields}
+        request = urllib.request.Request(f"http://{self.address}/report", data=json.dumps(body).encode(),
+                                         method="POST", headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as answer:
+                return json.loads(answer.read().decode())
+        except (OSError, ValueError):
+            return None
+
+    # ---- the job ---------------------------------------------------------------------------------------
+
+    def start(self):
+        self.stopped, self.ordered_stop = None, False
+        self.log_offset = _size("output.log")
+        self.job = subprocess.Popen(self.command, env=self.env)
+        with open(JOB_PID_FILE + ".tmp", "w") as out:
+            out.write(f"{self.job.pid}\n")
+        os.replace(JOB_PID_FILE + ".tmp", JOB_PID_FILE)
+        self.react(self.report("start"))
+
+    def stop(self):
+        """The supervisor's stop: SIGTERM to the job's group (this runner survives it), SIGKILL to the job
+        after the grace."""
+        if self.ordered_stop or self.job.poll() is not None:
+            return
+        self.ordered_stop, self.stopped = True, "supervisor"
+        print(f"tpu-console supervisor: stopping worker {self.worker}'s job", flush=True)
+        try:
+            os.killpg(os.getpgrp(), signal.SIGTERM)
+        except OSError:
+            self.job.terminate()
+        try:
+            self.job.wait(float(self.plan.get("stop_grace_s", 10)))
+        except subprocess.TimeoutExpired:
+            self.job.kill()
+
+    def on_term(self, signum, frame):
+        if not self.ordered_stop:
+            self.stopped = "outside"  # `tpu-console stop`, or the VM going down: the job got it too
+
+    def react(self, answer):
+        if answer and answer.get("order") == "stop":
+            self.stop()
+
+    def read_step(self):
+        """The last step number in events.jsonl's new lines."""
+        try:
+            with open("events.jsonl", "rb") as events:
+                events.seek(self.events_offset)
+                data = events.read()
+        except OSError:
+            return
+        end = data.rfind(b"\n") + 1
+        self.events_offset += end
+        for line in data[:end].splitlines():
+            if b'"step"' not in line:
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("kind") == "step" and isinstance(event.get("step"), int):
+                self.step = event["step"]
+                # the trainer's own step time, which the supervisor's stall judgement scales with
+                recent = event.get("time/train/step_avg_last10_s") or event.get("time/train/step_s")
+                self.step_s = recent if isinstance(recent, (int, float)) else self.step_s
+
+    def wait_job(self):
+        heartbeat = float(self.plan.get("heartbeat_s", 2))
+        next_beat = time.monotonic() + heartbeat
+        while self.job.poll() is None:
+            time.sleep(min(0.1, heartbeat))
+            if time.monotonic() >= next_beat:
+                self.read_step()
+                self.react(self.report("heartbeat", step=self.step, step_s=self.step_s))
+                next_beat = time.monotonic() + heartbeat
+        code = self.job.returncode
+        return 128 - code if code < 0 else code
+
+    def run(self):
+        while True:
+            self.start()
+            status = self.wait_job()
+            cause = self.classifier.classify("output.log", self.log_offset, status) if status else None
+            answer = self.report("exit", status=status, cause=cause, stopped=self.stopped)
+            unanswered_since = None
+            while (answer or {}).get("order") != "restart":
+                if (answer or {}).get("order") == "done":
+                    return status
+                if answer is None:  # the supervisor is gone (or the network blinked): do not hold `exit`
+                    unanswered_since = unanswered_since or time.monotonic()
+                    if time.monotonic() - unanswered_since > NO_ANSWER_S:
+                        return status
+                else:
+                    unanswered_since = None
+                time.sleep(0.2)
+                answer = self.report("poll")
+            self.restart(answer)
+
+    def restart(self, order):
+        self.attempt = int(order["attempt"])
+        port = order.get("coordinator_port")
+        if port and self.env.get(COORDINATOR_ENV):
+            host = self.env[COORDINATOR_ENV].rsplit(":", 1)[0]
+            self.env[COORDINATOR_ENV] = f"{host}:{port}"
+        print(f"tpu-console supervisor: starting worker {self.worker}'s job again (attempt "
+              f"{self.attempt + 1})", flush=True)
+
+
+def _size(path):
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def main(argv):
+    if "--" not in argv:
+        sys.exit("usage: job_runner.py -- COMMAND [ARG...]")
+    command = argv[argv.index("--") + 1:]
+    command[0] = os.path.expanduser(command[0])
+    try:
+        with open(PLAN_FILE) as f:
+            plan = json.load(f)
+        with open("launch.json") as f:
+            worker = int(json.load(f)["worker"])
+    except (OSError, ValueError, KeyError):
+        plan, worker = {}, 0
+    runner = Runner(command, plan, worker, os.environ.get(ADDRESS_ENV))
+    signal.signal(signal.SIGTERM, runner.on_term)
+    signal.signal(signal.SIGINT, runner.on_term)
+    # `stacks` signals the job, not the runner; a stray SIGUSR1 sent to the group must not end the runner.
+    signal.signal(signal.SIGUSR1, lambda signum, frame: None)
+    sys.exit(runner.run())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,575 @@
+"""The run's supervisor: one process per run, on the run's first worker, that looks after the run with the
+console gone (a laptop asleep, a terminal closed).
+
+`launch` starts it detached in worker 0's run folder (`python3 supervisor.py`), before the jobs; it serves
+HTTP on the pod's network and writes `supervisor.port` once listening. Every worker's job runs under a
+job runner (job_runner.py) that reports to it: the job's start, a heartbeat with its last step, and its
+exit status with the failure class read from its log. The answers carry the supervisor's orders: carry on,
+stop the job, start it again, or end. What it decides goes to `supervisor.jsonl` in the run folder (one
+JSON object per line: `t`, `decision`, `message`), which the console shows.
+
+It reads `supervision.json` (the plan `launch` wrote, 0600) and, when webhook notifications are set up,
+`.notify` (0600: the webhook URL is a secret, so it is never on a command line). It enforces:
+
+- fail-fast: when one worker's job fails, stop the others (they would hang in a collective);
+- restart by failure class: a failure of a class named in `restart_on` starts every job again (they resume
+  from their latest checkpoint), up to `max_restarts` per class;
+- `max_cost` (price x time since launch) and `max_hang_s` (every worker without a new step that long):
+  stop the jobs (SIGTERM first, so the trainer checkpoints), then delete the node;
+- `on_end: delete`: once every job has ended and `grace_s` has passed, delete the node, unless a newer run
+  started on it.
+
+Deleting a node: on Cloud TPU, with the VM's own service account (a token from the metadata server), the
+TPU API's DELETE on the node (and on its queued resource when it has one). On a local pod, what
+`LocalProvider.delete` does, from the store's layout: stop every job recorded under the pod's
+`workers/*/tpu-console/runs/`, then remove the pod's folder.
+
+Python 3.8+ and the standard library only; it imports nothing of the console.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+PLAN_FILE = "supervision.json"
+NOTIFY_FILE = ".notify"
+DECISIONS_FILE = "supervisor.jsonl"
+PORT_FILE = "supervisor.port"
+PID_FILE = "supervisor.pid"
+METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
+TPU_API = "https://tpu.googleapis.com"
+TICK_S = 0.25
+STALL_FACTOR, STALL_FLOOR_S = 3.0, 60.0  # runs/health.py's Thresholds: a worker stalls after 3 step times
+
+# Orders in the answers to a job runner.
+RUN, STOP, RESTART, WAIT, DONE = "run", "stop", "restart", "wait", "done"
+
+
+def now():
+    return time.time()
+
+
+class WorkerView:
+    """What the supervisor knows of one worker's job."""
+
+    def __init__(self, index, started):
+        self.index = index
+        self.attempt = 0
+        self.state = "pending"  # pending, running, exited, done, lost
+        self.last_seen = started
+        self.step = None
+        self.progress_at = started  # when its step last changed (or it started)
+        self.step_interval = None  # seconds between its last two step changes, as seen here
+        self.step_s = None  # the trainer's own recent step time, from its events
+        self.status = None
+        self.cause = None
+        self.stopped = None  # who stopped it: "supervisor" or "outside"
+        self.exited_at = None
+
+
+class Supervisor:
+    def __init__(self, folder, plan, webhook=None, clock=now):
+        self.folder = folder
+        self.plan = plan
+        self.webhook = webhook
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.record_lock = threading.Lock()
+        started = clock()
+        self.workers = {w: WorkerView(w, started) for w in plan["workers"]}
+        self.attempt = 0
+        self.restarts = {}  # class -> count
+        self.stopping = None  # why every job is being stopped (cost, hang, fail-fast), or None
+        self.restart_pending = None  # the class a restart is for, while the jobs stop
+        self.ended = None  # the run's outcome once every job has ended
+        self.delete_reason = None
+        self.coordinator_port = None
+        self.silent_told = False  # the run was said to look hung, and has not stepped since
+
+    # ---- what the job runners say ----------------------------------------------------------------
+
+    def report(self, message):
+        """A runner's report; returns the order for it (a dict)."""
+        with self.lock:
+            worker = self.workers.get(message.get("worker"))
+            if worker is None:
+                return {"order": DONE, "why": "not a worker of this run"}
+            worker.last_seen = self.clock()
+            event = message.get("event")
+            attempt = int(message.get("attempt", 0))
+            if event == "start":
+                return self._on_start(worker, attempt)
+            if event == "heartbeat":
+                return self._on_heartbeat(worker, attempt, message.get("step"), message.get("step_s"))
+            if event == "exit":
+                return self._on_exit(worker, attempt, message)
+            if event == "poll":
+                return self._order_after_exit(worker)
+            return {"order": RUN}
+
+    def _on_start(self, worker, attempt):
+        if attempt == self.attempt and worker.state in ("pending", "lost"):
+            worker.state, worker.attempt, worker.progress_at = "running", attempt, self.clock()
+        if self.stopping or self.restart_pending:
+            return {"order": STOP}
+        return {"order": RUN}
+
+    def _on_heartbeat(self, worker, attempt, step, step_s=None):
+        if worker.state in ("pending", "lost") and attempt == self.attempt:
+            worker.state = "running"
+        if isinstance(step_s, (int, float)):
+            worker.step_s = float(step_s)
+        if step is not None and step != worker.step:
+            if worker.step is not None:
+                worker.step_interval = self.clock() - worker.progress_at
+            worker.step, worker.progress_at = step, self.clock()
+        if self.stopping or self.restart_pending:
+            return {"order": STOP}
+        return {"order": RUN}
+
+    def _on_exit(self, worker, attempt, message):
+        if attempt != self.attempt or worker.state in ("exited", "done"):
+            return self._order_after_exit(worker)
+        worker.state, worker.exited_at = "exited", self.clock()
+        worker.status, worker.cause = int(message.get("status", -1)), message.get("cause")
+        worker.stopped = message.get("stopped")
+        if worker.status != 0 and not worker.stopped and not self.stopping and not self.restart_pending:
+            self._on_failure(worker)
+        return self._order_after_exit(worker)
+
+    def _order_after_exit(self, worker):
+        if worker.state == "done":
+            return {"order": DONE, "status": worker.status}
+        if self.restart_pending:
+            return {"order": WAIT}
+        if self.attempt > worker.attempt and worker.state == "exited":
+            worker.attempt, worker.state, worker.progress_at = self.attempt, "running", self.clock()
+            worker.status = worker.cause = worker.stopped = None
+            order = {"order": RESTART, "attempt": self.attempt}
+            if self.coordinator_port:
+                order["coordinator_port"] = self.coordinator_port
+            return order
+        if worker.state == "exited":
+            worker.state = "done"
+            return {"order": DONE, "status": worker.status}
+        return {"order": RUN}
+
+    # ---- decisions --------------------------------------------------------------------------------
+
+    def _on_failure(self, worker):
+        """Worker `worker`'s job failed on its own: restart the run, stop the others, or note it."""
+        cause = worker.cause or "unknown"
+        what = f"worker {worker.index} exited {worker.status}" + (f" ({cause})" if worker.cause else "")
+        classes = self.plan.get("restart_on") or []
+        never = [w.index for w in self.workers.values()
+                 if w.state == "exited" and w.status and not w.stopped and w.cause not in classes]
+        if cause in classes and not never and not self._lost():
+            used = self.restarts.get(cause, 0)
+            if used < int(self.plan.get("max_restarts", 0)):
+                self.restarts[cause] = used + 1
+                self.restart_pending = cause
+                self.decide("restart", f"{what}: restarting every job from its latest checkpoint "
+                            f"({cause} restart {used + 1} of {self.plan['max_restarts']})", cause=cause)
+                return
+            self.decide("not-restarted", f"{what}: no {cause} restart left "
+                        f"({used} of {self.plan['max_restarts']} used)", cause=cause)
+        elif classes:
+            self.decide("not-restarted", f"{what}: a {cause} failure is never restarted", cause=cause)
+        # a worker whose runner has not reported yet is stopped as soon as it does
+        others = [w.index for w in self.workers.values() if w.state in ("pending", "running")]
+        if (self.plan.get("fail_fast") or classes) and others:
+            self.stopping = "fail-fast"
+            self.decide("stop-others", f"{what}: stopping worker(s) {_join(others)} "
+                        "(they would wait in a collective)", workers=others)
+        else:
+            self.decide("worker-failed", what)
+            if others:
+                self.notify("hung", f"{what}; worker(s) {_join(others)} still run and will likely hang in a "
+                            "collective: stop them (tpu-console stop)")
+
+    def _lost(self):
+        return [w.index for w in self.workers.values() if w.state == "lost"]
+
+    def tick(self):
+        """The supervisor's own clock work: lost workers, a restart's second half, budget, hang, the end."""
+        with self.lock:
+            t = self.clock()
+            lost_after = float(self.plan.get("lost_after_s", 60))
+            for w in self.workers.values():
+                if w.state == "exited" and t - w.last_seen > lost_after:
+                    w.state = "done"  # its runner stopped asking what next: it has ended
+                if w.state in ("pending", "running") and t - w.last_seen > lost_after:
+                    w.state, w.exited_at = "lost", t
+                    self.decide("worker-lost", f"worker {w.index}'s job runner has not reported for "
+                                f"{t - w.last_seen:.0f}s: the worker is lost")
+                    if not self.stopping and not self.restart_pending:
+                        others = [o.index for o in self.workers.values() if o.state in ("pending", "running")]
+                        if others and (self.plan.get("fail_fast") or self.plan.get("restart_on")):
+                            self.stopping = "fail-fast"
+                            self.decide("stop-others", f"stopping worker(s) {_join(others)} after worker "
+                                        f"{w.index} was lost", workers=others)
+            ended = all(w.state in ("exited", "lost", "done") for w in self.workers.values())
+            if self.restart_pending and ended:
+                if self._lost():
+                    self.decide("not-restarted", f"worker(s) {_join(self._lost())} lost: their jobs cannot "
+                                "be started again from here")
+                    self.restart_pending = None
+                    for w in self.workers.values():
+                        if w.state == "exited":
+                            w.stopped = w.stopped or "supervisor"
+                else:
+                    cause, self.restart_pending = self.restart_pending, None
+                    self.attempt += 1
+                    if self.plan.get("coordinator_host"):
+                        self.coordinator_port = _free_port(self.plan["coordinator_host"])
+                    self.notify("restarted", f"restarted ({cause}, attempt {self.attempt + 1})")
+            if self.ended is None and not self.stopping and not self.restart_pending:
+                self._check_budget(t)
+                self._check_hang(t)
+            if self.ended is None and all(w.state in ("done", "lost") for w in self.workers.values()):
+                self._end()
+
+    def _check_budget(self, t):
+        budget, price = self.plan.get("max_cost"), self.plan.get("price_per_hour")
+        if budget is None or price is None:
+            return
+        cost = price * (t - float(self.plan["started_at"])) / 3600.0
+        if cost >= budget:
+            self._stop_and_delete("max-cost", f"the run has cost ~${cost:.2f} of its ${budget:g} budget "
+                                  f"(at ${price:g}/h): stopping it and deleting the node")
+
+    def _check_hang(self, t):
+        running = [w for w in self.workers.values() if w.state == "running"]
+        if not running:
+            return
+        # As runs/health.py judges a stall: no new step for 3 step times, and at least a minute.
+        silent = all(w.step is not None and t - w.progress_at > max(STALL_FLOOR_S, STALL_FACTOR * (
+            w.step_s or w.step_interval or 0)) for w in running)
+        if silent and not self.silent_told:
+            self.silent_told = True
+            self.decide("silent", "every worker stopped making steps: the run looks hung")
+            if self.plan.get("max_hang_s") is None:
+                self.notify("hung", "hung: every worker stopped making steps (`tpu-console stacks` shows "
+                            "where)")
+        elif not silent:
+            self.silent_told = False
+        limit = self.plan.get("max_hang_s")
+        if limit is None:
+            return
+        if all(t - w.progress_at >= limit for w in running):
+            steps = ", ".join(f"{w.index}@{w.step if w.step is not None else '-'}" for w in running)
+            self.notify("hung", f"hung: no worker made a step for {_duration(limit)}")
+            self._stop_and_delete("max-hang", f"no worker made a step for {_duration(limit)} (worker@step: "
+                                  f"{steps}): stopping the run and deleting the node")
+
+    def _stop_and_delete(self, why, message):
+        self.stopping, self.delete_reason = why, why
+        self.decide(why, message)
+
+    def _end(self):
+        workers = self.workers.values()
+        if self.stopping in ("max-cost", "max-hang"):
+            outcome = "stopped"
+        elif all(w.status == 0 for w in workers):
+            outcome = "succeeded"
+        elif any(w.stopped == "outside" for w in workers) and not any(
+                w.status and not w.stopped for w in workers):
+            outcome = "stopped"
+        else:
+            outcome = "failed"
+        self.ended = outcome
+        statuses = ", ".join(f"{w.index}:{'lost' if w.state == 'lost' else w.status}" for w in workers)
+        self.decide("ended", f"the run {outcome} (exit status by worker {statuses})", outcome=outcome)
+        if outcome in ("succeeded", "failed"):
+            failed = [w for w in workers if w.status and not w.stopped]
+            why = f": worker {failed[0].index} exited {failed[0].status}" if failed else ""
+            self.notify(outcome, f"{outcome}{why}")
+        if self.plan.get("on_end") == "delete" and self.delete_reason is None:
+            self.delete_reason = "on-end"
+
+    # ---- the record, notifications ------------------------------------------------------------------
+
+    def decide(self, decision, message, **fields):
+        record = {"t": round(self.clock(), 3), "decision": decision, "message": message, **fields}
+        with self.record_lock:
+            try:
+                with open(os.path.join(self.folder, DECISIONS_FILE), "a") as out:
+                    out.write(json.dumps(record) + "\n")
+            except OSError:
+                pass  # the run folder went with the node
+        print(f"{decision}: {message}", flush=True)
+
+    def notify(self, event, text, wait=False):
+        """One webhook message (Slack-compatible: a JSON body with `text`), when a webhook is set up. Sent
+        from a thread of its own unless `wait`: a slow webhook must not hold up the runners' reports."""
+        if not self.webhook:
+            return
+        if not wait:
+            threading.Thread(target=self.notify, args=(event, text, True)).start()
+            return
+        body = {"text": f"tpu-console: run {self.plan['run_id']} on {self.plan['node']}: {text}",
+                "event": event, "run_id": self.plan["run_id"], "node": self.plan["node"]}
+        request = urllib.request.Request(self.webhook, data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(request, timeout=10).close()
+            self.decide("notified", f"sent the {event} notification", event=event)
+        except (OSError, ValueError) as exc:
+            # The URL is a secret: say what failed, never where to.
+            self.decide("notify-failed", f"the {event} notification was not delivered "
+                        f"({type(exc).__name__})", event=event)
+
+    # ---- the end: delete the node --------------------------------------------------------------------
+
+    def newer_run(self):
+        """A run started on this node after this one (its folder beside this one's): leave the node be."""
+        runs = os.path.dirname(os.path.abspath(self.folder))
+        mine = os.path.basename(os.path.abspath(self.folder))
+        try:
+            return next((n for n in sorted(os.listdir(runs)) if n > mine and os.path.isdir(
+                os.path.join(runs, n))), None)
+        except OSError:
+            return None
+
+    def delete_node(self):
+        target = self.plan.get("delete") or {}
+        kind = target.get("kind")
+        if kind == "local":
+            delete_local_pod(target["node_dir"])
+        elif kind == "gcp":
+            delete_gcp_node(target)
+        else:
+            raise RuntimeError(f"this node's provider ({self.plan.get('provider')}) cannot be deleted "
+                               "from the pod")
+
+
+# ---- deleting a node ---------------------------------------------------------------------------------
+
+
+def delete_local_pod(node_dir):
+    """What the local provider's delete does, from its store's layout: mark the pod DELETING, stop the
+    jobs its workers run (their process groups, from the run folders' `pid` files), remove its folder."""
+    meta_path = os.path.join(node_dir, "node.json")
+    with open(meta_path) as f:
+        meta = json.load(f)
+    meta["state"] = "DELETING"
+    with open(meta_path + ".tmp", "w") as f:
+        json.dump(meta, f)
+    os.replace(meta_path + ".tmp", meta_path)
+    groups = []
+    workers = os.path.join(node_dir, "workers")
+    for worker in sorted(os.listdir(workers)):
+        runs = os.path.join(workers, worker, "tpu-console", "runs")
+        for run in sorted(os.listdir(runs)) if os.path.isdir(runs) else []:
+            folder = os.path.join(runs, run)
+            pid = _read(os.path.join(folder, "pid"))
+            if pid.isdigit() and not os.path.exists(os.path.join(folder, "exit")) and int(pid) > 1:
+                groups.append(int(pid))
+    stop_groups(groups, 3.0)
+    shutil.rmtree(node_dir)
+
+
+def stop_groups(groups, grace_s):
+    for group in groups:
+        _kill(group, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_alive(g) for g in groups):
+        time.sleep(0.05)
+    for group in groups:
+        _kill(group, signal.SIGKILL)
+
+
+def metadata_token(metadata_url):
+    """An access token of the VM's service account, from the metadata server."""
+    request = urllib.request.Request(
+        metadata_url.rstrip("/") + "/instance/service-accounts/default/token",
+        headers={"Metadata-Flavor": "Google"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return json.loads(answer.read().decode())["access_token"]
+
+
+def delete_gcp_node(target):
+    """DELETE the node through the TPU API with the VM's own credentials; a node made from a queued
+    resource is deleted with it (`force`: the request and its node), else the request would stay queued."""
+    token = metadata_token(target.get("metadata_url") or METADATA_URL)
+    api = (target.get("api") or TPU_API).rstrip("/")
+    if target.get("queued_resource"):
+        url = f"{api}/v2/{target['queued_resource']}?force=true"
+    else:
+        url = f"{api}/v2/{target['node']}"
+    request = urllib.request.Request(url, method="DELETE", headers={"Authorization": f"Bearer {token}"})
+    try:
+        urllib.request.urlopen(request, timeout=30).close()
+    except urllib.error.HTTPError as exc:
+        if exc.code != 404:  # gone already is what we wanted
+            raise
+
+
+# ---- serving -----------------------------------------------------------------------------------------
+
+
+def serve(folder, supervisor, bind):
+    token = supervisor.plan["token"]
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            try:
+                length = int(self.headers.get("Content-Length", "0"))
+                message = json.loads(self.rfile.read(length).decode())
+            except ValueError:
+                return self._answer(400, {"error": "not JSON"})
+            if message.get("token") != token:
+                return self._answer(403, {"error": "wrong token"})
+            return self._answer(200, supervisor.report(message))
+
+        def _answer(self, code, body):
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format, *args):  # noqa: A002 - quiet: the decisions file is the record
+            pass
+
+    server = ThreadingHTTPServer((bind, 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    with open(os.path.join(folder, PID_FILE), "w") as out:
+        out.write(f"{os.getpid()}\n")
+    with open(os.path.join(folder, PORT_FILE + ".tmp"), "w") as out:
+        out.write(f"{port}\n")
+    os.replace(os.path.join(folder, PORT_FILE + ".tmp"), os.path.join(folder, PORT_FILE))
+    return server
+
+
+def supervise(folder, supervisor):
+    """Tick until the run has ended, then delete the node when the plan or a budget says so."""
+    plan = supervisor.plan
+    while supervisor.ended is None:
+        if not os.path.isdir(folder):
+            return  # the node was deleted under us
+        supervisor.tick()
+        time.sleep(TICK_S)
+    if supervisor.delete_reason is None:
+        return
+    if supervisor.delete_reason == "on-end":
+        grace = float(plan.get("grace_s", 0))
+        supervisor.decide("delete-scheduled", f"deleting the node in {_duration(grace)} unless a newer run "
+                          "starts on it")
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        newer = supervisor.newer_run()
+        if newer:
+            supervisor.decide("kept", f"a newer run ({newer}) started on the node: it is not deleted")
+            return
+    supervisor.decide("deleting", f"deleting node {plan['node']} ({supervisor.delete_reason})")
+    supervisor.notify("deleted", f"node {plan['node']} deleted by the supervisor "
+                      f"({supervisor.delete_reason})", wait=True)
+    try:
+        supervisor.delete_node()
+    except Exception as exc:  # noqa: BLE001 - whatever failed, say so in the record
+        detail = f"{type(exc).__name__}: {exc}"
+        if os.path.isdir(folder):
+            supervisor.decide("delete-failed", f"could not delete node {plan['node']}: {detail}")
+        print(f"delete failed: {detail}", flush=True)
+        return
+    if os.path.isdir(folder):  # on a local pod the folder went with the node
+        supervisor.decide("deleted", f"node {plan['node']} deleted")
+
+
+def main(argv):
+    folder = os.path.abspath(argv[0] if argv else ".")
+    with open(os.path.join(folder, PLAN_FILE)) as f:
+        plan = json.load(f)
+    webhook = None
+    notify_path = os.path.join(folder, NOTIFY_FILE)
+    if os.path.exists(notify_path):
+        with open(notify_path) as f:
+            webhook = json.load(f).get("webhook_url")
+    supervisor = Supervisor(folder, plan, webhook)
+    server = serve(folder, supervisor, plan.get("bind", "127.0.0.1"))
+    supervisor.decide("started", f"supervising {len(plan['workers'])} worker(s): " + describe(plan))
+    try:
+        supervise(folder, supervisor)
+    finally:
+        server.shutdown()
+
+
+def describe(plan):
+    parts = ["fail-fast" if plan.get("fail_fast") else "no fail-fast"]
+    if plan.get("restart_on"):
+        parts.append(f"restart on {','.join(plan['restart_on'])} up to {plan['max_restarts']} each")
+    if plan.get("on_end") == "delete":
+        parts.append(f"delete the node {_duration(plan.get('grace_s', 0))} after the run ends")
+    if plan.get("max_cost") is not None:
+        parts.append(f"max cost ${plan['max_cost']:g}")
+    if plan.get("max_hang_s") is not None:
+        parts.append(f"max hang {_duration(plan['max_hang_s'])}")
+    return ", ".join(parts)
+
+
+# ---- small helpers --------------------------------------------------------------------------------
+
+
+def _read(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _kill(group, sig):
+    try:
+        os.killpg(group, sig)
+    except OSError:
+        pass
+
+
+def _alive(group):
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{group}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _free_port(host):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _join(workers):
+    return ",".join(str(w) for w in workers)
+
+
+def _duration(seconds):
+    seconds = float(seconds)
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:g}h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:g}m"
+    return f"{seconds:g}s"
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
