@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.console.runs.test_local import CONFIG, fake_trainer, run, run_folder
-from tests.fixtures_cli import console_home  # noqa: F401 - fixture
+from tests.console.runs.test_local import CONFIG, fake_trainer, run, run_folder, worker_home
+from tests.fixtures_cli import console_home, stand_in_tiny_inputs  # noqa: F401 - fixture
 from tests.processes import wait_for
 from tpu_console import cli
 from tpu_console.locations import home
@@ -73,6 +73,7 @@ def webhook(console_home) -> Iterator[Webhook]:  # noqa: F811
 def pod2(capsys) -> str:
     assert cli.main(["create", "pod", "--type", "local-2x1"]) == 0
     capsys.readouterr()
+    stand_in_tiny_inputs(worker_home(w) for w in range(2))  # the fake trainers read neither
     return "pod"
 
 
