@@ -22,7 +22,7 @@ from tpu_console.runs.launch import launch as launch_run
 from tpu_console.runs.notifications import Notifier
 from tpu_console.runs.resolve import resolve_run
 from tpu_console.runs.store import RunStore
-from tpu_console.runs.supervision import SupervisionPolicy, parse_duration, parse_restart_on
+from tpu_console.runs.supervision import SupervisionPolicy, policy_from_options
 from tpu_console.secrets import SecretMasker
 from tpu_console.settings import Settings
 
@@ -82,15 +82,15 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
         help="delete: the supervisor deletes the node (and its queued request) once every worker's job has "
         "ended and --grace has passed, unless a newer run started on it (default keep)",
     )
-    launch.add_argument("--grace", default="10m", metavar="DURATION",
+    launch.add_argument("--grace", metavar="DURATION",
                         help="with --on-end delete: how long to wait after the run ends (default 10m)")
     launch.add_argument(
-        "--max-cost", type=float, metavar="USD",
+        "--max-cost", metavar="USD",
         help="the supervisor stops the run (SIGTERM first, so the trainer checkpoints) and deletes the node "
         "once the run has cost this much at the node's hourly price",
     )
     launch.add_argument(
-        "--price-per-hour", type=float, metavar="USD",
+        "--price-per-hour", metavar="USD",
         help="the node's price for --max-cost, where the price table has none (local, ssh) or to override it",
     )
     launch.add_argument(
@@ -103,7 +103,7 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
         help="restart every job from its latest checkpoint when the run fails with one of these failure "
         "classes: transient (lost_worker, distributed_timeout, tpu_in_use, preempted), or a comma list",
     )
-    launch.add_argument("--max-restarts", type=int, default=3, metavar="N",
+    launch.add_argument("--max-restarts", metavar="N",
                         help="with --restart-on: restarts allowed per failure class (default 3)")
 
     runs = verbs.add_parser(
@@ -279,18 +279,9 @@ async def _launch_with_recovery(
 
 def supervision_policy(args: argparse.Namespace) -> SupervisionPolicy:
     """What the run's supervisor is asked to do, from launch's flags (one-line errors for bad values)."""
-    if args.on_end != "delete" and args.grace != "10m":
-        raise UserError("--grace is how long after the run the node is deleted; add --on-end delete")
-    if args.max_restarts != 3 and not args.restart_on:
-        raise UserError("--max-restarts counts restarts; add --restart-on transient")
-    return SupervisionPolicy(
-        fail_fast=args.fail_fast,
-        on_end=args.on_end,
-        grace_s=parse_duration(args.grace, "--grace"),
-        max_cost=args.max_cost,
-        price_per_hour=args.price_per_hour,
-        max_hang_s=parse_duration(args.max_hang, "--max-hang") if args.max_hang is not None else None,
-        restart_on=parse_restart_on(args.restart_on) if args.restart_on else (),
+    return policy_from_options(
+        fail_fast=args.fail_fast, on_end=args.on_end, grace=args.grace, max_cost=args.max_cost,
+        price_per_hour=args.price_per_hour, max_hang=args.max_hang, restart_on=args.restart_on,
         max_restarts=args.max_restarts,
     )
 

@@ -152,6 +152,16 @@ def launch_env(provider: Provider, node: Node, fleet: Fleet, workers: list[int])
     return envs
 
 
+def check_supervision(provider: Provider, node: Node, policy: SupervisionPolicy) -> Any:
+    """UserError for a policy this node's provider cannot honour (the CLI and the launch form); the
+    node's price estimate otherwise (None where the price table has none)."""
+    estimate = price_per_hour(node)
+    price = policy.price_per_hour if policy.price_per_hour is not None else estimate and estimate.per_hour
+    can_delete = provider.supervisor_delete_target(node) is not None
+    supervision.check_policy(policy, node.provider, can_delete, price)
+    return estimate
+
+
 async def launch(
     providers: dict[str, Provider],
     node_name: str,
@@ -193,10 +203,7 @@ async def launch(
     selected = parse_worker_selection(workers, node.shape.workers)
     check_shape(config, node, len(selected))
     policy = policy or SupervisionPolicy(fail_fast=fail_fast)
-    estimate = price_per_hour(node)
-    price = policy.price_per_hour if policy.price_per_hour is not None else estimate and estimate.per_hour
-    can_delete = provider.supervisor_delete_target(node) is not None
-    supervision.check_policy(policy, node.provider, can_delete, price)
+    estimate = check_supervision(provider, node, policy)
     if before_send is not None:
         await before_send(config, node)
     targets = await provider.ssh_targets(node)

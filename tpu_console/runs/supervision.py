@@ -94,6 +94,58 @@ def parse_restart_on(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(classes))
 
 
+def parse_amount(text: str | float, flag: str) -> float:
+    """`20`, `4.2` -> USD; a UserError naming the flag otherwise."""
+    try:
+        return float(text)
+    except ValueError:
+        raise UserError(f"{flag} {text!r} is not an amount; give a number of USD (e.g. 20)") from None
+
+
+def parse_count(text: str | int, flag: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise UserError(f"{flag} {text!r} is not a whole number; give one, e.g. 3") from None
+
+
+def policy_from_options(
+    *,
+    fail_fast: bool = False,
+    on_end: str = "keep",
+    grace: str | None = None,
+    max_cost: str | float | None = None,
+    price_per_hour: str | float | None = None,
+    max_hang: str | None = None,
+    restart_on: str | None = None,
+    max_restarts: str | int | None = None,
+) -> SupervisionPolicy:
+    """The policy from launch's options as the user gave them (the CLI's flags, the app's launch form);
+    None (or blank) is "off", and every bad value is a one-line UserError naming its flag."""
+    def given(value: Any) -> Any:
+        return None if value is None or (isinstance(value, str) and not value.strip()) else value
+
+    grace, max_cost, price_per_hour = given(grace), given(max_cost), given(price_per_hour)
+    max_hang, restart_on, max_restarts = given(max_hang), given(restart_on), given(max_restarts)
+    if on_end not in ON_END:
+        raise UserError(f"--on-end {on_end!r}: choose keep or delete")
+    if on_end != "delete" and grace is not None:
+        raise UserError("--grace is how long after the run the node is deleted; add --on-end delete")
+    if max_restarts is not None and not restart_on:
+        raise UserError("--max-restarts counts restarts; add --restart-on transient")
+    return SupervisionPolicy(
+        fail_fast=fail_fast,
+        on_end=on_end,
+        grace_s=parse_duration(grace, "--grace") if grace is not None else SupervisionPolicy.grace_s,
+        max_cost=parse_amount(max_cost, "--max-cost") if max_cost is not None else None,
+        price_per_hour=parse_amount(price_per_hour, "--price-per-hour") if price_per_hour is not None else None,
+        max_hang_s=parse_duration(max_hang, "--max-hang") if max_hang is not None else None,
+        restart_on=parse_restart_on(restart_on) if restart_on else (),
+        max_restarts=(parse_count(max_restarts, "--max-restarts") if max_restarts is not None
+                      else SupervisionPolicy.max_restarts),
+    )
+
+
 def check_policy(policy: SupervisionPolicy, provider: str, can_delete: bool, price: float | None) -> None:
     """UserError for a policy the node cannot honour; nothing has been sent yet."""
     if policy.on_end not in ON_END:

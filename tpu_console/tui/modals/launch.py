@@ -8,7 +8,7 @@ and refuses a config the compiler says will not fit unless "Skip the plan check"
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from textual.app import ComposeResult
@@ -20,7 +20,9 @@ from tpu_console.experiments import plan as planning
 from tpu_console.experiments.plan import PlanOutcome, tpu_type_for
 from tpu_console.model import Node
 from tpu_console.runs.demo import is_tiny_config
-from tpu_console.runs.launch import check_shape, validate_config
+from tpu_console.providers.base import Provider
+from tpu_console.runs.launch import check_shape, check_supervision, validate_config
+from tpu_console.runs.supervision import SupervisionPolicy, policy_from_options
 from tpu_console.secrets import read_env_file
 from tpu_console.tui.modals.form import KEYS_HINT, FormModal, FormSelect
 
@@ -34,6 +36,7 @@ class LaunchOrder:
     fail_fast: bool = False
     plan_check: bool = True
     make_inputs: bool = False  # the tiny demo's model and data first, where a worker lacks them
+    policy: SupervisionPolicy = field(default_factory=SupervisionPolicy)  # the run's supervisor's orders
 
 
 def shipped_configs() -> list[Path]:
@@ -64,11 +67,17 @@ class LaunchModal(FormModal[LaunchOrder]):
     LaunchModal #flags { height: 1; margin-top: 1; }
     LaunchModal #flags Checkbox { margin-right: 3; }
     LaunchModal #make-inputs { margin-top: 1; }
+    LaunchModal .options { height: 1; }
+    LaunchModal .options Static { width: auto; margin-right: 1; }
+    LaunchModal .options Input { width: 10; margin-right: 2; }
+    LaunchModal .options #restart-on { width: 16; }
+    LaunchModal .options Select { width: 11; margin-right: 2; }
     """
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, provider: Provider | None = None) -> None:
         super().__init__()
         self.node = node
+        self.provider = provider  # checks the supervisor's options against the node (None: launch does)
         self.configs = shipped_configs()
         self.tpu_type = tpu_type_for(node.accelerator_type)
         self.planned: dict[tuple[str, tuple[str, ...]], PlanOutcome] = {}  # (config, overrides) -> outcome
@@ -106,6 +115,25 @@ class LaunchModal(FormModal[LaunchOrder]):
                 id="make-inputs",
                 compact=True,
             )
+            # The run's supervisor (docs/supervisor.md): the CLI's launch flags, blank meaning off.
+            yield Label("Supervisor (blank: off): delete the node when done, budgets, restarts")
+            with Horizontal(classes="options"):
+                yield Static("On end")
+                yield FormSelect([("keep", "keep"), ("delete", "delete")], value="keep", id="on-end",
+                                 allow_blank=False, compact=True)
+                yield Static("grace")
+                yield Input(placeholder="e.g. 10m", id="grace", compact=True)
+                yield Static("Max cost $")
+                yield Input(placeholder="e.g. 20", id="max-cost", compact=True)
+                yield Static("at $/h")
+                yield Input(placeholder="e.g. 4.2", id="price-per-hour", compact=True)
+            with Horizontal(classes="options"):
+                yield Static("Max hang")
+                yield Input(placeholder="e.g. 30m", id="max-hang", compact=True)
+                yield Static("Restart on")
+                yield Input(placeholder="e.g. transient", id="restart-on", compact=True)
+                yield Static("max restarts")
+                yield Input(placeholder="e.g. 3", id="max-restarts", compact=True)
             yield Static(self._plan_hint(), id="plan")
             yield Static("", id="error")
             with Horizontal(id="buttons"):
@@ -139,7 +167,9 @@ class LaunchModal(FormModal[LaunchOrder]):
         self._offer_inputs()
         self._schedule_plan()
 
-    def on_select_changed(self, _event: Select.Changed) -> None:
+    def on_select_changed(self, event: Select.Changed) -> None:
+        if event.select.id != "shipped":
+            return
         self._offer_inputs()
         self._schedule_plan()
 
@@ -178,6 +208,25 @@ class LaunchModal(FormModal[LaunchOrder]):
 
     # ---- submit --------------------------------------------------------------------------------------
 
+    def _policy(self) -> SupervisionPolicy:
+        """The supervisor's options, parsed and checked by the very code the CLI's flags go through."""
+        def text(field_id: str) -> str:
+            return self.query_one(f"#{field_id}", Input).value
+
+        policy = policy_from_options(
+            fail_fast=self.query_one("#fail-fast", Checkbox).value,
+            on_end=str(self.query_one("#on-end", Select).value),
+            grace=text("grace"),
+            max_cost=text("max-cost"),
+            price_per_hour=text("price-per-hour"),
+            max_hang=text("max-hang"),
+            restart_on=text("restart-on"),
+            max_restarts=text("max-restarts"),
+        )
+        if self.provider is not None:
+            check_supervision(self.provider, self.node, policy)
+        return policy
+
     def submit(self) -> None:
         config, overrides = self._chosen()
         env_file = self.query_one("#env", Input).value.strip() or None
@@ -186,6 +235,7 @@ class LaunchModal(FormModal[LaunchOrder]):
             if not config:
                 raise UserError("pick a shipped config or give a config file")
             check_launch(self.node, config, overrides, env_file)
+            policy = self._policy()
             outcome = self.planned.get((config, tuple(overrides)))
             if plan_check and outcome is not None and outcome.status == "does-not-fit":
                 raise UserError(f"{outcome.verdict} (tick 'Skip the plan check' to launch anyway)")
@@ -201,5 +251,6 @@ class LaunchModal(FormModal[LaunchOrder]):
                 self.query_one("#fail-fast", Checkbox).value,
                 plan_check,
                 make_inputs=is_tiny_config(config) and self.query_one("#make-inputs", Checkbox).value,
+                policy=policy,
             )
         )

@@ -424,7 +424,9 @@ class NodesScreen(Screen[None]):
     def action_launch(self) -> None:
         node = self._require_node("launch on")
         if node is not None:
-            self.app.push_screen(LaunchModal(node), lambda order: self._launch(node, order))
+            self.app.push_screen(
+                LaunchModal(node, self.providers.get(node.provider)), lambda order: self._launch(node, order)
+            )
 
     def _launch(self, node: Node, order: LaunchOrder | None) -> None:
         if order is None:
@@ -444,6 +446,7 @@ class NodesScreen(Screen[None]):
                 order.env_file,
                 kill_stale=order.kill_stale,
                 fail_fast=order.fail_fast,
+                policy=order.policy,
                 webhook_url=self.options.webhook_url.get_secret_value() if self.options.webhook_url else None,
                 # the plan again (cached): the form may have been submitted before its plan came back
                 before_send=launch_check(say) if order.plan_check else None,
