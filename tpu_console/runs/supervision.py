@@ -138,7 +138,8 @@ def policy_from_options(
         on_end=on_end,
         grace_s=parse_duration(grace, "--grace") if grace is not None else SupervisionPolicy.grace_s,
         max_cost=parse_amount(max_cost, "--max-cost") if max_cost is not None else None,
-        price_per_hour=parse_amount(price_per_hour, "--price-per-hour") if price_per_hour is not None else None,
+        price_per_hour=(parse_amount(price_per_hour, "--price-per-hour") if price_per_hour is not None
+                        else None),
         max_hang_s=parse_duration(max_hang, "--max-hang") if max_hang is not None else None,
         restart_on=parse_restart_on(restart_on) if restart_on else (),
         max_restarts=(parse_count(max_restarts, "--max-restarts") if max_restarts is not None

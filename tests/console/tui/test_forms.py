@@ -332,10 +332,96 @@ async def test_launch_form_tab_order_and_no_demo_offer_for_a_real_model():
         modal = app.screen
         assert Path(str(modal.query_one("#shipped", Select).value)).name.startswith("qwen25")
         assert not modal.query_one("#make-inputs", Checkbox).display  # a real model is no one's to make
-        assert await tab_through(pilot, 9) == [
-            "shipped", "path", "overrides", "env", "kill-stale", "fail-fast", "no-plan-check", "launch",
-            "cancel", "shipped",
+        assert await tab_through(pilot, 16) == [
+            "shipped", "path", "overrides", "env", "kill-stale", "fail-fast", "no-plan-check",
+            "on-end", "grace", "max-cost", "price-per-hour", "max-hang", "restart-on", "max-restarts",
+            "launch", "cancel", "shipped",
         ]
+
+
+class DeletableFake(FakeProvider):
+    """A provider whose nodes the run's supervisor may delete from the pod (as gcp and local)."""
+
+    def supervisor_delete_target(self, node):
+        return {"provider": "fake", "node": node.name}
+
+
+def fill_supervisor(modal, **fields: str) -> None:
+    for name, value in fields.items():
+        widget = modal.query_one(f"#{name.replace('_', '-')}")
+        widget.value = value
+
+
+async def test_launch_form_sends_the_supervisors_options_to_launch(monkeypatch):
+    from tpu_console.runs import demo
+    from tpu_console.runs import launch as launch_module
+    from tpu_console.runs.supervision import TRANSIENT, SupervisionPolicy
+
+    policies = []
+
+    async def fake_inputs(providers, node, config, overrides, **kw):
+        return SimpleNamespace(workers=[SimpleNamespace(worker=0, ok=True, error=None)])
+
+    async def fake_launch(providers, node, config, overrides, env_file, **kw):
+        policies.append(kw["policy"])
+        return SimpleNamespace(run_id="20250314-120000-abcd", ok=True, workers=[0],
+                               starts=[SimpleNamespace(worker=0, ok=True, pgid=100, error=None)])
+
+    monkeypatch.setattr(launch_module, "launch", fake_launch)
+    monkeypatch.setattr(demo, "make_tiny_inputs", fake_inputs)
+    app = TpuConsoleApp({"fake": DeletableFake([make_node("pod-a")])}, refresh_every=3600, clock=lambda: NOW)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await listed(pilot)
+        for fields in ({}, dict(on_end="delete", grace="5m", max_cost="20", price_per_hour="3.6",
+                                max_hang="30m", restart_on="transient", max_restarts="2")):
+            await pilot.press("l")
+            modal = app.screen
+            assert isinstance(modal, LaunchModal)
+            modal.query_one("#path", Input).value = str(TINY)
+            fill_supervisor(modal, **fields)
+            modal.query_one("#fail-fast").focus()
+            await pilot.press("space", "ctrl+s")
+            for _ in range(300):
+                if not isinstance(app.screen, LaunchModal) and len(policies) == (2 if fields else 1):
+                    break
+                await pilot.pause(0.01)
+    # blank options are "off": the supervisor only fails fast; the filled ones reach launch parsed
+    assert policies == [
+        SupervisionPolicy(fail_fast=True),
+        SupervisionPolicy(fail_fast=True, on_end="delete", grace_s=300.0, max_cost=20.0, price_per_hour=3.6,
+                          max_hang_s=1800.0, restart_on=TRANSIENT, max_restarts=2),
+    ]
+
+
+async def test_launch_form_refuses_bad_supervisor_options_with_the_clis_message(monkeypatch):
+    from tpu_console.runs import launch as launch_module
+
+    async def must_not_launch(*args, **kwargs):
+        raise AssertionError("launch was called with options the form should have refused")
+
+    monkeypatch.setattr(launch_module, "launch", must_not_launch)
+    cases = [
+        (DeletableFake, dict(max_hang="soon"), "--max-hang 'soon' is not a duration"),
+        (DeletableFake, dict(max_cost="lots"), "--max-cost 'lots' is not an amount"),
+        (DeletableFake, dict(max_cost="5"), "--max-cost needs the node's price"),
+        (DeletableFake, dict(restart_on="oom"), "a oom failure fails the same way again"),
+        (DeletableFake, dict(grace="5m"), "add --on-end delete"),
+        (DeletableFake, dict(max_restarts="5"), "add --restart-on transient"),
+        (DeletableFake, dict(restart_on="transient", max_restarts="many"), "--max-restarts 'many'"),
+        # a provider that cannot delete its nodes from the pod (as ssh): refused as the CLI refuses it
+        (FakeProvider, dict(on_end="delete"), "a fake node cannot be deleted from the pod"),
+    ]
+    for provider, fields, problem in cases:
+        app = TpuConsoleApp({"fake": provider([make_node("pod-a")])}, refresh_every=3600, clock=lambda: NOW)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await listed(pilot)
+            await pilot.press("l")
+            modal = app.screen
+            modal.query_one("#path", Input).value = str(TINY)
+            fill_supervisor(modal, **fields)
+            error = await error_after_submit(pilot, modal, "#max-hang")
+            assert problem in error and "\n" not in error.strip(), (fields, error)
+            assert app.screen is modal
 
 
 async def test_sync_form_enter_submits_and_ctrl_s_too(monkeypatch):

@@ -19,8 +19,8 @@ from tpu_console.errors import UserError
 from tpu_console.experiments import plan as planning
 from tpu_console.experiments.plan import PlanOutcome, tpu_type_for
 from tpu_console.model import Node
-from tpu_console.runs.demo import is_tiny_config
 from tpu_console.providers.base import Provider
+from tpu_console.runs.demo import is_tiny_config
 from tpu_console.runs.launch import check_shape, check_supervision, validate_config
 from tpu_console.runs.supervision import SupervisionPolicy, policy_from_options
 from tpu_console.secrets import read_env_file
