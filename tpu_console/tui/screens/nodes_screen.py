@@ -55,7 +55,7 @@ class NodesScreen(Screen[None]):
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("c", "create", "Create", id="nodes.create",
-                tooltip="create a node: name, type, zones; gcp: provisioning, wait, race, direct"),
+                tooltip="create: name, type, zones; gcp: capacity, wait-for, race, direct"),
         Binding(
             "d", "delete", "Delete", id="nodes.delete", tooltip="delete the node, once its name is typed back"
         ),
