@@ -199,7 +199,7 @@ class NodesScreen(Screen[None]):
         count = len(self.listing.nodes)
         if count:
             summary = f"{count} node{'s' if count != 1 else ''}"
-            if shown != count:
+            if self.filter_text:  # queued requests' rows are no filter's doing
                 summary += f" ({shown} match /{self.filter_text})"
         else:
             summary = "no nodes: press c to create one"
