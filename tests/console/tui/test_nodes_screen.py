@@ -291,8 +291,9 @@ async def test_slash_filters_the_table_and_escape_clears_it():
 
 async def test_two_nodes_of_one_name_in_two_zones_are_two_rows():
     # a race's losers left behind (say the app was killed mid-race): gcp names are unique per zone only
-    nodes = [make_node("grpo", zone="europe-west4-a"), make_node("grpo", zone="us-east5-b")]
-    app = app_with(FakeProvider(nodes))
+    provider = FakeProvider()
+    provider.nodes = {zone: make_node("grpo", zone=zone) for zone in ("europe-west4-a", "us-east5-b")}
+    app = app_with(provider)
     async with app.run_test() as pilot:
         screen = await started(pilot, app)
         table = screen.query_one("#nodes", DataTable)
