@@ -31,7 +31,7 @@ def open_app(settings: Settings) -> int:
 
     options = ConsoleOptions(
         default_provider=create_provider_name(settings), zones=list(settings.gcp.zones),
-        idle_after=timedelta(minutes=settings.idle_after_minutes),
+        gcp_project=settings.gcp.project, idle_after=timedelta(minutes=settings.idle_after_minutes),
         sync_env_file=".env" if os.path.isfile(".env") else None,
         webhook_url=settings.notify.webhook_url, desktop_notify=settings.notify.desktop,
     )

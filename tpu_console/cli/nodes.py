@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -22,7 +21,7 @@ from tpu_console.node_table import (
     request_record,
     request_row,
 )
-from tpu_console.providers import capacity
+from tpu_console.providers import capacity, create_options
 from tpu_console.providers.base import Provider
 from tpu_console.providers.nodes import cancel_queued, create_node, delete_node, list_nodes
 from tpu_console.providers.registry import KNOWN_PROVIDERS, create_provider_name
@@ -151,15 +150,12 @@ async def ls(args: argparse.Namespace, settings: Settings, providers: dict[str, 
 
 
 async def create(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
-    if args.zones and args.zones.strip() == "auto":
-        zones = auto_zones(settings, args.accelerator_type)
+    zones = create_options.parse_zones(
+        args.zones, list(settings.gcp.zones), settings.gcp.project, args.accelerator_type
+    )
+    if create_options.is_auto(args.zones):
         output.progress(f"zones by the capacity record: {', '.join(zones)}")
-    elif args.zones:
-        zones = tuple(z.strip() for z in args.zones.split(",") if z.strip())
-    else:
-        zones = tuple(settings.gcp.zones)
-    if args.direct and args.race:
-        raise UserError("--race queues a request in every zone at once; it cannot go with --direct")
+    create_options.check_combination(direct=args.direct, race=args.race)
     request = CreateRequest(
         name=args.name,
         accelerator_type=args.accelerator_type,
@@ -170,7 +166,7 @@ async def create(args: argparse.Namespace, settings: Settings, providers: dict[s
         queued=not args.direct,
         reservation=args.reservation,
         best_effort=args.best_effort,
-        valid_for_s=parse_duration(args.wait_for) if args.wait_for else None,
+        valid_for_s=create_options.parse_duration(args.wait_for) if args.wait_for else None,
         race=args.race,
     )
     provider = create_provider_name(settings, args.provider)
@@ -212,35 +208,6 @@ async def _after_interrupt(interrupted: CreateInterrupted, providers: dict[str, 
     await cancel_queued(providers, interrupted, progress=output.progress)
     output.progress("cancelled: no queued request left behind")
     return True
-
-
-_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
-
-
-def parse_duration(text: str) -> float:
-    """`2h`, `45m`, `1h30m`, `90s`, `1d` -> seconds; UserError for anything else."""
-    match = _DURATION.match(text.strip().lower())
-    if not match or not any(match.groups()):
-        raise UserError(f"bad duration {text!r}: write it like 2h, 45m, 1h30m or 90s")
-    days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
-    total = days * 86400 + hours * 3600 + minutes * 60 + seconds
-    if total <= 0:
-        raise UserError(f"bad duration {text!r}: it must be longer than zero")
-    return float(total)
-
-
-def auto_zones(settings: Settings, accelerator_type: str) -> tuple[str, ...]:
-    """`--zones auto`: the configured zones (and any proven in the record) by what the record says."""
-    from tpu_console.providers.gcp.accelerators import canonical_type
-
-    canonical = canonical_type(accelerator_type)
-    store = capacity.CapacityStore()
-    records = capacity.summarize(store.attempts(canonical, settings.gcp.project), datetime.now(UTC))
-    zones = capacity.order_zones(list(settings.gcp.zones), records, canonical)
-    if not zones:
-        raise UserError("--zones auto needs [gcp] zones in config.toml (or a capacity record); "
-                        "or name zones: --zones europe-west4-a,us-east5-b")
-    return tuple(zones)
 
 
 def parse_labels(items: Sequence[str]) -> dict[str, str]:

@@ -37,8 +37,9 @@ class NodesListing:
 
 
 def node_key(node: Node) -> str:
-    """Names are unique per provider only: a local and a gcp node may both be called `demo`."""
-    return f"{node.provider}/{node.name}"
+    """Names are unique per provider and zone only: a local and a gcp node may both be called `demo`, and
+    gcp may have a `demo` in each zone (a race whose losers were never deleted)."""
+    return f"{node.provider}/{node.zone or ''}/{node.name}"
 
 
 async def gather_listing(

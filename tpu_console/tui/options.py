@@ -14,6 +14,7 @@ class ConsoleOptions:
 
     default_provider: str = "local"
     zones: list[str] = field(default_factory=list)
+    gcp_project: str | None = None  # whose capacity record orders the zones when the form says `auto`
     idle_after: timedelta = timedelta(minutes=60)
     sync_env_file: str | None = None
     webhook_url: SecretStr | None = None  # [notify]: handed to each run's supervisor (a secret)

@@ -142,11 +142,11 @@ async def test_question_mark_opens_help_listing_the_keys_and_escape_closes_it():
             for line in str(app.screen.query_one("#help-keys", Static).render()).splitlines()
         ]
         for line in (
-            "c Create create a node: name, type, zones, spot",
+            "c Create create: name, type, zones; gcp: capacity, wait-for, race, direct",
             "⏎ Open the node's latest run",
             "r Refresh",
             "/ Filter",
-            "esc Clear filter clear the filter",
+            "esc Clear filter clear the filter; with none, offer to cancel a queued create",
             "? Help",
             "R Runs",
             "q Quit",

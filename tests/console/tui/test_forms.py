@@ -64,28 +64,104 @@ async def test_create_form_names_each_problem_and_creates_nothing(name, type_, z
         assert app.screen is modal and gcp.created == []
 
 
-async def test_create_form_sends_zones_in_order_and_spot_off_for_gcp():
+async def test_create_form_sends_gcps_options_chosen_by_keyboard_to_the_provider():
     gcp = GcpFake([])
     app = TpuConsoleApp({"gcp": gcp}, refresh_every=3600, clock=lambda: NOW,
                         options=ConsoleOptions(default_provider="gcp"))
     async with app.run_test(size=(100, 30)) as pilot:
         await listed(pilot)
-        await pilot.press(
-            "c", *"grpo", "tab", "tab", *"v6e-8", "tab", *"us-east5-b, europe-west4-a", "tab", "space"
-        )
-        assert modal_value(app, "#spot") is False  # space unticked it
-        await pilot.press("shift+tab", "enter")
+        await pilot.press("c", *"grpo", "tab", "tab", *"v6e-8", "tab", *"us-east5-b, europe-west4-a", "tab")
+        assert app.focused.id == "provisioning"
+        await pilot.press("space", "down", "enter")  # open the list, pick on-demand
+        await pilot.pause()
+        # the reservation field is for reservations only: tab skips it
+        await pilot.press("tab", *"1h30m", "tab", "space")
+        assert app.focused.id == "race" and modal_value(app, "#race") is True
+        await pilot.press("ctrl+s")
         for _ in range(300):
             if gcp.created:
                 break
             await pilot.pause(0.01)
         (request,) = gcp.created
-        assert (request.name, request.accelerator_type, request.zones, request.spot) == (
-            "grpo",
-            "v6e-8",
-            ("us-east5-b", "europe-west4-a"),
-            False,
+        assert (request.name, request.accelerator_type, request.zones, request.provisioning) == (
+            "grpo", "v6e-8", ("us-east5-b", "europe-west4-a"), "on-demand"
         )
+        assert (request.spot, request.valid_for_s, request.race, request.queued) == (
+            False, 5400.0, True, True
+        )
+
+
+@pytest.mark.parametrize(("fields", "expected"), [
+    ({"provisioning": "reservation", "reservation": "rl-team", "direct": True},
+     {"reservation": "rl-team", "queued": False, "spot": False, "best_effort": False}),
+    ({"provisioning": "best-effort"},
+     {"best_effort": True, "spot": False, "reservation": None, "queued": True}),
+])
+async def test_create_form_sends_a_reservation_direct_and_best_effort(fields, expected):
+    gcp = GcpFake([])
+    app = TpuConsoleApp({"gcp": gcp}, refresh_every=3600, clock=lambda: NOW,
+                        options=ConsoleOptions(default_provider="gcp", zones=["us-east5-b"]))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await listed(pilot)
+        await pilot.press("c")
+        fill(app.screen, fields)
+        await pilot.pause()
+        await pilot.press("ctrl+s")
+        for _ in range(300):
+            if gcp.created:
+                break
+            await pilot.pause(0.01)
+        (request,) = gcp.created
+        assert {key: getattr(request, key) for key in expected} == expected
+
+
+def fill(modal, fields: dict) -> None:
+    for key, value in fields.items():
+        widget = modal.query_one(f"#{key}")
+        widget.value = value
+
+
+@pytest.mark.parametrize(("fields", "problem"), [
+    ({"wait_for": "soon"}, "bad duration 'soon': write it like 2h, 45m, 1h30m or 90s"),
+    ({"wait_for": "0m"}, "bad duration '0m': it must be longer than zero"),
+    ({"race": True, "direct": True},
+     "--race queues a request in every zone at once; it cannot go with --direct"),
+    ({"provisioning": "reservation"},
+     "--reservation needs the reservation's name (in the zone) or its full path"),
+])
+async def test_create_form_refuses_a_bad_gcp_option_with_the_clis_line(fields, problem):
+    gcp = GcpFake([])
+    app = TpuConsoleApp({"gcp": gcp}, refresh_every=3600, clock=lambda: NOW,
+                        options=ConsoleOptions(default_provider="gcp", zones=["us-east5-b"]))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await listed(pilot)
+        await pilot.press("c")
+        modal = app.screen
+        fill(modal, fields)
+        await pilot.pause()
+        assert await error_after_submit(pilot, modal, "#name") == problem
+        assert app.screen is modal and gcp.created == []
+
+
+async def test_create_form_tab_visits_every_gcp_field_in_order():
+    app = TpuConsoleApp({"gcp": GcpFake([])}, refresh_every=3600, clock=lambda: NOW,
+                        options=ConsoleOptions(default_provider="gcp", zones=["us-east5-b"]))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await listed(pilot)
+        await pilot.press("c")
+        modal = app.screen
+        assert not modal.query_one("#spot").display  # the provisioning list stands for it on gcp
+        assert modal.query_one("#provisioning", Select).value == "spot"  # the default, as a value
+        assert modal.query_one("#wait_for", Input).placeholder.startswith("e.g. ")
+        assert await tab_through(pilot, 10) == [
+            "name", "provider", "type", "zones", "provisioning", "wait_for", "race", "direct", "create",
+            "cancel", "name",
+        ]
+        modal.query_one("#provisioning", Select).value = "reservation"
+        await pilot.pause()
+        modal.query_one("#provisioning", Select).focus()
+        await pilot.pause()
+        assert await tab_through(pilot, 1) == ["provisioning", "reservation"]
 
 
 def modal_value(app, selector: str):
@@ -256,7 +332,8 @@ async def test_create_form_enter_creates_with_the_defaults_it_shows_and_tab_visi
         assert modal.query_one("#name", Input).value == "demo-2"
         assert modal.query_one("#type", Input).value == "local-2x2"  # a value, not a placeholder
         assert modal.query_one("#zones", Input).placeholder.startswith("e.g. ")  # a hint reads as one
-        # zones are for gcp: tab skips them on a local pod
+        # zones and the queued request's options are for gcp: a local pod's form is as simple as before
+        assert not modal.query_one("#gcp").display and modal.query_one("#spot").display
         assert await tab_through(pilot, 6) == ["name", "provider", "type", "spot", "create", "cancel", "name"]
         await pilot.press("enter")  # in the name field, as the form opened
         await pilot.pause()

@@ -289,6 +289,20 @@ async def test_slash_filters_the_table_and_escape_clears_it():
         assert table.row_count == 3 and screen.filter_text == ""
 
 
+async def test_two_nodes_of_one_name_in_two_zones_are_two_rows():
+    # a race's losers left behind (say the app was killed mid-race): gcp names are unique per zone only
+    provider = FakeProvider()
+    provider.nodes = {zone: make_node("grpo", zone=zone) for zone in ("europe-west4-a", "us-east5-b")}
+    app = app_with(provider)
+    async with app.run_test() as pilot:
+        screen = await started(pilot, app)
+        table = screen.query_one("#nodes", DataTable)
+        assert sorted(str(table.get_row_at(i)[1]) for i in range(table.row_count)) == [
+            "europe-west4-a", "us-east5-b"
+        ]
+        assert "2 nodes ·" in str(screen.query_one("#status", Static).render())  # no "match /" unfiltered
+
+
 async def test_runs_screen_marks_runs_and_compares_them():
     add_run(
         "pod-a",

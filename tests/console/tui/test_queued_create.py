@@ -103,3 +103,47 @@ async def test_a_suspended_request_is_a_row_and_d_deletes_it(emulator, make_prov
         await pilot.press("y")
         await until(pilot, lambda: "queued request parked deleted" in ops_text(screen), "the delete")
         assert emulator.queued_json(Z1, "parked") is None
+
+
+async def test_the_forms_reservation_and_wait_for_reach_the_tpu_api(emulator, make_provider):
+    app = gcp_app(make_provider(zones=[Z1]))
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = app.screen
+        await until(pilot, lambda: screen.refreshes >= 1, "the first listing")
+        await pilot.press("c")
+        modal = app.screen
+        modal.query_one("#name", Input).value = "grpo"
+        modal.query_one("#provisioning").value = "reservation"
+        modal.query_one("#reservation", Input).value = "rl-team"
+        modal.query_one("#wait_for", Input).value = "2h"
+        await pilot.pause()
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: "grpo is READY" in ops_text(screen), "the create to finish")
+        (sent,) = emulator.queued_created
+        assert {k: v for k, v in sent["body"].items() if k != "tpu"} == {
+            "reservationName": f"projects/{PROJECT}/locations/{Z1}/reservations/rl-team",
+            "queueingPolicy": {"validUntilDuration": "7200s"},
+        }
+        assert f"{Z1}: queuing v6e-8 (reservation rl-team, v6e-ubuntu-2404, valid for 2h" in ops_text(screen)
+
+
+async def test_a_race_from_the_form_lists_a_request_per_zone_under_one_name(emulator, make_provider):
+    z2 = ZONES[1]
+    emulator.stockout(Z1)
+    emulator.stockout(z2)  # both wait: the listing holds two requests named grpo
+    app = gcp_app(make_provider(zones=[Z1, z2]))
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = app.screen
+        await until(pilot, lambda: screen.refreshes >= 1, "the first listing")
+        await pilot.press("c")
+        modal = app.screen
+        modal.query_one("#name", Input).value = "grpo"
+        modal.query_one("#zones", Input).value = f"{Z1},{z2}"
+        modal.query_one("#race").value = True
+        await pilot.pause()
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: ops_text(screen).count("WAITING_FOR_RESOURCES") >= 2, "both requests")
+        await pilot.press("r")
+        table = screen.query_one(NodeTable)
+        await until(pilot, lambda: table.row_count == 2, "a row per zone's request")
+        assert sorted(str(table.get_row_at(i)[1]) for i in range(2)) == sorted([Z1, z2])

@@ -16,6 +16,7 @@ from tests.fixtures_cli import NOW, FakeProvider, console_home, make_node  # noq
 from tpu_console.model import NodeState
 from tpu_console.runs.store import RunRecord, RunStore
 from tpu_console.tui.app import TpuConsoleApp
+from tpu_console.tui.options import ConsoleOptions
 
 SIZE = (100, 30)  # the smallest terminal every panel must be legible in
 
@@ -185,6 +186,18 @@ def test_create_form_with_a_bad_name(snap_compare):
         await pilot.pause()
 
     assert snap_compare(fleet_app(), terminal_size=(100, 40), run_before=fill)
+
+
+def test_gcp_create_form_refusing_a_bad_wait_for_at_100x30(snap_compare):
+    app = fleet_app()
+    app.options = ConsoleOptions(default_provider="gcp", zones=["europe-west4-a", "us-east5-b"])
+
+    async def fill(pilot) -> None:
+        await until_listed(pilot)
+        await pilot.press("c", "tab", "tab", "tab", "tab", "tab", *"soon", "enter")
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(100, 30), run_before=fill)
 
 
 def test_launch_form_refusing_a_batch_that_does_not_divide(snap_compare):

@@ -54,7 +54,8 @@ class NodesScreen(Screen[None]):
     NodesScreen #status { height: 1; padding: 0 1; background: $panel; color: $text-muted; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("c", "create", "Create", id="nodes.create", tooltip="create a node: name, type, zones, spot"),
+        Binding("c", "create", "Create", id="nodes.create",
+                tooltip="create: name, type, zones; gcp: capacity, wait-for, race, direct"),
         Binding(
             "d", "delete", "Delete", id="nodes.delete", tooltip="delete the node, once its name is typed back"
         ),
@@ -97,7 +98,7 @@ class NodesScreen(Screen[None]):
             "Clear filter",
             show=False,
             id="nodes.clear_filter",
-            tooltip="clear the filter",
+            tooltip="clear the filter; with none, offer to cancel a queued create",
         ),
     ]
 
@@ -198,7 +199,7 @@ class NodesScreen(Screen[None]):
         count = len(self.listing.nodes)
         if count:
             summary = f"{count} node{'s' if count != 1 else ''}"
-            if shown != count:
+            if self.filter_text:  # queued requests' rows are no filter's doing
                 summary += f" ({shown} match /{self.filter_text})"
         else:
             summary = "no nodes: press c to create one"
@@ -308,7 +309,8 @@ class NodesScreen(Screen[None]):
     def action_create(self) -> None:
         taken = {node.name: node.provider for node in self.listing.nodes}
         modal = CreateNodeModal(
-            list(self.providers), self.options.default_provider, self.options.zones, taken
+            list(self.providers), self.options.default_provider, self.options.zones, taken,
+            project=self.options.gcp_project,
         )
         self.app.push_screen(modal, self._create)
 

@@ -128,7 +128,8 @@ class NodeTable(DataTable):
 
 
 def request_key(request: QueuedRequest) -> str:
-    return f"{request.provider}/queued/{request.name}"
+    # a race queues one request per zone under the same name
+    return f"{request.provider}/queued/{request.zone}/{request.name}"
 
 
 def _key(item: Node | QueuedRequest) -> str:
