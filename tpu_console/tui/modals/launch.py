@@ -193,6 +193,8 @@ class LaunchModal(FormModal[LaunchOrder]):
         import asyncio
 
         await asyncio.sleep(0.5)  # typing settles first: one plan per pause, not per key
+        if not self.is_mounted:  # submitted (or closed) while typing settled
+            return
         config, overrides = self._chosen()
         line = self.query_one("#plan", Static)
         try:
@@ -204,7 +206,8 @@ class LaunchModal(FormModal[LaunchOrder]):
         line.update(f"Plan: compiling for {self.tpu_type} with the TPU compiler (minutes for a large model)")
         outcome = await planning.plan(config, overrides, self.tpu_type, config_digest=validated.digest)
         self.planned[(config, tuple(overrides))] = outcome
-        line.update("Plan: " + outcome.summary())
+        if self.is_mounted:
+            line.update("Plan: " + outcome.summary())
 
     # ---- submit --------------------------------------------------------------------------------------
 
@@ -242,6 +245,7 @@ class LaunchModal(FormModal[LaunchOrder]):
         except UserError as exc:
             self.show_error(str(exc))
             return
+        self.workers.cancel_group(self, "plan")  # its answer would land on a closed form
         self.dismiss(
             LaunchOrder(
                 config,
