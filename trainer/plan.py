@@ -321,7 +321,6 @@ def build_plan(
 
     from trainer.mesh import axis_sizes, make_mesh, train_sharding
     from trainer.programs import build_programs
-    from trainer.rollout_sharding import tensor_parallel_shardings
 
     devices = tpu_devices(tpu)
     hosts = len({d.process_index for d in devices})
@@ -411,8 +410,7 @@ def build_plan(
                     state,
                 )
             elif sampler.weight_layout == "tensor":
-                shardings = tensor_parallel_shardings(state, sampler.mesh, model_config.num_key_value_heads)
-                rollout_state = _with_shardings(rollout_state, shardings)
+                rollout_state = _with_shardings(rollout_state, sampler.tensor_shardings(state))
                 add(
                     "rollout weights",
                     "every step",

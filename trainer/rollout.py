@@ -198,16 +198,16 @@ class Sampler:
     def _rows_layout(self, model: Qwen2ForCausalLM) -> Any:
         """The model's row placement for activations and logits: rows split as the batch is, unless
         `constrain_rows` is off (the partitioner then decides, and may give every device every row)."""
-        if self.mesh is None or not self.constrain_rows:
-            return None
-        axes = model.config.sharding.batch
-        return lambda x: self.constrain(x, axes)
+        return self._pinned(model.config.sharding.batch)
 
     def _cache_layout(self, model: Qwen2ForCausalLM) -> Any:
         """Where each layer's KV cache stays through a decode step: where prefill put it."""
+        return self._pinned(model.config.sharding.kv_cache)
+
+    def _pinned(self, axes: tuple) -> Any:
+        """A layout hook constraining an array to `axes`, or None when layouts are left to the partitioner."""
         if self.mesh is None or not self.constrain_rows:
             return None
-        axes = model.config.sharding.kv_cache
         return lambda x: self.constrain(x, axes)
 
     def prepare_weights(self, state: nnx.State) -> nnx.State:

@@ -76,9 +76,12 @@ class ShardedSampler(Sampler):
         """The jitted cast of `state` to bf16 laid out for the `tensor` layout (built once per structure)."""
         key = jax.tree.structure(state)
         if key not in self._to_tensor:
-            shardings = tensor_parallel_shardings(state, self.mesh, self.model.config.num_key_value_heads)
-            self._to_tensor[key] = jax.jit(self._cast_impl, out_shardings=shardings)
+            self._to_tensor[key] = jax.jit(self._cast_impl, out_shardings=self.tensor_shardings(state))
         return self._to_tensor[key]
+
+    def tensor_shardings(self, state: nnx.State) -> nnx.State:
+        """Where the `tensor` layout puts each of `state`'s weights (see tensor_parallel_shardings)."""
+        return tensor_parallel_shardings(state, self.mesh, self.model.config.num_key_value_heads)
 
     def generate(self, prompts: Sequence[Sequence[int]], rng: jax.Array | int, *args: Any,
                  **kwargs: Any) -> Any:
