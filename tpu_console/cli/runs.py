@@ -254,6 +254,8 @@ async def _launch_with_recovery(
 
     if args.worker != "all":
         raise UserError("--recover relaunches on every worker; leave out --worker")
+    policy = supervision_policy(args)
+    webhook = settings.notify.webhook_url
 
     def launched(result: Any) -> None:
         print(result.run_id, flush=True)
@@ -265,6 +267,7 @@ async def _launch_with_recovery(
         max_recoveries=args.max_recoveries, watch_every_s=args.watch_every, python=args.python,
         progress=output.progress, on_launch=launched, before_send=plan_check(args.check_plan),
         notify=Notifier.from_settings(settings, output.progress).notify,
+        policy=policy, webhook_url=webhook.get_secret_value() if webhook else None,
     )
     if args.json:
         output.print_json(log.to_json())

@@ -39,6 +39,7 @@ from tpu_console.provision.bootstrap import bootstrap_node
 from tpu_console.provision.code_sync import sync_node
 from tpu_console.runs import control as run_control
 from tpu_console.runs.launch import LaunchResult, ValidatedConfig, launch, validate_config
+from tpu_console.runs.supervision import SupervisionPolicy
 
 _LOST_NODE_STATES = (NodeState.PREEMPTED, NodeState.TERMINATED)
 _FINAL_RUN_STATES = ("succeeded", "failed", "stopped")
@@ -139,14 +140,23 @@ async def launch_with_recovery(
     on_launch: Callable[[LaunchResult], None] = lambda _r: None,
     before_send: Callable[[ValidatedConfig, Node], Awaitable[None]] | None = None,
     notify: Callable[[str, str], None] = lambda _event, _text: None,
+    policy: SupervisionPolicy | None = None,
+    webhook_url: str | None = None,
 ) -> RecoveryLog:
     """`before_send` as for launch, before the first launch (a relaunch runs the same config on the same
-    type). `notify(event, text)` is told of each preemption (runs/notifications.py)."""
+    type). `notify(event, text)` is told of each preemption (runs/notifications.py). `policy` and
+    `webhook_url` go to every launch's supervisor, as for launch; a policy that deletes the node is
+    refused, since recovery would only make it again."""
+    if policy is not None and policy.deletes:
+        raise UserError(
+            "--recover recreates the node, and --on-end delete, --max-cost and --max-hang delete it: "
+            "use one or the other"
+        )
     provider, node = await open_node(providers, node_name)
     require_durable_checkpoints(config_path, overrides, provider.name)
     result = await launch(
         providers, node_name, config_path, overrides, env_file, python=python, progress=progress,
-        before_send=before_send,
+        before_send=before_send, policy=policy, webhook_url=webhook_url,
     )
     on_launch(result)
     log = RecoveryLog(node.name, result.run_id, runs=[result.run_id])
@@ -184,7 +194,8 @@ async def launch_with_recovery(
         await bootstrap_node(providers, node_name, progress=progress, **(bootstrap_options or {}))
         await sync_node(providers, node_name, progress=progress)
         result = await launch(
-            providers, node_name, config_path, overrides, env_file, python=python, progress=progress
+            providers, node_name, config_path, overrides, env_file, python=python, progress=progress,
+            policy=policy, webhook_url=webhook_url,
         )
         on_launch(result)
         recovery.new_run_id, run_id, last_step, suspect_checks = result.run_id, result.run_id, None, 0

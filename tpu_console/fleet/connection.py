@@ -53,6 +53,7 @@ class WorkerConnection:
         self._sftp: asyncssh.SFTPClient | None = None
         self._sftp_conn: asyncssh.SSHClientConnection | None = None
         self._lock = asyncio.Lock()
+        self._sftp_lock = asyncio.Lock()  # concurrent copies share one SFTP session (sshd caps sessions)
         self._channel: CommandChannel | None = None
         self._channel_conn: asyncssh.SSHClientConnection | None = None  # the connection it runs on
         self._channel_start: asyncio.Task[CommandChannel | None] | None = None
@@ -84,10 +85,11 @@ class WorkerConnection:
 
     async def sftp(self) -> asyncssh.SFTPClient:
         conn = await self.get()
-        if self._sftp is None or self._sftp_conn is not conn:
-            self._sftp = await conn.start_sftp_client()
-            self._sftp_conn = conn
-        return self._sftp
+        async with self._sftp_lock:
+            if self._sftp is None or self._sftp_conn is not conn:
+                self._sftp = await conn.start_sftp_client()
+                self._sftp_conn = conn
+            return self._sftp
 
     def command_channel(self) -> CommandChannel | None:
         """The command channel, when it is ready on the current connection; None means: use exec."""

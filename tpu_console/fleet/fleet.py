@@ -72,6 +72,7 @@ class Fleet:
         self._connections: dict[int, WorkerConnection] = {}
         self._use_channels = command_channels
         self._homes: dict[int, str] = {}
+        self._home_locks: dict[int, asyncio.Lock] = {}
 
     async def __aenter__(self) -> Self:
         return self
@@ -254,10 +255,13 @@ class Fleet:
         paths from the account's home in the password database, which a session's environment can
         override (sshd's SetEnv, a login script); shell and SFTP must agree on where `~` is."""
         if worker not in self._homes:
-            (answer,) = await self.run('printf "%s" "$HOME"', [worker], timeout=30)
-            if not answer.ok or not answer.stdout.startswith("/"):
-                raise Unreachable(answer.error or f"worker {worker}: could not read $HOME")
-            self._homes[worker] = answer.stdout
+            # concurrent copies to one worker ask once
+            async with self._home_locks.setdefault(worker, asyncio.Lock()):
+                if worker not in self._homes:
+                    (answer,) = await self.run('printf "%s" "$HOME"', [worker], timeout=30)
+                    if not answer.ok or not answer.stdout.startswith("/"):
+                        raise Unreachable(answer.error or f"worker {worker}: could not read $HOME")
+                    self._homes[worker] = answer.stdout
         return self._homes[worker]
 
     async def _put_one(self, worker: int, data: bytes, remote_path: str, mode: int) -> WorkerResult:

@@ -43,8 +43,10 @@ def test_the_loop_on_an_openssh_node(capsys, tmp_path, tiny_model_dir, console_h
     argv = ["launch", "lab", "--config", str(CONFIG), "--json", "--set", f"model_path={tiny_model_dir}",
             "--set", f"data.path={data}", "--set", "steps=1", "--set", "eval_every_steps=0",
             "--set", "rollout.global_length=64", "--set", "rollout.max_length_sample=8"]
-    assert cli.main(argv) == 0, capsys.readouterr().err
-    run_id = json.loads(capsys.readouterr().out)["run_id"]
+    status = cli.main(argv)
+    out, err = capsys.readouterr()
+    assert status == 0, out[-3000:] + err[-2000:]
+    run_id = json.loads(out)["run_id"]
     status = cli.main(["logs", "lab", run_id, "--follow", "--lines", "all"])
     out, err = capsys.readouterr()
     assert status == 0, out[-3000:] + err[-2000:]
