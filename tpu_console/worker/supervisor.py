@@ -48,6 +48,7 @@ METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
 TPU_API = "https://tpu.googleapis.com"
 TICK_S = 0.25
 STALL_FACTOR, STALL_FLOOR_S = 3.0, 60.0  # runs/health.py's Thresholds: a worker stalls after 3 step times
+SILENT_S = 1800.0  # ... and a job with no step yet (loading, compiling) hangs after this long
 
 # Orders in the answers to a job runner.
 RUN, STOP, RESTART, WAIT, DONE = "run", "stop", "restart", "wait", "done"
@@ -250,9 +251,10 @@ class Supervisor:
         running = [w for w in self.workers.values() if w.state == "running"]
         if not running:
             return
-        # As runs/health.py judges a stall: no new step for 3 step times, and at least a minute.
-        silent = all(w.step is not None and t - w.progress_at > max(STALL_FLOOR_S, STALL_FACTOR * (
-            w.step_s or w.step_interval or 0)) for w in running)
+        # As runs/health.py judges it: a stall is no new step for 3 step times, and at least a minute; a
+        # job with no step yet is still loading or compiling until SILENT_S has passed.
+        silent = all(t - w.progress_at > (SILENT_S if w.step is None else max(STALL_FLOOR_S, STALL_FACTOR * (
+            w.step_s or w.step_interval or 0))) for w in running)
         if silent and not self.silent_told:
             self.silent_told = True
             self.decide("silent", "every worker stopped making steps: the run looks hung")
@@ -264,7 +266,8 @@ class Supervisor:
         limit = self.plan.get("max_hang_s")
         if limit is None:
             return
-        if all(t - w.progress_at >= limit for w in running):
+        # A first compile may take longer than the limit: before its first step a job gets SILENT_S.
+        if all(t - w.progress_at >= (limit if w.step is not None else max(limit, SILENT_S)) for w in running):
             steps = ", ".join(f"{w.index}@{w.step if w.step is not None else '-'}" for w in running)
             self.notify("hung", f"hung: no worker made a step for {_duration(limit)}")
             self._stop_and_delete("max-hang", f"no worker made a step for {_duration(limit)} (worker@step: "

@@ -26,9 +26,11 @@ def test_the_webhook_gets_what_only_the_console_sees_and_the_desktop_everything(
         notifier = Notifier(SecretStr(hook.url), desktop=True)
         notifier.notify("idle", "pod-a (v6e-8) idle for 2h, ~$21.60 so far")
         notifier.notify("failed", "run r1 on pod-a failed")  # the pod's supervisor sends this one
-        assert hook.events() == ["idle"] and "pod-a (v6e-8) idle" in hook.messages[0]["text"]
+        notifier.notify("preempted", "pod-a: the node is PREEMPTED during run r1: recreating it")
+        assert hook.events() == ["idle", "preempted"] and "pod-a (v6e-8) idle" in hook.messages[0]["text"]
         assert shown.read_text().splitlines() == ["pod-a (v6e-8) idle for 2h, ~$21.60 so far",
-                                                  "run r1 on pod-a failed"]
+                                                  "run r1 on pod-a failed",
+                                                  "pod-a: the node is PREEMPTED during run r1: recreating it"]
     finally:
         hook.server.shutdown()
 

@@ -171,16 +171,18 @@ def test_max_cost_stops_the_run_with_sigterm_then_deletes_the_node(pod2, tmp_pat
     assert sorted(mark.read_text().split()) == ["0", "1"]  # each job had its SIGTERM (time to checkpoint)
 
 
-def test_max_hang_deletes_a_node_whose_workers_stopped_stepping(pod2, tmp_path):
+def test_max_hang_deletes_a_node_whose_workers_stopped_stepping(pod2, tmp_path, webhook):
     job = fake_trainer(tmp_path, (
         """echo '{"t": 1, "kind": "step", "process": 0, "step": 1}' >> events.jsonl\n"""
         "sleep 1000\n"))
     run_id, _ = launch_then_kill_console(job, "--max-hang", "3s")
     wait_for(lambda: decided(run_id, "max-hang") or not node_dir().exists(), timeout=45)
     wait_for(lambda: not node_dir().exists(), timeout=30)
+    wait_for(lambda: "deleted" in webhook.events(), timeout=15)
+    assert webhook.events().count("hung") == 1 and "no worker made a step for 3s" in webhook.messages[0]["text"]
 
 
-def test_a_transient_failure_restarts_every_job_and_an_oom_is_never_restarted(capsys, pod2, tmp_path):
+def test_a_transient_failure_restarts_every_job_and_an_oom_is_never_restarted(capsys, pod2, tmp_path, webhook):
     # Worker 1 times out in jax.distributed on its first attempt only; the others wait for it.
     flaky = fake_trainer(tmp_path, (
         'if [ "$TRAINER_PROCESS_ID" = 1 ] && [ ! -e attempted ]; then touch attempted; '
@@ -189,7 +191,8 @@ def test_a_transient_failure_restarts_every_job_and_an_oom_is_never_restarted(ca
     run_id, _ = launch_then_kill_console(flaky, "--restart-on", "transient", "--max-restarts", "2")
     wait_for(lambda: decided(run_id, "ended"), timeout=60)
     names = [d["decision"] for d in decisions(run_id)]
-    assert names.count("restart") == 1 and decisions(run_id)[-1]["outcome"] == "succeeded"
+    ended = next(d for d in decisions(run_id) if d["decision"] == "ended")
+    assert names.count("restart") == 1 and ended["outcome"] == "succeeded"
     restart = next(d for d in decisions(run_id) if d["decision"] == "restart")
     assert restart["cause"] == "distributed_timeout" and "restart 1 of 2" in restart["message"]
     for worker in (0, 1):
@@ -197,6 +200,7 @@ def test_a_transient_failure_restarts_every_job_and_an_oom_is_never_restarted(ca
         assert "starting worker" in (run_folder(worker, run_id) / "output.log").read_text()
     status, out, _ = run(capsys, "runs", "show", run_id)
     assert status == 0 and "restart 1 of 2" in out  # the restart is in the run's history
+    wait_for(lambda: webhook.events() == ["restarted", "succeeded"], timeout=15)  # each once
 
     (tmp_path / "fake-python").unlink()
     oom = fake_trainer(tmp_path, (

@@ -117,6 +117,24 @@ def test_a_hang_and_a_budget_stop_the_run_and_ask_for_the_node_to_go(tmp_path):
     assert s.ended == "stopped" and s.delete_reason == "max-cost"
 
 
+def test_a_job_before_its_first_step_is_compiling_until_half_an_hour(tmp_path):
+    s, clock = make(tmp_path, max_hang_s=600)
+    start_all(s)
+    beat(s, clock, 1200)  # no step yet: a 3B model's first compile takes minutes, not a hang
+    assert s.stopping is None
+    beat(s, clock, 610)
+    assert s.stopping == "max-hang"
+
+    s, clock = make(tmp_path / "b")
+    sent: list[str] = []
+    s.notify = lambda event, text, wait=False: sent.append(event)
+    start_all(s)
+    beat(s, clock, 1790)
+    assert sent == []
+    beat(s, clock, 20)
+    assert sent == ["hung"]  # a hang before the first step is told too
+
+
 def test_a_run_that_stops_stepping_is_said_to_look_hung_once_per_silence(tmp_path):
     s, clock = make(tmp_path)
     sent: list[str] = []
