@@ -46,6 +46,12 @@ class Provider(abc.ABC):
 
         raise UserError(f"the {self.name} provider cannot delete nodes; remove them from config.toml instead")
 
+    async def delete_queued(self, request: QueuedRequest, progress: Progress = no_progress) -> None:
+        """Delete one queued request (in its zone) and confirm it is gone."""
+        from tpu_console.errors import UserError
+
+        raise UserError(f"the {self.name} provider has no queued requests")
+
     async def cancel_requests(  # noqa: B027 - a provider without queued requests keeps this
         self, requests: list[str], progress: Progress = no_progress
     ) -> None:

@@ -78,23 +78,34 @@ async def delete_node(
     confirm: Callable[[Node | QueuedRequest], None] | None = None,
 ) -> Node | QueuedRequest:
     """Delete node `name` (with its queued request, if any), or the queued request `name` that has no
-    node yet; return it as it was. `confirm` may raise UserError to refuse."""
+    node yet; return it as it was. Every other queued request called `name` that has no node (left in
+    other zones by a race, say) goes too, each confirmed gone. `confirm` may raise UserError to refuse."""
+    listing = await list_nodes(providers)
+    leftovers = [r for r in listing.requests if r.name == name and not r.has_node]
     try:
         provider, found = await find_node(providers, name)
     except NotFound:
-        request = await _find_request(providers, name)
-        if request is None:
+        if not leftovers:
             raise
-        provider, found = providers[request.provider], request
+        found = leftovers.pop(0)
+        provider = providers[found.provider]
     if confirm is not None:
         confirm(found)
-    await provider.delete(name, progress)
+    if isinstance(found, QueuedRequest):
+        await provider.delete_queued(found, progress)
+    else:
+        await provider.delete(name, progress)
+    for request in leftovers:
+        progress(f"{request.zone}: deleting the queued request {name} ({request.state}) left there too")
+        await providers[request.provider].delete_queued(request, progress)
     return found
 
 
-async def _find_request(providers: dict[str, Provider], name: str) -> QueuedRequest | None:
-    listing = await list_nodes(providers)
-    return next((r for r in listing.requests if r.name == name and not r.has_node), None)
+async def delete_request(
+    providers: dict[str, Provider], request: QueuedRequest, progress: Progress = no_progress
+) -> None:
+    """Delete this one queued request, in its own zone (another of the same name is left alone)."""
+    await pick_provider(providers, request.provider).delete_queued(request, progress)
 
 
 async def cancel_queued(

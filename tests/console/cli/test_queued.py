@@ -139,6 +139,19 @@ def test_ls_flags_a_suspended_request_and_delete_removes_it(capsys, gcp_cli):
     assert gcp_cli.queued_json(Z2, "parked") is None
 
 
+def test_delete_removes_every_request_of_the_name_a_race_left_behind(capsys, gcp_cli):
+    # a node made in Z1, and the same name still queued in Z2 and Z3 (a race whose cancel was answered no)
+    gcp_cli.add_node(PROJECT, Z1, "grpo", "v6e-8")
+    gcp_cli.add_queued(PROJECT, Z2, "grpo", "v6e-8")
+    gcp_cli.add_queued(PROJECT, Z3, "grpo", "v6e-8")
+    status, out, err = run(capsys, "delete", "grpo", "--yes")
+    assert status == 0 and out.strip() == "deleted grpo", err
+    for zone in (Z2, Z3):
+        assert f"{zone}: deleting the queued request grpo" in err
+        assert gcp_cli.queued_json(zone, "grpo") is None
+    assert json.loads(run(capsys, "ls", "--json")[1]) == {"nodes": [], "requests": [], "problems": []}
+
+
 def test_zones_auto_tries_the_proven_zone_first(capsys, gcp_cli):
     store = capacity.CapacityStore()
     now = datetime.now(UTC)

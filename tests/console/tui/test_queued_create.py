@@ -105,6 +105,25 @@ async def test_a_suspended_request_is_a_row_and_d_deletes_it(emulator, make_prov
         assert emulator.queued_json(Z1, "parked") is None
 
 
+async def test_d_on_a_request_row_deletes_that_request_not_the_node_of_its_name(emulator, make_provider):
+    z2 = ZONES[1]
+    emulator.add_node(PROJECT, Z1, "grpo", "v6e-8")
+    emulator.add_queued(PROJECT, z2, "grpo", "v6e-8")
+    app = gcp_app(make_provider(zones=[Z1, z2]))
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = app.screen
+        await until(pilot, lambda: screen.refreshes >= 1, "the first listing")
+        table = screen.query_one(NodeTable)
+        rows = [tuple(str(c) for c in table.get_row_at(i)[:2]) for i in range(table.row_count)]
+        table.move_cursor(row=rows.index(("grpo", z2)))
+        await pilot.press("d")
+        assert isinstance(app.screen, ConfirmModal) and z2 in app.screen.question
+        await pilot.press("y")
+        await until(pilot, lambda: f"queued request grpo in {z2} deleted" in ops_text(screen), "the delete")
+        assert emulator.queued_json(z2, "grpo") is None
+        assert emulator.node_json(Z1, "grpo")["state"] == "READY"  # the node in the other zone is left be
+
+
 async def test_the_forms_reservation_and_wait_for_reach_the_tpu_api(emulator, make_provider):
     app = gcp_app(make_provider(zones=[Z1]))
     async with app.run_test(size=(100, 30)) as pilot:

@@ -397,10 +397,7 @@ class GcpProvider(Provider):
             request = await self.find_request(name)
             if request is None:
                 raise
-            if request.state.holds_quota:
-                progress(f"queued request {name} is {request.state}: it holds quota until deleted")
-            zone = request.zone or "-"
-            await self.delete_request(queued_path(self.project, zone, name), zone, progress)
+            await self.delete_queued(request, progress)
             return
         if node.queued_request:
             if node.state.holds_quota:
@@ -486,12 +483,25 @@ class GcpProvider(Provider):
         progress(f"{zone}: queued request {name} deleted, confirmed gone after "
                  f"{_format_duration(time.monotonic() - started)}")
 
+    async def delete_queued(self, request: QueuedRequest, progress: Progress = no_progress) -> None:
+        zone = request.zone or "-"
+        if request.state.holds_quota:
+            progress(f"queued request {request.name} is {request.state}: it holds quota until deleted")
+        await self.delete_request(queued_path(self.project, zone, request.name), zone, progress)
+
     async def cancel_requests(self, requests: list[str], progress: Progress = no_progress) -> None:
-        for item in requests:
+        """Delete each request (`zone/name`) and confirm it is gone; every one is tried, and the first
+        problem is raised after."""
+        async def cancel(item: str) -> None:
             zone, _, name = item.partition("/")
             path = queued_path(self.project, zone, name)
             await self.delete_request(path, zone, progress)
             self.capacity_finish(path, capacity.CANCELLED, "cancelled while waiting")
+
+        answers = await asyncio.gather(*(cancel(item) for item in requests), return_exceptions=True)
+        problem = next((a for a in answers if isinstance(a, BaseException)), None)
+        if problem is not None:
+            raise problem
 
     def supervisor_delete_target(self, node: Node) -> dict[str, Any] | None:
         """The supervisor deletes the node through the TPU API with the VM's own service account (`create`

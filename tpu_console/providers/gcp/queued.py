@@ -141,10 +141,16 @@ class QueuedCreate:
         tasks = {zone: asyncio.create_task(self._one_zone(zone, race), name=f"queue {zone}")
                  for zone in zones}
 
+        losers_deleted: asyncio.Task[None] | None = None
+
         def cancel_others(winner: str) -> None:
-            for zone, task in tasks.items():
-                if zone != winner:
-                    task.cancel()
+            # The losers' requests go as soon as one zone is ACTIVE, not once its node is READY: a loser
+            # that provisions meanwhile would bill and hold quota.
+            nonlocal losers_deleted
+            losing = [task for zone, task in tasks.items() if zone != winner]
+            for task in losing:
+                task.cancel()
+            losers_deleted = asyncio.get_running_loop().create_task(self._delete_losers(winner, losing))
 
         self._on_win = cancel_others
         failures: list[str] = []
@@ -183,16 +189,24 @@ class QueuedCreate:
                 for task in tasks.values():
                     task.cancel()
                 await asyncio.gather(*tasks.values(), return_exceptions=True)
-                await self._delete_losers(race.winner)
+                await (losers_deleted or self._delete_losers(race.winner, []))
 
-    async def _delete_losers(self, winner: str) -> None:
-        for path, zone in list(self.outstanding.items()):
-            if zone == winner:
-                continue
+    async def _delete_losers(self, winner: str, losing: list[asyncio.Task]) -> None:
+        """Delete every other zone's request at once, each confirmed gone; all are tried, the first
+        problem is raised after."""
+        await asyncio.gather(*losing, return_exceptions=True)  # their calls under way end first
+
+        async def delete(path: str, zone: str) -> None:
             self.progress(f"{zone}: lost the race to {winner}; deleting its request")
             await self.provider.delete_request(path, zone, self.progress)
             self.outstanding.pop(path, None)
             self.provider.capacity_finish(path, capacity.LOST_RACE, f"{winner} won")
+
+        losers = [(path, zone) for path, zone in list(self.outstanding.items()) if zone != winner]
+        answers = await asyncio.gather(*(delete(p, z) for p, z in losers), return_exceptions=True)
+        problem = next((a for a in answers if isinstance(a, BaseException)), None)
+        if problem is not None:
+            raise problem
 
     # ---- one zone ---------------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from tpu_console.model import Node, QueuedRequest
 from tpu_console.node_table import HOLDS_QUOTA, format_cost
 from tpu_console.pricing import price_per_hour
 from tpu_console.providers.base import Provider
-from tpu_console.providers.nodes import cancel_queued, create_node, delete_node
+from tpu_console.providers.nodes import cancel_queued, create_node, delete_node, delete_request
 from tpu_console.runs.store import RunRecord, RunStore
 from tpu_console.secrets import SecretMasker
 from tpu_console.tui.messages import NodesRefreshed, OperationEnded, OperationProgress
@@ -362,8 +362,8 @@ class NodesScreen(Screen[None]):
         question = f"Delete the queued request {request.name} ({request.state}) in {request.zone}?{quota}"
 
         async def delete(say: Say) -> str:
-            await delete_node(self.providers, request.name, progress=say)
-            return f"queued request {request.name} deleted"
+            await delete_request(self.providers, request, progress=say)  # this row's zone, not another's
+            return f"queued request {request.name} in {request.zone} deleted"
 
         def answer(yes: bool | None) -> None:
             if yes:

@@ -89,6 +89,10 @@ async def test_race_over_three_zones_the_second_wins_and_the_others_are_deleted(
         assert f"{zone}: lost the race to {Z2}; deleting its request" in lines
         assert any(line.startswith(f"{zone}: queued request grpo deleted, confirmed gone") for line in lines)
     assert any(line.startswith(f"{Z2}: ACTIVE") for line in lines)
+    # the losers went as soon as the winner was ACTIVE, before its node was READY
+    ready = next(i for i, line in enumerate(lines) if line.startswith(f"{Z2}: node READY"))
+    for zone in (Z1, Z3):
+        assert lines.index(f"{zone}: lost the race to {Z2}; deleting its request") < ready
     assert sorted(attempts()) == sorted([(Z1, "lost race"), (Z2, "ready"), (Z3, "lost race")])
 
 
