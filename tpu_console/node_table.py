@@ -112,6 +112,19 @@ def maintenance_warning(node: Node, run_started_at: datetime, run_ended_at: date
     return f"{maintenance_text(node.maintenance)} on {node.name}, while this run runs: checkpoint before it"
 
 
+def run_node_warning(node: Node, run_started_at: datetime, run_ended_at: datetime | None) -> str | None:
+    """The run dashboard's warning about the run's node: health other than HEALTHY, its symptoms, and
+    maintenance that falls while the run runs."""
+    parts = []
+    if node.health and node.health != "HEALTHY":
+        parts.append(f"{node.name} health {node.health}")
+    parts.extend(f"symptom {symptom}" for symptom in node.symptoms)
+    maintenance = maintenance_warning(node, run_started_at, run_ended_at)
+    if maintenance:
+        parts.append(maintenance)
+    return "; ".join(parts) or None
+
+
 def node_notes(node: Node) -> list[str]:
     """What a person should know about a node beyond its row: the queued request behind it, health
     other than HEALTHY, symptoms, upcoming maintenance, quota still held."""

@@ -37,7 +37,7 @@ from datetime import UTC, datetime
 from textual.message import Message
 
 from tpu_console.errors import NotFound, UserError, one_line
-from tpu_console.node_table import maintenance_warning
+from tpu_console.node_table import run_node_warning
 from tpu_console.providers.base import Provider
 from tpu_console.providers.nodes import list_nodes
 from tpu_console.providers.registry import find_node
@@ -250,7 +250,8 @@ class RunFeed:
         return seen
 
     async def check_node(self, every_s: float = NODE_CHECK_S) -> None:
-        """The node's announced maintenance, looked at now and then: a warning when it falls in the run."""
+        """The node's health, symptoms and announced maintenance, looked at now and then: a warning when
+        it is unhealthy, has symptoms, or its maintenance falls in the run."""
         while self.record is not None:
             try:  # the listing, not a lookup: only the listing reads maintenance (gcp's v2alpha1)
                 listing = await list_nodes(self.providers)
@@ -258,7 +259,7 @@ class RunFeed:
                 listing = None
             node = next((n for n in listing.nodes if n.name == self.record.node), None) if listing else None
             if node is not None:
-                self.node_warning = maintenance_warning(node, self.record.started_at, self.record.finished_at)
+                self.node_warning = run_node_warning(node, self.record.started_at, self.record.finished_at)
             if every_s <= 0:
                 return
             await asyncio.sleep(every_s)

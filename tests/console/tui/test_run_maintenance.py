@@ -1,4 +1,5 @@
-"""The run dashboard's warning when the run's node has maintenance announced while the run runs."""
+"""The run dashboard's warning when the run's node has maintenance announced while the run runs, is
+unhealthy, or has symptoms."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from tpu_console.tui.run_snapshot import RunSnapshot
 from tpu_console.tui.widgets.run_header import notes_text
 
 
-def feed_on(maintenance: Maintenance | None, finished: bool = False) -> RunFeed:
-    node = replace(make_node("pod"), maintenance=maintenance)
+def feed_on(maintenance: Maintenance | None, finished: bool = False, **node_fields) -> RunFeed:
+    node = replace(make_node("pod"), maintenance=maintenance, **node_fields)
     feed = RunFeed({"fake": FakeProvider([node])}, "20250314-110000-abcd", clock=lambda: NOW)
     feed.record = RunRecord("20250314-110000-abcd", "pod", "fake", "v6e-16", [0, 1, 2, 3], "c.yaml", "d", [],
                             "python", NOW - timedelta(hours=1),
@@ -38,5 +39,16 @@ async def test_no_warning_without_maintenance_or_after_the_run_ended():
     assert feed.node_warning is None
     later = Maintenance("SCHEDULED", "PENDING", NOW + timedelta(hours=2), NOW + timedelta(hours=3))
     feed = feed_on(later, finished=True)
+    await feed.check_node(every_s=0)
+    assert feed.node_warning is None
+
+
+async def test_an_unhealthy_node_and_its_symptoms_are_a_warning_in_the_header():
+    feed = feed_on(None, health="UNHEALTHY_MAINTENANCE",
+                   symptoms=("HBM_OUT_OF_MEMORY (worker 0): chip 2 reports an HBM error",))
+    await feed.check_node(every_s=0)
+    assert feed.node_warning == ("pod health UNHEALTHY_MAINTENANCE; symptom HBM_OUT_OF_MEMORY (worker 0): chip 2 "
+                                 "reports an HBM error")
+    feed = feed_on(None, health="HEALTHY")
     await feed.check_node(every_s=0)
     assert feed.node_warning is None
