@@ -11,6 +11,7 @@ from tpu_console.model import Maintenance
 from tpu_console.runs.store import RunRecord
 from tpu_console.tui.run_feed import RunFeed
 from tpu_console.tui.run_snapshot import RunSnapshot
+from tpu_console.tui.widgets.node_table import state_text
 from tpu_console.tui.widgets.run_header import notes_text
 
 
@@ -52,3 +53,12 @@ async def test_an_unhealthy_node_and_its_symptoms_are_a_warning_in_the_header():
     feed = feed_on(None, health="HEALTHY")
     await feed.check_node(every_s=0)
     assert feed.node_warning is None
+
+
+def test_the_nodes_table_marks_health_symptoms_and_maintenance_after_the_state():
+    window = Maintenance("SCHEDULED", "PENDING", NOW + timedelta(hours=2), NOW + timedelta(hours=3))
+    node = replace(make_node("pod"), health="UNHEALTHY_MAINTENANCE", symptoms=("HBM_OUT_OF_MEMORY",),
+                   maintenance=window)
+    assert state_text(node).plain == "READY maint symptom maint due"
+    assert state_text(replace(make_node("pod"), health="HEALTHY")).plain == "READY ok"
+    assert state_text(make_node("pod")).plain == "READY"  # local and ssh report no health
