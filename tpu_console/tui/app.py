@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from collections.abc import Callable
 from datetime import datetime
 from typing import ClassVar
@@ -105,11 +107,32 @@ class TpuConsoleApp(App[None]):
             return
         if isinstance(self.screen, ConfirmModal):
             return
+        queued = {label: worker for screen in self.screen_stack if isinstance(screen, NodesScreen)
+                  for label, worker in screen.queued_creates.items()}
         question = (
             f"{len(running)} operation(s) still under way ({', '.join(running)}). Quit anyway? They stop "
             "where they are; nodes and launched jobs stay as they are."
         )
-        self.push_screen(ConfirmModal(question, "Quit"), lambda yes: self.exit() if yes else None)
+        if queued:  # no queued request is left behind silently
+            question += (f" The queued request(s) of {', '.join(queued)} are deleted first, and their "
+                         "deletion confirmed.")
+
+        def answer(yes: bool | None) -> None:
+            if yes and queued:
+                self.run_worker(self._cancel_then_exit(list(queued.values())), exclusive=False)
+            elif yes:
+                self.exit()
+
+        self.push_screen(ConfirmModal(question, "Quit"), answer)
+
+    async def _cancel_then_exit(self, creates: list) -> None:
+        """Cancel the queued creates (each deletes its request and waits until it is gone), then quit."""
+        for worker in creates:
+            worker.cancel()
+        for worker in creates:
+            with contextlib.suppress(Exception):
+                await worker.wait()
+        self.exit()
 
     async def on_unmount(self) -> None:
         await close_providers(self.providers)

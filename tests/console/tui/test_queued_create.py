@@ -88,6 +88,20 @@ async def test_esc_offers_to_cancel_a_waiting_create_no_keeps_it_yes_deletes_it(
         assert screen.running == [] and screen.queued_creates == {}
 
 
+async def test_quitting_during_a_queued_create_deletes_its_request_first(emulator, make_provider):
+    emulator.stockout(Z1)  # it waits for capacity until cancelled
+    app = gcp_app(make_provider(zones=[Z1]))
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await create_from_the_form(pilot, app, "grpo")
+        await until(pilot, lambda: "WAITING_FOR_RESOURCES" in ops_text(screen), "the request to wait")
+        await pilot.press("q")
+        assert isinstance(app.screen, ConfirmModal)
+        assert "queued request(s) of create grpo are deleted first" in app.screen.question
+        await pilot.press("y")
+        await until(pilot, lambda: not app.is_running, "the app to quit")
+    assert emulator.queued_json(Z1, "grpo") is None  # gone before the app was
+
+
 async def test_a_suspended_request_is_a_row_and_d_deletes_it(emulator, make_provider):
     emulator.add_queued(PROJECT, Z1, "parked", "v6e-16")
     emulator.suspend(Z1, "parked")
