@@ -162,11 +162,14 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
         "stacks", parents=[common], help="where a run is stuck: every worker's Python stacks, grouped",
         description="Signal every worker's job (SIGUSR1: the trainer dumps every thread's stack into its run "
         "folder), collect the dumps, group identical stacks and name the odd ones out; a worker whose job "
-        "does not answer (stopped, or blocked where Python cannot run) is named with its process state.",
+        "does not answer (stopped, or blocked where Python cannot run) is named with its process state. "
+        "Beside them, what libtpu says of each worker's chips (busy, idle for how long), where it says it.",
     )
     flags.add_run_target(stacks)
     stacks.add_argument("--wait", type=float, default=5.0, metavar="S",
                         help="seconds to wait for each worker's dump (default 5)")
+    stacks.add_argument("--address", default="localhost:8431",
+                        help="libtpu's metrics service on each worker")
 
     metrics = verbs.add_parser(
         "metrics", parents=[common], help="live HBM and duty cycle of every TPU device, from libtpu",
@@ -420,12 +423,14 @@ async def stacks(args: argparse.Namespace, settings: Settings, providers: dict[s
     if args.wait <= 0:
         raise UserError(f"--wait {args.wait:g} must be positive; give seconds, e.g. --wait 5")
     record = await resolve_run(RunStore(), providers, args.target, args.run_id)
-    found = await collect_stacks(providers, record, wait_s=args.wait)
+    found = await collect_stacks(providers, record, wait_s=args.wait, address=args.address)
     masker = SecretMasker.for_node(record.node)
     if args.json:
         print(masker.mask(json.dumps(found.to_json(), indent=2)))
         return 0
     print(masker.mask(f"{record.run_id} on {record.node}: {found.summary()}"))
+    if found.device_line():
+        print(masker.mask(found.device_line()))
     for stack_group in found.groups:
         names = ",".join(str(w) for w in stack_group.workers)
         print(masker.mask(f"\n--- worker(s) {names}: {stack_group.where}\n{stack_group.stack}"))

@@ -23,6 +23,7 @@ class DeviceMetrics:
     hbm_used_bytes: int | None
     hbm_total_bytes: int | None
     duty_cycle_pct: float | None
+    idle_s: float | None = None  # how long the chip has run no program (newer libtpu only)
 
     @property
     def hbm_fraction(self) -> float | None:
@@ -47,7 +48,8 @@ def parse(worker: int, stdout: str, error: str | None) -> WorkerDeviceMetrics:
     if "error" in answer:
         return WorkerDeviceMetrics(worker, not_reported=str(answer["error"]))
     devices = [
-        DeviceMetrics(d["device"], d.get("hbm_used_bytes"), d.get("hbm_total_bytes"), d.get("duty_cycle_pct"))
+        DeviceMetrics(d["device"], d.get("hbm_used_bytes"), d.get("hbm_total_bytes"), d.get("duty_cycle_pct"),
+                      d.get("idle_s"))
         for d in answer.get("devices", [])
     ]
     return WorkerDeviceMetrics(worker, devices, None if devices else "libtpu reported no devices")

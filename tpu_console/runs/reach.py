@@ -19,6 +19,7 @@ class NodeWorkers:
     fleet: Fleet | None = None
     problem: str | None = None
     node_gone: bool = False
+    provider: Provider | None = None
 
 
 class reach_node:
@@ -44,7 +45,7 @@ class reach_node:
             self._state.problem = one_line(exc)
             return self._state
         fleet = Fleet(targets)
-        self._state.fleet = fleet
+        self._state.fleet, self._state.provider = fleet, provider
         await unreachable_workers(fleet, list(fleet.targets))  # connect all at once, up front
         return self._state
 

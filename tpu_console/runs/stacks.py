@@ -4,19 +4,25 @@
 to `stacks.txt` in its run folder, trainer/cli.py) and reads the dump back; `group` puts workers whose
 stacks are the same (thread ids aside) together, so the odd ones out stand apart: "workers 0,2,3: all-reduce
 in trainer/grpo.py:201 (update); worker 1: trainer/data.py:40 (loading)". A job that does not answer
-(stopped, or blocked where Python cannot run a handler) is named with its process state.
+(stopped, or blocked where Python cannot run a handler) is named with its process state. Beside the stacks,
+libtpu's own view of each worker's chips (runs/device_metrics.py): busy (duty cycle) and idle for how
+long, which tells a wait inside a device program (a collective: busy) from one on the host (idle).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import re
 from dataclasses import dataclass, field
 
+from tpu_console.errors import Unreachable, UserError, one_line
 from tpu_console.fleet import recipes
 from tpu_console.providers.base import Provider
-from tpu_console.runs.reach import reach_node
+from tpu_console.runs.device_metrics import WorkerDeviceMetrics, read_device_metrics
+from tpu_console.runs.launch import inspect_workers, worker_python
+from tpu_console.runs.reach import NodeWorkers, reach_node
 from tpu_console.runs.store import RunRecord
 
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+")
@@ -46,16 +52,37 @@ class RunStacks:
     node: str
     groups: list[StackGroup] = field(default_factory=list)
     silent: dict[int, str] = field(default_factory=dict)
+    devices: list[WorkerDeviceMetrics] = field(default_factory=list)  # libtpu's view, where it reports
 
     def summary(self) -> str:
         parts = [f"{_workers(g.workers)}: {g.where}" for g in self.groups]
         parts += [f"worker {w}: did not answer ({why})" for w, why in sorted(self.silent.items())]
         return "; ".join(parts) or "no worker's job is running"
 
+    def device_line(self) -> str | None:
+        """`libtpu: worker 0: TensorCores 98% busy, idle 0s; worker 1: ...`, or why nothing is reported."""
+        if not self.devices:
+            return None
+        if all(w.not_reported for w in self.devices):
+            return f"libtpu: not reported ({self.devices[0].not_reported})"
+        parts = []
+        for answer in self.devices:
+            if answer.not_reported:
+                parts.append(f"worker {answer.worker}: not reported")
+                continue
+            duty = sorted({d.duty_cycle_pct for d in answer.devices if d.duty_cycle_pct is not None})
+            idle = [d.idle_s for d in answer.devices if d.idle_s is not None]
+            busy = f"{duty[0]:.0f}-{duty[-1]:.0f}%" if len(duty) > 1 else f"{duty[0]:.0f}%" if duty else "?"
+            parts.append(f"worker {answer.worker}: TensorCores {busy} busy"
+                         + (f", idle up to {max(idle):.0f}s" if idle else ""))
+        return "libtpu: " + "; ".join(parts)
+
     def to_json(self) -> dict:
         return {"run_id": self.run_id, "node": self.node, "summary": self.summary(),
                 "groups": [vars(g) for g in self.groups],
-                "silent": [{"worker": w, "why": why} for w, why in sorted(self.silent.items())]}
+                "silent": [{"worker": w, "why": why} for w, why in sorted(self.silent.items())],
+                "libtpu": [{"worker": a.worker, "not_reported": a.not_reported,
+                            "devices": [vars(d) for d in a.devices]} for a in self.devices]}
 
 
 def normalize(dump: str) -> str:
@@ -144,18 +171,35 @@ def parse_answer(worker: int, stdout: str, error: str | None) -> WorkerStacks:
     return WorkerStacks(worker, silent=error or "unreachable")
 
 
-async def collect_stacks(providers: dict[str, Provider], record: RunRecord, wait_s: float = 5.0) -> RunStacks:
-    """Every worker's stacks of `record`'s run, grouped; a UserError-free answer even for a node that is
-    gone (every worker silent, saying why)."""
+async def collect_stacks(providers: dict[str, Provider], record: RunRecord, wait_s: float = 5.0,
+                         address: str = recipes.LIBTPU_METRICS_ADDRESS) -> RunStacks:
+    """Every worker's stacks of `record`'s run, grouped, with libtpu's view of its chips; a UserError-free
+    answer even for a node that is gone (every worker silent, saying why)."""
     async with reach_node(providers, record.node) as reached:
         if reached.fleet is None:
             return RunStacks(record.run_id, record.node, silent={w: reached.problem or "unreachable"
                                                                   for w in record.workers})
-        results = await reached.fleet.run(recipes.request_stacks(record.run_id, wait_s), record.workers,
-                                          timeout=wait_s + 30)
+        results, devices = await asyncio.gather(
+            reached.fleet.run(recipes.request_stacks(record.run_id, wait_s), record.workers,
+                              timeout=wait_s + 30),
+            _device_state(reached, record.workers, address),
+        )
     answers = [parse_answer(r.worker, r.stdout, r.error or (None if r.ok else r.stderr.strip()))
                for r in results]
-    return group(answers, record.run_id, record.node)
+    found = group(answers, record.run_id, record.node)
+    found.devices = devices
+    return found
+
+
+async def _device_state(reached: NodeWorkers, workers: list[int], address: str) -> list[WorkerDeviceMetrics]:
+    """libtpu's metrics of each worker's chips, read with the trainer's interpreter there (not the run's
+    own command, which may be any program)."""
+    assert reached.fleet is not None and reached.provider is not None
+    try:
+        python = worker_python(reached.provider, await inspect_workers(reached.fleet, workers))
+        return await read_device_metrics(reached.fleet, workers, python, address)
+    except (UserError, Unreachable) as exc:
+        return [WorkerDeviceMetrics(w, not_reported=one_line(exc)) for w in workers]
 
 
 def _workers(workers: list[int]) -> str:

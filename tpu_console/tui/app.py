@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import contextlib
-
 from collections.abc import Callable
 from datetime import datetime
 from typing import ClassVar

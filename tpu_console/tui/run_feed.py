@@ -392,7 +392,7 @@ class RunFeed:
         record = (self.store or RunStore()).get(self.run_id)
         found = await collect_stacks(self.providers, record)
         masker = SecretMasker.for_node(record.node)
-        blocks = [found.summary()] + [
+        blocks = [found.summary()] + ([found.device_line()] if found.device_line() else []) + [
             f"--- {','.join(map(str, g.workers))}: {g.where}\n{g.stack}" for g in found.groups
         ]
         return masker.mask("\n\n".join(blocks))

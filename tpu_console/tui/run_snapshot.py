@@ -75,7 +75,7 @@ class RunSnapshot:
     stalled: tuple[int, ...] = ()
     all_silent: bool = False  # every running worker is stalled: the whole job looks hung
     stragglers: tuple[int, ...] = ()
-    node_warning: str | None = None  # the node is unhealthy, has symptoms, or its maintenance falls in the run
+    node_warning: str | None = None  # the node is unhealthy, has symptoms, or has maintenance in the run
 
     def row(self, worker: int) -> WorkerRow | None:
         return next((w for w in self.workers if w.worker == worker), None)

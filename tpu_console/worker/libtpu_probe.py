@@ -3,7 +3,10 @@ TPU device, read from its gRPC service (localhost:8431, the interface the `tpu-i
 one JSON line. Never imports JAX: that would take the TPU from the running job. A worker where nothing
 serves the metrics (a CPU pod, no job holding the TPU) answers `{"error": ...}`, never made-up numbers.
 
-    {"devices": [{"device": 0, "hbm_used_bytes": ..., "hbm_total_bytes": ..., "duty_cycle_pct": ...}, ...]}
+    {"devices": [{"device": 0, "hbm_used_bytes": ..., "hbm_total_bytes": ..., "duty_cycle_pct": ...,
+                  "idle_s": ...}, ...]}
+
+`idle_s` (how long the chip's TensorCore has run no program) is read where libtpu serves it, else null.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import sys
 HBM_TOTAL = "tpu.runtime.hbm.memory.total.bytes"
 HBM_USAGE = "tpu.runtime.hbm.memory.usage.bytes"
 DUTY_CYCLE = "tpu.runtime.tensorcore.dutycycle.percent"
+IDLE = "tpu.runtime.tensorcore.idle_duration.seconds"  # newer libtpu only
 DEFAULT_ADDRESS = "localhost:8431"
 
 
@@ -38,8 +42,15 @@ def read(address: str, timeout_s: float) -> dict:
             )
         return values
 
+    def optional(name: str) -> dict[int, float]:
+        try:
+            return by_device(name)
+        except grpc.RpcError:
+            return {}
+
     try:
         total, used, duty = by_device(HBM_TOTAL), by_device(HBM_USAGE), by_device(DUTY_CYCLE)
+        idle = optional(IDLE)
     except grpc.RpcError as exc:
         return {
             "error": f"no libtpu metrics at {address} ({exc.code().name.lower()}): no TPU job running, "
@@ -56,6 +67,7 @@ def read(address: str, timeout_s: float) -> dict:
                 "hbm_used_bytes": used[d],
                 "hbm_total_bytes": total.get(d),
                 "duty_cycle_pct": duty.get(d // per_chip),
+                "idle_s": idle.get(d // per_chip),
             }
             for d in sorted(used)
         ]

@@ -179,7 +179,8 @@ def test_recover_refuses_checkpoints_a_new_node_cannot_read(capsys, pod2x2):
 
 
 def test_recover_refuses_a_policy_that_deletes_the_node(capsys, pod2x2):
-    for flags in (["--on-end", "delete"], ["--max-hang", "30m"], ["--max-cost", "5", "--price-per-hour", "1"]):
+    deleting = (["--on-end", "delete"], ["--max-hang", "30m"], ["--max-cost", "5", "--price-per-hour", "1"])
+    for flags in deleting:
         status, _, err = run(capsys, "launch", "pod", "--config", str(CONFIG), "--recover", *flags)
         assert status == 2 and "--recover recreates the node" in err, (flags, err)
         assert not (worker_home(0) / "tpu-console" / "runs").exists() or not any(

@@ -15,14 +15,15 @@ from tpu_info.proto import tpu_metric_service_pb2_grpc as metrics_grpc
 
 from tests.console.runs.test_local import run
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
-from tpu_console.worker.libtpu_probe import DUTY_CYCLE, HBM_TOTAL, HBM_USAGE
+from tpu_console.worker.libtpu_probe import DUTY_CYCLE, HBM_TOTAL, HBM_USAGE, IDLE
 
 pytestmark = pytest.mark.usefixtures("console_home")
 GIB = 1 << 30
 # Two v4-like chips of two devices each: memory per device, duty cycle per chip.
 VALUES = {HBM_TOTAL: {0: 16 * GIB, 1: 16 * GIB, 2: 16 * GIB, 3: 16 * GIB},
           HBM_USAGE: {0: 3 * GIB, 1: 15 * GIB, 2: 1 * GIB, 3: 2 * GIB},
-          DUTY_CYCLE: {0: 87.5, 1: 12.0}}
+          DUTY_CYCLE: {0: 87.5, 1: 12.0},
+          IDLE: {0: 0.0, 1: 412.0}}  # per chip, like the duty cycle
 
 
 class FakeLibtpu(metrics_grpc.RuntimeMetricServiceServicer):
@@ -66,6 +67,7 @@ def test_every_worker_reads_hbm_and_duty_cycle_from_libtpu(capsys, libtpu_server
         devices = {d["device"]: d for d in worker["devices"]}
         assert devices[1]["hbm_used_bytes"] == 15 * GIB and devices[1]["hbm_total_bytes"] == 16 * GIB
         assert [devices[d]["duty_cycle_pct"] for d in range(4)] == [87.5, 87.5, 12.0, 12.0]
+        assert [devices[d]["idle_s"] for d in range(4)] == [0.0, 0.0, 412.0, 412.0]
     status, out, _ = run(capsys, "metrics", "pod", "--address", libtpu_server)
     assert "15.0/16.0 GiB (94%)" in out and "near the limit" in out and "88%" in out
 

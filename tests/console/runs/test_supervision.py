@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.console.runs.test_device_metrics import libtpu_server  # noqa: F401 - fixture
 from tests.console.runs.test_local import CONFIG, fake_trainer, run, run_folder, worker_home
 from tests.fixtures_cli import console_home, stand_in_tiny_inputs  # noqa: F401 - fixture
 from tests.processes import wait_for
@@ -179,10 +180,12 @@ def test_max_hang_deletes_a_node_whose_workers_stopped_stepping(pod2, tmp_path, 
     wait_for(lambda: decided(run_id, "max-hang") or not node_dir().exists(), timeout=45)
     wait_for(lambda: not node_dir().exists(), timeout=30)
     wait_for(lambda: "deleted" in webhook.events(), timeout=15)
-    assert webhook.events().count("hung") == 1 and "no worker made a step for 3s" in webhook.messages[0]["text"]
+    hung = [m["text"] for m in webhook.messages if m["event"] == "hung"]
+    assert len(hung) == 1 and "no worker made a step for 3s" in hung[0]
 
 
-def test_a_transient_failure_restarts_every_job_and_an_oom_is_never_restarted(capsys, pod2, tmp_path, webhook):
+def test_a_transient_failure_restarts_every_job_and_an_oom_is_never_restarted(
+        capsys, pod2, tmp_path, webhook):
     # Worker 1 times out in jax.distributed on its first attempt only; the others wait for it.
     flaky = fake_trainer(tmp_path, (
         'if [ "$TRAINER_PROCESS_ID" = 1 ] && [ ! -e attempted ]; then touch attempted; '
@@ -232,7 +235,8 @@ all_reduce()
 """
 
 
-def test_stacks_names_a_worker_that_does_not_answer_and_shows_the_other(capsys, pod2, tmp_path):
+def test_stacks_names_a_worker_that_does_not_answer_and_shows_the_other(
+        capsys, pod2, tmp_path, libtpu_server):  # noqa: F811 - a fixture
     script = tmp_path / "stuck.py"
     script.write_text(STUCK_JOB)
     job = fake_trainer(tmp_path, f"exec {sys.executable} {script}\n")
@@ -251,9 +255,14 @@ def test_stacks_names_a_worker_that_does_not_answer_and_shows_the_other(capsys, 
         (group,) = found["groups"]
         assert group["workers"] == [0] and group["where"].startswith("stuck.py:5 (all_reduce), inside ")
         assert 'in all_reduce' in group["stack"]
-        status, out, _ = run(capsys, "stacks", "pod", "--wait", "1")
+        # a CPU pod's libtpu says nothing: said so, never numbers
+        assert all(w["devices"] == [] and "no libtpu metrics" in w["not_reported"] for w in found["libtpu"])
+        status, out, _ = run(capsys, "stacks", "pod", "--wait", "1", "--address", libtpu_server)
         assert f"{run_id} on pod: worker 0: stuck.py:5 (all_reduce), inside threading.py:" in out
         assert "; worker 1: did not answer (its job is stopped (SIGSTOP))" in out
+        # beside the stacks, libtpu's view of the chips (both workers see the one stand-in here)
+        assert ("libtpu: worker 0: TensorCores 12-88% busy, idle up to 412s; "
+                "worker 1: TensorCores 12-88% busy, idle up to 412s") in out
     finally:
         os.kill(pids[1], signal.SIGCONT)
         run(capsys, "stop", "pod", "--yes", "--grace", "1")

@@ -48,8 +48,8 @@ async def test_an_unhealthy_node_and_its_symptoms_are_a_warning_in_the_header():
     feed = feed_on(None, health="UNHEALTHY_MAINTENANCE",
                    symptoms=("HBM_OUT_OF_MEMORY (worker 0): chip 2 reports an HBM error",))
     await feed.check_node(every_s=0)
-    assert feed.node_warning == ("pod health UNHEALTHY_MAINTENANCE; symptom HBM_OUT_OF_MEMORY (worker 0): chip 2 "
-                                 "reports an HBM error")
+    assert feed.node_warning == ("pod health UNHEALTHY_MAINTENANCE; symptom HBM_OUT_OF_MEMORY (worker 0): "
+                                 "chip 2 reports an HBM error")
     feed = feed_on(None, health="HEALTHY")
     await feed.check_node(every_s=0)
     assert feed.node_warning is None
