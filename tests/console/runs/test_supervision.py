@@ -166,8 +166,9 @@ def test_max_cost_stops_the_run_with_sigterm_then_deletes_the_node(pod2, tmp_pat
     job = fake_trainer(tmp_path, (
         f"trap 'echo $TRAINER_PROCESS_ID >> {mark}; exit 143' TERM\n"
         "while true; do sleep 0.1; done\n"))
-    # $36/h is a cent a second: a budget of 2 cents lasts about two seconds
-    launch_then_kill_console(job, "--max-cost", "0.02", "--price-per-hour", "36")
+    # $36/h is a cent a second: a budget of 8 cents lasts about eight seconds from the launch, time for a
+    # busy machine to start both jobs and for each to set its trap
+    launch_then_kill_console(job, "--max-cost", "0.08", "--price-per-hour", "36")
     wait_for(lambda: not node_dir().exists(), timeout=45)
     assert sorted(mark.read_text().split()) == ["0", "1"]  # each job had its SIGTERM (time to checkpoint)
 
