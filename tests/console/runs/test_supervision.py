@@ -7,6 +7,7 @@ where the test must look before they act."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -25,6 +26,7 @@ from tests.fixtures_cli import console_home, stand_in_tiny_inputs  # noqa: F401 
 from tests.processes import wait_for
 from tpu_console import cli
 from tpu_console.locations import home
+from tpu_console.providers.local.jobs import running_job_groups, stop_groups
 from trainer.synthetic_gsm8k import write_jsonl
 
 pytest_plugins = ("tests.trainer.fixtures",)
@@ -71,11 +73,18 @@ def webhook(console_home) -> Iterator[Webhook]:  # noqa: F811
 
 
 @pytest.fixture
-def pod2(capsys) -> str:
+def pod2(capsys) -> Iterator[str]:
     assert cli.main(["create", "pod", "--type", "local-2x1"]) == 0
     capsys.readouterr()
     stand_in_tiny_inputs(worker_home(w) for w in range(2))  # the fake trainers read neither
-    return "pod"
+    yield "pod"
+    # A test that failed half-way must not leave detached jobs or supervisors running after it.
+    for worker in range(2):
+        runs = worker_home(worker) / "tpu-console" / "runs"
+        stop_groups(running_job_groups(worker_home(worker)), grace_s=1.0)
+        for pid_file in runs.glob("*/supervisor.pid") if runs.exists() else ():
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)
 
 
 def launch_then_kill_console(python: str, *flags: str) -> tuple[str, str]:
