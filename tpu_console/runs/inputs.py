@@ -88,7 +88,7 @@ def refuse_missing(node: Node, inputs: Sequence[JobInput], said: dict[int, list[
         unwritable = sorted(w for w, lines in said.items() if f"unwritable {item.key}" in lines)
         for workers, what in ((missing, "does not exist"), (unwritable, "is not writable")):
             if workers:
-                where = "every worker" if len(workers) == len(said) > 1 else _workers(workers)
+                where = "any worker" if len(workers) == len(said) > 1 else _workers(workers)
                 problems.append(f"{item.key} {item.path} {what} on {where} of {node.name}: "
                                 f"{item.fix(node.name)}")
     if problems:

@@ -216,12 +216,12 @@ def test_launch_on_a_subset_of_a_local_pod(capsys, pod, tmp_path):
         ),
         (
             ["launch", "pod", "--config", str(CONFIG), "--set", "data.path=~/none.jsonl"],
-            "data.path ~/none.jsonl does not exist on every worker of pod: write synthetic data there with "
+            "data.path ~/none.jsonl does not exist on any worker of pod: write synthetic data there with "
             "`tpu-console demo pod`",
         ),
         (
             ["launch", "pod", "--config", str(CONFIG), "--set", "checkpoint.dir=~/gsm8k-synthetic.jsonl/ck"],
-            "checkpoint.dir ~/gsm8k-synthetic.jsonl/ck is not writable on every worker of pod",
+            "checkpoint.dir ~/gsm8k-synthetic.jsonl/ck is not writable on any worker of pod",
         ),
         (
             ["launch", "pod", "--config", str(CONFIG), "--set", "model_path=Qwen--x"],

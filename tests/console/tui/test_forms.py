@@ -521,3 +521,5 @@ async def test_sync_form_enter_submits_and_ctrl_s_too(monkeypatch):
                     break
                 await pilot.pause(0.01)
         assert synced == [("pod-a", None), ("pod-a", None)]
+        await pilot.press("s")  # and tab visits every field, then the buttons, and comes round
+        assert await tab_through(pilot, 5) == ["env", "git-url", "branch", "sync", "cancel", "env"]

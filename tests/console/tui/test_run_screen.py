@@ -246,7 +246,8 @@ async def test_help_lists_the_dashboard_keys_and_escape_goes_back():
             ("s", "Steps"),
             ("m", "HBM"),
             ("p", "Plots"),
-            ("x", "Stop run"),
+            ("x", "Stop"),
+            ("t", "Stacks"),
         ):
             assert f"{key} {action}" in keys
         await pilot.press("escape")

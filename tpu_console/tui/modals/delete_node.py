@@ -35,7 +35,7 @@ class DeleteNodeModal(ModalScreen[bool]):
                 f"{node.shape.workers} workers, cost so far {self.cost})?\n"
                 "Everything on its workers' disks goes with it. Type its name to confirm:"
             )
-            yield Input(placeholder=node.name, id="typed", compact=True)
+            yield Input(placeholder=f"type {node.name} here", id="typed", compact=True)
             yield Static("", id="error")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:

@@ -193,10 +193,12 @@ class LaunchModal(FormModal[LaunchOrder]):
         import asyncio
 
         await asyncio.sleep(0.5)  # typing settles first: one plan per pause, not per key
-        if not self.is_mounted:  # submitted (or closed) while typing settled
+        # submitted or closed while typing settled (a closing form is still mounted, its children gone)
+        lines = self.query("#plan") if self.is_mounted else None
+        if not lines:
             return
         config, overrides = self._chosen()
-        line = self.query_one("#plan", Static)
+        line = lines.first(Static)
         try:
             validated = validate_config(config, overrides)
             check_shape(validated, self.node, self.node.shape.workers)
@@ -206,7 +208,7 @@ class LaunchModal(FormModal[LaunchOrder]):
         line.update(f"Plan: compiling for {self.tpu_type} with the TPU compiler (minutes for a large model)")
         outcome = await planning.plan(config, overrides, self.tpu_type, config_digest=validated.digest)
         self.planned[(config, tuple(overrides))] = outcome
-        if self.is_mounted:
+        if self.is_mounted and line.is_attached:
             line.update("Plan: " + outcome.summary())
 
     # ---- submit --------------------------------------------------------------------------------------

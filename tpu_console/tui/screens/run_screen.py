@@ -83,10 +83,13 @@ class RunScreen(Screen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "back", "Back", id="run.back"),
         *_worker_bindings(),
-        Binding("tab", "cycle_worker(1)", "Next", priority=True, id="run.next_worker"),
+        # tab and a are left out of the footer (help has them) so that every other key fits 100 columns
+        Binding("tab", "cycle_worker(1)", "Next", show=False, priority=True, id="run.next_worker",
+                tooltip="follow the next worker"),
         Binding("shift+tab", "cycle_worker(-1)", "Previous", show=False, priority=True,
                 id="run.previous_worker"),
-        Binding("a", "follow_all", "All", id="run.all_workers"),
+        Binding("a", "follow_all", "All", show=False, id="run.all_workers",
+                tooltip="every worker's log, interleaved"),
         Binding("f", "toggle_follow", "Follow", id="run.follow"),
         Binding("w", "toggle_wrap", "Wrap", id="run.wrap",
                 tooltip="wrap long log lines, or cut them (less -S)"),
@@ -102,8 +105,8 @@ class RunScreen(Screen[None]):
         Binding("s", "show_tab('steps')", "Steps", id="run.tab_steps"),
         Binding("m", "show_tab('hbm')", "HBM", id="run.tab_hbm"),
         Binding("p", "show_tab('plots')", "Plots", id="run.tab_plots"),
-        Binding("x", "stop_run", "Stop run", id="run.stop"),
-        Binding("t", "stacks", "Stacks", show=False, id="run.stacks"),
+        Binding("x", "stop_run", "Stop", id="run.stop"),
+        Binding("t", "stacks", "Stacks", id="run.stacks", tooltip="where each worker is stuck"),
     ]
 
     def __init__(

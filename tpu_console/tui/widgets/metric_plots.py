@@ -88,13 +88,19 @@ def too_few_text(title: str, lines: list[tuple[str, tuple[list[int], list[float]
 
 
 def integer_ticks(steps: list[int], most: int = MAX_TICKS) -> list[int]:
-    """At most `most` whole-number ticks from the first step to the last, evenly spaced."""
+    """At most `most` whole-number ticks over the steps, evenly spaced at a round stride (1, 2, 5, 10, 20,
+    25, 50 ...), as a person would label the axis: steps 1..6 give 2 4 6, 1..100 give 20 40 60 80 100."""
     first, last = steps[0], steps[-1]
-    stride = max(1, -(-(last - first) // (most - 1)))
-    ticks = list(range(first, last + 1, stride))
-    if ticks[-1] != last and len(ticks) < most:
-        ticks.append(last)
-    return ticks
+    if first == last:
+        return [first]
+    scale = 1
+    while True:
+        for nice in (1, 2, 5) if scale == 1 else (1, 2, 2.5, 5):
+            stride = int(nice * scale)
+            if (last - first) // stride + 1 <= most:
+                ticks = list(range(-(-first // stride) * stride, last + 1, stride))
+                return ticks if len(ticks) >= 2 else [first, last]
+        scale *= 10
 
 
 def draw(
