@@ -65,10 +65,13 @@ class RolloutConfig(_Section):
     top_k: int = Field(0, ge=0, description="0 = no top-k filtering")
     top_p: float = Field(1.0, gt=0, le=1)
     sharding_style: Literal["legacy", "maxtext"] = "legacy"
-    weight_layout: Literal["fsdp", "replicated", "tensor"] = Field(
-        "fsdp", description="bf16 weights during rollout: fsdp = sharded as in training; replicated = a full "
+    weight_layout: Literal["auto", "fsdp", "replicated", "tensor", "megatron"] = Field(
+        "auto", description="bf16 weights during rollout: fsdp = sharded as in training; replicated = a full "
         "copy per chip, no collectives in decode; tensor = a copy per host split over its chips (tensor "
-        "parallel inside a host, rows split over hosts). The planner compares them: docs/plan.md")
+        "parallel inside a host, rows split over hosts); megatron = split over every chip, the MLP by its "
+        "intermediate columns, each chip decoding its own rows with explicit collectives (four a layer); "
+        "auto = megatron on TPU with mesh_shape auto (legacy rows, rows activations, the model's dims "
+        "dividing over the chips), fsdp otherwise. The planner compares them: docs/plan.md")
     activation_layout: Literal["rows", "free"] = Field(
         "rows", description="rollout activations and logits: rows = split by rows as the batch is (each "
         "device computes and samples its own rows); free = left to the partitioner (the layout before, "

@@ -54,6 +54,11 @@ def matmul_output(dtype: Any, cache_write_as_bits: bool = True) -> Iterator[None
         _CACHE_WRITE_AS_BITS.reset(tokens[1])
 
 
+def matmul_output_dtype() -> Any:
+    """The dtype the weight matmuls return under the current `matmul_output` (fp32 outside it)."""
+    return _MATMUL_OUTPUT.get()
+
+
 @dataclass(frozen=True)
 class ShardingRules:
     """Mesh axes of each parameter kind (one table, so a layout change is one edit). Shapes are [in, out]."""
@@ -280,12 +285,16 @@ class Attention(nnx.Module):
                             kernel_axes=s.attn_out, bias_axes=(None,), **common)
         self.compute_dtype = compute_dtype
 
-    def _qkv(self, x: jax.Array, cos: jax.Array, sin: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """q [B,T,H,D]; k, v head-major [B,KV,T,D]; all in the compute dtype (rotary applied in fp32)."""
-        b, t, _ = x.shape
-        q = self.q_proj.accumulate(x).reshape(b, t, self.num_heads, self.head_dim)
-        k = self.k_proj.accumulate(x).reshape(b, t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+    def _qkv(self, x: jax.Array, cos: jax.Array, sin: jax.Array,
+             project: Any = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """q [B,T,H,D]; k, v head-major [B,KV,T,D]; all in the compute dtype (rotary applied in fp32).
+        project: computes the three fp32 projections together (DecodeLayout.qkv); default: one by one."""
+        dense = (self.q_proj, self.k_proj, self.v_proj)
+        q, k, v = project(x, dense) if project is not None else (d.accumulate(x) for d in dense)
+        b, t = q.shape[:2]
+        q = q.reshape(b, t, self.num_heads, self.head_dim)
+        k = k.reshape(b, t, self.num_kv_heads, self.head_dim)
+        v = v.astype(self.compute_dtype).reshape(b, t, self.num_kv_heads, self.head_dim)
         q = apply_rotary(q, cos, sin).astype(self.compute_dtype)
         k = apply_rotary(k, cos, sin).astype(self.compute_dtype)
         return q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
@@ -296,16 +305,26 @@ class Attention(nnx.Module):
 
     def decode(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
                cache: tuple[jax.Array, jax.Array], cache_index: jax.Array,
-               cache_layout: RowLayout | None = None) -> tuple[jax.Array, tuple]:
+               cache_layout: RowLayout | None = None,
+               layout: DecodeLayout | None = None, norm: RMSNorm | None = None) -> tuple[jax.Array, tuple]:
         """Write this chunk's k/v at `cache_index` and attend over the whole cache (mask [B, T, S]).
-        cache_layout: places the written cache before attention reads it (see Qwen2ForCausalLM.decode)."""
-        q, k, v = self._qkv(x, cos, sin)
+        cache_layout: places the written cache before attention reads it (see Qwen2ForCausalLM.decode).
+        layout: DecodeLayout's `qkv`, `heads` and `out`, when given; with `qkv`, x is the block's input
+        before `norm` (the hook applies it)."""
+        layout = layout or DecodeLayout()
+        heads = layout.heads
+        project = None if layout.qkv is None else lambda x, dense: layout.qkv(x, norm, dense)
+        q, k, v = self._qkv(x, cos, sin, project)
+        if heads is not None:
+            q, k, v = heads(q), heads(k), heads(v)
         k_cache, v_cache = cache
         start = (0, 0, cache_index, 0)
-        layout = cache_layout or _rows_anywhere
-        k_cache, v_cache = layout(_write_cache(k_cache, k, start)), layout(_write_cache(v_cache, v, start))
+        place = cache_layout or _rows_anywhere
+        k_cache, v_cache = place(_write_cache(k_cache, k, start)), place(_write_cache(v_cache, v, start))
         out = _attend(q, k_cache.astype(self.compute_dtype), v_cache, mask, self.compute_dtype)
-        return self.o_proj(out), (k_cache, v_cache)
+        if heads is not None:
+            out = heads(out)
+        return (layout.out(out, self.o_proj) if layout.out else self.o_proj(out)), (k_cache, v_cache)
 
 
 class MLP(nnx.Module):
@@ -345,15 +364,38 @@ class Block(nnx.Module):
         x = x + self.self_attn.o_proj(_attend(q, k, v, mask, self.self_attn.compute_dtype))
         return x + self.mlp(self.post_attention_layernorm(x)), (k, v)
 
-    def decode(self, x, cos, sin, mask, cache, cache_index, cache_layout=None):
-        h, cache = self.self_attn.decode(self.input_layernorm(x), cos, sin, mask, cache, cache_index,
-                                         cache_layout)
-        x = x + h
-        return x + self.mlp(self.post_attention_layernorm(x)), cache
+    def decode(self, x, cos, sin, mask, cache, cache_index, cache_layout=None, layout=None):
+        layout = layout or DecodeLayout()
+        residual = layout.residual or _rows_anywhere
+        h, cache = self.self_attn.decode(x if layout.qkv else self.input_layernorm(x), cos, sin, mask, cache,
+                                         cache_index, cache_layout, layout, self.input_layernorm)
+        x = residual(x + h)
+        if layout.mlp is not None:
+            return residual(x + layout.mlp(x, self.post_attention_layernorm, self.mlp)), cache
+        return residual(x + self.mlp(self.post_attention_layernorm(x))), cache
 
 
 KVCache = list[tuple[jax.Array, jax.Array]]  # per layer (keys, values), each [B, kv_heads, S, head_dim]
 RowLayout = Any  # Callable[[jax.Array], jax.Array]: places an activation's rows (a sharding constraint)
+
+
+@dataclass(frozen=True)
+class DecodeLayout:
+    """How a decode step lays out its work (None: the model's plain code, layouts left to the partitioner).
+    residual: places the residual stream [B, T, hidden] between and inside blocks; heads: places q, k, v
+    and the attention output, whose rows attend over their own cache. The rest compute what the plain code
+    does, with collectives of their own choosing: qkv(x, norm, (q_proj, k_proj, v_proj)): the three fp32
+    projections of norm(x); out(attn, o_proj): the attention's output projection; mlp(x, norm, mlp): the
+    MLP of norm(x); embed(table, ids): the input embeddings [B, T, hidden]; logits(x, norm, weight,
+    vocab_major): fp32 logits of norm(x), as `project_logits` computes them."""
+
+    residual: RowLayout | None = None
+    heads: RowLayout | None = None
+    qkv: Any = None
+    out: Any = None
+    mlp: Any = None
+    embed: Any = None
+    logits: Any = None
 
 
 def _rows_anywhere(x: jax.Array) -> jax.Array:
@@ -440,7 +482,8 @@ class Qwen2ForCausalLM(nnx.Module):
 
     def decode(self, input_ids: jax.Array, positions: jax.Array, kv_mask: jax.Array, cache: KVCache,
                cache_index: jax.Array, rows: RowLayout | None = None,
-               cache_layout: RowLayout | None = None) -> tuple[jax.Array, KVCache]:
+               cache_layout: RowLayout | None = None,
+               layout: DecodeLayout | None = None) -> tuple[jax.Array, KVCache]:
         """Cached forward of a chunk input_ids [B, T] stored at cache slots [cache_index, cache_index + T).
 
         kv_mask [B, S] marks the cache slots holding real tokens, including this chunk's. Returns fp32 logits
@@ -449,17 +492,27 @@ class Qwen2ForCausalLM(nnx.Module):
         of them: 78 MB of fp32 logits for 128 rows of Qwen2.5, every token). cache_layout: the sampler's
         layout for each layer's cache, applied right after the write (left free, the partitioner may split a
         cache the loop holds whole over the chips that share its rows, and gather it back every token).
+        layout: how the step lays out its work (DecodeLayout; default: the plain code, layouts left to the
+        partitioner).
         """
         rows = rows or _rows_anywhere
         t, s = input_ids.shape[1], kv_mask.shape[1]
         causal = jnp.arange(s)[None, :] <= (cache_index + jnp.arange(t))[:, None]  # [T, S]
         mask = causal[None] & kv_mask.astype(bool)[:, None, :]
         cos, sin = rotary_tables(positions, self.config.dim_per_head, self.config.rope_theta)
-        x = self._embed(input_ids)
+        layout = layout or DecodeLayout()
+        if layout.embed is not None:
+            x = layout.embed(self.embed_tokens[...], input_ids).astype(self.compute_dtype)
+        else:
+            x = self._embed(input_ids)
+        if layout.residual is not None:
+            x = layout.residual(x)
         new_cache = []
         for layer, layer_cache in zip(self.layers, cache, strict=True):
-            x, layer_cache = layer.decode(x, cos, sin, mask, layer_cache, cache_index, cache_layout)
+            x, layer_cache = layer.decode(x, cos, sin, mask, layer_cache, cache_index, cache_layout, layout)
             new_cache.append(layer_cache)
+        if layout.logits is not None:
+            return rows(layout.logits(x[:, -1], self.norm, *self.head_weight())), new_cache
         return rows(self.logits(self.norm(x[:, -1]))), new_cache
 
 

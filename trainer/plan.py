@@ -409,13 +409,13 @@ def build_plan(
                     sampler._replicate,
                     state,
                 )
-            elif sampler.weight_layout == "tensor":
-                rollout_state = _with_shardings(rollout_state, sampler.tensor_shardings(state))
+            elif sampler.weight_layout in ("tensor", "megatron"):
+                rollout_state = _with_shardings(rollout_state, sampler.layout_shardings(state))
                 add(
                     "rollout weights",
                     "every step",
                     fp32_state - resident["parameters"],
-                    sampler.tensor_program(state),
+                    sampler.layout_program(state),
                     state,
                 )
             elif rollout_state is not state and any(

@@ -26,7 +26,7 @@ from trainer.config import TrainerConfig
 from trainer.grpo import GRPOStep, LossSettings, chunked_token_stats, make_optimizer, make_schedule
 from trainer.mesh import train_sharding
 from trainer.model import Qwen2ForCausalLM, project_logits
-from trainer.rollout_sharding import ShardedSampler
+from trainer.rollout_sharding import ShardedSampler, resolve_weight_layout
 
 
 def completion_token_stats_fn(graphdef: Any, prompt_len: int, chunk: int) -> Any:
@@ -111,7 +111,8 @@ def build_programs(
         max_new_tokens=r.max_length_sample,
         mesh=mesh,
         style=r.sharding_style,
-        weight_layout=r.weight_layout,
+        weight_layout=resolve_weight_layout(r.weight_layout, cfg.mesh_shape, r.sharding_style,
+                                            r.activation_layout, model.config, mesh),
         activation_layout=r.activation_layout,
         partial_sums=r.partial_sums,
         cache_write=r.cache_write,

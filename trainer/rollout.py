@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
-from trainer.model import Qwen2ForCausalLM, fit_spec, matmul_output
+from trainer.model import DecodeLayout, Qwen2ForCausalLM, fit_spec, matmul_output
 
 
 @jax.tree_util.register_dataclass
@@ -204,6 +204,11 @@ class Sampler:
         """Where each layer's KV cache stays through a decode step: where prefill put it."""
         return self._pinned(model.config.sharding.kv_cache)
 
+    def _decode_layout(self, model: Qwen2ForCausalLM) -> DecodeLayout | None:
+        """How a decode step lays out its work (model.DecodeLayout; None: the model's plain code, layouts
+        left to the partitioner; overridable)."""
+        return None
+
     def _pinned(self, axes: tuple) -> Any:
         """A layout hook constraining an array to `axes`, or None when layouts are left to the partitioner."""
         if self.mesh is None or not self.constrain_rows:
@@ -282,7 +287,8 @@ class Sampler:
         previous = jax.lax.dynamic_slice(tokens, (0, i - 1), (batch, 1))
         positions = (prompt_lens + i - 1)[:, None]
         logits, cache = model.decode(previous, positions, kv_mask, cache, slot, rows=self._rows_layout(model),
-                                     cache_layout=self._cache_layout(model))
+                                     cache_layout=self._cache_layout(model),
+                                     layout=self._decode_layout(model))
         uniform = jax.lax.dynamic_slice(uniforms, (0, i), (batch, 1))[:, 0]
         new, new_logprobs = sample_with_uniform(logits, uniform, temperature, top_p, top_k=top_k,
                                                 use_top_p=use_top_p, greedy=greedy)

@@ -78,6 +78,7 @@ def test_tiny_model_plan_on_v6e_2x2_matches_a_hand_computation(tmp_path, tiny_mo
     assert (
         plan["fits"] and plan["verdict"].startswith("fits") and plan["mesh"] == {"dp": 1, "fsdp": 4, "tp": 1}
     )
+    assert plan["weight_layout"] == "megatron"  # rollout.weight_layout auto, on TPU with mesh_shape auto
 
     # By hand: fp32 parameters, each split 4 ways along its fsdp dimension when that divides (all do here
     # but the 1-D norms and biases, which stay whole), AdamW's two moments the same, plus its step count.
@@ -128,6 +129,18 @@ def test_tensor_rollout_layout_splits_weights_over_a_hosts_chips(tmp_path, tiny_
 
     # Two all-reduces a layer inside the host, instead of FSDP's partial sums for every matmul.
     assert decode_step(tensor)["collectives"] < decode_step(fsdp)["collectives"]
+
+
+@needs_libtpu
+def test_megatron_rollout_layout_makes_four_collectives_a_layer(tmp_path, tiny_model_dir, capsys):
+    config = planning_config(tmp_path, tiny_model_dir, weight_layout="megatron")
+    assert main(["--config", config, "--topology", "v6e-4", "--json", "--quiet"]) == EXIT_FITS
+    plan = json.loads(capsys.readouterr().out)
+    layers = json.loads((tiny_model_dir / "config.json").read_text())["num_hidden_layers"]
+    step = next(p for p in plan["programs"] if p["name"] == "decode step")
+    # q/k/v partial sums (with the norm's squares), the attention output, the MLP's input and output; the
+    # ids and the logits (with the final norm's squares) once.
+    assert step["collectives"] == 4 * layers + 2, step["collectives_by_kind"]
 
 
 @needs_libtpu

@@ -237,6 +237,49 @@ def test_rollout_weight_layouts_sample_the_same_tokens(tiny_model_dir):
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
+def test_megatron_layout_samples_what_fsdp_weights_sample(tiny_model_dir):
+    # The megatron layout (residual whole on every chip, q/k/v partial sums reduce-scattered to rows, MLP
+    # columns and the vocabulary split over every device, explicit collectives) on a mesh using all three
+    # axes: the same greedy tokens and log-probs as FSDP weights, the same sampled tokens at temperature 1,
+    # and its weights split as it says.
+    script = textwrap.dedent(f"""
+        import jax.numpy as jnp, numpy as np
+        from flax import nnx
+        from trainer.mesh import local_rows, make_mesh
+        from trainer.rollout_sharding import ShardedSampler
+        from trainer.weights import load_model
+        prompts = {PROMPTS!r} + [[3, 4], [7], [8, 9, 10], [11, 12], [13, 14, 15, 16, 17]]
+        mesh = make_mesh("2,2,2")
+        model, config = load_model({str(tiny_model_dir)!r}, mesh=mesh, compute_dtype=jnp.float32)
+        out = {{}}
+        for layout in ("fsdp", "megatron"):
+            sampler = ShardedSampler(model, 0, config.eos_token_ids, prompt_len=16, max_new_tokens=8,
+                                     mesh=mesh, style="legacy", weight_layout=layout)
+            out[layout] = (sampler.generate(prompts, rng=0, greedy=True),
+                           sampler.generate(prompts, rng=1, temperature=1.0))
+            if layout == "megatron":
+                layer = sampler.prepare_weights(nnx.state(model))["layers"][0]
+                gate = layer["mlp"]["gate_proj"]["kernel"][...]
+                down = layer["mlp"]["down_proj"]["kernel"][...]
+                q = layer["self_attn"]["q_proj"]["kernel"][...]
+                assert gate.sharding.shard_shape(gate.shape) == (gate.shape[0], gate.shape[1] // 8)
+                assert down.sharding.shard_shape(down.shape) == (down.shape[0] // 8, down.shape[1])
+                assert q.sharding.shard_shape(q.shape) == (q.shape[0] // 8, q.shape[1])
+        for index in (0, 1):
+            mine, fsdp = out["megatron"][index], out["fsdp"][index]
+            np.testing.assert_array_equal(local_rows(mine.completion_ids, mesh),
+                                          local_rows(fsdp.completion_ids, mesh))
+            np.testing.assert_allclose(local_rows(mine.logprobs, mesh), local_rows(fsdp.logprobs, mesh),
+                                       atol=1e-4)
+        print("ok")
+    """)
+    env = os.environ | {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240, check=False
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
 def test_two_level_inverse_cdf_draws_like_one_cumsum_over_the_row():
     # A vocabulary-sized row (not a multiple of the block) with masked tokens, including whole masked blocks
     # and a masked block start: same token as one cumulative sum over the row, for every uniform.
