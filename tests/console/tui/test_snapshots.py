@@ -17,6 +17,7 @@ from tpu_console.model import NodeState
 from tpu_console.runs.store import RunRecord, RunStore
 from tpu_console.tui.app import TpuConsoleApp
 from tpu_console.tui.options import ConsoleOptions
+from tpu_console.tui.widgets.node_table import NodeTable
 
 SIZE = (100, 30)  # the smallest terminal every panel must be legible in
 
@@ -110,6 +111,13 @@ def fleet_app(problems: list[str] | None = None) -> TpuConsoleApp:
 async def until_listed(pilot) -> None:
     for _ in range(200):
         if pilot.app.screen.refreshes:
+            break
+        await pilot.pause(0.01)
+    # The table sizes its columns when it next renders its rows: on a loaded machine a screenshot (or a
+    # modal on top) could come first and catch the columns at the width of their headers.
+    table = pilot.app.screen.query(NodeTable)
+    for _ in range(200):
+        if not table or table.first().row_count == 0 or table.first().virtual_size.width > 60:
             break
         await pilot.pause(0.01)
     await pilot.pause()
