@@ -429,8 +429,8 @@ async def stacks(args: argparse.Namespace, settings: Settings, providers: dict[s
         print(masker.mask(json.dumps(found.to_json(), indent=2)))
         return 0
     print(masker.mask(f"{record.run_id} on {record.node}: {found.summary()}"))
-    if found.device_line():
-        print(masker.mask(found.device_line()))
+    if chips := found.device_line():
+        print(masker.mask(chips))
     for stack_group in found.groups:
         names = ",".join(str(w) for w in stack_group.workers)
         print(masker.mask(f"\n--- worker(s) {names}: {stack_group.where}\n{stack_group.stack}"))

@@ -392,7 +392,8 @@ class RunFeed:
         record = (self.store or RunStore()).get(self.run_id)
         found = await collect_stacks(self.providers, record)
         masker = SecretMasker.for_node(record.node)
-        blocks = [found.summary()] + ([found.device_line()] if found.device_line() else []) + [
+        chips = found.device_line()
+        blocks = [found.summary()] + ([chips] if chips else []) + [
             f"--- {','.join(map(str, g.workers))}: {g.where}\n{g.stack}" for g in found.groups
         ]
         return masker.mask("\n\n".join(blocks))

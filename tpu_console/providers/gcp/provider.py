@@ -38,7 +38,7 @@ from tpu_console.providers.gcp.errors import (
     classify_operation_error,
 )
 from tpu_console.providers.gcp.node_mapping import maintenance_of, node_path, state_hint, to_model_node
-from tpu_console.providers.gcp.queued import QueuedCreate, capacity_outcome
+from tpu_console.providers.gcp.queued import QueuedCreate, capacity_outcome, try_every
 from tpu_console.providers.gcp.queued import format_duration as _format_duration
 from tpu_console.providers.gcp.queued_mapping import (
     node_name_of,
@@ -498,10 +498,7 @@ class GcpProvider(Provider):
             await self.delete_request(path, zone, progress)
             self.capacity_finish(path, capacity.CANCELLED, "cancelled while waiting")
 
-        answers = await asyncio.gather(*(cancel(item) for item in requests), return_exceptions=True)
-        problem = next((a for a in answers if isinstance(a, BaseException)), None)
-        if problem is not None:
-            raise problem
+        await try_every(cancel(item) for item in requests)
 
     def supervisor_delete_target(self, node: Node) -> dict[str, Any] | None:
         """The supervisor deletes the node through the TPU API with the VM's own service account (`create`

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -49,6 +50,15 @@ class QueueHost(Protocol):
     def capacity_active(self, path: str, active_after_s: float) -> None: ...
     def capacity_finish(self, path: str, outcome: str, reason: str | None, *,
                         active_after_s: float | None = None, ready_after_s: float | None = None) -> None: ...
+
+
+async def try_every(calls: Iterable[Awaitable[None]]) -> None:
+    """Run the calls together to their ends, each whatever the others do; then raise the first problem.
+    (Deleting requests: one that fails must not leave the rest behind.)"""
+    answers = await asyncio.gather(*calls, return_exceptions=True)
+    problem = next((a for a in answers if isinstance(a, BaseException)), None)
+    if problem is not None:
+        raise problem
 
 
 @dataclass
@@ -203,10 +213,7 @@ class QueuedCreate:
             self.provider.capacity_finish(path, capacity.LOST_RACE, f"{winner} won")
 
         losers = [(path, zone) for path, zone in list(self.outstanding.items()) if zone != winner]
-        answers = await asyncio.gather(*(delete(p, z) for p, z in losers), return_exceptions=True)
-        problem = next((a for a in answers if isinstance(a, BaseException)), None)
-        if problem is not None:
-            raise problem
+        await try_every(delete(p, z) for p, z in losers)
 
     # ---- one zone ---------------------------------------------------------------------------------
 
