@@ -8,11 +8,12 @@ flops and bytes accessed, the collectives in the compiled HLO. Takes about half 
 
 - fit: `qwen25_3b_v6e8_bench.yaml` on v6e-8 and `qwen25_3b_v6e16_bench.yaml` on v6e-16, every program.
   Target: every program fits with at least 25% of HBM free per chip.
-- decode: one generated token on v6e-16 (3B bench) in five rollout layouts: today's (before this change:
+- decode: one generated token on v6e-16 (3B bench) in six rollout layouts: today's (before this change:
   FSDP weights, the logits and sampling left to the partitioner, fp32 partial sums), replicated bf16
   weights, tensor parallel inside each host, FSDP weights with logits kept on their rows and bf16 partial
-  sums (the default before `megatron`), and the default (`weight_layout: auto`, i.e. `megatron` on this
-  slice: the MLP split by its intermediate columns, explicit collectives). Per chip: HBM
+  sums (the default before `megatron`), head_groups (attention split by KV head, two collectives a
+  layer), and the default (`weight_layout: auto`, i.e. `megatron` on this slice: the MLP split by its
+  intermediate columns, the vocabulary sampled where it lies, explicit collectives). Per chip: HBM
   bytes accessed, collective bytes and count, the estimated time (trainer/plan.py's method), beside the
   bandwidth floor (the chip's bf16 weights plus its KV cache at the chip's HBM bandwidth). Target:
   today's / default >= 2 by the same method in the same run; the estimated step beside the seeds'
@@ -52,6 +53,7 @@ LAYOUTS = {
     "replicated": {"weight_layout": "replicated"},
     "tensor": {"weight_layout": "tensor"},
     "fsdp": {"weight_layout": "fsdp"},  # the default before `megatron`: FSDP weights, rows, bf16 partial sums
+    "head_groups": {"weight_layout": "head_groups"},
     "default": {},
 }
 

@@ -65,7 +65,7 @@ class RolloutConfig(_Section):
     top_k: int = Field(0, ge=0, description="0 = no top-k filtering")
     top_p: float = Field(1.0, gt=0, le=1)
     sharding_style: Literal["legacy", "maxtext"] = "legacy"
-    weight_layout: Literal["auto", "fsdp", "replicated", "tensor", "megatron"] = Field(
+    weight_layout: Literal["auto", "fsdp", "replicated", "tensor", "megatron", "head_groups"] = Field(
         "auto", description="bf16 weights during rollout: fsdp = sharded as in training; replicated = a full "
         "copy per chip, no collectives in decode; tensor = a copy per host split over its chips (tensor "
         "parallel inside a host, rows split over hosts); megatron = split over every chip, the MLP by its "

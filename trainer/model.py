@@ -244,9 +244,11 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, compute_d
         q1 = q.reshape(b, kv, h // kv, d)
         scores = jnp.einsum("bkgd,bksd->bkgs", q1, k, preferred_element_type=jnp.float32) * (d ** -0.5)
         scores = jnp.where(mask[:, :, None, :], scores, _MASK_VALUE)  # mask [B, 1, S] -> [B, 1, 1, S]
-        probs = jax.nn.softmax(scores, axis=-1).astype(compute_dtype)
-        out = jnp.einsum("bkgs,bksd->bkgd", probs, v.astype(compute_dtype),
-                         preferred_element_type=jnp.float32)
+        # Softmax's division after the values' matmul, on [.., D] rather than [.., S]: one pass over the
+        # scores fewer, the same probabilities.
+        weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+        out = jnp.einsum("bkgs,bksd->bkgd", weights.astype(compute_dtype), v.astype(compute_dtype),
+                         preferred_element_type=jnp.float32) / jnp.sum(weights, axis=-1, keepdims=True)
         return out.astype(compute_dtype).reshape(b, 1, h * d)
     q = q.reshape(b, t, kv, h // kv, d)
     scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32) * (d ** -0.5)
@@ -316,14 +318,14 @@ class Attention(nnx.Module):
         project = None if layout.qkv is None else lambda x, dense: layout.qkv(x, norm, dense)
         q, k, v = self._qkv(x, cos, sin, project)
         if heads is not None:
-            q, k, v = heads(q), heads(k), heads(v)
+            q, k, v = heads(q, 2), heads(k, 1), heads(v, 1)
         k_cache, v_cache = cache
         start = (0, 0, cache_index, 0)
         place = cache_layout or _rows_anywhere
         k_cache, v_cache = place(_write_cache(k_cache, k, start)), place(_write_cache(v_cache, v, start))
         out = _attend(q, k_cache.astype(self.compute_dtype), v_cache, mask, self.compute_dtype)
         if heads is not None:
-            out = heads(out)
+            out = heads(out, 2)
         return (layout.out(out, self.o_proj) if layout.out else self.o_proj(out)), (k_cache, v_cache)
 
 
@@ -370,8 +372,8 @@ class Block(nnx.Module):
         h, cache = self.self_attn.decode(x if layout.qkv else self.input_layernorm(x), cos, sin, mask, cache,
                                          cache_index, cache_layout, layout, self.input_layernorm)
         x = residual(x + h)
-        if layout.mlp is not None:
-            return residual(x + layout.mlp(x, self.post_attention_layernorm, self.mlp)), cache
+        if layout.mlp is not None:  # the block's output, placed by the hook
+            return layout.mlp(x, self.post_attention_layernorm, self.mlp), cache
         return residual(x + self.mlp(self.post_attention_layernorm(x))), cache
 
 
@@ -382,12 +384,17 @@ RowLayout = Any  # Callable[[jax.Array], jax.Array]: places an activation's rows
 @dataclass(frozen=True)
 class DecodeLayout:
     """How a decode step lays out its work (None: the model's plain code, layouts left to the partitioner).
-    residual: places the residual stream [B, T, hidden] between and inside blocks; heads: places q, k, v
-    and the attention output, whose rows attend over their own cache. The rest compute what the plain code
-    does, with collectives of their own choosing: qkv(x, norm, (q_proj, k_proj, v_proj)): the three fp32
-    projections of norm(x); out(attn, o_proj): the attention's output projection; mlp(x, norm, mlp): the
-    MLP of norm(x); embed(table, ids): the input embeddings [B, T, hidden]; logits(x, norm, weight,
-    vocab_major): fp32 logits of norm(x), as `project_logits` computes them."""
+    - residual(x): places the residual stream [B, T, hidden] after the embedding and after attention.
+    - heads(x, dim): places q [B,T,H,D], k and v [B,KV,T,D] and the attention output [B,T,H*D] (heads along
+      `dim`); their rows attend over their own cache.
+    The rest compute what the plain code does, with collectives of their own choosing:
+    - qkv(x, norm, (q_proj, k_proj, v_proj)): the three fp32 projections of norm(x);
+    - out(attn, o_proj): the attention's output projection;
+    - mlp(x, norm, mlp): the block's output x + MLP(norm(x)), laid out as the hook chooses;
+    - embed(table, ids): the input embeddings [B, T, hidden];
+    - sample(x, norm, weight, vocab_major, uniform, temperature, top_p, *, top_k, use_top_p, greedy): the
+      next tokens and their log-probs, drawn as `rollout.sample_with_uniform` draws them from the logits of
+      norm(x) (with it, the sampler asks `decode` for the final hidden states instead of logits)."""
 
     residual: RowLayout | None = None
     heads: RowLayout | None = None
@@ -395,7 +402,7 @@ class DecodeLayout:
     out: Any = None
     mlp: Any = None
     embed: Any = None
-    logits: Any = None
+    sample: Any = None
 
 
 def _rows_anywhere(x: jax.Array) -> jax.Array:
@@ -483,7 +490,7 @@ class Qwen2ForCausalLM(nnx.Module):
     def decode(self, input_ids: jax.Array, positions: jax.Array, kv_mask: jax.Array, cache: KVCache,
                cache_index: jax.Array, rows: RowLayout | None = None,
                cache_layout: RowLayout | None = None,
-               layout: DecodeLayout | None = None) -> tuple[jax.Array, KVCache]:
+               layout: DecodeLayout | None = None, hidden_only: bool = False) -> tuple[jax.Array, KVCache]:
         """Cached forward of a chunk input_ids [B, T] stored at cache slots [cache_index, cache_index + T).
 
         kv_mask [B, S] marks the cache slots holding real tokens, including this chunk's. Returns fp32 logits
@@ -493,7 +500,8 @@ class Qwen2ForCausalLM(nnx.Module):
         layout for each layer's cache, applied right after the write (left free, the partitioner may split a
         cache the loop holds whole over the chips that share its rows, and gather it back every token).
         layout: how the step lays out its work (DecodeLayout; default: the plain code, layouts left to the
-        partitioner).
+        partitioner). hidden_only: return the last position's final hidden states [B, hidden] (before the
+        final norm) instead of logits, for a layout that samples from them (DecodeLayout.sample).
         """
         rows = rows or _rows_anywhere
         t, s = input_ids.shape[1], kv_mask.shape[1]
@@ -511,8 +519,8 @@ class Qwen2ForCausalLM(nnx.Module):
         for layer, layer_cache in zip(self.layers, cache, strict=True):
             x, layer_cache = layer.decode(x, cos, sin, mask, layer_cache, cache_index, cache_layout, layout)
             new_cache.append(layer_cache)
-        if layout.logits is not None:
-            return rows(layout.logits(x[:, -1], self.norm, *self.head_weight())), new_cache
+        if hidden_only:
+            return x[:, -1], new_cache
         return rows(self.logits(self.norm(x[:, -1]))), new_cache
 
 

@@ -409,7 +409,7 @@ def build_plan(
                     sampler._replicate,
                     state,
                 )
-            elif sampler.weight_layout in ("tensor", "megatron"):
+            elif sampler.weight_layout in ("tensor", "megatron", "head_groups"):
                 rollout_state = _with_shardings(rollout_state, sampler.layout_shardings(state))
                 add(
                     "rollout weights",

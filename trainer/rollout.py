@@ -286,12 +286,18 @@ class Sampler:
         kv_mask = jax.lax.dynamic_update_slice(kv_mask, jnp.ones((batch, 1), jnp.int32), (0, slot))
         previous = jax.lax.dynamic_slice(tokens, (0, i - 1), (batch, 1))
         positions = (prompt_lens + i - 1)[:, None]
-        logits, cache = model.decode(previous, positions, kv_mask, cache, slot, rows=self._rows_layout(model),
-                                     cache_layout=self._cache_layout(model),
-                                     layout=self._decode_layout(model))
+        layout = self._decode_layout(model)
+        sample_here = layout is not None and layout.sample is not None  # the layout samples, not the logits
+        out, cache = model.decode(previous, positions, kv_mask, cache, slot, rows=self._rows_layout(model),
+                                  cache_layout=self._cache_layout(model), layout=layout,
+                                  hidden_only=sample_here)
         uniform = jax.lax.dynamic_slice(uniforms, (0, i), (batch, 1))[:, 0]
-        new, new_logprobs = sample_with_uniform(logits, uniform, temperature, top_p, top_k=top_k,
-                                                use_top_p=use_top_p, greedy=greedy)
+        if sample_here:
+            new, new_logprobs = layout.sample(out, model.norm, *model.head_weight(), uniform, temperature,
+                                              top_p, top_k=top_k, use_top_p=use_top_p, greedy=greedy)
+        else:
+            new, new_logprobs = sample_with_uniform(out, uniform, temperature, top_p, top_k=top_k,
+                                                    use_top_p=use_top_p, greedy=greedy)
         new = jnp.where(done, self.pad_id, new)
         new_logprobs = jnp.where(done, 0.0, new_logprobs)
         tokens = jax.lax.dynamic_update_slice(tokens, new[:, None], (0, i))

@@ -29,6 +29,7 @@ The planner measures them (`python -m trainer plan`, benchmarks/plan.py); docs/p
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,9 +42,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from trainer.mesh import global_from_local_rows, reshard, rollout_sharding
 from trainer.model import DecodeLayout, Qwen2ForCausalLM, fit_spec, matmul_output_dtype, param_shardings
 from trainer.rollout import Sampler
+from trainer.split_sampling import own_rows, sample_split_vocab
 
 _BATCH_AXES = {"legacy": ("dp", "fsdp", "tp"), "maxtext": ("dp",)}
-WEIGHT_LAYOUTS = ("fsdp", "replicated", "tensor", "megatron")
+WEIGHT_LAYOUTS = ("fsdp", "replicated", "tensor", "megatron", "head_groups")
 # The mesh axes the `megatron` layout splits its weights and rows over: every device of the rollout's mesh.
 _ALL_AXES = ("dp", "fsdp", "tp")
 
@@ -63,6 +65,9 @@ class ShardedSampler(Sampler):
             mesh, style = host_tensor_mesh(mesh), "maxtext"
         elif weight_layout == "megatron":
             style = "legacy"  # rows over every device: each chip attends over its own rows' cache
+        elif weight_layout == "head_groups":
+            # Rows over every device as in `megatron`; attention over (row blocks, KV head groups).
+            mesh, style = head_group_mesh(mesh, model.config.num_key_value_heads), "legacy"
         # One bucket: every process pads to the same width whatever its own longest prompt is.
         super().__init__(model, pad_id, eos_ids, buckets=(prompt_len,), max_new_tokens=max_new_tokens,
                          mesh=mesh, constrain_rows=activation_layout == "rows",
@@ -79,7 +84,7 @@ class ShardedSampler(Sampler):
     def prepare_weights(self, state: nnx.State) -> nnx.State:
         if self.weight_layout == "replicated":
             return self._replicate(state)
-        if self.weight_layout in ("tensor", "megatron"):
+        if self.weight_layout in ("tensor", "megatron", "head_groups"):
             return self.layout_program(state)(state)
         return super().prepare_weights(state)
 
@@ -96,12 +101,18 @@ class ShardedSampler(Sampler):
         tensor_parallel_shardings, megatron_shardings)."""
         if self.weight_layout == "megatron":
             return megatron_shardings(state, self.mesh)
+        if self.weight_layout == "head_groups":
+            return head_group_shardings(state, self.mesh)
         return tensor_parallel_shardings(state, self.mesh, self.model.config.num_key_value_heads)
 
     def _decode_layout(self, model: Qwen2ForCausalLM) -> DecodeLayout | None:
-        if self.weight_layout != "megatron" or not self.constrain_rows:
+        if not self.constrain_rows:
             return None
-        return megatron_layout(self.mesh, self._rows_layout(model))
+        if self.weight_layout == "megatron":
+            return megatron_layout(self.mesh, self._rows_layout(model))
+        if self.weight_layout == "head_groups":
+            return head_group_layout(self.mesh)
+        return None
 
     def generate(self, prompts: Sequence[Sequence[int]], rng: jax.Array | int, *args: Any,
                  **kwargs: Any) -> Any:
@@ -120,6 +131,10 @@ class ShardedSampler(Sampler):
         return global_from_local_rows(array, self.mesh, self.sharding)
 
     def constrain(self, x: jax.Array, axes: tuple) -> jax.Array:
+        if self.weight_layout == "head_groups" and axes == self.model.config.sharding.kv_cache:
+            # The cache [batch, kv_heads, length, head_dim] by row blocks and KV heads, where attention reads.
+            spec = PartitionSpec(("dp", "fsdp"), "tp")
+            return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
         # Rows follow the rollout layout; the other dims keep the model's axes (the KV cache
         # [batch, kv_heads, length, head_dim] keeps its heads on tp), minus any axis the rows already use.
         spec = fit_spec(x.shape, rollout_axes(_BATCH_AXES[self.style], axes), self.mesh)
@@ -158,7 +173,7 @@ def tensor_parallel_shardings(state: nnx.State, mesh: Mesh, kv_heads: int) -> nn
 # The `megatron` layout's weights ([in, out]; embed_tokens is [vocab, hidden]): the dim each kernel is split
 # along, over every device. Norms and biases stay whole on every chip. All but the MLP's are FSDP's split.
 _MEGATRON_SPLIT = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "o_proj": 1, "gate_proj": 1, "up_proj": 1,
-                   "down_proj": 0, "embed_tokens": 1, "lm_head": 0}
+                   "down_proj": 0, "embed_tokens": 0, "lm_head": 1}
 
 
 def megatron_shardings(state: nnx.State, mesh: Mesh) -> nnx.State:
@@ -200,37 +215,27 @@ def megatron_layout(mesh: Mesh, rows: Any) -> DecodeLayout:
     n = mesh.size
     split_in, split_out = PartitionSpec(axes, None), PartitionSpec(None, axes)
 
-    def own_rows(y: jax.Array) -> jax.Array:
-        size = y.shape[0] // n
-        return jax.lax.dynamic_slice_in_dim(y, jax.lax.axis_index(axes) * size, size, axis=0)
-
     def columns(ndim: int) -> PartitionSpec:
         return PartitionSpec(*(None,) * (ndim - 1), axes)
-
-    def normed(x: jax.Array, scale: jax.Array, eps: float, compute: Any) -> jax.Array:
-        """RMSNorm (as the model's) of a whole hidden dim."""
-        xf = x.astype(jnp.float32)
-        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
-        return (scale.astype(jnp.float32) * xf).astype(compute)
 
     def qkv(x: jax.Array, norm: Any, dense: Sequence[Any]) -> list[jax.Array]:
         dtype, compute, hidden = matmul_output_dtype(), dense[0].compute_dtype, x.shape[-1]
         kernels = [d.kernel[...].astype(compute) for d in dense]
-        widths = np.cumsum([k.shape[1] for k in kernels])[:-1]
 
-        def local(x: jax.Array, scale: jax.Array, *kernels: jax.Array) -> jax.Array:
+        def local(x: jax.Array, scale: jax.Array, *kernels: jax.Array) -> tuple[jax.Array, ...]:
             xf = x.astype(jnp.float32)
             a = (scale.astype(jnp.float32) * xf).astype(compute)
-            y = jnp.concatenate([jnp.dot(a, k, preferred_element_type=dtype) for k in kernels], axis=-1)
-            # The squares' sum in the partial sums' dtype (bf16 on TPU: r to about 2^-9, as close as the
-            # bf16 partial sums themselves), so XLA combines both into one all-reduce.
-            y, sumsq = jax.lax.psum((y, jnp.sum(xf * xf, axis=-1).astype(dtype)), axes)
+            # The three partial sums and the squares' sum (in the partial sums' dtype: bf16 on TPU, r to
+            # about 2^-9, as close as the bf16 partial sums themselves) in one all-reduce, as a tuple: a
+            # concatenation would be one more pass over them.
+            *ys, sumsq = jax.lax.psum((*(jnp.dot(a, k, preferred_element_type=dtype) for k in kernels),
+                                       jnp.sum(xf * xf, axis=-1).astype(dtype)), axes)
             r = jax.lax.rsqrt(sumsq.astype(jnp.float32) / hidden + norm.eps)[..., None]
-            return own_rows(y.astype(jnp.float32) * r)
+            return tuple(own_rows(y, axes, n).astype(jnp.float32) * own_rows(r, axes, n) for y in ys)
 
         specs = (columns(x.ndim), columns(1), *[split_in] * len(kernels))
-        y = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=rows_spec)(x, norm.scale[...], *kernels)
-        out = jnp.split(y, widths, axis=-1)
+        out = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=(rows_spec,) * len(kernels))(
+            x, norm.scale[...], *kernels)
         return [o + d.bias[...].astype(jnp.float32) if d.bias is not None else o
                 for o, d in zip(out, dense, strict=True)]
 
@@ -251,43 +256,176 @@ def megatron_layout(mesh: Mesh, rows: Any) -> DecodeLayout:
 
         def local(x: jax.Array, scale: jax.Array, gate: jax.Array, up: jax.Array,
                   down: jax.Array) -> jax.Array:
-            a = normed(jax.lax.all_gather(x, axes, axis=x.ndim - 1, tiled=True), scale, norm.eps, compute)
+            x = jax.lax.all_gather(x, axes, axis=x.ndim - 1, tiled=True)
+            a = _normed(x, scale, norm.eps, compute)
             g = jnp.dot(a, gate, preferred_element_type=dtype).astype(jnp.float32)
             u = jnp.dot(a, up, preferred_element_type=dtype).astype(jnp.float32)
             y = jnp.dot((jax.nn.silu(g) * u).astype(compute), down, preferred_element_type=dtype)
-            return jax.lax.psum_scatter(y, axes, scatter_dimension=y.ndim - 1, tiled=True)
+            # All-reduced whole, not reduce-scattered to columns: the TPU compiler makes a reduce-scatter an
+            # all-reduce anyway, and a whole residual spares the last layer's gather before the head (the
+            # next block's q/k/v take their columns of it without a collective).
+            return x + jax.lax.psum(y, axes).astype(jnp.float32).astype(compute)
 
-        y = jax.shard_map(local, mesh=mesh, in_specs=(columns(x.ndim), whole, split_out, split_out, split_in),
-                          out_specs=columns(x.ndim))(x, norm.scale[...], *kernels)
-        return y.astype(jnp.float32).astype(compute)
+        # check_vma off: the gathered x is the same on every chip, which the check cannot infer.
+        specs = (columns(x.ndim), whole, split_out, split_out, split_in)
+        return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=whole, check_vma=False)(
+            x, norm.scale[...], *kernels)
 
     def embed(table: jax.Array, ids: jax.Array) -> jax.Array:
         def local(table: jax.Array, ids: jax.Array) -> jax.Array:
-            return jnp.take(table, jax.lax.all_gather(ids, axes, axis=0, tiled=True), axis=0)
+            found = _lookup_slice(table, jax.lax.all_gather(ids, axes, axis=0, tiled=True), axes)
+            return jax.lax.psum_scatter(found, axes, scatter_dimension=found.ndim - 1, tiled=True)
 
-        return jax.shard_map(local, mesh=mesh, in_specs=(split_out, rows_spec),
+        return jax.shard_map(local, mesh=mesh, in_specs=(split_in, rows_spec),
                              out_specs=columns(ids.ndim + 1))(table, ids)
 
-    def logits(x: jax.Array, norm: Any, weight: jax.Array, vocab_major: bool) -> jax.Array:
-        dtype, compute, hidden = matmul_output_dtype(), weight.dtype, x.shape[-1]
-        pattern = "...d,vd->...v" if vocab_major else "...d,dv->...v"
-
-        def local(x: jax.Array, scale: jax.Array, weight: jax.Array) -> jax.Array:
-            xf = x.astype(jnp.float32)
-            a = (scale.astype(jnp.float32) * xf).astype(compute)
-            y = jnp.einsum(pattern, a, weight.astype(compute), preferred_element_type=dtype)
-            y, sumsq = jax.lax.psum((y, jnp.sum(xf * xf, axis=-1).astype(dtype)), axes)
-            r = jax.lax.rsqrt(sumsq.astype(jnp.float32) / hidden + norm.eps)[..., None]
-            return own_rows(y.astype(jnp.float32) * r)
-
-        y = jax.shard_map(local, mesh=mesh, in_specs=(columns(x.ndim), columns(1),
-                                                      split_out if vocab_major else split_in),
-                          out_specs=rows_spec)(x, norm.scale[...], weight)
-        return y
-
     split = NamedSharding(mesh, columns(3))
-    return DecodeLayout(residual=lambda x: jax.lax.with_sharding_constraint(x, split), heads=rows, qkv=qkv,
-                        out=out, mlp=mlp, embed=embed, logits=logits)
+    return DecodeLayout(residual=lambda x: jax.lax.with_sharding_constraint(x, split),
+                        heads=lambda x, _: rows(x), qkv=qkv, out=out, mlp=mlp, embed=embed,
+                        sample=functools.partial(sample_split_vocab, mesh, axes, whole))
+
+
+def _lookup_slice(table: jax.Array, ids: jax.Array, axes: Any) -> jax.Array:
+    """Embeddings of `ids` from this device's slice of a vocab-split table, zero for ids outside it: the sum
+    over the devices is the whole lookup (inside a shard_map)."""
+    first = jax.lax.axis_index(axes) * table.shape[0]
+    local = ids - first
+    inside = (local >= 0) & (local < table.shape[0])
+    found = jnp.take(table, jnp.where(inside, local, 0), axis=0)
+    return jnp.where(inside[..., None], found, jnp.zeros((), found.dtype))
+
+
+def _normed(x: jax.Array, scale: jax.Array, eps: float, compute: Any) -> jax.Array:
+    """RMSNorm (as the model's) of a whole hidden dim, inside a shard_map."""
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (scale.astype(jnp.float32) * xf).astype(compute)
+
+
+def head_group_mesh(mesh: Mesh, kv_heads: int) -> Mesh:
+    """The decode mesh of the `head_groups` layout: `mesh`'s devices in the same order (rows keep their
+    devices), as (dp = 1, fsdp = devices / kv_heads, tp = kv_heads): tp picks a KV head's group of query
+    heads, fsdp a block of rows."""
+    n = mesh.size
+    if n % kv_heads:
+        raise ValueError(f"rollout.weight_layout=head_groups puts the model's {kv_heads} KV heads on {n} "
+                         f"devices, which they do not divide; use megatron")
+    return Mesh(np.array(list(mesh.devices.flat), dtype=object).reshape(1, n // kv_heads, kv_heads),
+                mesh.axis_names)
+
+
+# The `head_groups` layout's weights ([in, out]; embed_tokens is [vocab, hidden]): the dim each kernel is
+# split along and over which axes. q/k/v by their output over the KV head groups (tp), o_proj by its input
+# likewise; the MLP and the embedding over every device, as `megatron` splits them.
+_HEAD_GROUP_SPLIT = {"q_proj": (1, "tp"), "k_proj": (1, "tp"), "v_proj": (1, "tp"), "o_proj": (0, "tp"),
+                     "gate_proj": (1, _ALL_AXES), "up_proj": (1, _ALL_AXES), "down_proj": (0, _ALL_AXES),
+                     "embed_tokens": (0, _ALL_AXES), "lm_head": (1, _ALL_AXES)}
+
+
+def head_group_shardings(state: nnx.State, mesh: Mesh) -> nnx.State:
+    """Shardings of the model's weights for the `head_groups` layout on head_group_mesh: each chip holds
+    its KV head group's q/k/v columns and o_proj rows (whole over the hidden dim) and 1/devices of the MLP
+    and the embedding. Norms and biases stay whole."""
+
+    def one(path: tuple, var: nnx.Variable) -> nnx.Variable:
+        names = [str(part) for part in path]
+        split = next((_HEAD_GROUP_SPLIT[n] for n in names if n in _HEAD_GROUP_SPLIT), None)
+        if split is None or names[-1] == "bias":
+            return var.replace(NamedSharding(mesh, PartitionSpec()))
+        dim, axes = split
+        parts = int(np.prod([mesh.shape[a] for a in (axes if isinstance(axes, tuple) else (axes,))]))
+        if var.shape[dim] % parts:
+            raise ValueError(f"rollout.weight_layout=head_groups splits {'.'.join(names)} "
+                             f"{tuple(var.shape)} over {parts} devices, which do not divide dim {dim}; "
+                             f"use megatron")
+        return var.replace(NamedSharding(mesh, PartitionSpec(*(None,) * dim, axes)))
+
+    return nnx.map_state(one, state)
+
+
+def head_group_layout(mesh: Mesh) -> DecodeLayout:
+    """The `head_groups` layout's decode step on head_group_mesh (weights as head_group_shardings puts them),
+    every collective written out (shard_map). Two collectives a layer:
+    - the residual stream is whole on every chip (every chip computes the same [rows, hidden]);
+    - attention: the chip (KV head h, row block g) normalises its rows and projects them with its head
+      group's whole q/k/v columns (no collective), attends over its rows' cache of head h (the cache is
+      split by rows and KV heads), and multiplies by its o_proj rows: a partial output for its rows. One
+      all-reduce of the [rows, hidden] buffer, each chip's partials at its rows, sums the head groups and
+      gathers the row blocks at once (1);
+    - MLP: each chip makes its intermediate columns of the whole residual, down_proj contracts them, and
+      one all-reduce gives every chip the output (2);
+    - embeddings: the ids gathered, each chip looks up its columns, which are gathered; logits: as in
+      `megatron` (split_sampling.sample_split_vocab).
+    Against `megatron`'s four collectives a layer, each chip reads its head group's q/k/v and o_proj whole
+    over the hidden dim (1/kv_heads of them, not 1/devices)."""
+    axes, whole = _ALL_AXES, PartitionSpec()
+    row_axes, groups = ("dp", "fsdp"), mesh.shape["dp"] * mesh.shape["fsdp"]
+
+    def by_group(ndim: int) -> PartitionSpec:
+        """Rows over the row blocks, the last dim (q/k/v's heads) over the KV head groups."""
+        return PartitionSpec(row_axes, *(None,) * (ndim - 2), "tp")
+
+    def heads(x: jax.Array, dim: int) -> jax.Array:
+        spec = PartitionSpec(row_axes, *(("tp" if d == dim else None) for d in range(1, x.ndim)))
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+    def qkv(x: jax.Array, norm: Any, dense: Sequence[Any]) -> list[jax.Array]:
+        dtype, compute = matmul_output_dtype(), dense[0].compute_dtype
+        kernels = [d.kernel[...].astype(compute) for d in dense]
+
+        def local(x: jax.Array, scale: jax.Array, *kernels: jax.Array) -> tuple[jax.Array, ...]:
+            a = _normed(own_rows(x, row_axes, groups), scale, norm.eps, compute)
+            return tuple(jnp.dot(a, k, preferred_element_type=dtype).astype(jnp.float32) for k in kernels)
+
+        split = PartitionSpec(None, "tp")
+        out = jax.shard_map(local, mesh=mesh, in_specs=(whole, whole, *[split] * len(kernels)),
+                            out_specs=tuple(by_group(x.ndim) for _ in kernels))(x, norm.scale[...], *kernels)
+        return [o + d.bias[...].astype(jnp.float32) if d.bias is not None else o
+                for o, d in zip(out, dense, strict=True)]
+
+    def out(attn: jax.Array, dense: Any) -> jax.Array:
+        dtype, compute = matmul_output_dtype(), dense.compute_dtype
+
+        def local(a: jax.Array, kernel: jax.Array) -> jax.Array:
+            y = jnp.dot(a, kernel, preferred_element_type=dtype)
+            rows = y.shape[0]
+            block = jnp.zeros((rows * groups, *y.shape[1:]), y.dtype)
+            block = jax.lax.dynamic_update_slice_in_dim(block, y, jax.lax.axis_index(row_axes) * rows, axis=0)
+            return jax.lax.psum(block, axes)
+
+        y = jax.shard_map(local, mesh=mesh, in_specs=(by_group(attn.ndim), PartitionSpec("tp", None)),
+                          out_specs=whole)(attn.astype(compute), dense.kernel[...].astype(compute))
+        return y.astype(jnp.float32).astype(compute)
+
+    def mlp(x: jax.Array, norm: Any, block: Any) -> jax.Array:
+        dtype, compute = matmul_output_dtype(), block.down_proj.compute_dtype
+        kernels = [d.kernel[...].astype(compute) for d in (block.gate_proj, block.up_proj, block.down_proj)]
+
+        def local(x: jax.Array, scale: jax.Array, gate: jax.Array, up: jax.Array,
+                  down: jax.Array) -> jax.Array:
+            a = _normed(x, scale, norm.eps, compute)
+            g = jnp.dot(a, gate, preferred_element_type=dtype).astype(jnp.float32)
+            u = jnp.dot(a, up, preferred_element_type=dtype).astype(jnp.float32)
+            y = jnp.dot((jax.nn.silu(g) * u).astype(compute), down, preferred_element_type=dtype)
+            y = jax.lax.psum(y, axes)
+            return x + y.astype(jnp.float32).astype(compute)
+
+        split_in, split_out = PartitionSpec(axes, None), PartitionSpec(None, axes)
+        return jax.shard_map(local, mesh=mesh, in_specs=(whole, whole, split_out, split_out, split_in),
+                             out_specs=whole)(x, norm.scale[...], *kernels)
+
+    def embed(table: jax.Array, ids: jax.Array) -> jax.Array:
+        def local(table: jax.Array, ids: jax.Array) -> jax.Array:
+            found = _lookup_slice(table, jax.lax.all_gather(ids, axes, axis=0, tiled=True), axes)
+            return jax.lax.psum(found, axes)
+
+        return jax.shard_map(local, mesh=mesh, in_specs=(PartitionSpec(axes, None), PartitionSpec(axes)),
+                             out_specs=whole)(table, ids)
+
+    replicated = NamedSharding(mesh, whole)
+    return DecodeLayout(residual=lambda x: jax.lax.with_sharding_constraint(x, replicated), heads=heads,
+                        qkv=qkv, out=out, mlp=mlp, embed=embed,
+                        sample=functools.partial(sample_split_vocab, mesh, axes, whole))
 
 
 def rollout_axes(batch_axes: tuple[str, ...], model_axes: tuple) -> tuple:
@@ -304,11 +442,12 @@ def resolve_weight_layout(setting: str, mesh_shape: str, style: str, activation_
                           mesh: Mesh) -> str:
     """`rollout.weight_layout`: auto = megatron (the fastest per token by the planner's estimate, see
     docs/plan.md) on TPU with mesh_shape auto, legacy rows and rows activations, when the hidden and
-    intermediate sizes divide over the chips; fsdp otherwise (CPU tests and tools keep their layout)."""
+    intermediate sizes and the vocabulary divide over the chips; fsdp otherwise (CPU tests and tools keep
+    their layout)."""
     if setting != "auto":
         return setting
     n = mesh.size
-    fits = config.hidden_size % n == 0 and config.intermediate_size % n == 0
+    fits = all(size % n == 0 for size in (config.hidden_size, config.intermediate_size, config.vocab_size))
     megatron = (_on_tpu(mesh) and mesh_shape == "auto" and style == "legacy" and activation_layout == "rows"
                 and fits)
     return "megatron" if megatron else "fsdp"

@@ -132,15 +132,19 @@ def test_tensor_rollout_layout_splits_weights_over_a_hosts_chips(tmp_path, tiny_
 
 
 @needs_libtpu
-def test_megatron_rollout_layout_makes_four_collectives_a_layer(tmp_path, tiny_model_dir, capsys):
-    config = planning_config(tmp_path, tiny_model_dir, weight_layout="megatron")
+@pytest.mark.parametrize(("layout", "per_layer", "per_token"), [("megatron", 4, 4), ("head_groups", 2, 7)])
+def test_explicit_rollout_layouts_make_their_collectives_a_layer(tmp_path, tiny_model_dir, capsys, layout,
+                                                                  per_layer, per_token):
+    config = planning_config(tmp_path, tiny_model_dir, weight_layout=layout)
     assert main(["--config", config, "--topology", "v6e-4", "--json", "--quiet"]) == EXIT_FITS
     plan = json.loads(capsys.readouterr().out)
     layers = json.loads((tiny_model_dir / "config.json").read_text())["num_hidden_layers"]
     step = next(p for p in plan["programs"] if p["name"] == "decode step")
-    # q/k/v partial sums (with the norm's squares), the attention output, the MLP's input and output; the
-    # ids and the logits (with the final norm's squares) once.
-    assert step["collectives"] == 4 * layers + 2, step["collectives_by_kind"]
+    # megatron: q/k/v partial sums (with the norm's squares), the attention output, the MLP's input and
+    # output; head_groups: the attention's output and the MLP's. Once a token: the ids, the sum of the
+    # vocab-split embedding lookups, the sampler's per-slice statistics and the drawn tokens; head_groups
+    # also gathers the mask, positions and rotary tables to its row blocks (two chips share a block).
+    assert step["collectives"] == per_layer * layers + per_token, step["collectives_by_kind"]
 
 
 @needs_libtpu

@@ -237,11 +237,11 @@ def test_rollout_weight_layouts_sample_the_same_tokens(tiny_model_dir):
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
-def test_megatron_layout_samples_what_fsdp_weights_sample(tiny_model_dir):
-    # The megatron layout (residual whole on every chip, q/k/v partial sums reduce-scattered to rows, MLP
-    # columns and the vocabulary split over every device, explicit collectives) on a mesh using all three
-    # axes: the same greedy tokens and log-probs as FSDP weights, the same sampled tokens at temperature 1,
-    # and its weights split as it says.
+def test_explicit_layouts_sample_what_fsdp_weights_sample(tiny_model_dir):
+    # The megatron and head_groups layouts (explicit collectives, the vocabulary split over every device and
+    # sampled where it lies) on a mesh using all three axes: the same greedy tokens and log-probs as FSDP
+    # weights, the same sampled tokens at temperature 1 and with top-k (which gathers the logits to their
+    # rows), and their weights split as they say.
     script = textwrap.dedent(f"""
         import jax.numpy as jnp, numpy as np
         from flax import nnx
@@ -252,25 +252,38 @@ def test_megatron_layout_samples_what_fsdp_weights_sample(tiny_model_dir):
         mesh = make_mesh("2,2,2")
         model, config = load_model({str(tiny_model_dir)!r}, mesh=mesh, compute_dtype=jnp.float32)
         out = {{}}
-        for layout in ("fsdp", "megatron"):
+        kv = config.num_key_value_heads
+        for layout in ("fsdp", "megatron", "head_groups"):
             sampler = ShardedSampler(model, 0, config.eos_token_ids, prompt_len=16, max_new_tokens=8,
                                      mesh=mesh, style="legacy", weight_layout=layout)
             out[layout] = (sampler.generate(prompts, rng=0, greedy=True),
-                           sampler.generate(prompts, rng=1, temperature=1.0))
+                           sampler.generate(prompts, rng=1, temperature=1.0),
+                           sampler.generate(prompts, rng=2, temperature=1.0, top_k=5))
+            if layout == "fsdp":
+                continue
+            weights = sampler.prepare_weights(nnx.state(model))
+            layer = weights["layers"][0]
+            gate = layer["mlp"]["gate_proj"]["kernel"][...]
+            down = layer["mlp"]["down_proj"]["kernel"][...]
+            q = layer["self_attn"]["q_proj"]["kernel"][...]
+            o = layer["self_attn"]["o_proj"]["kernel"][...]
+            table = weights["embed_tokens"][...]
+            assert gate.sharding.shard_shape(gate.shape) == (gate.shape[0], gate.shape[1] // 8)
+            assert down.sharding.shard_shape(down.shape) == (down.shape[0] // 8, down.shape[1])
+            assert table.sharding.shard_shape(table.shape) == (table.shape[0] // 8, table.shape[1])
             if layout == "megatron":
-                layer = sampler.prepare_weights(nnx.state(model))["layers"][0]
-                gate = layer["mlp"]["gate_proj"]["kernel"][...]
-                down = layer["mlp"]["down_proj"]["kernel"][...]
-                q = layer["self_attn"]["q_proj"]["kernel"][...]
-                assert gate.sharding.shard_shape(gate.shape) == (gate.shape[0], gate.shape[1] // 8)
-                assert down.sharding.shard_shape(down.shape) == (down.shape[0] // 8, down.shape[1])
                 assert q.sharding.shard_shape(q.shape) == (q.shape[0] // 8, q.shape[1])
-        for index in (0, 1):
-            mine, fsdp = out["megatron"][index], out["fsdp"][index]
-            np.testing.assert_array_equal(local_rows(mine.completion_ids, mesh),
-                                          local_rows(fsdp.completion_ids, mesh))
-            np.testing.assert_allclose(local_rows(mine.logprobs, mesh), local_rows(fsdp.logprobs, mesh),
-                                       atol=1e-4)
+            else:  # a KV head's group of query heads, whole over the hidden dim
+                assert dict(sampler.mesh.shape) == {{"dp": 1, "fsdp": 8 // kv, "tp": kv}}, sampler.mesh
+                assert q.sharding.shard_shape(q.shape) == (q.shape[0], q.shape[1] // kv)
+                assert o.sharding.shard_shape(o.shape) == (o.shape[0] // kv, o.shape[1])
+        for layout in ("megatron", "head_groups"):
+            for index in (0, 1, 2):
+                mine, fsdp = out[layout][index], out["fsdp"][index]
+                np.testing.assert_array_equal(local_rows(mine.completion_ids, mesh),
+                                              local_rows(fsdp.completion_ids, mesh))
+                np.testing.assert_allclose(local_rows(mine.logprobs, mesh), local_rows(fsdp.logprobs, mesh),
+                                           atol=1e-4)
         print("ok")
     """)
     env = os.environ | {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
