@@ -69,9 +69,11 @@ class RolloutConfig(_Section):
         "auto", description="bf16 weights during rollout: fsdp = sharded as in training; replicated = a full "
         "copy per chip, no collectives in decode; tensor = a copy per host split over its chips (tensor "
         "parallel inside a host, rows split over hosts); megatron = split over every chip, the MLP by its "
-        "intermediate columns, each chip decoding its own rows with explicit collectives (four a layer); "
-        "auto = megatron on TPU with mesh_shape auto (legacy rows, rows activations, the model's dims "
-        "dividing over the chips), fsdp otherwise. The planner compares them: docs/plan.md")
+        "intermediate columns and the vocabulary sampled where it lies, each chip decoding its own rows with "
+        "explicit collectives (four a layer); head_groups = attention split by KV head, the residual "
+        "whole on every chip (two collectives a layer, more attention weights read per chip); auto = "
+        "megatron on TPU with mesh_shape auto (legacy rows, rows activations, the model's dims and "
+        "vocabulary dividing over the chips), fsdp otherwise. The planner compares them: docs/plan.md")
     activation_layout: Literal["rows", "free"] = Field(
         "rows", description="rollout activations and logits: rows = split by rows as the batch is (each "
         "device computes and samples its own rows); free = left to the partitioner (the layout before, "

@@ -17,13 +17,19 @@ fixed length, so all of them compile the same program). `rollout.sharding_style`
   each chip reads 1/chips-per-host of the weights. Key/value projections stay whole on every chip when the
   KV heads do not divide over tp (Qwen2.5 has 2), so the cache needs no gather; each chip reads the cache of
   the KV head its query heads use.
-- `megatron`: every kernel split over every chip, rows over every chip (megatron_layout): q/k/v, o_proj and
-  the embedding as FSDP splits them, the MLP by its intermediate columns (gate/up by output, down by input),
-  with every collective written out (shard_map). Each RMSNorm before q/k/v and the head rides in the
-  all-reduce of the partial sums after it (r * ((scale * x) @ W)), and the MLP gathers the residual once
-  and reduce-scatters its output: four collectives a layer instead of FSDP's five, and the [rows,
-  intermediate] activations never cross the interconnect. `auto` (the default) picks it on TPU with
-  mesh_shape auto.
+- `megatron`: every kernel split over every chip, rows over every chip (megatron_layout): q/k/v and o_proj
+  as FSDP splits them, the MLP by its intermediate columns (gate/up by output, down by input), the
+  embedding and head by vocabulary, with every collective written out (shard_map). The RMSNorm before
+  q/k/v rides in the all-reduce of their partial sums (r * ((scale * x) @ W)), the MLP gathers the
+  residual once and all-reduces its output, and each chip samples from its own slice of the vocabulary
+  (trainer/split_sampling.py) instead of all-reducing 39 MB of partial logits a token: four collectives a
+  layer and four a token, and the [rows, intermediate] activations never cross the interconnect. `auto`
+  (the default) picks it on TPU with mesh_shape auto.
+- `head_groups`: attention split by KV head, rows over the rest (head_group_layout), on a second mesh over
+  the same devices, (dp = 1, fsdp = devices / KV heads, tp = KV heads): each chip holds its KV head's
+  group of q/k/v columns and o_proj rows whole over the hidden dim, the residual is whole on every chip,
+  and a layer costs two all-reduces. Each chip reads KV-heads/devices of the attention weights, not
+  1/devices; the MLP, embedding and sampling are `megatron`'s.
 The planner measures them (`python -m trainer plan`, benchmarks/plan.py); docs/plan.md has the figures.
 """
 
@@ -197,18 +203,20 @@ def megatron_shardings(state: nnx.State, mesh: Mesh) -> nnx.State:
 def megatron_layout(mesh: Mesh, rows: Any) -> DecodeLayout:
     """The `megatron` layout's decode step (weights as megatron_shardings puts them, rows over every device),
     every collective written out (shard_map). Four collectives a layer:
-    - the residual stream is split by hidden columns over the devices;
+    - the residual stream enters a block whole on every chip and leaves attention split by hidden columns;
     - q/k/v with the input norm folded in: RMSNorm then a matmul is r * ((scale * x) @ W), r = rsqrt(mean(x^2)
       + eps) per row, so each chip multiplies its columns of scale * x by its rows of W, and its share of
-      sum(x^2) rides in the same all-reduce as the partial sums (1). Each chip keeps its own rows' heads,
-      which attend over its own rows' cache;
+      sum(x^2) rides in the same all-reduce as the three partial sums (1). Each chip keeps its own rows'
+      heads, which attend over its own rows' cache;
     - the attention output is gathered (2) for o_proj, whose output columns are the chip's residual columns;
     - MLP: the residual is gathered whole (3), each chip normalises it and makes its own intermediate columns
-      with gate/up, down_proj contracts them, and one reduce-scatter of the partial outputs gives each chip
-      its residual columns back (4);
-    - embeddings: the ids gathered, each chip looks up its columns; logits: the final norm folded in as for
-      q/k/v, each chip's partial logits of every row all-reduced with its share of sum(x^2), and each chip
-      keeps its own rows.
+      with gate/up, down_proj contracts them, and one all-reduce of the partial outputs gives every chip the
+      block's whole output (4). (A reduce-scatter would give each chip only its columns, but the TPU
+      compiler makes it an all-reduce anyway; whole, the next block's q/k/v take their columns without a
+      collective and the last block's output needs no gather before the head.)
+    - embeddings: the ids gathered, each chip looks up those in its slice of the vocabulary, and the zeros
+      elsewhere sum away in a reduce-scatter to columns; sampling: split_sampling.sample_split_vocab (one
+      all-gather of per-slice statistics, one all-reduce of the drawn tokens).
     (Left to the partitioner with sharding constraints, q/k/v and the head gathered whole weights every
     token.) The [rows, intermediate] activations never leave a chip: FSDP all-reduces them every layer."""
     axes, rows_spec, whole = _ALL_AXES, PartitionSpec(_ALL_AXES), PartitionSpec()
@@ -282,7 +290,7 @@ def megatron_layout(mesh: Mesh, rows: Any) -> DecodeLayout:
     split = NamedSharding(mesh, columns(3))
     return DecodeLayout(residual=lambda x: jax.lax.with_sharding_constraint(x, split),
                         heads=lambda x, _: rows(x), qkv=qkv, out=out, mlp=mlp, embed=embed,
-                        sample=functools.partial(sample_split_vocab, mesh, axes, whole))
+                        sample=functools.partial(sample_split_vocab, mesh, axes))
 
 
 def _lookup_slice(table: jax.Array, ids: jax.Array, axes: Any) -> jax.Array:
@@ -425,7 +433,7 @@ def head_group_layout(mesh: Mesh) -> DecodeLayout:
     replicated = NamedSharding(mesh, whole)
     return DecodeLayout(residual=lambda x: jax.lax.with_sharding_constraint(x, replicated), heads=heads,
                         qkv=qkv, out=out, mlp=mlp, embed=embed,
-                        sample=functools.partial(sample_split_vocab, mesh, axes, whole))
+                        sample=functools.partial(sample_split_vocab, mesh, axes))
 
 
 def rollout_axes(batch_axes: tuple[str, ...], model_axes: tuple) -> tuple:

@@ -1,12 +1,12 @@
 """Sampling from logits whose vocabulary is split over devices, without gathering the logits.
 
-A decode step of the `megatron` rollout layout (trainer/rollout_sharding.py) computes each chip's slice of
-the vocabulary for every row, from the whole final hidden state and the chip's rows of the (vocab-split)
-head. Gathering those logits to their rows' chips is 39 MB a token for 128 rows of Qwen2.5, so the draw is
-made where the logits are: every chip shares its slice's max and exp-sum per row (and its rows'
-uniforms) in one small all-gather, from which every chip computes the same log-sum-exp and the same
-choice of slice for each row; the chip holding it draws inside its slice, and one small all-reduce
-brings the tokens and their log-probs to their rows' chips.
+A decode step of the `megatron` and `head_groups` rollout layouts (trainer/rollout_sharding.py) computes
+each chip's slice of the vocabulary for every row, from the whole final hidden state and the chip's rows
+of the (vocab-split) head. Gathering those logits to their rows' chips would move 39 MB a token for 128
+rows of Qwen2.5, so the draw is made where the logits are: every chip shares its slice's max and exp-sum
+per row (and its rows' uniforms) in one small all-gather, from which every chip computes the same
+log-sum-exp and the same choice of slice for each row; the chip holding it draws inside its slice, and
+one small all-reduce brings the tokens and their log-probs to their rows' chips.
 
 The draw is `rollout.sample_with_uniform`'s: the first token whose cumulative probability exceeds the
 row's uniform, here taken in three levels (slice, block of 128, token) instead of two. Greedy picks the
@@ -25,24 +25,20 @@ from jax.sharding import Mesh, PartitionSpec
 from trainer.rollout import _draw, _first_argmax, sample_with_uniform
 
 
-def sample_split_vocab(mesh: Mesh, axes: tuple, x_spec: PartitionSpec, x: jax.Array, norm: Any,
-                       weight: jax.Array, vocab_major: bool, uniform: jax.Array, temperature: jax.Array,
-                       top_p: jax.Array, *, top_k: int, use_top_p: bool,
-                       greedy: bool) -> tuple[jax.Array, jax.Array]:
+def sample_split_vocab(mesh: Mesh, axes: tuple, x: jax.Array, norm: Any, weight: jax.Array, vocab_major: bool,
+                       uniform: jax.Array, temperature: jax.Array, top_p: jax.Array, *, top_k: int,
+                       use_top_p: bool, greedy: bool) -> tuple[jax.Array, jax.Array]:
     """Next tokens [B] and their log-probs [B], rows split over `axes` (every device of `mesh`), from the
-    final hidden states x [B, hidden] (laid out as x_spec: whole, or hidden columns over `axes`), the final
-    norm, and the head's weight split by vocabulary over `axes` ([vocab, hidden] when vocab_major).
-    uniform [B]: one uniform per row, rows over `axes`. Same tokens as sample_with_uniform on the whole
-    logits, up to fp32 rounding of the cumulative sums."""
+    final hidden states x [B, hidden] (whole on every device), the final norm, and the head's weight split
+    by vocabulary over `axes` ([vocab, hidden] when vocab_major). uniform [B]: one uniform per row, rows
+    over `axes`. Same tokens as sample_with_uniform on the whole logits, up to fp32 rounding of the
+    cumulative sums."""
     n = mesh.size
     compute = weight.dtype
     pattern = "bd,vd->bv" if vocab_major else "bd,dv->bv"
-    gather_x = x_spec != PartitionSpec()
 
     def local(x: jax.Array, scale: jax.Array, weight: jax.Array, uniform: jax.Array, temperature: jax.Array,
               top_p: jax.Array) -> tuple[jax.Array, jax.Array]:
-        if gather_x:
-            x = jax.lax.all_gather(x, axes, axis=1, tiled=True)
         xf = x.astype(jnp.float32)
         xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + norm.eps)
         a = (scale.astype(jnp.float32) * xf).astype(compute)
@@ -56,7 +52,8 @@ def sample_split_vocab(mesh: Mesh, axes: tuple, x_spec: PartitionSpec, x: jax.Ar
         first = jax.lax.axis_index(axes) * width  # this chip's first token id
         scaled = logits if greedy else logits / temperature
         top = jnp.max(scaled, axis=-1)
-        probs = jnp.exp(scaled - top[:, None])
+        # A slice masked whole (-inf) has no mass: exp against 0, not against its -inf maximum (NaN).
+        probs = jnp.exp(scaled - jnp.where(jnp.isfinite(top), top, 0.0)[:, None])
         if greedy:
             third = (first + _first_argmax(scaled)).astype(jnp.float32)  # exact below 2^24 tokens
         else:  # this chip's rows' uniforms, zero at the other rows: summed over chips, every row's
@@ -94,7 +91,7 @@ def sample_split_vocab(mesh: Mesh, axes: tuple, x_spec: PartitionSpec, x: jax.Ar
 
     rows, whole = PartitionSpec(axes), PartitionSpec()
     head = PartitionSpec(axes, None) if vocab_major else PartitionSpec(None, axes)
-    return jax.shard_map(local, mesh=mesh, in_specs=(x_spec, whole, head, rows, whole, whole),
+    return jax.shard_map(local, mesh=mesh, in_specs=(whole, whole, head, rows, whole, whole),
                          out_specs=(rows, rows))(x, norm.scale[...], weight, uniform, temperature, top_p)
 
 
