@@ -52,8 +52,10 @@ def test_plan_of_a_node_fits_and_the_second_answer_comes_from_the_cache(
 def test_launch_refuses_a_config_the_compiler_cannot_fit_before_anything_is_sent(
     pod, tmp_path, tiny_model_dir, capsys
 ):
+    # Too long a sequence rather than too many: the compiler refuses the first program (prefill) at once,
+    # where 4096 sequences of 4096 tokens cost it twice as long to refuse.
     config = planning_config(
-        tmp_path, tiny_model_dir, batch_size=256, n=16, global_length=4096, max_length_sample=4096
+        tmp_path, tiny_model_dir, batch_size=8, n=2, global_length=65536, max_length_sample=64
     )
     python = fake_trainer(tmp_path, "echo started\n")
     status, out, err = run(capsys, "launch", pod, "--config", config, "--python", python)

@@ -306,7 +306,11 @@ def test_the_real_trainer_is_restarted_from_its_checkpoint_after_a_distributed_t
     assert cli.main(["create", "pod", "--type", "local-1x1"]) == 0
     data = write_jsonl(tmp_path / "gsm8k.jsonl", 32, seed=0)
     env = tmp_path / "faults.env"
-    env.write_text("TRAINER_FAULT_DISTRIBUTED_TIMEOUT_AFTER_STEP=1\n")
+    # With the compilation cache on, as it is by default on a TPU VM (trainer/compilation_cache.py): the
+    # restarted job loads the programs the first one compiled instead of compiling them again.
+    env.write_text(
+        f"TRAINER_FAULT_DISTRIBUTED_TIMEOUT_AFTER_STEP=1\nTRAINER_COMPILATION_CACHE={tmp_path}/jax-cache\n"
+    )
     sets = [f"model_path={tiny_model_dir}", f"data.path={data}", "steps=2", "eval_every_steps=0",
             "rollout.global_length=64", "rollout.max_length_sample=8", f"checkpoint.dir={tmp_path}/ckpt",
             "checkpoint.every_steps=1"]

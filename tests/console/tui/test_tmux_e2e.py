@@ -91,10 +91,31 @@ class Tmux:
             time.sleep(0.1)
         raise AssertionError(f"never saw a line like {pattern!r}; it shows:\n{self.screen()}")
 
+    def click(self, x: int, y: int) -> None:
+        """A left click at column `x`, row `y` (from 0), sent as the terminal reports one (SGR mouse)."""
+        sgr = f"\x1b[<0;{x + 1};{y + 1}M\x1b[<0;{x + 1};{y + 1}m"
+        subprocess.run(["tmux", "send-keys", "-t", self.session, "-H", *(f"{b:02x}" for b in sgr.encode())],
+                       check=True)
+        time.sleep(0.3)
+
+    def dismiss_toasts(self, most: int = 6) -> None:
+        """Click the notifications away, as a person does, rather than wait out their timeouts (20 s for
+        the supervisor's): they cover the bottom of the screen. A click that missed costs nothing; what is
+        still there goes at its timeout."""
+        for _ in range(most):
+            rows = [(row, line.index(TOAST_EDGE)) for row, line in enumerate(self.screen().splitlines())
+                    if TOAST_EDGE in line]
+            if not rows:
+                return
+            row, column = rows[0]  # the top toast (a click anywhere on one closes it)
+            self.click(column + 2, row)
+
     def close(self) -> None:
         subprocess.run(["tmux", "kill-session", "-t", self.session], check=False, capture_output=True)
 
 
+# A notification's left edge (Textual's toast), the only place the run screen draws it.
+TOAST_EDGE = "\u258c"
 # Shorter than the shipped tiny run (10 steps, longer rollouts), typed as overrides: no path is typed.
 QUICK = "eval_every_steps=0 rollout.global_length=64 rollout.max_length_sample=8"
 
@@ -143,6 +164,7 @@ def test_the_newcomers_path_from_the_keyboard(tmp_path):
         for worker in (0, 1):  # the worker grid: exited, at step 3, exit status 0, its step line
             assert re.search(rf"^ {worker}\s+exited\s+3\s+[\d.]+s\s+0\s+step=3 ", shown, re.MULTILINE), shown
         app.press_until("p", "step time (s)", "valid tokens/s", "mean reward")
+        app.dismiss_toasts()  # the run's end and the supervisor's word, over the plots' axes
         plots = app.wait_for_line(r"\s*step\s+step\s+step\s*")  # each plot's axis label, drawn
         assert "no steps yet" not in plots and "one step so far" not in plots
         lines = plots.splitlines()
