@@ -10,7 +10,8 @@ import pytest
 
 from tests.trainer.launch import planning_config
 from trainer import aot
-from trainer.plan import EXIT_BAD_INPUT, EXIT_CANNOT_PLAN, EXIT_DOES_NOT_FIT, EXIT_FITS, main
+from trainer.config import load_config
+from trainer.plan import EXIT_BAD_INPUT, EXIT_CANNOT_PLAN, EXIT_DOES_NOT_FIT, EXIT_FITS, build_plan, main
 from trainer.tpu_specs import UnknownAcceleratorType, parse_accelerator_type
 
 needs_libtpu = pytest.mark.skipif(aot.libtpu_version() is None, reason="libtpu is not installed")
@@ -68,6 +69,13 @@ def test_bad_topology_and_batch_are_one_line_errors(tmp_path, capsys):
     assert "v6e-12" in capsys.readouterr().err
 
 
+def decode_step_plan(tmp_path, model_dir, layout: str) -> dict:
+    """The tiny model's plan on v6e 2x2 with rollout.weight_layout `layout`, compiling only what the decode
+    step needs (prefill, whose output layout is its input, and the step): the layout tests' figures."""
+    cfg = load_config(planning_config(tmp_path, model_dir, weight_layout=layout), [])
+    return build_plan(cfg, parse_accelerator_type("v6e-4"), only={"decode step"}).to_json()
+
+
 @needs_libtpu
 def test_tiny_model_plan_on_v6e_2x2_matches_a_hand_computation(tmp_path, tiny_model_dir, capsys):
     from trainer.model import Qwen2Config
@@ -102,15 +110,12 @@ def test_tiny_model_plan_on_v6e_2x2_matches_a_hand_computation(tmp_path, tiny_mo
     assert math.isclose(plan["hbm_bytes"], 31.25 * 2**30)  # the compiler's own limit for a v6e chip
 
 
-def test_tensor_rollout_layout_splits_weights_over_a_hosts_chips(tmp_path, tiny_model_dir, capsys):
+@needs_libtpu
+def test_tensor_rollout_layout_splits_weights_over_a_hosts_chips(tmp_path, tiny_model_dir):
     from trainer.model import Qwen2Config
 
-    def plan_of(layout: str) -> dict:
-        config = planning_config(tmp_path, tiny_model_dir, weight_layout=layout)
-        assert main(["--config", config, "--topology", "v6e-4", "--json", "--quiet"]) == EXIT_FITS
-        return json.loads(capsys.readouterr().out)
-
-    tensor, fsdp = plan_of("tensor"), plan_of("fsdp")
+    tensor = decode_step_plan(tmp_path, tiny_model_dir, "tensor")
+    fsdp = decode_step_plan(tmp_path, tiny_model_dir, "fsdp")
     assert tensor["weight_layout"] == "tensor"
     # By hand: bf16 weights, split 4 ways over the host's chips along heads, MLP columns and the vocabulary;
     # the key/value projections whole (2 KV heads do not divide over 4 chips), and so are the norms.
@@ -133,11 +138,9 @@ def test_tensor_rollout_layout_splits_weights_over_a_hosts_chips(tmp_path, tiny_
 
 @needs_libtpu
 @pytest.mark.parametrize(("layout", "per_layer", "per_token"), [("megatron", 4, 4), ("head_groups", 2, 7)])
-def test_explicit_rollout_layouts_make_their_collectives_a_layer(tmp_path, tiny_model_dir, capsys, layout,
-                                                                  per_layer, per_token):
-    config = planning_config(tmp_path, tiny_model_dir, weight_layout=layout)
-    assert main(["--config", config, "--topology", "v6e-4", "--json", "--quiet"]) == EXIT_FITS
-    plan = json.loads(capsys.readouterr().out)
+def test_explicit_rollout_layouts_make_their_collectives_a_layer(tmp_path, tiny_model_dir, layout, per_layer,
+                                                                  per_token):
+    plan = decode_step_plan(tmp_path, tiny_model_dir, layout)
     layers = json.loads((tiny_model_dir / "config.json").read_text())["num_hidden_layers"]
     step = next(p for p in plan["programs"] if p["name"] == "decode step")
     # megatron: q/k/v partial sums (with the norm's squares), the attention output, the MLP's input and
@@ -149,10 +152,10 @@ def test_explicit_rollout_layouts_make_their_collectives_a_layer(tmp_path, tiny_
 
 @needs_libtpu
 def test_a_config_the_compiler_cannot_fit_is_a_verdict_not_a_traceback(tmp_path, tiny_model_dir, capsys):
-    # 4096 sequences of 8192 tokens: attention scores alone would need far more than a chip's HBM.
-    config = planning_config(
-        tmp_path, tiny_model_dir, batch_size=256, n=16, global_length=4096, max_length_sample=4096
-    )
+    # 16 prompts of 65,536 tokens: prefill's attention scores alone would need far more than a chip's HBM
+    # (too long a sequence rather than too many: the compiler refuses the first program at once).
+    config = planning_config(tmp_path, tiny_model_dir, batch_size=8, n=2, global_length=65536,
+                             max_length_sample=64)
     assert main(["--config", config, "--topology", "v6e-4", "--quiet"]) == EXIT_DOES_NOT_FIT
     out = capsys.readouterr().out
     verdict = out.strip().splitlines()[-1]
