@@ -241,13 +241,16 @@ def test_explicit_layouts_sample_what_fsdp_weights_sample(tiny_model_dir):
     # The megatron and head_groups layouts (explicit collectives, the vocabulary split over every device and
     # sampled where it lies) on a mesh using all three axes: the same greedy tokens and log-probs as FSDP
     # weights, the same sampled tokens at temperature 1 and with top-k (which gathers the logits to their
-    # rows), and their weights split as they say.
+    # rows; the sampling code is shared, so megatron alone), their weights split as they say, and the same
+    # greedy tokens again for a model with its own head (untied, [hidden, vocab], as Qwen2.5-7B).
     script = textwrap.dedent(f"""
+        import dataclasses, tempfile
         import jax.numpy as jnp, numpy as np
         from flax import nnx
         from trainer.mesh import local_rows, make_mesh
+        from trainer.model import create_model
         from trainer.rollout_sharding import ShardedSampler
-        from trainer.weights import load_model
+        from trainer.weights import load_model, save_model
         prompts = {PROMPTS!r} + [[3, 4], [7], [8, 9, 10], [11, 12], [13, 14, 15, 16, 17]]
         mesh = make_mesh("2,2,2")
         model, config = load_model({str(tiny_model_dir)!r}, mesh=mesh, compute_dtype=jnp.float32)
@@ -256,9 +259,10 @@ def test_explicit_layouts_sample_what_fsdp_weights_sample(tiny_model_dir):
         for layout in ("fsdp", "megatron", "head_groups"):
             sampler = ShardedSampler(model, 0, config.eos_token_ids, prompt_len=16, max_new_tokens=8,
                                      mesh=mesh, style="legacy", weight_layout=layout)
-            out[layout] = (sampler.generate(prompts, rng=0, greedy=True),
-                           sampler.generate(prompts, rng=1, temperature=1.0),
-                           sampler.generate(prompts, rng=2, temperature=1.0, top_k=5))
+            out[layout] = [sampler.generate(prompts, rng=0, greedy=True),
+                           sampler.generate(prompts, rng=1, temperature=1.0)]
+            if layout != "head_groups":
+                out[layout].append(sampler.generate(prompts, rng=2, temperature=1.0, top_k=5))
             if layout == "fsdp":
                 continue
             weights = sampler.prepare_weights(nnx.state(model))
@@ -277,9 +281,18 @@ def test_explicit_layouts_sample_what_fsdp_weights_sample(tiny_model_dir):
                 assert dict(sampler.mesh.shape) == {{"dp": 1, "fsdp": 8 // kv, "tp": kv}}, sampler.mesh
                 assert q.sharding.shard_shape(q.shape) == (q.shape[0], q.shape[1] // kv)
                 assert o.sharding.shard_shape(o.shape) == (o.shape[0] // kv, o.shape[1])
-        for layout in ("megatron", "head_groups"):
-            for index in (0, 1, 2):
-                mine, fsdp = out[layout][index], out["fsdp"][index]
+        untied = dataclasses.replace(config, tie_word_embeddings=False)
+        folder = tempfile.mkdtemp()
+        save_model(create_model(untied, seed=3, compute_dtype=jnp.float32), untied, folder)
+        model, _ = load_model(folder, mesh=mesh, compute_dtype=jnp.float32)
+        assert model.lm_head is not None
+        for layout in ("fsdp", "megatron"):
+            sampler = ShardedSampler(model, 0, config.eos_token_ids, prompt_len=16, max_new_tokens=8,
+                                     mesh=mesh, style="legacy", weight_layout=layout)
+            out["untied " + layout] = [sampler.generate(prompts, rng=0, greedy=True)]
+        for layout, reference in (("megatron", "fsdp"), ("head_groups", "fsdp"),
+                                  ("untied megatron", "untied fsdp")):
+            for mine, fsdp in zip(out[layout], out[reference]):
                 np.testing.assert_array_equal(local_rows(mine.completion_ids, mesh),
                                               local_rows(fsdp.completion_ids, mesh))
                 np.testing.assert_allclose(local_rows(mine.logprobs, mesh), local_rows(fsdp.logprobs, mesh),
