@@ -209,10 +209,15 @@ class RMSNorm(nnx.Module):
         self.compute_dtype = compute_dtype
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        # Normalise and scale in fp32, cast once (HF scales in the compute dtype; the difference is rounding).
-        xf = x.astype(jnp.float32)
-        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
-        return (self.scale[...].astype(jnp.float32) * xf).astype(self.compute_dtype)
+        return rms_norm(x, self.scale[...], self.eps, self.compute_dtype)
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float, dtype: Any) -> jax.Array:
+    """RMSNorm over the last dim: RMSNorm's math, for code that holds the scale itself (a shard_map)."""
+    # Normalise and scale in fp32, cast once (HF scales in the compute dtype; the difference is rounding).
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (scale.astype(jnp.float32) * xf).astype(dtype)
 
 
 def rotary_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:

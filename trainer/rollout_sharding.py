@@ -46,7 +46,14 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from trainer.mesh import global_from_local_rows, reshard, rollout_sharding
-from trainer.model import DecodeLayout, Qwen2ForCausalLM, fit_spec, matmul_output_dtype, param_shardings
+from trainer.model import (
+    DecodeLayout,
+    Qwen2ForCausalLM,
+    fit_spec,
+    matmul_output_dtype,
+    param_shardings,
+    rms_norm,
+)
 from trainer.rollout import Sampler
 from trainer.split_sampling import own_rows, sample_split_vocab
 
@@ -219,7 +226,7 @@ def megatron_layout(mesh: Mesh, rows: Any) -> DecodeLayout:
       all-gather of per-slice statistics, one all-reduce of the drawn tokens).
     (Left to the partitioner with sharding constraints, q/k/v and the head gathered whole weights every
     token.) The [rows, intermediate] activations never leave a chip: FSDP all-reduces them every layer."""
-    axes, rows_spec, whole = _ALL_AXES, PartitionSpec(_ALL_AXES), PartitionSpec()
+    axes, rows_spec = _ALL_AXES, PartitionSpec(_ALL_AXES)
     n = mesh.size
     split_in, split_out = PartitionSpec(axes, None), PartitionSpec(None, axes)
 
@@ -258,26 +265,11 @@ def megatron_layout(mesh: Mesh, rows: Any) -> DecodeLayout:
             attn.astype(compute), dense.kernel[...].astype(compute))
         return y.astype(jnp.float32).astype(compute)
 
-    def mlp(x: jax.Array, norm: Any, block: Any) -> jax.Array:
-        dtype, compute = matmul_output_dtype(), block.down_proj.compute_dtype
-        kernels = [d.kernel[...].astype(compute) for d in (block.gate_proj, block.up_proj, block.down_proj)]
-
-        def local(x: jax.Array, scale: jax.Array, gate: jax.Array, up: jax.Array,
-                  down: jax.Array) -> jax.Array:
-            x = jax.lax.all_gather(x, axes, axis=x.ndim - 1, tiled=True)
-            a = _normed(x, scale, norm.eps, compute)
-            g = jnp.dot(a, gate, preferred_element_type=dtype).astype(jnp.float32)
-            u = jnp.dot(a, up, preferred_element_type=dtype).astype(jnp.float32)
-            y = jnp.dot((jax.nn.silu(g) * u).astype(compute), down, preferred_element_type=dtype)
-            # All-reduced whole, not reduce-scattered to columns: the TPU compiler makes a reduce-scatter an
-            # all-reduce anyway, and a whole residual spares the last layer's gather before the head (the
-            # next block's q/k/v take their columns of it without a collective).
-            return x + jax.lax.psum(y, axes).astype(jnp.float32).astype(compute)
-
-        # check_vma off: the gathered x is the same on every chip, which the check cannot infer.
-        specs = (columns(x.ndim), whole, split_out, split_out, split_in)
-        return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=whole, check_vma=False)(
-            x, norm.scale[...], *kernels)
+    # The residual arrives split by columns (from attention) and is gathered whole first. All-reduced whole,
+    # not reduce-scattered to columns: the TPU compiler makes a reduce-scatter an all-reduce anyway, and a
+    # whole residual spares the last layer's gather before the head (the next block's q/k/v take their
+    # columns of it without a collective).
+    mlp = functools.partial(_column_split_mlp, mesh, gather=True)
 
     def embed(table: jax.Array, ids: jax.Array) -> jax.Array:
         def local(table: jax.Array, ids: jax.Array) -> jax.Array:
@@ -293,6 +285,31 @@ def megatron_layout(mesh: Mesh, rows: Any) -> DecodeLayout:
                         sample=functools.partial(sample_split_vocab, mesh, axes))
 
 
+def _column_split_mlp(mesh: Mesh, x: jax.Array, norm: Any, block: Any, *, gather: bool) -> jax.Array:
+    """DecodeLayout.mlp with the MLP split by its intermediate columns over every device (gate/up by output,
+    down by input): the block's output x + MLP(norm(x)), whole on every chip. Each chip normalises the whole
+    residual (gathered from its columns first when `gather`), makes its intermediate columns, and one
+    all-reduce of down_proj's partial outputs gives every chip the sum."""
+    axes, whole = _ALL_AXES, PartitionSpec()
+    dtype, compute = matmul_output_dtype(), block.down_proj.compute_dtype
+    kernels = [d.kernel[...].astype(compute) for d in (block.gate_proj, block.up_proj, block.down_proj)]
+
+    def local(x: jax.Array, scale: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array) -> jax.Array:
+        if gather:
+            x = jax.lax.all_gather(x, axes, axis=x.ndim - 1, tiled=True)
+        a = rms_norm(x, scale, norm.eps, compute)
+        g = jnp.dot(a, gate, preferred_element_type=dtype).astype(jnp.float32)
+        u = jnp.dot(a, up, preferred_element_type=dtype).astype(jnp.float32)
+        y = jnp.dot((jax.nn.silu(g) * u).astype(compute), down, preferred_element_type=dtype)
+        return x + jax.lax.psum(y, axes).astype(jnp.float32).astype(compute)
+
+    x_spec = PartitionSpec(*(None,) * (x.ndim - 1), axes) if gather else whole
+    split_in, split_out = PartitionSpec(axes, None), PartitionSpec(None, axes)
+    # check_vma off when gathering: the gathered x is the same on every chip, which the check cannot infer.
+    return jax.shard_map(local, mesh=mesh, in_specs=(x_spec, whole, split_out, split_out, split_in),
+                         out_specs=whole, check_vma=not gather)(x, norm.scale[...], *kernels)
+
+
 def _lookup_slice(table: jax.Array, ids: jax.Array, axes: Any) -> jax.Array:
     """Embeddings of `ids` from this device's slice of a vocab-split table, zero for ids outside it: the sum
     over the devices is the whole lookup (inside a shard_map)."""
@@ -301,13 +318,6 @@ def _lookup_slice(table: jax.Array, ids: jax.Array, axes: Any) -> jax.Array:
     inside = (local >= 0) & (local < table.shape[0])
     found = jnp.take(table, jnp.where(inside, local, 0), axis=0)
     return jnp.where(inside[..., None], found, jnp.zeros((), found.dtype))
-
-
-def _normed(x: jax.Array, scale: jax.Array, eps: float, compute: Any) -> jax.Array:
-    """RMSNorm (as the model's) of a whole hidden dim, inside a shard_map."""
-    xf = x.astype(jnp.float32)
-    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
-    return (scale.astype(jnp.float32) * xf).astype(compute)
 
 
 def head_group_mesh(mesh: Mesh, kv_heads: int) -> Mesh:
@@ -382,7 +392,7 @@ def head_group_layout(mesh: Mesh) -> DecodeLayout:
         kernels = [d.kernel[...].astype(compute) for d in dense]
 
         def local(x: jax.Array, scale: jax.Array, *kernels: jax.Array) -> tuple[jax.Array, ...]:
-            a = _normed(own_rows(x, row_axes, groups), scale, norm.eps, compute)
+            a = rms_norm(own_rows(x, row_axes, groups), scale, norm.eps, compute)
             return tuple(jnp.dot(a, k, preferred_element_type=dtype).astype(jnp.float32) for k in kernels)
 
         split = PartitionSpec(None, "tp")
@@ -405,22 +415,7 @@ def head_group_layout(mesh: Mesh) -> DecodeLayout:
                           out_specs=whole)(attn.astype(compute), dense.kernel[...].astype(compute))
         return y.astype(jnp.float32).astype(compute)
 
-    def mlp(x: jax.Array, norm: Any, block: Any) -> jax.Array:
-        dtype, compute = matmul_output_dtype(), block.down_proj.compute_dtype
-        kernels = [d.kernel[...].astype(compute) for d in (block.gate_proj, block.up_proj, block.down_proj)]
-
-        def local(x: jax.Array, scale: jax.Array, gate: jax.Array, up: jax.Array,
-                  down: jax.Array) -> jax.Array:
-            a = _normed(x, scale, norm.eps, compute)
-            g = jnp.dot(a, gate, preferred_element_type=dtype).astype(jnp.float32)
-            u = jnp.dot(a, up, preferred_element_type=dtype).astype(jnp.float32)
-            y = jnp.dot((jax.nn.silu(g) * u).astype(compute), down, preferred_element_type=dtype)
-            y = jax.lax.psum(y, axes)
-            return x + y.astype(jnp.float32).astype(compute)
-
-        split_in, split_out = PartitionSpec(axes, None), PartitionSpec(None, axes)
-        return jax.shard_map(local, mesh=mesh, in_specs=(whole, whole, split_out, split_out, split_in),
-                             out_specs=whole)(x, norm.scale[...], *kernels)
+    mlp = functools.partial(_column_split_mlp, mesh, gather=False)  # the residual is whole already
 
     def embed(table: jax.Array, ids: jax.Array) -> jax.Array:
         def local(table: jax.Array, ids: jax.Array) -> jax.Array:

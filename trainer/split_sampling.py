@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec
 
+from trainer.model import rms_norm
 from trainer.rollout import _draw, _first_argmax, sample_with_uniform
 
 
@@ -39,9 +40,7 @@ def sample_split_vocab(mesh: Mesh, axes: tuple, x: jax.Array, norm: Any, weight:
 
     def local(x: jax.Array, scale: jax.Array, weight: jax.Array, uniform: jax.Array, temperature: jax.Array,
               top_p: jax.Array) -> tuple[jax.Array, jax.Array]:
-        xf = x.astype(jnp.float32)
-        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + norm.eps)
-        a = (scale.astype(jnp.float32) * xf).astype(compute)
+        a = rms_norm(x, scale, norm.eps, compute)
         # The whole contraction is on this chip: fp32 logits without partial sums.
         logits = jnp.einsum(pattern, a, weight.astype(compute), preferred_element_type=jnp.float32)
         if top_k > 0 or use_top_p:
