@@ -27,6 +27,11 @@ ROOT = "tpu-console"  # relative to the worker's home
 ENV_DIR = f"{ROOT}/env"
 ENV_PYTHON = f"~/{ENV_DIR}/bin/python"  # as `--python` takes it: ~ is the worker's home
 CODE_FILE = f"{ROOT}/code.json"
+PYTHON_FILE = f"{ROOT}/python.json"  # bootstrap's base interpreter: {"python", "version", "source"}
+PROJECTS_DIR = f"{ROOT}/projects"  # projects/<digest>/: a synced project tree, never modified after unpacking
+PROJECT_FILE = f"{ROOT}/project.json"  # the current project (sync --dir / --git)
+ENVS_DIR = f"{ROOT}/envs"  # envs/<digest>/: a setup environment
+SETUP_FILE = f"{ROOT}/setup.json"  # the current setup, written only when it succeeded
 WHEELS_DIR = f"{ROOT}/wheels"
 SRC_DIR = f"{ROOT}/src"
 LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
@@ -144,14 +149,23 @@ def _json_string(text: str) -> str:
     return json.dumps(text)
 
 
+def _echo_json_file(kind: str, relative: str) -> str:
+    """`@@ KIND {json}` with the file's content on one line, when the file is there."""
+    return f'if [ -s {_home(relative)} ]; then echo "@@ {kind} $(tr -d "\\n" < {_home(relative)})"; fi\n'
+
+
 def inspect_worker(runs_dir: str = "tpu-console/runs") -> str:
     """One round trip before a launch: is there a trainer environment, which code and library versions
-    it holds, and which runs on this worker are still alive (their process group answers `kill -0`)."""
+    it holds, the base Python, project and setup recorded there (python.json, project.json, setup.json),
+    and which runs on this worker are still alive (their process group answers `kill -0`)."""
     return (
         f"( env={_home(ENV_DIR)}\n{VERSIONS_FUNCTION}\n"
         'if [ -x "$env/bin/python" ]; then echo "@@ env present"; versions; else echo "@@ env missing"; fi\n'
         f'[ -f {_home(ROOT + "/.env")} ] && echo "@@ envfile present"\n'
-        f'for d in {_home(runs_dir)}/*/; do [ -f "$d/pid" ] || continue; [ -e "$d/exit" ] && continue; '
+        + _echo_json_file("python", PYTHON_FILE)
+        + _echo_json_file("project", PROJECT_FILE)
+        + _echo_json_file("setup", SETUP_FILE)
+        + f'for d in {_home(runs_dir)}/*/; do [ -f "$d/pid" ] || continue; [ -e "$d/exit" ] && continue; '
         'pg=$(cat "$d/pid"); case "$pg" in ""|*[!0-9]*) continue;; esac; '
         'kill -0 -- "-$pg" 2>/dev/null && echo "@@ live $(basename "$d") $pg"; done\n'
         "exit 0 )"

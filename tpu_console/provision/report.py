@@ -1,7 +1,8 @@
 """The `@@ ` lines provisioning recipes print, turned into what the console shows and checks.
 
 `@@ step TEXT` (progress), `@@ ready already|installed|synced`, `@@ error TEXT`, `@@ versions {json}`,
-`@@ env present|missing`, `@@ code {json}`, `@@ live RUN_ID PGID`, `@@ killed PID NAME PATH`,
+`@@ env present|missing`, `@@ code {json}`, `@@ python {json}`, `@@ project {json}`, `@@ setup {json}`,
+`@@ live RUN_ID PGID`, `@@ killed PID NAME PATH`,
 `@@ removed PATH`. Anything else is installer output.
 """
 
@@ -28,6 +29,9 @@ class WorkerReport:
     env_present: bool | None = None
     env_file_present: bool = False  # a `.env` left by `sync --env-file`
     code: dict[str, Any] | None = None
+    python_info: dict[str, Any] | None = None  # python.json: the base interpreter bootstrap chose
+    project: dict[str, Any] | None = None  # project.json: the project synced with sync --dir / --git
+    setup: dict[str, Any] | None = None  # setup.json: the last setup that succeeded
     live_runs: dict[str, int] = field(default_factory=dict)  # run id -> process group
     killed: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
@@ -58,6 +62,12 @@ class WorkerReport:
             self.env_file_present = rest == "present"
         elif kind == "code":
             self.code = _json(rest)
+        elif kind == "python":
+            self.python_info = _json(rest)
+        elif kind == "project":
+            self.project = _json(rest)
+        elif kind == "setup":
+            self.setup = _json(rest)
         elif kind == "live":
             run_id, _, pgid = rest.partition(" ")
             if pgid.isdigit():

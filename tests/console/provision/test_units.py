@@ -140,3 +140,26 @@ async def test_resolve_run_takes_a_run_id_a_node_or_both():
         await resolve_run(store, {}, "other", "20250101-000000-aaaa")
     with pytest.raises(UserError, match="neither a run id"):
         await resolve_run(store, {}, "ghost")
+
+
+def test_inspect_worker_reads_python_project_and_setup_records(tmp_path):
+    root = tmp_path / "tpu-console"
+    root.mkdir()
+    python = {"python": "/usr/bin/python3.12", "version": "3.12.1", "source": "found"}
+    project = {"source": "dir", "digest": "d" * 16, "dir": "tpu-console/projects/" + "d" * 16, "name": "p"}
+    setup = {"digest": "e" * 16, "env": "tpu-console/envs/" + "e" * 16, "command": "pip install -e ."}
+    run = subprocess.run(
+        ["bash", "-c", recipes.inspect_worker()], env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, check=True, timeout=30,
+    )
+    bare = WorkerReport.parse(0, run.stdout)
+    assert bare.env_present is False and (bare.python_info, bare.project, bare.setup) == (None, None, None)
+    (root / "python.json").write_text(json.dumps(python, indent=1) + "\n")  # several lines: still one marker
+    (root / "project.json").write_text(json.dumps(project))
+    (root / "setup.json").write_text(json.dumps(setup))
+    run = subprocess.run(
+        ["bash", "-c", recipes.inspect_worker()], env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, check=True, timeout=30,
+    )
+    report = WorkerReport.parse(0, run.stdout)
+    assert (report.python_info, report.project, report.setup) == (python, project, setup)
