@@ -153,7 +153,8 @@ def test_tests_the_docs_name_exist():
 
 # A folder of tests/ and the folder of the code it mirrors.
 MIRRORS = {"tests/console": "tpu_console", "tests/trainer": "trainer", "tests/benchmarks": "benchmarks"}
-ROOT_TESTS = {"test_docs.py", "test_layers.py"}  # checks of the whole project, at the top of tests/
+# Checks of the whole project, at the top of tests/.
+ROOT_TESTS = {"test_docs.py", "test_layers.py", "test_ci.py"}
 
 
 def test_test_suite_layout_names_only_what_exists():
