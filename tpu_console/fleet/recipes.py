@@ -290,9 +290,11 @@ def tail_log(
 
 
 FOLLOWER_SOURCE = worker.source("run_follower.py")
-# The run's supervision, uploaded into the run folder by `launch` (worker/supervisor.py, job_runner.py).
+# The run's supervision, uploaded into the run folder by `launch` (worker/supervisor.py, job_runner.py,
+# step_lines.py).
 SUPERVISOR_SOURCE = worker.source("supervisor.py")
 RUNNER_SOURCE = worker.source("job_runner.py")
+STEP_LINES_SOURCE = worker.source("step_lines.py")  # the runner reads a command job's step lines with it
 
 
 def follow_run(

@@ -49,6 +49,7 @@ TRAINER_ARGS = ("-m", "trainer", "--config", "config.yaml", "--run-dir", ".")
 # The job as the wrapper starts it: the job runner (worker/job_runner.py), which runs the trainer and
 # reports it to the run's supervisor.
 RUNNER, SUPERVISOR = "job_runner.py", "supervisor.py"
+STEP_LINES = "step_lines.py"  # imported by the runner: a command job's step lines into events.jsonl
 
 
 
@@ -341,6 +342,7 @@ async def _prepare(
         uploads.append(fleet.put(json.dumps(plan, indent=2).encode() + b"\n",
                                  f"{folder}/{supervision.PLAN_FILE}", workers, mode=0o600))
         uploads.append(fleet.put(recipes.RUNNER_SOURCE, f"{folder}/{RUNNER}", workers, mode=0o644))
+        uploads.append(fleet.put(recipes.STEP_LINES_SOURCE, f"{folder}/{STEP_LINES}", workers, mode=0o644))
         first = workers[:1]  # the supervisor's worker
         uploads.append(fleet.put(recipes.SUPERVISOR_SOURCE, f"{folder}/{SUPERVISOR}", first, mode=0o644))
         if webhook_url:

@@ -15,6 +15,11 @@ start it again (a restart: the trainer resumes from its latest checkpoint; on po
 the coordinator, on a new port), wait, or be done. A supervisor that does not answer changes nothing: the
 job runs, and its status is the runner's.
 
+A command job (launch.json's "job" of kind "command": a program that knows nothing of tpu-console) writes
+no events of its own: the runner reads its `output.log` as it grows and appends a step event to
+`events.jsonl` for each step line it recognises (step_lines.py, shipped beside it; the format is the job's
+"metrics" "format"), so the heartbeat, the console's views and the history read it as they read the trainer.
+
 Python 3.8+ and the standard library only; it imports nothing of the console.
 """
 
@@ -27,12 +32,18 @@ import sys
 import time
 import urllib.request
 
+try:  # shipped beside this file into the run folder (runs/launch.py)
+    import step_lines
+except ImportError:  # a run folder without it: a command job's steps are not read
+    step_lines = None
+
 PLAN_FILE = "supervision.json"
 ADDRESS_ENV = "TPU_CONSOLE_SUPERVISOR"
 JOB_PID_FILE = "job.pid"
 COORDINATOR_ENV = "TRAINER_COORDINATOR_ADDRESS"
 EXIT_BAD_INPUT = 2  # the trainer's status for a config it refuses
 TRACEBACK_START = "Traceback (most recent call last):"
+READ_STEPS_S = 0.5  # how often a command job's new output is read for step lines
 NO_ANSWER_S = 5.0  # after its job ended, how long the runner waits for a supervisor that does not answer
 
 
@@ -70,7 +81,7 @@ class Classifier:
 
 
 class Runner:
-    def __init__(self, command, plan, worker, address, env=None):
+    def __init__(self, command, plan, worker, address, env=None, job=None):
         self.command = command
         self.plan = plan
         self.worker = worker
@@ -84,6 +95,7 @@ class Runner:
         self.step = None
         self.step_s = None
         self.events_offset = _size("events.jsonl")
+        self.steps = StepFeed.for_job(job, worker)
 
     # ---- talking to the supervisor -----------------------------------------------------------------
 
@@ -162,12 +174,18 @@ class Runner:
     def wait_job(self):
         heartbeat = float(self.plan.get("heartbeat_s", 2))
         next_beat = time.monotonic() + heartbeat
+        next_read = time.monotonic() + READ_STEPS_S
         while self.job.poll() is None:
             time.sleep(min(0.1, heartbeat))
+            if self.steps is not None and time.monotonic() >= next_read:
+                self.steps.read()
+                next_read = time.monotonic() + READ_STEPS_S
             if time.monotonic() >= next_beat:
                 self.read_step()
                 self.react(self.report("heartbeat", step=self.step, step_s=self.step_s))
                 next_beat = time.monotonic() + heartbeat
+        if self.steps is not None:
+            self.steps.read(final=True)
         code = self.job.returncode
         return 128 - code if code < 0 else code
 
@@ -201,6 +219,49 @@ class Runner:
               f"{self.attempt + 1})", flush=True)
 
 
+class StepFeed:
+    """A command job's step lines, from its output.log into events.jsonl (complete lines only; a line cut
+    off at the end waits for the rest, unless the job has ended)."""
+
+    def __init__(self, parser, log="output.log", events="events.jsonl"):
+        self.parser = parser
+        self.log = log
+        self.events = events
+        self.offset = _size(log)  # what came before this runner (an earlier launch's lines) is not this job's
+
+    @classmethod
+    def for_job(cls, job, worker):
+        """The feed launch.json's "job" asks for: None for the trainer (it writes its own events), for a
+        format of "none", or when step_lines.py did not come with the runner."""
+        if not isinstance(job, dict) or job.get("kind") != "command" or step_lines is None:
+            return None
+        metrics = job.get("metrics") or {}
+        try:
+            parser = step_lines.StepLines(metrics.get("format") or "auto", metrics.get("regex"), worker)
+        except ValueError as exc:  # refused by launch already; a hand-made launch.json gets a line in the log
+            print(f"tpu-console: step lines are not read: {exc}", flush=True)
+            return None
+        return None if parser.format == "none" else cls(parser)
+
+    def read(self, final=False):
+        try:
+            with open(self.log, "rb") as log:
+                log.seek(self.offset)
+                data = log.read()
+        except OSError:
+            return
+        end = len(data) if final else data.rfind(b"\n") + 1
+        self.offset += end
+        events = []
+        for raw in data[:end].splitlines():
+            event = self.parser.event(raw.decode("utf-8", "replace"))
+            if event is not None:
+                events.append(json.dumps(event) + "\n")
+        if events:
+            with open(self.events, "a") as out:
+                out.write("".join(events))
+
+
 def _size(path):
     try:
         return os.stat(path).st_size
@@ -216,11 +277,15 @@ def main(argv):
     try:
         with open(PLAN_FILE) as f:
             plan = json.load(f)
+    except (OSError, ValueError):
+        plan = {}
+    try:
         with open("launch.json") as f:
-            worker = int(json.load(f)["worker"])
-    except (OSError, ValueError, KeyError):
-        plan, worker = {}, 0
-    runner = Runner(command, plan, worker, os.environ.get(ADDRESS_ENV))
+            manifest = json.load(f)
+        worker, job = int(manifest["worker"]), manifest.get("job")
+    except (OSError, ValueError, KeyError, TypeError):
+        worker, job = 0, None
+    runner = Runner(command, plan, worker, os.environ.get(ADDRESS_ENV), job=job)
     signal.signal(signal.SIGTERM, runner.on_term)
     signal.signal(signal.SIGINT, runner.on_term)
     # `stacks` signals the job, not the runner; a stray SIGUSR1 sent to the group must not end the runner.

@@ -1,0 +1,111 @@
+"""The job runner reads a command job's step lines into events.jsonl (worker/job_runner.py, step_lines.py):
+the runner runs as on a worker, from a run folder holding its shipped files, against a stand-in supervisor
+that records the heartbeats, and the job is a foreign Python script that knows nothing of tpu-console."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from tpu_console.runs import supervision
+from tpu_console.worker import HERE as WORKER_DIR
+from trainer import telemetry as tm
+
+FOREIGN = """\
+import sys, time
+print("loading the model", flush=True)
+for step in range(1, 4):
+    time.sleep(0.3)
+    print(f"I0804 08:14:00.000000 1 train.py:9] step={step} loss={1.0 / step:.4f} entropy=1.5 "
+          f"reward_mean=0.5 dt=0.30s rollout_generate=0.20s update=0.10s", flush=True)
+sys.stdout.write("step=4 loss=0.2 dt=0.30s")  # the last line, unterminated: read once the job ended
+sys.exit(int(sys.argv[1]))
+"""
+
+
+class StandInSupervisor:
+    """Answers every report (`done` once the job exited) and keeps the heartbeats."""
+
+    def __init__(self) -> None:
+        self.reports: list[dict] = []
+        reports = self.reports
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                report = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                reports.append(report)
+                body = json.dumps({"order": "done" if report["event"] in ("exit", "poll") else "go"}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+
+
+@pytest.fixture
+def stand_in() -> Iterator[StandInSupervisor]:
+    supervisor = StandInSupervisor()
+    yield supervisor
+    supervisor.server.shutdown()
+
+
+def run_folder(tmp_path: Path, job: dict | None) -> Path:
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for name in ("job_runner.py", "step_lines.py"):  # as runs/launch.py ships them
+        shutil.copy(WORKER_DIR / name, folder / name)
+    (folder / "launch.json").write_text(json.dumps({"worker": 1, "job": job}))
+    (folder / supervision.PLAN_FILE).write_text(json.dumps({"heartbeat_s": 0.2}))
+    (folder / "foreign.py").write_text(FOREIGN)
+    (folder / "output.log").write_text("an earlier attempt's step=99 loss=1 dt=1s\n")
+    return folder
+
+
+def run_job(folder: Path, stand_in: StandInSupervisor, status: int = 0) -> int:
+    with (folder / "output.log").open("ab") as log:  # as the job wrapper does: the job's output appended
+        return subprocess.run(
+            [sys.executable, "job_runner.py", "--", sys.executable, "-u", "foreign.py", str(status)],
+            cwd=folder, stdout=log, stderr=subprocess.STDOUT, timeout=60,
+            env={"PATH": "/usr/bin:/bin", supervision.ADDRESS_ENV: stand_in.address},
+        ).returncode
+
+
+def test_a_command_jobs_step_lines_become_step_events_and_heartbeats(tmp_path, stand_in):
+    job = {"kind": "command", "command": ["python", "foreign.py"], "metrics": {"format": "auto"}}
+    folder = run_folder(tmp_path, job)
+    assert run_job(folder, stand_in, status=3) == 3
+    events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in events] == [1, 2, 3, 4]  # not the earlier attempt's line
+    first = events[0]
+    assert first["kind"] == "step" and first["process"] == 1
+    assert (first["source"], first["format"]) == ("output.log", "seeds")
+    assert first[tm.phase_key("step")] == 0.3 and first[tm.phase_key("rollout_generate")] == 0.2
+    assert first[tm.LOSS] == 1.0 and first[tm.REWARD_MEAN] == 0.5 and first[tm.STEP_AVG_LAST10] == 0.3
+    beats = [r for r in stand_in.reports if r["event"] == "heartbeat" and r.get("step")]
+    assert beats and beats[-1]["step_s"] == pytest.approx(0.3)  # what the stall judgement scales with
+    exit_report = next(r for r in stand_in.reports if r["event"] == "exit")
+    assert exit_report["status"] == 3 and exit_report["worker"] == 1
+
+
+@pytest.mark.parametrize(
+    "job", [None, {"kind": "trainer"}, {"kind": "command", "metrics": {"format": "none"}}]
+)
+def test_the_trainer_and_format_none_get_no_parsed_steps(tmp_path, stand_in, job):
+    folder = run_folder(tmp_path, job)
+    (folder / "foreign.py").write_text("print('step=1 loss=0.5 dt=0.1s', flush=True)\n")
+    assert run_job(folder, stand_in) == 0
+    assert not (folder / "events.jsonl").exists()
