@@ -1,7 +1,9 @@
 """Where a run is stuck: every worker's Python stacks, asked for at once and grouped.
 
 `collect_stacks` signals each worker's job (SIGUSR1: the trainer's faulthandler appends every thread's stack
-to `stacks.txt` in its run folder, trainer/cli.py) and reads the dump back; `group` puts workers whose
+to `stacks.txt` in its run folder, trainer/cli.py) and reads the dump back; a command job (any program,
+which has no such handler) is read from the outside with `py-spy dump` instead (installed by bootstrap;
+`from_py_spy` turns its text into faulthandler's, so the rest is the same). `group` puts workers whose
 stacks are the same (thread ids aside) together, so the odd ones out stand apart: "workers 0,2,3: all-reduce
 in trainer/grpo.py:201 (update); worker 1: trainer/data.py:40 (loading)". A job that does not answer
 (stopped, or blocked where Python cannot run a handler) is named with its process state. Beside the stacks,
@@ -15,7 +17,11 @@ import asyncio
 import base64
 import binascii
 import re
+import shlex
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tpu_console.errors import Unreachable, UserError, one_line
 from tpu_console.fleet import recipes
@@ -28,6 +34,12 @@ from tpu_console.runs.store import RunRecord
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+")
 _FRAME = re.compile(r'^\s+File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>.+)$')
 # ps states: what a job that did not answer is doing.
+# py-spy dump's lines: `Thread 4242 (idle): "MainThread"` and `    wait (foreign.py:5)`.
+_PY_SPY_THREAD = re.compile(r"^Thread (?:0x)?(?P<id>[0-9a-fA-F]+)(?P<rest>.*)$")
+_PY_SPY_FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<path>.+):(?P<line>\d+)\)$")
+# Where `stacks` looks for py-spy on a worker: bootstrap's environment, then PATH.
+PY_SPY = ("~/tpu-console/env/bin/py-spy", "py-spy")
+NO_PY_SPY = "py-spy is not on the worker: run `tpu-console bootstrap NODE` (it installs py-spy)"
 PROCESS_STATES = {"T": "stopped (SIGSTOP)", "t": "stopped by a debugger", "D": "in uninterruptible I/O",
                   "Z": "a zombie", "S": "sleeping", "R": "running"}
 
@@ -85,6 +97,62 @@ class RunStacks:
                             "devices": [vars(d) for d in a.devices]} for a in self.devices]}
 
 
+def from_py_spy(text: str) -> str:
+    """py-spy dump's text as faulthandler writes it (threads, innermost frame first): what `threads`,
+    `where` and `normalize` read. The process lines (pids, differing between workers) are left out."""
+    out: list[str] = []
+    for line in text.splitlines():
+        if thread := _PY_SPY_THREAD.match(line):
+            out.append(f"Thread 0x{int(thread['id'], 16 if line[7:9] == '0x' else 10):x}{thread['rest']}")
+        elif frame := _PY_SPY_FRAME.match(line):
+            out.append(f'  File "{frame["path"]}", line {frame["line"]} in {frame["func"]}')
+        elif out and line.startswith("        "):  # --locals and the like: kept with their frame
+            out.append(line)
+    return "\n".join(out)
+
+
+def is_command_job(record: RunRecord) -> bool:
+    """A job other than the bundled trainer (launch -- CMD, or a job file): no SIGUSR1 handler there."""
+    job = getattr(record, "job", None)
+    return isinstance(job, dict) and job.get("kind") == "command"
+
+
+def py_spy_places(record: RunRecord) -> tuple[str, ...]:
+    """Where py-spy may be on the run's workers: a local pod's workers are this machine, so the console's
+    own py-spy (a dependency of the console) serves them too."""
+    if record.provider == "local":
+        return (*PY_SPY, str(Path(sys.prefix) / "bin" / "py-spy"))
+    return PY_SPY
+
+
+def dump_stacks_py_spy(run_id: str, py_spy: Sequence[str], wait_s: float = 5.0) -> str:
+    """`py-spy dump` of the run's job and its child processes: any Python program's stacks, without its
+    help. `py_spy`: where py-spy may be, tried in order (a word without a slash is looked up on PATH); `sudo
+    -n` is tried when ptrace is refused. Prints `state=answered` and the dump base64-encoded on one line,
+    `state=no-py-spy`, `state=failed` and py-spy's last line, `state=ended` or `state=missing`."""
+    d = _home_word(recipes.run_dir(run_id))
+    candidates = " ".join(_home_word(c[2:]) if c.startswith("~/") else shlex.quote(c) for c in py_spy)
+    timeout = max(1, int(wait_s))
+    return (
+        f"( cd {d} 2>/dev/null || {{ echo state=missing; exit 0; }}; "
+        "p=$(cat job.pid 2>/dev/null || cat pid 2>/dev/null); "
+        'case "$p" in ""|*[!0-9]*) echo state=ended; exit 0;; esac; '
+        'if [ -e exit ] || ! kill -0 "$p" 2>/dev/null; then echo state=ended; exit 0; fi; '
+        f"s=; for c in {candidates}; do "
+        'c=$(command -v "$c" 2>/dev/null) && [ -x "$c" ] && { s=$c; break; }; done; '
+        '[ -n "$s" ] || { echo state=no-py-spy; exit 0; }; '
+        f'd=$(timeout {timeout} "$s" dump --pid "$p" --subprocesses 2>&1) || {{ e=$d; '
+        f'd=$(timeout {timeout} sudo -n "$s" dump --pid "$p" --subprocesses 2>&1) || '
+        '{ echo "state=failed $(printf %s "$e" | tail -n 1)"; exit 0; }; }; '
+        "echo state=answered; printf %s \"$d\" | base64 | tr -d '\\n'; echo )"
+    )
+
+
+def _home_word(relative: str) -> str:
+    """A shell word for `~/relative` that expands $HOME but nothing in `relative`."""
+    return '"$HOME"/' + shlex.quote(relative)
+
+
 def normalize(dump: str) -> str:
     """The dump without what differs between identical stacks: thread ids."""
     lines = [_THREAD.sub(lambda m: m.group(1), line.rstrip()) for line in dump.strip().splitlines()]
@@ -133,6 +201,8 @@ def short_path(path: str) -> str:
         if marker in path:
             return path.split(marker, 1)[1]
     match = re.search(r"/((?:trainer|tpu_console|jax|jaxlib|flax|optax)/.*)$", path)
+    if match is None and not path.startswith("/"):
+        return path  # already short (py-spy's abbreviated names: `nash_mhc/train.py`)
     return match.group(1) if match else path.rsplit("/", 1)[-1]
 
 
@@ -164,6 +234,11 @@ def parse_answer(worker: int, stdout: str, error: str | None) -> WorkerStacks:
     if state.startswith("state=silent"):
         proc = state.partition("proc=")[2].strip()
         return WorkerStacks(worker, silent=f"its job is {PROCESS_STATES.get(proc, proc or 'gone')}")
+    if state == "state=no-py-spy":
+        return WorkerStacks(worker, silent=NO_PY_SPY)
+    if state.startswith("state=failed"):
+        said = state.partition(" ")[2].strip()
+        return WorkerStacks(worker, silent=f"py-spy could not read its job: {said or 'no reason given'}")
     if state == "state=ended":
         return WorkerStacks(worker, silent="its job has ended")
     if state == "state=missing":
@@ -179,13 +254,18 @@ async def collect_stacks(providers: dict[str, Provider], record: RunRecord, wait
         if reached.fleet is None:
             return RunStacks(record.run_id, record.node, silent={w: reached.problem or "unreachable"
                                                                   for w in record.workers})
+        py_spy = is_command_job(record)
+        ask = (dump_stacks_py_spy(record.run_id, py_spy_places(record), wait_s) if py_spy
+               else recipes.request_stacks(record.run_id, wait_s))
         results, devices = await asyncio.gather(
-            reached.fleet.run(recipes.request_stacks(record.run_id, wait_s), record.workers,
-                              timeout=wait_s + 30),
+            reached.fleet.run(ask, record.workers, timeout=wait_s + 30),
             _device_state(reached, record.workers, address),
         )
     answers = [parse_answer(r.worker, r.stdout, r.error or (None if r.ok else r.stderr.strip()))
                for r in results]
+    if py_spy:
+        answers = [WorkerStacks(a.worker, dump=from_py_spy(a.dump)) if a.dump is not None else a
+                   for a in answers]
     found = group(answers, record.run_id, record.node)
     found.devices = devices
     return found
