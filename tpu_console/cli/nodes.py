@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tpu_console.cli import flags, output, prompts
+from tpu_console.cli.termination import cancel_on_termination
 from tpu_console.errors import CreateInterrupted, UserError
 from tpu_console.model import CreateRequest, Node, QueuedRequest
 from tpu_console.node_table import (
@@ -170,13 +172,27 @@ async def create(args: argparse.Namespace, settings: Settings, providers: dict[s
         race=args.race,
     )
     provider = create_provider_name(settings, args.provider)
-    try:
-        node = await create_node(providers, provider, request, progress=output.progress)
-    except CreateInterrupted as interrupted:
-        cancelled = await _after_interrupt(interrupted, providers, json_mode=args.json)
-        if args.json:
-            output.print_json({"interrupted": True, "requests": interrupted.requests, "cancelled": cancelled})
-        return 130
+    # SIGTERM or SIGHUP (a CI job cancelled, a terminal closed) stops a waiting create as Ctrl-C does,
+    # and its requests are deleted without a question: nobody is there to answer one.
+    with cancel_on_termination() as terminated:
+        try:
+            node = await create_node(providers, provider, request, progress=output.progress)
+        except CreateInterrupted as interrupted:
+            if terminated.signal is not None:
+                output.progress(f"{terminated.signal.name} received")
+            cancelled = await _after_interrupt(interrupted, providers, json_mode=args.json,
+                                               ask=terminated.signal is None)
+            if args.json:
+                output.print_json({"interrupted": True, "requests": interrupted.requests,
+                                   "cancelled": cancelled})
+            return 130 if terminated.signal is None else terminated.exit_status
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if terminated.signal is None or task is None:
+                raise
+            task.uncancel()  # our own signal's cancel, handled here: no request was out yet
+            output.progress(f"{terminated.signal.name} received: stopped before any request was made")
+            return terminated.exit_status
     if args.json:
         output.print_json({"node": node_record(node, datetime.now(UTC))})
     else:
@@ -193,11 +209,12 @@ async def create(args: argparse.Namespace, settings: Settings, providers: dict[s
 
 
 async def _after_interrupt(interrupted: CreateInterrupted, providers: dict[str, Provider], *,
-                           json_mode: bool) -> bool:
-    """Ctrl-C while queued: ask whether to cancel (nobody to ask: cancel); never leave one silently."""
+                           json_mode: bool, ask: bool = True) -> bool:
+    """Ctrl-C while queued: ask whether to cancel (nobody to ask, or `ask` False after SIGTERM: cancel);
+    never leave one silently."""
     names = ", ".join(interrupted.requests)
     try:
-        cancel = prompts.cancel_queued(interrupted.requests, json_mode=json_mode)
+        cancel = prompts.cancel_queued(interrupted.requests, json_mode=json_mode) if ask else True
     except (KeyboardInterrupt, EOFError):
         cancel = False
     if not cancel:

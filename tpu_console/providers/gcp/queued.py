@@ -3,8 +3,9 @@
 One zone at a time (only a failure for lack of capacity or of a reservation moves on), or `race`: one
 request per zone at once, the first to become ACTIVE wins and every other request is deleted, its
 deletion confirmed. Each zone's state changes are reported as a timeline ("us-east5-b: ACTIVE after
-4m10s"). Interrupted (Ctrl-C, esc), it raises `CreateInterrupted` naming the requests still out, so the
-caller asks whether to cancel them: none is left behind silently.
+4m10s"). Interrupted (Ctrl-C, esc, or SIGTERM/SIGHUP, which the CLI turns into a cancel), it raises
+`CreateInterrupted` naming the requests still out, so the caller asks whether to cancel them (after a
+signal it cancels without asking): none is left behind silently.
 """
 
 from __future__ import annotations
