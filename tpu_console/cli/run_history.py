@@ -14,17 +14,20 @@ from tpu_console import run_table
 from tpu_console.errors import UserError
 from tpu_console.node_table import format_age, format_table
 from tpu_console.providers.base import Provider
-from tpu_console.runs import control
+from tpu_console.runs import control, foreign_metrics
 from tpu_console.runs.control import RunView
+from tpu_console.runs.foreign_metrics import ForeignReadings, complete_summary
 from tpu_console.runs.resolve import resolve_run
 from tpu_console.runs.store import RunStore
 from tpu_console.runs.summary import METRICS, compare_rows, compare_table, run_summary
 from tpu_console.secrets import SecretMasker
 
 
-def _summary(view: RunView) -> dict[str, Any]:
-    """The stored summary once the run ended, else one from each worker's latest step now."""
-    return run_summary(view.record, {s.worker: s.events.last_step for s in view.workers})
+def _summary(view: RunView, foreign: ForeignReadings | None = None) -> dict[str, Any]:
+    """The stored summary once the run ended, else one from each worker's latest step now; what the
+    events leave empty from a command job's W&B summaries (`foreign`)."""
+    summary = run_summary(view.record, {s.worker: s.events.last_step for s in view.workers})
+    return complete_summary(summary, foreign)
 
 
 async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Provider]) -> int:
@@ -35,11 +38,15 @@ async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Pro
     record = await resolve_run(store, providers, targets[0], targets[1] if len(targets) > 1 else None)
     view = await control.show_run(providers, record, store)
     record = view.record
-    summary = _summary(view)
+    foreign = await foreign_metrics.look(providers, record) if view.live else None
+    steps_note = foreign_metrics.steps_note(record, {s.worker: s.events.last_step for s in view.workers})
+    summary = _summary(view, foreign)
     masker = SecretMasker.for_node(record.node)
     if json_mode:
         decisions = await control.supervisor_decisions(providers, record)
         document = {**run_table.run_record(view), "summary": summary, "archive_path": record.archive_path,
+                    "steps_source": steps_note,
+                    "foreign_metrics": foreign.to_json() if foreign is not None else None,
                     "supervisor": None if decisions is None else [
                         {"t": d.t, "decision": d.decision, "message": d.message, **d.fields}
                         for d in decisions]}
@@ -73,6 +80,10 @@ async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Pro
     print()
     rows = [(m.label, _value(summary.get(m.key))) for m in METRICS]
     print(format_table(("SUMMARY", ""), rows))
+    extra = ([steps_note] if steps_note else []) + (foreign.lines() if foreign is not None else [])
+    if extra:
+        print()
+        print(masker.mask("\n".join(extra)))
     decisions = await control.supervisor_decisions(providers, record)
     if decisions:
         print()
@@ -93,7 +104,8 @@ async def compare(targets: Sequence[str], json_mode: bool, providers: dict[str, 
     run_ids = [v.record.run_id for v in views]
     if len(set(run_ids)) < len(run_ids):
         raise UserError(f"a run is named twice ({', '.join(run_ids)}); compare different runs")
-    summaries = [_summary(v) for v in views]
+    foreign = [await foreign_metrics.look(providers, v.record) if v.live else None for v in views]
+    summaries = [_summary(v, f) for v, f in zip(views, foreign, strict=True)]
     if json_mode:
         print(
             json.dumps(

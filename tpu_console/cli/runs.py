@@ -331,11 +331,18 @@ async def runs(args: argparse.Namespace, settings: Settings, providers: dict[str
 
 
 async def status(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    from tpu_console.runs import foreign_metrics
+
     record = await resolve_run(RunStore(), providers, args.target, args.run_id)
     view = await run_control.run_status(providers, record.run_id)
     masker = SecretMasker.for_node(record.node)  # notes quote worker output, which may hold a leaked value
+    # a command job's progress: where its steps come from, its W&B summary and TensorBoard scalars
+    steps_note = foreign_metrics.steps_note(view.record, {s.worker: s.events.last_step for s in view.workers})
+    foreign = await foreign_metrics.look(providers, view.record)
     if args.json:
         document = run_table.run_record(view)
+        document["steps_source"] = steps_note
+        document["foreign_metrics"] = foreign.to_json() if foreign is not None else None
         decisions = await run_control.supervisor_decisions(providers, view.record)
         document["supervisor"] = None if decisions is None else [
             {"t": d.t, "decision": d.decision, "message": d.message, **d.fields} for d in decisions]
@@ -347,6 +354,8 @@ async def status(args: argparse.Namespace, settings: Settings, providers: dict[s
           f"started {age} ago")
     worker_rows = [run_table.worker_row(s) for s in view.workers]
     print(masker.mask(format_table(run_table.WORKER_COLUMNS, worker_rows)))
+    for line in ([steps_note] if steps_note else []) + (foreign.lines() if foreign is not None else []):
+        print(masker.mask(line))
     if view.failure:
         print(masker.mask(f"failed first: {view.failure}"))
     if view.state == "partially-dead":

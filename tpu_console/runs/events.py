@@ -51,6 +51,8 @@ class StepMetrics:
     loss: float | None
     reward_mean: float | None
     phases: dict[str, float]  # rollout_generate, reward, ... in seconds
+    # the step line's format when the job runner read it from a command job's output (worker/step_lines.py)
+    format: str | None = None
 
     @classmethod
     def from_event(cls, event: Event) -> StepMetrics:
@@ -73,6 +75,7 @@ class StepMetrics:
             loss=_number(event.get(LOSS)),
             reward_mean=_number(event.get(REWARD_MEAN)),
             phases=phases,
+            format=event.get("format") if isinstance(event.get("format"), str) else None,
         )
 
 

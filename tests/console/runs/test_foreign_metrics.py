@@ -1,0 +1,98 @@
+"""A command job's TensorBoard event files and W&B summary, read from a local pod's workers
+(runs/foreign_metrics.py): real event files written with tensorboard's own writer and read back with
+tbparse; copied again only when they grew; the summary filled where the events say nothing."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tpu_console.runs import foreign_metrics as fm
+from tpu_console.runs.events import Event, StepMetrics
+from trainer import telemetry as tm
+
+event_pb2 = pytest.importorskip("tensorboard.compat.proto.event_pb2")
+summary_pb2 = pytest.importorskip("tensorboard.compat.proto.summary_pb2")
+writer_module = pytest.importorskip("tensorboard.summary.writer.event_file_writer")
+
+JOB_DIR = "tpu-console/projects/abc123"
+
+
+def write_scalars(folder: Path, steps: range, tags: dict[str, float]) -> None:
+    writer = writer_module.EventFileWriter(str(folder))
+    for step in steps:
+        values = [summary_pb2.Summary.Value(tag=t, simple_value=v * step) for t, v in tags.items()]
+        writer.add_event(event_pb2.Event(wall_time=time.time(), step=step,
+                                         summary=summary_pb2.Summary(value=values)))
+    writer.close()
+
+
+def record_of(metrics: dict) -> SimpleNamespace:
+    job = {"kind": "command", "command": ["python", "-m", "tunix_train"], "cwd": JOB_DIR, "metrics": metrics}
+    return SimpleNamespace(run_id="20260101-000000-abcd", workers=[0, 1], job=job)
+
+
+async def test_tensorboard_and_wandb_of_a_command_job(local_pod, local_fleet):
+    record = record_of({"format": "auto", "tensorboard": "logs/tb", "wandb": None})
+    job_dir = local_pod.worker_dir(0) / JOB_DIR
+    write_scalars(job_dir / "logs" / "tb" / "train", range(1, 6), {"loss": 0.5, "perf/step_time": 2.0})
+    summary = job_dir / "wandb" / "latest-run" / "files" / "wandb-summary.json"
+    summary.parent.mkdir(parents=True)
+    summary.write_text(json.dumps({tm.STEP_AVG_LAST10: 10.02, tm.VALID_TOKENS_PER_S: 4144.0,
+                                   tm.MEM_PEAK: 27.5, "_runtime": 812, "run_name": "x"}))
+
+    readings = await fm.read_foreign(local_fleet, record)
+    assert readings.tensorboard == {0: {"loss": (5, 2.5), "perf/step_time": (5, 10.0)}}
+    assert readings.wandb == {
+        0: {tm.STEP_AVG_LAST10: 10.02, tm.VALID_TOKENS_PER_S: 4144.0, tm.MEM_PEAK: 27.5}
+    }
+    assert readings.problems == ["worker 1 has no TensorBoard event files in tpu-console/projects/abc123/"
+                                 "logs/tb yet"]  # no summary on worker 1 is no problem: wandb was not named
+    lines = readings.lines()
+    assert lines[0] == ("W&B worker 0: time/train/step_avg_last10_s 10.02, throughput/train/"
+                        "valid_tokens_per_s 4144, memory/train/peak_bytes_in_use_max_gib 27.5")
+    assert lines[1] == "TensorBoard worker 0 (step 5, 2 tags): loss 2.5, perf/step_time 10"
+
+    # The summary of a run whose events said nothing of these: the W&B numbers under the same names.
+    filled = fm.complete_summary({tm.STEP_AVG_LAST10: None, tm.MEM_PEAK: None, tm.REWARD_MEAN: 0.5}, readings)
+    assert filled == {tm.STEP_AVG_LAST10: 10.02, tm.MEM_PEAK: 27.5, tm.REWARD_MEAN: 0.5,
+                      tm.VALID_TOKENS_PER_S: 4144.0}
+
+    # More steps: the grown file is copied again; an unchanged one is not.
+    cached = sorted(fm.tensorboard_cache(record.run_id, 0).rglob("events.out.tfevents.*"))
+    assert len(cached) == 1
+    first_copy = cached[0].stat().st_mtime_ns
+    write_scalars(job_dir / "logs" / "tb" / "eval", range(1, 3), {"eval/accuracy": 0.25})
+    readings = await fm.read_foreign(local_fleet, record, [0])
+    assert readings.tensorboard[0]["eval/accuracy"] == (2, 0.5)
+    assert cached[0].stat().st_mtime_ns == first_copy
+
+
+async def test_the_trainer_has_nothing_foreign_and_a_named_wandb_folder_is_missed(local_fleet):
+    trainer = SimpleNamespace(run_id="r", workers=[0], job=None)
+    assert await fm.read_foreign(local_fleet, trainer) == fm.ForeignReadings()
+    readings = await fm.read_foreign(local_fleet, record_of({"wandb": "runs/wandb"}), [0])
+    assert readings.problems == [
+        f"W&B summary of worker 0: no {JOB_DIR}/runs/wandb/latest-run/files/wandb-summary.json yet"
+    ]
+
+
+def step(fmt: str | None) -> StepMetrics:
+    return StepMetrics.from_event(Event("step", 1.0, 0, {"step": 3, "format": fmt}))
+
+
+def test_steps_note_says_where_the_steps_come_from_or_that_none_matched():
+    assert fm.steps_note(SimpleNamespace(job=None), {0: step(None)}) is None  # the trainer
+    assert fm.steps_note(record_of({"format": "auto"}), {0: step("maxtext"), 1: None}) == (
+        "steps: from output.log (maxtext format)")
+    assert fm.steps_note(record_of({"format": "auto"}), {0: None}) == (
+        "steps: no line of the output matched (auto: seeds, maxtext, jsonl) yet: set [metrics] format or "
+        "regex in the job file to the program's step line")
+    assert "regex 'it (?P<step>\\\\d+)'" in fm.steps_note(
+        record_of({"format": "regex", "regex": r"it (?P<step>\d+)"}), {})
+    assert fm.steps_note(record_of({"format": "none"}), {}) == (
+        "steps: not read from the output (metrics format none)")

@@ -1,0 +1,248 @@
+"""Progress of a job that knows nothing of tpu-console, beside its step lines: what its TensorBoard event
+files and its W&B run folder say, read from the workers when a run is looked at.
+
+A command job's step lines become step events on the worker itself (worker/job_runner.py with
+worker/step_lines.py), so every view that reads events reads them. What a program writes elsewhere is read
+here, console-side, from the places launch.json's `job.metrics` names (relative to the job's folder):
+- `tensorboard`: a folder of TensorBoard event files (tunix writes its metrics only there). The files are
+  copied (SFTP, only those that grew since the last copy) into `$TPU_CONSOLE_HOME/tensorboard/<run>/
+  worker-<i>/` and read with tbparse, a maintained reader, into the last value of every scalar tag;
+- `wandb`: the folder holding W&B's `latest-run/` (default `wandb`, where wandb puts it):
+  `latest-run/files/wandb-summary.json`, the numbers the seeds read back by hand after each run
+  (`time/train/step_avg_last10_s`, `throughput/train/valid_tokens_per_s`, `memory/train/
+  peak_bytes_in_use_max_gib`). They carry the trainer's metric names, so they fill the run's summary
+  (`runs show`, `runs compare`) where its events say nothing.
+
+`steps_note` says where a run's steps come from, or that none of its output matched: shown instead of an
+empty table or plot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import posixpath
+import shlex
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tpu_console import locations
+from tpu_console.errors import Unreachable, one_line
+from tpu_console.fleet.fleet import Fleet
+from tpu_console.runs.events import StepMetrics
+from tpu_console.runs.reach import reach_node
+from trainer import telemetry as tm
+
+WANDB_DEFAULT = "wandb"
+WANDB_SUMMARY = "latest-run/files/wandb-summary.json"
+# What the seeds read from the summary by hand; shown first, in this order.
+WANDB_KEYS = (tm.STEP_AVG_LAST10, tm.VALID_TOKENS_PER_S, tm.MEM_IN_USE, tm.MEM_PEAK)
+TB_PATTERN = "events.out.tfevents.*"
+MAX_TB_FILE = 256 << 20  # a larger event file holds images or histograms: not what a scalar view needs
+BUILT_IN = "seeds, maxtext, jsonl"
+
+
+def command_job(record: Any) -> dict[str, Any] | None:
+    """The run's `job` object when it is a command (any program); None for the bundled trainer."""
+    job = getattr(record, "job", None)
+    return job if isinstance(job, dict) and job.get("kind") == "command" else None
+
+
+def _metrics(job: Mapping[str, Any]) -> dict[str, Any]:
+    metrics = job.get("metrics")
+    return metrics if isinstance(metrics, dict) else {}
+
+
+def _in_job_folder(job: Mapping[str, Any], path: str) -> str:
+    """A path the job file gives (relative to the job's folder) as a path on the worker (home-relative)."""
+    if path.startswith("/"):
+        return path
+    if path.startswith("~/"):
+        return path[2:]  # home-relative, as every other path here
+    return posixpath.normpath(posixpath.join(job.get("cwd") or ".", path))
+
+
+def wandb_summary_path(job: Mapping[str, Any]) -> str:
+    return posixpath.join(_in_job_folder(job, _metrics(job).get("wandb") or WANDB_DEFAULT), WANDB_SUMMARY)
+
+
+def tensorboard_dir(job: Mapping[str, Any]) -> str | None:
+    folder = _metrics(job).get("tensorboard")
+    return _in_job_folder(job, folder) if folder else None
+
+
+def steps_note(record: Any, last_steps: Mapping[int, StepMetrics | None]) -> str | None:
+    """Where the run's steps come from, for a command job: `steps from output.log (maxtext format)`, or
+    that no line matched (so a view says so instead of drawing nothing). None for the trainer."""
+    job = command_job(record)
+    if job is None:
+        return None
+    metrics = _metrics(job)
+    wanted = metrics.get("format") or "auto"
+    if wanted == "none":
+        return "steps: not read from the output (metrics format none)"
+    found = sorted({s.format for s in last_steps.values() if s is not None and s.format})
+    if found:
+        return f"steps: from output.log ({', '.join(found)} format)"
+    expected = {"auto": f"auto: {BUILT_IN}", "regex": f"regex {metrics.get('regex')!r}"}.get(wanted, wanted)
+    return (f"steps: no line of the output matched ({expected}) yet: set [metrics] format or regex in the "
+            "job file to the program's step line")
+
+
+@dataclass
+class ForeignReadings:
+    """What a command job's TensorBoard files and W&B summary said, per worker."""
+
+    wandb: dict[int, dict[str, float]] = field(default_factory=dict)  # the summary's numbers
+    tensorboard: dict[int, dict[str, tuple[int, float]]] = field(default_factory=dict)  # tag: (step, last)
+    problems: list[str] = field(default_factory=list)  # what could not be read, and why
+
+    def lines(self) -> list[str]:
+        """One line per worker and source, for `status` and `runs show`."""
+        out = []
+        for worker, values in sorted(self.wandb.items()):
+            out.append(f"W&B worker {worker}: " + _some(_ordered(values, WANDB_KEYS)))
+        for worker, tags in sorted(self.tensorboard.items()):
+            step = max((s for s, _ in tags.values()), default=None)
+            shown = {tag: value for tag, (_, value) in tags.items()}
+            out.append(f"TensorBoard worker {worker} (step {step}, {len(tags)} tags): " + _some(shown))
+        return out + [f"note: {p}" for p in self.problems]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"wandb": {str(w): v for w, v in self.wandb.items()},
+                "tensorboard": {str(w): {t: {"step": s, "value": v} for t, (s, v) in tags.items()}
+                                for w, tags in self.tensorboard.items()},
+                "problems": self.problems}
+
+
+def complete_summary(summary: Mapping[str, Any], readings: ForeignReadings | None) -> dict[str, Any]:
+    """The summary with what its events left empty taken from the W&B summaries (the same names): the
+    worst worker's value, as summarize() takes it."""
+    filled = dict(summary)
+    if readings is None or not readings.wandb:
+        return filled
+    lower_is_better = {tm.STEP_AVG_LAST10: True, tm.VALID_TOKENS_PER_S: False, tm.MEM_IN_USE: True,
+                       tm.MEM_PEAK: True, tm.REWARD_MEAN: False}
+    for key, lower in lower_is_better.items():
+        values = [v[key] for v in readings.wandb.values() if isinstance(v.get(key), int | float)]
+        if filled.get(key) is None and values:
+            filled[key] = max(values) if lower else min(values)
+    return filled
+
+
+async def read_foreign(fleet: Fleet, record: Any, workers: Sequence[int] | None = None) -> ForeignReadings:
+    """The W&B summaries and TensorBoard scalars of a command job's workers (nothing for the trainer)."""
+    readings = ForeignReadings()
+    job = command_job(record)
+    if job is None:
+        return readings
+    workers = list(record.workers if workers is None else workers)
+    summaries = await asyncio.gather(*(_wandb_summary(fleet, job, w) for w in workers))
+    for worker, (values, problem) in zip(workers, summaries, strict=True):
+        if values:
+            readings.wandb[worker] = values
+        if problem:
+            readings.problems.append(f"W&B summary of worker {worker}: {problem}")
+    folder = tensorboard_dir(job)
+    if folder is not None:
+        for worker in workers:
+            try:
+                local = await fetch_tensorboard(fleet, record.run_id, folder, worker)
+            except (Unreachable, OSError) as exc:
+                readings.problems.append(f"TensorBoard files of worker {worker}: {one_line(exc)}")
+                continue
+            if local is None:
+                readings.problems.append(f"worker {worker} has no TensorBoard event files in {folder} yet")
+                continue
+            if scalars := await asyncio.to_thread(last_scalars, local):
+                readings.tensorboard[worker] = scalars
+    return readings
+
+
+async def _wandb_summary(fleet: Fleet, job: Mapping[str, Any], worker: int) -> tuple[dict, str | None]:
+    path = wandb_summary_path(job)
+    try:
+        data = json.loads(await fleet.get(path, worker))
+    except FileNotFoundError:
+        # wandb was not used, or has not written its summary yet: only worth a word when it was asked for
+        return {}, (f"no {path} yet" if _metrics(job).get("wandb") else None)
+    except (Unreachable, OSError, ValueError) as exc:
+        return {}, one_line(exc)
+    if not isinstance(data, dict):
+        return {}, f"{path} is not a JSON object"
+    return {k: float(v) for k, v in data.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and not k.startswith("_")}, None
+
+
+async def look(providers: Mapping[str, Any], record: Any) -> ForeignReadings | None:
+    """`read_foreign` over a connection of its own (for `status` and `runs show`); None for the trainer
+    or a node that cannot be reached (the run's view already says why)."""
+    if command_job(record) is None:
+        return None
+    async with reach_node(dict(providers), record.node) as reached:
+        if reached.fleet is None:
+            return None
+        return await read_foreign(reached.fleet, record)
+
+
+def tensorboard_cache(run_id: str, worker: int) -> Path:
+    return locations.home() / "tensorboard" / run_id / f"worker-{worker}"
+
+
+async def fetch_tensorboard(fleet: Fleet, run_id: str, folder: str, worker: int) -> Path | None:
+    """Copy the worker's event files under `folder` that changed since the last copy; the local folder,
+    or None when the worker has none."""
+    where = '"$HOME"/' + shlex.quote(folder) if not folder.startswith("/") else shlex.quote(folder)
+    listing = (f"( cd {where} 2>/dev/null || exit 0; find . -type f -name '{TB_PATTERN}' "
+               "-printf '%s %P\\n' 2>/dev/null; exit 0 )")
+    (result,) = await fleet.run(listing, [worker], timeout=30)
+    if not result.ok:
+        raise Unreachable(result.error or result.stderr.strip() or f"exit {result.exit_status}")
+    files = []
+    for line in result.stdout.splitlines():
+        size, _, name = line.partition(" ")
+        if size.isdigit() and name and ".." not in name.split("/"):
+            files.append((int(size), name))
+    if not files:
+        return None
+    local = tensorboard_cache(run_id, worker)
+    for size, name in files:
+        target = local / name
+        if size > MAX_TB_FILE or (target.exists() and target.stat().st_size == size):
+            continue
+        remote = f"{folder.rstrip('/')}/{name}"
+        data = await fleet.get(remote, worker)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".part")
+        partial.write_bytes(data)
+        partial.replace(target)
+    return local
+
+
+def last_scalars(folder: Path) -> dict[str, tuple[int, float]]:
+    """Every scalar tag's last (step, value) in the event files under `folder`, read with tbparse."""
+    from tbparse import SummaryReader  # pandas and tensorboard: imported only when a job has event files
+
+    with warnings.catch_warnings():  # tbparse's own use of a pandas keyword pandas plans to drop
+        warnings.simplefilter("ignore")
+        scalars = SummaryReader(str(folder)).scalars
+    last: dict[str, tuple[int, float]] = {}
+    if scalars is None or scalars.empty:
+        return last
+    for row in scalars.sort_values("step").itertuples(index=False):
+        last[str(row.tag)] = (int(row.step), float(row.value))
+    return last
+
+
+def _ordered(values: Mapping[str, float], first: Sequence[str]) -> dict[str, float]:
+    head = {k: values[k] for k in first if k in values}
+    return {**head, **{k: v for k, v in sorted(values.items()) if k not in head}}
+
+
+def _some(values: Mapping[str, float], most: int = 6) -> str:
+    parts = [f"{k} {v:.4g}" for k, v in list(values.items())[:most]]
+    more = len(values) - most
+    return ", ".join(parts) + (f" (+{more} more)" if more > 0 else "") if parts else "nothing yet"
