@@ -76,14 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # Everything after the first `--` is the command for `exec`, options included.
+    # Everything after the first `--` is the command for `exec` and `launch`, options included.
     command: list[str] = []
-    if "--" in argv:
+    dashes = "--" in argv
+    if dashes:
         split = argv.index("--")
         argv, command = argv[:split], argv[split + 1 :]
     args = build_parser().parse_args(runs.with_runs_sub_command(argv))
     if args.verb == "exec":
         args.command = list(args.command) + command
+    elif args.verb == "launch":
+        args.command = command if dashes else None  # `--` with nothing after it is refused by launch
     elif command:
         print(f"error: unexpected arguments after --: {' '.join(command)}", file=sys.stderr)
         return 2

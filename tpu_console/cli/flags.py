@@ -54,9 +54,9 @@ def add_yes(parser: argparse.ArgumentParser, help: str) -> None:
     parser.add_argument("--yes", action="store_true", help=help)
 
 
-def add_config(parser: argparse.ArgumentParser, set_help: str) -> None:
-    """`--config FILE` (required) and the repeatable `--set KEY=VALUE` overrides."""
-    parser.add_argument("--config", required=True, metavar="FILE", help="trainer YAML config")
+def add_config(parser: argparse.ArgumentParser, set_help: str, required: bool = True) -> None:
+    """`--config FILE` (required unless said otherwise) and the repeatable `--set KEY=VALUE` overrides."""
+    parser.add_argument("--config", required=required, metavar="FILE", help="trainer YAML config")
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=set_help
     )

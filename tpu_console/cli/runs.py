@@ -17,6 +17,7 @@ from tpu_console.model import Node
 from tpu_console.node_table import format_age, format_table
 from tpu_console.providers.base import Provider
 from tpu_console.runs import control as run_control
+from tpu_console.runs.job_spec import JobSpec, load_job_file
 from tpu_console.runs.launch import ValidatedConfig
 from tpu_console.runs.launch import launch as launch_run
 from tpu_console.runs.notifications import Notifier
@@ -35,13 +36,24 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
     launch = verbs.add_parser(
         "launch",
         parents=[common],
-        help="start the trainer on every worker of a node",
-        description="Validate the config (and --set overrides) here, check with the TPU compiler's plan that "
-        "it fits the node's TPU type (local pods: the type they rehearse), then start `python -m trainer` "
-        "detached on the selected workers, each in ~/tpu-console/runs/RUN_ID/. Prints the run id.",
+        help="start a job on every worker of a node: the trainer, or your own command",
+        usage="tpu-console launch NODE (--config FILE [--set K=V] | --job FILE.toml | [--job FILE.toml] -- "
+        "COMMAND...) [options]",
+        description="With --config: validate the config (and --set overrides) here, check with the TPU "
+        "compiler's plan that it fits the node's TPU type (local pods: the type they rehearse), then start "
+        "`python -m trainer` detached on the selected workers, each in ~/tpu-console/runs/RUN_ID/. "
+        "With -- COMMAND (an argv, no shell: write bash -c '...' for one) or a job file: run it in the "
+        "project `sync --dir/--git` put on the workers, with its setup's environment, after the same checks "
+        "(docs/contract.md lists the environment every job gets). Prints the run id.",
     )
     launch.add_argument("node")
-    flags.add_config(launch, "override a config key, e.g. --set rollout.n=8 (repeatable)")
+    flags.add_config(launch, "override a config key, e.g. --set rollout.n=8 (repeatable)", required=False)
+    launch.add_argument(
+        "--job", metavar="FILE.toml",
+        help="a job file: command, project (dir or git), setup, env, metrics, supervisor options; its "
+        "project and setup are made current first; flags given here win over it, and a -- COMMAND over its "
+        "command",
+    )
     flags.add_env_file(
         launch, "KEY=value secrets (WANDB_API_KEY, HF_TOKEN) uploaded as a 0600 file and sourced by the job"
     )
@@ -78,7 +90,7 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
         help="the run's supervisor on the pod stops the other workers as soon as one worker's job fails",
     )
     launch.add_argument(
-        "--on-end", choices=("keep", "delete"), default="keep",
+        "--on-end", choices=("keep", "delete"), default=None,
         help="delete: the supervisor deletes the node (and its queued request) once every worker's job has "
         "ended and --grace has passed, unless a newer run started on it (default keep)",
     )
@@ -225,15 +237,20 @@ def plan_check(enabled: bool) -> Callable[[ValidatedConfig, Node], Awaitable[Non
 
 
 async def launch(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    job = job_from_args(args)
     if args.recover:
+        if job is not None:
+            raise UserError("--recover relaunches the bundled trainer from its checkpoints; for a command "
+                            "use --restart-on transient (the program resumes from its own checkpoints)")
         return await _launch_with_recovery(args, settings, providers)
-    policy = supervision_policy(args)
+    policy = supervision_policy(args, job)
     webhook = settings.notify.webhook_url
     result = await launch_run(
         providers, args.node, args.config, args.overrides, args.env_file, args.worker,
         python=args.python, kill_stale=args.kill_stale, fail_fast=args.fail_fast, check_code=args.check_code,
-        progress=output.progress, on_worker=output.worker_progress, before_send=plan_check(args.check_plan),
-        policy=policy, webhook_url=webhook.get_secret_value() if webhook else None,
+        progress=output.progress, on_worker=output.worker_progress,
+        before_send=plan_check(args.check_plan) if job is None else None,
+        policy=policy, webhook_url=webhook.get_secret_value() if webhook else None, job=job,
     )
     if result.ok:
         print(f"{result.run_id}: supervised on worker {result.workers[0]}: {describe_policy(policy)}",
@@ -283,13 +300,39 @@ async def _launch_with_recovery(
     return 0 if log.final_state == "succeeded" else 1
 
 
-def supervision_policy(args: argparse.Namespace) -> SupervisionPolicy:
-    """What the run's supervisor is asked to do, from launch's flags (one-line errors for bad values)."""
-    return policy_from_options(
-        fail_fast=args.fail_fast, on_end=args.on_end, grace=args.grace, max_cost=args.max_cost,
+def job_from_args(args: argparse.Namespace) -> JobSpec | None:
+    """The command launch runs (`-- CMD`, `--job FILE`), or None for the bundled trainer (`--config`)."""
+    command = args.command  # None without `--`; [] for a `--` with nothing after it
+    if args.config is not None:
+        if command is not None:
+            raise UserError("--config launches the bundled trainer and -- COMMAND a program of your own; "
+                            "give one of them")
+        if args.job is not None:
+            raise UserError("--config and --job both name the job; give one of them")
+        return None
+    if args.overrides:
+        raise UserError("--set overrides a key of the trainer's config; it goes with --config FILE")
+    if args.job is not None:
+        spec = load_job_file(args.job)
+        return spec if command is None else spec.with_command(command)
+    if command is None:
+        raise UserError("nothing to launch: give --config FILE (the bundled trainer), --job FILE.toml, or "
+                        "-- COMMAND ...")
+    return JobSpec.from_command(command)
+
+
+def supervision_policy(args: argparse.Namespace, job: JobSpec | None = None) -> SupervisionPolicy:
+    """What the run's supervisor is asked to do, from launch's flags over a job file's [supervisor]
+    (one-line errors for bad values)."""
+    flags_given = dict(
+        fail_fast=args.fail_fast or None, on_end=args.on_end, grace=args.grace, max_cost=args.max_cost,
         price_per_hour=args.price_per_hour, max_hang=args.max_hang, restart_on=args.restart_on,
         max_restarts=args.max_restarts,
     )
+    if job is not None:
+        return job.policy(**flags_given)
+    return policy_from_options(**{**flags_given, "fail_fast": args.fail_fast,
+                                  "on_end": args.on_end or "keep"})
 
 
 def describe_policy(policy: SupervisionPolicy) -> str:

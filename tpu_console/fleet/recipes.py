@@ -117,23 +117,32 @@ def start_detached(
     trainer_args: Sequence[str],
     env: Mapping[str, str],
     pid_wait_s: float = 10.0,
+    *,
+    home_env: Mapping[str, str] | None = None,
+    home_prepend: Mapping[str, str] | None = None,
 ) -> str:
     """Start the job in a new session that outlives this SSH command and the console, then wait until it
-    has recorded its process group and print `pgid=<n>`.
+    has recorded its process group and print `pgid=<n>`. The job learns its run folder as
+    TPU_CONSOLE_RUN_DIR; `home_env` sets variables to folders under the worker's home (VIRTUAL_ENV), and
+    `home_prepend` puts such a folder first in a path list (PATH, PYTHONPATH).
 
     `env` must hold no secret: it is part of the command line (`ps` shows it). Secrets go in `.env`.
     """
-    for name in env:
+    home_env, home_prepend = dict(home_env or {}), dict(home_prepend or {})
+    for name in (*env, *home_env, *home_prepend):
         if not _ENV_NAME.match(name):
             raise ValueError(f"invalid environment variable name {name!r}")
     d = _home_path(run_dir(run_id))
     exports = "".join(f"export {name}={shlex.quote(value)}; " for name, value in env.items())
+    exports += "".join(f"export {name}={_home_path(folder)}; " for name, folder in home_env.items())
+    for name, folder in home_prepend.items():
+        exports += f'export {name}={_home_path(folder)}"${{{name}:+:${name}}}"; '
     tries = max(1, int(pid_wait_s / 0.05))
     job = " ".join([python_word(python), "-u", *(shlex.quote(a) for a in trainer_args)])
     return (
         f"( cd {d} || exit 3; "
         'if [ -e pid ] || [ -e exit ]; then echo "this run was already started here" >&2; exit 3; fi; '
-        f"{exports}"
+        f'export TPU_CONSOLE_RUN_DIR="$PWD"; {exports}'
         # stdin/stdout/stderr away from the channel, so the SSH command ends at once.
         f"setsid bash -c {shlex.quote(JOB_WRAPPER)} tpu-console-run {job} </dev/null >/dev/null 2>&1 & "
         f"i=0; while [ ! -s pid ] && [ $i -lt {tries} ]; do sleep 0.05; i=$((i+1)); done; "

@@ -1,12 +1,16 @@
-"""Launching the trainer on every worker of a node, in one call (by hand: copy .env, nohup on each worker).
+"""Launching a job on every worker of a node, in one call (by hand: copy .env, nohup on each worker).
 
-Everything that can be checked on this machine is checked before any worker is touched: the node exists
-and is READY, the config validates against the trainer's schema, a named `.env` exists, the worker
-selection is in range, every selected worker answers; then, in one round trip, that every worker is ready
-and has the model, the data and a writable checkpoint folder the config names (runs/inputs.py). Then, in
-two phases so that a failure leaves no half-started pod: (1) on every worker, make
-`~/tpu-console/runs/<run_id>/` and upload launch.json, config.yaml and .env (0600); (2) start the detached
-job on every worker. If a start fails, the workers that did start are stopped again.
+A job is the bundled trainer (the built-in job: `launch NODE --config F`) or any command
+(`launch NODE -- CMD ...`, or a job file: runs/job_spec.py), which runs in the project `sync --dir/--git`
+put on the workers, with the environment its setup made. Everything that can be checked on this machine
+is checked before any worker is touched: the node exists and is READY, the config validates against the
+trainer's schema (or the job file against its own), a named `.env` exists, the worker selection is in
+range, every selected worker answers; then, in one round trip, that no run is alive there, that every
+worker holds the same code and environment, and (the trainer) the model, the data and a writable
+checkpoint folder the config names (runs/inputs.py). Then, in two phases so that a failure leaves no
+half-started pod: (1) on every worker, make `~/tpu-console/runs/<run_id>/` and upload launch.json
+(config.yaml for the trainer) and .env (0600); (2) start the detached job on every worker. If a start
+fails, the workers that did start are stopped again.
 
 Secrets: the `.env` content travels by SFTP into a 0600 file that the wrapper sources; it is never on a
 command line, in launch.json, in the run database or in a message.
@@ -16,9 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -35,11 +40,12 @@ from tpu_console.providers.base import Provider, no_progress
 from tpu_console.provision import recipes as provision_recipes
 from tpu_console.provision.code_sync import ENV_FILE as SYNCED_ENV_FILE
 from tpu_console.provision.code_sync import code_version
-from tpu_console.provision.recipes import ENV_PYTHON
+from tpu_console.provision.recipes import ENV_DIR, ENV_PYTHON
 from tpu_console.provision.report import WorkerReport, mismatches
 from tpu_console.provision.steps import ignore_worker, run_on_workers
 from tpu_console.runs import supervision
 from tpu_console.runs.inputs import job_inputs, refuse_missing
+from tpu_console.runs.job_spec import JobSpec, MetricsSpec
 from tpu_console.runs.run_id import new_run_id
 from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
 from tpu_console.runs.supervision import SupervisionPolicy
@@ -50,6 +56,8 @@ TRAINER_ARGS = ("-m", "trainer", "--config", "config.yaml", "--run-dir", ".")
 # reports it to the run's supervisor.
 RUNNER, SUPERVISOR = "job_runner.py", "supervisor.py"
 STEP_LINES = "step_lines.py"  # imported by the runner: a command job's step lines into events.jsonl
+# The names under which the console gives a job its coordinator (local and ssh pods only).
+COORDINATOR_NAMES = ("TRAINER_COORDINATOR_ADDRESS", "TPU_CONSOLE_COORDINATOR_ADDRESS")
 
 
 
@@ -82,6 +90,7 @@ class LaunchResult:
     starts: list[WorkerStart]
     config_digest: str
     run_dir: str  # relative to each worker's home
+    job: dict[str, Any] | None = None  # launch.json's `job` object
 
     @property
     def ok(self) -> bool:
@@ -139,18 +148,32 @@ def worker_python(provider: Provider, reports: list[WorkerReport]) -> str:
     return ENV_PYTHON if all(r.env_present for r in reports) else default_python(provider)
 
 
-def launch_env(provider: Provider, node: Node, fleet: Fleet, workers: list[int]) -> dict[int, dict[str, str]]:
-    """The non-secret environment of each worker's job: the process-count guard, and the coordinator
-    where JAX cannot find its peers by itself (local and ssh pods)."""
+def launch_env(
+    provider: Provider, node: Node, fleet: Fleet, workers: list[int], command: bool = False
+) -> dict[int, dict[str, str]]:
+    """The non-secret environment of each worker's job: for the trainer, the process-count guard and the
+    coordinator where JAX cannot find its peers by itself (local and ssh pods); for a command, that
+    coordinator under the common names (`coordinator_env`)."""
     targets = [fleet.targets[w] for w in workers]
     shared = provider.coordinator_env(node, targets)
     envs: dict[int, dict[str, str]] = {}
     for position, worker in enumerate(workers):
+        if command:
+            envs[worker] = coordinator_env(shared, position) if shared else {}
+            continue
         env = {"TRAINER_REQUIRE_PROCESS_COUNT": str(len(workers)), **shared}
         if shared:
             env["TRAINER_PROCESS_ID"] = str(position)
         envs[worker] = env
     return envs
+
+
+def refuse_partial(node: Node, selected: list[int], envs: dict[int, dict[str, str]]) -> None:
+    if len(selected) < node.shape.workers and not has_coordinator(envs[selected[0]]):
+        raise UserError(
+            f"{node.name!r} is a {node.provider} pod where JAX joins every host by itself, so the job must "
+            "run on all its workers; leave out --worker"
+        )
 
 
 def check_supervision(provider: Provider, node: Node, policy: SupervisionPolicy) -> Any:
@@ -163,10 +186,201 @@ def check_supervision(provider: Provider, node: Node, policy: SupervisionPolicy)
     return estimate
 
 
+@dataclass(frozen=True)
+class PreparedJob:
+    """A job as every worker runs it, resolved against what the workers hold (their project and setup):
+    what launch.json and the run record keep, and what the start command needs."""
+
+    kind: str  # trainer | command
+    argv: list[str]
+    source: str  # the record's config_path: the trainer config, the job file, or the command line
+    digest: str
+    python: str  # the interpreter the job runs with, as far as the console knows it
+    metrics: dict[str, Any]
+    overrides: list[str] = field(default_factory=list)
+    cwd: str | None = None  # relative to the worker's home; None: the run folder
+    env_dir: str | None = None  # the environment whose bin/ leads PATH (relative to the home)
+    project: dict[str, Any] | None = None  # project.json of the workers
+    setup: dict[str, Any] | None = None  # setup.json of the workers
+    job_file: str | None = None
+    job_file_text: str | None = None
+    files: dict[str, bytes] = field(default_factory=dict)  # run-folder files besides launch.json
+    manifest: dict[str, Any] = field(default_factory=dict)  # launch.json keys of this kind of job
+
+    def record(self, run_id: str) -> dict[str, Any]:
+        """launch.json's `job` object, also kept in the run record (docs/contract.md)."""
+        return {
+            "kind": self.kind,
+            "command": self.argv,
+            "cwd": self.cwd or recipes.run_dir(run_id),
+            "env_dir": self.env_dir,
+            "project": self.project,
+            "setup": self.setup,
+            "metrics": self.metrics,
+            "job_file": self.job_file,
+            "job_file_text": self.job_file_text,
+        }
+
+    @property
+    def home_env(self) -> dict[str, str]:
+        """Variables set to a folder under the worker's home (expanded there, at start)."""
+        env = {"VIRTUAL_ENV": self.env_dir} if self.env_dir and self.kind == "command" else {}
+        if self.cwd:
+            env["TPU_CONSOLE_PROJECT_DIR"] = self.cwd
+        return env
+
+    @property
+    def home_prepend(self) -> dict[str, str]:
+        """Path lists a folder under the worker's home goes first in: the environment's bin on PATH, the
+        project on PYTHONPATH (a command only: the trainer runs as it always has)."""
+        if self.kind != "command":
+            return {}
+        paths = {"PATH": f"{self.env_dir}/bin"} if self.env_dir else {}
+        if self.cwd:
+            paths["PYTHONPATH"] = self.cwd
+        return paths
+
+
+def trainer_job(config: ValidatedConfig, interpreter: str) -> PreparedJob:
+    """The built-in job: `PY -u -m trainer --config config.yaml --run-dir .` in the run folder."""
+    return PreparedJob(
+        kind="trainer",
+        argv=[interpreter, "-u", *TRAINER_ARGS],
+        source=str(config.path),
+        digest=config.digest,
+        python=interpreter,
+        metrics=MetricsSpec().model_dump(),
+        overrides=config.overrides,
+        env_dir=ENV_DIR if interpreter == ENV_PYTHON else None,
+        files={"config.yaml": config.yaml_text.encode()},
+        manifest={
+            "config_source": str(config.path),
+            "overrides": config.overrides,
+            "config_digest": config.digest,
+            "config": config.data,
+        },
+    )
+
+
+def command_job(job: JobSpec, node: Node, reports: list[WorkerReport], check_code: bool) -> PreparedJob:
+    """A command, in the project the workers hold (else the run folder), with their setup's environment
+    (else bootstrap's, else none). Refused when the workers disagree on project, setup or Python."""
+    if check_code and (differences := job_mismatches(reports)):
+        raise UserError(
+            f"the workers of {node.name} do not hold the same project and environment: "
+            f"{'; '.join(differences)}; run `tpu-console sync {node.name}` (and the setup) again, or launch "
+            "with --no-code-check"
+        )
+    project = reports[0].project if all(r.project for r in reports) else None
+    setup = reports[0].setup if all(r.setup for r in reports) else None
+    if job.project is not None and project is None:
+        worker = next(r.worker for r in reports if not r.project)
+        raise UserError(f"worker {worker} of {node.name} holds no project after the sync; nothing was "
+                        "launched")
+    if job.setup is not None and setup is None:
+        worker = next(r.worker for r in reports if not r.setup)
+        raise UserError(f"worker {worker} of {node.name} holds no setup after the setup ran; nothing was "
+                        "launched")
+    env_dir = (setup or {}).get("env") or (ENV_DIR if all(r.env_present for r in reports) else None)
+    return PreparedJob(
+        kind="command",
+        argv=list(job.command),
+        source=job.job_file or shlex.join(job.command),
+        digest=job.digest(),
+        python=f"~/{env_dir}/bin/python" if env_dir else job.command[0],
+        metrics=job.metrics.model_dump(),
+        cwd=(project or {}).get("dir"),
+        env_dir=env_dir,
+        project=project,
+        setup=setup,
+        job_file=job.job_file,
+        job_file_text=job.job_file_text,
+    )
+
+
+def job_mismatches(reports: list[WorkerReport]) -> list[str]:
+    """What must agree across workers for a command: the project, the setup, the base Python, and the
+    JAX versions of bootstrap's environment when the job runs in it (no setup)."""
+    keys = {
+        "project": lambda r: (r.project or {}).get("digest"),
+        "setup": lambda r: (r.setup or {}).get("digest"),
+        "python": lambda r: (r.python_info or {}).get("version"),
+    }
+    if not any(r.setup for r in reports):
+        keys.update({name: (lambda r, n=name: r.versions.get(n)) for name in ("jax", "jaxlib", "libtpu")})
+    lines = []
+    for key, value in keys.items():
+        values = {r.worker: value(r) for r in reports}
+        if len(set(values.values())) > 1:
+            shown = ", ".join(f"worker {w}: {str(v)[:12] if v else 'none'}" for w, v in values.items())
+            lines.append(f"{key} differs ({shown})")
+    return lines
+
+
+async def make_current(
+    providers: dict[str, Provider],
+    node_name: str,
+    job: JobSpec,
+    workers: list[int],
+    progress: Callable[[str], None],
+    on_worker: Callable[[int, str], None],
+) -> None:
+    """The job file's project and setup on every worker, by provisioning's own steps (which skip what is
+    already there): `sync --dir/--git`, then the setup."""
+    try:
+        from tpu_console.provision import project_setup, project_sync
+    except ImportError:
+        raise UserError("this console cannot sync a project yet; sync it by hand and launch with "
+                        "`-- COMMAND` instead of --job") from None
+    if job.project is not None:
+        await project_sync.sync_project(
+            providers, node_name, directory=job.project_dir(), git_url=job.project.git,
+            branch=job.project.branch, progress=progress, on_worker=on_worker,
+        )
+    if job.setup is not None:
+        await project_setup.setup_project(
+            providers, node_name, command=job.setup.command, requirements=job.setup.requirements,
+            python=job.setup.python, progress=progress, on_worker=on_worker,
+        )
+
+
+def run_env(run_id: str, node: Node, worker: int, count: int) -> dict[str, str]:
+    """What every job is told about its run (docs/contract.md); TPU_CONSOLE_RUN_DIR is set on the worker."""
+    return {
+        "TPU_CONSOLE_RUN_ID": run_id,
+        "TPU_CONSOLE_NODE": node.name,
+        "TPU_CONSOLE_WORKER": str(worker),
+        "TPU_CONSOLE_WORKER_COUNT": str(count),
+    }
+
+
+def coordinator_env(shared: dict[str, str], position: int) -> dict[str, str]:
+    """The coordinator for a command, under the names `jax.distributed.initialize` reads
+    (JAX_COORDINATOR_ADDRESS: JAX 0.10 reads no name for the process count and id), ours, and the ones
+    torch-style launchers set (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK)."""
+    address, count = shared["TRAINER_COORDINATOR_ADDRESS"], shared["TRAINER_NUM_PROCESSES"]
+    host, _, port = address.rpartition(":")
+    return {
+        "JAX_COORDINATOR_ADDRESS": address,
+        "TPU_CONSOLE_COORDINATOR_ADDRESS": address,
+        "TPU_CONSOLE_NUM_PROCESSES": count,
+        "TPU_CONSOLE_PROCESS_ID": str(position),
+        "MASTER_ADDR": host.strip("[]"),
+        "MASTER_PORT": port,
+        "WORLD_SIZE": count,
+        "RANK": str(position),
+    }
+
+
+def has_coordinator(env: dict[str, str]) -> bool:
+    """Whether the console names the coordinator for this pod's jobs (local and ssh pods)."""
+    return any(name in env for name in COORDINATOR_NAMES)
+
+
 async def launch(
     providers: dict[str, Provider],
     node_name: str,
-    config_path: str | Path,
+    config_path: str | Path | None = None,
     overrides: Sequence[str] = (),
     env_file: str | Path | None = None,
     workers: str = "all",
@@ -182,20 +396,33 @@ async def launch(
     before_send: Callable[[ValidatedConfig, Node], Awaitable[None]] | None = None,
     policy: SupervisionPolicy | None = None,
     webhook_url: str | None = None,
+    job: JobSpec | None = None,
 ) -> LaunchResult:
-    """Start the trainer on the selected workers of `node_name` (all by default) and record the run.
+    """Start a job on the selected workers of `node_name` (all by default) and record the run: the bundled
+    trainer with `config_path` (the built-in job), or the command `job` describes; exactly one of them.
 
     Refused before anything changes on a worker: a config the trainer would refuse on this node's shape,
     a run still alive on the node, workers without a trainer environment (unless `python` is given, or
-    the pod shares this machine), and workers whose code or JAX versions differ (`check_code`).
+    the pod shares this machine), and workers whose code or JAX versions differ (`check_code`); for a
+    command, workers whose project, setup or Python differ.
     `kill_stale` first kills processes holding the TPU and removes libtpu's lockfile on every worker.
     `fail_fast` is recorded in launch.json and enforced by the run's supervisor on the pod, which
-    `policy` tells what else to do (restart, delete when done, budgets); `webhook_url` is where it sends
-    notifications (uploaded 0600 to the supervisor's worker only).
+    `policy` tells what else to do (restart, delete when done, budgets; for a command, the job's own
+    `[supervisor]` when None); `webhook_url` is where it sends notifications (uploaded 0600 to the
+    supervisor's worker only).
     `before_send` runs once the config and the node's shape are checked, before any worker is reached:
     a check of the caller's (the plan's fit, experiments/plan.py) that refuses by raising UserError.
     """
-    config = validate_config(config_path, overrides)
+    if (config_path is None) == (job is None):
+        raise UserError("give one job: a trainer config (--config FILE), or a command (-- CMD ... or "
+                        "--job FILE.toml), not both")
+    if job is not None:
+        return await _launch_command(
+            providers, node_name, job, env_file, workers, python=python, kill_stale=kill_stale,
+            check_code=check_code, store=store, progress=progress, on_worker=on_worker,
+            stop_grace_s=stop_grace_s, policy=policy, webhook_url=webhook_url,
+        )
+    config = validate_config(config_path, overrides)  # type: ignore[arg-type]
     needed = job_inputs(config.config)  # a malformed hub id or gs:// path is refused here
     env_data = read_env_file(env_file)
     if python is not None and not python.strip():
@@ -212,12 +439,7 @@ async def launch(
 
     async with Fleet(targets) as fleet:
         envs = launch_env(provider, node, fleet, selected)
-        if len(selected) < node.shape.workers and "TRAINER_COORDINATOR_ADDRESS" not in envs[selected[0]]:
-            raise UserError(
-                f"{node_name!r} is a {node.provider} pod where JAX joins every host by itself, so the job "
-                "must "
-                "run on all its workers; leave out --worker"
-            )
+        refuse_partial(node, selected, envs)
         await require_all_reachable(fleet, node_name, selected, "nothing was launched")
         # the same round trip asks whether the model, the data and the checkpoint folder are there
         reports = await inspect_workers(fleet, selected, also=recipes.check_inputs(
@@ -227,72 +449,155 @@ async def launch(
         interpreter = python or worker_python(provider, reports)
         if kill_stale:
             await clear_stale_holders(fleet, selected, on_worker)
+        prepared = trainer_job(config, interpreter)
+        result = await _start_run(
+            provider, node, fleet, targets, selected, envs, prepared, env_data, policy, estimate, store,
+            progress, stop_grace_s, webhook_url,
+        )
+    if env_file is not None:
+        # so every later view of this node masks its values
+        secrets.remember_env_file(node.name, env_file)
+    return result
 
-        run_id = new_run_id()
-        started = datetime.now(UTC)
-        version = await asyncio.to_thread(code_version)
-        record = RunRecord(
-            run_id=run_id,
-            node=node.name,
-            provider=node.provider,
-            accelerator_type=node.accelerator_type,
-            workers=selected,
-            config_path=str(config.path),
-            config_digest=config.digest,
-            overrides=config.overrides,
-            python=interpreter,
-            started_at=started,
-            code_version=version["git_sha"] + ("+dirty" if version["dirty"] else "") if version else None,
-            price_per_hour=estimate.per_hour if estimate is not None else None,
+
+async def _launch_command(
+    providers: dict[str, Provider],
+    node_name: str,
+    job: JobSpec,
+    env_file: str | Path | None,
+    workers: str,
+    *,
+    python: str | None,
+    kill_stale: bool,
+    check_code: bool,
+    store: RunStore | None,
+    progress: Callable[[str], None],
+    on_worker: Callable[[int, str], None],
+    stop_grace_s: float,
+    policy: SupervisionPolicy | None,
+    webhook_url: str | None,
+) -> LaunchResult:
+    """`launch` for a command: in the project's folder on every worker, with its setup's environment."""
+    if python is not None:
+        raise UserError("--python chooses the bundled trainer's interpreter; for a command, write the "
+                        "interpreter in the command (-- python3 train.py)")
+    env_data = read_env_file(env_file)
+    provider, node = await open_node(providers, node_name)
+    selected = parse_worker_selection(workers, node.shape.workers)
+    policy = policy or job.policy()
+    estimate = check_supervision(provider, node, policy)
+    targets = await provider.ssh_targets(node)
+    store = store or RunStore()
+
+    async with Fleet(targets) as fleet:
+        # the job file's [env] first: the names the console sets win over it
+        envs = {w: {**job.env, **env} for w, env in launch_env(provider, node, fleet, selected, True).items()}
+        refuse_partial(node, selected, envs)
+        await require_all_reachable(fleet, node_name, selected, "nothing was launched")
+        reports = await inspect_workers(fleet, selected)
+        refuse_live_runs(node, reports)
+        if job.project is not None or job.setup is not None:
+            # a job file names its code and environment: make them current first (cached: unchanged
+            # project and setup cost a round trip each), then look again at what the workers hold
+            await make_current(providers, node.name, job, selected, progress, on_worker)
+            reports = await inspect_workers(fleet, selected)
+            refuse_live_runs(node, reports)
+        prepared = command_job(job, node, reports, check_code)
+        if kill_stale:
+            await clear_stale_holders(fleet, selected, on_worker)
+        result = await _start_run(
+            provider, node, fleet, targets, selected, envs, prepared, env_data, policy, estimate, store,
+            progress, stop_grace_s, webhook_url,
         )
-        bind, supervisor_host = provider.supervisor_address(node, targets)
-        plan = supervision.plan(
-            run_id=run_id, node=node.name, provider=node.provider, workers=selected,
-            started_at=started.timestamp(), policy=policy,
-            price_per_hour=estimate.per_hour if estimate is not None else None,
-            delete_target=provider.supervisor_delete_target(node), bind=bind,
-            coordinator_host=supervisor_host if "TRAINER_COORDINATOR_ADDRESS" in envs[selected[0]] else None,
-        )
-        supervisor_python = default_python(provider)
-        progress(f"{run_id}: preparing {len(selected)} worker(s) of {node.name}")
-        problems = await _prepare(
-            fleet, run_id, selected, config, env_data, node, envs, interpreter, version, started,
-            policy.fail_fast, plan, webhook_url,
-        )
-        if not problems:
-            progress(f"{run_id}: starting the run's supervisor on worker {selected[0]}")
-            address = await _start_supervisor(fleet, run_id, selected[0], supervisor_python, supervisor_host)
-            if isinstance(address, str):
-                for worker_env in envs.values():
-                    worker_env[supervision.ADDRESS_ENV] = address
-            else:
-                problems = address
-        if problems:
-            starts = [
-                WorkerStart(w, error=problems.get(w, "not started: another worker failed")) for w in selected
-            ]
+    if env_file is not None:
+        secrets.remember_env_file(node.name, env_file)
+    return result
+
+
+async def _start_run(
+    provider: Provider,
+    node: Node,
+    fleet: Fleet,
+    targets: list[Any],
+    selected: list[int],
+    envs: dict[int, dict[str, str]],
+    prepared: PreparedJob,
+    env_data: bytes | None,
+    policy: SupervisionPolicy,
+    estimate: Any,
+    store: RunStore,
+    progress: Callable[[str], None],
+    stop_grace_s: float,
+    webhook_url: str | None,
+) -> LaunchResult:
+    """The two phases every job shares, once the checks passed: the run folders, then the supervisor and
+    the job on every worker (the workers that started are stopped again when one did not); the record."""
+    run_id = new_run_id()
+    started = datetime.now(UTC)
+    version = await asyncio.to_thread(code_version)
+    job_record = prepared.record(run_id)
+    for worker in selected:
+        envs[worker] = {**run_env(run_id, node, worker, len(selected)), **envs[worker]}
+    record = RunRecord(
+        run_id=run_id,
+        node=node.name,
+        provider=node.provider,
+        accelerator_type=node.accelerator_type,
+        workers=selected,
+        config_path=prepared.source,
+        config_digest=prepared.digest,
+        overrides=prepared.overrides,
+        python=prepared.python,
+        started_at=started,
+        code_version=version["git_sha"] + ("+dirty" if version["dirty"] else "") if version else None,
+        price_per_hour=estimate.per_hour if estimate is not None else None,
+        job=job_record,
+    )
+    bind, supervisor_host = provider.supervisor_address(node, targets)
+    plan = supervision.plan(
+        run_id=run_id, node=node.name, provider=node.provider, workers=selected,
+        started_at=started.timestamp(), policy=policy,
+        price_per_hour=estimate.per_hour if estimate is not None else None,
+        delete_target=provider.supervisor_delete_target(node), bind=bind,
+        coordinator_host=supervisor_host if has_coordinator(envs[selected[0]]) else None,
+    )
+    supervisor_python = default_python(provider)
+    progress(f"{run_id}: preparing {len(selected)} worker(s) of {node.name}")
+    problems = await _prepare(
+        fleet, run_id, selected, prepared, job_record, env_data, node, envs, version, started,
+        policy.fail_fast, plan, webhook_url,
+    )
+    if not problems:
+        progress(f"{run_id}: starting the run's supervisor on worker {selected[0]}")
+        address = await _start_supervisor(fleet, run_id, selected[0], supervisor_python, supervisor_host)
+        if isinstance(address, str):
+            for worker_env in envs.values():
+                worker_env[supervision.ADDRESS_ENV] = address
         else:
-            progress(f"{run_id}: starting the job on {len(selected)} worker(s)")
-            starts = await _start(fleet, run_id, selected, envs, interpreter, supervisor_python)
-            if not all(s.ok for s in starts):
-                await _undo(fleet, run_id, [s.worker for s in starts if s.ok], stop_grace_s)
-                await fleet.run(recipes.stop_supervisor(run_id), [selected[0]], timeout=30)
-        _record(store, record, starts)
-        if env_file is not None:
-            # so every later view of this node masks its values
-            secrets.remember_env_file(node.name, env_file)
-    return LaunchResult(run_id, node, selected, starts, config.digest, recipes.run_dir(run_id))
+            problems = address
+    if problems:
+        starts = [
+            WorkerStart(w, error=problems.get(w, "not started: another worker failed")) for w in selected
+        ]
+    else:
+        progress(f"{run_id}: starting the job on {len(selected)} worker(s)")
+        starts = await _start(fleet, run_id, selected, envs, prepared, supervisor_python)
+        if not all(s.ok for s in starts):
+            await _undo(fleet, run_id, [s.worker for s in starts if s.ok], stop_grace_s)
+            await fleet.run(recipes.stop_supervisor(run_id), [selected[0]], timeout=30)
+    _record(store, record, starts)
+    return LaunchResult(run_id, node, selected, starts, prepared.digest, recipes.run_dir(run_id), job_record)
 
 
 async def _prepare(
     fleet: Fleet,
     run_id: str,
     workers: list[int],
-    config: ValidatedConfig,
+    prepared: PreparedJob,
+    job_record: dict[str, Any],
     env_data: bytes | None,
     node: Node,
     envs: dict[int, dict[str, str]],
-    python: str,
     version: dict[str, Any] | None,
     started: datetime,
     fail_fast: bool = False,
@@ -311,7 +616,8 @@ async def _prepare(
         return problems
     folder = recipes.run_dir(run_id)
     synced_env = any("env=synced" in r.stdout for r in made)
-    uploads = [fleet.put(config.yaml_text.encode(), f"{folder}/config.yaml", workers, mode=0o644)]
+    uploads = [fleet.put(content, f"{folder}/{name}", workers, mode=0o644)
+               for name, content in prepared.files.items()]
     if env_data is not None:
         uploads.append(fleet.put(env_data, f"{folder}/.env", workers, mode=0o600))
     for worker in workers:
@@ -324,16 +630,14 @@ async def _prepare(
             "workers": workers,
             "started_at": started.isoformat(),
             "code_version": version,
-            "python": python,
-            "command": [python, "-u", *TRAINER_ARGS],
+            "python": prepared.python,
+            "command": prepared.argv,
             "env": envs[worker],  # non-secret variables only; secrets are in .env
             "env_file": ".env" if env_data is not None else (SYNCED_ENV_FILE if synced_env else None),
             "fail_fast": fail_fast,
             "supervised": plan is not None,
-            "config_source": str(config.path),
-            "overrides": config.overrides,
-            "config_digest": config.digest,
-            "config": config.data,
+            **prepared.manifest,
+            "job": job_record,
         }
         uploads.append(
             fleet.put(json.dumps(manifest, indent=2).encode() + b"\n", f"{folder}/launch.json", [worker])
@@ -369,13 +673,16 @@ async def _start_supervisor(
 
 
 async def _start(
-    fleet: Fleet, run_id: str, workers: list[int], envs: dict[int, dict[str, str]], python: str,
+    fleet: Fleet, run_id: str, workers: list[int], envs: dict[int, dict[str, str]], prepared: PreparedJob,
     runner_python: str,
 ) -> list[WorkerStart]:
-    job_args = (RUNNER, "--", python, "-u", *TRAINER_ARGS)
+    job_args = (RUNNER, "--", *prepared.argv)  # the runner starts it in launch.json's job "cwd"
 
     async def start_one(worker: int) -> WorkerStart:
-        command = recipes.start_detached(run_id, runner_python, job_args, envs[worker])
+        command = recipes.start_detached(
+            run_id, runner_python, job_args, envs[worker], home_env=prepared.home_env,
+            home_prepend=prepared.home_prepend,
+        )
         (result,) = await fleet.run(command, [worker], timeout=60)
         if not result.ok:
             said = result.stderr.strip().splitlines()
@@ -434,13 +741,7 @@ def refuse_unready(
     check_code: bool,
 ) -> None:
     """UserError when the workers are not ready for this launch; see `launch` for what is checked."""
-    live = {run_id: r.worker for r in reports for run_id in r.live_runs}
-    if live:
-        run_id, worker = next(iter(live.items()))
-        raise UserError(
-            f"run {run_id} is still running on {node.name} (worker {worker}); stop it first with "
-            f"`tpu-console stop {node.name} {run_id}`"
-        )
+    refuse_live_runs(node, reports)
     missing = [r.worker for r in reports if not r.env_present]
     if python is None and missing and node.provider != "local":
         raise UserError(
@@ -466,6 +767,16 @@ def refuse_unready(
                 "wandb_mode is online but no .env gives WANDB_API_KEY; pass --env-file .env (or "
                 f"`tpu-console sync {node.name} --env-file .env`), or --set wandb_mode=offline"
             )
+
+
+def refuse_live_runs(node: Node, reports: list[WorkerReport]) -> None:
+    live = {run_id: r.worker for r in reports for run_id in r.live_runs}
+    if live:
+        run_id, worker = next(iter(live.items()))
+        raise UserError(
+            f"run {run_id} is still running on {node.name} (worker {worker}); stop it first with "
+            f"`tpu-console stop {node.name} {run_id}`"
+        )
 
 
 async def clear_stale_holders(

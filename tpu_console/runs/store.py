@@ -52,6 +52,7 @@ _ADDED_COLUMNS = {
     "summary": "TEXT",  # JSON: the final metric summary (runs.summary.RunSummary.to_json)
     "archive_path": "TEXT",  # local folder holding every worker's output.log and events.jsonl
     "price_per_hour": "REAL",  # the node's approximate USD price per hour when launched (spot or on-demand)
+    "job": "TEXT",  # JSON: launch.json's `job` object (what ran, where, from which project and setup)
 }
 
 
@@ -85,6 +86,7 @@ class RunRecord:
     summary: dict[str, Any] | None = None  # the final metric summary, once the run ended (runs.summary)
     archive_path: str | None = None  # where every worker's log and events were copied when it ended
     price_per_hour: float | None = None  # the node's price when launched; None where unknown (local pods)
+    job: dict[str, Any] | None = None  # launch.json's `job` object; None for runs recorded before it existed
 
     @property
     def finished(self) -> bool:
@@ -116,7 +118,7 @@ class RunStore:
                 "config_digest,"
                 " overrides, code_version, python, started_at, state, failure, finished_at, "
                 "stop_requested_at,"
-                " price_per_hour) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " price_per_hour, job) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.run_id,
                     record.node,
@@ -134,6 +136,7 @@ class RunStore:
                     _iso(record.finished_at),
                     _iso(record.stop_requested_at),
                     record.price_per_hour,
+                    json.dumps(record.job) if record.job is not None else None,
                 ),
             )
             self._put_workers(db, record.run_id, record.worker_records.values())
@@ -233,6 +236,7 @@ class RunStore:
             summary=json.loads(row["summary"]) if row["summary"] else None,
             archive_path=row["archive_path"],
             price_per_hour=row["price_per_hour"],
+            job=json.loads(row["job"]) if row["job"] else None,
         )
 
 

@@ -41,6 +41,9 @@ PLAN_FILE = "supervision.json"
 ADDRESS_ENV = "TPU_CONSOLE_SUPERVISOR"
 JOB_PID_FILE = "job.pid"
 COORDINATOR_ENV = "TRAINER_COORDINATOR_ADDRESS"
+# A command job's coordinator (runs/launch.py, coordinator_env): each moves to the restart's new port.
+COORDINATOR_ENVS = (COORDINATOR_ENV, "JAX_COORDINATOR_ADDRESS", "TPU_CONSOLE_COORDINATOR_ADDRESS")
+PORT_ENV = "MASTER_PORT"
 EXIT_BAD_INPUT = 2  # the trainer's status for a config it refuses
 TRACEBACK_START = "Traceback (most recent call last):"
 READ_STEPS_S = 0.5  # how often a command job's new output is read for step lines
@@ -96,6 +99,9 @@ class Runner:
         self.step_s = None
         self.events_offset = _size("events.jsonl")
         self.steps = StepFeed.for_job(job, worker)
+        # a command runs in its project's folder (launch.json's job "cwd", under the home); the trainer here
+        command_job = isinstance(job, dict) and job.get("kind") == "command" and job.get("cwd")
+        self.cwd = os.path.join(os.path.expanduser("~"), job["cwd"]) if command_job else None
 
     # ---- talking to the supervisor -----------------------------------------------------------------
 
@@ -118,7 +124,12 @@ class Runner:
     def start(self):
         self.stopped, self.ordered_stop = None, False
         self.log_offset = _size("output.log")
-        self.job = subprocess.Popen(self.command, env=self.env)
+        try:
+            self.job = subprocess.Popen(self.command, env=self.env, cwd=self.cwd)
+        except OSError as exc:  # no such program (or folder): one line and a shell's status, no traceback
+            print(f"tpu-console: cannot start {self.command[0]}: {exc.strerror}", flush=True)
+            status = 127 if isinstance(exc, FileNotFoundError) else 126
+            self.job = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({status})"])
         with open(JOB_PID_FILE + ".tmp", "w") as out:
             out.write(f"{self.job.pid}\n")
         os.replace(JOB_PID_FILE + ".tmp", JOB_PID_FILE)
@@ -212,9 +223,12 @@ class Runner:
     def restart(self, order):
         self.attempt = int(order["attempt"])
         port = order.get("coordinator_port")
-        if port and self.env.get(COORDINATOR_ENV):
-            host = self.env[COORDINATOR_ENV].rsplit(":", 1)[0]
-            self.env[COORDINATOR_ENV] = f"{host}:{port}"
+        for name in COORDINATOR_ENVS if port else ():
+            if self.env.get(name):
+                host = self.env[name].rsplit(":", 1)[0]
+                self.env[name] = f"{host}:{port}"
+        if port and self.env.get(PORT_ENV):
+            self.env[PORT_ENV] = str(port)
         print(f"tpu-console supervisor: starting worker {self.worker}'s job again (attempt "
               f"{self.attempt + 1})", flush=True)
 
