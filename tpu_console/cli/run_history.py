@@ -39,7 +39,9 @@ async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Pro
     view = await control.show_run(providers, record, store)
     record = view.record
     foreign = await foreign_metrics.look(providers, record) if view.live else None
-    steps_note = foreign_metrics.steps_note(record, {s.worker: s.events.last_step for s in view.workers})
+    last_steps = ({s.worker: s.events.last_step for s in view.workers} if view.live
+                  else foreign_metrics.archived_last_steps(record))
+    steps_note = foreign_metrics.steps_note(record, last_steps)
     summary = _summary(view, foreign)
     masker = SecretMasker.for_node(record.node)
     if json_mode:

@@ -32,7 +32,7 @@ from typing import Any
 from tpu_console import locations
 from tpu_console.errors import Unreachable, one_line
 from tpu_console.fleet.fleet import Fleet
-from tpu_console.runs.events import StepMetrics
+from tpu_console.runs.events import EventSummary, StepMetrics, parse_event_line
 from tpu_console.runs.reach import reach_node
 from trainer import telemetry as tm
 
@@ -74,11 +74,12 @@ def tensorboard_dir(job: Mapping[str, Any]) -> str | None:
     return _in_job_folder(job, folder) if folder else None
 
 
-def steps_note(record: Any, last_steps: Mapping[int, StepMetrics | None]) -> str | None:
+def steps_note(record: Any, last_steps: Mapping[int, StepMetrics | None] | None) -> str | None:
     """Where the run's steps come from, for a command job: `steps from output.log (maxtext format)`, or
-    that no line matched (so a view says so instead of drawing nothing). None for the trainer."""
+    that no line matched (so a view says so instead of drawing nothing). None for the trainer, and when
+    the workers' events are not known (`last_steps` None)."""
     job = command_job(record)
-    if job is None:
+    if job is None or last_steps is None:
         return None
     metrics = _metrics(job)
     wanted = metrics.get("format") or "auto"
@@ -90,6 +91,23 @@ def steps_note(record: Any, last_steps: Mapping[int, StepMetrics | None]) -> str
     expected = {"auto": f"auto: {BUILT_IN}", "regex": f"regex {metrics.get('regex')!r}"}.get(wanted, wanted)
     return (f"steps: no line of the output matched ({expected}) yet: set [metrics] format or regex in the "
             "job file to the program's step line")
+
+
+def archived_last_steps(record: Any) -> dict[int, StepMetrics | None] | None:
+    """Each worker's last step from the run's archive (runs/archive.py), for a run that has ended; None
+    when there is no archive."""
+    folder = Path(record.archive_path) if getattr(record, "archive_path", None) else None
+    if folder is None or not folder.is_dir():
+        return None
+    steps: dict[int, StepMetrics | None] = {}
+    for worker in record.workers:
+        summary = EventSummary()
+        path = folder / f"worker-{worker}" / "events.jsonl"
+        if path.exists():
+            with path.open(encoding="utf-8") as lines:
+                summary.add(e for line in lines if (e := parse_event_line(line)) is not None)
+        steps[worker] = summary.last_step
+    return steps
 
 
 @dataclass

@@ -44,6 +44,7 @@ from tpu_console.providers.registry import find_node
 from tpu_console.runs import control
 from tpu_console.runs.device_metrics import LIBTPU_METRICS_ADDRESS, read_device_metrics
 from tpu_console.runs.events import EventSummary, StepMetrics
+from tpu_console.runs.foreign_metrics import steps_note
 from tpu_console.runs.health import Activity, RunHealth, WorkerHealth, assess
 from tpu_console.runs.monitor import RunMonitor, RunState
 from tpu_console.runs.signatures import EXCEPTION, WANDB_URL, Finding
@@ -285,6 +286,7 @@ class RunFeed:
             all_silent=health.all_silent,
             stragglers=health.stragglers,
             node_warning=self.node_warning,
+            steps_note=steps_note(self.record, {w: s.events.last_step for w, s in self.seen.items()}),
         )
 
     def _row(self, health: WorkerHealth) -> WorkerRow:

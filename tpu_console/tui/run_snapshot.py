@@ -76,6 +76,7 @@ class RunSnapshot:
     all_silent: bool = False  # every running worker is stalled: the whole job looks hung
     stragglers: tuple[int, ...] = ()
     node_warning: str | None = None  # the node is unhealthy, has symptoms, or has maintenance in the run
+    steps_note: str | None = None  # a command job's: where its steps come from, or that none matched
 
     def row(self, worker: int) -> WorkerRow | None:
         return next((w for w in self.workers if w.worker == worker), None)

@@ -31,3 +31,11 @@ def test_a_plot_with_no_step_or_one_says_so():
     assert too_few_text("loss", [("worker 0", ([], []))]) == "loss\n\nno steps yet"
     assert too_few_text("loss", [("worker 0", ([3], [0.25]))]) == (
         "loss\n\none step so far: 0.25 at step 3\n(a line needs two)")
+
+
+def test_a_plot_without_its_number_says_why():
+    # steps arrived but carry no such number (MaxText reports no reward), or none came (the job's note)
+    assert too_few_text("mean reward", [("", ([], []))], steps_seen=True) == (
+        "mean reward\n\nthe steps so far do not report it")
+    note = "steps: no line of the output matched (auto: seeds, maxtext, jsonl) yet"
+    assert too_few_text("step time (s)", [("median", ([], []))], note=note) == f"step time (s)\n\n{note}"

@@ -389,10 +389,14 @@ class RunScreen(Screen[None]):
         if active == TABS["steps"]:
             self._stragglers_drawn = self._stragglers()
             self.query_one(StepBreakdown).show(
-                self.history.latest_by_worker(), self.worker, self._stragglers_drawn
+                self.history.latest_by_worker(), self.worker, self._stragglers_drawn, self._steps_note()
             )
         elif active == TABS["plots"]:
-            self.query_one(MetricPlots).show(self.history, self.worker)
+            self.query_one(MetricPlots).show(self.history, self.worker, self._steps_note())
+
+    def _steps_note(self) -> str | None:
+        """A command job's: where its steps come from, or that none of its output matched."""
+        return self.snapshot.steps_note if self.snapshot else None
 
     def _stragglers(self) -> dict[int, str]:
         """The watcher's straggler findings, by worker."""

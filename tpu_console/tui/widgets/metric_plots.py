@@ -51,13 +51,19 @@ class MetricPlots(Horizontal):
         height: 1fr;
     }
     """
+    _steps_seen = False
+    _note: str | None = None
 
     def compose(self) -> ComposeResult:
         yield MetricPanel("plot-step-time")
         yield MetricPanel("plot-tokens")
         yield MetricPanel("plot-reward")
 
-    def show(self, history: StepHistory, selected: int | None) -> None:
+    def show(self, history: StepHistory, selected: int | None, note: str | None = None) -> None:
+        """`note`: where a command job's steps come from, or that none of its output matched (foreign
+        metrics' steps_note): said instead of "no steps yet"."""
+        self._steps_seen = any(history.by_worker.values())
+        self._note = note
         median = history.series(lambda m: m.step_s)
         lines = [("median", median)]
         if selected is not None and len(history.by_worker) > 1:
@@ -72,17 +78,23 @@ class MetricPlots(Horizontal):
         steps = sorted({s for _, (xs, _) in lines for s in xs})
         if len(steps) < 2:
             plot.display, note.display = False, True
-            note.update(too_few_text(title, lines))
+            note.update(too_few_text(title, lines, self._steps_seen, self._note))
             return
         plot.display, note.display = True, False
         draw(plot, title, lines, steps)
 
 
-def too_few_text(title: str, lines: list[tuple[str, tuple[list[int], list[float]]]]) -> str:
-    """What a plot with no line to draw says instead: none yet, or the one value there is."""
+def too_few_text(
+    title: str, lines: list[tuple[str, tuple[list[int], list[float]]]], steps_seen: bool = False,
+    note: str | None = None,
+) -> str:
+    """What a plot with no line to draw says instead: none yet (or why: `note`), that the steps carry no
+    such number (a program that does not report it), or the one value there is."""
     points = [(xs[0], ys[0]) for _, (xs, ys) in lines[:1] if xs]
+    if not points and steps_seen:
+        return f"{title}\n\nthe steps so far do not report it"
     if not points:
-        return f"{title}\n\nno steps yet"
+        return f"{title}\n\n{note or 'no steps yet'}"
     step, value = points[0]
     return f"{title}\n\none step so far: {value:.4g} at step {step}\n(a line needs two)"
 

@@ -28,16 +28,27 @@ class StepBreakdown(Static):
     }
     """
 
-    def show(self, latest: dict[int, StepMetrics], selected: int | None, stragglers: dict[int, str]) -> None:
-        self.update(breakdown(latest, selected, stragglers))
+    def show(
+        self, latest: dict[int, StepMetrics], selected: int | None, stragglers: dict[int, str],
+        note: str | None = None,
+    ) -> None:
+        self.update(breakdown(latest, selected, stragglers, note))
+
+
+def phase_names(latest: dict[int, StepMetrics]) -> list[str]:
+    """The GRPO phases in the order they run, then any other a program reports (its own names, sorted),
+    then `step`, their total."""
+    others = sorted({p for m in latest.values() for p in m.phases} - set(PHASES))
+    return [p for p in PHASES if p != "step"] + others + ["step"]
 
 
 def breakdown(
-    latest: dict[int, StepMetrics], selected: int | None, stragglers: dict[int, str]
+    latest: dict[int, StepMetrics], selected: int | None, stragglers: dict[int, str], note: str | None = None
 ) -> Group | Text:
-    """`latest`: each worker's last step; `stragglers`: the watcher's finding per straggling worker."""
+    """`latest`: each worker's last step; `stragglers`: the watcher's finding per straggling worker;
+    `note`: where a command job's steps come from (shown under the table), or why there are none."""
     if not latest:
-        return Text("no step yet: the breakdown appears with the first step event", style="dim")
+        return Text(note or "no step yet: the breakdown appears with the first step event", style="dim")
     followed = selected if selected in latest else min(latest)
     table = Table(box=None, pad_edge=False, header_style="bold", expand=False)
     table.add_column("PHASE")
@@ -48,7 +59,7 @@ def breakdown(
     table.add_column("MAX", justify="right")
     table.add_column("SLOWEST", justify="left")
     step_total = latest[followed].step_s
-    for phase in PHASES:
+    for phase in phase_names(latest):
         values = {w: v for w, m in latest.items() if (v := phase_seconds(m, phase)) is not None}
         if not values:
             continue
@@ -74,7 +85,7 @@ def breakdown(
         footer = Text(f"stragglers (vs the other workers' median): {found}", style="yellow")
     else:
         footer = Text(f"no stragglers across {len(latest)} worker(s)", style="green")
-    return Group(table, Text(""), footer)
+    return Group(table, Text(""), footer, *([Text(note, style="dim")] if note else []))
 
 
 def _seconds(value: float | None) -> str:
