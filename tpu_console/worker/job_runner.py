@@ -54,8 +54,10 @@ class Classifier:
     """The class of a failure from a log, as the console's SignatureScanner judges it: the first line
     that matches a specific signature, else a Python traceback (`exception`), else a refused config."""
 
-    def __init__(self, signatures):
+    def __init__(self, signatures, trainer=True):
         self.signatures = [(kind, re.compile(pattern)) for kind, pattern in signatures]
+        # exit 2 is the trainer's refused config; from any other program it says nothing we know
+        self.trainer = trainer
 
     def classify(self, path, offset, status):
         found, traceback = None, False
@@ -78,7 +80,7 @@ class Classifier:
             return found
         if traceback:
             return "exception"
-        if status == EXIT_BAD_INPUT:
+        if status == EXIT_BAD_INPUT and self.trainer:
             return "config"
         return None
 
@@ -94,7 +96,8 @@ class Runner:
         self.job = None
         self.stopped = None  # "supervisor" when ordered to stop, "outside" when signalled by someone else
         self.ordered_stop = False
-        self.classifier = Classifier(plan.get("signatures", []))
+        is_command = isinstance(job, dict) and job.get("kind") == "command"
+        self.classifier = Classifier(plan.get("signatures", []), trainer=not is_command)
         self.step = None
         self.step_s = None
         self.events_offset = _size("events.jsonl")

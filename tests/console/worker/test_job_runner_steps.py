@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tpu_console.runs import supervision
+from tpu_console.runs import signatures, supervision
 from tpu_console.worker import HERE as WORKER_DIR
 from trainer import telemetry as tm
 
@@ -52,7 +52,7 @@ class StandInSupervisor:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
         self.address = f"127.0.0.1:{self.server.server_address[1]}"
 
 
@@ -69,7 +69,8 @@ def run_folder(tmp_path: Path, job: dict | None) -> Path:
     for name in ("job_runner.py", "step_lines.py"):  # as runs/launch.py ships them
         shutil.copy(WORKER_DIR / name, folder / name)
     (folder / "launch.json").write_text(json.dumps({"worker": 1, "job": job}))
-    (folder / supervision.PLAN_FILE).write_text(json.dumps({"heartbeat_s": 0.2}))
+    plan = {"heartbeat_s": 0.2, "signatures": signatures.patterns()}  # as runs/supervision.py plans it
+    (folder / supervision.PLAN_FILE).write_text(json.dumps(plan))
     (folder / "foreign.py").write_text(FOREIGN)
     (folder / "output.log").write_text("an earlier attempt's step=99 loss=1 dt=1s\n")
     return folder
@@ -109,3 +110,23 @@ def test_the_trainer_and_format_none_get_no_parsed_steps(tmp_path, stand_in, job
     (folder / "foreign.py").write_text("print('step=1 loss=0.5 dt=0.1s', flush=True)\n")
     assert run_job(folder, stand_in) == 0
     assert not (folder / "events.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("job", "prints", "status", "cause"),
+    [
+        ({"kind": "command"}, "jax.distributed.initialize() failed: DEADLINE_EXCEEDED", 1,
+         "distributed_timeout"),
+        ({"kind": "command"}, "Traceback (most recent call last):\n  File x\nValueError: bad", 1,
+         "exception"),
+        ({"kind": "command"}, "usage: train.py [-h]", 2, None),  # exit 2 of any program is no config class
+        (None, "error: config refused", 2, "config"),  # the trainer's refused config
+    ],
+)
+def test_a_failures_class_comes_from_the_log_alone(tmp_path, stand_in, job, prints, status, cause):
+    folder = run_folder(tmp_path, job)
+    program = f"import sys\nprint({prints!r}, flush=True)\nsys.exit(int(sys.argv[1]))\n"
+    (folder / "foreign.py").write_text(program)
+    assert run_job(folder, stand_in, status=status) == status
+    exit_report = next(r for r in stand_in.reports if r["event"] == "exit")
+    assert (exit_report["status"], exit_report["cause"]) == (status, cause)
