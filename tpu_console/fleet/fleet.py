@@ -192,20 +192,23 @@ class Fleet:
     ) -> WorkerResult:
         start = time.perf_counter()
         conn = self.connection(worker)
-        async with self._host_slot(conn.target), (contextlib.nullcontext() if long_lived else self._overall):
+        async with self._host_slot(conn.target):
             channel = conn.command_channel() if self._use_channels else None
             if channel is not None:
+                # One frame out on a session already open: no place in the overall limit, which bounds the
+                # SSH channels opened at once and would send a 256-worker fan-out out in waves.
                 outcome = await channel.run(command, stdin, timeout, on_line, long_lived)
             else:
-                if isinstance(command, PythonProgram):  # no agent to fork it: its own interpreter
-                    command, stdin = command.command_line(), command.source
-                try:
-                    chan, session = await self._open(conn, command, worker, on_line, long_lived)
-                except Unreachable as exc:
-                    return WorkerResult(
-                        worker, None, "", "", time.perf_counter() - start, f"unreachable: {exc}"
-                    )
-                outcome = await finish_command(chan, session, stdin, timeout)
+                async with contextlib.nullcontext() if long_lived else self._overall:
+                    if isinstance(command, PythonProgram):  # no agent to fork it: its own interpreter
+                        command, stdin = command.command_line(), command.source
+                    try:
+                        chan, session = await self._open(conn, command, worker, on_line, long_lived)
+                    except Unreachable as exc:
+                        return WorkerResult(
+                            worker, None, "", "", time.perf_counter() - start, f"unreachable: {exc}"
+                        )
+                    outcome = await finish_command(chan, session, stdin, timeout)
                 conn.exec_commands += 1
                 if self._use_channels and conn.exec_commands >= CHANNEL_AFTER_COMMANDS:
                     conn.start_command_channel()  # for the next commands on this connection

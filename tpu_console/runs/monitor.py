@@ -84,7 +84,7 @@ class RunMonitor:
     def observe(self, worker: int, probe: RunProbe) -> WorkerStatus:
         """Feed one probe of this worker (the events in it are added to its summary)."""
         status = self._observe(self.workers[worker], probe)
-        self._settle_stopped()
+        self._settle(status)  # this worker only: per probe, the whole run would make a round O(workers^2)
         return status
 
     def _observe(self, status: WorkerStatus, probe: RunProbe) -> WorkerStatus:
@@ -114,7 +114,7 @@ class RunMonitor:
         status.reason = error
         if not status.done and status.unreachable_probes >= self.lost_after_unreachable:
             status.state = WorkerState.LOST
-        self._settle_stopped()
+        self._settle(status)
         return status
 
     def _lose(self, status: WorkerStatus, reason: str) -> WorkerStatus:
@@ -136,7 +136,10 @@ class RunMonitor:
     def _settle_stopped(self) -> None:
         """Mark the workers whose end the stop caused, so a stop the user asked for is no failure."""
         for status in self.workers.values():
-            status.stopped = self.stop_requested and status.done and self._ended_after_stop(status)
+            self._settle(status)
+
+    def _settle(self, status: WorkerStatus) -> None:
+        status.stopped = self.stop_requested and status.done and self._ended_after_stop(status)
 
     def _ended_after_stop(self, status: WorkerStatus) -> bool:
         if self.stop_requested_at is None or status.exit_time is None:

@@ -126,17 +126,26 @@ async def test_timeout_gives_a_per_worker_error_and_stops_the_command(
     assert not any(pid_alive(pid) for pid in pids)
 
 
-@pytest.mark.parametrize("channels", [False, True])
-async def test_concurrency_is_bounded_overall(local_pod: LocalPod, channels: bool):
-    async with Fleet(local_pod.targets, overall_limit=2, command_channels=channels) as fleet:
+async def test_concurrency_is_bounded_overall(local_pod: LocalPod):
+    # the exec path: every command opens an SSH channel, and the overall limit bounds those
+    async with Fleet(local_pod.targets, overall_limit=2, command_channels=False) as fleet:
         await fleet.run("true")  # connect first, so only the command phase is timed
-        if channels:
-            assert await fleet.start_command_channels() == {}
         started = time.monotonic()
         results = await fleet.run("sleep 0.3")
         elapsed = time.monotonic() - started
     assert all(r.ok for r in results)
     assert elapsed >= 0.6  # 4 workers, 2 at a time: at least two rounds
+
+
+async def test_commands_on_command_channels_take_no_place_in_the_overall_limit(local_pod: LocalPod):
+    # Each command waits until all four have started (the workers' folders are siblings): with the
+    # overall limit applied, two would wait for two that never start, and time out.
+    barrier = ('touch ../started-$TPU_WORKER_ID; '
+               'until [ "$(ls ../started-* | wc -l)" -ge 4 ]; do sleep 0.02; done')
+    async with Fleet(local_pod.targets, overall_limit=2) as fleet:
+        assert await fleet.start_command_channels() == {}
+        results = await fleet.run(barrier, timeout=10)
+    assert [r.error for r in results] == [None] * 4 and all(r.ok for r in results)
 
 
 async def test_connections_persist_across_commands(local_fleet: Fleet):
