@@ -14,7 +14,7 @@ from textual.widgets import Button, Checkbox, Input, Label, Static
 from tpu_console.errors import UserError
 from tpu_console.model import CreateRequest, validate_node_name
 from tpu_console.providers import create_options
-from tpu_console.tui.modals.form import KEYS_HINT, FormModal, FormSelect
+from tpu_console.tui.modals.form import KEYS_HINT, FormModal, FormSelect, TickBox
 
 # The type `c` offers for each provider: a local pod the tiny demo runs on with two CPU cores, and the
 # smallest v6e slice the shipped configs plan for.
@@ -104,7 +104,7 @@ class CreateNodeModal(FormModal[CreateOrder]):
                 value=",".join(self.zones), placeholder="e.g. europe-west4-a,us-east5-b or auto", id="zones",
                 compact=True
             )
-            yield Checkbox("Spot (cheaper, may be preempted)", value=True, id="spot", compact=True)
+            yield TickBox("Spot (cheaper, may be preempted)", value=True, id="spot", compact=True)
             with Vertical(id="gcp"):  # `create`'s gcp flags; shown for gcp only
                 with Horizontal(classes="row"):
                     yield Label("Capacity")
@@ -122,8 +122,8 @@ class CreateNodeModal(FormModal[CreateOrder]):
                     yield Input(placeholder="e.g. 2h, 45m, 1h30m (empty: until deleted)", id="wait_for",
                                 compact=True)
                 with Horizontal(classes="row"):
-                    yield Checkbox("Race the zones", id="race", compact=True)
-                    yield Checkbox("Direct (Create Node API, no queue)", id="direct", compact=True)
+                    yield TickBox("Race the zones", id="race", compact=True)
+                    yield TickBox("Direct (Create Node API, no queue)", id="direct", compact=True)
             yield Static("", id="error")
             with Horizontal(id="buttons"):
                 yield Button("Create", variant="primary", id="create", compact=True)

@@ -1,15 +1,17 @@
 """What the create, sync and launch forms share: enter in any field (a text field, a list, the first
 button) submits, ctrl+s submits from anywhere, the other button or esc cancels, and a problem is shown in
 the form's `#error` line instead of closing it. Hints in empty fields read "e.g. ..." and are dim
-(Textual's placeholder style); a real default is filled in as a value."""
+(Textual's placeholder style); a real default is filled in as a value. A tick box reads without colour:
+`▐X▌` ticked, `▐ ▌` not (Textual's Checkbox draws X both ways, told apart by colour alone)."""
 
 from __future__ import annotations
 
 from typing import ClassVar, TypeVar
 
 from textual.binding import Binding, BindingType
+from textual.content import Content
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Select, Static
+from textual.widgets import Button, Checkbox, Input, Select, Static
 
 Order = TypeVar("Order")
 
@@ -20,6 +22,18 @@ class FormSelect(Select, inherit_bindings=False):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("down,space,up", "show_overlay", "Show choices", show=False, id="form.choices"),
     ]
+
+
+class TickBox(Checkbox):
+    """A checkbox whose mark is there only when ticked, so its state reads in any terminal, colour or not
+    (a screen reader's text, a capture, a colour-blind eye)."""
+
+    TICKED, UNTICKED = "X", " "
+
+    @property
+    def _button(self) -> Content:
+        self.BUTTON_INNER = self.TICKED if self.value else self.UNTICKED
+        return super()._button
 
 
 KEYS_HINT = "enter or ctrl+s submits"  # shown beside each form's buttons (class `keys-hint`)

@@ -24,7 +24,7 @@ from tpu_console.runs.demo import is_tiny_config
 from tpu_console.runs.launch import check_shape, check_supervision, validate_config
 from tpu_console.runs.supervision import SupervisionPolicy, policy_from_options
 from tpu_console.secrets import read_env_file
-from tpu_console.tui.modals.form import KEYS_HINT, FormModal, FormSelect
+from tpu_console.tui.modals.form import KEYS_HINT, FormModal, FormSelect, TickBox
 
 
 @dataclass(frozen=True)
@@ -102,14 +102,14 @@ class LaunchModal(FormModal[LaunchOrder]):
             yield Label("Env file with secrets (optional; else the one `sync` uploaded)")
             yield Input(placeholder="e.g. .env", id="env", compact=True)
             with Horizontal(id="flags"):
-                yield Checkbox("Kill stale TPU holders first", id="kill-stale", compact=True)
-                fail_fast = Checkbox("Fail fast", id="fail-fast", compact=True)
+                yield TickBox("Kill stale TPU holders first", id="kill-stale", compact=True)
+                fail_fast = TickBox("Fail fast", id="fail-fast", compact=True)
                 fail_fast.tooltip = "stop every worker's job when one fails"
                 yield fail_fast
-                skip_plan = Checkbox("Skip the plan check", id="no-plan-check", compact=True)
+                skip_plan = TickBox("Skip the plan check", id="no-plan-check", compact=True)
                 skip_plan.tooltip = "launch even if the TPU compiler says the config will not fit"
                 yield skip_plan
-            yield Checkbox(
+            yield TickBox(
                 "Make the tiny model and data on workers that lack them (tpu-console demo)",
                 value=True,
                 id="make-inputs",
