@@ -35,7 +35,9 @@ _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+")
 _FRAME = re.compile(r'^\s+File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>.+)$')
 # ps states: what a job that did not answer is doing.
 # py-spy dump's lines: `Thread 4242 (idle): "MainThread"` and `    wait (foreign.py:5)`.
-_PY_SPY_THREAD = re.compile(r"^Thread (?:0x)?(?P<id>[0-9a-fA-F]+)(?P<rest>.*)$")
+_PY_SPY_THREAD = re.compile(
+    r"^Thread (?:0x)?(?P<id>[0-9a-fA-F]+)(?: \((?:idle|active|gil)[^)]*\))?(?P<rest>.*)$"
+)
 _PY_SPY_FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<path>.+):(?P<line>\d+)\)$")
 # Where `stacks` looks for py-spy on a worker: bootstrap's environment, then PATH.
 PY_SPY = ("~/tpu-console/env/bin/py-spy", "py-spy")
@@ -99,7 +101,8 @@ class RunStacks:
 
 def from_py_spy(text: str) -> str:
     """py-spy dump's text as faulthandler writes it (threads, innermost frame first): what `threads`,
-    `where` and `normalize` read. The process lines (pids, differing between workers) are left out."""
+    `where` and `normalize` read. What differs between workers in the same place is left out: the process
+    lines (pids) and a thread's momentary state (idle, active)."""
     out: list[str] = []
     for line in text.splitlines():
         if thread := _PY_SPY_THREAD.match(line):
@@ -129,15 +132,18 @@ def dump_stacks_py_spy(run_id: str, py_spy: Sequence[str], wait_s: float = 5.0) 
     """`py-spy dump` of the run's job and its child processes: any Python program's stacks, without its
     help. `py_spy`: where py-spy may be, tried in order (a word without a slash is looked up on PATH); `sudo
     -n` is tried when ptrace is refused. Prints `state=answered` and the dump base64-encoded on one line,
-    `state=no-py-spy`, `state=failed` and py-spy's last line, `state=ended` or `state=missing`."""
+    `state=no-py-spy`, `state=failed` and py-spy's last line, `state=starting` (no job.pid yet),
+    `state=ended` or `state=missing`."""
     d = _home_word(recipes.run_dir(run_id))
     candidates = " ".join(_home_word(c[2:]) if c.startswith("~/") else shlex.quote(c) for c in py_spy)
     timeout = max(1, int(wait_s))
     return (
         f"( cd {d} 2>/dev/null || {{ echo state=missing; exit 0; }}; "
-        "p=$(cat job.pid 2>/dev/null || cat pid 2>/dev/null); "
-        'case "$p" in ""|*[!0-9]*) echo state=ended; exit 0;; esac; '
-        'if [ -e exit ] || ! kill -0 "$p" 2>/dev/null; then echo state=ended; exit 0; fi; '
+        # the job itself (job_runner.py's child), never the runner: until it has started, say so
+        'if [ -e exit ]; then echo state=ended; exit 0; fi; '
+        "p=$(cat job.pid 2>/dev/null); "
+        'case "$p" in ""|*[!0-9]*) echo state=starting; exit 0;; esac; '
+        'if ! kill -0 "$p" 2>/dev/null; then echo state=ended; exit 0; fi; '
         f"s=; for c in {candidates}; do "
         'c=$(command -v "$c" 2>/dev/null) && [ -x "$c" ] && { s=$c; break; }; done; '
         '[ -n "$s" ] || { echo state=no-py-spy; exit 0; }; '
@@ -234,6 +240,8 @@ def parse_answer(worker: int, stdout: str, error: str | None) -> WorkerStacks:
     if state.startswith("state=silent"):
         proc = state.partition("proc=")[2].strip()
         return WorkerStacks(worker, silent=f"its job is {PROCESS_STATES.get(proc, proc or 'gone')}")
+    if state == "state=starting":
+        return WorkerStacks(worker, silent="its job is starting")
     if state == "state=no-py-spy":
         return WorkerStacks(worker, silent=NO_PY_SPY)
     if state.startswith("state=failed"):

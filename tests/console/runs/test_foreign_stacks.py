@@ -45,9 +45,11 @@ def test_a_py_spy_dump_reads_as_faulthandlers():
     text = stacks.from_py_spy(DUMP)
     assert "4242:" not in text and "Python v" not in text
     assert stacks.where(text) == "nash_mhc/train.py:4 (wait_for_the_others)"
-    other = stacks.from_py_spy(DUMP.replace("4242", "5151").replace("4250", "5160"))
+    # another worker in the same place: other pids, and its main thread caught running, not idle
+    moved = DUMP.replace("4242", "5151").replace("4250", "5160").replace("idle", "active", 1)
+    other = stacks.from_py_spy(moved)
     found = stacks.group([stacks.WorkerStacks(0, dump=text), stacks.WorkerStacks(1, dump=other)], "r", "n")
-    assert [g.workers for g in found.groups] == [[0, 1]]  # the same stacks, thread ids aside
+    assert [g.workers for g in found.groups] == [[0, 1]]  # the same stacks, thread ids and states aside
 
 
 def test_py_spy_places_add_the_consoles_own_for_a_local_pod():
