@@ -64,6 +64,11 @@ def _wait_listening(port: int, process: subprocess.Popen, timeout: float = 10.0)
 
 @pytest.fixture
 def sshd(tmp_path: Path) -> Iterator[Sshd]:
+    yield from running_sshd(tmp_path)
+
+
+def running_sshd(tmp_path: Path, session_env: dict[str, str] | None = None) -> Iterator[Sshd]:
+    """The `sshd` fixture's server; `session_env` (PATH, say) is set in every session it starts."""
     sshd_bin = _find(SSHD_CANDIDATES, "sshd")
     if sshd_bin is None:
         pytest.skip("OpenSSH sshd is not installed (Debian: apt-get install openssh-server openssh-client)")
@@ -97,7 +102,7 @@ KbdInteractiveAuthentication no
 PermitRootLogin prohibit-password
 Subsystem sftp {sftp_server}
 LogLevel ERROR
-SetEnv HOME={home}
+SetEnv HOME={home}{"".join(f" {key}={value}" for key, value in (session_env or {}).items())}
 """
     )
     process = subprocess.Popen(

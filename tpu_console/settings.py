@@ -63,6 +63,23 @@ class LocalSettings(_Strict):
     enabled: bool = True
 
 
+class WorkersSettings(_Strict):
+    """What `bootstrap` gives every worker (`[workers]`)."""
+
+    # The Python the workers' environments are made from: this minor version or newer (JAX needs 3.11+).
+    python: str = Field("3.11", pattern=r"^3\.\d{2}$")
+    # Where `uv python install` downloads CPython from when the image has no such Python (a closed
+    # network's mirror of python-build-standalone's releases); passed to uv as UV_PYTHON_INSTALL_MIRROR.
+    python_install_mirror: str | None = None
+
+    @field_validator("python")
+    @classmethod
+    def _new_enough(cls, value: str) -> str:
+        if int(value.split(".")[1]) < 11:
+            raise ValueError("the workers need Python 3.11 or later (JAX does); use e.g. \"3.12\"")
+        return value
+
+
 class NotifySettings(_Strict):
     # Slack-compatible incoming webhook (a JSON body with `text`). A secret: masked like .env values, sent
     # to the run's supervisor as a 0600 file, never on a command line.
@@ -89,6 +106,7 @@ class Settings(BaseSettings):
     gcp: GcpSettings = Field(default_factory=GcpSettings)
     ssh: SshSettings = Field(default_factory=SshSettings)
     notify: NotifySettings = Field(default_factory=NotifySettings)
+    workers: WorkersSettings = Field(default_factory=WorkersSettings)
     # The terminal app's keys, by binding id: [keys] "nodes.create" = "n" (ids listed in the README).
     keys: dict[str, str] = Field(default_factory=dict)
 

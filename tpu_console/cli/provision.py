@@ -17,12 +17,18 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
     bootstrap = verbs.add_parser(
         "bootstrap", parents=[common], help="install the trainer's Python environment on every worker",
         description="Make ~/tpu-console/env on every worker hold the trainer's dependencies (uv when it can "
-        "be installed, else python -m venv and pip; jax[tpu] on TPU VMs, CPU jax elsewhere). Idempotent: a "
-        "worker that already has it answers at once. Reports python, jax, jaxlib, libtpu and flax versions.",
+        "be installed, else python -m venv and pip; jax[tpu] on TPU VMs, CPU jax elsewhere), plus py-spy. "
+        "The base Python: the image's python3 when new enough, else a python3.1x already there, else one "
+        "`uv python install` downloads ([workers] python_install_mirror for closed networks); recorded in "
+        "~/tpu-console/python.json. Idempotent: a worker that already has it answers at once. Reports "
+        "python, jax, jaxlib, libtpu and flax versions.",
     )
     bootstrap.add_argument("node")
     flags.add_worker(bootstrap)
-    flags.add_python(bootstrap, "base interpreter on the workers, 3.11+ (default python3)", default="python3")
+    flags.add_python(bootstrap, "use this interpreter on the workers as is (default: find or install one)")
+    bootstrap.add_argument("--python-version", metavar="X.Y",
+                           help="the Python the environment needs, this or newer (default: [workers] python "
+                           "in config.toml, 3.11)")
     bootstrap.add_argument("--jax", choices=("tpu", "cpu"),
                            help="JAX flavour (default: tpu on gcp, else cpu)")
     bootstrap.add_argument("--link", dest="link", action="store_true", default=None,
@@ -77,7 +83,8 @@ async def bootstrap(args: argparse.Namespace, settings: Settings, providers: dic
     from tpu_console.provision.bootstrap import bootstrap_node
 
     result = await bootstrap_node(
-        providers, args.node, workers=args.worker, python=args.python, jax=args.jax, link=args.link,
+        providers, args.node, workers=args.worker, python=args.python, python_version=args.python_version,
+        install_mirror=settings.workers.python_install_mirror, jax=args.jax, link=args.link,
         force=args.force, progress=output.progress, on_worker=output.worker_progress,
     )
     return output.print_setup(result, args.json)

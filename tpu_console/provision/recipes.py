@@ -68,25 +68,37 @@ VERSIONS_FUNCTION = (
 
 
 def bootstrap(
-    python: str,
+    python: str | None,
+    version: str,
     requirements: Sequence[str],
     digest: str,
+    *,
+    exact: bool = False,
     link_site_packages: str | None = None,
+    link_tools: Sequence[str] = (),
     force: bool = False,
+    install_mirror: str | None = None,
 ) -> tuple[str, str]:
     """The command and its stdin that make `~/tpu-console/env` hold `requirements`, idempotently.
 
     The script (worker/bootstrap.sh) travels on stdin, its arguments on the command line
     (requirements and paths: nothing secret). A second run whose digest matches the stamp only reports
-    the versions (`@@ ready already`). Otherwise: a venv from `python` with uv when it is there or can be
-    installed into the venv, else `python -m venv` and pip, then the requirements. With
+    the versions (`@@ ready already`). Otherwise it picks the base interpreter: `python` when given, else
+    the image's python3 when it is `version` or newer (exactly `version` with `exact`), else a python3.1x
+    already there, else one `uv python install` makes (from `install_mirror`, passed to uv as
+    UV_PYTHON_INSTALL_MIRROR), and records it in python.json. Then a venv with uv when it is there or can
+    be installed into the venv, else `python -m venv` and pip, then the requirements. With
     `link_site_packages` (pods that share the console's machine, such as local pods), the venv sees those
-    packages through a `.pth` file instead of downloading them again per worker; pip then finds every
-    requirement already satisfied, which is what it checks.
+    packages through a `.pth` file instead of downloading them again per worker (and `link_tools`, their
+    executables, are linked into env/bin); pip then finds every requirement already satisfied.
     """
-    args = [python, digest, link_site_packages or "", "1" if force else "0", *requirements]
+    args = [
+        python or "", version, "1" if exact else "0", digest, link_site_packages or "",
+        ":".join(link_tools), "1" if force else "0", *requirements,
+    ]
     script = VERSIONS_FUNCTION + "\n" + worker.source("bootstrap.sh").decode()
-    return "bash -s -- " + " ".join(shlex.quote(a) for a in args), script
+    mirror = f"UV_PYTHON_INSTALL_MIRROR={shlex.quote(install_mirror)} " if install_mirror else ""
+    return mirror + "bash -s -- " + " ".join(shlex.quote(a) for a in args), script
 
 
 def _install_command(target: str) -> str:

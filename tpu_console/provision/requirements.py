@@ -1,7 +1,7 @@
 """What a worker's environment must hold to run the trainer: the `trainer` extra of this distribution, the
 two console libraries the trainer's config uses (pydantic, PyYAML), hatchling to build a git checkout, and
 JAX in the right flavour. The console's own dependencies (textual, asyncssh, ...) never go to a worker:
-the code itself is installed with --no-deps by `sync`."""
+the code itself is installed with --no-deps by `sync`. py-spy too, for `stacks` of any Python program."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from importlib import metadata
 from typing import Literal
 
 JaxFlavour = Literal["tpu", "cpu"]
-_ALSO_NEEDED = ("pydantic>=2.7", "pyyaml>=6.0", "hatchling>=1.24")
+# py-spy: `tpu-console stacks` dumps any Python program's stacks with it.
+_ALSO_NEEDED = ("pydantic>=2.7", "pyyaml>=6.0", "hatchling>=1.24", "py-spy>=0.3.14")
 _EXTRA = re.compile(r"""extra\s*==\s*["']trainer["']""")
 
 
@@ -30,7 +31,8 @@ def trainer_requirements(jax: JaxFlavour) -> list[str]:
         if name == "jax" and jax == "tpu":
             spec = "jax[tpu]" + spec[len(name) :]
         out.append(spec)
-    return sorted(out) + list(_ALSO_NEEDED)
+    names = {re.split(r"[<>=!~\[ ]", spec, maxsplit=1)[0] for spec in out}
+    return sorted(out) + [spec for spec in _ALSO_NEEDED if re.split(r"[<>=]", spec)[0] not in names]
 
 
 def environment_digest(requirements: list[str], python: str, link: str | None) -> str:
