@@ -151,8 +151,11 @@ def complete_summary(summary: Mapping[str, Any], readings: ForeignReadings | Non
     return filled
 
 
-async def read_foreign(fleet: Fleet, record: Any, workers: Sequence[int] | None = None) -> ForeignReadings:
-    """The W&B summaries and TensorBoard scalars of a command job's workers (nothing for the trainer)."""
+async def read_foreign(
+    fleet: Fleet, record: Any, workers: Sequence[int] | None = None, tensorboard: bool = True
+) -> ForeignReadings:
+    """The W&B summaries and (with `tensorboard`) TensorBoard scalars of a command job's workers (nothing
+    for the trainer)."""
     readings = ForeignReadings()
     job = command_job(record)
     if job is None:
@@ -164,7 +167,7 @@ async def read_foreign(fleet: Fleet, record: Any, workers: Sequence[int] | None 
             readings.wandb[worker] = values
         if problem:
             readings.problems.append(f"W&B summary of worker {worker}: {problem}")
-    folder = tensorboard_dir(job)
+    folder = tensorboard_dir(job) if tensorboard else None
     if folder is not None:
         for worker in workers:
             try:

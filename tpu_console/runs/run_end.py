@@ -10,6 +10,7 @@ from pathlib import Path
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.runs.archive import archive_run
 from tpu_console.runs.events import EventSummary, StepMetrics, parse_event_line
+from tpu_console.runs.foreign_metrics import complete_summary, read_foreign
 from tpu_console.runs.monitor import RunMonitor
 from tpu_console.runs.store import RunRecord, RunStore
 from tpu_console.runs.summary import summarize
@@ -30,7 +31,9 @@ async def keep_run_end(
     if monitor is not None:  # workers whose files could not be copied: what was seen live
         for worker in result.problems:
             last_steps[worker] = monitor.workers[worker].events.last_step
-    store.set_summary(record.run_id, summarize(last_steps), str(result.path))
+    # a command job's W&B summaries fill what its step lines did not say (runs/foreign_metrics.py)
+    wandb = await read_foreign(fleet, record, tensorboard=False)
+    store.set_summary(record.run_id, complete_summary(summarize(last_steps), wandb), str(result.path))
 
 
 def _last_steps_in(folder: Path, workers: list[int]) -> dict[int, StepMetrics | None]:

@@ -45,6 +45,12 @@ for step in range(1, 4):
     elif sys.argv[1] == "mixed":
         print(f"I0804 08:14:00.000000 1 metric_logger.py:196] completed step: {step}, seconds: 0.250, "
               f"TFLOP/s/device: 1.5, Tokens/s/device: 100.0, loss: 0.5", flush=True)
+    elif sys.argv[1] == "wandb":  # as wandb leaves it in the job's folder (its cwd)
+        os.makedirs("wandb/latest-run/files", exist_ok=True)
+        with open("wandb/latest-run/files/wandb-summary.json", "w") as f:
+            f.write('{"throughput/train/valid_tokens_per_s": %d, '
+                    '"memory/train/peak_bytes_in_use_max_gib": 27.5}' % (4000 + 100 * worker))
+        print(f"step={step} loss=0.5 dt=0.20s", flush=True)
     elif sys.argv[1] == "regex":
         print(f"[trainer] iter {step} | loss {2.0 / step:.3f} | fwd_bwd 0.125s", flush=True)
     else:
@@ -169,3 +175,19 @@ def test_stacks_of_a_foreign_python_program_come_from_py_spy(capsys, tmp_path):
     finally:
         stopped = run(capsys, "stop", run_id, "--yes")
         assert stopped[0] == 0, stopped
+
+
+def test_wandb_summaries_fill_the_summary_that_runs_show_and_compare_keep(capsys, tmp_path):
+    first = launch(capsys, "--", sys.executable, foreign(tmp_path), "wandb")
+    ended_status(capsys, first)  # the run's end is kept: archive and summary
+    second = launch(capsys, "--", sys.executable, foreign(tmp_path), "mixed")
+    ended_status(capsys, second)
+    status, out, err = run(capsys, "runs", "show", first, "--json")
+    assert status == 0, err
+    summary = json.loads(out)["summary"]
+    assert summary[tm.VALID_TOKENS_PER_S] == 4000  # the slower worker's, as for the trainer
+    assert summary[tm.MEM_PEAK] == 27.5 and summary[tm.STEP_AVG_LAST10] == pytest.approx(0.2)
+    status, out, err = run(capsys, "runs", "compare", first, second)
+    assert status == 0, err
+    tokens = next(line for line in out.splitlines() if line.startswith("valid tokens/s"))
+    assert tokens.split()[2:4] == ["4,000", "-"], out
