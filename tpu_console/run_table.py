@@ -138,6 +138,7 @@ def launch_record(result: LaunchResult) -> dict[str, Any]:
         "workers": result.workers,
         "run_dir": f"~/{result.run_dir}",
         "config_digest": result.config_digest,
+        "job": result.job,  # launch.json's `job` object: what ran, where, from which project and setup
         "started": result.ok,
         "starts": [{"worker": s.worker, "ok": s.ok, "pgid": s.pgid, "error": s.error} for s in result.starts],
     }

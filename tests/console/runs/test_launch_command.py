@@ -26,6 +26,7 @@ def launch(capsys, *argv: str) -> str:
     assert status == 0, err
     result = json.loads(out)
     assert result["started"] and all(s["ok"] for s in result["starts"])
+    assert result["job"]["kind"] == "command"
     return result["run_id"]
 
 

@@ -1,0 +1,183 @@
+"""The job file and the command as data (runs/job_spec.py), and the run history's `job` column, also in a
+database made before it existed. Pure and fast: no pod."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from tests.console.runs.test_units import bash, write_fake
+from tests.fixtures_cli import make_node
+from tests.processes import wait_for
+from tpu_console.errors import UserError
+from tpu_console.fleet import recipes
+from tpu_console.provision.report import WorkerReport
+from tpu_console.runs.job_spec import JobSpec, load_job_file
+from tpu_console.runs.launch import command_job
+from tpu_console.runs.store import RunRecord, RunStore
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "grpo.toml"
+    path.write_text(text)
+    return path
+
+
+def test_a_job_file_in_full(tmp_path):
+    (tmp_path / "nash-mhc").mkdir()
+    text = """\
+command = "python -m nash_mhc.train --mesh-data 2 --note 'two words'"
+[project]
+dir = "nash-mhc"
+[setup]
+command = "pip install -r requirements-tpu.txt"
+requirements = ["requirements-tpu.txt"]
+python = "3.12"
+[env]
+XLA_FLAGS = "--xla_dump_to=/tmp/x"
+[metrics]
+format = "regex"
+regex = 'step (?P<step>\\d+) loss (?P<loss>[\\d.]+)'
+tensorboard = "logs/tb"
+[supervisor]
+fail_fast = true
+restart_on = ["transient"]
+max_restarts = 3
+on_end = "delete"
+grace = "10m"
+max_hang = "30m"
+"""
+    spec = load_job_file(write(tmp_path, text))
+    # split as a shell splits words, but no shell will run it
+    assert spec.command == ["python", "-m", "nash_mhc.train", "--mesh-data", "2", "--note", "two words"]
+    assert spec.project_dir() == (tmp_path / "nash-mhc").resolve()  # relative to the job file's folder
+    assert spec.setup.python == "3.12" and spec.env == {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
+    assert spec.job_file_text == text and spec.record()["job_file_text"] == text
+    policy = spec.policy()
+    assert policy.fail_fast and policy.on_end == "delete" and policy.grace_s == 600
+    assert policy.max_hang_s == 1800 and "distributed_timeout" in policy.restart_on
+    # the flags given on the command line win over the file
+    assert spec.policy(max_restarts=1, grace="1m").max_restarts == 1
+    assert spec.policy(grace="1m").grace_s == 60
+    with pytest.raises(UserError, match="--grace"):  # the file's grace without its on_end = "delete"
+        spec.policy(on_end="keep")
+
+
+def test_flags_over_a_file_without_supervisor_options(tmp_path):
+    spec = load_job_file(write(tmp_path, 'command = ["./train.sh", "a b"]\n'))
+    assert spec.command == ["./train.sh", "a b"] and spec.project is None
+    assert spec.policy().fail_fast is False and spec.policy(fail_fast=True).fail_fast is True
+    assert spec.with_command(["python", "x.py"]).command == ["python", "x.py"]
+    assert spec.digest() != spec.with_command(["python", "x.py"]).digest()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('command = "x"\n[setup]\ncomand = "pip install ."\n', "unknown key 'setup.comand'"),
+        ('command = "x"\n[project]\ndir = "."\ngit = "https://x"\n', "project: give one of dir or git"),
+        ('command = "x"\n[project]\ndir = "."\nbranch = "main"\n', "branch goes with git"),
+        ('command = []\n', "command: is empty"),
+        ('command = "x \'unclosed"\n', "command: cannot be split into words"),
+        ('command = "x"\n[metrics]\nformat = "regex"\n', "format = 'regex' needs regex"),
+        ('command = "x"\n[metrics]\nregex = "(unclosed"\n', "regex is not a regular expression"),
+        ('command = "x"\n[metrics]\nformat = "csv"\n', "metrics.format"),
+        ('command = "x"\n[env]\n"BAD NAME" = "1"\n', "'BAD NAME' is not an environment variable name"),
+        ('command = "x"\n[env]\nWANDB_API_KEY = "k"\n', "WANDB_API_KEY looks like a secret"),
+    ],
+)
+def test_a_bad_job_file_is_one_line_naming_the_file(tmp_path, text, message):
+    with pytest.raises(UserError) as refused:
+        load_job_file(write(tmp_path, text))
+    said = str(refused.value)
+    assert message in said and str(tmp_path / "grpo.toml") in said and "\n" not in said
+
+
+def test_a_command_line_without_a_command_is_refused():
+    with pytest.raises(UserError, match="-- is followed by no command"):
+        JobSpec.from_command([])
+    assert JobSpec.from_command(["bash", "-c", "echo $HOME"]).command == ["bash", "-c", "echo $HOME"]
+
+
+def record(run_id: str, job: dict | None) -> RunRecord:
+    return RunRecord(run_id=run_id, node="pod", provider="local", accelerator_type="local-2x1",
+                     workers=[0, 1], config_path="job.toml", config_digest="d", overrides=[],
+                     python="python3", started_at=datetime.now(UTC), job=job)
+
+
+def test_the_job_is_kept_with_the_run_also_in_a_database_made_before_it(tmp_path):
+    path = tmp_path / "runs.db"
+    with sqlite3.connect(path) as db:  # the first release's table, and a run recorded then
+        db.execute("CREATE TABLE runs (run_id TEXT PRIMARY KEY, node TEXT NOT NULL, provider TEXT NOT NULL, "
+                   "accelerator_type TEXT NOT NULL, workers TEXT NOT NULL, config_path TEXT NOT NULL, "
+                   "config_digest TEXT NOT NULL, overrides TEXT NOT NULL, code_version TEXT, python TEXT NOT "
+                   "NULL, started_at TEXT NOT NULL, state TEXT NOT NULL, failure TEXT, finished_at TEXT, "
+                   "stop_requested_at TEXT)")
+        db.execute("INSERT INTO runs VALUES ('old', 'pod', 'local', 't', '[0]', 'c.yaml', 'd', '[]', NULL, "
+                   "'python3', '2025-01-01T00:00:00+00:00', 'succeeded', NULL, NULL, NULL)")
+    store = RunStore(path)
+    assert store.get("old").job is None  # older runs (and any code reading them) see None
+    job = {"kind": "command", "command": ["python", "train.py"], "cwd": "tpu-console/projects/abc"}
+    store.add(record("new", job))
+    assert RunStore(path).get("new").job == job
+
+
+def worker(index: int, project: str | None, setup: str | None = None, python: str = "3.12.1") -> WorkerReport:
+    report = WorkerReport(index, env_present=True, versions={"jax": "0.7.2"}, python_info={"version": python})
+    if project:
+        report.project = {"digest": project, "dir": f"tpu-console/projects/{project}", "source": "dir"}
+    if setup:
+        report.setup = {"digest": setup, "env": f"tpu-console/envs/{setup}", "project_digest": project}
+    return report
+
+
+def test_a_command_runs_in_the_project_with_its_setups_environment():
+    spec = JobSpec.from_command(["python", "-m", "train"])
+    prepared = command_job(spec, make_node("pod"), [worker(0, "p1", "s1"), worker(1, "p1", "s1")], True)
+    record = prepared.record("RUN")
+    assert (record["cwd"], record["env_dir"]) == ("tpu-console/projects/p1", "tpu-console/envs/s1")
+    assert record["project"]["digest"] == "p1" and record["setup"]["digest"] == "s1"
+    assert prepared.home_prepend == {"PATH": "tpu-console/envs/s1/bin",
+                                     "PYTHONPATH": "tpu-console/projects/p1"}
+    assert prepared.home_env == {"VIRTUAL_ENV": "tpu-console/envs/s1",
+                                 "TPU_CONSOLE_PROJECT_DIR": "tpu-console/projects/p1"}
+    # no project, no setup: the run folder, and bootstrap's environment since every worker has one
+    bare = command_job(spec, make_node("pod"), [worker(0, None), worker(1, None)], True)
+    assert bare.record("RUN")["cwd"] == "tpu-console/runs/RUN" and bare.env_dir == "tpu-console/env"
+
+
+@pytest.mark.parametrize(
+    ("reports", "message"),
+    [
+        ([worker(0, "p1"), worker(1, "p2")], "project differs (worker 0: p1, worker 1: p2)"),
+        ([worker(0, "p1"), worker(1, None)], "project differs (worker 0: p1, worker 1: none)"),
+        ([worker(0, "p1", "s1"), worker(1, "p1", "s2")], "setup differs"),
+        ([worker(0, "p1", python="3.10.12"), worker(1, "p1")], "python differs"),
+    ],
+)
+def test_workers_that_hold_different_projects_or_environments_are_refused(reports, message):
+    with pytest.raises(UserError) as refused:
+        command_job(JobSpec.from_command(["python", "x.py"]), make_node("pod"), reports, True)
+    assert "--no-code-check" in str(refused.value) and message in str(refused.value)
+    # --no-code-check launches anyway
+    command_job(JobSpec.from_command(["python", "x.py"]), make_node("pod"), reports, False)
+
+
+def test_the_start_puts_the_environment_and_the_project_first_under_the_workers_home(tmp_path):
+    """start_detached in real bash with a temporary HOME: folders under the home with spaces stay one word."""
+    fake = write_fake(tmp_path / "py", 'printf "%s\\n" "$PATH" "$PYTHONPATH" "$VIRTUAL_ENV" '
+                                       '"$TPU_CONSOLE_RUN_DIR"\n')
+    bash(recipes.prepare_run_dir("R1"), tmp_path)
+    command = recipes.start_detached("R1", str(fake), [], {}, home_env={"VIRTUAL_ENV": "envs/my env"},
+                                     home_prepend={"PATH": "envs/my env/bin", "PYTHONPATH": "projects/p"})
+    assert bash(command, tmp_path).returncode == 0
+    folder = tmp_path / recipes.run_dir("R1")
+    wait_for(lambda: (folder / "exit").exists())
+    path, pythonpath, venv, run_dir = (folder / "output.log").read_text().splitlines()
+    assert path.startswith(f"{tmp_path}/envs/my env/bin:") and path.endswith(os.environ["PATH"])
+    assert pythonpath == f"{tmp_path}/projects/p"  # no empty entry when there was none before
+    assert venv == f"{tmp_path}/envs/my env" and run_dir == str(folder)
