@@ -32,7 +32,7 @@ from typing import Any
 from tpu_console import locations
 from tpu_console.errors import Unreachable, one_line
 from tpu_console.fleet.fleet import Fleet
-from tpu_console.runs.events import EventSummary, StepMetrics, parse_event_line
+from tpu_console.runs.events import Event, EventSummary, StepMetrics, parse_event_line
 from tpu_console.runs.reach import reach_node
 from trainer import telemetry as tm
 
@@ -243,19 +243,45 @@ async def fetch_tensorboard(fleet: Fleet, run_id: str, folder: str, worker: int)
     return local
 
 
-def last_scalars(folder: Path) -> dict[str, tuple[int, float]]:
-    """Every scalar tag's last (step, value) in the event files under `folder`, read with tbparse."""
+# TensorBoard tags that mean what a trainer's metric means (the tag's last part, as MaxText and tunix
+# name them: `perf/step_time_seconds`, `learning/loss`); other tags keep their own name.
+TB_NAMES = {
+    "step_time": tm.phase_key("step"), "step_time_s": tm.phase_key("step"),
+    "step_time_sec": tm.phase_key("step"), "step_time_seconds": tm.phase_key("step"),
+    "loss": tm.LOSS, "reward_mean": tm.REWARD_MEAN, "valid_tokens_per_s": tm.VALID_TOKENS_PER_S,
+}
+
+
+def tensorboard_steps(folder: Path) -> list[StepMetrics]:
+    """Every step of the scalars under `folder`, in step order, as the dashboard's steps: what its Steps
+    and Plots tabs draw for a job whose metrics are only in TensorBoard (tunix)."""
+    steps: dict[int, dict[str, Any]] = {}
+    for tag, points in _scalars(folder).items():
+        name = tag if tag.startswith(("time/", "throughput/", "memory/", "train-reward/")) else (
+            TB_NAMES.get(tag.rsplit("/", 1)[-1], tag))
+        for step, value in points:
+            steps.setdefault(step, {"step": step, "format": "tensorboard"})[name] = value
+    return [StepMetrics.from_event(Event("step", None, None, fields)) for _, fields in sorted(steps.items())]
+
+
+def _scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar tag's (step, value) points under `folder`, in step order, read with tbparse."""
     from tbparse import SummaryReader  # pandas and tensorboard: imported only when a job has event files
 
     with warnings.catch_warnings():  # tbparse's own use of a pandas keyword pandas plans to drop
         warnings.simplefilter("ignore")
         scalars = SummaryReader(str(folder)).scalars
-    last: dict[str, tuple[int, float]] = {}
+    points: dict[str, list[tuple[int, float]]] = {}
     if scalars is None or scalars.empty:
-        return last
+        return points
     for row in scalars.sort_values("step").itertuples(index=False):
-        last[str(row.tag)] = (int(row.step), float(row.value))
-    return last
+        points.setdefault(str(row.tag), []).append((int(row.step), float(row.value)))
+    return points
+
+
+def last_scalars(folder: Path) -> dict[str, tuple[int, float]]:
+    """Every scalar tag's last (step, value) in the event files under `folder`."""
+    return {tag: points[-1] for tag, points in _scalars(folder).items()}
 
 
 def _ordered(values: Mapping[str, float], first: Sequence[str]) -> dict[str, float]:

@@ -12,6 +12,8 @@ exclusive Textual worker:
                           ages move)
     follow_devices(post)  libtpu's live HBM and duty cycle of every device (runs/device_metrics.py), every
                           `devices_every_s`; the screen runs it while the HBM tab is shown
+    (within follow)       a command job's TensorBoard scalars as its steps, every `tensorboard_every_s`, for
+                          workers whose output has no step lines (runs/foreign_metrics.py)
     stop_run()            stop the run's job on every worker (control.stop), e.g. workers hung after a failure
 
 The judgements (a worker stalled, hung after another failed, a straggler; the verdict) are the watcher's
@@ -36,7 +38,7 @@ from datetime import UTC, datetime
 
 from textual.message import Message
 
-from tpu_console.errors import NotFound, UserError, one_line
+from tpu_console.errors import NotFound, Unreachable, UserError, one_line
 from tpu_console.node_table import run_node_warning
 from tpu_console.providers.base import Provider
 from tpu_console.providers.nodes import list_nodes
@@ -44,7 +46,13 @@ from tpu_console.providers.registry import find_node
 from tpu_console.runs import control
 from tpu_console.runs.device_metrics import LIBTPU_METRICS_ADDRESS, read_device_metrics
 from tpu_console.runs.events import EventSummary, StepMetrics
-from tpu_console.runs.foreign_metrics import steps_note
+from tpu_console.runs.foreign_metrics import (
+    command_job,
+    fetch_tensorboard,
+    steps_note,
+    tensorboard_dir,
+    tensorboard_steps,
+)
 from tpu_console.runs.health import Activity, RunHealth, WorkerHealth, assess
 from tpu_console.runs.monitor import RunMonitor, RunState
 from tpu_console.runs.signatures import EXCEPTION, WANDB_URL, Finding
@@ -77,6 +85,7 @@ OpenWatch = Callable[[int | None], AbstractAsyncContextManager[RunWatch]]
 
 RETRY_FIRST_S, RETRY_MAX_S = 2.0, 30.0
 NODE_CHECK_S = 300.0  # how often the node's announced maintenance is looked at again
+TENSORBOARD_EVERY_S = 15.0  # how often a command job's TensorBoard files are copied again (when they grew)
 # Run states that are final: every worker's job is over (runs.monitor.RunState).
 # The supervisor's bookkeeping, not worth a toast.
 QUIET_DECISIONS = ("notified", "notify-failed")
@@ -146,6 +155,8 @@ class RunFeed:
         self._probe_python: str | None = None
         self._last_turning_point: tuple | None = None
         self.node_warning: str | None = None  # check_node's
+        self.tensorboard_every_s = TENSORBOARD_EVERY_S
+        self._tensorboard_shown: dict[int, int] = {}  # worker: the last step its TensorBoard files gave
 
     def _open_run_watch(self, first_log_lines: int | None) -> AbstractAsyncContextManager[RunWatch]:
         return RunWatch.open(self.providers, self.run_id, self.store, first_log_lines=first_log_lines,
@@ -187,15 +198,44 @@ class RunFeed:
     async def _consume(self, watch: RunWatch, post: Post) -> None:
         ticker = asyncio.create_task(self._tick(watch, post))
         node_check = asyncio.create_task(self.check_node())
+        tensorboard = asyncio.create_task(self._follow_tensorboard(watch, post))
         try:
             async for update in watch.updates():
                 self.take(update, post)
         finally:
             node_check.cancel()
             ticker.cancel()
+            tensorboard.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await ticker
+            with contextlib.suppress(asyncio.CancelledError):
+                await tensorboard
             self.flush(post)
+        await self._read_tensorboard(watch, post)  # what was written last, before the job ended
+
+    async def _follow_tensorboard(self, watch: RunWatch, post: Post) -> None:
+        while True:
+            await self._read_tensorboard(watch, post)
+            await asyncio.sleep(self.tensorboard_every_s)
+
+    async def _read_tensorboard(self, watch: RunWatch, post: Post) -> None:
+        """New steps of a command job's TensorBoard files (tunix writes its metrics only there), for the
+        workers whose output has given no step line."""
+        job = command_job(watch.record)
+        folder = tensorboard_dir(job) if job is not None else None
+        for worker in watch.record.workers if folder is not None else ():
+            seen = self.seen.get(worker)
+            if seen is not None and seen.events.last_step is not None:
+                continue  # its own step lines, read on the worker
+            try:
+                local = await fetch_tensorboard(watch.fleet, watch.record.run_id, folder, worker)
+                steps = await asyncio.to_thread(tensorboard_steps, local) if local is not None else []
+            except (Unreachable, OSError, ValueError):
+                continue  # tried again at the next round; status and runs show name the problem
+            new = [s for s in steps if s.step > self._tensorboard_shown.get(worker, -1)]
+            if new:
+                self._tensorboard_shown[worker] = new[-1].step
+                post(RunStepsArrived(worker, new))
 
     def take(self, update: Update, post: Post) -> None:
         """One update of the watch: what it adds to the dashboard."""
@@ -286,8 +326,14 @@ class RunFeed:
             all_silent=health.all_silent,
             stragglers=health.stragglers,
             node_warning=self.node_warning,
-            steps_note=steps_note(self.record, {w: s.events.last_step for w, s in self.seen.items()}),
+            steps_note=self._steps_note(),
         )
+
+    def _steps_note(self) -> str | None:
+        if self._tensorboard_shown and self.record is not None:
+            job = command_job(self.record) or {}
+            return f"steps: from TensorBoard event files in {tensorboard_dir(job)}"
+        return steps_note(self.record, {w: s.events.last_step for w, s in self.seen.items()})
 
     def _row(self, health: WorkerHealth) -> WorkerRow:
         seen = self.seen.get(health.worker) or WorkerSeen()

@@ -45,12 +45,20 @@ for step in range(1, 4):
     elif sys.argv[1] == "mixed":
         print(f"I0804 08:14:00.000000 1 metric_logger.py:196] completed step: {step}, seconds: 0.250, "
               f"TFLOP/s/device: 1.5, Tokens/s/device: 100.0, loss: 0.5", flush=True)
-    elif sys.argv[1] == "wandb":  # as wandb leaves it in the job's folder (its cwd)
-        os.makedirs("wandb/latest-run/files", exist_ok=True)
+    elif sys.argv[1] == "metrics":  # tunix-like: TensorBoard files and W&B's summary, no step line
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        writer = EventFileWriter("tb/train")
+        values = [summary_pb2.Summary.Value(tag="loss", simple_value=1.0 / step),
+                  summary_pb2.Summary.Value(tag="perf/step_time_seconds", simple_value=0.5)]
+        writer.add_event(event_pb2.Event(wall_time=time.time(), step=step,
+                                         summary=summary_pb2.Summary(value=values)))
+        writer.close()
+        os.makedirs("wandb/latest-run/files", exist_ok=True)  # as wandb leaves it in the job's folder
         with open("wandb/latest-run/files/wandb-summary.json", "w") as f:
-            f.write('{"throughput/train/valid_tokens_per_s": %d, '
+            f.write('{"throughput/train/valid_tokens_per_s": %d, "time/train/step_avg_last10_s": 0.5, '
                     '"memory/train/peak_bytes_in_use_max_gib": 27.5}' % (4000 + 100 * worker))
-        print(f"step={step} loss=0.5 dt=0.20s", flush=True)
     elif sys.argv[1] == "regex":
         print(f"[trainer] iter {step} | loss {2.0 / step:.3f} | fwd_bwd 0.125s", flush=True)
     else:
@@ -177,16 +185,38 @@ def test_stacks_of_a_foreign_python_program_come_from_py_spy(capsys, tmp_path):
         assert stopped[0] == 0, stopped
 
 
-def test_wandb_summaries_fill_the_summary_that_runs_show_and_compare_keep(capsys, tmp_path):
-    first = launch(capsys, "--", sys.executable, foreign(tmp_path), "wandb")
-    ended_status(capsys, first)  # the run's end is kept: archive and summary
+def test_tensorboard_steps_reach_the_dashboard_and_wandb_fills_the_summary_kept(capsys, tmp_path):
+    job = tmp_path / "tunix.toml"
+    job.write_text(f'command = ["{sys.executable}", "{foreign(tmp_path)}", "metrics"]\n'
+                   '[metrics]\nformat = "none"\ntensorboard = "tb"\n')
+    first = launch(capsys, "--job", str(job))
+    posted = []
+    provider = LocalProvider()
+    feed = RunFeed({"local": provider}, first, RunStore(), poll_s=0.1, devices_every_s=60)
+
+    async def follow() -> None:
+        try:
+            await feed.follow(posted.append)  # the watch keeps the run's end: archive and summary
+        finally:
+            await provider.close()
+
+    asyncio.run(follow())
+    arrived = {}
+    for message in posted:
+        if type(message).__name__ == "RunStepsArrived":
+            arrived.setdefault(message.worker, []).extend(message.steps)
+    assert sorted(arrived) == [0, 1]
+    assert [s.step for s in arrived[0]] == [1, 2, 3]  # every event file's step, each once
+    assert (arrived[0][-1].step_s, arrived[0][-1].loss) == (0.5, pytest.approx(1 / 3))
+    assert feed.snapshot().steps_note.startswith("steps: from TensorBoard event files in tpu-console/runs/")
+
     second = launch(capsys, "--", sys.executable, foreign(tmp_path), "mixed")
     ended_status(capsys, second)
     status, out, err = run(capsys, "runs", "show", first, "--json")
     assert status == 0, err
     summary = json.loads(out)["summary"]
     assert summary[tm.VALID_TOKENS_PER_S] == 4000  # the slower worker's, as for the trainer
-    assert summary[tm.MEM_PEAK] == 27.5 and summary[tm.STEP_AVG_LAST10] == pytest.approx(0.2)
+    assert summary[tm.MEM_PEAK] == 27.5 and summary[tm.STEP_AVG_LAST10] == 0.5
     status, out, err = run(capsys, "runs", "compare", first, second)
     assert status == 0, err
     tokens = next(line for line in out.splitlines() if line.startswith("valid tokens/s"))

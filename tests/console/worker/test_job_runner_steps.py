@@ -103,7 +103,7 @@ def test_a_command_jobs_step_lines_become_step_events_and_heartbeats(tmp_path, s
 
 
 @pytest.mark.parametrize(
-    "job", [None, {"kind": "trainer"}, {"kind": "command", "metrics": {"format": "none"}}]
+    "job", [None, {"kind": "command", "metrics": {"format": "none"}}]  # None: the trainer, an older run
 )
 def test_the_trainer_and_format_none_get_no_parsed_steps(tmp_path, stand_in, job):
     folder = run_folder(tmp_path, job)

@@ -1,4 +1,5 @@
-"""Step time, valid tokens/s and mean reward over steps, side by side (textual-plotext).
+"""Step time, valid tokens/s and mean reward (or the loss, for a program without a reward) over steps, side
+by side (textual-plotext).
 
 Tokens/s and reward are run-wide numbers (the trainer gathers them over every process), so one line is
 drawn: the median of what the workers reported. Step time also gets the followed worker's own line, so a
@@ -70,7 +71,12 @@ class MetricPlots(Horizontal):
             lines.append((f"W{selected}", history.series(lambda m: m.step_s, selected)))
         self._draw("plot-step-time", "step time (s)", lines)
         self._draw("plot-tokens", "valid tokens/s", [("", history.series(lambda m: m.tokens_per_s))])
-        self._draw("plot-reward", "mean reward", [("", history.series(lambda m: m.reward_mean))])
+        reward = history.series(lambda m: m.reward_mean)
+        loss = history.series(lambda m: m.loss)
+        if not reward[0] and loss[0]:  # a program with no reward (MaxText, an SFT): its loss instead
+            self._draw("plot-reward", "loss", [("", loss)])
+        else:
+            self._draw("plot-reward", "mean reward", [("", reward)])
 
     def _draw(self, plot_id: str, title: str, lines: list[tuple[str, tuple[list[int], list[float]]]]) -> None:
         plot = self.query_one(f"#{plot_id}", MetricPlot)
