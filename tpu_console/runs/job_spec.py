@@ -55,7 +55,7 @@ class ProjectSource(_Strict):
 class SetupSpec(_Strict):
     """The project's environment: a command run on every worker, keyed by its requirement files' content."""
 
-    command: str | None = None
+    command: str | list[str]  # a shell command line (it runs in the project's folder), or an argv
     requirements: list[str] | None = None  # None: the usual files found in the project
     python: str | None = None  # e.g. "3.12"
 
@@ -197,13 +197,16 @@ def load_job_file(path: str | Path) -> JobSpec:
         raise UserError(describe_error(exc, path)) from None
     project = spec.project_dir()
     if project is not None and not project.is_dir():
-        raise UserError(f"{path}: project.dir {spec.project.dir!r} is not a folder ({project}); "  # type: ignore[union-attr]
-                        "fix the path (it is relative to the job file's folder)")
+        given = data["project"]["dir"]
+        raise UserError(f"{path}: project.dir {given!r} is not a folder ({project}); fix the path (it is "
+                        "relative to the job file's folder)")
     return spec
 
 
 def describe_error(exc: ValidationError, path: Path) -> str:
-    first = exc.errors()[0]
+    errors = exc.errors()
+    # a misspelt key first: it usually explains the "missing" one beside it
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     where = ".".join(str(part) for part in first["loc"] if not isinstance(part, int)) or "(top level)"
     if first["type"] == "extra_forbidden":
         known = _known_keys(first["loc"][:-1])

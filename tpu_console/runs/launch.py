@@ -326,22 +326,34 @@ async def make_current(
     on_worker: Callable[[int, str], None],
 ) -> None:
     """The job file's project and setup on every worker, by provisioning's own steps (which skip what is
-    already there): `sync --dir/--git`, then the setup."""
-    try:
-        from tpu_console.provision import project_setup, project_sync
-    except ImportError:
-        raise UserError("this console cannot sync a project yet; sync it by hand and launch with "
-                        "`-- COMMAND` instead of --job") from None
+    already there): `sync --dir/--git`, then the setup. A worker where one fails is named, and nothing is
+    launched."""
+    selection = ",".join(str(w) for w in workers)
     if job.project is not None:
-        await project_sync.sync_project(
+        from tpu_console.provision.project_sync import sync_project
+
+        synced = await sync_project(
             providers, node_name, directory=job.project_dir(), git_url=job.project.git,
-            branch=job.project.branch, progress=progress, on_worker=on_worker,
+            branch=job.project.branch, workers=selection, progress=progress, on_worker=on_worker,
         )
+        refuse_failed_step(synced, "the project could not be synced")
     if job.setup is not None:
-        await project_setup.setup_project(
-            providers, node_name, command=job.setup.command, requirements=job.setup.requirements,
-            python=job.setup.python, progress=progress, on_worker=on_worker,
+        from tpu_console.provision.project_setup import setup_project
+
+        made = await setup_project(
+            providers, node_name, command=job.setup.command, requirements=job.setup.requirements or (),
+            python_version=job.setup.python, workers=selection, progress=progress, on_worker=on_worker,
         )
+        refuse_failed_step(made, "the setup failed")
+
+
+def refuse_failed_step(result: Any, what: str) -> None:
+    """UserError naming the first worker where a provisioning step failed (a SetupResult)."""
+    failed = [w for w in result.workers if not w.ok]
+    if failed:
+        names = ", ".join(str(w.worker) for w in failed)
+        raise UserError(f"{what} on worker(s) {names} of {result.node.name}: {failed[0].error}; nothing was "
+                        "launched")
 
 
 def run_env(run_id: str, node: Node, worker: int, count: int) -> dict[str, str]:
@@ -422,7 +434,7 @@ async def launch(
             check_code=check_code, store=store, progress=progress, on_worker=on_worker,
             stop_grace_s=stop_grace_s, policy=policy, webhook_url=webhook_url,
         )
-    config = validate_config(config_path, overrides)  # type: ignore[arg-type]
+    config = validate_config(config_path, overrides)
     needed = job_inputs(config.config)  # a malformed hub id or gs:// path is refused here
     env_data = read_env_file(env_file)
     if python is not None and not python.strip():

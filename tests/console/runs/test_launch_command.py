@@ -179,3 +179,29 @@ def test_bad_input_is_one_line_exit_2_and_starts_nothing(capsys, tmp_path, argv,
     for worker in (0, 1):
         assert not (worker_home(worker) / "tpu-console").exists()
     assert json.loads(run(capsys, "runs", "--json")[1])["runs"] == []
+
+
+def bootstrapped(worker: int) -> Path:
+    """What bootstrap records on a local worker: the base Python a setup's environment is made from."""
+    root = worker_home(worker) / "tpu-console"
+    root.mkdir(parents=True, exist_ok=True)
+    version = ".".join(map(str, sys.version_info[:3]))
+    (root / "python.json").write_text(json.dumps({"python": sys.executable, "version": version}))
+    return root
+
+
+def test_a_command_runs_with_the_setups_environment_first_on_its_path(capsys):
+    for worker in (0, 1):  # what a setup that succeeded leaves: its environment and setup.json
+        root = bootstrapped(worker)
+        (root / "envs" / "s1" / "bin").mkdir(parents=True)
+        (root / "envs" / "s1" / "bin" / "python").symlink_to(sys.executable)
+        (root / "setup.json").write_text(json.dumps({"digest": "s1", "env": "tpu-console/envs/s1"}))
+    code = "import os, shutil; print(shutil.which('python'), os.environ['VIRTUAL_ENV'])"
+    run_id = launch(capsys, "--", "python", "-c", code)
+    status, lines = follow(capsys, run_id)
+    assert status == 0, lines
+    for worker in (0, 1):
+        env = worker_home(worker) / "tpu-console" / "envs" / "s1"
+        assert lines[worker] == [f"{env}/bin/python {env}"]  # `python` is the setup's
+        job = json.loads((run_folder(worker, run_id) / "launch.json").read_text())["job"]
+        assert (job["env_dir"], job["setup"]["digest"]) == ("tpu-console/envs/s1", "s1")
