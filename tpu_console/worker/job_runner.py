@@ -47,6 +47,7 @@ PORT_ENV = "MASTER_PORT"
 EXIT_BAD_INPUT = 2  # the trainer's status for a config it refuses
 TRACEBACK_START = "Traceback (most recent call last):"
 READ_STEPS_S = 0.5  # how often a command job's new output is read for step lines
+MAX_LINE = 1 << 20
 NO_ANSWER_S = 5.0  # after its job ended, how long the runner waits for a supervisor that does not answer
 
 
@@ -267,7 +268,11 @@ class StepFeed:
                 data = log.read()
         except OSError:
             return
-        end = len(data) if final else data.rfind(b"\n") + 1
+        # a line ends at \n or \r (progress bars redraw with \r); a longer run of bytes with neither is
+        # no step line: passed over rather than read again every round
+        end = len(data) if final else max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+        if end == 0 and len(data) > MAX_LINE:
+            end = len(data)
         self.offset += end
         events = []
         for raw in data[:end].splitlines():

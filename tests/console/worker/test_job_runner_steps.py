@@ -24,6 +24,7 @@ import sys, time
 print("loading the model", flush=True)
 for step in range(1, 4):
     time.sleep(0.3)
+    sys.stdout.write(f"\\rbatch {step}/3 [{'#' * step}]\\r")  # a progress bar, redrawn with \\r
     print(f"I0804 08:14:00.000000 1 train.py:9] step={step} loss={1.0 / step:.4f} entropy=1.5 "
           f"reward_mean=0.5 dt=0.30s rollout_generate=0.20s update=0.10s", flush=True)
 sys.stdout.write("step=4 loss=0.2 dt=0.30s")  # the last line, unterminated: read once the job ended
