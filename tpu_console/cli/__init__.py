@@ -19,6 +19,7 @@ from tpu_console.cli import app, experiments, flags, nodes, output, provision, r
 from tpu_console.errors import Unreachable, UserError
 from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import build_providers, close_providers
+from tpu_console.runs import prep_log
 from tpu_console.settings import Settings, load_settings
 
 Handler = Callable[[argparse.Namespace, Settings, dict[str, Provider]], Awaitable[int]]
@@ -116,6 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 async def _run_verb(args: argparse.Namespace, settings: Settings) -> int:
     providers = build_providers(settings)
     try:
-        return await HANDLERS[args.verb](args, settings, providers)
+        work = HANDLERS[args.verb](args, settings, providers)
+        if args.verb in prep_log.KINDS:  # create, bootstrap, sync, setup: the time a run's goodput counts
+            return await prep_log.timed(getattr(args, "node", None) or getattr(args, "name", None),
+                                        args.verb, work, ok=lambda status: status == 0)
+        return await work
     finally:
         await close_providers(providers)

@@ -17,7 +17,9 @@ from tpu_console.providers.base import Provider
 from tpu_console.runs import control, foreign_metrics
 from tpu_console.runs.control import RunView
 from tpu_console.runs.foreign_metrics import ForeignReadings, complete_summary
+from tpu_console.runs.goodput import SUMMARY_KEYS, summary_fields
 from tpu_console.runs.resolve import resolve_run
+from tpu_console.runs.run_goodput import run_goodput
 from tpu_console.runs.store import RunStore
 from tpu_console.runs.summary import METRICS, compare_rows, compare_table, run_summary
 from tpu_console.secrets import SecretMasker
@@ -44,9 +46,12 @@ async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Pro
     steps_note = foreign_metrics.steps_note(record, last_steps)
     summary = _summary(view, foreign)
     masker = SecretMasker.for_node(record.node)
+    decisions = await control.supervisor_decisions(providers, record)
+    goodput = await run_goodput(providers, record, store, decisions)
+    summary.update(summary_fields(goodput))
     if json_mode:
-        decisions = await control.supervisor_decisions(providers, record)
         document = {**run_table.run_record(view), "summary": summary, "archive_path": record.archive_path,
+                    "goodput": goodput.to_json() if goodput is not None else None,
                     "steps_source": steps_note,
                     "foreign_metrics": foreign.to_json() if foreign is not None else None,
                     "supervisor": None if decisions is None else [
@@ -80,13 +85,18 @@ async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Pro
         masker.mask(format_table(run_table.WORKER_COLUMNS, [run_table.worker_row(s) for s in view.workers]))
     )
     print()
-    rows = [(m.label, _value(summary.get(m.key))) for m in METRICS]
+    rows = [(m.label, _value(summary.get(m.key))) for m in METRICS if m.key not in SUMMARY_KEYS]
     print(format_table(("SUMMARY", ""), rows))
+    print()
+    if goodput is not None:  # runs/goodput.py: the run's time, productive and by cause of badput
+        print(format_table(("GOODPUT", "TIME", "SHARE"), goodput.rows()))
+        print(goodput.line())
+    else:
+        print("goodput   - (the run's steps cannot be read: no archive and its node is out of reach)")
     extra = ([steps_note] if steps_note else []) + (foreign.lines() if foreign is not None else [])
     if extra:
         print()
         print(masker.mask("\n".join(extra)))
-    decisions = await control.supervisor_decisions(providers, record)
     if decisions:
         print()
         print(masker.mask("\n".join(f"supervisor  {d.message}" for d in decisions)))
@@ -108,13 +118,17 @@ async def compare(targets: Sequence[str], json_mode: bool, providers: dict[str, 
         raise UserError(f"a run is named twice ({', '.join(run_ids)}); compare different runs")
     foreign = [await foreign_metrics.look(providers, v.record) if v.live else None for v in views]
     summaries = [_summary(v, f) for v, f in zip(views, foreign, strict=True)]
+    goodputs = [await run_goodput(providers, v.record, store) for v in views]
+    for summary, goodput in zip(summaries, goodputs, strict=True):
+        summary.update(summary_fields(goodput))
     if json_mode:
         print(
             json.dumps(
                 {
                     "runs": [
-                        {"run_id": v.record.run_id, "state": v.state, "summary": s}
-                        for v, s in zip(views, summaries, strict=True)
+                        {"run_id": v.record.run_id, "state": v.state, "summary": s,
+                         "goodput": g.to_json() if g is not None else None}
+                        for v, s, g in zip(views, summaries, goodputs, strict=True)
                     ],
                     "rows": compare_rows(run_ids, summaries),
                 },

@@ -15,6 +15,7 @@ from typing import Any
 
 from tpu_console.pricing import run_cost
 from tpu_console.runs.events import StepMetrics
+from tpu_console.runs.goodput import summary_metrics as goodput_metrics
 from trainer import telemetry as tm
 
 
@@ -23,6 +24,7 @@ class SummaryMetric:
     key: str  # the W&B name, as stored in the summary
     label: str  # what the comparison table calls it
     lower_is_better: bool
+    optional: bool = False  # the comparison table leaves it out when no run has it (goodput unread)
 
 
 COST = "cost_usd"  # not a trainer metric: the console adds it from the node's price (pricing.run_cost)
@@ -37,6 +39,8 @@ METRICS = (
     SummaryMetric(tm.MEM_PEAK, "HBM peak, max over devices (GiB)", lower_is_better=True),
     SummaryMetric(tm.REWARD_MEAN, "reward mean (last step)", lower_is_better=False),
     SummaryMetric(COST, "cost, chip-hours x price (USD)", lower_is_better=True),
+    # goodput and each badput in percent of the run's time (runs/goodput.py; added where it was read)
+    *(SummaryMetric(key, label, lower, optional=True) for key, label, lower in goodput_metrics()),
 )
 
 
@@ -79,10 +83,12 @@ def compare_rows(
     run_ids: Sequence[str], summaries: Sequence[Mapping[str, Any] | None]
 ) -> list[dict[str, Any]]:
     """One row per metric: the value of every run and, for each run after the first, its change against
-    the first in percent (positive = larger)."""
+    the first in percent (positive = larger). An optional metric no run has is left out."""
     rows = []
     for metric in METRICS:
         values = [(s or {}).get(metric.key) for s in summaries]
+        if metric.optional and all(v is None for v in values):
+            continue
         base = values[0]
         rows.append(
             {

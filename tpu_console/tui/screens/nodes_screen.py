@@ -27,6 +27,7 @@ from tpu_console.node_table import HOLDS_QUOTA, format_cost
 from tpu_console.pricing import price_per_hour
 from tpu_console.providers.base import Provider
 from tpu_console.providers.nodes import cancel_queued, create_node, delete_node, delete_request
+from tpu_console.runs import prep_log
 from tpu_console.runs.store import RunRecord, RunStore
 from tpu_console.secrets import SecretMasker
 from tpu_console.tui.messages import NodesRefreshed, OperationEnded, OperationProgress
@@ -329,7 +330,7 @@ class NodesScreen(Screen[None]):
             return f"{node.name} is {node.state.value}{where}"
 
         label = f"create {order.request.name}"
-        worker = self.run_operation(label, create)
+        worker = self.run_operation(label, timed(order.request.name, "create", create))
         if order.request.queued and _queues(order.request.accelerator_type):
             self.queued_creates[label] = worker
 
@@ -394,7 +395,8 @@ class NodesScreen(Screen[None]):
             )
             return _setup_outcome(result, "bootstrapped", say)
 
-        self.run_operation(f"bootstrap {node.name}", bootstrap, SecretMasker.for_node(node.name))
+        self.run_operation(f"bootstrap {node.name}", timed(node.name, "bootstrap", bootstrap),
+                           SecretMasker.for_node(node.name))
 
     def action_sync(self) -> None:
         node = self._require_node("sync")
@@ -421,7 +423,7 @@ class NodesScreen(Screen[None]):
             return _setup_outcome(result, "synced", say)
 
         masker = SecretMasker.for_node(node.name, [order.env_file] if order.env_file else [])
-        self.run_operation(f"sync {node.name}", sync, masker)
+        self.run_operation(f"sync {node.name}", timed(node.name, "sync", sync), masker)
 
     def action_launch(self) -> None:
         node = self._require_node("launch on")
@@ -557,3 +559,15 @@ def _setup_outcome(result, done: str, say: Say) -> str:
         )
     first = result.workers[0] if result.workers else None
     return f"{done} {len(result.workers)} worker(s)" + (f": {first.report.versions_label()}" if first else "")
+
+
+Operation = Callable[[Say], Awaitable[str]]
+
+
+def timed(node: str, kind: str, operation: Operation) -> Operation:
+    """The operation, keeping when it ran on the node (runs/prep_log.py): a run's goodput counts it."""
+
+    async def run(say: Say) -> str:
+        return await prep_log.timed(node, kind, operation(say))
+
+    return run

@@ -17,6 +17,8 @@ from tpu_console.errors import one_line
 from tpu_console.providers.base import Provider
 from tpu_console.runs import control
 from tpu_console.runs.control import RunView
+from tpu_console.runs.goodput import summary_fields
+from tpu_console.runs.run_goodput import archived_goodput
 from tpu_console.runs.store import RunStore
 from tpu_console.runs.summary import compare_rows, compare_table, run_summary
 from tpu_console.tui.messages import RunsListed
@@ -135,7 +137,8 @@ class RunsScreen(Screen[None]):
         if len(chosen) < 2:
             self.notify("mark two or more runs with space first", severity="warning")
             return
-        summaries = [run_summary(v.record, {s.worker: s.events.last_step for s in v.workers}) for v in chosen]
+        summaries = [run_summary(v.record, {s.worker: s.events.last_step for s in v.workers})
+                     | summary_fields(archived_goodput(v.record, self.store or RunStore())) for v in chosen]
         run_ids = [v.record.run_id for v in chosen]
         headers, cells = compare_table(run_ids, summaries)
         lower_is_better = [row["lower_is_better"] for row in compare_rows(run_ids, summaries)]

@@ -1,0 +1,62 @@
+"""Goodput through `runs show --json` and `runs compare`: a program that knows nothing of tpu-console, on a
+local pod the CLI created (the creation recorded as provisioning), its steps read from its output."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.console.runs.test_local import pod, run  # noqa: F401 - pod is a fixture
+from tests.fixtures_cli import console_home  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.usefixtures("console_home", "pod")
+
+# A slow start, then three steps of about 0.8 s (the job runner reads step lines every 0.5 s), one JSON
+# object a line (the `jsonl` format); `quick`: no waiting at all.
+PROGRAM = """\
+import json, sys, time
+quick = sys.argv[1:] == ["quick"]
+time.sleep(0 if quick else 1.5)
+for step in range(1, 4):
+    time.sleep(0 if quick else 0.8)
+    print(json.dumps({"step": step, "loss": 1.0 / step}), flush=True)
+"""
+
+
+def test_runs_show_splits_a_runs_time_into_goodput_and_badput(capsys, tmp_path: Path):
+    program = tmp_path / "steps.py"
+    program.write_text(PROGRAM)
+    status, out, err = run(capsys, "launch", "pod", "--json", "--", sys.executable, str(program))
+    assert status == 0, err
+    run_id = json.loads(out)["run_id"]
+    assert run(capsys, "logs", run_id, "--follow")[0] == 0
+
+    status, out, err = run(capsys, "runs", "show", run_id, "--json")
+    assert status == 0, err
+    shown = json.loads(out)
+    goodput = shown["goodput"]
+    assert goodput["steps"] == 3 and goodput["restarts"] == 0 and not goodput["live"]
+    parts = goodput["productive_s"] + sum(goodput["badput_s"].values())
+    assert parts == pytest.approx(goodput["total_s"], abs=0.01)
+    assert goodput["badput_s"]["provisioning"] > 0  # `create pod` ran just before
+    assert goodput["badput_s"]["startup"] > 0.7  # the 1.5 s sleep and Python's start, less one step
+    assert 1.0 < goodput["productive_s"] < 4.0  # three steps of about 0.8 s, seen within 0.5 s
+    assert 0 < goodput["goodput_pct"] < 100
+    assert shown["summary"]["goodput_pct"] == goodput["goodput_pct"]
+
+    status, out, err = run(capsys, "runs", "show", run_id)
+    assert status == 0, err
+    assert "GOODPUT" in out and "program start-up" in out and "goodput " in out
+
+    status, out, err = run(capsys, "launch", "pod", "--json", "--", sys.executable, str(program), "quick")
+    second = json.loads(out)["run_id"]
+    assert run(capsys, "logs", second, "--follow")[0] == 0
+    status, out, err = run(capsys, "runs", "compare", run_id, second, "--json")
+    assert status == 0, err
+    rows = {row["metric"]: row for row in json.loads(out)["rows"]}
+    # the second run has no creation of its own: its provisioning is nothing
+    assert rows["badput_provisioning_pct"]["values"][second] == 0
+    assert rows["goodput_pct"]["values"][run_id] == goodput["goodput_pct"]
