@@ -94,6 +94,9 @@ class Supervisor:
         self.delete_reason = None
         self.coordinator_port = None
         self.silent_told = False  # the run was said to look hung, and has not stepped since
+        # a command job whose output is not read for steps (metrics format none) never reports one: its
+        # silence says nothing, so it is judged neither hung nor past max_hang
+        self.steps_read = _steps_read(folder)
 
     # ---- what the job runners say ----------------------------------------------------------------
 
@@ -249,7 +252,7 @@ class Supervisor:
 
     def _check_hang(self, t):
         running = [w for w in self.workers.values() if w.state == "running"]
-        if not running:
+        if not running or not self.steps_read:
             return
         # As runs/health.py judges it: a stall is no new step for 3 step times, and at least a minute; a
         # job with no step yet is still loading or compiling until SILENT_S has passed.
@@ -490,6 +493,19 @@ def supervise(folder, supervisor):
         return
     if os.path.isdir(folder):  # on a local pod the folder went with the node
         supervisor.decide("deleted", f"node {plan['node']} deleted")
+
+
+def _steps_read(folder):
+    """False for a command job whose steps are not read (launch.json's job metrics format "none")."""
+    try:
+        with open(os.path.join(folder, "launch.json")) as f:
+            job = json.load(f).get("job")
+    except (OSError, ValueError, AttributeError):
+        return True
+    if not isinstance(job, dict) or job.get("kind") != "command":
+        return True
+    metrics = job.get("metrics")
+    return not (isinstance(metrics, dict) and metrics.get("format") == "none")
 
 
 def main(argv):

@@ -36,7 +36,7 @@ class Clock:
 
 def make(tmp_path: Path, workers=(0, 1), **policy) -> tuple[sv.Supervisor, Clock]:
     folder = tmp_path / "runs" / "20260101-000000-aaaa"
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
     plan = supervision.plan(
         run_id=folder.name, node="pod", provider="local", workers=list(workers), started_at=1000.0,
         policy=SupervisionPolicy(**policy), price_per_hour=None, delete_target=None, bind="127.0.0.1",
@@ -133,6 +133,20 @@ def test_a_job_before_its_first_step_is_compiling_until_half_an_hour(tmp_path):
     assert sent == []
     beat(s, clock, 20)
     assert sent == ["hung"]  # a hang before the first step is told too
+
+
+def test_a_command_job_whose_steps_are_not_read_is_never_judged_hung(tmp_path):
+    # launch.json is read when the supervisor starts: written first, as `launch` does
+    folder = tmp_path / "runs" / "20260101-000000-aaaa"
+    folder.mkdir(parents=True)
+    job = {"kind": "command", "command": ["python", "train.py"], "metrics": {"format": "none"}}
+    (folder / "launch.json").write_text(json.dumps({"worker": 0, "job": job}))
+    s, clock = make(tmp_path, max_hang_s=600)
+    sent: list[str] = []
+    s.notify = lambda event, text, wait=False: sent.append(event)
+    start_all(s)
+    beat(s, clock, 3600)  # an hour without a step: nothing can be said of a program whose steps are unknown
+    assert s.stopping is None and sent == []
 
 
 def test_a_run_that_stops_stepping_is_said_to_look_hung_once_per_silence(tmp_path):
