@@ -74,6 +74,13 @@ def tensorboard_dir(job: Mapping[str, Any]) -> str | None:
     return _in_job_folder(job, folder) if folder else None
 
 
+def steps_read(record: Any) -> bool:
+    """False for a command job whose output is not read for steps (metrics format none): its silence
+    says nothing of a hang (the pod's supervisor judges it the same way)."""
+    job = command_job(record)
+    return job is None or _metrics(job).get("format") != "none"
+
+
 def steps_note(record: Any, last_steps: Mapping[int, StepMetrics | None] | None) -> str | None:
     """Where the run's steps come from, for a command job: `steps from output.log (maxtext format)`, or
     that no line matched (so a view says so instead of drawing nothing). None for the trainer, and when

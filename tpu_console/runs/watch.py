@@ -39,10 +39,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tpu_console.errors import UserError
 from tpu_console.fleet import recipes
@@ -50,6 +51,7 @@ from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.results import WorkerLine
 from tpu_console.providers.base import Provider
 from tpu_console.runs.events import Event, EventSummary, parse_event_line
+from tpu_console.runs.foreign_metrics import steps_read
 from tpu_console.runs.health import Progress, RunHealth, Thresholds, assess
 from tpu_console.runs.monitor import RunMonitor
 from tpu_console.runs.probe import probe_from_status
@@ -189,6 +191,8 @@ class RunWatch:
         self.fail_fast = fail_fast
         self.stop_grace_s = stop_grace_s
         self.thresholds = thresholds or Thresholds()
+        if not steps_read(record):  # a program whose steps are unknown: no step for long is no hang
+            self.thresholds = replace(self.thresholds, silent_s=math.inf)
         self.give_up_after_s = give_up_after_s
         self.archive = archive
         self.clock = clock

@@ -96,3 +96,14 @@ def test_steps_note_says_where_the_steps_come_from_or_that_none_matched():
         record_of({"format": "regex", "regex": r"it (?P<step>\d+)"}), {})
     assert fm.steps_note(record_of({"format": "none"}), {}) == (
         "steps: not read from the output (metrics format none)")
+
+
+def test_the_watch_never_calls_a_job_whose_steps_are_not_read_silent():
+    from tpu_console.runs.watch import RunWatch
+
+    def watch_of(job):
+        return RunWatch(None, SimpleNamespace(run_id="r", workers=[0], stop_requested_at=None, job=job))
+
+    assert watch_of({"kind": "command", "metrics": {"format": "none"}}).thresholds.silent_s == float("inf")
+    assert watch_of({"kind": "command", "metrics": {"format": "auto"}}).thresholds.silent_s == 1800.0
+    assert watch_of(None).thresholds.silent_s == 1800.0  # the trainer
