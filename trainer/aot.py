@@ -10,6 +10,7 @@ compiled HLO, or the compiler's out-of-memory answer. MaxText's `train_compile` 
 from __future__ import annotations
 
 import functools
+import math
 import os
 import re
 from collections.abc import Callable
@@ -44,9 +45,11 @@ def tpu_devices(tpu: TpuSlice) -> tuple:
             f"{platform.system()} {platform.machine()}); run plan on a Linux x86-64 machine"
         )
     if libtpu_version() is None:
+        from importlib.metadata import version
+
         raise LibtpuUnavailable(
-            'libtpu is not installed; pip install "jax[tpu]==<your jax version>" '
-            "(about 700 MB) to plan without a TPU"
+            f'libtpu is not installed; pip install "jax[tpu]=={version("jax")}" (about 700 MB; '
+            "scripts/console installs it, the `plan` extra) to plan without a TPU"
         )
     # Off a TPU VM: skip the metadata server and name the accelerator, so libtpu does not go looking.
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
@@ -73,10 +76,12 @@ def tpu_devices(tpu: TpuSlice) -> tuple:
     return tuple(desc.devices)
 
 
-# HLO collectives. Async ones appear as a -start/-done pair; the -start names the transfer.
+# HLO collectives. A synchronous one names its result's shape on its own line; an async one is a -start
+# (which names the replica groups) and a -done (whose shape is the result, tuples included).
 _COLLECTIVE = re.compile(
-    r"=\s*(?P<shape>\(.*?\)|\S+)\s+(?P<op>all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)"
-    r"(?P<suffix>-start)?\("
+    r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.*?)\s"
+    r"(?P<op>all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(?P<phase>-start|-done)?"
+    r"\((?P<operands>[^)]*)\)(?P<attrs>.*)$"
 )
 _ARRAY = re.compile(r"(?P<dtype>pred|s8|u8|s16|u16|f16|bf16|s32|u32|f32|s64|u64|f64)\[(?P<dims>[\d,]*)\]")
 _ITEMSIZE = {
@@ -94,6 +99,14 @@ _ITEMSIZE = {
     "u64": 8,
     "f64": 8,
 }
+# Replica groups in the three spellings XLA prints: explicit lists, iota ([groups,size]<=[n]) and named mesh
+# axes (mesh['axis_0'=4,'axis_1'=4] {'axis_1'}: the group is the named axes).
+_EXPLICIT_GROUPS = re.compile(r"replica_groups=\{\{(?P<first>[\d,]*)\}")
+_IOTA_GROUPS = re.compile(r"replica_groups=\[(?P<dims>[\d,]+)\]<=")
+_MESH_GROUPS = re.compile(r"replica_groups=mesh\[(?P<axes>[^\]]*)\](?P<rest>.*)")
+_MESH_AXIS = re.compile(r"'(?P<name>[^']+)'=(?P<size>\d+)")
+_MESH_NAMES = re.compile(r"\{(?P<names>'[^}]*)\}")
+_PAIRS = re.compile(r"source_target_pairs=")
 
 
 def _array_bytes(text: str) -> list[int]:
@@ -106,36 +119,81 @@ def _array_bytes(text: str) -> list[int]:
     return sizes
 
 
+def group_size(attrs: str, devices: int) -> int:
+    """How many chips take part in one group of a collective, from its HLO attributes (all of them where
+    the groups are empty or unreadable; 2 for a collective-permute, a transfer between a pair)."""
+    if _PAIRS.search(attrs):
+        return 2
+    if m := _EXPLICIT_GROUPS.search(attrs):
+        first = [x for x in m.group("first").split(",") if x]
+        return len(first) or devices
+    if m := _IOTA_GROUPS.search(attrs):
+        return int(m.group("dims").split(",")[-1])
+    if m := _MESH_GROUPS.search(attrs):
+        sizes = {a.group("name"): int(a.group("size")) for a in _MESH_AXIS.finditer(m.group("axes"))}
+        names = _MESH_NAMES.search(m.group("rest"))
+        chosen = [n.strip().strip("'") for n in names.group("names").split(",")] if names else list(sizes)
+        return math.prod(sizes.get(n, 1) for n in chosen)
+    return devices
+
+
+@dataclass(frozen=True)
+class CollectiveOp:
+    """One collective as the HLO names it: its kind, the bytes of its result on one chip (every array of a
+    tuple), and how many chips are in its group."""
+
+    kind: str
+    result_bytes: int
+    group: int
+
+
 @dataclass
 class Collectives:
     """Collectives in a compiled program, each counted once where it appears in the HLO (a loop body's once).
     bytes: the size of each collective's result on one chip (an all-gather's gathered array, an
-    all-reduce's reduced one), the data a chip receives."""
+    all-reduce's reduced one, every array of a tuple), the data a chip receives. ops: each one with its
+    group's size, for pricing by kind over the slice's torus (trainer/estimate.py)."""
 
     count: int = 0
     bytes: int = 0
     by_kind: dict[str, list[int]] = field(default_factory=dict)  # kind -> [count, bytes]
+    ops: list[CollectiveOp] = field(default_factory=list)
 
-    def add(self, kind: str, nbytes: int) -> None:
+    def add(self, kind: str, nbytes: int, group: int = 0) -> None:
         self.count += 1
         self.bytes += nbytes
         entry = self.by_kind.setdefault(kind, [0, 0])
         entry[0] += 1
         entry[1] += nbytes
+        self.ops.append(CollectiveOp(kind, nbytes, group))
+
+    def grouped(self) -> list[list]:
+        """[kind, result bytes, group, count] for each distinct op: the JSON form (thousands of ops a program
+        come down to tens of rows)."""
+        counts: dict[CollectiveOp, int] = {}
+        for op in self.ops:
+            counts[op] = counts.get(op, 0) + 1
+        return [[op.kind, op.result_bytes, op.group, n] for op, n in counts.items()]
 
 
-def collectives_in(hlo_text: str) -> Collectives:
+def collectives_in(hlo_text: str, devices: int = 0) -> Collectives:
+    """The collectives of a compiled program's HLO text; `devices`: the slice's chip count, the group of a
+    collective whose groups are empty."""
     found = Collectives()
+    started: dict[str, str] = {}  # an async start's name -> its attributes (the groups are named there)
     for line in hlo_text.splitlines():
         m = _COLLECTIVE.search(line)
         if not m:
             continue
-        sizes = _array_bytes(m.group("shape"))
-        if not sizes:
+        if m.group("phase") == "-start":
+            started[m.group("name")] = m.group("attrs")
             continue
-        # An async start's result is a tuple holding the operand and the result (and sync flags): the
-        # largest array is the result for gathers and reduces alike.
-        found.add(m.group("op"), max(sizes))
+        attrs = m.group("attrs")
+        if m.group("phase") == "-done":
+            attrs = started.get(m.group("operands").strip().lstrip("%"), "")
+        sizes = _array_bytes(m.group("shape"))
+        if sizes:
+            found.add(m.group("op"), sum(sizes), group_size(attrs, devices))
     return found
 
 
@@ -207,7 +265,7 @@ def compile_program(name: str, fn: Callable, *args: Any, **kwargs: Any) -> Compi
         flops=float(cost.get("flops", 0.0)),
         bytes_accessed=float(cost.get("bytes accessed", 0.0)),
         compiler_seconds=_compiler_seconds(cost),
-        collectives=collectives_in(compiled.as_text()),
+        collectives=collectives_in(compiled.as_text(), _device_count(args)),
         compile_s=time.perf_counter() - start,
         output_shardings=compiled.output_shardings,
     )
@@ -219,6 +277,17 @@ def compile_program(name: str, fn: Callable, *args: Any, **kwargs: Any) -> Compi
     jax.clear_caches()
     gc.collect()
     return program
+
+
+def _device_count(args: Any) -> int:
+    """The chips the program's arguments are laid out over (0 when none carries a sharding)."""
+    import jax
+
+    for leaf in jax.tree.leaves(args):
+        sharding = getattr(leaf, "sharding", None)
+        if sharding is not None:
+            return len(sharding.device_set)
+    return 0
 
 
 def _compiler_seconds(cost: dict) -> float | None:

@@ -11,15 +11,12 @@ Peak held at once = the program's own peak (arguments + outputs not aliased to a
 code) + the state that stays resident through the step but is not one of its arguments (the fp32 weights
 and optimizer state while the rollout runs, the reference weights during the update).
 
-Estimated time (`estimate_seconds`), per chip and per program, a roofline:
-    max(flops / peak bf16 flop/s, HBM bytes accessed / HBM bandwidth)
-      + collective bytes / (ICI bandwidth / 2) + collectives * 10 us
-with the generation's published figures (trainer/tpu_specs.py): compute and memory traffic overlap,
-collectives do not (XLA overlaps some; this is an upper bound for them), half the bidirectional ICI
-bandwidth is what one chip receives, and 10 us is a typical small-collective latency on ICI. The step
-estimate is prefill + max_length_sample decode steps + the update (+ log-prob passes when they run): decode
-is priced at its longest, as the loop runs until the last row ends. The compiler's own `optimal_seconds` is
-shown beside it.
+Estimated time: a range per chip and per program (trainer/estimate.py has the method and the source of
+every constant): HBM priced from the floor (what must be read once) at the low end and from the compiler's
+`bytes accessed` at the high end, collectives priced by kind over the slice's torus with assumed latencies
+at either end. The step is rollout weights + prefill + the decode loop's expected steps (the longest row
+of each earlier step of the same config when the console has them, `--longest-rows`; else the config's
+maximum) + the update (+ log-prob passes when they run).
 """
 
 from __future__ import annotations
@@ -32,10 +29,18 @@ from typing import Any
 
 from trainer.aot import CompiledProgram, compile_program, hbm_limit_bytes, libtpu_version, tpu_devices
 from trainer.config import ConfigError, TrainerConfig, check_pod_shape, is_local_path
+from trainer.estimate import (
+    ZERO,
+    ProgramCost,
+    Range,
+    expected_steps,
+    mean_cache_fraction,
+    price,
+    step_lines,
+)
 from trainer.model import Qwen2Config
 from trainer.tpu_specs import TpuSlice
 
-COLLECTIVE_LATENCY_S = 10e-6
 # The programs whose memory grows with the batch: enough for a sweep's fits / does-not-fit.
 MEMORY_PROGRAMS = frozenset(
     {"prefill", "decode loop", "log-probs", "update", "prefill (eval)", "decode loop (eval)"}
@@ -100,7 +105,8 @@ class ProgramPlan:
     runs: str  # when the run executes it: "once", "every step", "per token", ...
     compiled: CompiledProgram
     held_outside: int  # resident bytes that are not the program's arguments
-    estimate_s: float | None = None
+    estimate: Range | None = None  # seconds per chip, low..high, at the plan's expected decode length
+    floor_bytes: float = 0.0  # what must cross HBM once (the estimate's low end)
 
     @property
     def peak_bytes(self) -> int:
@@ -124,8 +130,10 @@ class ProgramPlan:
             "collective_bytes": c.collectives.bytes,
             "collectives": c.collectives.count,
             "collectives_by_kind": c.collectives.by_kind,
+            "collective_ops": c.collectives.grouped(),
+            "floor_bytes": self.floor_bytes,
             "compiler_seconds": c.compiler_seconds,
-            "estimated_seconds": self.estimate_s,
+            "estimated_seconds": None if self.estimate is None else self.estimate.to_json(),
             "compile_seconds": round(c.compile_s, 2),
         }
 
@@ -144,8 +152,11 @@ class Plan:
     programs: list[ProgramPlan] = field(default_factory=list)
     versions: dict[str, str | None] = field(default_factory=dict)
     config_digest: str = ""
-    new_tokens: int = 0
+    new_tokens: int = 0  # the config's maximum new tokens
+    prompt_len: int = 0  # the prompt bucket: the KV cache holds prompt_len + new_tokens slots
+    longest_rows: list[int] = field(default_factory=list)  # each earlier step's longest row, where known
     logprob_passes: int = 0  # log-prob passes a step: reference (beta > 0), old policy (ppo_epochs > 1)
+    tpu: TpuSlice | None = None
 
     # -- verdict ---------------------------------------------------------------------------------------
 
@@ -197,18 +208,47 @@ class Plan:
 
     # -- time ------------------------------------------------------------------------------------------
 
-    def step_estimate(self) -> dict[str, float]:
-        """Estimated seconds per phase of one training step (method in the module docstring)."""
-        by = {p.name: p for p in self.programs}
-        phases: dict[str, float] = {}
+    @property
+    def expected_new_tokens(self) -> float:
+        """The decode loop's expected steps: earlier steps' longest rows where known, else the maximum."""
+        return expected_steps(self.longest_rows, self.new_tokens)
 
-        def est(name: str) -> float:  # 0 for a program not compiled (or out of memory)
-            p = by.get(name)
-            return (p.estimate_s or 0.0) if p is not None else 0.0
-
-        phases["rollout_generate_s"] = (
-            est("rollout weights") + est("prefill") + self.new_tokens * est("decode step")
+    def floor_bytes(self, p: ProgramPlan, steps: float | None = None) -> float:
+        """What `p` must read from HBM at least once: a decode step its chip's weights and the KV cache up
+        to the loop's mean length over `steps` tokens; any other program its arguments."""
+        if p.name != "decode step":
+            return float(p.compiled.argument_bytes)
+        weights = self.resident.get("rollout weights") or self.resident.get("parameters", 0)
+        fraction = mean_cache_fraction(
+            self.prompt_len, self.new_tokens, self.expected_new_tokens if steps is None else steps
         )
+        return weights + self.resident.get("KV cache", 0) * fraction
+
+    def estimate(self, p: ProgramPlan, steps: float | None = None) -> Range | None:
+        c = p.compiled
+        if c.oom or self.tpu is None:
+            return None
+        cost = ProgramCost(c.flops, c.bytes_accessed, self.floor_bytes(p, steps), c.collectives.grouped())
+        return price(cost, self.tpu)
+
+    def price_programs(self) -> None:
+        """Each program's estimate and floor at the expected decode length (after the last compile, or
+        after `longest_rows` changes)."""
+        for p in self.programs:
+            p.floor_bytes = self.floor_bytes(p)
+            p.estimate = self.estimate(p)
+
+    def step_estimate(self, steps: float | None = None) -> dict[str, Range]:
+        """Seconds per phase of one training step, low..high, with the decode loop at `steps` tokens (the
+        expected number by default)."""
+        steps = self.expected_new_tokens if steps is None else steps
+        by = {p.name: p for p in self.programs}
+
+        def est(name: str) -> Range:  # nothing for a program not compiled (or out of memory)
+            p = by.get(name)
+            return (self.estimate(p, steps) or ZERO) if p is not None else ZERO
+
+        phases = {"rollout_generate_s": est("rollout weights") + est("prefill") + est("decode step") * steps}
         phases["update_s"] = est("update") + est("log-probs") * self.logprob_passes
         phases["step_s"] = phases["rollout_generate_s"] + phases["update_s"]
         return phases
@@ -231,18 +271,17 @@ class Plan:
             "peak_bytes": self.peak.peak_bytes if self.peak else None,
             "peak_program": self.peak.name if self.peak else None,
             "largest_consumer": {"name": name, "bytes": size},
-            "step_estimate_s": self.step_estimate(),
+            "step_estimate_s": {k: v.to_json() for k, v in self.step_estimate().items()},
+            "step_estimate_at_max_s": {
+                k: v.to_json() for k, v in self.step_estimate(float(self.new_tokens)).items()
+            },
             "new_tokens": self.new_tokens,
+            "expected_new_tokens": self.expected_new_tokens,
+            "longest_rows_known": len(self.longest_rows),
             "config_digest": self.config_digest,
             "versions": self.versions,
             "programs": [p.to_json() for p in self.programs],
         }
-
-
-def estimate_seconds(c: CompiledProgram, tpu: TpuSlice) -> float:
-    g = tpu.generation
-    compute = max(c.flops / g.peak_bf16_flops, c.bytes_accessed / g.hbm_bandwidth)
-    return compute + c.collectives.bytes / (g.ici_bandwidth / 2) + c.collectives.count * COLLECTIVE_LATENCY_S
 
 
 # ---- building the programs over abstract weights -----------------------------------------------------------
@@ -310,10 +349,12 @@ def build_plan(
     only: set[str] | None = None,
     topology_order: bool = False,
     progress: Any = None,
+    longest_rows: list[int] | None = None,
 ) -> Plan:
     """Compile every program `cfg` runs on `tpu` and assemble the report. layout: rollout keys to override
     (weight_layout, activation_layout, partial_sums; the benchmark compares layouts); only: compile just
-    these programs."""
+    these programs; longest_rows: each earlier step's longest completion (the decode loop's expected
+    length)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -365,6 +406,9 @@ def build_plan(
             versions={"jax": jax.__version__, "libtpu": libtpu_version()},
             config_digest=cfg.digest(),
             new_tokens=r.max_length_sample,
+            prompt_len=r.global_length,
+            longest_rows=list(longest_rows or []),
+            tpu=tpu,
         )
         plan.logprob_passes = int(t.beta > 0) + int(t.ppo_epochs > 1)
 
@@ -385,7 +429,6 @@ def build_plan(
             say(f"compiling {name} for {tpu.topology_name} ...")
             compiled = compile_program(name, fn, *args, **kwargs)
             entry = ProgramPlan(name, runs, compiled, held_outside)
-            entry.estimate_s = None if compiled.oom else estimate_seconds(compiled, tpu)
             if only is None or name in only:
                 plan.programs.append(entry)
             return compiled
@@ -528,6 +571,7 @@ def build_plan(
             opt_state,
             train_batch,
         )
+    plan.price_programs()
     return plan
 
 
@@ -571,7 +615,8 @@ def format_plan(plan: Plan) -> str:
     )
     header = (
         f"{'program (bytes per chip)':<24}{'runs':<15}{'args':>7}{'out':>7}{'temp':>7}{'alias':>7}"
-        f"{'peak':>7}{'GFLOP':>9}{'HBM GB':>8}{'coll MB':>9}{'#coll':>6}{'est ms':>9}{'xla ms':>9}"
+        f"{'peak':>7}{'GFLOP':>9}{'HBM GB':>8}{'floor GB':>9}{'coll MB':>9}{'#coll':>6}{'est ms':>16}"
+        f"{'xla ms':>9}"
     )
     lines = [
         title,
@@ -590,17 +635,11 @@ def format_plan(plan: Plan) -> str:
         lines.append(
             f"{p.name:<24}{p.runs:<15}{_size(c.argument_bytes):>7}{_size(c.output_bytes):>7}"
             f"{_size(c.temp_bytes):>7}{_size(c.alias_bytes):>7}{_size(p.peak_bytes):>7}"
-            f"{c.flops / 1e9:>9.1f}{c.bytes_accessed / 1e9:>8.2f}{c.collectives.bytes / 1e6:>9.1f}"
-            f"{c.collectives.count:>6}{(p.estimate_s or 0) * 1e3:>9.2f}{xla:>9}"
+            f"{c.flops / 1e9:>9.1f}{c.bytes_accessed / 1e9:>8.2f}{p.floor_bytes / 1e9:>9.2f}"
+            f"{c.collectives.bytes / 1e6:>9.1f}{c.collectives.count:>6}"
+            f"{'-' if p.estimate is None else p.estimate.text(1e3):>16}{xla:>9}"
         )
-    est = plan.step_estimate()
-    lines += [
-        "",
-        "estimated step: "
-        + ", ".join(f"{k} {v:.2f} s" for k, v in est.items())
-        + f" (decode priced at {plan.new_tokens} tokens)",
-        plan.verdict(),
-    ]
+    lines += ["", *step_lines(plan.to_json()), plan.verdict()]
     return "\n".join(lines)
 
 
@@ -636,6 +675,13 @@ def main(argv: list[str]) -> int:
         "--topology", required=True, metavar="TYPE", help="accelerator type, e.g. v6e-16, v4-16"
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument(
+        "--longest-rows",
+        default="",
+        metavar="N,N,...",
+        help="the longest completion of each earlier step of this config (the console passes its "
+        "history's): the decode loop is priced at their mean instead of the maximum",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument(
         "--memory-only",
@@ -649,7 +695,12 @@ def main(argv: list[str]) -> int:
         tpu = parse_accelerator_type(args.topology)
         say = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
         only = MEMORY_PROGRAMS if args.memory_only else None
-        plan = build_plan(cfg, tpu, progress=say, only=only)
+        try:
+            longest = [int(x) for x in args.longest_rows.split(",") if x.strip()]
+        except ValueError:
+            bad = f"--longest-rows {args.longest_rows!r}: give whole numbers, e.g. 312,405"
+            raise PlanError(bad) from None
+        plan = build_plan(cfg, tpu, progress=say, only=only, longest_rows=longest)
     except (ConfigError, PlanError, UnknownAcceleratorType) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -27,18 +27,26 @@ class Generation:
     peak_bf16_flops: float  # per chip, flop/s
     hbm_bytes: float  # per chip, as published (the compiler's usable limit is a little lower)
     hbm_bandwidth: float  # per chip, bytes/s
-    ici_bandwidth: float  # per chip, bidirectional bytes/s over all its ICI links
+    ici_bandwidth: float  # per chip, bidirectional bytes/s over all its ICI links (in + out, every port)
+    ici_ports: int  # ICI links per chip: two per torus axis (one each way round the ring)
 
 
 GENERATIONS: dict[str, Generation] = {
-    # v4: 275 TFLOPs, 32 GiB at 1200 GBps; ICI: six links of 50 GB/s (the TPU v4 paper).
-    "v4": Generation("v4", "v4", "megacore", 2, 3, 4, 4, 275e12, 32 * 1024**3, 1200 * GB, 300 * GB),
-    # v5p: 459 TFLOPs, 95 GB at 2765 GBps, ICI 4800 Gbps per chip.
-    "v5p": Generation("v5p", "v5p", "megacore", 2, 3, 4, 4, 459e12, 95 * GB, 2765 * GB, 600 * GB),
-    # v5e: 197 TFLOPs, 16 GB at 819 GBps, ICI 400 GBps bidirectional per chip.
-    "v5litepod": Generation("v5litepod", "v5e", "default", 1, 2, 4, 8, 197e12, 16 * GB, 819 * GB, 400 * GB),
-    # v6e (Trillium): 918 TFLOPs, 32 GB at 1638 GBps, ICI 800 GBps bidirectional per chip.
-    "v6e": Generation("v6e", "v6e", "default", 1, 2, 4, 8, 918e12, 32 * GB, 1638 * GB, 800 * GB),
+    # v4: 275 TFLOPs, 32 GiB at 1200 GBps (docs.cloud.google.com/tpu/docs/v4). Cloud's page gives no ICI
+    # figure per chip; the TPU v4 paper (Jouppi et al., ISCA 2023) gives six ICI links of 50 GB/s each way:
+    # 600 GB/s bidirectional, the field's definition (issue 26: this was 300, a one-way figure).
+    "v4": Generation("v4", "v4", "megacore", 2, 3, 4, 4, 275e12, 32 * 1024**3, 1200 * GB, 600 * GB, 6),
+    # v5p: 459 TFLOPs, 95 GB at 2765 GBps, "bidirectional ICI bandwidth per chip 1200 GBps", 3D torus
+    # (docs.cloud.google.com/tpu/docs/v5p; this was 600, the 4800 Gbps one-way figure).
+    "v5p": Generation("v5p", "v5p", "megacore", 2, 3, 4, 4, 459e12, 95 * GB, 2765 * GB, 1200 * GB, 6),
+    # v5e: 197 TFLOPs, 16 GB at 819 GBps, "bidirectional ICI bandwidth per chip 400 GBps", 4 ICI ports
+    # (docs.cloud.google.com/tpu/docs/v5e).
+    "v5litepod": Generation(
+        "v5litepod", "v5e", "default", 1, 2, 4, 8, 197e12, 16 * GB, 819 * GB, 400 * GB, 4
+    ),
+    # v6e (Trillium): 918 TFLOPs, 32 GB at 1638 GBps, "bidirectional ICI bandwidth per chip 800 GBps", 4 ICI
+    # ports (docs.cloud.google.com/tpu/docs/v6e).
+    "v6e": Generation("v6e", "v6e", "default", 1, 2, 4, 8, 918e12, 32 * GB, 1638 * GB, 800 * GB, 4),
 }
 ALIASES = {"v5e": "v5litepod"}
 

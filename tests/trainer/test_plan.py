@@ -106,7 +106,15 @@ def test_tiny_model_plan_on_v6e_2x2_matches_a_hand_computation(tmp_path, tiny_mo
     assert names == ["optimizer init", "rollout weights", "prefill", "decode loop", "decode step", "update"]
     update = plan["programs"][-1]
     assert update["flops"] > 0 and update["collectives"] > 0 and update["peak_bytes"] < plan["hbm_bytes"]
-    assert plan["step_estimate_s"]["step_s"] > 0
+    low, high = plan["step_estimate_s"]["step_s"]
+    assert 0 < low <= high  # a range: HBM at the floor and short latencies .. the compiler's bytes, long ones
+    # The decode step's floor: this chip's bf16 weights and its KV cache up to the loop's mean length (no
+    # history here: the config's maximum, 32 new tokens after a 64-token prompt bucket, of 96 slots).
+    step = next(p for p in plan["programs"] if p["name"] == "decode step")
+    floor = resident["rollout weights"] + cache * (64 + 32 / 2) / 96
+    assert step["floor_bytes"] == pytest.approx(floor)
+    assert step["estimated_seconds"][0] <= step["estimated_seconds"][1]
+    assert plan["expected_new_tokens"] == 32 and plan["longest_rows_known"] == 0
     assert math.isclose(plan["hbm_bytes"], 31.25 * 2**30)  # the compiler's own limit for a v6e chip
 
 

@@ -186,7 +186,8 @@ def _size(n: float | None) -> str:
 def plan_text(plan: dict[str, Any]) -> str:
     """The planner's JSON (python -m trainer plan --json) as its table: per chip, what is resident, and
     for each program its arguments, outputs, temporaries, aliases, peak held at once, compiler flops,
-    bytes accessed, collectives and estimated time."""
+    bytes accessed, collectives and estimated time (a range, trainer/estimate.py)."""
+    from trainer.estimate import Range, step_lines
     hbm = plan.get("hbm_bytes") or 0
     lines = [
         f"plan for {plan['accelerator_type']} ({plan['topology']}: {plan['hosts']} hosts, {plan['chips']} "
@@ -200,22 +201,18 @@ def plan_text(plan: dict[str, Any]) -> str:
         if p.get("oom"):
             rows.append((p["name"], p["runs"], "OUT OF MEMORY", "", "", "", "", "", "", "", "", ""))
             continue
-        est = p.get("estimated_seconds")
+        est = Range.from_json(p.get("estimated_seconds"))
         rows.append((
             p["name"], p["runs"], _size(p["argument_bytes"]), _size(p["output_bytes"]),
             _size(p["temp_bytes"]), _size(p["alias_bytes"]), _size(p["peak_bytes"]),
             f"{p['flops'] / 1e9:.1f}",
             f"{p['bytes_accessed'] / 1e9:.2f}", f"{p['collective_bytes'] / 1e6:.1f}", str(p["collectives"]),
-            "-" if est is None else f"{est * 1e3:.2f}",
+            "-" if est is None else est.text(1e3),
         ))
     lines.append(format_table(("PROGRAM (PER CHIP)", "RUNS", "ARGS", "OUT", "TEMP", "ALIAS", "PEAK", "GFLOP",
                                "HBM GB", "COLL MB", "#COLL", "EST MS"), rows))
     for p in plan["programs"]:
         if p.get("oom"):
             lines.append(f"{p['name']}: out of memory: {p['oom']}")
-    estimate = plan.get("step_estimate_s") or {}
-    if estimate:
-        lines += ["", "estimated step: " + ", ".join(f"{k} {v:.2f} s" for k, v in estimate.items())
-                  + f" (decode priced at {plan.get('new_tokens', 0)} tokens)"]
-    lines.append(plan["verdict"])
+    lines += ["", *step_lines(plan), plan["verdict"]]
     return "\n".join(lines)

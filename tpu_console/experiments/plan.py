@@ -3,8 +3,14 @@
 The trainer's planner (`python -m trainer plan`, trainer/plan.py) compiles every program of a run for a
 TPU slice with libtpu, on this machine and without a TPU. The console runs it as a subprocess (it imports
 JAX, which the console itself never does), reads its JSON, and keeps each answer in
-`$TPU_CONSOLE_HOME/plans/`, keyed by the config's digest, the slice, the jax and libtpu versions and the
-trainer's source: a second launch of the same config on the same type answers at once.
+`$TPU_CONSOLE_HOME/plans/`, keyed by the config's digest, the slice, the jax and libtpu versions, the
+trainer's source and the measured lengths below: a second launch of the same config on the same type
+answers at once.
+
+The decode loop is priced at its expected length: where earlier runs of the same config (the same digest)
+are in the history with their events archived, the longest completion of each of their steps
+(`train/completion_length/max`, gathered over every process, so the row that bounds that step's loop);
+otherwise the config's maximum.
 
 Uses: `tpu-console plan`, the check `launch` makes before anything is sent (refused when the compiler
 says the config does not fit, unless --no-plan-check), the launch form's planned peak HBM, and
@@ -29,6 +35,7 @@ from tpu_console.errors import UserError
 # python -m trainer plan's exit statuses (trainer/plan.py).
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT, EXIT_CANNOT_PLAN = 0, 1, 2, 3
 LOCAL_PREFIX = "local-"
+CANNOT_PLAN = "cannot plan here: "  # how the planner's exit 3 begins its one line
 
 
 def tpu_type_for(accelerator_type: str) -> str | None:
@@ -111,6 +118,31 @@ def cache_key(config_digest: str, tpu_type: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
+def measured_longest_rows(config_digest: str, limit: int = 20) -> list[int]:
+    """The longest completion of each step of earlier runs of this config, from their archived events
+    (worker 0's: the trainer gathers the lengths over every process before it logs them)."""
+    from tpu_console.runs.events import parse_events
+    from tpu_console.runs.store import RunStore
+    from trainer import telemetry as tm
+
+    rows: list[int] = []
+    try:
+        runs = [r for r in RunStore().list(limit=500) if r.config_digest == config_digest][:limit]
+    except Exception:  # noqa: BLE001 - no history yet (or an unreadable one) prices at the maximum
+        return rows
+    for run in runs:
+        if not run.archive_path:
+            continue
+        events = Path(run.archive_path) / "worker-0" / "events.jsonl"
+        if not events.is_file():
+            continue
+        for event in parse_events(events.read_text(errors="replace")):
+            value = event.get(tm.COMPLETION_LEN_MAX)
+            if event.kind == tm.KIND_STEP and isinstance(value, int | float):
+                rows.append(int(value))
+    return rows
+
+
 def plans_dir() -> Path:
     path = locations.home() / "plans"
     path.mkdir(parents=True, exist_ok=True)
@@ -130,7 +162,9 @@ async def plan(
 ) -> PlanOutcome:
     """The planner's answer for this config on `tpu_type` (cached). Never raises for the planner's own
     verdicts: a config that does not fit, or no libtpu here, are outcomes."""
-    key = cache_key(config_digest, tpu_type + (" memory-only" if memory_only else ""))
+    longest = [] if memory_only else measured_longest_rows(config_digest)
+    lengths = ",".join(str(n) for n in longest)
+    key = cache_key(config_digest, tpu_type + (" memory-only" if memory_only else "") + " " + lengths)
     cached = plans_dir() / f"{key}.json"
     if use_cache and cached.is_file():
         data = json.loads(cached.read_text())
@@ -152,6 +186,7 @@ async def plan(
         "--json",
         "--quiet",
         *(["--memory-only"] if memory_only else []),
+        *(["--longest-rows", lengths] if lengths else []),
     ]
     for item in overrides:
         args += ["--set", item]
@@ -166,8 +201,8 @@ async def plan(
         outcome = PlanOutcome(tpu_type, status, data["verdict"], data)
         cached.write_text(json.dumps({"status": status, "verdict": outcome.verdict, "plan": data}))
         return outcome
-    if proc.returncode == EXIT_CANNOT_PLAN:
-        return PlanOutcome(tpu_type, "unavailable", message.removeprefix("error: "))
+    if proc.returncode == EXIT_CANNOT_PLAN:  # the caller says "cannot plan here" once
+        return PlanOutcome(tpu_type, "unavailable", message.removeprefix("error: ").removeprefix(CANNOT_PLAN))
     if proc.returncode is not None and proc.returncode < 0:  # killed: a large model's compile can take the
         # host's memory (Qwen2.5-7B's update needs about 24 GB of RAM to compile)
         return PlanOutcome(tpu_type, "error", f"the planner was killed by signal {-proc.returncode} (out of "

@@ -1,0 +1,139 @@
+"""The planner's time estimate (trainer/estimate.py) and the collectives it prices (trainer/aot.py), on
+synthetic HLO and figures: pure, no compile."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from trainer import aot
+from trainer.estimate import (
+    HIGH,
+    LOW,
+    ProgramCost,
+    Range,
+    collective_seconds,
+    expected_steps,
+    group_axes,
+    mean_cache_fraction,
+    price,
+    rank,
+    step_lines,
+    wire_bytes,
+)
+from trainer.tpu_specs import GB, parse_accelerator_type
+
+V6E16 = parse_accelerator_type("v6e-16")
+
+
+def test_collectives_count_every_array_of_a_tuple_and_their_group():
+    # The shapes carry TPU tile annotations with parentheses (the old parser stopped at the first one and
+    # kept only one array of a tuple); async ops name their groups on the -start and the result on the -done.
+    hlo = "\n".join([
+        "  %all-reduce.3 = (bf16[32,1,32]{2,0,1:T(8,128)(2,1)S(1)}, f32[32,1]{0,1:T(2,128)})"
+        " all-reduce(%a, %b), replica_groups=mesh['axis_0'=1,'axis_1'=16] {'axis_1'}, to_apply=%add",
+        "  %all-gather-start = (bf16[8,2048]{1,0}, bf16[128,2048]{1,0}) all-gather-start(%p),"
+        " replica_groups=[4,4]<=[16], dimensions={0}",
+        "  %all-gather-done = bf16[128,2048]{1,0} all-gather-done(%all-gather-start)",
+        "  %all-to-all = f32[2,96,16,4]{1,3,0,2:T(4,128)} all-to-all(%c), replica_groups={{0,1},{2,3}}",
+        "  %reduce-scatter = bf16[8,64]{1,0} reduce-scatter(%d), replica_groups={}, to_apply=%add",
+        "  %collective-permute = s32[4]{0} collective-permute(%e), source_target_pairs={{0,1},{1,0}}",
+        "  %fusion = f32[8]{0} fusion(%a), kind=kLoop",
+    ])
+    found = aot.collectives_in(hlo, devices=16)
+    assert found.count == 5
+    ops = {op.kind: op for op in found.ops}
+    assert ops["all-reduce"] == aot.CollectiveOp("all-reduce", 32 * 32 * 2 + 32 * 4, 16)
+    assert ops["all-gather"] == aot.CollectiveOp("all-gather", 128 * 2048 * 2, 4)
+    assert ops["all-to-all"].group == 2
+    assert ops["reduce-scatter"].group == 16  # empty groups: every chip
+    assert ops["collective-permute"] == aot.CollectiveOp("collective-permute", 16, 2)
+    assert sorted(found.grouped())[0] == ["all-gather", 128 * 2048 * 2, 4, 1]
+
+
+def test_bytes_on_the_wire_depend_on_the_kind_and_the_group():
+    r = 1_000_000
+    assert wire_bytes("all-reduce", r, 16) == pytest.approx(2 * 15 / 16 * r)
+    assert wire_bytes("all-gather", r, 16) == pytest.approx(15 / 16 * r)
+    assert wire_bytes("all-to-all", r, 4) == pytest.approx(3 / 4 * r)
+    assert wire_bytes("reduce-scatter", r, 4) == pytest.approx(3 * r)  # r is one chip's piece
+    assert wire_bytes("collective-permute", r, 2) == r
+    assert wire_bytes("all-reduce", r, 1) == 0
+
+
+def test_groups_are_placed_on_whole_torus_axes():
+    assert group_axes(16, (4, 4)) == (4, 4)
+    assert group_axes(4, (4, 4)) == (4,)
+    assert group_axes(8, (4, 4)) == (4, 2)
+    assert group_axes(2, (2, 2, 2)) == (2,)
+
+
+def test_a_collective_costs_its_fixed_cost_hops_and_bytes_at_the_links_it_uses():
+    # An all-reduce of 1 MB over all 16 chips of a 4x4 v6e: 2 x (3 + 3) ring steps, every link (800 GB/s
+    # bidirectional, 400 inbound); over 4 chips: one axis, 2 x 3 steps, half the links.
+    whole = collective_seconds("all-reduce", 1e6, 16, V6E16, HIGH)
+    assert whole == pytest.approx(HIGH.fixed_s + 12 * HIGH.hop_s + 2 * 15 / 16 * 1e6 / (400 * GB))
+    axis = collective_seconds("all-reduce", 1e6, 4, V6E16, LOW)
+    assert axis == pytest.approx(LOW.fixed_s + 6 * LOW.hop_s + 2 * 3 / 4 * 1e6 / (200 * GB))
+    assert collective_seconds("all-gather", 1e6, 1, V6E16, HIGH) == 0
+
+
+def test_v4_and_v5p_interconnects_are_bidirectional_per_chip():
+    # Cloud's v5p page: 1200 GBps bidirectional per chip; the v4 paper: six links of 50 GB/s each way.
+    assert parse_accelerator_type("v5p-8").generation.ici_bandwidth == 1200 * GB
+    assert parse_accelerator_type("v4-16").generation.ici_bandwidth == 600 * GB
+    # One all-gather of 600 MB over a v4-16's 8 chips (2x2x2): each chip takes in 7/8 of it at 300 GB/s.
+    v4 = parse_accelerator_type("v4-16")
+    t = collective_seconds("all-gather", 600e6, 8, v4, LOW)
+    assert t == pytest.approx(LOW.fixed_s + 3 * LOW.hop_s + 7 / 8 * 600e6 / (300 * GB))
+
+
+def test_a_program_is_priced_from_the_floor_at_the_low_end_and_the_compilers_bytes_at_the_high_end():
+    g = V6E16.generation
+    ops = [["all-reduce", 4096, 16, 100]]
+    cost = ProgramCost(flops=1e9, bytes_accessed=2.85e9, floor_bytes=0.79e9, ops=ops)
+    r = price(cost, V6E16)
+    per_low = collective_seconds("all-reduce", 4096, 16, V6E16, LOW)
+    per_high = collective_seconds("all-reduce", 4096, 16, V6E16, HIGH)
+    assert r.low == pytest.approx(0.79e9 / g.hbm_bandwidth + 100 * per_low)
+    assert r.high == pytest.approx(2.85e9 / g.hbm_bandwidth + 100 * per_high)
+    # Compute-bound: the flops set both ends' first term.
+    heavy = price(ProgramCost(flops=1e15, bytes_accessed=1e9, floor_bytes=1e8), V6E16)
+    assert heavy.low == heavy.high == pytest.approx(1e15 / g.peak_bf16_flops)
+    # A floor above the compiler's count (it cannot read less than it must) never makes low > high.
+    odd = price(ProgramCost(flops=0, bytes_accessed=1e8, floor_bytes=1e9), V6E16)
+    assert odd.low <= odd.high
+
+
+def test_a_layout_is_the_choice_only_where_it_wins_at_both_ends():
+    sure = rank({"megatron": Range(1.0, 2.0), "fsdp": Range(1.5, 3.0)})
+    assert sure.certain and sure.choice == "megatron"
+    unsure = rank({"megatron": Range(0.9, 3.4), "head_groups": Range(1.2, 3.0), "fsdp": Range(1.0, 4.4)})
+    assert not unsure.certain and unsure.choice == "head_groups"  # the smaller worst case
+    assert (unsure.fastest_low, unsure.fastest_high) == ("megatron", "head_groups")
+    assert "uncertain" in unsure.text()
+
+
+def test_the_decode_loop_is_priced_at_the_longest_rows_measured_else_the_maximum():
+    assert expected_steps([], 1024) == 1024
+    assert expected_steps([300, 500, 2000], 1024) == pytest.approx((300 + 500 + 1024) / 3)
+    # The floor reads the cache up to the loop's mean length: prompt 256 + half of 512 steps, of 1280 slots.
+    assert mean_cache_fraction(256, 1024, 512) == pytest.approx(512 / 1280)
+    assert mean_cache_fraction(256, 1024, 4096) == 1.0
+
+
+def test_the_step_is_said_as_a_range_with_where_its_length_came_from():
+    plan = {
+        "step_estimate_s": {"rollout_generate_s": [1.0, 2.5], "update_s": [0.3, 0.4], "step_s": [1.3, 2.9]},
+        "step_estimate_at_max_s": {"step_s": [3.0, 7.0]},
+        "new_tokens": 1024,
+        "expected_new_tokens": 412.0,
+        "longest_rows_known": 3,
+    }
+    lines = step_lines(plan)
+    assert "step_s 1.30..2.90" in lines[0] and "412 tokens" in lines[0] and "3 earlier steps" in lines[0]
+    assert "1024 tokens: step_s 3.00..7.00" in lines[1]
+    without = step_lines({**plan, "longest_rows_known": 0, "expected_new_tokens": 1024})
+    assert "the config's maximum" in without[0]
+    assert math.isclose(Range.from_json([1, 2]).high, 2) and Range.from_json(None) is None

@@ -1,0 +1,221 @@
+"""How long a compiled program takes on a TPU slice, as a range (low..high), from the compiler's figures.
+
+Pure (no JAX): the planner (trainer/plan.py) and the console price the same per-chip figures the same way.
+
+    time = max(flops / peak bf16 flop/s, HBM bytes / HBM bandwidth) + the sum over collectives of
+           (fixed cost + ring steps x per-hop latency + bytes on the wire / the group's link bandwidth)
+
+The two ends differ in what is uncertain, never in the published figures (trainer/tpu_specs.py):
+- HBM bytes. Low: the floor, what must cross HBM once (for a decode step, the chip's weights and its KV
+  cache up to the current length; for any other program, its arguments). High: the compiler's `bytes
+  accessed`, which counts a prefetched weight about five times (docs/plan.md, `--part weight-count`).
+- Latency. No public per-hop or per-collective latency exists for ICI, so both are assumed, and the range's
+  ends are the assumptions: LOW and HIGH below.
+Both ends: compute and HBM traffic overlap; collectives do not (decode's are on the critical path).
+
+Collectives, on the slice's torus: a group of n chips is placed on whole axes of the torus, the longest
+first (4x4 -> a group of 4 is one axis, of 16 both); a chip receives over the links of those axes, its
+share of the chip's bidirectional ICI bandwidth (half of it inbound) by axes used. Bytes on the wire per
+chip, by kind, for a result of R bytes (every array of a tuple): all-reduce 2(n-1)/n R (reduce-scatter
+then all-gather), all-gather (n-1)/n R, reduce-scatter (n-1) R (R is one chip's piece), all-to-all
+(n-1)/n R, collective-permute R. Ring steps, one hop each: (a - 1) per axis of length a, twice for an
+all-reduce; one for a permute.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from trainer.tpu_specs import TpuSlice
+
+
+@dataclass(frozen=True)
+class End:
+    """One end of the range: which HBM count it prices, and the latencies it assumes."""
+
+    name: str
+    hbm: str  # "floor" (what must be read once) or "compiler" (cost_analysis' bytes accessed)
+    fixed_s: float  # a collective's fixed cost (launch, synchronisation): assumed
+    hop_s: float  # one ring step between neighbouring chips: assumed
+
+
+# Assumed: Google publishes no ICI latency, per hop or per collective. The low end takes 1 us fixed and
+# 0.5 us a hop, the high end 10 us fixed (the flat figure the planner charged every collective before issue
+# 26) and 1 us a hop. A measurement on a slice would replace both.
+LOW = End("low", "floor", fixed_s=1e-6, hop_s=0.5e-6)
+HIGH = End("high", "compiler", fixed_s=10e-6, hop_s=1e-6)
+
+
+@dataclass(frozen=True)
+class Range:
+    low: float
+    high: float
+
+    def __add__(self, other: Range) -> Range:
+        return Range(self.low + other.low, self.high + other.high)
+
+    def __mul__(self, factor: float) -> Range:
+        return Range(self.low * factor, self.high * factor)
+
+    __rmul__ = __mul__
+
+    def to_json(self) -> list[float]:
+        return [self.low, self.high]
+
+    @classmethod
+    def from_json(cls, value: Sequence[float] | None) -> Range | None:
+        return None if value is None else cls(float(value[0]), float(value[1]))
+
+    def text(self, scale: float = 1.0, digits: int = 2) -> str:
+        """`1.20..3.41` (times `scale`, e.g. 1e3 for ms); three significant digits below 0.1."""
+
+        def one(x: float) -> str:
+            return f"{x:.{digits}f}" if x == 0 or abs(x) >= 0.1 else f"{x:.3g}"
+
+        return f"{one(self.low * scale)}..{one(self.high * scale)}"
+
+
+ZERO = Range(0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class ProgramCost:
+    """One program's per-chip figures, as the compiler gave them. ops: (kind, result bytes, group size,
+    count) of its collectives (trainer/aot.py `Collectives.grouped`)."""
+
+    flops: float
+    bytes_accessed: float
+    floor_bytes: float
+    ops: Sequence[Sequence] = ()
+
+
+def group_axes(group: int, shape: Sequence[int]) -> tuple[int, ...]:
+    """The torus axes a group of `group` chips spans, the longest axes first (its best placement)."""
+    axes, left = [], group
+    for length in sorted(shape, reverse=True):
+        if left <= 1:
+            break
+        take = math.gcd(left, length)
+        if take > 1:
+            axes.append(take)
+            left //= take
+    if left > 1:  # a group that is no product of axes (never on a slice's own meshes): one ring of its size
+        axes.append(left)
+    return tuple(axes)
+
+
+def wire_bytes(kind: str, result_bytes: float, group: int) -> float:
+    """Bytes one chip receives for a collective of `kind` whose result on the chip is `result_bytes`."""
+    n = max(group, 1)
+    if n == 1:
+        return 0.0
+    if kind == "all-reduce":
+        return 2 * (n - 1) / n * result_bytes
+    if kind == "reduce-scatter":
+        return (n - 1) * result_bytes
+    if kind == "collective-permute":
+        return result_bytes
+    return (n - 1) / n * result_bytes  # all-gather, all-to-all
+
+
+def ring_steps(kind: str, axes: Sequence[int]) -> int:
+    if not axes:
+        return 0
+    if kind == "collective-permute":
+        return 1
+    steps = sum(a - 1 for a in axes)
+    return 2 * steps if kind == "all-reduce" else steps
+
+
+def collective_seconds(kind: str, result_bytes: float, group: int, tpu: TpuSlice, end: End) -> float:
+    if group <= 1:
+        return 0.0  # a group of one chip moves nothing (XLA keeps a few such ops)
+    g = tpu.generation
+    axes = group_axes(group, tpu.shape)
+    used = min(len(axes), len(tpu.shape)) / len(tpu.shape)
+    inbound = g.ici_bandwidth / 2 * used  # bidirectional per chip: half of it comes in
+    return end.fixed_s + ring_steps(kind, axes) * end.hop_s + wire_bytes(kind, result_bytes, group) / inbound
+
+
+def collectives_seconds(ops: Iterable[Sequence], tpu: TpuSlice, end: End) -> float:
+    return sum(collective_seconds(kind, size, group, tpu, end) * count for kind, size, group, count in ops)
+
+
+def price(cost: ProgramCost, tpu: TpuSlice) -> Range:
+    """The program's time per chip, low..high (method in the module docstring)."""
+    g = tpu.generation
+    compute = cost.flops / g.peak_bf16_flops
+    floor = min(cost.floor_bytes, cost.bytes_accessed) if cost.bytes_accessed else cost.floor_bytes
+    ends = []
+    for end in (LOW, HIGH):
+        hbm = floor if end.hbm == "floor" else max(cost.bytes_accessed, floor)
+        ends.append(max(compute, hbm / g.hbm_bandwidth) + collectives_seconds(cost.ops, tpu, end))
+    return Range(*ends)
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """Which of several options (rollout layouts) is fastest: `choice` wins at both ends when `certain`;
+    otherwise it is the one whose worst case (high end) is smallest, and the ranking is uncertain."""
+
+    choice: str
+    certain: bool
+    fastest_low: str
+    fastest_high: str
+
+    def text(self) -> str:
+        if self.certain:
+            return f"{self.choice} is the fastest at both ends of the range"
+        return (
+            f"the ranking is uncertain: {self.fastest_low} is the fastest at the low end, "
+            f"{self.fastest_high} at the high end; the smaller worst case is {self.choice}'s"
+        )
+
+
+def rank(ranges: Mapping[str, Range]) -> Ranking:
+    fastest_low = min(ranges, key=lambda k: ranges[k].low)
+    fastest_high = min(ranges, key=lambda k: ranges[k].high)
+    return Ranking(fastest_high, fastest_low == fastest_high, fastest_low, fastest_high)
+
+
+def mean_cache_fraction(prompt_len: int, max_new: int, steps: float) -> float:
+    """The share of the KV cache's slots filled, on average, over a decode loop of `steps` tokens (the floor
+    reads the cache up to the current length, not all `prompt + max new` slots)."""
+    total = prompt_len + max_new
+    return min(1.0, (prompt_len + steps / 2) / total) if total else 1.0
+
+
+def expected_steps(longest_rows: Sequence[int], max_new: int) -> float:
+    """The decode loop's expected length: the mean, over earlier steps, of each step's longest row (the loop
+    runs until its last row ends), capped by the config's maximum; the maximum without history."""
+    rows = [min(int(n), max_new) for n in longest_rows if n is not None and n >= 0]
+    return sum(rows) / len(rows) if rows else float(max_new)
+
+
+def step_lines(plan: Mapping) -> list[str]:
+    """The plan's step estimate in words (from the planner's JSON, so the console prints the same lines)."""
+    est = {k: Range.from_json(v) for k, v in (plan.get("step_estimate_s") or {}).items()}
+    if not est:
+        return []
+    expected, most = plan.get("expected_new_tokens") or 0, plan.get("new_tokens") or 0
+    known = plan.get("longest_rows_known") or 0
+    where = (
+        f"the mean longest row of {known} earlier steps of this config"
+        if known
+        else "the config's maximum; no earlier run of this config in the history"
+    )
+    lines = [
+        "estimated step, seconds per chip, low..high: "
+        + ", ".join(f"{k} {v.text()}" for k, v in est.items() if v is not None)
+        + f" (decode loop at {expected:.0f} tokens: {where})"
+    ]
+    at_max = Range.from_json((plan.get("step_estimate_at_max_s") or {}).get("step_s"))
+    if known and at_max is not None:
+        lines.append(f"  at the maximum, {most} tokens: step_s {at_max.text()}")
+    lines.append(
+        "  low: HBM at the floor (weights and KV cache read once), short collective latencies; high: the "
+        "compiler's bytes accessed, long latencies (trainer/estimate.py)"
+    )
+    return lines
