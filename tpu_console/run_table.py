@@ -9,7 +9,7 @@ from tpu_console.node_table import format_age
 from tpu_console.pricing import run_cost
 from tpu_console.runs.control import RunView, WorkerStop
 from tpu_console.runs.launch import LaunchResult
-from tpu_console.runs.monitor import WorkerStatus
+from tpu_console.runs.monitor import WorkerState, WorkerStatus
 
 RUN_COLUMNS = ("RUN", "NODE", "WORKERS", "STATE", "AGE", "CONFIG", "COST", "NOTE")
 WORKER_COLUMNS = ("WORKER", "STATE", "EXIT", "STEP", "STEP_S", "AVG10_S", "TOKENS/S", "MEM GiB", "NOTE")
@@ -42,6 +42,61 @@ def worker_row(status: WorkerStatus) -> tuple[str, ...]:
         _memory(status),
         _worker_note(status),
     )
+
+
+# Past this many workers, `status` counts the workers by state and lists only the odd ones out: a
+# 256-host run's table would otherwise be 256 rows to scroll through for the one that failed.
+SUMMARY_AFTER = 16
+MAX_LISTED = 16
+
+
+def worker_state_label(status: WorkerStatus) -> str:
+    if status.stopped:
+        return "stopped"
+    if status.state is WorkerState.EXITED and status.exit_status != 0:
+        return "failed"
+    if status.unreachable_probes and not status.done:
+        return "unreachable"
+    return str(status.state)
+
+
+def worker_summary(statuses: list[WorkerStatus]) -> tuple[list[str], list[WorkerStatus]]:
+    """For a large run: one line per state (`running  250  workers 0-16,18-255`), and the workers worth a
+    row of their own, the worst first: failed or lost, unreachable, with an error, then those in a state
+    few others share (MAX_LISTED at most; the others are in the counts)."""
+    labels = {s.worker: worker_state_label(s) for s in statuses}
+    by_label: dict[str, list[int]] = {}
+    for worker, label in labels.items():
+        by_label.setdefault(label, []).append(worker)
+    usual = max(by_label, key=lambda label: len(by_label[label])) if by_label else ""
+
+    def rank(status: WorkerStatus) -> int | None:
+        label = labels[status.worker]
+        if status.failed:
+            return 0
+        if label == "unreachable":
+            return 1
+        if status.events.error_message:
+            return 2
+        return 3 if label != usual else None
+
+    ranked = sorted((r, s.worker, s) for s in statuses if (r := rank(s)) is not None)
+    listed = [s for _, _, s in ranked[:MAX_LISTED]]
+    width = max(len(label) for label in by_label) if by_label else 0
+    lines = [f"{label:<{width}}  {len(workers):>5}  workers {worker_ranges(workers)}"
+             for label, workers in sorted(by_label.items(), key=lambda item: (-len(item[1]), item[0]))]
+    return lines, sorted(listed, key=lambda s: s.worker)
+
+
+def worker_ranges(workers: list[int]) -> str:
+    """`0-15,17,19-255`: consecutive workers as ranges."""
+    spans: list[list[int]] = []
+    for worker in sorted(workers):
+        if spans and worker == spans[-1][1] + 1:
+            spans[-1][1] = worker
+        else:
+            spans.append([worker, worker])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def _cost(record: Any, now: datetime | None = None) -> str:

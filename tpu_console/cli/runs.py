@@ -395,15 +395,22 @@ async def status(args: argparse.Namespace, settings: Settings, providers: dict[s
     age = format_age(record.started_at, datetime.now(UTC))
     print(f"{record.run_id}  {record.node} ({record.provider} {record.accelerator_type})  {view.state}  "
           f"started {age} ago")
-    worker_rows = [run_table.worker_row(s) for s in view.workers]
-    print(masker.mask(format_table(run_table.WORKER_COLUMNS, worker_rows)))
+    listed = view.workers
+    if len(view.workers) > run_table.SUMMARY_AFTER:  # a large run: counts by state, the odd ones out listed
+        counts, listed = run_table.worker_summary(view.workers)
+        print("\n".join(counts))
+    if listed:
+        worker_rows = [run_table.worker_row(s) for s in listed]
+        print(masker.mask(format_table(run_table.WORKER_COLUMNS, worker_rows)))
+    if len(listed) < len(view.workers):
+        print(f"({len(view.workers) - len(listed)} workers are in the counts only; --json lists them all)")
     for line in ([steps_note] if steps_note else []) + (foreign.lines() if foreign is not None else []):
         print(masker.mask(line))
     if view.failure:
         print(masker.mask(f"failed first: {view.failure}"))
     if view.state == "partially-dead":
-        alive = [str(s.worker) for s in view.workers if not s.done]
-        print(f"workers {','.join(alive)} still run after that failure and will likely hang; stop them with "
+        alive = run_table.worker_ranges([s.worker for s in view.workers if not s.done])
+        print(f"workers {alive} still run after that failure and will likely hang; stop them with "
               f"`tpu-console stop {record.node} {record.run_id}`")
     decisions = await run_control.supervisor_decisions(providers, view.record)
     for decision in decisions or []:

@@ -18,11 +18,11 @@ worker the dashboard follows (MAX_NAMED at most; the rest are counted in their s
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
 
 from rich.text import Text
 from textual.widgets import DataTable
 
+from tpu_console.run_table import worker_ranges
 from tpu_console.runs.signatures import EXCEPTION
 from tpu_console.tui.run_snapshot import RunSnapshot, WorkerRow, slowness
 
@@ -188,7 +188,7 @@ def group_cells(label: str, members: list[WorkerRow]) -> tuple[Text, ...]:
     step = Text("-" if not steps else str(int(statistics.median_low(steps))), justify="right")
     step_time = step_time_text(statistics.median(step_times) if step_times else None, None, False)
     exit_status = exit_text(exits.pop() if len(exits) == 1 else None, first.stopped)
-    which = f"workers {worker_ranges(m.worker for m in members)}"
+    which = f"workers {worker_ranges([m.worker for m in members])}"
     return (
         Text("*", style="dim"),
         Text(f"{len(members)} {label}", style=style, no_wrap=True, overflow="ellipsis"),
@@ -197,17 +197,6 @@ def group_cells(label: str, members: list[WorkerRow]) -> tuple[Text, ...]:
         exit_status,
         Text(which, no_wrap=True, overflow="ellipsis", style="dim"),
     )
-
-
-def worker_ranges(workers: Iterable[int]) -> str:
-    """`0-15,17,19-255`: consecutive workers as ranges."""
-    spans: list[list[int]] = []
-    for worker in sorted(workers):
-        if spans and worker == spans[-1][1] + 1:
-            spans[-1][1] = worker
-        else:
-            spans.append([worker, worker])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def row_cells(row: WorkerRow, first_failure: int | None, ratio: float | None) -> tuple[Text, ...]:
