@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # Everything after the first `--` is the command for `exec` and `launch`, options included.
+    # Everything after the first `--` is the command for `exec`, `launch` and `setup`, options included.
     command: list[str] = []
     dashes = "--" in argv
     if dashes:
@@ -86,8 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(runs.with_runs_sub_command(argv))
     if args.verb == "exec":
         args.command = list(args.command) + command
-    elif args.verb == "launch":
-        args.command = command if dashes else None  # `--` with nothing after it is refused by launch
+    elif args.verb in ("launch", "setup"):
+        args.command = command if dashes else None  # `--` with nothing after it is refused by the verb
     elif command:
         print(f"error: unexpected arguments after --: {' '.join(command)}", file=sys.stderr)
         return 2

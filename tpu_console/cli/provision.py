@@ -1,4 +1,4 @@
-"""Verbs that make workers ready or run on them: `bootstrap`, `sync`, `demo`, `exec`."""
+"""Verbs that make workers ready or run on them: `bootstrap`, `sync`, `setup`, `demo`, `exec`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 from tpu_console.cli import flags, output
 from tpu_console.fleet.node_exec import command_line, exec_on_node
+from tpu_console.node_table import format_table
 from tpu_console.providers.base import Provider
 from tpu_console.secrets import SecretMasker
 from tpu_console.settings import Settings
@@ -38,17 +39,44 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
     bootstrap.add_argument("--force", action="store_true", help="install again even if in place")
 
     sync = verbs.add_parser(
-        "sync", parents=[common], help="install this checkout's code (and .env) on every worker",
-        description="Build a wheel of this checkout as it is on disk (uncommitted changes included), upload "
-        "it to every worker and install it into ~/tpu-console/env; or with --git URL --branch B, clone/fetch "
-        "and install that on every worker. --env-file uploads secrets as ~/tpu-console/.env (mode 0600), "
-        "which later launches use when they get no --env-file.",
+        "sync", parents=[common], help="put this checkout's code, or your project's, on every worker",
+        description="Without --dir/--git: build a wheel of this checkout as it is on disk (uncommitted "
+        "changes included), upload it to every worker and install it into ~/tpu-console/env (the bundled "
+        "trainer). --dir PATH: your project's files (what git tracks plus untracked files it does not "
+        "ignore; outside a repository every file a .gitignore does not name), packed here once and unpacked "
+        "on every worker into ~/tpu-console/projects/<digest>/; a worker that has it already gets nothing "
+        "(one round trip). "
+        "--git URL --branch B: every worker clones that commit into ~/tpu-console/projects/<sha>/. Both make "
+        "it the current project (project.json), where `setup` and `launch -- CMD` run. --env-file uploads "
+        "secrets as ~/tpu-console/.env (mode 0600), which later launches use when they get no --env-file.",
     )
     sync.add_argument("node")
     flags.add_worker(sync)
     flags.add_env_file(sync, "KEY=value secrets to upload (mode 0600)")
+    sync.add_argument("--dir", dest="directory", metavar="PATH",
+                      help="your project's folder, sent to every worker")
     sync.add_argument("--git", dest="git_url", metavar="URL", help="clone this repository on the workers")
     sync.add_argument("--branch", metavar="B", help="with --git: the branch or tag to check out")
+
+    setup = verbs.add_parser(
+        "setup", parents=[common], help="your project's environment on every worker (pip install, uv sync)",
+        usage="tpu-console setup NODE [--requirements F ...] [--python-version X.Y] [--worker SEL] [--json] "
+        "-- CMD...",
+        description="Run CMD (pip install -r requirements-tpu.txt, uv sync, pip install -e ., anything) on "
+        "every worker at once, in the current project's folder (sync --dir/--git), inside a venv "
+        "~/tpu-console/envs/<digest>/ made from the Python bootstrap chose. The digest is that of CMD, the "
+        "requirement files' contents and the Python version: CMD runs again only when they change (else "
+        "\"already in place\"). setup.json records a setup that succeeded; launch runs jobs in it. A worker "
+        "that fails is named with its last line (exit 2).",
+    )
+    setup.add_argument("node")
+    flags.add_worker(setup)
+    setup.add_argument("--requirements", action="append", default=[], metavar="F",
+                       help="a file of the project whose content keys the environment (repeatable; default: "
+                       "those of requirements.txt, requirements-tpu.txt, pyproject.toml, uv.lock, setup.py, "
+                       "setup.cfg, poetry.lock it has)")
+    setup.add_argument("--python-version", metavar="X.Y",
+                       help="the environment's Python, this or newer (default: the one bootstrap chose)")
 
     demo = verbs.add_parser(
         "demo", parents=[common], help="make the offline demo's tiny model and data on every worker",
@@ -93,11 +121,64 @@ async def bootstrap(args: argparse.Namespace, settings: Settings, providers: dic
 async def sync(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
     from tpu_console.provision.code_sync import sync_node
 
+    if args.directory is not None or args.git_url is not None:
+        from tpu_console.provision.project_sync import sync_project
+
+        result = await sync_project(
+            providers, args.node, directory=args.directory, git_url=args.git_url, branch=args.branch,
+            workers=args.worker, env_file=args.env_file, progress=output.progress,
+            on_worker=output.worker_progress,
+        )
+        return print_project_steps(result, "project", args.json)
     result = await sync_node(
         providers, args.node, workers=args.worker, env_file=args.env_file, git_url=args.git_url,
         branch=args.branch, progress=output.progress, on_worker=output.worker_progress,
     )
     return output.print_setup(result, args.json)
+
+
+async def setup(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    from tpu_console.errors import UserError
+    from tpu_console.provision.project_setup import setup_failure, setup_project
+
+    if args.command is None:
+        raise UserError(
+            "put the setup command after --: tpu-console setup NODE -- pip install -r requirements.txt"
+        )
+    result = await setup_project(
+        providers, args.node, command=args.command, requirements=args.requirements,
+        python_version=args.python_version, workers=args.worker, progress=output.progress,
+        on_worker=output.worker_progress,
+    )
+    print_project_steps(result, "setup", args.json)
+    failure = setup_failure(result)
+    if failure:
+        raise UserError(f"setup failed on {failure}; fix it and run setup again (launch refuses a mixed pod)")
+    return 0
+
+
+def print_project_steps(result: Any, what: str, json_mode: bool) -> int:
+    """Per worker: ok or FAILED, the project (or setup) it now has, how it got there; exit 1 on a failure."""
+    def record(w: Any) -> dict[str, Any] | None:
+        return w.report.project if what == "project" else w.report.setup
+
+    if json_mode:
+        output.print_json({"node": result.node.name, "ok": result.ok, "workers": [
+            {"worker": w.worker, "ok": w.ok, "error": w.error, "seconds": round(w.seconds, 2),
+             "ready": w.report.ready, what: record(w)} for w in result.workers]})
+    else:
+        rows = []
+        for w in result.workers:
+            got = record(w) or {}
+            label = (f"{got.get('name')} {str(got.get('digest'))[:16]}" if what == "project"
+                     else f"~/{got.get('env')}") if got else "-"
+            state = {"already": "already in place", "installed": "installed", "unpacked": "unpacked",
+                     "cloned": "cloned"}.get(
+                w.report.ready or "", w.report.ready or "")
+            rows.append((f"[{w.worker}]", "ok" if w.ok else "FAILED", label,
+                         state if w.ok else (w.error or ""), f"{w.seconds:.1f}s"))
+        print(format_table(("WORKER", "", what.upper(), "", "TIME"), rows))
+    return 0 if result.ok else 1
 
 
 async def demo(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
@@ -145,4 +226,4 @@ async def exec_(args: argparse.Namespace, settings: Settings, providers: dict[st
     return outcome.exit_status
 
 
-HANDLERS = {"bootstrap": bootstrap, "sync": sync, "demo": demo, "exec": exec_}
+HANDLERS = {"bootstrap": bootstrap, "sync": sync, "setup": setup, "demo": demo, "exec": exec_}

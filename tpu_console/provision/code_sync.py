@@ -4,8 +4,9 @@ Two ways (by hand this is a git clone + pip install on each worker):
 - from this checkout (the default): build a wheel of exactly what is on disk here, uncommitted changes
   included, upload it to every worker over SFTP and install it into `~/tpu-console/env` (no dependencies:
   bootstrap put those there). `code.json` records the git sha, the dirty flag and the wheel's digest.
-- `--git URL --branch B`: clone or fetch on every worker, check out B, install it; each worker reports its
-sha.
+- `--git URL --branch B`: any repository, cloned on every worker into `~/tpu-console/projects/<sha>/` and
+  made the current project (tpu_console/provision/project_sync.py); a clone of this project is also
+  installed into the environment, as the wheel would be.
 
 `launch` compares `code.json` and the JAX versions across workers and refuses a mixed pod.
 """
@@ -138,6 +139,13 @@ async def sync_node(
     """Install the code (and upload `env_file` as `~/tpu-console/.env`, mode 0600) on the selected workers."""
     if (git_url is None) != (branch is None):
         raise UserError("--git and --branch go together: --git URL --branch main")
+    if git_url is not None:
+        from tpu_console.provision.project_sync import sync_project
+
+        return await sync_project(
+            providers, node_name, git_url=git_url, branch=branch, workers=workers, env_file=env_file,
+            progress=progress, on_worker=on_worker,
+        )
     env_data = secrets.read_env_file(env_file) if env_file is not None else None
     provider, node = await open_node(providers, node_name)
     selected = parse_worker_selection(workers, node.shape.workers)
@@ -146,21 +154,16 @@ async def sync_node(
     async with Fleet(targets) as fleet:
         await require_all_reachable(fleet, node_name, selected, "nothing was synced")
         with tempfile.TemporaryDirectory(prefix="tpu-console-wheel-") as tmp:
-            if git_url is None:
-                checkout = source or find_checkout()
-                progress(f"{node.name}: building a wheel of {checkout}")
-                wheel = await asyncio.to_thread(build_wheel, checkout, Path(tmp))
-                state = "uncommitted changes included" if wheel.dirty else "clean"
-                progress(
-                    f"{node.name}: {wheel.path.name} at {str(wheel.git_sha or 'no git')[:12]} ({state}), "
-                    f"uploading to {len(selected)} worker(s)"
-                )
-                uploads = await fleet.put(wheel.path, f"{recipes.WHEELS_DIR}/{wheel.path.name}", selected)
-                command = recipes.install_wheel(wheel.path.name, wheel.code_json())
-            else:
-                progress(f"{node.name}: checking out {branch} of {git_url} on {len(selected)} worker(s)")
-                uploads = []
-                command = recipes.git_checkout(git_url, branch or "")
+            checkout = source or find_checkout()
+            progress(f"{node.name}: building a wheel of {checkout}")
+            wheel = await asyncio.to_thread(build_wheel, checkout, Path(tmp))
+            state = "uncommitted changes included" if wheel.dirty else "clean"
+            progress(
+                f"{node.name}: {wheel.path.name} at {str(wheel.git_sha or 'no git')[:12]} ({state}), "
+                f"uploading to {len(selected)} worker(s)"
+            )
+            uploads = await fleet.put(wheel.path, f"{recipes.WHEELS_DIR}/{wheel.path.name}", selected)
+            command = recipes.install_wheel(wheel.path.name, wheel.code_json())
             failed = {r.worker: r.error or "upload failed" for r in uploads if not r.ok}
             if env_data is not None:
                 put = await fleet.put(env_data, ENV_FILE, selected, mode=0o600)

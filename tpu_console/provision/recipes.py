@@ -9,7 +9,10 @@ Like `tpu_console/fleet/recipes.py`, each function returns the text of one bash 
     env/.tpu-console-bootstrap   digest of what bootstrap installed: equal digest = nothing to do
     env/.tpu-console-installer   `uv PATH` or `pip`: how sync installs the code later
     code.json                    the code installed by sync: source (wheel|git), git_sha, dirty, wheel digest
-    wheels/, src/                the uploaded wheel, or the git checkout
+    wheels/                      the uploaded wheel
+    python.json                  the base interpreter bootstrap chose: python, version, source
+    projects/, project.json      a project of your own, synced (project_recipes.py)
+    envs/, setup.json            its setup environments (project_setup.py)
 
 Progress lines that the console parses start with `@@ ` (see tpu_console/provision/report.py); everything
 else a recipe prints is installer output, shown to the person as it comes.
@@ -17,7 +20,6 @@ else a recipe prints is installer output, shown to the person as it comes.
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Sequence
 
@@ -33,7 +35,6 @@ PROJECT_FILE = f"{ROOT}/project.json"  # the current project (sync --dir / --git
 ENVS_DIR = f"{ROOT}/envs"  # envs/<digest>/: a setup environment
 SETUP_FILE = f"{ROOT}/setup.json"  # the current setup, written only when it succeeded
 WHEELS_DIR = f"{ROOT}/wheels"
-SRC_DIR = f"{ROOT}/src"
 LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
 TPU_DEVICE_PATTERNS = ("/dev/accel*", "/dev/vfio/[0-9]*")
 
@@ -132,33 +133,6 @@ def install_wheel(wheel_name: str, code_json: str) -> str:
         f"mv -f {_home(CODE_FILE)}.tmp {_home(CODE_FILE)}\n"
         'echo "@@ ready synced"; versions )'
     )
-
-
-def git_checkout(url: str, branch: str) -> str:
-    """Clone (or fetch into) `~/tpu-console/src`, check out `branch`, install it, record its sha."""
-    src = _home(SRC_DIR)
-    return (
-        f"( {_require_env()}\n{VERSIONS_FUNCTION}\n"
-        f"src={src}; url={shlex.quote(url)}; branch={shlex.quote(branch)}\n"
-        'command -v git >/dev/null || { echo "@@ error git is not installed on this worker"; exit 22; }\n'
-        'if [ -d "$src/.git" ]; then echo "@@ step fetching $branch"; '
-        'git -C "$src" remote set-url origin "$url" && git -C "$src" fetch -q --depth 1 origin "$branch" '
-        '&& git -C "$src" checkout -q -f FETCH_HEAD || exit 23; '
-        'else echo "@@ step cloning $branch"; rm -rf "$src"; '
-        'git clone -q --depth 1 --branch "$branch" "$url" "$src" || exit 23; fi\n'
-        'git -C "$src" clean -qfdx || exit 24\n'
-        'sha=$(git -C "$src" rev-parse HEAD)\n'
-        'echo "@@ step installing the code"\n'
-        f"{_install_command(chr(34) + '$src' + chr(34))} || exit 21\n"
-        f'printf \'{{"source": "git", "git_sha": "%s", "dirty": false, "url": %s, "branch": %s}}\\n\' '
-        f'"$sha" {shlex.quote(_json_string(url))} {shlex.quote(_json_string(branch))} '
-        f"> {_home(CODE_FILE)}.tmp && mv -f {_home(CODE_FILE)}.tmp {_home(CODE_FILE)}\n"
-        'echo "@@ ready synced"; versions )'
-    )
-
-
-def _json_string(text: str) -> str:
-    return json.dumps(text)
 
 
 def _echo_json_file(kind: str, relative: str) -> str:

@@ -2,7 +2,7 @@
 
 `@@ step TEXT` (progress), `@@ ready already|installed|synced`, `@@ error TEXT`, `@@ versions {json}`,
 `@@ env present|missing`, `@@ code {json}`, `@@ python {json}`, `@@ project {json}`, `@@ setup {json}`,
-`@@ live RUN_ID PGID`, `@@ killed PID NAME PATH`,
+`@@ missing`, `@@ live RUN_ID PGID`, `@@ killed PID NAME PATH`,
 `@@ removed PATH`. Anything else is installer output.
 """
 
@@ -15,7 +15,9 @@ from typing import Any
 PREFIX = "@@ "
 VERSION_KEYS = ("python", "jax", "jaxlib", "libtpu", "flax")
 # What must be the same on every worker of a pod before a launch: a mixed pod fails in odd ways mid-run.
-MUST_MATCH = ("code", "jax", "jaxlib", "libtpu")
+# `project` and `setup` are the digests of project.json and setup.json: a setup that failed on one worker
+# leaves that worker's older setup.json, and the pod mixed.
+MUST_MATCH = ("code", "jax", "jaxlib", "libtpu", "project", "setup")
 
 
 @dataclass
@@ -32,6 +34,7 @@ class WorkerReport:
     python_info: dict[str, Any] | None = None  # python.json: the base interpreter bootstrap chose
     project: dict[str, Any] | None = None  # project.json: the project synced with sync --dir / --git
     setup: dict[str, Any] | None = None  # setup.json: the last setup that succeeded
+    project_missing: bool = False  # `@@ missing`: the synced tree is not on this worker yet
     live_runs: dict[str, int] = field(default_factory=dict)  # run id -> process group
     killed: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
@@ -48,7 +51,8 @@ class WorkerReport:
             return rest
         if kind == "ready":
             self.ready = rest
-            return {"already": "already in place", "installed": "installed", "synced": "code installed"}.get(
+            return {"already": "already in place", "installed": "installed", "synced": "code installed",
+                    "unpacked": "project unpacked", "cloned": "project cloned"}.get(
                 rest, rest
             )
         if kind == "error":
@@ -68,6 +72,8 @@ class WorkerReport:
             self.project = _json(rest)
         elif kind == "setup":
             self.setup = _json(rest)
+        elif kind == "missing":
+            self.project_missing = True
         elif kind == "live":
             run_id, _, pgid = rest.partition(" ")
             if pgid.isdigit():
@@ -99,7 +105,12 @@ class WorkerReport:
 
     def fingerprint(self) -> dict[str, str | None]:
         """The values that must match across a pod's workers."""
-        return {"code": self.code_label, **{k: self.versions.get(k) for k in MUST_MATCH if k != "code"}}
+        return {
+            "code": self.code_label,
+            "project": (self.project or {}).get("digest"),
+            "setup": (self.setup or {}).get("digest"),
+            **{k: self.versions.get(k) for k in MUST_MATCH if k not in ("code", "project", "setup")},
+        }
 
 
 def code_label(code: dict[str, Any] | None) -> str:

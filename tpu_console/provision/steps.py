@@ -48,7 +48,8 @@ class WorkerSetup:
         """One line for a person: what happened and the versions now there."""
         if not self.ok:
             return f"failed: {self.error}"
-        what = {"already": "already in place", "installed": "installed", "synced": "code installed"}.get(
+        what = {"already": "already in place", "installed": "installed", "synced": "code installed",
+                "unpacked": "project unpacked", "cloned": "project cloned"}.get(
             self.report.ready or "", self.report.ready or "done"
         )
         return f"{what} in {self.seconds:.1f}s: {self.report.versions_label()}"

@@ -1,0 +1,178 @@
+"""A project of your own on a local pod through the CLI: `sync --dir` (what git tracks and does not ignore,
+content-addressed, an unchanged re-sync sending nothing), `sync --git` of any repository, `setup` into a
+keyed environment (run once, "already in place" after, again when a requirement file changes), a setup
+that fails on one worker named, and the bad input refused before any worker changes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.console.runs.test_local import run, worker_home
+from tests.fixtures_cli import console_home  # noqa: F401 - fixture
+from tpu_console import cli
+from tpu_console.provision.project_sync import content_digest, project_files
+from tpu_console.provision.report import WorkerReport, mismatches
+
+pytestmark = pytest.mark.usefixtures("console_home")
+
+
+def git(folder: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=folder, capture_output=True,
+        text=True, check=True, timeout=30,
+    )
+    return done.stdout.strip()
+
+
+def a_project(folder: Path, repository: bool = True) -> Path:
+    """tracked files, an untracked one, ignored ones (a folder and a pattern)."""
+    (folder / "pkg").mkdir(parents=True)
+    (folder / "pkg" / "train.py").write_text("print('step=1 loss=0.5')\n")
+    (folder / "requirements.txt").write_text("six\n")
+    (folder / ".gitignore").write_text("outputs/\n*.log\n")
+    if repository:
+        git(folder, "init", "-q")
+        git(folder, "add", ".")
+        git(folder, "commit", "-qm", "first")
+    (folder / "notes.md").write_text("not committed, not ignored\n")
+    (folder / "outputs").mkdir()
+    (folder / "outputs" / "ckpt").write_text("big\n")
+    (folder / "run.log").write_text("noise\n")
+    return folder
+
+
+def json_run(capsys, *argv: str) -> tuple[int, dict, str]:
+    split = argv.index("--") if "--" in argv else len(argv)  # what follows -- is the command
+    status, out, err = run(capsys, *argv[:split], "--json", *argv[split:])
+    return status, (json.loads(out) if out.strip() else {}), err
+
+
+@pytest.fixture
+def pod(capsys) -> str:
+    assert cli.main(["create", "pod", "--type", "local-2x1"]) == 0
+    capsys.readouterr()
+    return "pod"
+
+
+def test_the_files_sent_are_what_git_would_keep_and_their_digest_is_their_content(tmp_path):
+    repo = a_project(tmp_path / "repo")
+    files, sha, dirty = project_files(repo)
+    assert files == [".gitignore", "notes.md", "pkg/train.py", "requirements.txt"]
+    assert sha == git(repo, "rev-parse", "HEAD") and dirty is False
+    plain = a_project(tmp_path / "plain", repository=False)  # outside a repository: .gitignore still rules
+    assert project_files(plain) == (files, None, None)
+    assert content_digest(repo, files) == content_digest(plain, files)  # same content, same digest
+    (plain / "pkg" / "train.py").write_text("print('changed')\n")
+    assert content_digest(repo, files) != content_digest(plain, files)
+    assert not (plain / ".git").exists()  # the listing left the folder as it was
+
+
+def test_sync_dir_unpacks_once_per_content_and_resync_sends_nothing(capsys, tmp_path, pod):
+    repo = a_project(tmp_path / "nash-mhc")
+    status, first, err = json_run(capsys, "sync", pod, "--dir", str(repo))
+    assert status == 0, err
+    projects = [w["project"] for w in first["workers"]]
+    digest = projects[0]["digest"]
+    assert [w["ready"] for w in first["workers"]] == ["unpacked", "unpacked"]
+    assert projects[0] | {"synced_at": None} == {
+        "source": "dir", "digest": digest, "dir": f"tpu-console/projects/{digest}", "name": "nash-mhc",
+        "git_sha": git(repo, "rev-parse", "HEAD"), "dirty": False, "url": None, "branch": None,
+        "synced_at": None,
+    }
+    for worker in (0, 1):
+        tree = worker_home(worker) / "tpu-console" / "projects" / digest
+        assert sorted(str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file()) == [
+            ".gitignore", "notes.md", "pkg/train.py", "requirements.txt"]
+        current = json.loads((worker_home(worker) / "tpu-console" / "project.json").read_text())
+        assert current["digest"] == digest
+        (tree / "marker").write_text("left alone by a re-sync")
+
+    status, again, err = json_run(capsys, "sync", pod, "--dir", str(repo))
+    assert status == 0 and [w["ready"] for w in again["workers"]] == ["already", "already"], err
+    assert "uploading" not in err
+    assert (worker_home(1) / "tpu-console" / "projects" / digest / "marker").exists()
+
+    (repo / "pkg" / "train.py").write_text("print('step=1 loss=0.25')\n")  # a change: a new folder
+    status, changed, err = json_run(capsys, "sync", pod, "--dir", str(repo))
+    assert status == 0, err
+    project = changed["workers"][0]["project"]
+    assert project["digest"] != digest and project["dirty"] is True
+    assert (worker_home(0) / "tpu-console" / "projects" / digest / "marker").exists()  # the old one stays
+
+    # Bad input: one line, exit 2, no worker touched.
+    status, out, err = run(capsys, "sync", pod, "--dir", str(tmp_path / "missing"))
+    assert status == 2 and err.count("error:") == 1 and "no such directory" in err
+
+
+def test_sync_git_clones_any_repository_by_commit(capsys, tmp_path, pod):
+    repo = a_project(tmp_path / "upstream")
+    sha = git(repo, "rev-parse", "HEAD")
+    branch = git(repo, "rev-parse", "--abbrev-ref", "HEAD")
+    status, first, err = json_run(capsys, "sync", pod, "--git", f"file://{repo}", "--branch", branch)
+    assert status == 0, err
+    project = first["workers"][1]["project"]
+    assert (project["source"], project["digest"], project["git_sha"], project["name"]) == (
+        "git", sha, sha, "upstream")
+    assert (worker_home(1) / project["dir"] / "pkg" / "train.py").exists()
+    status, again, err = json_run(capsys, "sync", pod, "--git", f"file://{repo}", "--branch", branch)
+    assert status == 0 and [w["ready"] for w in again["workers"]] == ["already", "already"]
+    status, out, err = run(capsys, "sync", pod, "--git", f"file://{repo}", "--branch", "no-such-branch")
+    assert status == 2 and "no branch or tag no-such-branch" in err
+
+
+@pytest.mark.timeout(300)
+def test_setup_runs_once_per_command_requirements_and_python_and_names_a_failed_worker(
+    capsys, tmp_path, pod
+):
+    repo = a_project(tmp_path / "proj")
+    status, out, err = run(capsys, "setup", pod, "--", "true")
+    assert status == 2 and "run `tpu-console bootstrap pod` first" in err  # no python.json yet
+    for worker in (0, 1):  # what bootstrap records (tests/console/provision/test_python.py runs it)
+        (worker_home(worker) / "tpu-console").mkdir(exist_ok=True)
+        (worker_home(worker) / "tpu-console" / "python.json").write_text(json.dumps(
+            {"python": sys.executable, "version": "3", "source": "image"}))
+    status, out, err = run(capsys, "setup", pod, "--", "true")
+    assert status == 2 and "no project on this worker; run `tpu-console sync pod --dir PATH`" in err
+    assert run(capsys, "sync", pod, "--dir", str(repo))[0] == 0
+
+    command = 'echo "$VIRTUAL_ENV $PWD" > ~/where; python -c "import sys; print(sys.prefix)" >> ~/where'
+    status, first, err = json_run(capsys, "setup", pod, "--", command)
+    assert status == 0, err
+    setup = first["workers"][0]["setup"]
+    assert [w["ready"] for w in first["workers"]] == ["installed", "installed"]
+    env = worker_home(0) / setup["env"]
+    current = json.loads((worker_home(0) / "tpu-console" / "project.json").read_text())
+    project_dir = worker_home(0) / current["dir"]
+    assert (worker_home(0) / "where").read_text().split() == [str(env), str(project_dir), str(env)]
+    assert project_dir.name == setup["project_digest"]
+    assert setup["command"] == command and list(setup["requirements"]) == ["requirements.txt"]
+
+    status, again, err = json_run(capsys, "setup", pod, "--", command)
+    assert status == 0 and [w["ready"] for w in again["workers"]] == ["already", "already"]
+    assert again["workers"][1]["setup"]["digest"] == setup["digest"]
+
+    # A requirement file that changed: a new environment (the command runs again); one that fails on
+    # worker 1 is named with its last line, exit 2, and worker 1 keeps its last good setup.json.
+    (repo / "requirements.txt").write_text("six==1.16.0\n")
+    assert run(capsys, "sync", pod, "--dir", str(repo))[0] == 0
+    failing = 'if [ "$TPU_WORKER_ID" = 1 ]; then echo "ERROR: No matching distribution for six"; exit 3; fi'
+    status, out, err = run(capsys, "setup", pod, "--requirements", "requirements.txt", "--", failing)
+    assert status == 2
+    assert err.strip().splitlines()[-1].startswith(
+        "error: setup failed on worker 1: `if") and "exited 3: ERROR: No matching distribution for six" in err
+    setups = [json.loads((worker_home(w) / "tpu-console" / "setup.json").read_text()) for w in (0, 1)]
+    assert setups[0]["digest"] != setup["digest"] and setups[1]["digest"] == setup["digest"]
+    reports = [WorkerReport(w, setup=s) for w, s in enumerate(setups)]
+    assert any(line.startswith("setup differs") for line in mismatches(reports))  # launch refuses the pod
+
+    # Bad input: one line, exit 2, nothing run.
+    status, out, err = run(capsys, "setup", pod, "--requirements", "requirements-tpu.txt", "--", "true")
+    assert status == 2 and "requirements-tpu.txt is not in the project proj" in err
+    assert run(capsys, "setup", pod, "--")[0] == 2
+    assert run(capsys, "setup", pod)[0] == 2
+    assert run(capsys, "setup", pod, "--python-version", "3.9", "--", "true")[0] == 2
