@@ -39,6 +39,8 @@ examples:
   tpu-console exec pod-a --worker 1-3 -- 'nvidia-smi || true'
   tpu-console plan --type v6e-16 --config trainer/configs/qwen25_3b_v6e16_bench.yaml
   tpu-console launch pod-a --config trainer/configs/tiny_local.yaml --set steps=2 --env-file .env
+  tpu-console launch pod-a --fail-fast -- python -m my_trainer --steps 100   your own program, every worker
+  tpu-console launch pod-a --job grpo.toml      a job file: command, project, setup, env, metrics, supervisor
   tpu-console logs RUN_ID --follow              every worker's output, prefixed [i], until the run ends
   tpu-console status RUN_ID                     per-worker state, exit status, latest step metrics
   tpu-console stop RUN_ID --yes

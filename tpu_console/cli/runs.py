@@ -69,7 +69,8 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
     )
     launch.add_argument(
         "--no-code-check", dest="check_code", action="store_false",
-        help="launch even if the workers run different code or JAX versions",
+        help="launch even if the workers run different code or JAX versions (a command: different "
+        "projects, setups or Pythons)",
     )
     launch.add_argument(
         "--no-plan-check", dest="check_plan", action="store_false",
@@ -313,8 +314,7 @@ def job_from_args(args: argparse.Namespace) -> JobSpec | None:
     if args.overrides:
         raise UserError("--set overrides a key of the trainer's config; it goes with --config FILE")
     if args.job is not None:
-        spec = load_job_file(args.job)
-        return spec if command is None else spec.with_command(command)
+        return load_job_file(args.job, command)
     if command is None:
         raise UserError("nothing to launch: give --config FILE (the bundled trainer), --job FILE.toml, or "
                         "-- COMMAND ...")

@@ -179,8 +179,9 @@ class JobSpec(_Strict):
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def load_job_file(path: str | Path) -> JobSpec:
-    """The job file as a JobSpec; a one-line UserError naming the file and the key for anything wrong."""
+def load_job_file(path: str | Path, command: list[str] | None = None) -> JobSpec:
+    """The job file as a JobSpec; a one-line UserError naming the file and the key for anything wrong.
+    `command` (`launch --job F -- CMD`) replaces the file's, which the file may then leave out."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise UserError(f"job file {path} does not exist; pass --job with an existing TOML file")
@@ -189,8 +190,11 @@ def load_job_file(path: str | Path) -> JobSpec:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{path} is not valid TOML ({exc}); fix the file") from None
+    if command is not None:
+        data["command"] = JobSpec.from_command(command).command
     if "command" not in data:
-        raise UserError(f"{path} has no command; add command = \"python train.py ...\" (or an argv list)")
+        raise UserError(f"{path} has no command; add command = \"python train.py ...\" (or an argv list), or "
+                        "give one after --")
     try:
         spec = JobSpec.model_validate({**data, "job_file": str(path.resolve()), "job_file_text": text})
     except ValidationError as exc:

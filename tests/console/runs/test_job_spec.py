@@ -73,6 +73,11 @@ def test_flags_over_a_file_without_supervisor_options(tmp_path):
     assert spec.policy().fail_fast is False and spec.policy(fail_fast=True).fail_fast is True
     assert spec.with_command(["python", "x.py"]).command == ["python", "x.py"]
     assert spec.digest() != spec.with_command(["python", "x.py"]).digest()
+    # `launch --job F -- CMD`: the command line's command, also for a file that gives none
+    no_command = write(tmp_path, '[env]\nXLA_FLAGS = "--x"\n')
+    assert load_job_file(no_command, ["python", "y.py"]).command == ["python", "y.py"]
+    with pytest.raises(UserError, match="has no command"):
+        load_job_file(no_command)
 
 
 @pytest.mark.parametrize(
