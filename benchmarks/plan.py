@@ -120,11 +120,12 @@ def _decode_row(layout: str, plan) -> dict:
     }
 
 
-def decode_part(results: dict, default_plan=None) -> None:
+def decode_part(results: dict, default_plan=None, layouts: list[str] | None = None) -> None:
     tpu = parse_accelerator_type("v6e-16")
     cfg = load_config(CONFIGS / "qwen25_3b_v6e16_bench.yaml", BASE_SETS)
     rows, plans = [], {}
-    for layout, overrides in LAYOUTS.items():
+    for layout in layouts or LAYOUTS:
+        overrides = LAYOUTS[layout]
         # The default and the seeds' own layout (weights gathered once a step) are priced as a whole step.
         only = STEP_PROGRAMS if layout in ("default", SEEDS_LAYOUT) else {"decode step"}
         plan = (
@@ -157,12 +158,17 @@ def decode_part(results: dict, default_plan=None) -> None:
             f"{r['floor_s'] * 1e3:>10.2f}"
         )
     by = {r["layout"]: r for r in rows}
+    results["decode"] = {"rows": rows}
+    results["_plans"] = plans
+    if "default" not in by:  # a subset of layouts (--layouts): their rows only
+        return
     default = Range.from_json(by["default"]["estimate_s"])
-    today = Range.from_json(by["today"]["estimate_s"])
-    print(
-        f"== decode: today's layout / default = {today.low / default.low:.2f}x at the low end, "
-        f"{today.high / default.high:.2f}x at the high end"
-    )
+    if "today" in by:
+        today = Range.from_json(by["today"]["estimate_s"])
+        print(
+            f"== decode: today's layout / default = {today.low / default.low:.2f}x at the low end, "
+            f"{today.high / default.high:.2f}x at the high end"
+        )
     # The layouts a user can choose (the reproduction of the layout before issue 16 is not one).
     choosable = {
         ("default (" + by["default"]["weight_layout"] + ")" if r["layout"] == "default" else r["layout"]):
@@ -174,7 +180,7 @@ def decode_part(results: dict, default_plan=None) -> None:
     upper = default.high / by["default"]["floor_s"]
     wins = ranking.certain and ranking.choice.startswith("default")
     print(
-        f"== decode ranking: {ranking.text()}; the default is "
+        f"== decode ranking of {', '.join(choosable)}: {ranking.text()}; the default is "
         + ("the fastest at both ends (PASS)" if wins else "not the fastest at both ends (FAIL)")
     )
     print(
@@ -196,16 +202,16 @@ def decode_part(results: dict, default_plan=None) -> None:
         f"runs to the longest row, so at least this): step {at_mean['step_s'].text()} s\n",
         flush=True,
     )
-    results["decode"] = {
-        "rows": rows,
-        "ranking": ranking.__dict__,
-        "default_high_over_floor": upper,
-        "step_estimate": {k: v.to_json() for k, v in est.items()},
-    }
-    results["_plans"] = plans
+    results["decode"].update(
+        {
+            "ranking": ranking.__dict__,
+            "default_high_over_floor": upper,
+            "step_estimate": {k: v.to_json() for k, v in est.items()},
+        }
+    )
 
 
-def calibrate_part(results: dict) -> None:
+def calibrate_part(results: dict, slices: list[str]) -> None:
     """The layout closest to the seeds' (MLLM-JAX: FSDP weights, gathered into a bf16 copy for decode) with
     their batch (128 sequences, up to 1024 new tokens), priced as a whole step beside what they measured."""
     print("calibration against the seeds (Qwen2.5-3B, 128 sequences a step, up to 1024 new tokens):")
@@ -213,6 +219,8 @@ def calibrate_part(results: dict) -> None:
         ("v6e-16", "qwen25_3b_v6e16_bench.yaml", SEEDS_V6E16_STEP_S),
         ("v6e-8", "qwen25_3b_v6e8_bench.yaml", SEEDS_V6E8_STEP_S),
     ):
+        if tpu_type not in slices:
+            continue
         plan = (results.get("_plans") or {}).get(SEEDS_LAYOUT) if tpu_type == "v6e-16" else None
         if plan is None:
             plan = build_plan(
@@ -309,15 +317,18 @@ def weight_count_part(results: dict) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", default="fit,decode,calibrate,sweep")
+    parser.add_argument("--layouts", default=None, help=f"decode: these layouts only ({', '.join(LAYOUTS)})")
+    parser.add_argument("--slices", default="v6e-16,v6e-8", help="calibrate: these slices only")
     parser.add_argument("--json", default=None, help="also write every figure to this JSON file")
     args = parser.parse_args()
     parts = set(args.part.split(","))
     results: dict = {}
     plans = fit_part(results) if "fit" in parts else []
     if "decode" in parts:
-        decode_part(results, plans[1] if len(plans) > 1 else None)
+        layouts = args.layouts.split(",") if args.layouts else None
+        decode_part(results, plans[1] if len(plans) > 1 else None, layouts)
     if "calibrate" in parts:
-        calibrate_part(results)
+        calibrate_part(results, args.slices.split(","))
     results.pop("_plans", None)
     if "sweep" in parts:
         sweep_part(results)

@@ -78,6 +78,8 @@ class PlanOutcome:
             free = 1 - self.peak_gib / self.hbm_gib
             return (f"{self.tpu_type}: planned peak {self.peak_gib:.1f} of {self.hbm_gib:.1f} GiB per chip "
                     f"({free:.0%} free)")
+        if self.status == "unavailable":
+            return f"{self.tpu_type}: {CANNOT_PLAN}{self.verdict}"
         return f"{self.tpu_type}: {self.verdict}"
 
     def to_json(self) -> dict[str, Any]:

@@ -38,6 +38,11 @@ def test_without_libtpu_plan_says_cannot_plan_here_once(tmp_path, config, capsys
     lines = err.strip().splitlines()
     assert lines[-1].startswith("error: cannot plan here: libtpu is not installed")
     assert lines[-1].count("cannot plan here") == 1 and "pip install" in lines[-1]
+    # The launch form's line says it once too.
+    from tpu_console.experiments.plan import PlanOutcome
+
+    summary = PlanOutcome("v6e-8", "unavailable", "libtpu is not installed; pip install ...").summary()
+    assert summary == "v6e-8: cannot plan here: libtpu is not installed; pip install ..."
 
 
 def _archived_run(home, run_id: str, digest: str, longest: list[int]) -> None:
