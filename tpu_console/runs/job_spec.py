@@ -141,6 +141,16 @@ class JobSpec(_Strict):
             raise UserError("-- is followed by no command; give the program to run, e.g. -- python train.py")
         return cls(command=list(argv))
 
+    @classmethod
+    def from_command_line(cls, text: str) -> JobSpec:
+        """A command typed as one line (the app's launch form), split into words as a shell would; no
+        shell runs it."""
+        try:
+            argv = shlex.split(text)
+        except ValueError as exc:
+            raise UserError(f"the command cannot be split into words ({exc}); close its quotes") from None
+        return cls.from_command(argv)
+
     def with_command(self, argv: list[str]) -> JobSpec:
         """This job with another command (`launch --job F -- CMD`: the command line wins over the file)."""
         return self.model_copy(update={"command": list(JobSpec.from_command(argv).command)})

@@ -106,6 +106,11 @@ def test_a_command_line_without_a_command_is_refused():
     with pytest.raises(UserError, match="-- is followed by no command"):
         JobSpec.from_command([])
     assert JobSpec.from_command(["bash", "-c", "echo $HOME"]).command == ["bash", "-c", "echo $HOME"]
+    assert JobSpec.from_command_line("bash -c 'echo $HOME'").command == ["bash", "-c", "echo $HOME"]
+    with pytest.raises(UserError, match="close its quotes"):
+        JobSpec.from_command_line("python -c 'print(1)")
+    with pytest.raises(UserError, match="no command"):
+        JobSpec.from_command_line("  ")
 
 
 def record(run_id: str, job: dict | None) -> RunRecord:
