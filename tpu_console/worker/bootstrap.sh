@@ -84,7 +84,8 @@ else
       exit 11
     fi
     echo "@@ step installing Python $version with uv${UV_PYTHON_INSTALL_MIRROR:+ from $UV_PYTHON_INSTALL_MIRROR}"
-    out=$(cd "$root" && UV_PYTHON_INSTALL_DIR="$root/pythons" "$uv" python install "$version" 2>&1)
+    # Into ~/tpu-console/pythons, and no python3.X link into ~/.local/bin (UV_PYTHON_INSTALL_BIN=0).
+    out=$(cd "$root" && UV_PYTHON_INSTALL_DIR="$root/pythons" UV_PYTHON_INSTALL_BIN=0 "$uv" python install "$version" 2>&1)
     found=$(cd "$root" && UV_PYTHON_INSTALL_DIR="$root/pythons" "$uv" python find --no-project "$spec" 2>/dev/null)
     if [ -n "$found" ] && fits "$found"; then
       py=$found; source=uv

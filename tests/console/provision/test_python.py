@@ -3,17 +3,21 @@ reached through a stock OpenSSH sshd whose sessions get a PATH of this machine's
 - with a python3.11 also on the PATH, bootstrap finds it, records it in python.json, and the bundled trainer
   then runs one step in that environment (the full sync + launch loop over sshd is tests/console/runs/
   test_trainer.py's);
-- with nothing but 3.10 and uv, bootstrap asks uv to install one from the configured mirror (a local HTTP
-  server here: the tests have no internet), which fails, and the console says so in one line, exit 2."""
+- with nothing but 3.10 and uv, bootstrap has uv install one from the configured mirror: a local HTTP server
+  here (the tests have no internet) serving a CPython packed from this machine's, described to uv by a
+  downloads JSON of its own (uv checks what it downloads against python-build-standalone's digests, which
+  a repacked build cannot match); and when the mirror has nothing, the console says so in one line, exit 2."""
 
 from __future__ import annotations
 
 import getpass
+import hashlib
 import http.server
 import json
 import os
 import shlex
 import sys
+import tarfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,38 +121,67 @@ def test_bootstrap_finds_a_newer_python_and_the_trainer_runs(
     assert events[-1]["kind"] == "end" and any(e["kind"] == "step" for e in events)
 
 
-class _Mirror(http.server.BaseHTTPRequestHandler):
-    """A python-build-standalone mirror that has nothing: it records what uv asked for and answers 404."""
+class _Mirror(http.server.SimpleHTTPRequestHandler):
+    """A python-build-standalone mirror serving the files of its folder (none: 404); it records what uv
+    asked for."""
 
     asked: list[str] = []
 
     def do_GET(self) -> None:  # noqa: N802 - the http.server name
         self.asked.append(self.path)
-        self.send_error(404)
+        super().do_GET()
 
     def log_message(self, *_args: object) -> None:
         pass
 
 
 @pytest.fixture
-def mirror() -> Iterator[tuple[str, list[str]]]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Mirror)
+def mirror(tmp_path: Path) -> Iterator[tuple[str, list[str], Path]]:
+    folder = tmp_path / "mirror"
+    folder.mkdir()
     asked: list[str] = []
-    _Mirror.asked = asked
+    handler = type("Mirror", (_Mirror,), {"asked": asked})
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), lambda *a: handler(*a, directory=str(folder))
+    )
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/pbs", asked
+        yield f"http://127.0.0.1:{server.server_address[1]}/pbs", asked, folder
     finally:
         server.shutdown()
 
 
-def test_without_a_python_uv_installs_from_the_mirror_or_one_line_names_the_fix(
-    capsys, tmp_path, console_home, old_python, mirror  # noqa: F811
-):
+def uv_beside_the_console() -> Path:
     uv = Path(sys.executable).parent / "uv"
     if not uv.exists():
         pytest.skip("uv is not installed beside the console (pip install uv)")
-    url, asked = mirror
+    return uv
+
+
+def pack_this_python(tarball: Path) -> None:
+    """This machine's base CPython in python-build-standalone's `install_only` layout (python/bin,
+    python/lib), its standard library without tests, site-packages or the static library."""
+    base = Path(sys.base_prefix)
+    minor = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    skip = {"test", "site-packages", "__pycache__", "idlelib", "tkinter", "lib2to3", "turtledemo"}
+
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        parts = set(Path(info.name).parts)
+        return None if parts & skip or any(p.startswith("config-") for p in parts) else info
+
+    tarball.parent.mkdir(parents=True)
+    with tarfile.open(tarball, "w:gz", compresslevel=1) as tar:
+        tar.add(base / "bin" / minor, f"python/bin/{minor}")
+        for lib in base.glob("lib/libpython*"):
+            tar.add(lib, f"python/lib/{lib.name}")
+        tar.add(base / "lib" / minor, f"python/lib/{minor}", filter=keep)
+
+
+def test_without_a_python_and_a_mirror_that_has_none_one_line_names_the_fix(
+    capsys, tmp_path, console_home, old_python, mirror  # noqa: F811
+):
+    uv = uv_beside_the_console()
+    url, asked, _folder = mirror
     path = tools_without_python(tmp_path / "bin", old_python, {"uv": str(uv)})
     for sshd in running_sshd(tmp_path, {"PATH": path}):
         ssh_node(console_home, tmp_path, sshd, f'[workers]\npython_install_mirror = "{url}"\n\n')
@@ -161,3 +194,38 @@ def test_without_a_python_uv_installs_from_the_mirror_or_one_line_names_the_fix(
         # uv got the mirror through the remote command's environment, and asked it for a CPython 3.11 build.
         assert asked and all(p.startswith("/pbs/") and "cpython-3.11" in p for p in asked), asked
         assert not (sshd.folder / "home" / "tpu-console" / "env").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_without_a_python_uv_installs_one_from_the_configured_mirror(
+    capsys, tmp_path, console_home, old_python, mirror  # noqa: F811
+):
+    uv = uv_beside_the_console()
+    url, asked, folder = mirror
+    version = ".".join(map(str, sys.version_info[:3]))  # linked workers need the console's own minor
+    name = f"cpython-{version}+20240107-x86_64-unknown-linux-gnu-install_only.tar.gz"
+    tarball = folder / "pbs" / "20240107" / name
+    pack_this_python(tarball)
+    downloads = tmp_path / "downloads.json"  # uv's own list of builds, with this one's digest
+    major, minor, patch = sys.version_info[:3]
+    downloads.write_text(json.dumps({f"cpython-{version}-linux-x86_64-gnu": {
+        "name": "cpython", "arch": {"family": "x86_64", "variant": None}, "os": "linux", "libc": "gnu",
+        "major": major, "minor": minor, "patch": patch, "prerelease": "", "variant": None,
+        "build": "20240107", "sha256": hashlib.sha256(tarball.read_bytes()).hexdigest(),
+        "url": "https://github.com/astral-sh/python-build-standalone/releases/download/20240107/"
+        + name.replace("+", "%2B"),
+    }}))
+    path = tools_without_python(tmp_path / "bin", old_python, {"uv": str(uv)})
+    for sshd in running_sshd(tmp_path, {"PATH": path, "UV_PYTHON_DOWNLOADS_JSON_URL": str(downloads)}):
+        ssh_node(console_home, tmp_path, sshd, f'[workers]\npython_install_mirror = "{url}"\n\n')
+        status = cli.main(["bootstrap", "lab", "--json"])
+        out, err = capsys.readouterr()
+        assert status == 0, err[-3000:]
+        home = sshd.folder / "home"
+        recorded = json.loads((home / "tpu-console" / "python.json").read_text())
+        assert recorded["source"] == "uv" and recorded["version"] == version
+        assert recorded["python"].startswith(str(home / "tpu-console" / "pythons"))
+        assert asked == ["/pbs/20240107/" + name.replace("+", "%2B")]  # from the mirror, through uv
+        assert json.loads(out)["workers"][0]["versions"]["python"] == version
+        assert not (home / ".local" / "bin").exists()  # no python3.X link left in the worker's ~/.local/bin
