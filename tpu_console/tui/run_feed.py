@@ -53,8 +53,10 @@ from tpu_console.runs.foreign_metrics import (
     tensorboard_dir,
     tensorboard_steps,
 )
+from tpu_console.runs.goodput import Goodput
 from tpu_console.runs.health import Activity, RunHealth, WorkerHealth, assess
 from tpu_console.runs.monitor import RunMonitor, RunState
+from tpu_console.runs.run_goodput import GoodputTracker, preparation
 from tpu_console.runs.signatures import EXCEPTION, WANDB_URL, Finding
 from tpu_console.runs.store import RunRecord, RunStore
 from tpu_console.runs.watch import (
@@ -155,6 +157,7 @@ class RunFeed:
         self._probe_python: str | None = None
         self._last_turning_point: tuple | None = None
         self.node_warning: str | None = None  # check_node's
+        self.goodput_tracker: GoodputTracker | None = None
         self.tensorboard_every_s = TENSORBOARD_EVERY_S
         self._tensorboard_shown: dict[int, int] = {}  # worker: the last step its TensorBoard files gave
 
@@ -245,10 +248,14 @@ class RunFeed:
                 self._seen(worker).last_line = lines[-1]
             case NewEvents(worker, events):
                 self._seen(worker).events.add(events)
+                if (tracker := self._goodput_tracker()) is not None:
+                    tracker.add_events(worker, events)
                 steps = [StepMetrics.from_event(e) for e in events if e.kind == "step"]
                 if steps:
                     post(RunStepsArrived(worker, steps))
             case SupervisorDecided(decisions):
+                if (tracker := self._goodput_tracker()) is not None:
+                    tracker.add_decisions(decisions)
                 shown = [d.message for d in decisions if d.decision not in QUIET_DECISIONS]
                 if shown:
                     post(RunSupervisorDecided(shown))
@@ -327,7 +334,25 @@ class RunFeed:
             stragglers=health.stragglers,
             node_warning=self.node_warning,
             steps_note=self._steps_note(),
+            goodput=self._goodput(ended=health.state in _VERDICTS),
         )
+
+    def _goodput_tracker(self) -> GoodputTracker | None:
+        """The run's goodput as its events arrive (runs/run_goodput.py), once the run is known."""
+        if self.goodput_tracker is None and self.record is not None:
+            try:
+                prep = preparation(self.record, self.store or RunStore())
+            except Exception:  # noqa: BLE001 - a view; the run is watched all the same
+                prep = []
+            self.goodput_tracker = GoodputTracker(self.record, prep)
+        return self.goodput_tracker
+
+    def _goodput(self, ended: bool) -> Goodput | None:
+        """None until a watch reads the run's events (the history alone has no steps to split)."""
+        tracker = self._goodput_tracker()
+        if tracker is None or self.watch is None:
+            return None
+        return tracker.goodput(now=time.time(), ended=ended)
 
     def _steps_note(self) -> str | None:
         if self._tensorboard_shown and self.record is not None:

@@ -20,6 +20,7 @@ from tpu_console.runs.events import StepMetrics
 
 if TYPE_CHECKING:
     from tpu_console.runs.device_metrics import WorkerDeviceMetrics
+    from tpu_console.runs.goodput import Goodput
 
 # The phases of a GRPO step, in the order they run (`time/train/<phase>_s`); `step` is their total.
 PHASES = ("rollout_generate", "reward", "advantages", "shard", "update", "step")
@@ -76,6 +77,7 @@ class RunSnapshot:
     all_silent: bool = False  # every running worker is stalled: the whole job looks hung
     stragglers: tuple[int, ...] = ()
     node_warning: str | None = None  # the node is unhealthy, has symptoms, or has maintenance in the run
+    goodput: Goodput | None = None  # the run's time split into productive steps and badput (runs/goodput.py)
     steps_note: str | None = None  # a command job's: where its steps come from, or that none matched
 
     def row(self, worker: int) -> WorkerRow | None:

@@ -1,8 +1,10 @@
-"""Goodput through `runs show --json` and `runs compare`: a program that knows nothing of tpu-console, on a
-local pod the CLI created (the creation recorded as provisioning), its steps read from its output."""
+"""Goodput through `runs show --json`, `runs compare` and the run dashboard's feed and header: a program that
+knows nothing of tpu-console, on a local pod the CLI created (the creation recorded as provisioning), its
+steps read from its output."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from pathlib import Path
@@ -11,6 +13,10 @@ import pytest
 
 from tests.console.runs.test_local import pod, run  # noqa: F401 - pod is a fixture
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
+from tpu_console.providers.local import LocalProvider
+from tpu_console.runs.store import RunStore
+from tpu_console.tui.run_feed import RunFeed
+from tpu_console.tui.widgets.run_header import notes_text
 
 pytestmark = pytest.mark.usefixtures("console_home", "pod")
 
@@ -50,6 +56,22 @@ def test_runs_show_splits_a_runs_time_into_goodput_and_badput(capsys, tmp_path: 
     status, out, err = run(capsys, "runs", "show", run_id)
     assert status == 0, err
     assert "GOODPUT" in out and "program start-up" in out and "goodput " in out
+
+    # The dashboard's feed reads the same events as they come: the same split, shown in the header.
+    provider = LocalProvider()  # the pod the CLI made, from the same console home
+    feed = RunFeed({"local": provider}, run_id, RunStore(), poll_s=0.1, devices_every_s=60)
+
+    async def follow() -> None:
+        try:
+            await feed.follow(lambda message: None)
+        finally:
+            await provider.close()
+
+    asyncio.run(follow())
+    snapshot = feed.snapshot()
+    assert snapshot.goodput is not None and snapshot.goodput.steps == 3
+    assert snapshot.goodput.to_json()["goodput_pct"] == pytest.approx(goodput["goodput_pct"], abs=0.5)
+    assert snapshot.goodput.line() in notes_text(snapshot, None).plain
 
     status, out, err = run(capsys, "launch", "pod", "--json", "--", sys.executable, str(program), "quick")
     second = json.loads(out)["run_id"]

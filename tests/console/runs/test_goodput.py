@@ -145,3 +145,28 @@ def test_compare_shows_goodput_rows_only_where_a_run_has_goodput():
     assert rows["badput: program start-up (%)"][0] == "72.5"
     _, cells = compare_table(["a", "b"], [{}, {}])
     assert not any("goodput" in cell[0] or "badput" in cell[0] for cell in cells)
+
+
+def test_the_preparation_log_keeps_failed_setups_but_not_failed_creates(tmp_path):
+    import asyncio
+
+    from tpu_console.runs.prep_log import PrepLog, timed
+
+    log = PrepLog(tmp_path / "console.sqlite")
+    log.add("pod", "create", 10, 20, ok=False)  # no node came of it
+    log.add("pod", "create", 30, 40, ok=True)
+    log.add("pod", "bootstrap", 50, 60, ok=False)
+    log.add("other", "sync", 55, 56, ok=True)
+    assert [(s.kind, s.start) for s in log.spans("pod")] == [("create", 30), ("bootstrap", 50)]
+    assert [s.kind for s in log.spans("pod", since=45, until=100)] == ["bootstrap"]
+    with pytest.raises(ValueError):
+        log.add("pod", "launch", 1, 2, ok=True)
+
+    async def failing() -> int:
+        raise RuntimeError("unreachable")
+
+    with pytest.raises(RuntimeError):
+        asyncio.run(timed("pod", "sync", failing()))
+    assert asyncio.run(timed("pod", "setup", asyncio.sleep(0, result=1), ok=lambda status: status == 0)) == 1
+    kinds = [s.kind for s in PrepLog().spans("pod")]  # timed keeps to the console's own store
+    assert kinds == ["sync", "setup"]

@@ -1,8 +1,9 @@
 """The dashboard's top lines: which run, where, its state (the verdict once it ended); then what needs
 attention first: workers hung after a failure (with the key that stops them), the first failure, the log
 signature that explains it (out of HBM with the hint, TPU in use ...), a hung or stalled job, stragglers;
-then the W&B URL, and why the run could not be read when it could not. What does not fit its line opens
-whole: `e` the first failure, `enter` the followed worker's last error (first_failure_text, worker_text)."""
+then the W&B URL, the run's goodput (runs/goodput.py), and why the run could not be read when it could
+not. What does not fit its line opens whole: `e` the first failure, `enter` the followed worker's last
+error (first_failure_text, worker_text)."""
 
 from __future__ import annotations
 
@@ -80,6 +81,8 @@ def notes_text(snapshot: RunSnapshot | None, problem: str | None) -> Text:
             notes.append((f"W&B {snapshot.wandb_url}", f"link {snapshot.wandb_url}"))
     if not notes:
         notes.append(("no W&B URL (wandb disabled, or not started yet)", "dim"))
+    if snapshot is not None and snapshot.goodput is not None:
+        notes.append((snapshot.goodput.line(), "dim"))
     for i, (note, style) in enumerate(notes):
         text.append("  ·  " if i else "", style="dim")
         text.append(note, style=style)
