@@ -181,12 +181,12 @@ def test_bad_input_is_one_line_exit_2_and_starts_nothing(capsys, tmp_path, argv,
     assert json.loads(run(capsys, "runs", "--json")[1])["runs"] == []
 
 
-def bootstrapped(worker: int) -> Path:
+def bootstrapped(worker: int, python: str = sys.executable) -> Path:
     """What bootstrap records on a local worker: the base Python a setup's environment is made from."""
     root = worker_home(worker) / "tpu-console"
     root.mkdir(parents=True, exist_ok=True)
     version = ".".join(map(str, sys.version_info[:3]))
-    (root / "python.json").write_text(json.dumps({"python": sys.executable, "version": version}))
+    (root / "python.json").write_text(json.dumps({"python": python, "version": version}))
     return root
 
 
