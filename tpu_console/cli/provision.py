@@ -165,7 +165,8 @@ def print_project_steps(result: Any, what: str, json_mode: bool) -> int:
     if json_mode:
         output.print_json({"node": result.node.name, "ok": result.ok, "workers": [
             {"worker": w.worker, "ok": w.ok, "error": w.error, "seconds": round(w.seconds, 2),
-             "ready": w.report.ready, what: record(w)} for w in result.workers]})
+             "ready": w.report.ready, what: record(w), "versions": w.versions, "code": w.report.code}
+            for w in result.workers]})
     else:
         rows = []
         for w in result.workers:

@@ -176,3 +176,6 @@ def test_setup_runs_once_per_command_requirements_and_python_and_names_a_failed_
     assert run(capsys, "setup", pod, "--")[0] == 2
     assert run(capsys, "setup", pod)[0] == 2
     assert run(capsys, "setup", pod, "--python-version", "3.9", "--", "true")[0] == 2
+    status, out, err = run(capsys, "setup", pod, "--python-version", "3.99", "--", "true")
+    assert status == 2
+    assert "no Python 3.99 on this worker; `tpu-console bootstrap pod --python-version 3.99`" in err
