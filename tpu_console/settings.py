@@ -57,6 +57,7 @@ class GcpSettings(_Strict):
     internal_ip: bool = False
     ssh_user: str = "root"
     oslogin_user: str | None = None  # your Google account email; set it to log in through OS Login
+    bucket: str | None = None  # "gs://BUCKET[/PATH]" or "file:///FOLDER": where supervisors keep run records
 
 
 class LocalSettings(_Strict):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -16,6 +17,7 @@ from tpu_console.errors import UserError
 from tpu_console.model import Node
 from tpu_console.node_table import format_age, format_table
 from tpu_console.providers.base import Provider
+from tpu_console.runs import bucket_record
 from tpu_console.runs import control as run_control
 from tpu_console.runs.job_spec import JobSpec, load_job_file
 from tpu_console.runs.launch import ValidatedConfig
@@ -359,7 +361,11 @@ async def runs(args: argparse.Namespace, settings: Settings, providers: dict[str
     if args.more:
         raise UserError(f"unexpected arguments after {args.node}: {' '.join(args.more)}; "
                         "use `runs NODE`, `runs show RUN` or `runs compare RUN_A RUN_B`")
-    views = await run_control.list_runs(providers, args.node, limit=args.limit)
+    store = RunStore()
+    # the bucket's run records first (runs whose node is gone, a colleague's): the history is their cache
+    if warning := await asyncio.to_thread(bucket_record.merge_into_history, settings, store):
+        print(f"warning: {warning}", file=sys.stderr)
+    views = await run_control.list_runs(providers, args.node, store=store, limit=args.limit)
     if args.json:
         output.print_json({"runs": [run_table.run_record(v) for v in views]})
     elif views:

@@ -43,13 +43,14 @@ from tpu_console.provision.code_sync import code_version
 from tpu_console.provision.recipes import ENV_DIR, ENV_PYTHON
 from tpu_console.provision.report import WorkerReport, mismatches
 from tpu_console.provision.steps import ignore_worker, run_on_workers
-from tpu_console.runs import supervision
+from tpu_console.runs import bucket_record, supervision
 from tpu_console.runs.inputs import job_inputs, refuse_missing
 from tpu_console.runs.job_spec import JobSpec, MetricsSpec
 from tpu_console.runs.run_id import new_run_id
 from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
 from tpu_console.runs.supervision import SupervisionPolicy
 from tpu_console.secrets import parse_env
+from tpu_console.settings import load_settings
 
 TRAINER_ARGS = ("-m", "trainer", "--config", "config.yaml", "--run-dir", ".")
 # The job as the wrapper starts it: the job runner (worker/job_runner.py), which runs the trainer and
@@ -572,6 +573,7 @@ async def _start_run(
         price_per_hour=estimate.per_hour if estimate is not None else None,
         delete_target=provider.supervisor_delete_target(node), bind=bind,
         coordinator_host=supervisor_host if has_coordinator(envs[selected[0]]) else None,
+        record=bucket_record.supervisor_target(load_settings(), node.provider),
     )
     supervisor_python = default_python(provider)
     progress(f"{run_id}: preparing {len(selected)} worker(s) of {node.name}")

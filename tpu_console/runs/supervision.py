@@ -11,6 +11,7 @@ shipped in the plan, so there is one source of truth for what a log line means.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import secrets as token_source
@@ -19,11 +20,13 @@ from typing import Any
 
 from tpu_console.errors import UserError
 from tpu_console.runs import signatures
+from tpu_console.runs.health import Thresholds
 
 DECISIONS_FILE = "supervisor.jsonl"
 PLAN_FILE = "supervision.json"
 NOTIFY_FILE = ".notify"
 PORT_FILE = "supervisor.port"
+PID_FILE = "supervisor.pid"
 ADDRESS_ENV = "TPU_CONSOLE_SUPERVISOR"
 
 # Failures that another try can cure: a worker lost, jax.distributed timing out, the TPU held by a
@@ -177,9 +180,12 @@ def plan(
     delete_target: dict[str, Any] | None,
     bind: str,
     coordinator_host: str | None,
+    record: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """supervision.json: everything the supervisor and the job runners are told (no secret but the
-    run's own token, and the file is 0600)."""
+    run's own token, and the file is 0600). The console's facts the supervisor judges by travel in it
+    (health's thresholds, how a local pod is removed, where the run's record goes: runs/bucket_record.py),
+    so the supervisor keeps no copy of them."""
     return {
         "run_id": run_id,
         "node": node,
@@ -202,6 +208,8 @@ def plan(
         "stop_grace_s": policy.stop_grace_s,
         "delete": delete_target if policy.deletes else None,
         "signatures": [[kind, pattern] for kind, pattern in signatures.patterns()],
+        "thresholds": dataclasses.asdict(Thresholds()),
+        "record": record,
     }
 
 

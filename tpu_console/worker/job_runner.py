@@ -101,6 +101,7 @@ class Runner:
         self.classifier = Classifier(plan.get("signatures", []), trainer=not is_command)
         self.step = None
         self.step_s = None
+        self.last_event = None  # the last step event: the metric summary of the supervisor's run record
         self.events_offset = _size("events.jsonl")
         self.steps = StepFeed.for_job(job, worker)
         # a command runs in its project's folder (launch.json's job "cwd", under the home); the trainer here
@@ -181,7 +182,7 @@ class Runner:
             except ValueError:
                 continue
             if event.get("kind") == "step" and isinstance(event.get("step"), int):
-                self.step = event["step"]
+                self.step, self.last_event = event["step"], event
                 # the trainer's own step time, which the supervisor's stall judgement scales with
                 recent = event.get("time/train/step_avg_last10_s") or event.get("time/train/step_s")
                 self.step_s = recent if isinstance(recent, (int, float)) else self.step_s
@@ -209,7 +210,10 @@ class Runner:
             self.start()
             status = self.wait_job()
             cause = self.classifier.classify("output.log", self.log_offset, status) if status else None
-            answer = self.report("exit", status=status, cause=cause, stopped=self.stopped)
+            self.read_step()
+            tail_lines = (self.plan.get("record") or {}).get("tail_lines", 0)  # for the run's record
+            answer = self.report("exit", status=status, cause=cause, stopped=self.stopped,
+                                 tail=_tail("output.log", tail_lines), last_event=self.last_event)
             unanswered_since = None
             while (answer or {}).get("order") != "restart":
                 if (answer or {}).get("order") == "done":
@@ -282,6 +286,19 @@ class StepFeed:
         if events:
             with open(self.events, "a") as out:
                 out.write("".join(events))
+
+
+def _tail(path, lines):
+    """The last `lines` lines of a file (its last 16 KiB at most), for the supervisor's run record."""
+    if not lines:
+        return []
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 16384))
+            data = f.read()
+    except OSError:
+        return []
+    return [line.rstrip("\r") for line in data.decode("utf-8", "replace").splitlines()[-lines:]]
 
 
 def _size(path):

@@ -29,13 +29,13 @@ Python 3.8+ and the standard library only; it imports nothing of the console.
 
 import json
 import os
-import shutil
-import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -47,8 +47,6 @@ PID_FILE = "supervisor.pid"
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
 TPU_API = "https://tpu.googleapis.com"
 TICK_S = 0.25
-STALL_FACTOR, STALL_FLOOR_S = 3.0, 60.0  # runs/health.py's Thresholds: a worker stalls after 3 step times
-SILENT_S = 1800.0  # ... and a job with no step yet (loading, compiling) hangs after this long
 
 # Orders in the answers to a job runner.
 RUN, STOP, RESTART, WAIT, DONE = "run", "stop", "restart", "wait", "done"
@@ -74,6 +72,8 @@ class WorkerView:
         self.cause = None
         self.stopped = None  # who stopped it: "supervisor" or "outside"
         self.exited_at = None
+        self.tail = []  # the last lines of its output, from its exit report (for the run's record)
+        self.last_event = None  # its last step event (the metric summary in the run's record)
 
 
 class Supervisor:
@@ -97,6 +97,8 @@ class Supervisor:
         # a command job whose output is not read for steps (metrics format none) never reports one: its
         # silence says nothing, so it is judged neither hung nor past max_hang
         self.steps_read = _steps_read(folder)
+        # runs/health.py's Thresholds, shipped in the plan (one home: the console's)
+        self.thresholds = plan["thresholds"]
 
     # ---- what the job runners say ----------------------------------------------------------------
 
@@ -145,6 +147,8 @@ class Supervisor:
         worker.state, worker.exited_at = "exited", self.clock()
         worker.status, worker.cause = int(message.get("status", -1)), message.get("cause")
         worker.stopped = message.get("stopped")
+        worker.tail = message.get("tail") or worker.tail
+        worker.last_event = message.get("last_event") or worker.last_event
         if worker.status != 0 and not worker.stopped and not self.stopping and not self.restart_pending:
             self._on_failure(worker)
         return self._order_after_exit(worker)
@@ -254,10 +258,12 @@ class Supervisor:
         running = [w for w in self.workers.values() if w.state == "running"]
         if not running or not self.steps_read:
             return
-        # As runs/health.py judges it: a stall is no new step for 3 step times, and at least a minute; a
-        # job with no step yet is still loading or compiling until SILENT_S has passed.
-        silent = all(t - w.progress_at > (SILENT_S if w.step is None else max(STALL_FLOOR_S, STALL_FACTOR * (
-            w.step_s or w.step_interval or 0))) for w in running)
+        # As runs/health.py judges it, with its thresholds: a stall is no new step for stall_factor step
+        # times, and at least stall_floor_s; a job with no step yet is loading or compiling until silent_s.
+        limits = self.thresholds
+        silent_s, floor_s, factor = (float(limits[k]) for k in ("silent_s", "stall_floor_s", "stall_factor"))
+        silent = all(t - w.progress_at > (silent_s if w.step is None else max(
+            floor_s, factor * (w.step_s or w.step_interval or 0))) for w in running)
         if silent and not self.silent_told:
             self.silent_told = True
             self.decide("silent", "every worker stopped making steps: the run looks hung")
@@ -269,8 +275,8 @@ class Supervisor:
         limit = self.plan.get("max_hang_s")
         if limit is None:
             return
-        # A first compile may take longer than the limit: before its first step a job gets SILENT_S.
-        if all(t - w.progress_at >= (limit if w.step is not None else max(limit, SILENT_S)) for w in running):
+        # A first compile may take longer than the limit: before its first step a job gets silent_s.
+        if all(t - w.progress_at >= (limit if w.step is not None else max(limit, silent_s)) for w in running):
             steps = ", ".join(f"{w.index}@{w.step if w.step is not None else '-'}" for w in running)
             self.notify("hung", f"hung: no worker made a step for {_duration(limit)}")
             self._stop_and_delete("max-hang", f"no worker made a step for {_duration(limit)} (worker@step: "
@@ -333,6 +339,40 @@ class Supervisor:
             self.decide("notify-failed", f"the {event} notification was not delivered "
                         f"({type(exc).__name__})", event=event)
 
+    # ---- the run's record: outlives the node ---------------------------------------------------------
+
+    def record(self):
+        """The run's summary for the bucket (runs/bucket_record.py reads it): launch.json, the decisions,
+        each worker's exit status, last step event and last lines of output."""
+        launch = _load_json(os.path.join(self.folder, "launch.json"))
+        try:
+            with open(os.path.join(self.folder, DECISIONS_FILE)) as f:
+                decisions = [json.loads(line) for line in f if line.strip()]
+        except (OSError, ValueError):
+            decisions = []
+        workers = {str(w.index): {"state": w.state, "exit_status": w.status, "cause": w.cause,
+                                  "stopped": w.stopped, "step": w.step, "step_s": w.step_s,
+                                  "last_event": w.last_event, "tail": w.tail}
+                   for w in self.workers.values()}
+        return {"format": 1, "run_id": self.plan["run_id"], "node": self.plan["node"],
+                "provider": self.plan.get("provider"), "written_at": round(self.clock(), 3),
+                "outcome": self.ended, "reason": self.delete_reason, "restarts": dict(self.restarts),
+                "launch": launch, "decisions": decisions, "workers": workers}
+
+    def save_record(self):
+        """Write the record where the plan says (a bucket, or the folder standing for one); a failure is
+        a decision of its own, never the end of the supervisor."""
+        target = self.plan.get("record")
+        if not target:
+            return
+        try:
+            where = write_record(target, self.record())
+        except Exception as exc:  # noqa: BLE001 - whatever failed, say so in the decisions
+            self.decide("record-failed", f"the run's record was not written to {_record_place(target)} "
+                        f"({type(exc).__name__}: {exc})")
+            return
+        print(f"record: {where}", flush=True)
+
     # ---- the end: delete the node --------------------------------------------------------------------
 
     def newer_run(self):
@@ -349,7 +389,7 @@ class Supervisor:
         target = self.plan.get("delete") or {}
         kind = target.get("kind")
         if kind == "local":
-            delete_local_pod(target["node_dir"])
+            delete_local_pod(target)
         elif kind == "gcp":
             delete_gcp_node(target)
         else:
@@ -357,40 +397,51 @@ class Supervisor:
                                "from the pod")
 
 
+# ---- the run's record ----------------------------------------------------------------------------------
+
+
+def write_record(target, record):
+    """One JSON object, `<prefix><run_id>.json`: in a folder (a local pod's stand-in for the bucket), or
+    uploaded through Cloud Storage's JSON API with the VM's own credentials (none for an emulator)."""
+    data = json.dumps(record, indent=1).encode()
+    name = target.get("prefix", "") + record["run_id"] + ".json"
+    if target["kind"] == "folder":
+        path = os.path.join(target["path"], name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "wb") as out:
+            out.write(data)
+        os.replace(path + ".tmp", path)
+        return path
+    endpoint = target["endpoint"].rstrip("/")
+    url = (f"{endpoint}/upload/storage/v1/b/{urllib.parse.quote(target['bucket'], safe='')}/o"
+           f"?uploadType=media&name={urllib.parse.quote(name, safe='')}")
+    # octet-stream: an emulator would parse a JSON body instead of storing it
+    headers = {"Content-Type": "application/octet-stream"}
+    if target.get("auth") == "metadata":
+        headers["Authorization"] = "Bearer " + metadata_token(target.get("metadata_url") or METADATA_URL)
+    request = urllib.request.Request(url, data=data, method="POST", headers=headers)
+    urllib.request.urlopen(request, timeout=30).close()
+    return f"gs://{target['bucket']}/{name}"
+
+
+def _record_place(target):
+    if target.get("kind") == "folder":
+        return target.get("path")
+    return f"gs://{target.get('bucket')}/{target.get('prefix', '')}"
+
+
 # ---- deleting a node ---------------------------------------------------------------------------------
 
 
-def delete_local_pod(node_dir):
-    """What the local provider's delete does, from its store's layout: mark the pod DELETING, stop the
-    jobs its workers run (their process groups, from the run folders' `pid` files), remove its folder."""
-    meta_path = os.path.join(node_dir, "node.json")
-    with open(meta_path) as f:
-        meta = json.load(f)
-    meta["state"] = "DELETING"
-    with open(meta_path + ".tmp", "w") as f:
-        json.dump(meta, f)
-    os.replace(meta_path + ".tmp", meta_path)
-    groups = []
-    workers = os.path.join(node_dir, "workers")
-    for worker in sorted(os.listdir(workers)):
-        runs = os.path.join(workers, worker, "tpu-console", "runs")
-        for run in sorted(os.listdir(runs)) if os.path.isdir(runs) else []:
-            folder = os.path.join(runs, run)
-            pid = _read(os.path.join(folder, "pid"))
-            if pid.isdigit() and not os.path.exists(os.path.join(folder, "exit")) and int(pid) > 1:
-                groups.append(int(pid))
-    stop_groups(groups, 3.0)
-    shutil.rmtree(node_dir)
-
-
-def stop_groups(groups, grace_s):
-    for group in groups:
-        _kill(group, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_alive(g) for g in groups):
-        time.sleep(0.05)
-    for group in groups:
-        _kill(group, signal.SIGKILL)
+def delete_local_pod(target):
+    """Run the console's own removal of a local pod (providers/local/remove_pod.py: its layout and how
+    its jobs are stopped live there only); this machine is the pod's, so the console's interpreter is
+    here."""
+    result = subprocess.run(target["command"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            timeout=120, cwd=os.path.dirname(os.path.abspath(target["node_dir"])))
+    if result.returncode != 0:
+        lines = result.stdout.decode("utf-8", "replace").strip().splitlines()
+        raise RuntimeError(lines[-1] if lines else f"the removal exited {result.returncode}")
 
 
 def metadata_token(metadata_url):
@@ -467,6 +518,7 @@ def supervise(folder, supervisor):
             return  # the node was deleted under us
         supervisor.tick()
         time.sleep(TICK_S)
+    supervisor.save_record()
     if supervisor.delete_reason is None:
         return
     if supervisor.delete_reason == "on-end":
@@ -481,6 +533,7 @@ def supervise(folder, supervisor):
             supervisor.decide("kept", f"a newer run ({newer}) started on the node: it is not deleted")
             return
     supervisor.decide("deleting", f"deleting node {plan['node']} ({supervisor.delete_reason})")
+    supervisor.save_record()  # before the node and its run folders are gone: how it ended, and why
     supervisor.notify("deleted", f"node {plan['node']} deleted by the supervisor "
                       f"({supervisor.delete_reason})", wait=True)
     try:
@@ -489,10 +542,19 @@ def supervise(folder, supervisor):
         detail = f"{type(exc).__name__}: {exc}"
         if os.path.isdir(folder):
             supervisor.decide("delete-failed", f"could not delete node {plan['node']}: {detail}")
+            supervisor.save_record()
         print(f"delete failed: {detail}", flush=True)
         return
     if os.path.isdir(folder):  # on a local pod the folder went with the node
         supervisor.decide("deleted", f"node {plan['node']} deleted")
+
+
+def _load_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
 def _steps_read(folder):
@@ -540,35 +602,6 @@ def describe(plan):
 
 
 # ---- small helpers --------------------------------------------------------------------------------
-
-
-def _read(path):
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def _kill(group, sig):
-    try:
-        os.killpg(group, sig)
-    except OSError:
-        pass
-
-
-def _alive(group):
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{group}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def _free_port(host):

@@ -6,6 +6,7 @@ and a job runner running as the processes they are on a pod."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
@@ -18,9 +19,12 @@ import pytest
 
 from tests.fixtures_gcp import PROJECT, ZONES, emulator, gcp_home, make_provider  # noqa: F401 - fixtures
 from tests.processes import wait_for
+from tpu_console.fleet import recipes
 from tpu_console.model import CreateRequest
 from tpu_console.runs import supervision
+from tpu_console.runs.health import Thresholds
 from tpu_console.runs.supervision import SupervisionPolicy
+from tpu_console.worker import job_runner
 from tpu_console.worker import supervisor as sv
 
 WORKER_DIR = Path(sv.__file__).parent
@@ -163,6 +167,34 @@ def test_a_run_that_stops_stepping_is_said_to_look_hung_once_per_silence(tmp_pat
     assert sent == ["hung"]  # once
     beat(s, clock, 10, {0: 2, 1: 2}, step_s=100.0)
     assert not s.silent_told
+
+
+def test_the_supervisor_judges_a_hang_by_the_thresholds_the_console_ships(tmp_path, monkeypatch):
+    # one home, runs/health.py: the plan carries its Thresholds and the supervisor keeps no copy
+    s, _ = make(tmp_path)
+    assert s.plan["thresholds"] == dataclasses.asdict(Thresholds())
+    assert not any(name.startswith(("STALL", "SILENT")) for name in vars(sv))
+    monkeypatch.setattr(supervision, "Thresholds", lambda: Thresholds(stall_floor_s=20.0, silent_s=40.0))
+    s, clock = make(tmp_path / "b")
+    sent: list[str] = []
+    s.notify = lambda event, text, wait=False: sent.append(event)
+    start_all(s)
+    beat(s, clock, 30)
+    assert sent == []
+    beat(s, clock, 20)  # no step for 50 s: past the shipped silent_s, long before health's default
+    assert sent == ["hung"]
+    beat(s, clock, 10, {0: 1, 1: 1})
+    beat(s, clock, 30, {0: 1, 1: 1})  # a step, then 30 s without one: past the shipped floor of 20 s
+    assert sent == ["hung", "hung"]
+
+
+def test_the_run_folders_names_are_the_consoles_on_both_sides():
+    assert (sv.PLAN_FILE, sv.NOTIFY_FILE, sv.DECISIONS_FILE, sv.PORT_FILE, sv.PID_FILE) == (
+        supervision.PLAN_FILE, supervision.NOTIFY_FILE, supervision.DECISIONS_FILE, supervision.PORT_FILE,
+        supervision.PID_FILE)
+    assert (job_runner.PLAN_FILE, job_runner.ADDRESS_ENV) == (supervision.PLAN_FILE, supervision.ADDRESS_ENV)
+    assert f"-s {supervision.PORT_FILE} " in recipes.start_supervisor("20260101-000000-aaaa", "python3")
+    assert supervision.PID_FILE in recipes.stop_supervisor("20260101-000000-aaaa")
 
 
 def test_without_fail_fast_a_failure_is_told_as_a_hang_of_the_others(tmp_path):

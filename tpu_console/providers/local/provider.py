@@ -18,7 +18,8 @@ from tpu_console import keys, locations
 from tpu_console.errors import UserError
 from tpu_console.model import CreateRequest, Node, NodeState, SshTarget, Worker, validate_node_name
 from tpu_console.providers.base import NodeListing, Progress, Provider, no_progress
-from tpu_console.providers.local.jobs import running_job_groups, stop_groups
+from tpu_console.providers.local import remove_pod
+from tpu_console.providers.local.jobs import stop_groups
 from tpu_console.providers.local.shapes import parse_local_type
 from tpu_console.providers.local.store import LOOPBACK, PodStore
 from tpu_console.providers.local.worker_server import WorkerServer, WorkerSpec
@@ -58,13 +59,9 @@ class LocalProvider(Provider):
         return node
 
     async def delete(self, name: str, progress: Progress = no_progress) -> None:
-        node = self.store.read(name)  # NotFound before anything changes
+        self.store.read(name)  # NotFound before anything changes
         await self._stop_servers(name)
-        groups = [
-            pgid
-            for worker in range(node.shape.workers)
-            for pgid in running_job_groups(self.store.worker_dir(name, worker))
-        ]
+        groups = remove_pod.job_groups(self.store, name)
         if groups:
             progress(f"{name}: stopping {len(groups)} running job(s)")
             await asyncio.to_thread(stop_groups, groups)
@@ -74,11 +71,10 @@ class LocalProvider(Provider):
     async def preempt(self, name: str) -> None:
         """Rehearse a spot preemption: the workers vanish (servers stopped, jobs killed without a word, as
         when the VM is taken away) and the node reads PREEMPTED until it is deleted."""
-        node = self.store.read(name)
+        self.store.read(name)
         self.store.set_state(name, NodeState.PREEMPTED)
         await self._stop_servers(name)
-        groups = [pgid for worker in range(node.shape.workers)
-                  for pgid in running_job_groups(self.store.worker_dir(name, worker))]
+        groups = remove_pod.job_groups(self.store, name)
         await asyncio.to_thread(stop_groups, groups, 0.0)
 
     async def ssh_targets(self, node: Node) -> list[SshTarget]:
@@ -114,8 +110,10 @@ class LocalProvider(Provider):
         }
 
     def supervisor_delete_target(self, node: Node) -> dict[str, Any] | None:
-        """The supervisor deletes a local pod from the store's layout, as `delete` does (store.py)."""
-        return {"kind": "local", "node_dir": str(self.store.node_dir(node.name).resolve())}
+        """The supervisor deletes a local pod by running remove_pod.py's command (the layout and the kill
+        logic live there only); `node_dir` tells it the pod is gone once that folder is."""
+        return {"kind": "local", "node_dir": str(self.store.node_dir(node.name).resolve()),
+                "command": remove_pod.command(self.store.root.resolve(), node.name)}
 
     def supervisor_address(self, node: Node, targets: list[SshTarget]) -> tuple[str, str]:
         return LOOPBACK, LOOPBACK  # every worker of a local pod is this machine

@@ -1,0 +1,109 @@
+"""A run's record outlives its node: the supervisor writes it to a Cloud Storage bucket (an emulator on
+127.0.0.1 here, reached through the JSON API with urllib on the pod's side and google-cloud-storage on the
+console's) before it deletes the node, and an empty console home lists that run with its end and why."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from tests.console.runs.test_local import run
+from tests.console.runs.test_supervision import (  # noqa: F401 - pod2 is a fixture
+    fake_trainer,
+    launch_then_kill_console,
+    node_dir,
+    pod2,
+)
+from tests.fixtures_cli import console_home  # noqa: F401 - fixture
+from tests.processes import wait_for
+from tpu_console.runs import bucket_record
+from tpu_console.runs.store import RunStore
+from tpu_console.settings import load_settings
+
+pytestmark = pytest.mark.usefixtures("console_home")
+BUCKET = "team-runs"
+
+
+@pytest.fixture
+def gcs_emulator(monkeypatch) -> Iterator[str]:
+    """gcp-storage-emulator on 127.0.0.1 with an empty bucket; its endpoint as STORAGE_EMULATOR_HOST."""
+    server_module = pytest.importorskip("gcp_storage_emulator.server")
+    server = server_module.create_server("127.0.0.1", 0, in_memory=True, default_bucket=BUCKET)
+    server.start()
+    endpoint = f"http://127.0.0.1:{server._api._httpd.server_address[1]}"
+    monkeypatch.setenv(bucket_record.EMULATOR_ENV, endpoint)
+    yield endpoint
+    server.stop()
+
+
+def use_home(monkeypatch, path, bucket: str | None) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    if bucket:
+        (path / "config.toml").write_text(f'[gcp]\nbucket = "{bucket}"\n')
+    monkeypatch.setenv("TPU_CONSOLE_HOME", str(path))
+
+
+def test_a_node_the_supervisor_deleted_unwatched_is_listed_from_the_bucket_by_an_empty_home(
+        capsys, monkeypatch, tmp_path, console_home, gcs_emulator, pod2):  # noqa: F811
+    use_home(monkeypatch, console_home, f"gs://{BUCKET}/lab")
+    job = fake_trainer(tmp_path, (
+        """echo '{"t": 1, "kind": "step", "process": 0, "step": 7, "loss": 0.5}' >> events.jsonl\n"""
+        "echo last words of $TRAINER_PROCESS_ID\nsleep 1000\n"))
+    run_id, _ = launch_then_kill_console(job, "--max-hang", "3s")  # no console watches it
+    wait_for(lambda: not node_dir().exists(), timeout=60)
+
+    use_home(monkeypatch, tmp_path / "third-home", f"gs://{BUCKET}/lab")  # an empty home, the same bucket
+    status, out, err = run(capsys, "runs", "--json")
+    assert status == 0, err
+    (listed,) = [r for r in json.loads(out)["runs"] if r["run_id"] == run_id]
+    assert listed["node"] == "pod" and listed["state"] == "stopped"
+    assert "stopped by its supervisor (max-hang): no worker made a step for 3s" in listed["failure"]
+    assert "node deleted" in listed["failure"]
+    record = RunStore().get(run_id)  # now cached in this home's history, ended, with the metric summary
+    assert record.finished and record.summary and record.summary.get("step") == 7
+    status, out, _ = run(capsys, "runs")
+    assert status == 0 and run_id in out and "max-hang" in out
+
+    # the object itself: the launch, the decisions up to the deletion, each worker's last lines
+    data = bucket_record.read_records(bucket_record.configured(load_settings()))[0]
+    assert data["launch"]["run_id"] == run_id and data["reason"] == "max-hang"
+    assert [d["decision"] for d in data["decisions"]][-1] == "deleting"
+    assert "last words of 1" in data["workers"]["1"]["tail"]
+
+
+def test_a_bucket_that_cannot_be_reached_is_a_warning_and_the_history_still_lists(
+        capsys, monkeypatch, console_home):  # noqa: F811
+    use_home(monkeypatch, console_home, f"gs://{BUCKET}")
+    monkeypatch.setenv(bucket_record.EMULATOR_ENV, "http://127.0.0.1:9")  # nothing listens there
+    status, out, err = run(capsys, "runs")
+    assert status == 0
+    assert f"warning: the run records in gs://{BUCKET}/tpu-console/runs/ cannot be read" in err
+    assert "no runs yet" in err
+
+
+def test_a_bucket_setting_that_is_not_one_is_named_with_its_fix(capsys, monkeypatch, console_home):  # noqa: F811
+    use_home(monkeypatch, console_home, "s3://elsewhere")
+    status, _, err = run(capsys, "runs")
+    assert status == 0
+    assert "[gcp] bucket = 's3://elsewhere' is neither gs://BUCKET[/PATH] nor file:///FOLDER" in err
+
+
+def test_a_record_ends_a_run_the_history_thought_running_and_a_finished_one_is_left_be(tmp_path):
+    store = RunStore(tmp_path / "h.sqlite")
+    data = {"run_id": "20260101-000000-abcd", "node": "n", "provider": "gcp", "outcome": "failed",
+            "reason": "on-end", "written_at": 1_700_000_100.0,
+            "launch": {"accelerator_type": "v6e-16", "started_at": "2023-11-14T22:13:20+00:00",
+                       "config_source": "c.yaml", "workers": [0, 1]},
+            "decisions": [{"t": 1_700_000_050.0, "decision": "ended", "message": "the run failed"},
+                          {"t": 1_700_000_060.0, "decision": "deleting", "message": "deleting node n"}],
+            "workers": {"0": {"state": "done", "exit_status": 143, "stopped": "supervisor"},
+                        "1": {"state": "done", "exit_status": 3, "cause": "oom", "stopped": None}}}
+    assert bucket_record.merge(store, data)
+    record = store.get(data["run_id"])
+    assert (record.state, record.failure) == ("failed", "worker 1 exited 3 (oom); node deleted by the "
+                                                        "supervisor (on-end)")
+    assert record.finished_at.timestamp() == 1_700_000_050.0 and record.worker_records[1].exit_status == 3
+    assert not bucket_record.merge(store, {**data, "outcome": "succeeded"})  # ended already: the cache wins
+    assert not bucket_record.merge(store, {**data, "run_id": "../etc"})

@@ -1,0 +1,269 @@
+"""A run's record that outlives its node: where the supervisor on the pod writes it, and how `runs` reads
+it back into this console's history.
+
+The supervisor (worker/supervisor.py) writes `<path>/runs/<run_id>.json` when the run ends and again just
+before it deletes the node: launch.json, its decisions (supervisor.jsonl), each worker's exit status, last
+step event and last lines of output. Where: `[gcp] bucket = "gs://BUCKET[/PATH]"` (PATH defaults to
+`tpu-console`), uploaded with the VM's own credentials through Cloud Storage's JSON API; or, for local
+pods, a folder standing for the bucket (`file:///FOLDER`, else `run-records/` in this console's home).
+`STORAGE_EMULATOR_HOST` (as google-cloud-storage reads it) points both sides at an emulator.
+
+The history database is a cache of what was seen: `merge` adds the records of runs it does not know (a
+colleague's, or one from before this home was wiped) and ends the ones it still thought were running.
+A bucket that cannot be read is a warning, never a failure of the listing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tpu_console import locations
+from tpu_console.errors import NotFound, UserError
+from tpu_console.runs.events import StepMetrics, parse_event_line
+from tpu_console.runs.run_id import is_run_id
+from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
+from tpu_console.runs.summary import summarize
+from tpu_console.settings import Settings
+
+TAIL_LINES = 20  # the last lines of each worker's output the record keeps
+DEFAULT_PATH = "tpu-console"
+GCS_ENDPOINT = "https://storage.googleapis.com"
+EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+LOCAL_FOLDER = "run-records"  # in the console's home: local pods' stand-in for the bucket
+READ_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Bucket:
+    kind: str  # "gcs" or "folder"
+    name: str  # the bucket, or the folder's path
+    prefix: str  # object names start with it: "<path>/runs/"
+
+    @property
+    def place(self) -> str:
+        return f"gs://{self.name}/{self.prefix}" if self.kind == "gcs" else str(Path(self.name) / self.prefix)
+
+
+def parse_bucket(text: str) -> Bucket:
+    """`gs://BUCKET[/PATH]` or `file:///FOLDER`; a one-line UserError naming the setting otherwise."""
+    text = text.strip()
+    if text.startswith("gs://"):
+        name, _, path = text[len("gs://"):].partition("/")
+        if name and "/" not in name:
+            return Bucket("gcs", name, (path.strip("/") or DEFAULT_PATH) + "/runs/")
+    elif text.startswith("file://") and text[len("file://"):].startswith("/"):
+        return Bucket("folder", text[len("file://"):], "runs/")
+    raise UserError(f"[gcp] bucket = {text!r} is neither gs://BUCKET[/PATH] nor file:///FOLDER; fix it in "
+                    "config.toml (or TPU_CONSOLE_GCP__BUCKET)")
+
+
+def configured(settings: Settings, provider: str | None = None) -> Bucket | None:
+    """The bucket runs are recorded in: the setting, else for local pods the folder in this home."""
+    if settings.gcp.bucket:
+        return parse_bucket(settings.gcp.bucket)
+    if provider in (None, "local"):
+        return Bucket("folder", str(locations.home() / LOCAL_FOLDER), "runs/")
+    return None
+
+
+def emulator_endpoint() -> str | None:
+    host = os.environ.get(EMULATOR_ENV, "").strip()
+    if not host:
+        return None
+    return host if "://" in host else f"http://{host}"
+
+
+def supervisor_target(settings: Settings, provider: str) -> dict[str, Any] | None:
+    """supervision.json's `record`: where the supervisor writes the run's record (None: nowhere). A folder
+    only for local pods (on any other pod it would be on the pod); a bucket through an emulator without
+    credentials, else with the VM's own (its service account needs storage write access)."""
+    bucket = configured(settings, provider)
+    if bucket is None or (bucket.kind == "folder" and provider != "local"):
+        return None
+    if bucket.kind == "folder":
+        return {"kind": "folder", "path": bucket.name, "prefix": bucket.prefix, "tail_lines": TAIL_LINES}
+    emulator = emulator_endpoint()
+    return {"kind": "gcs", "bucket": bucket.name, "prefix": bucket.prefix, "tail_lines": TAIL_LINES,
+            "endpoint": emulator or GCS_ENDPOINT, "auth": "none" if emulator else "metadata"}
+
+
+# ---- reading -------------------------------------------------------------------------------------------
+
+
+def read_records(bucket: Bucket, skip: set[str] = frozenset()) -> list[dict[str, Any]]:
+    """Every run record in the bucket but those of `skip` (run ids already known to have ended). Raises
+    whatever reaching the bucket raised; `merge_into_history` turns that into a warning."""
+    if bucket.kind == "folder":
+        folder = Path(bucket.name) / bucket.prefix
+        paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
+        return [data for path in paths if path.stem not in skip
+                for data in [_json(path.read_bytes())] if data is not None]
+    from google.cloud import storage  # imported here: only `runs` with a bucket needs it
+
+    if emulator_endpoint():  # the emulator takes no credentials
+        from google.auth.credentials import AnonymousCredentials
+
+        client = storage.Client(project="tpu-console", credentials=AnonymousCredentials())
+    else:
+        client = storage.Client()
+    records = []
+    # retry=None: an unreachable bucket is said at once, not after minutes of retries
+    for blob in client.list_blobs(bucket.name, prefix=bucket.prefix, timeout=READ_TIMEOUT_S, retry=None):
+        run_id = blob.name[len(bucket.prefix):].removesuffix(".json")
+        if run_id in skip or not blob.name.endswith(".json"):
+            continue
+        data = _json(blob.download_as_bytes(timeout=READ_TIMEOUT_S, retry=None))
+        if data is not None:
+            records.append(data)
+    return records
+
+
+def merge_into_history(settings: Settings, store: RunStore) -> str | None:
+    """Bring the bucket's records into the history; a warning (one line) when the bucket cannot be read or
+    its setting is wrong, else None."""
+    try:
+        bucket = configured(settings)
+    except UserError as exc:
+        return f"{exc}; runs are listed from this machine's history only"
+    if bucket is None:
+        return None
+    ended = {r.run_id for r in store.list(None, 100_000) if r.finished}
+    try:
+        records = read_records(bucket, ended)
+    except Exception as exc:  # noqa: BLE001 - any failure to reach it is the same warning
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return (f"the run records in {bucket.place} cannot be read ({type(exc).__name__}: {detail[:160]}); "
+                "runs are listed from this machine's history only")
+    for data in records:
+        merge(store, data)
+    return None
+
+
+def merge(store: RunStore, data: dict[str, Any]) -> bool:
+    """One record into the history: added when unknown, ended when the history still had it running.
+    False for a record that is not one (or adds nothing)."""
+    run_id = data.get("run_id")
+    if not isinstance(run_id, str) or not is_run_id(run_id) or not data.get("outcome"):
+        return False
+    try:
+        known = store.get(run_id)
+    except NotFound:
+        known = None
+    if known is not None and known.finished:
+        return False
+    state, failure = outcome(data)
+    workers = _worker_records(data)
+    if known is None:
+        store.add(_run_record(data, state, failure, workers))
+    else:
+        store.update(run_id, state, list(workers.values()), failure=failure, finished=True)
+    summary = _summary(data)
+    if summary is not None:
+        store.set_summary(run_id, summary)
+    return True
+
+
+def outcome(data: dict[str, Any]) -> tuple[str, str | None]:
+    """The run's state and the note that says why it ended so, with the supervisor's reason."""
+    state = str(data.get("outcome"))
+    decisions = [d for d in data.get("decisions") or [] if isinstance(d, dict)]
+    reason = data.get("reason")
+    notes = []
+    if reason in ("max-cost", "max-hang"):
+        said = next((d.get("message") for d in decisions if d.get("decision") == reason), None)
+        notes.append(f"stopped by its supervisor ({reason})" + (f": {said}" if said else ""))
+    elif state == "failed":
+        failed = [(int(w), v) for w, v in (data.get("workers") or {}).items()
+                  if isinstance(v, dict) and v.get("exit_status") and not v.get("stopped")]
+        if failed:
+            worker, info = min(failed)
+            notes.append(f"worker {worker} exited {info['exit_status']}"
+                         + (f" ({info['cause']})" if info.get("cause") else ""))
+    last = next((d for d in reversed(decisions)
+                 if d.get("decision") in ("deleting", "deleted", "delete-failed", "kept")), None)
+    if last is not None and last.get("decision") in ("deleting", "deleted"):
+        notes.append(f"node deleted by the supervisor ({reason})" if reason not in ("max-cost", "max-hang")
+                     else "node deleted")
+    elif last is not None:
+        notes.append(str(last.get("message", "")))
+    return state, "; ".join(notes) or None
+
+
+def _run_record(data: dict[str, Any], state: str, failure: str | None,
+                workers: dict[int, WorkerRecord]) -> RunRecord:
+    launch = data.get("launch") if isinstance(data.get("launch"), dict) else {}
+    code = launch.get("code_version")
+    job = launch.get("job") if isinstance(launch.get("job"), dict) else None
+    command = launch.get("command") or []
+    return RunRecord(
+        run_id=data["run_id"],
+        node=str(data.get("node") or launch.get("node") or "?"),
+        provider=str(data.get("provider") or launch.get("provider") or "?"),
+        accelerator_type=str(launch.get("accelerator_type") or "?"),
+        workers=sorted(workers) or list(launch.get("workers") or []),
+        config_path=str(launch.get("config_source") or (
+            " ".join(map(str, command)) if job and job.get("kind") == "command" else "?")),
+        config_digest=str(launch.get("config_digest") or ""),
+        overrides=list(launch.get("overrides") or []),
+        python=str(launch.get("python") or ""),
+        started_at=_moment(launch.get("started_at")) or _at(data.get("written_at")),
+        state=state,
+        code_version=(code.get("git_sha", "") + ("+dirty" if code.get("dirty") else "")
+                      if isinstance(code, dict) else None),
+        failure=failure,
+        finished_at=_ended_at(data),
+        worker_records=workers,
+        job=job,
+    )
+
+
+def _worker_records(data: dict[str, Any]) -> dict[int, WorkerRecord]:
+    workers = {}
+    for key, info in (data.get("workers") or {}).items():
+        if not isinstance(info, dict) or not str(key).isdigit():
+            continue
+        lost = info.get("state") == "lost"
+        workers[int(key)] = WorkerRecord(int(key), "lost" if lost else "exited",
+                                         exit_status=None if lost else info.get("exit_status"))
+    return workers
+
+
+def _summary(data: dict[str, Any]) -> dict[str, Any] | None:
+    last_steps = {}
+    for key, info in (data.get("workers") or {}).items():
+        event = info.get("last_event") if isinstance(info, dict) else None
+        parsed = parse_event_line(json.dumps(event)) if isinstance(event, dict) else None
+        last_steps[key] = StepMetrics.from_event(parsed) if parsed is not None else None
+    if not any(last_steps.values()):
+        return None
+    return summarize(last_steps)
+
+
+def _ended_at(data: dict[str, Any]) -> datetime:
+    ended = next((d.get("t") for d in data.get("decisions") or []
+                  if isinstance(d, dict) and d.get("decision") == "ended"), None)
+    return _at(ended if ended is not None else data.get("written_at"))
+
+
+def _at(t: Any) -> datetime:
+    return datetime.fromtimestamp(float(t), UTC) if isinstance(t, int | float) else datetime.now(UTC)
+
+
+def _moment(text: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+
+
+def _json(data: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
