@@ -15,16 +15,17 @@ Measures `true` on every worker:
 and, for information, (b) with the pod's servers inside the benchmark process, as the console runs
 them by default.
 
-The pod's servers run in a separate `pod_host` process for (a)-(c): a real pod's sshd does not share
-the console's CPU, and on a 2-core machine 64 servers in the client's own event loop would make the
-client pay for both ends. Targets: warm at least 20x faster than (c), at least 10x faster than (d), and
-under 100 ms median at 64 workers, 150 ms at 256.
+The pod's servers run in separate `pod_host` processes for (a)-(d), 64 workers each (one for a 64-worker
+pod, four for 256): a real pod's sshd does not share the console's CPU, on a 2-core machine 64 servers in
+the client's own event loop would make the client pay for both ends, and a real pod has no one process
+serving all its hosts, which at 1,024 workers would be the bottleneck. Targets: warm at least 20x
+faster than (c), at least 10x faster than (d), and under 100 ms median at 64 workers, 150 ms at 256.
 
-`--scale 64,1024` then times (b) alone at those sizes too, on the same pod process (the first workers of
-a pod of the largest size), and prints the time per worker at each size against --workers: the fan-out's
-cost per worker must not grow with the pod. Each size's runs are spaced by the pause times its size over
---workers: the simulated workers start their next spare shells on the same 2 cores (1,024 of them take
-about a second there), which a real pod's hosts do each on their own.
+`--scale 64,1024` then times (b) alone at those sizes too, on the same pod processes (the first workers
+of a pod of the largest size), and prints the time per worker at each size against --workers: the fan-out's
+cost per worker must not grow with the pod. Each run follows the pause times the larger of its size and
+the last run's over --workers: the simulated workers start their next spare shells on the same 2 cores
+(1,024 of them take about a second there), which a real pod's hosts do each on their own.
 
 Every timed run, in every measurement, follows a pause (--pause, 0.5 s by default), as a person's
 commands are spaced: each worker server starts its next spare shell shortly after a command ends
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import contextlib
 import os
 import shutil
 import statistics
@@ -75,6 +76,7 @@ async def main(workers: int, repeats: int, pause: float, scale: list[int]) -> in
     from tpu_console.fleet.fleet import Fleet
     from tpu_console.model import CreateRequest
     from tpu_console.providers.local import LocalProvider
+    from tpu_console.providers.local.pod_host import start_pod_hosts
 
     ssh_bin = shutil.which("ssh")
     if ssh_bin is None:
@@ -83,12 +85,10 @@ async def main(workers: int, repeats: int, pause: float, scale: list[int]) -> in
     provider = LocalProvider()
     pod_size = max([workers, *scale])
     node = await provider.create(CreateRequest(name="fanout", accelerator_type=f"local-{pod_size}x1"))
-    host = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tpu_console.providers.local.pod_host", node.name,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    assert host.stdout and host.stdin
-    ports = json.loads(await host.stdout.readline())["ports"]
+    # The pod's servers in processes of their own, 64 workers each: a real pod's sshds share neither the
+    # console's CPU nor one event loop between hundreds of hosts.
+    hosts = contextlib.AsyncExitStack()
+    ports = await hosts.enter_async_context(start_pod_hosts(node.name, pod_size))
     all_targets = provider.targets_at(node, ports)
     targets = all_targets[:workers]
 
@@ -167,14 +167,17 @@ async def main(workers: int, repeats: int, pause: float, scale: list[int]) -> in
         times: dict[int, list[float]] = {size: [] for size in sizes}
         async with Fleet(all_targets) as fleet:
             await warm_up(fleet)
+            last = max(sizes)  # warm_up ran on every worker
             for _ in range(repeats):
                 for size in sizes:
-                    times[size] += await _timed(lambda size=size: run_true(fleet, range(size)), 1,
-                                                pause * max(1.0, size / workers))
+                    # the pause follows the larger of this run and the last: it is the last run's workers
+                    # that start their spare shells meanwhile
+                    spacing = pause * max(1.0, max(size, last) / workers)
+                    times[size] += await _timed(lambda size=size: run_true(fleet, range(size)), 1, spacing)
+                    last = size
         scaled = {size: statistics.median(t) for size, t in times.items()}
 
-    host.stdin.close()
-    await host.wait()
+    await hosts.aclose()
 
     # For information: the console's default, servers in the same process as the client
     in_process_targets = (await provider.ssh_targets(node))[:workers]
@@ -187,7 +190,7 @@ async def main(workers: int, repeats: int, pause: float, scale: list[int]) -> in
         statistics.median(t) for t in (cold, warm, ssh_times, cm_times, in_process)
     )
     ratio, cm_ratio = ssh_s / warm_s, cm_s / warm_s
-    print(f"fan-out of `true` to {workers} local workers (servers in a separate process), medians;")
+    print(f"fan-out of `true` to {workers} local workers (servers in pod_host processes), medians;")
     print(f"runs {pause:g} s apart, as a person's commands would be (the same spacing for all):")
     print(f"  (a) fleet cold (connect + run)        {cold_s * 1000:8.1f} ms   ({len(cold)} runs)")
     print(f"  (b) fleet warm (persistent conns)     {warm_s * 1000:8.1f} ms   ({len(warm)} runs)")
@@ -212,8 +215,7 @@ async def main(workers: int, repeats: int, pause: float, scale: list[int]) -> in
               f"{os.getloadavg()[0]:.1f}); time per worker against {workers} workers':")
         for size, seconds in scaled.items():
             print(f"      {size:5d} workers {seconds * 1000:8.1f} ms   {seconds / size * 1000:.3f} ms per "
-                  f"worker ({seconds / size / per_worker:.2f}x; runs {pause * max(1.0, size / workers):g} s "
-                  "apart)")
+                  f"worker ({seconds / size / per_worker:.2f}x)")
         larger = [size for size in scaled if size > workers]
         flat = all(scaled[size] / size <= per_worker for size in larger)
         if larger:

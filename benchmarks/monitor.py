@@ -20,15 +20,15 @@ Peak RSS of the console process is printed with the bytes read, and the ring buf
 The reference, measured in the same run: reading and splitting the same log bytes from local files in
 this process (no SSH, no parsing), the floor the console's cost is put against.
 
-The pod's SSH servers run in a separate `pod_host` process (as benchmarks/fanout.py does): a real pod's sshd
-does not share the console's CPU. Uses a throwaway TPU_CONSOLE_HOME; nothing is left behind.
+The pod's SSH servers run in separate `pod_host` processes, 64 workers each (as benchmarks/fanout.py does):
+a real pod's sshd does not share the console's CPU. Uses a throwaway TPU_CONSOLE_HOME; nothing is left behind.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import contextlib
 import os
 import resource
 import shutil
@@ -114,17 +114,16 @@ async def main(workers: int, lines: int, latency_s: float) -> int:
     from tpu_console.fleet.fleet import Fleet
     from tpu_console.model import CreateRequest
     from tpu_console.providers.local import LocalProvider
+    from tpu_console.providers.local.pod_host import start_pod_hosts
     from tpu_console.runs.run_id import new_run_id
     from tpu_console.runs.watch import LogLines, RunWatch
 
     provider = LocalProvider()
     node = await provider.create(CreateRequest(name="bench", accelerator_type=f"local-{workers}x1"))
-    host = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tpu_console.providers.local.pod_host", node.name,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    assert host.stdout and host.stdin
-    ports = json.loads(await host.stdout.readline())["ports"]
+    # The pod's servers in processes of their own, 64 workers each: a real pod's sshds share neither the
+    # console's CPU nor one event loop between hundreds of hosts.
+    hosts = contextlib.AsyncExitStack()
+    ports = await hosts.enter_async_context(start_pod_hosts(node.name, workers))
     ids = list(range(workers))
     try:
         async with Fleet(provider.targets_at(node, ports)) as fleet:
@@ -178,8 +177,7 @@ async def main(workers: int, lines: int, latency_s: float) -> int:
             await watching
             wall_b, cpu_b = time.time() - watch_started, _cpu_s() - cpu_b0
     finally:
-        host.stdin.close()
-        await host.wait()
+        await hosts.aclose()
         await provider.close()
 
     # Line latency is that of lines written while the watch follows the worker (its first line has come):
