@@ -31,8 +31,8 @@ one (no heartbeat for SILENCE_S) or a console restart repeats nothing and loses 
 starts from the same offsets. A worker that cannot be reached is retried with backoff (`poll_s` doubling
 to 8 s) and shows as `unreachable` meanwhile. A file that does not exist yet is waited for.
 
-`fail_fast`: when one worker has failed while others still run (they would hang in a collective), the
-watch stops the survivors itself (TERM, then KILL), as `launch --fail-fast` asks.
+The watch only reads: stopping the other workers when one fails (`launch --fail-fast`) is the run's
+supervisor's on the pod (worker/supervisor.py), which does it with no console watching.
 """
 
 from __future__ import annotations
@@ -69,6 +69,10 @@ SUPERVISOR = DECISIONS_FILE  # what the run's supervisor decided, on the run's f
 MAX_BACKOFF_S = 8.0
 PROBE_EVERY_S = 1.0  # the follower reports its job's state this often: the watch's heartbeat
 SILENCE_S = 20.0  # a follower not heard from for this long is on a half-dead connection: start over
+HEALTH_EVERY_S = 0.25  # how often the health is judged again
+RING_LINES, RING_EVENTS = 5000, 2000  # per worker, the latest log lines and events kept in memory
+LOST_AFTER_UNREACHABLE = 6  # unreachable follows in a row before a worker counts as lost
+GIVE_UP_AFTER_S = 120.0  # a worker unreachable this long, every other one over: nothing more will come
 
 
 # -- what a watch reports ------------------------------------------------------------------------------
@@ -159,49 +163,35 @@ class RunWatch:
         masker: SecretMasker | None = None,
         store: RunStore | None = None,
         poll_s: float = 0.25,
-        health_every_s: float = 0.25,
         first_log_lines: int | None = None,
         max_bytes: int = 256 << 10,
-        ring_lines: int = 5000,
-        ring_events: int = 2000,
-        fail_fast: bool = False,
-        stop_grace_s: float = 10.0,
-        lost_after_unreachable: int = 6,
-        give_up_after_s: float = 120.0,
-        archive: bool = True,
-        thresholds: Thresholds | None = None,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`workers`: those to stream (default: every worker the run was launched on; the health always
         covers them all). `first_log_lines`: start each log at its last N lines instead of its beginning
         (events are always read whole, so the summaries are complete). `max_bytes`: the most a follower sends
         in one chunk. `poll_s`: how often a caught-up follower looks at the files again. `store`: where the
         run's state is
-        saved as it changes (None: not saved), and, with `archive`, where the run's archive and summary
-        go when it has ended (runs/run_end.py)."""
+        saved as it changes (None: not saved), and where the run's archive and summary go when it has
+        ended (runs/run_end.py)."""
         self.fleet = fleet
         self.record = record
         self.streamed = list(workers) if workers is not None else list(record.workers)
         self.masker = masker or SecretMasker()
         self.store = store
         self.poll_s = poll_s
-        self.health_every_s = health_every_s
+        self.health_every_s = HEALTH_EVERY_S
         self.first_log_lines = first_log_lines
         self.max_bytes = max_bytes
-        self.fail_fast = fail_fast
-        self.stop_grace_s = stop_grace_s
-        self.thresholds = thresholds or Thresholds()
+        self.thresholds = Thresholds()
         if not steps_read(record):  # a program whose steps are unknown: no step for long is no hang
             self.thresholds = replace(self.thresholds, silent_s=math.inf)
-        self.give_up_after_s = give_up_after_s
-        self.archive = archive
-        self.clock = clock
-        self.monitor = RunMonitor(record.run_id, record.workers, lost_after_unreachable)
+        self.give_up_after_s = GIVE_UP_AFTER_S
+        self.clock: Callable[[], float] = time.monotonic
+        self.monitor = RunMonitor(record.run_id, record.workers, LOST_AFTER_UNREACHABLE)
         self.monitor.note_stop(record.stop_requested_at)
-        self.workers = {w: WorkerStream(w, ring_lines, ring_events) for w in record.workers}
+        self.workers = {w: WorkerStream(w, RING_LINES, RING_EVENTS) for w in record.workers}
         self.decisions: list[Decision] = []  # the run's supervisor's record, as read so far
         self.progress: dict[int, Progress] = {}
-        self.survivors_stopped: list[int] = []  # workers fail-fast stopped
         self._on_update: Callable[[Update], object] | None = None
         self._queue: asyncio.Queue[Update] | None = None
         self._max_queued = 1000
@@ -209,7 +199,6 @@ class RunWatch:
         self._saved_state: str | None = None
         self._stopping = asyncio.Event()
         self._behind = asyncio.Event()  # set while the consumer of `updates()` is behind: followers hold
-        self._stopper: asyncio.Task[None] | None = None
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -239,11 +228,9 @@ class RunWatch:
             ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await ticker
-            if self._stopper is not None:
-                await self._stopper
         health = self.health()
         self._save(health, final=True)
-        if self.store is not None and self.ended and self.archive:
+        if self.store is not None and self.ended:
             # The run is over: copy its files home and keep its summary, before anyone deletes the node.
             await keep_run_end(
                 self.fleet, self.store.get(self.record.run_id), self.store, self.monitor, self.masker
@@ -445,14 +432,7 @@ class RunWatch:
                 self._last_health = key
                 self._save(health)
                 self._emit(HealthChanged(health))
-            if self.fail_fast and health.hung and self._stopper is None:
-                self._stopper = asyncio.create_task(self._stop_survivors(list(health.hung)))
             await asyncio.sleep(self.health_every_s)
-
-    async def _stop_survivors(self, workers: list[int]) -> None:
-        """Fail fast: TERM (then KILL) the jobs still running after another worker failed."""
-        self.survivors_stopped = workers
-        await stop_survivors(self.fleet, self.record.run_id, workers, self.stop_grace_s)
 
     def _save(self, health: RunHealth, final: bool = False) -> None:
         if self.store is None or (health.state == self._saved_state and not final):
@@ -488,12 +468,3 @@ class RunWatch:
         self._behind.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)
-
-
-async def stop_survivors(
-    fleet: Fleet, run_id: str, workers: Sequence[int], grace_s: float = 10.0
-) -> list[str]:
-    """TERM, then KILL after `grace_s`, the run's job on `workers` (the fail-fast action, also offered by
-    `status` for a run whose other workers hang). Returns each worker's `stop_run` outcome line."""
-    results = await fleet.run(recipes.stop_run(run_id, grace_s), list(workers), timeout=grace_s + 30)
-    return [r.stdout.strip() or (r.error or "") for r in results]
