@@ -4,6 +4,8 @@ request, health, symptoms, maintenance). Pure functions of a node and the curren
 
 from __future__ import annotations
 
+import os
+import shlex
 from datetime import UTC, datetime
 from typing import Any
 
@@ -193,6 +195,18 @@ def _maintenance_record(maintenance: Maintenance | None) -> dict[str, Any] | Non
         "window_start": _aware(maintenance.starts_at).isoformat() if maintenance.starts_at else None,
         "window_end": _aware(maintenance.ends_at).isoformat() if maintenance.ends_at else None,
     }
+
+
+def what_ran(record: Any, width: int = 30) -> str:
+    """What a run ran, short: its job file's name, its command, or the trainer config's file name."""
+    job = getattr(record, "job", None) or {}
+    if job.get("kind") == "command" and job.get("job_file"):
+        text = os.path.basename(job["job_file"])
+    elif job.get("kind") == "command":
+        text = shlex.join(job.get("command") or [])
+    else:
+        text = os.path.basename(record.config_path) or record.config_path
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def format_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:

@@ -12,7 +12,15 @@ from textual.binding import Binding, BindingType
 from textual.widgets import DataTable
 
 from tpu_console.model import Node, QueuedRequest
-from tpu_console.node_table import HOLDS_QUOTA, format_age, format_price, node_row, request_row, request_state
+from tpu_console.node_table import (
+    HOLDS_QUOTA,
+    format_age,
+    format_price,
+    node_row,
+    request_row,
+    request_state,
+    what_ran,
+)
 from tpu_console.tui.nodes_feed import NodesListing, node_key
 from tpu_console.tui.styles import NODE_STATE_STYLES, RUN_STATE_STYLES
 
@@ -20,6 +28,7 @@ from tpu_console.tui.styles import NODE_STATE_STYLES, RUN_STATE_STYLES
 # a local or ssh node has none), health follows the state, spot follows the price.
 # W is the number of workers (hosts).
 COLUMNS = ("NAME", "WHERE", "TYPE", "W", "STATE", "AGE", "$/HOUR", "RUN")
+MIN_LABEL = 12  # a run's label shorter than this says too little: left out
 HEALTH_STYLES = {"ok": "green", "timeout": "yellow"}  # anything else the TPU API reports is a problem: red
 
 
@@ -86,12 +95,23 @@ class NodeTable(DataTable):
         selected = self.selected()
         self.clear()
         self.shown = []
+        rows: list[tuple[Node, list[str | Text]]] = []
         for node in listing.nodes:
             cells = self._cells(node, listing, now)
-            # The filter also sees what the cells fold away: the provider, the zone, the health.
-            searched = [*cells, *node_row(node, now), node.health or ""]
+            # The filter also sees what the cells fold away: the provider, the zone, the health, what ran.
+            ran = what_ran(record, 200) if (record := listing.latest_run(node)) is not None else ""
+            searched = [*cells, *node_row(node, now), node.health or "", ran]
             if filter_text and not any(filter_text in str(cell).lower() for cell in searched):
                 continue
+            rows.append((node, cells))
+        room = self._run_room([cells for _, cells in rows])
+        for node, cells in rows:
+            record = listing.latest_run(node)
+            if record is not None and listing.idle_since(node) is None:
+                # What the run ran, where the screen has room for it (the rest of its width).
+                label = what_ran(record, room - len(cells[-1]) - 1)
+                if len(label) >= MIN_LABEL:
+                    cells[-1] = Text.assemble(cells[-1], (f" {label}", "dim"))
             self.add_row(*cells, key=node_key(node))
             self.shown.append(node)
         for request in listing.requests:  # those with a node show as their node
@@ -107,6 +127,13 @@ class NodeTable(DataTable):
             self.shown.append(request)
         if selected is not None and _key(selected) in self.rows:
             self.move_cursor(row=self.get_row_index(_key(selected)))
+
+    def _run_room(self, rows: list[list[str | Text]]) -> int:
+        """How wide the RUN column may grow before the table is wider than the screen."""
+        width = self.size.width or self.app.size.width
+        others = sum(max(len(header), *(len(str(cells[i])) for cells in rows)) + 2
+                     for i, header in enumerate(COLUMNS[:-1])) if rows else 0
+        return width - others - 2 - 2  # its own padding, and the scroll bar's place
 
     def selected(self) -> Node | QueuedRequest | None:
         if not self.shown or not 0 <= self.cursor_row < len(self.shown):
@@ -138,7 +165,8 @@ def _key(item: Node | QueuedRequest) -> str:
 
 def run_text(node: Node, listing: NodesListing, now: datetime) -> Text:
     """`running 25m` (since it started), `failed 2h ago` (since it ended), `IDLE 3h ~$130` (a READY node
-    without a run for a while, and what that idling cost), `-` (never ran). ⏎ opens the run; R lists them."""
+    without a run for a while, and what that idling cost), `-` (never ran); `show` adds what the run ran
+    where the screen has room (`running 25m python train.py`). ⏎ opens the run; R lists them."""
     idle = listing.idle_since(node)
     if idle is not None:
         cost = f" ~${idle.cost_while_idle:,.0f}" if idle.cost_while_idle is not None else ""

@@ -79,10 +79,10 @@ def notes_text(snapshot: RunSnapshot | None, problem: str | None) -> Text:
         notes.extend(attention(snapshot))
         if snapshot.wandb_url:
             notes.append((f"W&B {snapshot.wandb_url}", f"link {snapshot.wandb_url}"))
-    if not notes:
-        notes.append(("no W&B URL (wandb disabled, or not started yet)", "dim"))
     if snapshot is not None and snapshot.goodput is not None:
         notes.append((snapshot.goodput.line(), "dim"))
+    if not notes:
+        notes.append(("no W&B URL (wandb disabled, or not started yet)", "dim"))
     for i, (note, style) in enumerate(notes):
         text.append("  ·  " if i else "", style="dim")
         text.append(note, style=style)
