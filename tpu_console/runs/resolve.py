@@ -1,14 +1,17 @@
 """Which run a person means: `RUN_ID`, `NODE` (its latest run) or `NODE RUN_ID`, as `status`, `stop` and
-`logs` take them. Looked up in the history only, so nothing remote happens for a name that does not
-resolve."""
+`logs` take them. Looked up in the history, and for a run id it lacks in the run records' bucket
+(runs/bucket_record.py: a colleague's run, one whose node is gone), so nothing is done on a node for a name
+that does not resolve."""
 
 from __future__ import annotations
 
 from tpu_console.errors import NotFound, UserError
 from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import find_node
+from tpu_console.runs import bucket_record
 from tpu_console.runs.run_id import check_run_id, is_run_id
 from tpu_console.runs.store import RunRecord, RunStore
+from tpu_console.settings import load_settings
 
 
 async def resolve_run(
@@ -16,7 +19,7 @@ async def resolve_run(
 ) -> RunRecord:
     first = first.strip()
     if second is not None:
-        record = store.get(check_run_id(second))
+        record = _get(store, check_run_id(second))
         if record.node != first:
             raise UserError(
                 f"run {record.run_id} ran on {record.node}, not {first}; "
@@ -24,7 +27,7 @@ async def resolve_run(
             )
         return record
     if is_run_id(first):
-        return store.get(first)
+        return _get(store, first)
     latest = store.list(first, 1)
     if latest:
         return latest[0]
@@ -36,3 +39,13 @@ async def resolve_run(
             "`tpu-console runs` and `tpu-console ls`"
         ) from None
     raise NotFound(f"node {first} has no runs yet; start one with `tpu-console launch {first} --config FILE`")
+
+
+def _get(store: RunStore, run_id: str) -> RunRecord:
+    """From the history; a run id it lacks is looked for in the bucket's records first (merged there)."""
+    try:
+        return store.get(run_id)
+    except NotFound:
+        if bucket_record.merge_into_history(load_settings(), store) is not None:
+            raise  # the bucket cannot be read: the history's answer stands
+        return store.get(run_id)

@@ -20,9 +20,16 @@ It reads `supervision.json` (the plan `launch` wrote, 0600) and, when webhook no
   started on it.
 
 Deleting a node: on Cloud TPU, with the VM's own service account (a token from the metadata server), the
-TPU API's DELETE on the node (and on its queued resource when it has one). On a local pod, what
-`LocalProvider.delete` does, from the store's layout: stop every job recorded under the pod's
-`workers/*/tpu-console/runs/`, then remove the pod's folder.
+TPU API's DELETE on the node (and on its queued resource when it has one). On a local pod, the command the
+plan names (the console's providers/local/remove_pod.py, which `LocalProvider.delete` uses too).
+
+The run's record: when the run has ended, and again just before the node is deleted, the run's summary
+(launch.json, these decisions, each worker's exit status, last step event and last lines of output) goes
+where the plan's `record` says: a Cloud Storage bucket, through its JSON API with the VM's credentials, or
+a local pod's folder standing for one. `runs` on any console reads it back (runs/bucket_record.py).
+
+The console's facts it judges by come in the plan, never as copies here: health's thresholds
+(runs/health.py), the failure signatures, the removal of a local pod, where the record goes.
 
 Python 3.8+ and the standard library only; it imports nothing of the console.
 """

@@ -16,11 +16,13 @@ from tests.console.runs.test_supervision import (  # noqa: F401 - pod2 is a fixt
     node_dir,
     pod2,
 )
+from tests.console.worker.test_supervisor import make, metadata_server  # noqa: F401 - a fixture
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tests.processes import wait_for
 from tpu_console.runs import bucket_record
 from tpu_console.runs.store import RunStore
 from tpu_console.settings import load_settings
+from tpu_console.worker import supervisor as sv
 
 pytestmark = pytest.mark.usefixtures("console_home")
 BUCKET = "team-runs"
@@ -66,6 +68,11 @@ def test_a_node_the_supervisor_deleted_unwatched_is_listed_from_the_bucket_by_an
     status, out, _ = run(capsys, "runs")
     assert status == 0 and run_id in out and "max-hang" in out
 
+    use_home(monkeypatch, tmp_path / "fourth-home", f"gs://{BUCKET}/lab")  # a run id alone finds it too
+    status, out, err = run(capsys, "runs", "show", run_id)
+    assert status == 0, err
+    assert f"{run_id}  stopped" in out and "failure   stopped by its supervisor (max-hang)" in out
+
     # the object itself: the launch, the decisions up to the deletion, each worker's last lines
     data = bucket_record.read_records(bucket_record.configured(load_settings()))[0]
     assert data["launch"]["run_id"] == run_id and data["reason"] == "max-hang"
@@ -107,3 +114,27 @@ def test_a_record_ends_a_run_the_history_thought_running_and_a_finished_one_is_l
     assert record.finished_at.timestamp() == 1_700_000_050.0 and record.worker_records[1].exit_status == 3
     assert not bucket_record.merge(store, {**data, "outcome": "succeeded"})  # ended already: the cache wins
     assert not bucket_record.merge(store, {**data, "run_id": "../etc"})
+
+
+def test_on_a_tpu_vm_the_record_goes_up_with_the_vms_token_and_a_failure_is_a_decision(
+        tmp_path, gcs_emulator, metadata_server):  # noqa: F811
+    s, _ = make(tmp_path)
+    s.decide("ended", "the run succeeded")
+    s.ended = "succeeded"
+    s.plan["record"] = {"kind": "gcs", "bucket": BUCKET, "prefix": "tpu-console/runs/", "tail_lines": 20,
+                        "endpoint": gcs_emulator, "auth": "metadata", "metadata_url": metadata_server.url}
+    s.save_record()
+    assert metadata_server.asked  # the VM's own service account, from the metadata server
+    (data,) = bucket_record.read_records(bucket_record.parse_bucket(f"gs://{BUCKET}"))
+    assert (data["run_id"], data["outcome"], data["decisions"][-1]["decision"]) == (
+        s.plan["run_id"], "succeeded", "ended")
+
+    s.plan["record"] = {**s.plan["record"], "endpoint": "http://127.0.0.1:9"}  # nothing listens there
+    s.save_record()  # says so, and carries on: the node is still deleted after it
+    (failed,) = [d for d in sv_decisions(s) if d["decision"] == "record-failed"]
+    assert f"not written to gs://{BUCKET}/tpu-console/runs/" in failed["message"]
+
+
+def sv_decisions(s: sv.Supervisor) -> list[dict]:
+    with open(f"{s.folder}/{sv.DECISIONS_FILE}") as f:
+        return [json.loads(line) for line in f]
