@@ -54,7 +54,7 @@ def decisions(run_id: str) -> list[dict]:
 def test_a_foreign_program_sees_its_run_its_worker_and_its_coordinator(capsys, tmp_path):
     env_file = tmp_path / ".env"
     env_file.write_text(f"MY_SECRET={SECRET}\n")
-    argv = [sys.executable, FOREIGN, "env"]
+    argv = [sys.executable, FOREIGN, "env", "jax"]
     run_id = launch(capsys, "--env-file", str(env_file), "--", *argv)
     status, lines = follow(capsys, run_id)
     assert status == 0, lines
@@ -74,6 +74,9 @@ def test_a_foreign_program_sees_its_run_its_worker_and_its_coordinator(capsys, t
         assert env["TPU_CONSOLE_PROCESS_ID"] == env["RANK"] == str(worker)
         assert env["VIRTUAL_ENV"] is None and env["TPU_CONSOLE_PROJECT_DIR"] is None
         assert seen[worker]["has_secret"] is True  # the .env reached it through the environment only
+        # and they are the names the installed JAX reads: jax.distributed.initialize found the coordinator
+        # in JAX_COORDINATOR_ADDRESS (it has no variable for the count and id: the program passed ours)
+        assert f"jax process {worker} of 2" in lines[worker]
 
         manifest_text = (run_folder(worker, run_id) / "launch.json").read_text()
         assert SECRET not in manifest_text
