@@ -23,7 +23,7 @@ def run_row(view: RunView, now: datetime) -> tuple[str, ...]:
         _workers_text(record.workers),
         view.state,
         format_age(record.started_at, now),
-        _short_path(record.config_path),
+        job_label(record),
         _cost(record, now),
         view.failure or view.problem or "",
     )
@@ -213,6 +213,17 @@ def _workers_text(workers: list[int]) -> str:
     if workers and workers == list(range(workers[0], workers[-1] + 1)) and len(workers) > 1:
         return f"{workers[0]}-{workers[-1]}"
     return ",".join(str(w) for w in workers)
+
+
+def job_label(record: Any, width: int = 32) -> str:
+    """What a run ran, in a table cell: the trainer config's or the job file's name, else the command
+    (its program's name and arguments, cut to `width`)."""
+    job = record.job or {}
+    if job.get("kind") != "command" or job.get("job_file"):
+        return _short_path(record.config_path)
+    program, *args = job.get("command") or [record.config_path]
+    text = " ".join([_short_path(str(program)), *map(str, args)])
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _short_path(path: str) -> str:

@@ -16,6 +16,7 @@ from tests.processes import wait_for
 from tpu_console.errors import UserError
 from tpu_console.fleet import recipes
 from tpu_console.provision.report import WorkerReport
+from tpu_console.run_table import job_label
 from tpu_console.runs.job_spec import JobSpec, load_job_file
 from tpu_console.runs.launch import command_job
 from tpu_console.runs.store import RunRecord, RunStore
@@ -191,3 +192,15 @@ def test_the_start_puts_the_environment_and_the_project_first_under_the_workers_
     assert path.startswith(f"{tmp_path}/envs/my env/bin:") and path.endswith(os.environ["PATH"])
     assert pythonpath == f"{tmp_path}/projects/p"  # no empty entry when there was none before
     assert venv == f"{tmp_path}/envs/my env" and run_dir == str(folder)
+
+
+def test_the_runs_table_names_what_each_run_ran():
+    trainer = record("a", {"kind": "trainer", "command": ["python", "-m", "trainer"]})
+    trainer.config_path = "/home/me/trainer/configs/tiny_local.yaml"
+    assert job_label(trainer) == "tiny_local.yaml"
+    command = record("b", {"kind": "command", "command": ["/usr/bin/python3", "-m", "my_trainer", "--steps",
+                                                         "100", "--mesh-data", "2"], "job_file": None})
+    assert job_label(command) == "python3 -m my_trainer --steps..."  # cut to the width of a cell
+    from_file = record("c", {"kind": "command", "command": ["x"], "job_file": "/home/me/grpo.toml"})
+    from_file.config_path = "/home/me/grpo.toml"
+    assert job_label(from_file) == "grpo.toml" and job_label(record("d", None)) == "job.toml"
