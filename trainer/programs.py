@@ -83,15 +83,20 @@ class RunPrograms:
     step_fn: GRPOStep
 
 
-def build_programs(
-    cfg: TrainerConfig,
-    model: Qwen2ForCausalLM,
-    mesh: Mesh,
-    *,
-    pad_id: int,
-    eos_ids: Sequence[int],
-) -> RunPrograms:
-    """The run's programs for `model` (real or abstract, its params placed or described with shardings)."""
+@dataclass
+class TrainingPrograms:
+    graphdef: Any
+    optimizer: optax.GradientTransformation
+    schedule: optax.Schedule
+    param_shardings: Any
+    opt_shardings: Any
+    init_optimizer: Any  # jitted: params -> optimizer state, laid out by opt_shardings
+    step_fn: GRPOStep
+
+
+def training_programs(cfg: TrainerConfig, model: Qwen2ForCausalLM, mesh: Mesh) -> TrainingPrograms:
+    """The optimizer and the log-prob / update programs for `model` (the run's, or the planner's scanned
+    twin, trainer/scanned.py: whatever its params' tree, they are trained alike)."""
     t, r = cfg.train, cfg.rollout
     graphdef, params, _ = nnx.split(model, nnx.Param, ...)
     param_shardings = jax.tree.map(lambda x: x.sharding, params)
@@ -103,6 +108,32 @@ def build_programs(
     )
     opt_shardings = optimizer_state_shardings(optimizer, params, param_shardings, mesh)
     init_optimizer = jax.jit(optimizer.init, out_shardings=opt_shardings)
+    per_device = r.batch_size * r.n // (mesh.shape["dp"] * mesh.shape["fsdp"])
+    step_fn = GRPOStep(
+        completion_token_stats_fn(graphdef, r.global_length, t.logprob_chunk),
+        optimizer,
+        prompt_len=r.global_length,
+        temperature=r.temperature,
+        micro_batches=per_device // t.micro_batch_size_per_device,
+        loss=LossSettings(t.epsilon_low, t.epsilon_high, t.beta),
+        batch_sharding=train_sharding(mesh),
+        state_shardings=(param_shardings, opt_shardings),
+    )
+    return TrainingPrograms(graphdef, optimizer, schedule, param_shardings, opt_shardings, init_optimizer,
+                            step_fn)
+
+
+def build_programs(
+    cfg: TrainerConfig,
+    model: Qwen2ForCausalLM,
+    mesh: Mesh,
+    *,
+    pad_id: int,
+    eos_ids: Sequence[int],
+) -> RunPrograms:
+    """The run's programs for `model` (real or abstract, its params placed or described with shardings)."""
+    r = cfg.rollout
+    training = training_programs(cfg, model, mesh)
     sampler = ShardedSampler(
         model,
         pad_id,
@@ -117,17 +148,7 @@ def build_programs(
         partial_sums=r.partial_sums,
         cache_write=r.cache_write,
     )
-    per_device = r.batch_size * r.n // (mesh.shape["dp"] * mesh.shape["fsdp"])
-    step_fn = GRPOStep(
-        completion_token_stats_fn(graphdef, r.global_length, t.logprob_chunk),
-        optimizer,
-        prompt_len=r.global_length,
-        temperature=r.temperature,
-        micro_batches=per_device // t.micro_batch_size_per_device,
-        loss=LossSettings(t.epsilon_low, t.epsilon_high, t.beta),
-        batch_sharding=train_sharding(mesh),
-        state_shardings=(param_shardings, opt_shardings),
-    )
     return RunPrograms(
-        graphdef, optimizer, schedule, param_shardings, opt_shardings, init_optimizer, sampler, step_fn
+        training.graphdef, training.optimizer, training.schedule, training.param_shardings,
+        training.opt_shardings, training.init_optimizer, sampler, training.step_fn
     )
