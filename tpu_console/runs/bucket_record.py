@@ -145,8 +145,9 @@ def merge_into_history(settings: Settings, store: RunStore) -> str | None:
 
 
 def merge(store: RunStore, data: dict[str, Any]) -> bool:
-    """One record into the history: added when unknown, ended when the history still had it running.
-    False for a record that is not one (or adds nothing)."""
+    """One record into the history: added when unknown; ended when the history still had it running and
+    the node is gone (while the node is there, the console's own look at the run ends it, archiving its
+    logs). False for a record that is not one, or that adds nothing."""
     run_id = data.get("run_id")
     if not isinstance(run_id, str) or not is_run_id(run_id) or not data.get("outcome"):
         return False
@@ -154,7 +155,7 @@ def merge(store: RunStore, data: dict[str, Any]) -> bool:
         known = store.get(run_id)
     except NotFound:
         known = None
-    if known is not None and known.finished:
+    if known is not None and (known.finished or not node_deleted(data)):
         return False
     state, failure = outcome(data)
     workers = _worker_records(data)
@@ -166,6 +167,16 @@ def merge(store: RunStore, data: dict[str, Any]) -> bool:
     if summary is not None:
         store.set_summary(run_id, summary)
     return True
+
+
+def node_deleted(data: dict[str, Any]) -> bool:
+    """Whether the supervisor went on to delete the node (its last word on it was deleting or deleted)."""
+    return _last_node_decision(data) in ("deleting", "deleted")
+
+
+def _last_node_decision(data: dict[str, Any]) -> str | None:
+    said = [d.get("decision") for d in data.get("decisions") or [] if isinstance(d, dict)]
+    return next((d for d in reversed(said) if d in ("deleting", "deleted", "delete-failed", "kept")), None)
 
 
 def outcome(data: dict[str, Any]) -> tuple[str, str | None]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 
@@ -20,7 +21,7 @@ from tests.console.worker.test_supervisor import make, metadata_server  # noqa: 
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tests.processes import wait_for
 from tpu_console.runs import bucket_record
-from tpu_console.runs.store import RunStore
+from tpu_console.runs.store import RunRecord, RunStore
 from tpu_console.settings import load_settings
 from tpu_console.worker import supervisor as sv
 
@@ -55,6 +56,10 @@ def test_a_node_the_supervisor_deleted_unwatched_is_listed_from_the_bucket_by_an
         "echo last words of $TRAINER_PROCESS_ID\nsleep 1000\n"))
     run_id, _ = launch_then_kill_console(job, "--max-hang", "3s")  # no console watches it
     wait_for(lambda: not node_dir().exists(), timeout=60)
+    assert not RunStore().get(run_id).finished  # the launching home never saw it end
+    status, out, err = run(capsys, "runs", "--json")
+    (listed,) = [r for r in json.loads(out)["runs"] if r["run_id"] == run_id]
+    assert status == 0 and listed["state"] == "stopped" and "(max-hang)" in listed["failure"], err
 
     use_home(monkeypatch, tmp_path / "third-home", f"gs://{BUCKET}/lab")  # an empty home, the same bucket
     status, out, err = run(capsys, "runs", "--json")
@@ -99,6 +104,8 @@ def test_a_bucket_setting_that_is_not_one_is_named_with_its_fix(capsys, monkeypa
 
 def test_a_record_ends_a_run_the_history_thought_running_and_a_finished_one_is_left_be(tmp_path):
     store = RunStore(tmp_path / "h.sqlite")
+    store.add(RunRecord("20260101-000000-abcd", "n", "gcp", "v6e-16", [0, 1], "c.yaml", "d", [], "python",
+                        datetime.now(UTC), state="running"))
     data = {"run_id": "20260101-000000-abcd", "node": "n", "provider": "gcp", "outcome": "failed",
             "reason": "on-end", "written_at": 1_700_000_100.0,
             "launch": {"accelerator_type": "v6e-16", "started_at": "2023-11-14T22:13:20+00:00",
@@ -107,11 +114,19 @@ def test_a_record_ends_a_run_the_history_thought_running_and_a_finished_one_is_l
                           {"t": 1_700_000_060.0, "decision": "deleting", "message": "deleting node n"}],
             "workers": {"0": {"state": "done", "exit_status": 143, "stopped": "supervisor"},
                         "1": {"state": "done", "exit_status": 3, "cause": "oom", "stopped": None}}}
-    assert bucket_record.merge(store, data)
+    # the node is still there: the console's own look ends it (and copies its logs home)
+    assert not bucket_record.merge(store, {**data, "decisions": data["decisions"][:1]})
+    assert bucket_record.merge(store, data)  # the node is gone: the record is all there is
     record = store.get(data["run_id"])
     assert (record.state, record.failure) == ("failed", "worker 1 exited 3 (oom); node deleted by the "
                                                         "supervisor (on-end)")
-    assert record.finished_at.timestamp() == 1_700_000_050.0 and record.worker_records[1].exit_status == 3
+    assert record.finished and record.worker_records[1].exit_status == 3
+    other = RunStore(tmp_path / "other.sqlite")  # a home that never saw it: the run as the record has it
+    assert bucket_record.merge(other, data)
+    record = other.get(data["run_id"])
+    assert (record.node, record.accelerator_type, record.config_path, record.workers) == (
+        "n", "v6e-16", "c.yaml", [0, 1])
+    assert record.finished_at.timestamp() == 1_700_000_050.0  # the supervisor's `ended`
     assert not bucket_record.merge(store, {**data, "outcome": "succeeded"})  # ended already: the cache wins
     assert not bucket_record.merge(store, {**data, "run_id": "../etc"})
 
