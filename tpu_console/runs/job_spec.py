@@ -163,7 +163,10 @@ class JobSpec(_Strict):
         for name in ("grace", "max_hang"):
             if isinstance(options[name], int | float):
                 options[name] = f"{options[name]:g}"
-        options.update({k: v for k, v in overrides.items() if v is not None})
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if given.get("on_end") == "keep" and "grace" not in given:
+            options["grace"] = None  # the file's grace went with its on_end = "delete"
+        options.update(given)
         return policy_from_options(**options)
 
     def project_dir(self) -> Path | None:

@@ -64,8 +64,9 @@ max_hang = "30m"
     # the flags given on the command line win over the file
     assert spec.policy(max_restarts=1, grace="1m").max_restarts == 1
     assert spec.policy(grace="1m").grace_s == 60
-    with pytest.raises(UserError, match="--grace"):  # the file's grace without its on_end = "delete"
-        spec.policy(on_end="keep")
+    assert spec.policy(on_end="keep").on_end == "keep"  # --on-end keep: the file's grace goes with its delete
+    with pytest.raises(UserError, match="--grace"):
+        spec.policy(on_end="keep", grace="5m")
 
 
 def test_flags_over_a_file_without_supervisor_options(tmp_path):
