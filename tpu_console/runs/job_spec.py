@@ -29,7 +29,7 @@ from tpu_console.runs.supervision import SupervisionPolicy, policy_from_options
 METRIC_FORMATS = ("auto", "seeds", "maxtext", "jsonl", "regex", "none")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # [env] names that hold secrets by convention: refused, since [env] is on a command line and in launch.json.
-_SECRET_NAME = re.compile(r"(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$", re.IGNORECASE)
+_SECRET_NAME = re.compile(r"(?:^|_)(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$", re.IGNORECASE)
 
 
 class _Strict(BaseModel):

@@ -57,6 +57,7 @@ max_hang = "30m"
     assert spec.command == ["python", "-m", "nash_mhc.train", "--mesh-data", "2", "--note", "two words"]
     assert spec.project_dir() == (tmp_path / "nash-mhc").resolve()  # relative to the job file's folder
     assert spec.setup.python == "3.12" and spec.env == {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
+    assert JobSpec(command=["x"], env={"MONKEY": "1", "TOKENIZER": "bpe"}).env["MONKEY"] == "1"  # not secrets
     assert spec.job_file_text == text and spec.record()["job_file_text"] == text
     policy = spec.policy()
     assert policy.fail_fast and policy.on_end == "delete" and policy.grace_s == 600
