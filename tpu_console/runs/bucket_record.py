@@ -62,13 +62,20 @@ def parse_bucket(text: str) -> Bucket:
                     "config.toml (or TPU_CONSOLE_GCP__BUCKET)")
 
 
-def configured(settings: Settings, provider: str | None = None) -> Bucket | None:
-    """The bucket runs are recorded in: the setting, else for local pods the folder in this home."""
-    if settings.gcp.bucket:
-        return parse_bucket(settings.gcp.bucket)
-    if provider in (None, "local"):
-        return Bucket("folder", str(locations.home() / LOCAL_FOLDER), "runs/")
-    return None
+def configured(settings: Settings) -> Bucket | None:
+    """The bucket of the setting (None when unset)."""
+    return parse_bucket(settings.gcp.bucket) if settings.gcp.bucket else None
+
+
+def home_folder() -> Bucket:
+    """Local pods' stand-in for the bucket, in this console's home."""
+    return Bucket("folder", str(locations.home() / LOCAL_FOLDER), "runs/")
+
+
+def places(settings: Settings) -> list[Bucket]:
+    """Where `runs` looks for records: the configured bucket, and this home's folder for local pods."""
+    bucket = configured(settings)
+    return [bucket] if bucket == home_folder() else [b for b in (bucket, home_folder()) if b is not None]
 
 
 def emulator_endpoint() -> str | None:
@@ -79,15 +86,20 @@ def emulator_endpoint() -> str | None:
 
 
 def supervisor_target(settings: Settings, provider: str) -> dict[str, Any] | None:
-    """supervision.json's `record`: where the supervisor writes the run's record (None: nowhere). A folder
-    only for local pods (on any other pod it would be on the pod); a bucket through an emulator without
-    credentials, else with the VM's own (its service account needs storage write access)."""
-    bucket = configured(settings, provider)
+    """supervision.json's `record`: where the supervisor writes the run's record (None: nowhere). A bucket
+    from a TPU VM with the VM's own credentials (its service account needs write access), from any pod
+    through an emulator (no credentials); a local pod, which has no metadata server to ask, a folder: the
+    `file://` setting or this home's. A folder on any other pod would be on the pod: nowhere."""
+    bucket = configured(settings)
+    emulator = emulator_endpoint()
+    if provider == "local" and (bucket is None or (bucket.kind == "gcs" and emulator is None)):
+        bucket = home_folder()
     if bucket is None or (bucket.kind == "folder" and provider != "local"):
         return None
     if bucket.kind == "folder":
         return {"kind": "folder", "path": bucket.name, "prefix": bucket.prefix, "tail_lines": TAIL_LINES}
-    emulator = emulator_endpoint()
+    if emulator is None and provider != "gcp":
+        return None
     return {"kind": "gcs", "bucket": bucket.name, "prefix": bucket.prefix, "tail_lines": TAIL_LINES,
             "endpoint": emulator or GCS_ENDPOINT, "auth": "none" if emulator else "metadata"}
 
@@ -124,24 +136,25 @@ def read_records(bucket: Bucket, skip: set[str] = frozenset()) -> list[dict[str,
 
 
 def merge_into_history(settings: Settings, store: RunStore) -> str | None:
-    """Bring the bucket's records into the history; a warning (one line) when the bucket cannot be read or
-    its setting is wrong, else None."""
+    """Bring the bucket's (and this home's folder's) records into the history; a warning (one line) when
+    the bucket cannot be read or its setting is wrong, else None."""
     try:
-        bucket = configured(settings)
+        found = places(settings)
     except UserError as exc:
         return f"{exc}; runs are listed from this machine's history only"
-    if bucket is None:
-        return None
     ended = {r.run_id for r in store.list(None, 100_000) if r.finished}
-    try:
-        records = read_records(bucket, ended)
-    except Exception as exc:  # noqa: BLE001 - any failure to reach it is the same warning
-        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return (f"the run records in {bucket.place} cannot be read ({type(exc).__name__}: {detail[:160]}); "
-                "runs are listed from this machine's history only")
-    for data in records:
-        merge(store, data)
-    return None
+    warnings = []
+    for bucket in found:
+        try:
+            records = read_records(bucket, ended)
+        except Exception as exc:  # noqa: BLE001 - any failure to reach it is the same warning
+            detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            warnings.append(f"the run records in {bucket.place} cannot be read ({type(exc).__name__}: "
+                            f"{detail[:160]}); runs are listed from this machine's history only")
+            continue
+        for data in records:
+            merge(store, data)
+    return "; ".join(warnings) or None
 
 
 def merge(store: RunStore, data: dict[str, Any]) -> bool:

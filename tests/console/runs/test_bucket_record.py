@@ -22,7 +22,7 @@ from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tests.processes import wait_for
 from tpu_console.runs import bucket_record
 from tpu_console.runs.store import RunRecord, RunStore
-from tpu_console.settings import load_settings
+from tpu_console.settings import Settings, load_settings
 from tpu_console.worker import supervisor as sv
 
 pytestmark = pytest.mark.usefixtures("console_home")
@@ -153,3 +153,19 @@ def test_on_a_tpu_vm_the_record_goes_up_with_the_vms_token_and_a_failure_is_a_de
 def sv_decisions(s: sv.Supervisor) -> list[dict]:
     with open(f"{s.folder}/{sv.DECISIONS_FILE}") as f:
         return [json.loads(line) for line in f]
+
+
+def test_where_each_pod_writes_its_record(monkeypatch, console_home):  # noqa: F811
+    def target(provider: str, bucket: str | None) -> tuple | None:
+        found = bucket_record.supervisor_target(Settings(gcp={"bucket": bucket}), provider)
+        return found and (found["kind"], found.get("path") or found["bucket"], found.get("auth"))
+
+    home_folder = str(console_home / "run-records")
+    monkeypatch.delenv(bucket_record.EMULATOR_ENV, raising=False)
+    assert target("gcp", "gs://b/lab") == ("gcs", "b", "metadata")  # with the TPU VM's service account
+    assert target("gcp", None) is None and target("ssh", "gs://b") is None  # no metadata server to ask
+    assert target("gcp", "file:///shared") is None  # a folder on the pod would be no record
+    assert target("local", None) == target("local", "gs://b") == ("folder", home_folder, None)
+    assert target("local", "file:///shared") == ("folder", "/shared", None)
+    monkeypatch.setenv(bucket_record.EMULATOR_ENV, "127.0.0.1:9023")
+    assert target("local", "gs://b") == target("ssh", "gs://b") == ("gcs", "b", "none")
