@@ -100,6 +100,13 @@ def test_each_workers_exit_status_is_kept(capsys):
     assert view["state"] == "failed" and view["failure"].startswith("worker 1 exited 5")
     assert [w["exit_status"] for w in view["worker_status"]] == [0, 5]
 
+    # a program that is not there: a shell's 127 and one line in the log, not the job runner's traceback
+    run_id = launch(capsys, "--", "no-such-program-here", "--flag")
+    status, lines = follow(capsys, run_id)
+    assert status == 1
+    assert lines[0][0] == "tpu-console: cannot start no-such-program-here: No such file or directory"
+    assert [w["exit_status"] for w in status_of(capsys, run_id)["worker_status"]] == [127, 127]
+
 
 def test_fail_fast_stops_the_other_workers_when_one_fails(capsys):
     run_id = launch(capsys, "--fail-fast", "--", sys.executable, FOREIGN, "fail", "1", "3")
