@@ -7,6 +7,7 @@ import sys
 
 from tpu_console.errors import UserError
 from tpu_console.model import Node, QueuedRequest
+from tpu_console.runs import ownership
 from tpu_console.runs.store import RunRecord
 
 
@@ -44,11 +45,18 @@ def cancel_queued(requests: list[str], *, json_mode: bool) -> bool:
 
 
 def confirm_stop(record: RunRecord, *, yes: bool, json_mode: bool) -> None:
-    """Stopping a run: y/N (or --yes); UserError otherwise."""
+    """Stopping a run: y/N, or for another person's run its id typed back (or --yes); UserError otherwise."""
     if yes:
         return
     run_id = record.run_id
+    theirs = not ownership.is_mine(record.launched_by)
+    whose = f"{ownership.describe(record.launched_by)}'s run" if theirs else ""
     if not can_ask(json_mode):
-        raise UserError(f"refusing to stop {run_id} without --yes")
+        raise UserError(f"refusing to stop {run_id} without --yes" + (f": it is {whose}" if theirs else ""))
+    if theirs:
+        typed = input(f"run {run_id} on {record.node} is {whose}; type its run id to stop it: ").strip()
+        if typed != run_id:
+            raise UserError(f"not stopping {whose} {run_id}: the id typed did not match (or pass --yes)")
+        return
     if not yes_no(f"stop run {run_id} on {record.node} (workers {record.workers})?"):
         raise UserError(f"not stopping {run_id}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -13,11 +14,11 @@ from typing import Any
 
 from tpu_console import run_table
 from tpu_console.cli import flags, output, prompts, run_history
-from tpu_console.errors import UserError
+from tpu_console.errors import NotFound, UserError
 from tpu_console.model import Node
 from tpu_console.node_table import format_age, format_table
 from tpu_console.providers.base import Provider
-from tpu_console.runs import bucket_record
+from tpu_console.runs import bucket_record, discovery
 from tpu_console.runs import control as run_control
 from tpu_console.runs.job_spec import JobSpec, load_job_file
 from tpu_console.runs.launch import ValidatedConfig
@@ -365,9 +366,13 @@ async def runs(args: argparse.Namespace, settings: Settings, providers: dict[str
     # the bucket's run records first (runs whose node is gone, a colleague's): the history is their cache
     if warning := await asyncio.to_thread(bucket_record.merge_into_history, settings, store):
         print(f"warning: {warning}", file=sys.stderr)
+    if args.node:  # the node's run folders too: a run launched from another console is on the pod
+        with contextlib.suppress(NotFound):
+            await discovery.discover(providers, store, args.node)
     views = await run_control.list_runs(providers, args.node, store=store, limit=args.limit)
     if args.json:
-        output.print_json({"runs": [run_table.run_record(v) for v in views]})
+        output.print_json({"runs": [{**run_table.run_record(v), "launched_by": v.record.launched_by}
+                                    for v in views]})
     elif views:
         now = datetime.now(UTC)
         print(format_table(run_table.RUN_COLUMNS, [run_table.run_row(v, now) for v in views]))

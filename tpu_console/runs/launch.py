@@ -43,7 +43,7 @@ from tpu_console.provision.code_sync import code_version
 from tpu_console.provision.recipes import ENV_DIR, ENV_PYTHON
 from tpu_console.provision.report import WorkerReport, mismatches
 from tpu_console.provision.steps import ignore_worker, run_on_workers
-from tpu_console.runs import bucket_record, supervision
+from tpu_console.runs import bucket_record, ownership, supervision
 from tpu_console.runs.inputs import job_inputs, refuse_missing
 from tpu_console.runs.job_spec import JobSpec, MetricsSpec
 from tpu_console.runs.run_id import new_run_id
@@ -170,6 +170,7 @@ def launch_env(
 
 
 def refuse_partial(node: Node, selected: list[int], envs: dict[int, dict[str, str]]) -> None:
+    """A subset of workers only where the console names the coordinator: elsewhere JAX waits for them all."""
     if len(selected) < node.shape.workers and not has_coordinator(envs[selected[0]]):
         raise UserError(
             f"{node.name!r} is a {node.provider} pod where JAX joins every host by itself, so the job must "
@@ -565,6 +566,7 @@ async def _start_run(
         code_version=version["git_sha"] + ("+dirty" if version["dirty"] else "") if version else None,
         price_per_hour=estimate.per_hour if estimate is not None else None,
         job=job_record,
+        launched_by=ownership.me(),
     )
     bind, supervisor_host = provider.supervisor_address(node, targets)
     plan = supervision.plan(
@@ -579,7 +581,7 @@ async def _start_run(
     progress(f"{run_id}: preparing {len(selected)} worker(s) of {node.name}")
     problems = await _prepare(
         fleet, run_id, selected, prepared, job_record, env_data, node, envs, version, started,
-        policy.fail_fast, plan, webhook_url,
+        policy.fail_fast, plan, webhook_url, record.launched_by,
     )
     if not problems:
         progress(f"{run_id}: starting the run's supervisor on worker {selected[0]}")
@@ -617,6 +619,7 @@ async def _prepare(
     fail_fast: bool = False,
     plan: dict[str, Any] | None = None,
     webhook_url: str | None = None,
+    launched_by: dict[str, Any] | None = None,
 ) -> dict[int, str]:
     """Make the run folder and upload its files on every worker; the problems by worker (empty: all done)."""
     # Without --env-file, the .env that `sync --env-file` left on the worker (if any) goes with the run.
@@ -652,6 +655,7 @@ async def _prepare(
             "supervised": plan is not None,
             **prepared.manifest,
             "job": job_record,
+            "launched_by": launched_by,  # who, from which machine and console home
         }
         uploads.append(
             fleet.put(json.dumps(manifest, indent=2).encode() + b"\n", f"{folder}/launch.json", [worker])

@@ -1,14 +1,14 @@
-"""Which run a person means: `RUN_ID`, `NODE` (its latest run) or `NODE RUN_ID`, as `status`, `stop` and
-`logs` take them. Looked up in the history, and for a run id it lacks in the run records' bucket
-(runs/bucket_record.py: a colleague's run, one whose node is gone), so nothing is done on a node for a name
-that does not resolve."""
+"""Which run a person means: `RUN_ID`, `NODE` (its latest run) or `NODE RUN_ID`, as `status`, `stop`,
+`logs`, `stacks` and `runs show` take them. The pod is the record of what ran (runs/discovery.py): a
+node's runs are read from its first worker into the history first, so its latest run may be a
+colleague's; a run id the history lacks is looked for in the run records' bucket (runs/bucket_record.py:
+one whose node is gone), then on every node. Nothing is done on a node for a name that does not resolve."""
 
 from __future__ import annotations
 
 from tpu_console.errors import NotFound, UserError
 from tpu_console.providers.base import Provider
-from tpu_console.providers.registry import find_node
-from tpu_console.runs import bucket_record
+from tpu_console.runs import bucket_record, discovery
 from tpu_console.runs.run_id import check_run_id, is_run_id
 from tpu_console.runs.store import RunRecord, RunStore
 from tpu_console.settings import load_settings
@@ -19,7 +19,10 @@ async def resolve_run(
 ) -> RunRecord:
     first = first.strip()
     if second is not None:
-        record = _get(store, check_run_id(second))
+        run_id = check_run_id(second)
+        if not _known(store, run_id):
+            await _discover(providers, store, first)
+        record = await _get(store, providers, run_id)
         if record.node != first:
             raise UserError(
                 f"run {record.run_id} ran on {record.node}, not {first}; "
@@ -27,25 +30,45 @@ async def resolve_run(
             )
         return record
     if is_run_id(first):
-        return _get(store, first)
+        return await _get(store, providers, first)
+    node_exists = await _discover(providers, store, first)
     latest = store.list(first, 1)
     if latest:
         return latest[0]
-    try:
-        await find_node(providers, first)
-    except NotFound:
+    if not node_exists:
         raise NotFound(
             f"{first!r} is neither a run id (YYYYmmdd-HHMMSS-xxxx) nor a node; list them with "
             "`tpu-console runs` and `tpu-console ls`"
-        ) from None
+        )
     raise NotFound(f"node {first} has no runs yet; start one with `tpu-console launch {first} --config FILE`")
 
 
-def _get(store: RunStore, run_id: str) -> RunRecord:
-    """From the history; a run id it lacks is looked for in the bucket's records first (merged there)."""
+def _known(store: RunStore, run_id: str) -> bool:
+    try:
+        store.get(run_id)
+    except NotFound:
+        return False
+    return True
+
+
+async def _discover(providers: dict[str, Provider], store: RunStore, node: str) -> bool:
+    """The node's runs into the history; False when there is no such node (the history may still know it)."""
+    try:
+        await discovery.discover(providers, store, node)
+    except NotFound:
+        return False
+    return True
+
+
+async def _get(store: RunStore, providers: dict[str, Provider], run_id: str) -> RunRecord:
+    """From the history; a run id it lacks is looked for in the bucket's records, then on the nodes."""
     try:
         return store.get(run_id)
     except NotFound:
-        if bucket_record.merge_into_history(load_settings(), store) is not None:
-            raise  # the bucket cannot be read: the history's answer stands
+        bucket_record.merge_into_history(load_settings(), store)
+    try:
         return store.get(run_id)
+    except NotFound:
+        if not await discovery.discover_run(providers, store, run_id):
+            raise
+    return store.get(run_id)

@@ -53,6 +53,7 @@ _ADDED_COLUMNS = {
     "archive_path": "TEXT",  # local folder holding every worker's output.log and events.jsonl
     "price_per_hour": "REAL",  # the node's approximate USD price per hour when launched (spot or on-demand)
     "job": "TEXT",  # JSON: launch.json's `job` object (what ran, where, from which project and setup)
+    "launched_by": "TEXT",  # JSON: launch.json's `launched_by` ({user, host, home}; runs/ownership.py)
 }
 
 
@@ -87,6 +88,7 @@ class RunRecord:
     archive_path: str | None = None  # where every worker's log and events were copied when it ended
     price_per_hour: float | None = None  # the node's price when launched; None where unknown (local pods)
     job: dict[str, Any] | None = None  # launch.json's `job` object; None for runs recorded before it existed
+    launched_by: dict[str, Any] | None = None  # who launched it, from where; None before it was recorded
 
     @property
     def finished(self) -> bool:
@@ -118,7 +120,7 @@ class RunStore:
                 "config_digest,"
                 " overrides, code_version, python, started_at, state, failure, finished_at, "
                 "stop_requested_at,"
-                " price_per_hour, job) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " price_per_hour, job, launched_by) VALUES (" + ", ".join("?" * 18) + ")",
                 (
                     record.run_id,
                     record.node,
@@ -137,6 +139,7 @@ class RunStore:
                     _iso(record.stop_requested_at),
                     record.price_per_hour,
                     json.dumps(record.job) if record.job is not None else None,
+                    json.dumps(record.launched_by) if record.launched_by is not None else None,
                 ),
             )
             self._put_workers(db, record.run_id, record.worker_records.values())
@@ -237,6 +240,7 @@ class RunStore:
             archive_path=row["archive_path"],
             price_per_hour=row["price_per_hour"],
             job=json.loads(row["job"]) if row["job"] else None,
+            launched_by=json.loads(row["launched_by"]) if row["launched_by"] else None,
         )
 
 

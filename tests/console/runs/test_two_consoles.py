@@ -1,0 +1,123 @@
+"""Two console homes (two people) against one pod: home A launches on its local pod; home B reaches the
+same workers over loopback SSH as an `[[ssh.nodes]]` entry, and lists, follows, stacks and stops A's run,
+which it never launched (found in the run folders on the pod, runs/discovery.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.processes import wait_for
+from tpu_console import cli
+from tpu_console.providers.local import LocalProvider
+from tpu_console.runs.job_spec import JobSpec
+from tpu_console.runs.launch import launch
+from tpu_console.runs.store import RunStore
+
+SLEEPER = ("import time\nprint('hello from the pod', flush=True)\ndef wait_for_the_others():\n"
+           "    time.sleep(60)\nwait_for_the_others()\n")
+
+
+def _home_b(tmp_path: Path, pod) -> Path:
+    home = tmp_path / "home-b"
+    home.mkdir()
+    hosts = ", ".join(f'"{t.host}:{t.port}"' for t in pod.targets)
+    (home / "config.toml").write_text(
+        f'[[ssh.nodes]]\nname = "pod"\nhosts = [{hosts}]\nuser = "{pod.targets[0].username}"\n'
+        f'key = "{pod.targets[0].client_key}"\nknown_hosts = "{home / "known_hosts"}"\naccept_new = true\n'
+    )
+    return home
+
+
+async def _as_b(monkeypatch, capsys, home_b: Path, *argv: str) -> tuple[int, str, str]:
+    """The CLI of home B, user bob, in a thread of its own (home A's pod keeps serving in this loop)."""
+    monkeypatch.setenv("TPU_CONSOLE_HOME", str(home_b))
+    monkeypatch.setenv("USER", "bob")
+    monkeypatch.setenv("LOGNAME", "bob")
+    status = await asyncio.to_thread(cli.main, list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+@pytest.fixture
+async def two_worker_pod():
+    provider = LocalProvider()
+    from tpu_console.model import CreateRequest
+
+    node = await provider.create(CreateRequest(name="pod", accelerator_type="local-2x1"))
+    targets = await provider.ssh_targets(node)
+
+    class Pod:
+        pass
+
+    pod = Pod()
+    pod.provider, pod.node, pod.targets = provider, node, targets
+    try:
+        yield pod
+    finally:
+        await provider.close()
+
+
+async def test_home_b_lists_follows_stacks_and_stops_a_run_home_a_launched(
+    two_worker_pod, tmp_path, monkeypatch, capsys
+):
+    pod = two_worker_pod
+    monkeypatch.setenv("USER", "alice")
+    monkeypatch.setenv("LOGNAME", "alice")
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    job = JobSpec.from_command([sys.executable, str(script)])
+    result = await launch({"local": pod.provider}, "pod", job=job)
+    assert result.ok, result
+    run_id = result.run_id
+    launch_json = json.loads((pod.provider.store.worker_dir("pod", 0) / "tpu-console" / "runs" / run_id
+                              / "launch.json").read_text())
+    assert launch_json["launched_by"]["user"] == "alice"
+    home_b = _home_b(tmp_path, pod)
+
+    # B has never seen it: `runs pod` finds it on the pod, with who launched it
+    status, out, err = await _as_b(monkeypatch, capsys, home_b, "runs", "pod", "--json")
+    assert status == 0, err
+    (listed,) = json.loads(out)["runs"]
+    assert listed["run_id"] == run_id and listed["launched_by"]["user"] == "alice"
+    assert listed["state"] in ("running", "pending")
+
+    # and by its id alone, as `status` takes it, in a fresh home of B's that knows nothing yet
+    fresh = tmp_path / "home-b2"
+    fresh.mkdir()
+    (fresh / "config.toml").write_text((home_b / "config.toml").read_text())
+    status, out, err = await _as_b(monkeypatch, capsys, fresh, "status", run_id, "--json")
+    assert status == 0, err
+    assert json.loads(out)["run_id"] == run_id
+
+    async def said_hello() -> bool:
+        status, out, _ = await _as_b(monkeypatch, capsys, home_b, "logs", "pod", "--lines", "all")
+        return status == 0 and "hello from the pod" in out
+
+    for _ in range(100):
+        if await said_hello():
+            break
+        await asyncio.sleep(0.2)
+    else:
+        pytest.fail("B never read the run's output")
+
+    status, out, err = await _as_b(monkeypatch, capsys, home_b, "stacks", "pod", "--json", "--wait", "5")
+    assert status == 0, err
+    assert "wait_for_the_others" in out
+
+    # stopping alice's run: refused without --yes, naming whose it is; done with it
+    status, out, err = await _as_b(monkeypatch, capsys, home_b, "stop", "pod")
+    assert status == 2 and "alice" in err and run_id in err, err
+    assert not (pod.provider.store.worker_dir("pod", 0) / "tpu-console" / "runs" / run_id / "exit").exists()
+    follow = asyncio.create_task(_as_b(monkeypatch, capsys, home_b, "logs", "pod", "--follow"))
+    await asyncio.sleep(1.0)
+    status, out, err = await _as_b(monkeypatch, capsys, home_b, "stop", "pod", "--yes", "--grace", "2")
+    assert status == 0, err
+    await asyncio.wait_for(follow, 60)
+    assert RunStore(home_b / "console.sqlite").get(run_id).launched_by["user"] == "alice"
+    wait_for(lambda: all((pod.provider.store.worker_dir("pod", w) / "tpu-console" / "runs" / run_id
+                          / "exit").exists() for w in (0, 1)), timeout=20)
