@@ -28,6 +28,7 @@ from tpu_console.runs.events import StepMetrics, parse_event_line
 from tpu_console.runs.run_id import is_run_id
 from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
 from tpu_console.runs.summary import summarize
+from tpu_console.secrets import MIN_SECRET_LENGTH
 from tpu_console.settings import Settings
 
 TAIL_LINES = 20  # the last lines of each worker's output the record keeps
@@ -97,11 +98,17 @@ def supervisor_target(settings: Settings, provider: str) -> dict[str, Any] | Non
     if bucket is None or (bucket.kind == "folder" and provider != "local"):
         return None
     if bucket.kind == "folder":
-        return {"kind": "folder", "path": bucket.name, "prefix": bucket.prefix, "tail_lines": TAIL_LINES}
+        return {"kind": "folder", "path": bucket.name, "prefix": bucket.prefix, **_tails()}
     if emulator is None and provider != "gcp":
         return None
-    return {"kind": "gcs", "bucket": bucket.name, "prefix": bucket.prefix, "tail_lines": TAIL_LINES,
+    return {"kind": "gcs", "bucket": bucket.name, "prefix": bucket.prefix, **_tails(),
             "endpoint": emulator or GCS_ENDPOINT, "auth": "none" if emulator else "metadata"}
+
+
+def _tails() -> dict[str, int]:
+    """How many lines of each worker's output the record keeps, and the shortest `.env` value masked in
+    them (secrets.py's, so the bucket masks what the console's screens mask)."""
+    return {"tail_lines": TAIL_LINES, "mask_min_length": MIN_SECRET_LENGTH}
 
 
 # ---- reading -------------------------------------------------------------------------------------------

@@ -357,9 +357,12 @@ class Supervisor:
                 decisions = [json.loads(line) for line in f if line.strip()]
         except (OSError, ValueError):
             decisions = []
+        # the bucket is the team's: a secret of the run's .env a job printed is masked, as the console does
+        secrets = _env_values(os.path.join(self.folder, ".env"),
+                              int((self.plan.get("record") or {}).get("mask_min_length", 1)))
         workers = {str(w.index): {"state": w.state, "exit_status": w.status, "cause": w.cause,
                                   "stopped": w.stopped, "step": w.step, "step_s": w.step_s,
-                                  "last_event": w.last_event, "tail": w.tail}
+                                  "last_event": w.last_event, "tail": [_mask(t, secrets) for t in w.tail]}
                    for w in self.workers.values()}
         return {"format": 1, "run_id": self.plan["run_id"], "node": self.plan["node"],
                 "provider": self.plan.get("provider"), "written_at": round(self.clock(), 3),
@@ -554,6 +557,31 @@ def supervise(folder, supervisor):
         return
     if os.path.isdir(folder):  # on a local pod the folder went with the node
         supervisor.decide("deleted", f"node {plan['node']} deleted")
+
+
+def _env_values(path, min_length):
+    """The values of a `.env` file's KEY=value lines (quotes and `export` taken off), longest first."""
+    values = set()
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        line = line.strip()
+        key, sep, value = (line[len("export "):] if line.startswith("export ") else line).partition("=")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        if sep and key.strip() and not key.lstrip().startswith("#") and len(value) >= max(1, min_length):
+            values.add(value)
+    return sorted(values, key=len, reverse=True)
+
+
+def _mask(line, secrets):
+    for value in secrets:
+        line = line.replace(value, "***")
+    return line
 
 
 def _load_json(path):

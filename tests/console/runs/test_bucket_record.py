@@ -53,8 +53,10 @@ def test_a_node_the_supervisor_deleted_unwatched_is_listed_from_the_bucket_by_an
     use_home(monkeypatch, console_home, f"gs://{BUCKET}/lab")
     job = fake_trainer(tmp_path, (
         """echo '{"t": 1, "kind": "step", "process": 0, "step": 7, "loss": 0.5}' >> events.jsonl\n"""
-        "echo last words of $TRAINER_PROCESS_ID\nsleep 1000\n"))
-    run_id, _ = launch_then_kill_console(job, "--max-hang", "3s")  # no console watches it
+        "echo last words of $TRAINER_PROCESS_ID with $HF_TOKEN\nsleep 1000\n"))
+    env_file = tmp_path / ".env"
+    env_file.write_text("HF_TOKEN=hf_not_a_real_token_42\n")
+    run_id, _ = launch_then_kill_console(job, "--max-hang", "3s", "--env-file", str(env_file))  # unwatched
     wait_for(lambda: not node_dir().exists(), timeout=60)
     assert not RunStore().get(run_id).finished  # the launching home never saw it end
     status, out, err = run(capsys, "runs", "--json")
@@ -82,7 +84,8 @@ def test_a_node_the_supervisor_deleted_unwatched_is_listed_from_the_bucket_by_an
     data = bucket_record.read_records(bucket_record.configured(load_settings()))[0]
     assert data["launch"]["run_id"] == run_id and data["reason"] == "max-hang"
     assert [d["decision"] for d in data["decisions"]][-1] == "deleting"
-    assert "last words of 1" in data["workers"]["1"]["tail"]
+    assert "last words of 1 with ***" in data["workers"]["1"]["tail"]  # the team's bucket has no secret
+    assert "hf_not_a_real_token_42" not in json.dumps(data)
 
 
 def test_a_bucket_that_cannot_be_reached_is_a_warning_and_the_history_still_lists(
