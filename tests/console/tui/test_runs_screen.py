@@ -204,3 +204,33 @@ async def test_the_line_under_the_table_says_why_the_highlighted_run_failed_and_
             "20250314-100000-aaaa on pod-a (v6e-16) · worker 1 exited 1: RESOURCE_EXHAUSTED"
             " · --set rollout.batch_size=64 steps=40 · code 9f8506eb0fb7+dirty"
         )
+
+
+async def test_a_run_only_the_bucket_knows_is_listed_and_a_bucket_out_of_reach_is_a_note(
+        console_home, monkeypatch):  # noqa: F811
+    import json
+
+    from tpu_console.runs import bucket_record
+
+    shared = console_home.parent / "team-bucket"  # a file:// bucket: a folder standing for gs://
+    (shared / "runs").mkdir(parents=True)
+    (shared / "runs" / "20250314-090000-dddd.json").write_text(json.dumps({
+        "run_id": "20250314-090000-dddd", "node": "gone", "provider": "gcp", "outcome": "stopped",
+        "reason": "max-hang", "written_at": NOW.timestamp(),
+        "launch": {"workers": [0], "started_at": (NOW - timedelta(hours=2)).isoformat()},
+        "decisions": [{"t": NOW.timestamp(), "decision": "max-hang", "message": "no step for 30m"},
+                      {"t": NOW.timestamp(), "decision": "deleting", "message": "deleting node gone"}],
+        "workers": {"0": {"state": "done", "exit_status": 143, "stopped": "supervisor"}}}))
+    console_home.mkdir(parents=True, exist_ok=True)
+    (console_home / "config.toml").write_text(f'[gcp]\nbucket = "file://{shared}"\n')
+    add_run("20250314-100000-aaaa")
+    async with app().run_test(size=(100, 30)) as pilot:
+        screen = await open_runs(pilot)
+        assert run_ids(screen) == ["20250314-100000-aaaa", "20250314-090000-dddd"]
+        assert "max-hang" in (RunStore().get("20250314-090000-dddd").failure or "")
+        (console_home / "config.toml").write_text('[gcp]\nbucket = "gs://team-bucket"\n')
+        monkeypatch.setenv(bucket_record.EMULATOR_ENV, "http://127.0.0.1:9")  # nothing listens there
+        await pilot.press("r")
+        await until_listed(pilot, screen, 2)
+        assert "cannot be read" in str(screen.query_one("#status", Static).render())
+        assert len(run_ids(screen)) == 2  # the history is still listed
