@@ -28,6 +28,9 @@ def gcp_home(tmp_path, monkeypatch):
     monkeypatch.delenv("CLOUDSDK_CORE_PROJECT", raising=False)
     monkeypatch.delenv("GOOGLE_CLOUD_PROJECT", raising=False)
     monkeypatch.setattr(gcp_client, "RETRY_BASE_DELAY", 0.01)  # keep 5xx retries fast in tests
+    # the person nodes are labelled with (tpu-console-user), given as a login name the labels must clean
+    monkeypatch.setenv("LOGNAME", "Alice.Smith")
+    monkeypatch.setenv("USER", "Alice.Smith")
     return tmp_path
 
 

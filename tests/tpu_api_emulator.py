@@ -42,6 +42,16 @@ from urllib.parse import parse_qs, urlsplit
 
 _NODE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _TYPE = re.compile(r"^(v2|v3|v4|v5p|v5litepod|v6e)-(\d+)$")
+# GCP label rules: keys start with a lowercase letter; keys and values lowercase letters, digits, _ and -
+_LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+
+
+def _check_labels(labels: Any) -> None:
+    """The API refuses a label that breaks its rules (as it would a console's unsanitised user name)."""
+    for key, value in (labels or {}).items():
+        if not _LABEL.match(str(key)) or not _LABEL_VALUE.match(str(value)):
+            raise ApiError("INVALID_ARGUMENT", f"Invalid label {key}={value}.")
 
 # HTTP status for each google.rpc code the emulator returns.
 _HTTP_FOR_STATUS = {
@@ -238,11 +248,13 @@ class TpuApiEmulator:
                  "workerId": "0"})
 
     def add_queued(self, project: str, zone: str, name: str, accelerator_type: str, *,
-                   state: str = "WAITING_FOR_RESOURCES", spot: bool = True) -> None:
+                   state: str = "WAITING_FOR_RESOURCES", spot: bool = True,
+                   labels: dict[str, str] | None = None) -> None:
         """Put a queued request straight into a state, as if made earlier (it does not move on)."""
         with self._lock:
+            node = {"acceleratorType": accelerator_type, **({"labels": labels} if labels else {})}
             body = {"tpu": {"nodeSpec": [{"parent": f"projects/{project}/locations/{zone}", "nodeId": name,
-                                          "node": {"acceleratorType": accelerator_type}}]},
+                                          "node": node}]},
                     **({"spot": {}} if spot else {})}
             queued = self._new_queued(project, zone, name, body, capacity_at=None)
             self._set_queued_state(queued, state, time.monotonic())
@@ -427,6 +439,7 @@ class TpuApiEmulator:
         specs = body.get("tpu", {}).get("nodeSpec", [])
         if len(specs) != 1 or not _TYPE.match(specs[0].get("node", {}).get("acceleratorType", "")):
             raise ApiError("INVALID_ARGUMENT", "tpu.nodeSpec needs one node with a known acceleratorType.")
+        _check_labels(specs[0].get("node", {}).get("labels"))
         if "bestEffort" in body and not alpha:
             raise ApiError("INVALID_ARGUMENT", "Unknown field 'bestEffort' (it exists in v2alpha1 only).")
         if any(z == zone and n == name for (_, z, n) in self._queued) or any(
@@ -535,6 +548,7 @@ class TpuApiEmulator:
         self._check_injected("create", zone)
         if not _NODE_NAME.match(name):
             raise ApiError("INVALID_ARGUMENT", f"Invalid value for field 'nodeId': '{name}'.")
+        _check_labels(body.get("labels"))
         if not _TYPE.match(body.get("acceleratorType", "")):
             raise ApiError("INVALID_ARGUMENT", f"Accelerator type '{body.get('acceleratorType')}' not found.")
         if not body.get("runtimeVersion"):
@@ -606,6 +620,7 @@ class TpuApiEmulator:
             if path not in ("metadata", "labels", "description", "tags"):
                 raise ApiError("INVALID_ARGUMENT", f"field {path!r} cannot be updated")
             changes[path] = body.get(path, {} if path in ("metadata", "labels") else "")
+        _check_labels(changes.get("labels"))
 
         def apply() -> None:
             node.body.update(changes)

@@ -37,7 +37,13 @@ def public_key_line() -> str:
 
 
 def _user() -> str:
+    return user_name() or "user"
+
+
+def user_name() -> str:
+    """The person at this console: the login name ($LOGNAME, $USER ...); "" where none is known. Runs
+    and nodes are marked with it (runs/ownership.py, providers/gcp/labels.py)."""
     try:
         return getpass.getuser()
     except OSError:
-        return "user"
+        return ""

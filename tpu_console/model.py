@@ -145,6 +145,7 @@ class QueuedRequest:
     created_at: datetime | None = None
     reason: str | None = None  # why it failed or was suspended
     has_node: bool = False  # its node exists (listed among the nodes)
+    labels: dict[str, str] = field(default_factory=dict)  # its node's labels (who made it: gcp/labels.py)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ the documented short form `TPU_CONSOLE_GCP_API_ENDPOINT`.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,14 @@ class GcpSettings(_Strict):
     ssh_user: str = "root"
     oslogin_user: str | None = None  # your Google account email; set it to log in through OS Login
     bucket: str | None = None  # "gs://BUCKET[/PATH]" or "file:///FOLDER": where supervisors keep run records
+    team_project: str | None = None  # the team's project: nodes made are labelled tpu-console-project=NAME
+
+    @field_validator("bucket")
+    @classmethod
+    def _bucket_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"gs://[^/\s]+(/\S*)?|file:///\S*", value.strip()):
+            raise ValueError("the bucket is gs://BUCKET[/PATH], or file:///FOLDER for a folder standing in")
+        return value
 
 
 class LocalSettings(_Strict):

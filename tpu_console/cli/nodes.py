@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from tpu_console import keys
 from tpu_console.cli import flags, output, prompts
 from tpu_console.cli.termination import cancel_on_termination
 from tpu_console.errors import CreateInterrupted, UserError
@@ -25,8 +26,9 @@ from tpu_console.node_table import (
 )
 from tpu_console.providers import capacity, create_options
 from tpu_console.providers.base import Provider
+from tpu_console.providers.gcp import labels as node_owners
 from tpu_console.providers.nodes import cancel_queued, create_node, delete_node, list_nodes
-from tpu_console.providers.registry import KNOWN_PROVIDERS, create_provider_name
+from tpu_console.providers.registry import KNOWN_PROVIDERS, create_provider_name, find_node
 from tpu_console.settings import Settings
 
 
@@ -40,6 +42,18 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
         "the nodes that could be read are still listed.",
     )
     ls.add_argument("--provider", choices=KNOWN_PROVIDERS, help="only this provider's nodes")
+    whose = ls.add_mutually_exclusive_group()
+    whose.add_argument("--mine", action="store_true", help="only the nodes and requests this user made")
+    whose.add_argument("--user", metavar="USER",
+                       help="only those USER made (gcp: the tpu-console-user label)")
+
+    adopt = verbs.add_parser(
+        "adopt", parents=[common], help="mark a gcp node made elsewhere (gcloud, another tool) as yours",
+        description="Add this console's labels (created-by=tpu-console, tpu-console-user, and "
+        "tpu-console-project when [gcp] team_project is set) to a gcp node made elsewhere; its other labels "
+        "stay. A node another person's console made is not adopted.",
+    )
+    adopt.add_argument("name", help="the node")
 
     create = verbs.add_parser(
         "create",
@@ -132,14 +146,26 @@ async def ls(args: argparse.Namespace, settings: Settings, providers: dict[str, 
     now = datetime.now(UTC)
     for problem in listing.problems:
         print(f"warning: {problem}", file=sys.stderr)
+    wanted = node_owners.sanitise(keys.user_name() if args.mine else args.user or "")
+    if args.mine or args.user is not None:
+        if not wanted:
+            raise UserError(f"--user {args.user!r} names nobody; give a login name, e.g. --user alice")
+        owners = sorted({o for o in map(owner_of, [*listing.nodes, *listing.requests]) if o})
+        listing.nodes = [n for n in listing.nodes if owner_of(n) == wanted]
+        listing.requests = [r for r in listing.requests if owner_of(r) == wanted]
+        if not listing.nodes and not listing.requests:
+            print(f"no node or queued request of user {wanted}; owners here: {', '.join(owners) or 'none'}"
+                  " (a node made elsewhere has none until `tpu-console adopt NODE`)", file=sys.stderr)
     waiting = [r for r in listing.requests if not r.has_node]  # the others show as their node
     if args.json:
-        output.print_json({"nodes": [node_record(n, now) for n in listing.nodes],
-                           "requests": [request_record(r, now) for r in listing.requests],
+        output.print_json({"nodes": [{**node_record(n, now), "owner": owner_of(n)} for n in listing.nodes],
+                           "requests": [{**request_record(r, now), "owner": owner_of(r)}
+                                        for r in listing.requests],
                            "problems": listing.problems})
         return 0
     if listing.nodes:
-        print(format_table(COLUMNS, [node_row(n, now) for n in listing.nodes]))
+        print(format_table((*COLUMNS, "OWNER"), [(*node_row(n, now), owner_of(n) or "-")
+                                                 for n in listing.nodes]))
         for node in listing.nodes:
             if notes := node_notes(node):
                 print(f"  {node.name}: {'; '.join(notes)}")
@@ -148,6 +174,27 @@ async def ls(args: argparse.Namespace, settings: Settings, providers: dict[str, 
         print(("\n" if listing.nodes else "") + table)
     if not listing.nodes and not waiting:
         print("no nodes; create one with `tpu-console create NAME --type TYPE`", file=sys.stderr)
+    return 0
+
+
+def owner_of(item: Node | QueuedRequest) -> str | None:
+    """Who made a node or request: its gcp label; a local pod is this console's (it lives in its home);
+    None for a node made elsewhere."""
+    if item.provider == "local":
+        return node_owners.sanitise(keys.user_name()) or None
+    return node_owners.owner(item.labels)
+
+
+async def adopt(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    provider, node = await find_node(providers, args.name)
+    if node.provider != "gcp":
+        raise UserError(f"{args.name} is a {node.provider} node: only gcp nodes carry labels (a local pod is "
+                        "this console's, an ssh node is whoever configures it)")
+    node = await provider.adopt(node.name)
+    if args.json:
+        output.print_json({"node": node.name, "labels": node.labels})
+    else:
+        print(f"{node.name}: labelled {owner_of(node)}'s")
     return 0
 
 
@@ -306,4 +353,5 @@ async def capacity_record(
     return 0
 
 
-HANDLERS = {"ls": ls, "create": create, "delete": delete, "idle": idle, "capacity": capacity_record}
+HANDLERS = {"ls": ls, "adopt": adopt, "create": create, "delete": delete, "idle": idle,
+            "capacity": capacity_record}

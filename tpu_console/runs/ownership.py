@@ -7,21 +7,17 @@ and a run is "mine" whenever its user is this console's user."""
 
 from __future__ import annotations
 
-import getpass
 import secrets
 import socket
 from typing import Any
 
-from tpu_console import locations
+from tpu_console import keys, locations
 
 ID_FILE = "console-id"
 
 
 def current_user() -> str:
-    try:
-        return getpass.getuser()
-    except OSError:  # no login name in the environment nor the password database
-        return "unknown"
+    return keys.user_name() or "unknown"
 
 
 def home_id() -> str:

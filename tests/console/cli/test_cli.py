@@ -12,7 +12,9 @@ import pytest
 
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tpu_console.cli import main
+from tpu_console.keys import user_name
 from tpu_console.locations import home
+from tpu_console.providers.gcp.labels import sanitise
 
 pytestmark = pytest.mark.usefixtures("console_home")
 
@@ -67,8 +69,10 @@ def test_create_ls_delete_round_trip(capsys):
         "AGE",
         "PRICE/H",
         "COST",
+        "OWNER",
     ]
     assert row.split()[:7] == ["pod-a", "local", "local-2x4", "2", "READY", "local", "-"]
+    assert row.split()[-1] == sanitise(user_name())  # a local pod is this console's person's
 
     status, out, _ = run(capsys, "ls", "--json", "--provider", "local")
     (node,) = json.loads(out)["nodes"]

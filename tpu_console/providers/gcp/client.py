@@ -142,6 +142,16 @@ class TpuApi:
         future = await call(self._client.update_node, node=node, update_mask=mask, attempts=1)
         return future.operation.name
 
+    async def update_labels(self, path: str, labels: dict[str, str]) -> str:
+        """Replace the node's whole label map (the field mask `labels` covers all of it)."""
+        from google.cloud import tpu_v2
+        from google.protobuf import field_mask_pb2
+
+        node = tpu_v2.Node(name=path, labels=labels)
+        mask = field_mask_pb2.FieldMask(paths=["labels"])
+        future = await call(self._client.update_node, node=node, update_mask=mask, attempts=1)
+        return future.operation.name
+
     async def guest_attributes(self, path: str, query_path: str) -> list:
         response = await call(
             self._client.get_guest_attributes, request={"name": path, "query_path": query_path}

@@ -20,7 +20,7 @@ from tpu_console.errors import AlreadyExists, NotFound, UserError
 from tpu_console.model import CreateRequest, Node, NodeState, QueuedRequest, SshTarget, validate_node_name
 from tpu_console.providers import capacity
 from tpu_console.providers.base import NodeListing, Progress, Provider, no_progress
-from tpu_console.providers.gcp import accelerators, ssh_access
+from tpu_console.providers.gcp import accelerators, labels, ssh_access
 from tpu_console.providers.gcp.alpha import AlphaApi
 from tpu_console.providers.gcp.client import (
     CLOUD_PLATFORM_SCOPE,
@@ -72,6 +72,10 @@ class GcpProvider(Provider):
         self._attempts: dict[str, capacity.Attempt] = {}  # request or node path -> its open attempt
 
     # ---- plumbing ---------------------------------------------------------------------------------
+
+    def console_marks(self) -> dict[str, str]:
+        """The labels on every node and queued request made here: who made it, for which project."""
+        return labels.console_marks(project=self._settings.team_project)
 
     @property
     def project(self) -> str:
@@ -277,7 +281,7 @@ class GcpProvider(Provider):
             network_config=tpu_v2.NetworkConfig(enable_external_ips=True),
             # The VM's own credentials (the metadata server's token) let the run's supervisor delete it.
             service_account=tpu_v2.ServiceAccount(scope=[CLOUD_PLATFORM_SCOPE]),
-            labels={"created-by": "tpu-console", **request.labels},
+            labels={**self.console_marks(), **request.labels},
         )
 
         tried: list[str] = []
@@ -384,6 +388,31 @@ class GcpProvider(Provider):
             await api.wait_operation(operation_name, self.delete_timeout)
         except API_ERRORS as exc:
             progress(f"{zone}: could not remove it ({classify_exception(exc).describe()}); delete it by hand")
+
+    # ---- adopt ------------------------------------------------------------------------------------
+
+    async def adopt(self, name: str) -> Node:
+        """Put this console's marks on a node made elsewhere (gcloud, another tool), its other labels
+        kept; refused for a node another person's console made."""
+        api_node = await self._find(name)
+        current = dict(api_node.labels)
+        marks = self.console_marks()
+        someone = labels.owner(current)
+        if someone and someone != marks.get(labels.USER):
+            raise UserError(f"node {name} is {someone}'s (label {labels.USER}={someone}); it is not adopted "
+                            "from another person's console")
+        if all(current.get(k) == v for k, v in marks.items()):
+            return self._model(api_node)
+        api = await self._client()
+        try:
+            operation_name = await api.update_labels(api_node.name, {**current, **marks})
+            operation = await api.wait_operation(operation_name, self.delete_timeout)
+        except API_ERRORS as exc:
+            failure = classify_exception(exc)
+            raise UserError(f"could not label {name}: {failure.describe()}") from None
+        if operation.error.code:
+            raise UserError(f"could not label {name}: {operation.error.message}")
+        return await self.get(name)
 
     # ---- delete -----------------------------------------------------------------------------------
 

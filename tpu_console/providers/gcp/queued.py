@@ -312,7 +312,7 @@ class QueuedCreate:
             network_config=types.NetworkConfig(enable_external_ips=True),
             # The VM's own credentials (the metadata server's token) let the run's supervisor delete it.
             service_account=types.ServiceAccount(scope=[CLOUD_PLATFORM_SCOPE]),
-            labels={"created-by": "tpu-console", **self.request.labels},
+            labels={**self.provider.console_marks(), **self.request.labels},
         )
 
     async def _await_node(self, zone: str, started: float) -> Node:

@@ -76,6 +76,7 @@ def to_queued_request(api_queued) -> QueuedRequest:
         provisioning=_provisioning(api_queued),
         created_at=_created_at(api_queued),
         reason=queued_reason(api_queued),
+        labels=dict(specs[0].node.labels) if specs else {},
     )
 
 

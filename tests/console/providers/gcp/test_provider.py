@@ -90,7 +90,7 @@ async def test_create_falls_through_two_zones_without_capacity_and_succeeds_in_t
     assert (node.name, node.zone, node.state, node.spot) == ("trainer-1", Z3, NodeState.READY, True)
     assert (node.shape.workers, node.shape.devices_per_worker) == (4, 4)
     assert node.runtime_version == "v6e-ubuntu-2404"
-    assert node.labels == {"created-by": "tpu-console", "team": "rl"}
+    assert node.labels == {"created-by": "tpu-console", "tpu-console-user": "alice-smith", "team": "rl"}
     text = "\n".join(lines)
     assert f"{Z1}: no capacity, trying next zone" in text
     second_outcome = "no capacity" if second_zone_problem == "stockout" else "reservation not found"

@@ -117,7 +117,8 @@ async def test_spot_reservation_and_valid_until_reach_the_api_as_the_client_send
     (spec,) = body["tpu"]["nodeSpec"]
     assert spec["parent"] == f"projects/{PROJECT}/locations/{Z1}" and spec["nodeId"] == "grpo"
     assert spec["node"]["acceleratorType"] == "v6e-16" and spec["node"]["runtimeVersion"] == "v6e-ubuntu-2404"
-    assert spec["node"]["labels"] == {"created-by": "tpu-console", "team": "rl"}
+    assert spec["node"]["labels"] == {"created-by": "tpu-console", "tpu-console-user": "alice-smith",
+                                      "team": "rl"}
 
 
 async def test_best_effort_goes_through_v2alpha1(emulator, make_provider):
