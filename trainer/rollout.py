@@ -3,9 +3,14 @@
 The Sampler owns the cache and the loop; the model only knows one cached forward (`model.decode`).
 - Prompts are left-padded to the smallest of a few length buckets, so every row's last prompt token sits in
   the same cache slot and decode writes one slot per step for the whole batch. Positions come from the mask.
-- Prefill is one jitted forward over the prompt; decode is one jitted `lax.while_loop` that stops when every
-  row has produced an end token (or max_new_tokens). The cache and slot mask are donated from prefill to
-  decode, so the loop updates them in place.
+- Rows with the same prompt (a GRPO group's samples) share one prefill: each distinct prompt is run once and
+  its cache rows copied to its samples (`shared_prompts`).
+- Prefill is one jitted forward over the prompts; decode is one jitted `lax.while_loop` that stops when
+  every row has produced an end token (or max_new_tokens). The cache and slot mask are donated from
+  prefill to decode, so the loop updates them in place.
+- Attention reads only the filled part of the cache: the slots up to this step's, rounded up to a multiple
+  of `attend_bucket` past the prompt (a `lax.switch` over those lengths in each layer), not all
+  `prompt bucket + max_new_tokens` slots every step.
 - Compilations happen once per (batch size, bucket, sampling mode); `compile_count` counts them.
 
 Log-probs are those of the sampled token under softmax(logits / temperature), before top-k/top-p truncation
@@ -153,7 +158,10 @@ class Sampler:
     def __init__(self, model: Qwen2ForCausalLM, pad_id: int, eos_ids: Sequence[int],
                  buckets: Sequence[int] = (64, 128, 256, 512, 1024), max_new_tokens: int = 256,
                  mesh: Mesh | None = None, cache_dtype: Any = None, constrain_rows: bool = True,
-                 matmul_dtype: Any = jnp.float32, cache_write_as_bits: bool = True):
+                 matmul_dtype: Any = jnp.float32, cache_write_as_bits: bool = True,
+                 attend_bucket: int = 128):
+        """attend_bucket: decode attention reads the cache's filled slots rounded up to a multiple of this
+        many past the prompt (one branch of a `lax.switch` per multiple); 0: every slot, every step."""
         if not eos_ids:
             raise ValueError("eos_ids is empty; pass the tokenizer's end-of-turn id(s), e.g. <|im_end|>")
         self.model = model
@@ -161,6 +169,7 @@ class Sampler:
         self.eos_ids = tuple(int(i) for i in eos_ids)
         self.buckets = tuple(sorted(int(b) for b in buckets))
         self.max_new_tokens = int(max_new_tokens)
+        self.attend_bucket = int(attend_bucket)
         self.mesh = mesh
         self.constrain_rows = constrain_rows
         self.matmul_dtype = matmul_dtype  # of the weight matmuls' outputs (partial sums): model.matmul_output
@@ -229,16 +238,26 @@ class Sampler:
         sharding = NamedSharding(self.mesh, fit_spec(x.shape, axes, self.mesh))
         return jax.lax.with_sharding_constraint(x, sharding)
 
-    def _prefill_impl(self, state, prompt_ids, prompt_mask, rng, temperature, top_p, *, top_k, use_top_p,
-                      greedy):
+    def _prefill_impl(self, state, prompt_ids, prompt_mask, rng, temperature, top_p, rows=None, *, top_k,
+                      use_top_p, greedy):
+        """Prefill the prompts [U, P] into a cache of P + max_new_tokens slots and sample every row's first
+        token. rows [B] (optional): the prompt each row repeats (shared prefill); None: one row per prompt."""
         self.compile_count += 1
         model = self._model(state)
-        batch, prompt_len = prompt_ids.shape
+        prompt_len = prompt_ids.shape[1]
         positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
-        logits, cache = model.prefill(prompt_ids, positions, prompt_mask, prompt_len + self.max_new_tokens,
-                                      self.cache_dtype, rows=self._rows_layout(model))
+        logits, cache = model.prefill(prompt_ids, positions, prompt_mask, prompt_len, self.cache_dtype,
+                                      rows=None if rows is not None else self._rows_layout(model))
+        if rows is not None:  # each row takes its prompt's logits and cache
+            rows_layout = self._rows_layout(model) or (lambda x: x)
+            logits = rows_layout(jnp.take(logits, rows, axis=0))
+            cache = [(jnp.take(k, rows, axis=0), jnp.take(v, rows, axis=0)) for k, v in cache]
+            prompt_mask = jnp.take(prompt_mask, rows, axis=0)
+        batch = prompt_mask.shape[0]
         cache_axes = model.config.sharding.kv_cache
-        cache = [(self.constrain(k, cache_axes), self.constrain(v, cache_axes)) for k, v in cache]
+        free = ((0, 0), (0, 0), (0, self.max_new_tokens), (0, 0))
+        cache = [(self.constrain(jnp.pad(k, free), cache_axes), self.constrain(jnp.pad(v, free), cache_axes))
+                 for k, v in cache]
         kv_mask = jnp.concatenate([prompt_mask, jnp.zeros((batch, self.max_new_tokens), jnp.int32)], axis=1)
         tokens, logprobs = sample_logits(logits, jax.random.fold_in(rng, 0), temperature, top_p,
                                          top_k=top_k, use_top_p=use_top_p, greedy=greedy)
@@ -276,10 +295,19 @@ class Sampler:
         # Returning cache/kv_mask lets XLA alias the donated input buffers instead of copying them.
         return tokens, completion_mask, logprobs, cache, kv_mask
 
+    def attend_lengths(self, cache_slots: int) -> tuple[int, ...] | None:
+        """The slot counts decode attention may read in a cache of `cache_slots` (the prompt bucket + max
+        new tokens): the prompt bucket plus each multiple of attend_bucket, then the whole cache; None when
+        attend_bucket is 0 or one bucket spans every new token (model.decode's attend_lengths)."""
+        if self.attend_bucket <= 0 or self.attend_bucket >= self.max_new_tokens:
+            return None
+        prompt_width = cache_slots - self.max_new_tokens
+        return (*range(prompt_width + self.attend_bucket, cache_slots, self.attend_bucket), cache_slots)
+
     def _decode_step(self, model, carry, uniforms, prompt_lens, temperature, top_p, eos, *, top_k, use_top_p,
-                     greedy):
+                     greedy, attend_all: bool = False):
         """One token for every row: the decode loop's body (the planner also compiles it alone, to measure
-        what one generated token costs)."""
+        what one generated token costs). attend_all: attention reads the whole cache (no length buckets)."""
         i, cache, kv_mask, tokens, logprobs, done = carry
         batch = tokens.shape[0]
         slot = kv_mask.shape[1] - self.max_new_tokens + i - 1  # cache slot of the previous token, fed now
@@ -288,9 +316,10 @@ class Sampler:
         positions = (prompt_lens + i - 1)[:, None]
         layout = self._decode_layout(model)
         sample_here = layout is not None and layout.sample is not None  # the layout samples, not the logits
+        lengths = None if attend_all else self.attend_lengths(kv_mask.shape[1])
         out, cache = model.decode(previous, positions, kv_mask, cache, slot, rows=self._rows_layout(model),
                                   cache_layout=self._cache_layout(model), layout=layout,
-                                  hidden_only=sample_here)
+                                  hidden_only=sample_here, attend_lengths=lengths)
         uniform = jax.lax.dynamic_slice(uniforms, (0, i), (batch, 1))[:, 0]
         if sample_here:
             new, new_logprobs = layout.sample(out, model.norm, *model.head_weight(), uniform, temperature,
@@ -304,14 +333,17 @@ class Sampler:
         logprobs = jax.lax.dynamic_update_slice(logprobs, new_logprobs[:, None], (0, i))
         return i + 1, cache, kv_mask, tokens, logprobs, done | jnp.isin(new, eos)
 
-    def decode_step_program(self, *, top_k: int, use_top_p: bool, greedy: bool) -> Any:
+    def decode_step_program(self, *, top_k: int, use_top_p: bool, greedy: bool,
+                            attend_all: bool = False) -> Any:
         """A jitted single decode step over (state, carry, uniforms, prompt_lens, temperature, top_p), the
-        cache donated as in the loop."""
+        cache donated as in the loop. attend_all: attention reads the whole cache, as the loop's last steps
+        do (default: the length buckets' switch, its branch picked by the carry's counter)."""
 
         def step(state, carry, uniforms, prompt_lens, temperature, top_p):
             eos = jnp.asarray(self.eos_ids, jnp.int32)
             return self._decode_step(self._model(state), carry, uniforms, prompt_lens, temperature, top_p,
-                                     eos, top_k=top_k, use_top_p=use_top_p, greedy=greedy)
+                                     eos, top_k=top_k, use_top_p=use_top_p, greedy=greedy,
+                                     attend_all=attend_all)
 
         return jax.jit(self._under_matmul_output(step), donate_argnums=(1,))
 
@@ -344,6 +376,30 @@ class Sampler:
             mask[row, width - len(prompt):] = 1
         return ids, mask
 
+    def cache_prompt_width(self, padded_width: int, longest_prompt: int) -> int:
+        """The prompt slots the KV cache holds, for prompts left-padded to `padded_width` whose longest
+        (here) has `longest_prompt` tokens: the padded width (overridable: ShardedSampler pads every
+        prompt to one fixed width and trims the cache to a bucket)."""
+        return padded_width
+
+    def shared_prompts(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """For a shared prefill: the rows of `ids` [B, P] to prefill (one per distinct prompt, padded with
+        repeats to a multiple of the device count so they split as rows do) and, for each row, the index
+        among those of its prompt. None when no prompt repeats, or across processes (each holds only its
+        own rows)."""
+        if jax.process_count() > 1:
+            return None
+        _, first, inverse = np.unique(ids, axis=0, return_index=True, return_inverse=True)
+        multiple = 1 if self.mesh is None else self.mesh.size
+        count = -(-len(first) // multiple) * multiple
+        if count >= len(ids):
+            return None
+        order = np.argsort(first)  # distinct prompts in the order they first appear
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        distinct = np.concatenate([first[order], np.full(count - len(first), first[order][-1])])
+        return distinct, rank[inverse.reshape(-1)].astype(np.int32)
+
     def generate(self, prompts: Sequence[Sequence[int]], rng: jax.Array | int, temperature: float = 1.0,
                  top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
                  state: nnx.State | None = None) -> RolloutBatch:
@@ -361,11 +417,24 @@ class Sampler:
         ids, mask = self.pad_prompts(prompts)
         prompt_ids, prompt_mask = self.place(ids), self.place(mask)
         prompt_lens = self.place(mask.sum(axis=1).astype(np.int32))
+        # The cache holds the last `width` prompt slots: those left of them are padding in every row.
+        width = self.cache_prompt_width(ids.shape[1], max(len(p) for p in prompts))
+        if width < ids.shape[1]:
+            ids, mask = ids[:, -width:], mask[:, -width:]
+            run_ids, run_mask = self.place(ids), self.place(mask)
+        else:
+            run_ids, run_mask = prompt_ids, prompt_mask
         state = self.prepare_weights(nnx.state(self.model) if state is None else state)
         statics = {"top_k": int(top_k), "use_top_p": top_p < 1.0, "greedy": bool(greedy)}
         temperature_, top_p_ = jnp.float32(temperature), jnp.float32(top_p)
+        shared = self.shared_prompts(ids)
+        if shared is None:
+            prefill_inputs: tuple = (run_ids, run_mask)
+        else:
+            distinct, rows = shared
+            prefill_inputs = (self.place(ids[distinct]), self.place(mask[distinct]), self.place(rows))
         cache, kv_mask, first, first_logprobs = self._prefill(
-            state, prompt_ids, prompt_mask, rng, temperature_, top_p_, **statics)
+            state, *prefill_inputs[:2], rng, temperature_, top_p_, *prefill_inputs[2:], **statics)
         tokens, completion_mask, logprobs, _, _ = self._decode(
             state, cache, kv_mask, first, first_logprobs, prompt_lens, rng, temperature_, top_p_, **statics)
         return RolloutBatch(prompt_ids, prompt_mask, tokens, completion_mask, logprobs)

@@ -69,7 +69,8 @@ class ShardedSampler(Sampler):
     def __init__(self, model: Qwen2ForCausalLM, pad_id: int, eos_ids: Sequence[int], *, prompt_len: int,
                  max_new_tokens: int, mesh: Mesh, style: str, weight_layout: str = "fsdp",
                  activation_layout: str = "rows", partial_sums: str = "auto",
-                 cache_write: str = "auto") -> None:
+                 cache_write: str = "auto", **options: Any) -> None:
+        """options: the Sampler's own (attend_bucket)."""
         if weight_layout not in WEIGHT_LAYOUTS:
             raise ValueError(f"weight_layout {weight_layout!r}: use one of {', '.join(WEIGHT_LAYOUTS)}")
         self.train_mesh = mesh
@@ -86,13 +87,26 @@ class ShardedSampler(Sampler):
                          mesh=mesh, constrain_rows=activation_layout == "rows",
                          matmul_dtype=resolve_partial_sums(partial_sums, model.compute_dtype, mesh),
                          cache_write_as_bits=cache_write == "bits"
-                         or (cache_write == "auto" and not _on_tpu(mesh)))
+                         or (cache_write == "auto" and not _on_tpu(mesh)), **options)
         self.style = style
         self.weight_layout = weight_layout
         self.sharding = rollout_sharding(mesh, style)
         # Cast and gather in one program: each chip casts its shard, then the bf16 shards are gathered.
         self._replicate = jax.jit(self._cast_impl, out_shardings=NamedSharding(mesh, PartitionSpec()))
         self._to_layout: dict[Any, Any] = {}  # one cast-and-reshard program per state structure
+
+    def cache_prompt_width(self, padded_width: int, longest_prompt: int) -> int:
+        """The smallest power of two (>= 64) holding the longest prompt of every process, at most the fixed
+        prompt length: prompts come back padded to prompt_len (the training program's shape), while the
+        KV cache skips the slots that are padding in every row. One decode program per width used."""
+        if jax.process_count() > 1:  # every process must run the same program
+            from jax.experimental import multihost_utils
+
+            longest_prompt = int(np.max(multihost_utils.process_allgather(np.int32(longest_prompt))))
+        width = 64
+        while width < longest_prompt:
+            width *= 2
+        return min(width, padded_width)
 
     def prepare_weights(self, state: nnx.State) -> nnx.State:
         if self.weight_layout == "replicated":
@@ -184,16 +198,17 @@ def tensor_parallel_shardings(state: nnx.State, mesh: Mesh, kv_heads: int) -> nn
 
 
 # The `megatron` layout's weights ([in, out]; embed_tokens is [vocab, hidden]): the dim each kernel is split
-# along, over every device. Norms and biases stay whole on every chip. All but the MLP's are FSDP's split.
+# along, over every device. Norms and biases stay whole on every chip. q/k/v and o_proj are split as FSDP
+# splits them; the MLP by its intermediate columns; the embedding and an untied head by vocabulary.
 _MEGATRON_SPLIT = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "o_proj": 1, "gate_proj": 1, "up_proj": 1,
                    "down_proj": 0, "embed_tokens": 0, "lm_head": 1}
 
 
 def megatron_shardings(state: nnx.State, mesh: Mesh) -> nnx.State:
     """Shardings of the model's weights for the `megatron` layout, each kernel split over every device: q/k/v
-    by their input, o_proj by its output, the embedding (and an untied head) by hidden columns, as FSDP
-    splits them; gate/up by their output and down_proj by its input (the MLP's intermediate columns stay
-    on their chip)."""
+    by their input and o_proj by its output, as FSDP splits them; the embedding [vocab, hidden] and an
+    untied head [hidden, vocab] by vocabulary (each chip looks up and samples its own slice of it); gate/up
+    by their output and down_proj by its input (the MLP's intermediate columns stay on their chip)."""
 
     def one(path: tuple, var: nnx.Variable) -> nnx.Variable:
         names = [str(part) for part in path]

@@ -192,7 +192,7 @@ def test_sharded_model_on_a_mesh_generates_the_same_tokens(tiny_model_dir):
     """)
     env = os.environ | {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
     done = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240, check=False
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=480, check=False
     )
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
@@ -206,14 +206,14 @@ def test_rollout_weight_layouts_sample_the_same_tokens(tiny_model_dir):
         from trainer.mesh import local_rows, make_mesh
         from trainer.rollout_sharding import ShardedSampler
         from trainer.weights import load_model
-        prompts = {PROMPTS!r} + [[3, 4]]
+        prompts = ({PROMPTS!r} + [[3, 4]]) * 2  # repeated prompts: one prefill each, shared
         mesh = make_mesh("1,4,1")
         model, config = load_model({str(tiny_model_dir)!r}, mesh=mesh, compute_dtype=jnp.float32)
         assert config.num_key_value_heads % 4, config
         out = {{}}
         for layout in ("fsdp", "replicated", "tensor"):
             sampler = ShardedSampler(model, 0, config.eos_token_ids, prompt_len=16, max_new_tokens=8,
-                                     mesh=mesh, style="legacy", weight_layout=layout)
+                                     mesh=mesh, style="legacy", weight_layout=layout, attend_bucket=4)
             out[layout] = sampler.generate(prompts, rng=0, greedy=True)
             if layout == "tensor":
                 assert dict(sampler.mesh.shape) == {{"dp": 1, "fsdp": 1, "tp": 4}}, sampler.mesh
@@ -232,7 +232,7 @@ def test_rollout_weight_layouts_sample_the_same_tokens(tiny_model_dir):
     """)
     env = os.environ | {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
     done = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240, check=False
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=480, check=False
     )
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
@@ -251,14 +251,15 @@ def test_explicit_layouts_sample_what_fsdp_weights_sample(tiny_model_dir):
         from trainer.model import create_model
         from trainer.rollout_sharding import ShardedSampler
         from trainer.weights import load_model, save_model
-        prompts = {PROMPTS!r} + [[3, 4], [7], [8, 9, 10], [11, 12], [13, 14, 15, 16, 17]]
+        # Each prompt twice (one prefill each, shared); attention over 4-slot buckets of the cache.
+        prompts = ({PROMPTS!r} + [[3, 4], [7], [8, 9, 10], [11, 12], [13, 14, 15, 16, 17]]) * 2
         mesh = make_mesh("2,2,2")
         model, config = load_model({str(tiny_model_dir)!r}, mesh=mesh, compute_dtype=jnp.float32)
         out = {{}}
         kv = config.num_key_value_heads
         for layout in ("fsdp", "megatron", "head_groups"):
             sampler = ShardedSampler(model, 0, config.eos_token_ids, prompt_len=16, max_new_tokens=8,
-                                     mesh=mesh, style="legacy", weight_layout=layout)
+                                     mesh=mesh, style="legacy", weight_layout=layout, attend_bucket=4)
             out[layout] = [sampler.generate(prompts, rng=0, greedy=True),
                            sampler.generate(prompts, rng=1, temperature=1.0)]
             if layout != "head_groups":
@@ -301,7 +302,7 @@ def test_explicit_layouts_sample_what_fsdp_weights_sample(tiny_model_dir):
     """)
     env = os.environ | {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
     done = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240, check=False
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=480, check=False
     )
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
