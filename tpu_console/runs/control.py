@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tpu_console.errors import UserError
@@ -109,6 +109,12 @@ async def observe(
                 await _probe(reach, node_records, events_tail_bytes, log_tail_lines),
                 strict=True,
             ):
+                if record.finished and reach.fleet is None:
+                    # an ended run on a node out of reach (deleted): the probe taught nothing, and the
+                    # history's word (the supervisor's, from its bucket record) stands
+                    view = replace(_from_history(record), problem=view.problem)
+                    views[record.run_id] = view
+                    continue
                 views[record.run_id] = view
                 _save(store, view)
                 if reach.fleet is not None and all(s.done for s in view.workers):

@@ -80,6 +80,9 @@ def test_a_node_the_supervisor_deleted_unwatched_is_listed_from_the_bucket_by_an
     status, out, err = run(capsys, "runs", "show", run_id)
     assert status == 0, err
     assert f"{run_id}  stopped" in out and "failure   stopped by its supervisor (max-hang)" in out
+    status, out, err = run(capsys, "status", run_id)  # the node is gone: the record's word stands
+    kept = RunStore().get(run_id)
+    assert (kept.state, kept.failure.split(":")[0]) == ("stopped", "stopped by its supervisor (max-hang)")
 
     # the object itself: the launch, the decisions up to the deletion, each worker's last lines
     data = bucket_record.read_records(bucket_record.configured(load_settings()))[0]
