@@ -171,7 +171,6 @@ def launch_env(
 
 def refuse_partial(node: Node, selected: list[int], envs: dict[int, dict[str, str]]) -> None:
     """A subset of workers only where the console names the coordinator: elsewhere JAX waits for them all."""
-    """A subset of workers only where the console names the coordinator: elsewhere JAX waits for them all."""
     if len(selected) < node.shape.workers and not has_coordinator(envs[selected[0]]):
         raise UserError(
             f"{node.name!r} is a {node.provider} pod where JAX joins every host by itself, so the job must "
