@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.console.runs.test_local import pod, run, run_folder, worker_home  # noqa: F401 - fixture
+from tests.console.runs.test_local import (  # noqa: F401 - fixture
+    CONFIG,
+    fake_trainer,
+    pod,
+    run,
+    run_folder,
+    worker_home,
+)
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tpu_console.runs.store import RunStore
 
@@ -90,6 +97,22 @@ def test_a_foreign_program_sees_its_run_its_worker_and_its_coordinator(capsys, t
     view = status_of(capsys, run_id)
     assert view["state"] == "succeeded"
     assert [w["exit_status"] for w in view["worker_status"]] == [0, 0]
+
+
+def test_the_bundled_trainer_is_the_built_in_job(capsys, tmp_path):
+    fake = fake_trainer(tmp_path, 'echo "run=$TPU_CONSOLE_RUN_ID worker=$TPU_CONSOLE_WORKER"\n')
+    status, out, err = run(capsys, "launch", "pod", "--config", str(CONFIG), "--python", fake, "--json")
+    assert status == 0, err
+    run_id = json.loads(out)["run_id"]
+    status, lines = follow(capsys, run_id)
+    assert status == 0 and lines[1] == [f"run={run_id} worker=1"]  # every job's variables, the trainer's too
+    manifest = json.loads((run_folder(1, run_id) / "launch.json").read_text())
+    job = manifest["job"]
+    trainer = [fake, "-u", "-m", "trainer", "--config", "config.yaml", "--run-dir", "."]
+    assert (job["kind"], job["command"]) == ("trainer", trainer)
+    assert job["cwd"] == f"tpu-console/runs/{run_id}" and job["project"] is None
+    assert manifest["config_digest"] and (run_folder(1, run_id) / "config.yaml").exists()
+    assert RunStore().get(run_id).job == job
 
 
 def test_each_workers_exit_status_is_kept(capsys):
