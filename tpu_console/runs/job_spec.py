@@ -19,14 +19,16 @@ import re
 import shlex
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tpu_console.errors import UserError
 from tpu_console.runs.supervision import SupervisionPolicy, policy_from_options
 
-METRIC_FORMATS = ("auto", "seeds", "maxtext", "jsonl", "regex", "none")
+# Where a command's steps are read from (worker/step_lines.py parses each); the app's launch form lists them.
+MetricFormat = Literal["auto", "seeds", "maxtext", "jsonl", "regex", "none"]
+METRIC_FORMATS: tuple[str, ...] = get_args(MetricFormat)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # [env] names that hold secrets by convention: refused, since [env] is on a command line and in launch.json.
 _SECRET_NAME = re.compile(r"(?:^|_)(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$", re.IGNORECASE)
@@ -63,7 +65,7 @@ class SetupSpec(_Strict):
 class MetricsSpec(_Strict):
     """Where the job's progress is read: its output's step lines, TensorBoard files, W&B files."""
 
-    format: Literal["auto", "seeds", "maxtext", "jsonl", "regex", "none"] = "auto"
+    format: MetricFormat = "auto"
     regex: str | None = None
     tensorboard: str | None = None  # relative to the job's working folder
     wandb: str | None = None  # the folder holding latest-run/
