@@ -18,6 +18,7 @@ from tpu_console.fleet import recipes
 from tpu_console.fleet.selection import parse_worker_selection
 from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import find_node
+from tpu_console.runs import launch_lock
 from tpu_console.runs.monitor import RunMonitor, RunState, WorkerState, WorkerStatus
 from tpu_console.runs.probe import parse_probe
 from tpu_console.runs.reach import NodeWorkers, reach_node
@@ -233,6 +234,9 @@ async def stop(
         ]
         (view,) = await _probe(reach, [record], STATUS_EVENTS_TAIL_BYTES, 3)
         _save(store, view)
+        if all(s.done for s in view.workers) and record.workers:  # the node is free for the next launch
+            await reach.fleet.run(launch_lock.release_recipe(run_id=record.run_id), record.workers[:1],
+                                  timeout=30)
     return view, stops
 
 

@@ -46,6 +46,7 @@ from tpu_console.provision.steps import ignore_worker, run_on_workers
 from tpu_console.runs import bucket_record, ownership, supervision
 from tpu_console.runs.inputs import job_inputs, refuse_missing
 from tpu_console.runs.job_spec import JobSpec, MetricsSpec
+from tpu_console.runs.launch_lock import LaunchLock
 from tpu_console.runs.run_id import new_run_id
 from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
 from tpu_console.runs.supervision import SupervisionPolicy
@@ -455,19 +456,23 @@ async def launch(
         envs = launch_env(provider, node, fleet, selected)
         refuse_partial(node, selected, envs)
         await require_all_reachable(fleet, node_name, selected, "nothing was launched")
-        # the same round trip asks whether the model, the data and the checkpoint folder are there
-        reports = await inspect_workers(fleet, selected, also=recipes.check_inputs(
-            [(i.key, i.path, i.need) for i in needed]))
-        refuse_unready(node, reports, config, env_data, python, check_code)
-        refuse_missing(node, needed, {r.worker: r.inputs for r in reports})
-        interpreter = python or worker_python(provider, reports)
-        if kill_stale:
-            await clear_stale_holders(fleet, selected, on_worker)
-        prepared = trainer_job(config, interpreter)
-        result = await _start_run(
-            provider, node, fleet, targets, selected, envs, prepared, env_data, policy, estimate, store,
-            progress, stop_grace_s, webhook_url,
-        )
+        # exclusive across consoles: of two launches at once on this node, one goes on (launch_lock.py)
+        async with LaunchLock(fleet, selected[0], node.name) as lock:
+            # the same round trip asks whether the model, the data and the checkpoint folder are there
+            reports = await inspect_workers(fleet, selected, also=recipes.check_inputs(
+                [(i.key, i.path, i.need) for i in needed]))
+            refuse_unready(node, reports, config, env_data, python, check_code)
+            refuse_missing(node, needed, {r.worker: r.inputs for r in reports})
+            interpreter = python or worker_python(provider, reports)
+            if kill_stale:
+                await clear_stale_holders(fleet, selected, on_worker)
+            prepared = trainer_job(config, interpreter)
+            result = await _start_run(
+                provider, node, fleet, targets, selected, envs, prepared, env_data, policy, estimate, store,
+                progress, stop_grace_s, webhook_url,
+            )
+            if result.ok:  # the run holds the node now; its end or a stop releases it
+                await lock.keep(result.run_id)
     if env_file is not None:
         # so every later view of this node masks its values
         secrets.remember_env_file(node.name, env_file)
@@ -508,21 +513,25 @@ async def _launch_command(
         envs = {w: {**job.env, **env} for w, env in launch_env(provider, node, fleet, selected, True).items()}
         refuse_partial(node, selected, envs)
         await require_all_reachable(fleet, node_name, selected, "nothing was launched")
-        reports = await inspect_workers(fleet, selected)
-        refuse_live_runs(node, reports)
-        if job.project is not None or job.setup is not None:
-            # a job file names its code and environment: make them current first (cached: unchanged
-            # project and setup cost a round trip each), then look again at what the workers hold
-            await make_current(providers, node.name, job, selected, progress, on_worker)
+        # exclusive across consoles: of two launches at once on this node, one goes on (launch_lock.py)
+        async with LaunchLock(fleet, selected[0], node.name) as lock:
             reports = await inspect_workers(fleet, selected)
             refuse_live_runs(node, reports)
-        prepared = command_job(job, node, reports, check_code)
-        if kill_stale:
-            await clear_stale_holders(fleet, selected, on_worker)
-        result = await _start_run(
-            provider, node, fleet, targets, selected, envs, prepared, env_data, policy, estimate, store,
-            progress, stop_grace_s, webhook_url,
-        )
+            if job.project is not None or job.setup is not None:
+                # a job file names its code and environment: make them current first (cached: unchanged
+                # project and setup cost a round trip each), then look again at what the workers hold
+                await make_current(providers, node.name, job, selected, progress, on_worker)
+                reports = await inspect_workers(fleet, selected)
+                refuse_live_runs(node, reports)
+            prepared = command_job(job, node, reports, check_code)
+            if kill_stale:
+                await clear_stale_holders(fleet, selected, on_worker)
+            result = await _start_run(
+                provider, node, fleet, targets, selected, envs, prepared, env_data, policy, estimate, store,
+                progress, stop_grace_s, webhook_url,
+            )
+            if result.ok:  # the run holds the node now; its end or a stop releases it
+                await lock.keep(result.run_id)
     if env_file is not None:
         secrets.remember_env_file(node.name, env_file)
     return result

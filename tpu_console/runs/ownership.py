@@ -56,3 +56,8 @@ def describe(launched_by: dict[str, Any] | None) -> str:
     user = owner(launched_by) or "someone"
     host = (launched_by or {}).get("host")
     return f"{user} on {host}" if host else user
+
+
+def new_token() -> str:
+    """An id for one launch's hold on a node's lock (runs/launch_lock.py)."""
+    return secrets.token_hex(8)

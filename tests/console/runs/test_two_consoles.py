@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 
 from tests.processes import wait_for
 from tpu_console import cli
+from tpu_console.errors import UserError
 from tpu_console.providers.local import LocalProvider
 from tpu_console.runs.job_spec import JobSpec
 from tpu_console.runs.launch import launch
@@ -121,3 +123,48 @@ async def test_home_b_lists_follows_stacks_and_stops_a_run_home_a_launched(
     assert RunStore(home_b / "console.sqlite").get(run_id).launched_by["user"] == "alice"
     wait_for(lambda: all((pod.provider.store.worker_dir("pod", w) / "tpu-console" / "runs" / run_id
                           / "exit").exists() for w in (0, 1)), timeout=20)
+
+
+async def test_of_two_launches_at_once_from_two_homes_one_is_refused_naming_the_holder(
+    two_worker_pod, tmp_path, monkeypatch, capsys
+):
+    pod = two_worker_pod
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    home_a = Path(os.environ["TPU_CONSOLE_HOME"])
+    home_b = _home_b(tmp_path, pod)
+
+    async def as_a():
+        try:
+            return await launch({"local": pod.provider}, "pod",
+                                job=JobSpec.from_command([sys.executable, str(script)]),
+                                store=RunStore(home_a / "console.sqlite"))
+        except UserError as exc:
+            return exc
+
+    async def as_b():  # another process: this one's environment is alice's while her launch runs
+        env = {**os.environ, "TPU_CONSOLE_HOME": str(home_b), "USER": "bob", "LOGNAME": "bob"}
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tpu_console", "launch", "pod", "--json", "--", sys.executable, str(script),
+            env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await process.communicate()
+        return process.returncode, out.decode(), err.decode()
+
+    monkeypatch.setenv("USER", "alice")
+    monkeypatch.setenv("LOGNAME", "alice")
+    a, (b_status, b_out, b_err) = await asyncio.gather(as_a(), as_b())
+    a_started = not isinstance(a, UserError) and a.ok
+    b_started = b_status == 0 and json.loads(b_out)["started"]
+    assert a_started != b_started, (a, b_status, b_err)  # exactly one
+    refusal = b_err if a_started else str(a)
+    holder = "alice" if a_started else "bob"
+    assert f"held by {holder}" in refusal and " since " in refusal, refusal
+    run_id = a.run_id if a_started else json.loads(b_out)["run_id"]
+
+    # stopped (from the other home, by its id typed back... here --yes), the node is free again
+    status, _, err = await _as_b(monkeypatch, capsys, home_b, "stop", "pod", run_id, "--yes", "--grace", "2")
+    assert status == 0, err
+    assert not (pod.provider.store.worker_dir("pod", 0) / "tpu-console" / "launch.lock").exists()
+    status, out, err = await _as_b(monkeypatch, capsys, home_b, "launch", "pod", "--json", "--",
+                                   sys.executable, "-c", "print('second')")
+    assert status == 0 and json.loads(out)["started"], err
