@@ -40,8 +40,8 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
         "launch",
         parents=[common],
         help="start a job on every worker of a node: the trainer, or your own command",
-        usage="tpu-console launch NODE (--config FILE [--set K=V] | --job FILE.toml | [--job FILE.toml] -- "
-        "COMMAND...) [options]",
+        usage="tpu-console launch NODE [options] (--config FILE [--set K=V] | --job FILE.toml "
+        "[-- COMMAND...] | -- COMMAND...)",
         description="With --config: validate the config (and --set overrides) here, check with the TPU "
         "compiler's plan that it fits the node's TPU type (local pods: the type they rehearse), then start "
         "`python -m trainer` detached on the selected workers, each in ~/tpu-console/runs/RUN_ID/. "
