@@ -103,12 +103,23 @@ async def discover(providers: dict[str, Provider], store: RunStore, node: str) -
     return added
 
 
+async def discover_all(providers: dict[str, Provider], store: RunStore) -> int:
+    """Every usable node's runs into the history at once (the runs screen); how many were new. A node
+    that cannot be asked is left as the history knows it."""
+    names = await _usable_nodes(providers)
+    found = await asyncio.gather(*(discover(providers, store, n) for n in names), return_exceptions=True)
+    return sum(len(f) for f in found if isinstance(f, list))
+
+
+async def _usable_nodes(providers: dict[str, Provider]) -> list[str]:
+    listings = await asyncio.gather(*(p.list_nodes() for p in providers.values()), return_exceptions=True)
+    return sorted({n.name for listing in listings if not isinstance(listing, BaseException)
+                   for n in listing.nodes if n.state.is_usable})
+
+
 async def discover_run(providers: dict[str, Provider], store: RunStore, run_id: str) -> bool:
     """Look for `run_id` on every node's first worker (a run id this console never saw); True when found."""
-    listings = await asyncio.gather(*(p.list_nodes() for p in providers.values()), return_exceptions=True)
-    names = sorted({n.name for listing in listings if not isinstance(listing, BaseException)
-                    for n in listing.nodes if n.state.is_usable})
-    for name in names:
+    for name in await _usable_nodes(providers):
         try:
             if run_id in await discover(providers, store, name):
                 return True

@@ -234,3 +234,42 @@ async def test_a_run_only_the_bucket_knows_is_listed_and_a_bucket_out_of_reach_i
         await until_listed(pilot, screen, 2)
         assert "cannot be read" in str(screen.query_one("#status", Static).render())
         assert len(run_ids(screen)) == 2  # the history is still listed
+
+
+async def test_a_colleagues_run_found_on_the_pod_is_listed_and_its_dashboard_marked_as_theirs(monkeypatch):
+    from tpu_console.runs import discovery
+    from tpu_console.tui.screens.run_screen import RunScreen
+    from tpu_console.tui.widgets.run_header import RunHeader
+
+    monkeypatch.setenv("USER", "alice")
+    monkeypatch.setenv("LOGNAME", "alice")
+    add_run("20250314-100000-aaaa", launched_by={"user": "alice", "host": "alices-laptop", "home": "a"})
+    asked: list[str] = []
+
+    async def run_folders_on(providers, store, node):  # what pod-a's first worker holds: bob's run
+        asked.append(node)
+        store.add(discovery.record_from_launch("20250314-110000-bbbb", {
+            "node": node, "provider": "fake", "accelerator_type": "v6e-16", "workers": [0, 1],
+            "started_at": (NOW - timedelta(minutes=5)).isoformat(), "command": ["python", "train.py"],
+            "launched_by": {"user": "bob", "host": "bobs-laptop", "home": "b"}}, node))
+        return ["20250314-110000-bbbb"]
+
+    monkeypatch.setattr(discovery, "discover", run_folders_on)
+    the_app = app()
+    async with the_app.run_test(size=(100, 30)) as pilot:
+        screen = await open_runs(pilot)
+        assert asked == ["pod-a"]
+        table = screen.query_one(DataTable)
+        assert [str(table.get_row_at(i)[0]) for i in range(table.row_count)] == ["bob", ""]  # yours: no mark
+        await pilot.pause()
+        detail = str(screen.query_one("#detail", Static).render())
+        assert detail.startswith("20250314-110000-bbbb on pod-a (v6e-16) · bob on bobs-laptop's run")
+        await pilot.press("enter")
+        for _ in range(300):
+            if isinstance(the_app.screen, RunScreen):
+                break
+            await pilot.pause(0.01)
+        assert the_app.screen.run_id == "20250314-110000-bbbb"
+        await pilot.pause()
+        title = str(the_app.screen.query_one(RunHeader).query_one("#run-title", Static).render())
+        assert title.startswith("bob on bobs-laptop's run 20250314-110000-bbbb"), title

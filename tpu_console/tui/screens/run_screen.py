@@ -20,8 +20,9 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, TabbedContent, TabPane
 
-from tpu_console.errors import one_line
+from tpu_console.errors import NotFound, one_line
 from tpu_console.providers.base import Provider
+from tpu_console.runs import ownership
 from tpu_console.runs.store import RunStore
 from tpu_console.tui.messages import (
     RunDevicesRead,
@@ -120,6 +121,8 @@ class RunScreen(Screen[None]):
     ) -> None:
         super().__init__()
         self.run_id = run_id
+        self._store = store
+        self._launched_by: dict | None = None  # read on first use (_theirs)
         self.feed: Feed = feed or RunFeed(providers, run_id, store, clock=clock)
         self.snapshot: RunSnapshot | None = None
         self.history = StepHistory()
@@ -407,7 +410,17 @@ class RunScreen(Screen[None]):
             self.query_one(HbmPanel).show(self.snapshot, self.worker, self.devices)
 
     def _show_header(self) -> None:
-        self.query_one(RunHeader).show(self.run_id, self.snapshot, self.problem)
+        self.query_one(RunHeader).show(self.run_id, self.snapshot, self.problem, self._theirs())
+
+    def _theirs(self) -> str | None:
+        """Whose run this is when another person launched it (launch.json's launched_by), else None;
+        read from the history once."""
+        if self._launched_by is None:
+            try:
+                self._launched_by = (self._store or RunStore()).get(self.run_id).launched_by or {}
+            except NotFound:
+                self._launched_by = {}
+        return None if ownership.is_mine(self._launched_by) else ownership.describe(self._launched_by)
 
     def _show_log_status(self) -> None:
         self.query_one(LogStatus).show(self.query_one(LogPane), len(self.run_workers()))

@@ -16,7 +16,7 @@ from textual.widgets import Footer, Header, Static
 
 from tpu_console.errors import one_line
 from tpu_console.providers.base import Provider
-from tpu_console.runs import bucket_record, control
+from tpu_console.runs import bucket_record, control, discovery
 from tpu_console.runs.control import RunView
 from tpu_console.runs.goodput import summary_fields
 from tpu_console.runs.run_goodput import archived_goodput
@@ -88,6 +88,8 @@ class RunsScreen(Screen[None]):
             store = self.store or RunStore()
             # the bucket's run records first, as `runs` does (runs/bucket_record.py); out of reach: a note
             warning = await asyncio.to_thread(bucket_record.merge_into_history, load_settings(), store)
+            # and the nodes' run folders: a colleague's run is listed too (runs/discovery.py)
+            await discovery.discover_all(self.providers, store)
             views = await control.list_runs(self.providers, store=store, limit=HISTORY_LIMIT)
         except Exception as exc:  # noqa: BLE001 - shown on screen; r tries again
             self.post_message(RunsListed([], f"could not read the history: {one_line(exc)}; r tries again"))

@@ -13,6 +13,7 @@ from textual.message import Message
 from textual.widgets import DataTable
 
 from tpu_console import run_table
+from tpu_console.runs import ownership
 from tpu_console.runs.control import RunView
 from tpu_console.tui.styles import RUN_STATE_STYLES
 
@@ -41,9 +42,8 @@ class HistoryTable(DataTable):
         for view in self.views:
             run_id = view.record.run_id
             cells = run_table.run_row(view, now)
-            mark = str(marked.index(run_id) + 1) if run_id in marked else ""
             state = Text(cells[3], style=RUN_STATE_STYLES.get(cells[3], ""))
-            self.add_row(Text(mark, style="bold reverse"), *cells[:3], state, *cells[4:], key=run_id)
+            self.add_row(mark_cell(view, marked), *cells[:3], state, *cells[4:], key=run_id)
         if self.views:
             self.move_cursor(row=min(cursor, len(self.views) - 1))
 
@@ -63,12 +63,24 @@ class HistoryTable(DataTable):
         return self.views[self.cursor_row]
 
 
+def mark_cell(view: RunView, marked: list[str]) -> Text:
+    """The compare mark (1 is A); else, for a run another person launched, whose it is."""
+    run_id = view.record.run_id
+    if run_id in marked:
+        return Text(str(marked.index(run_id) + 1), style="bold reverse")
+    if not ownership.is_mine(view.record.launched_by):
+        return Text(ownership.owner(view.record.launched_by) or "", style="magenta")
+    return Text("")
+
+
 def run_detail(view: RunView | None) -> str:
     """What the table has no room for at 100 columns: the note (why it failed), the overrides and the code."""
     if view is None:
         return ""
     record = view.record
     parts = [f"{record.run_id} on {record.node} ({record.accelerator_type})"]
+    if not ownership.is_mine(record.launched_by):
+        parts.append(f"[magenta]{escape(ownership.describe(record.launched_by))}'s run[/magenta]")
     note = view.failure or view.problem
     parts.append(f"[b red]{escape(note)}[/b red]" if note and view.state in {"failed", "partially-dead"}
                  else escape(note) if note else "no problem recorded")

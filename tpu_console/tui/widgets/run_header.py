@@ -42,8 +42,13 @@ class RunHeader(Vertical):
         yield Static(id="run-title")
         yield Static(id="run-notes")
 
-    def show(self, run_id: str, snapshot: RunSnapshot | None, problem: str | None) -> None:
-        self.query_one("#run-title", Static).update(title_text(run_id, snapshot, problem))
+    def show(self, run_id: str, snapshot: RunSnapshot | None, problem: str | None,
+             theirs: str | None = None) -> None:
+        title = title_text(run_id, snapshot, problem)
+        if theirs:  # another person's run: said first, before the ellipsis can cut it
+            title = Text.assemble(Text(f"{theirs}'s ", style="bold magenta"), title, no_wrap=True,
+                                  overflow="ellipsis")
+        self.query_one("#run-title", Static).update(title)
         self.query_one("#run-notes", Static).update(notes_text(snapshot, problem))
 
 
