@@ -168,3 +168,27 @@ async def test_of_two_launches_at_once_from_two_homes_one_is_refused_naming_the_
     status, out, err = await _as_b(monkeypatch, capsys, home_b, "launch", "pod", "--json", "--",
                                    sys.executable, "-c", "print('second')")
     assert status == 0 and json.loads(out)["started"], err
+
+
+def test_stopping_another_persons_run_asks_for_its_id_typed_back(monkeypatch):
+    from datetime import UTC, datetime
+
+    from tpu_console.cli import prompts
+    from tpu_console.runs.store import RunRecord
+
+    monkeypatch.setenv("USER", "bob")
+    monkeypatch.setenv("LOGNAME", "bob")
+    record = RunRecord("20260101-000000-abcd", "pod", "local", "local-2x1", [0, 1], "c", "d", [], "python3",
+                       datetime.now(UTC), launched_by={"user": "alice", "host": "alices-laptop"})
+    monkeypatch.setattr(prompts, "can_ask", lambda json_mode: True)
+    questions: list[str] = []
+    answers = iter(["y", record.run_id])
+    monkeypatch.setattr("builtins.input", lambda question: questions.append(question) or next(answers))
+    with pytest.raises(UserError, match="not stopping alice on alices-laptop's run .* did not match"):
+        prompts.confirm_stop(record, yes=False, json_mode=False)  # a y/N answer is not enough
+    assert "is alice on alices-laptop's run; type its run id" in questions[0]
+    prompts.confirm_stop(record, yes=False, json_mode=False)  # the id typed back
+    monkeypatch.setenv("USER", "alice")
+    monkeypatch.setenv("LOGNAME", "alice")
+    answers = iter(["y"])
+    prompts.confirm_stop(record, yes=False, json_mode=False)  # her own: y/N as before
