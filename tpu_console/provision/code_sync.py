@@ -34,7 +34,7 @@ from tpu_console.provision import recipes
 from tpu_console.provision.report import WorkerReport
 from tpu_console.provision.steps import OnWorker, SetupResult, WorkerSetup, ignore_worker, run_on_workers
 
-ENV_FILE = f"{recipes.ROOT}/.env"  # where sync puts the secrets; launch copies them into each run
+ENV_FILE = recipes.ENV_FILE  # where sync puts the secrets; launch copies them into each run
 SYNC_TIMEOUT_S = 600.0
 
 

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from tpu_console import worker
 
 ROOT = "tpu-console"  # relative to the worker's home
+ENV_FILE = f"{ROOT}/.env"  # where sync puts the secrets; launch copies them into each run
 ENV_DIR = f"{ROOT}/env"
 ENV_PYTHON = f"~/{ENV_DIR}/bin/python"  # as `--python` takes it: ~ is the worker's home
 CODE_FILE = f"{ROOT}/code.json"
