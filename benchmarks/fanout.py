@@ -40,6 +40,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -52,6 +53,12 @@ WARM_TARGET_S = 0.100
 WARM_TARGET_256_S = 0.150  # from 65 workers on (issue 28)
 RATIO_TARGET = 20.0
 CONTROLMASTER_RATIO_TARGET = 10.0
+
+
+def _cpu_s() -> float:
+    """This process's CPU time: the console's own cost, whatever share of the machine it gets."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 async def _timed(action: Callable[[], Awaitable[None]], repeats: int, pause: float) -> list[float]:
@@ -165,6 +172,7 @@ async def main(workers: int, repeats: int, pause: float, scale: list[int]) -> in
     if scale:
         sizes = sorted({workers, *scale})
         times: dict[int, list[float]] = {size: [] for size in sizes}
+        client_cpu: dict[int, list[float]] = {size: [] for size in sizes}  # the console's own CPU per run
         async with Fleet(all_targets) as fleet:
             await warm_up(fleet)
             last = max(sizes)  # warm_up ran on every worker
@@ -173,9 +181,12 @@ async def main(workers: int, repeats: int, pause: float, scale: list[int]) -> in
                     # the pause follows the larger of this run and the last: it is the last run's workers
                     # that start their spare shells meanwhile
                     spacing = pause * max(1.0, max(size, last) / workers)
+                    cpu_before = _cpu_s()
                     times[size] += await _timed(lambda size=size: run_true(fleet, range(size)), 1, spacing)
+                    client_cpu[size].append(_cpu_s() - cpu_before)
                     last = size
         scaled = {size: statistics.median(t) for size, t in times.items()}
+        scaled_cpu = {size: statistics.median(t) for size, t in client_cpu.items()}
 
     await hosts.aclose()
 
@@ -215,7 +226,8 @@ async def main(workers: int, repeats: int, pause: float, scale: list[int]) -> in
               f"{os.getloadavg()[0]:.1f}); time per worker against {workers} workers':")
         for size, seconds in scaled.items():
             print(f"      {size:5d} workers {seconds * 1000:8.1f} ms   {seconds / size * 1000:.3f} ms per "
-                  f"worker ({seconds / size / per_worker:.2f}x)")
+                  f"worker ({seconds / size / per_worker:.2f}x); the console's CPU "
+                  f"{scaled_cpu[size] / size * 1000:.3f} ms per worker")
         larger = [size for size in scaled if size > workers]
         flat = all(scaled[size] / size <= per_worker for size in larger)
         if larger:
