@@ -18,7 +18,7 @@ from tpu_console.errors import NotFound, UserError
 from tpu_console.model import Node
 from tpu_console.node_table import format_age, format_table
 from tpu_console.providers.base import Provider
-from tpu_console.runs import bucket_record, discovery
+from tpu_console.runs import bucket_record, discovery, ownership
 from tpu_console.runs import control as run_control
 from tpu_console.runs.job_spec import JobSpec, load_job_file
 from tpu_console.runs.launch import ValidatedConfig
@@ -396,6 +396,7 @@ async def status(args: argparse.Namespace, settings: Settings, providers: dict[s
     if args.json:
         document = run_table.run_record(view)
         document["steps_source"] = steps_note
+        document["launched_by"] = view.record.launched_by
         document["foreign_metrics"] = foreign.to_json() if foreign is not None else None
         decisions = await run_control.supervisor_decisions(providers, view.record)
         document["supervisor"] = None if decisions is None else [
@@ -406,6 +407,8 @@ async def status(args: argparse.Namespace, settings: Settings, providers: dict[s
     age = format_age(record.started_at, datetime.now(UTC))
     print(f"{record.run_id}  {record.node} ({record.provider} {record.accelerator_type})  {view.state}  "
           f"started {age} ago")
+    if not ownership.is_mine(record.launched_by):
+        print(f"launched by {ownership.describe(record.launched_by)}")
     listed = view.workers
     if len(view.workers) > run_table.SUMMARY_AFTER:  # a large run: counts by state, the odd ones out listed
         counts, listed = run_table.worker_summary(view.workers)

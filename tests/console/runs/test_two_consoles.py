@@ -94,7 +94,9 @@ async def test_home_b_lists_follows_stacks_and_stops_a_run_home_a_launched(
     (fresh / "config.toml").write_text((home_b / "config.toml").read_text())
     status, out, err = await _as_b(monkeypatch, capsys, fresh, "status", run_id, "--json")
     assert status == 0, err
-    assert json.loads(out)["run_id"] == run_id
+    seen = json.loads(out)
+    assert seen["run_id"] == run_id and seen["launched_by"]["user"] == "alice"
+    assert isinstance(seen["supervisor"], list)  # its supervisor's decisions, read on the pod
 
     async def said_hello() -> bool:
         status, out, _ = await _as_b(monkeypatch, capsys, home_b, "logs", "pod", "--lines", "all")
@@ -161,10 +163,14 @@ async def test_of_two_launches_at_once_from_two_homes_one_is_refused_naming_the_
     assert f"held by {holder}" in refusal and " since " in refusal, refusal
     run_id = a.run_id if a_started else json.loads(b_out)["run_id"]
 
-    # stopped (from the other home, by its id typed back... here --yes), the node is free again
-    status, _, err = await _as_b(monkeypatch, capsys, home_b, "stop", "pod", run_id, "--yes", "--grace", "2")
+    # stopped from home B (--yes: a script), the node is free again
+    status, out, err = await _as_b(monkeypatch, capsys, home_b, "stop", "pod", run_id, "--yes",
+                                   "--grace", "2", "--json")
     assert status == 0, err
-    assert not (pod.provider.store.worker_dir("pod", 0) / "tpu-console" / "launch.lock").exists()
+    if json.loads(out)["state"] == "stopped":  # seen ended by the stop itself: it released the lock
+        assert not (pod.provider.store.worker_dir("pod", 0) / "tpu-console" / "launch.lock").exists()
+    wait_for(lambda: all((pod.provider.store.worker_dir("pod", w) / "tpu-console" / "runs" / run_id
+                          / "exit").exists() for w in (0, 1)), timeout=20)
     status, out, err = await _as_b(monkeypatch, capsys, home_b, "launch", "pod", "--json", "--",
                                    sys.executable, "-c", "print('second')")
     assert status == 0 and json.loads(out)["started"], err
