@@ -15,10 +15,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tpu_console.errors import NotFound, UserError
+from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.recipes import _MARK_PRINTF, MARK, RUNS_DIR
 from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import find_node
-from tpu_console.runs.reach import reach_node
 from tpu_console.runs.run_id import is_run_id
 from tpu_console.runs.store import RunRecord, RunStore
 
@@ -84,13 +84,19 @@ def record_from_launch(run_id: str, launch: dict[str, Any], node: str) -> RunRec
 async def discover(providers: dict[str, Provider], store: RunStore, node: str) -> list[str]:
     """Add the runs on `node`'s first worker that the history lacks; their ids (none when the node is
     gone or cannot be reached: the history stands). NotFound when no provider has such a node."""
-    await find_node(providers, node)
+    provider, found = await find_node(providers, node)
+    if not found.state.is_usable:
+        return []
+    try:
+        targets = await provider.ssh_targets(found)
+    except UserError:
+        return []  # no SSH access from here: the history stands
+    if not targets:
+        return []
     known = [r.run_id for r in store.list(node, 100_000)]
-    async with reach_node(providers, node) as reach:
-        if reach.fleet is None or not reach.fleet.targets:
-            return []
-        first = min(reach.fleet.targets)
-        (result,) = await reach.fleet.run(list_runs_recipe(known), [first], timeout=60)
+    first = min(targets, key=lambda t: t.worker)
+    async with Fleet([first]) as fleet:  # the first worker alone: one connection, one round trip
+        (result,) = await fleet.run(list_runs_recipe(known), [first.worker], timeout=60)
     if not result.ok:
         return []
     added = []
