@@ -52,7 +52,7 @@ def test_local_types(accelerator_type: str, workers: int, devices: int):
     )
 
 
-@pytest.mark.parametrize("bad", ["local-3x0", "v6e-8", "local-0x4", "local-2x", "local-999x1"])
+@pytest.mark.parametrize("bad", ["local-3x0", "v6e-8", "local-0x4", "local-2x", "local-1025x1"])
 def test_bad_local_types_name_the_valid_ones(bad: str):
     with pytest.raises(UserError, match=r"local-WxD .* local-v6e-8, local-v6e-16, local-v4-16"):
         parse_local_type(bad)
