@@ -366,9 +366,12 @@ async def runs(args: argparse.Namespace, settings: Settings, providers: dict[str
     # the bucket's run records first (runs whose node is gone, a colleague's): the history is their cache
     if warning := await asyncio.to_thread(bucket_record.merge_into_history, settings, store):
         print(f"warning: {warning}", file=sys.stderr)
-    if args.node:  # the node's run folders too: a run launched from another console is on the pod
+    # the nodes' run folders too: a run launched from another console is on its pod (runs/discovery.py)
+    if args.node:
         with contextlib.suppress(NotFound):
             await discovery.discover(providers, store, args.node)
+    else:
+        await discovery.discover_all(providers, store)
     views = await run_control.list_runs(providers, args.node, store=store, limit=args.limit)
     if args.json:
         output.print_json({"runs": [{**run_table.run_record(v), "launched_by": v.record.launched_by}

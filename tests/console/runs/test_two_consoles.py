@@ -92,6 +92,9 @@ async def test_home_b_lists_follows_stacks_and_stops_a_run_home_a_launched(
     fresh = tmp_path / "home-b2"
     fresh.mkdir()
     (fresh / "config.toml").write_text((home_b / "config.toml").read_text())
+    status, out, err = await _as_b(monkeypatch, capsys, fresh, "runs", "--json")  # every node's runs
+    assert status == 0 and [r["run_id"] for r in json.loads(out)["runs"]] == [run_id], err
+    (fresh / "console.sqlite").unlink()
     status, out, err = await _as_b(monkeypatch, capsys, fresh, "status", run_id, "--json")
     assert status == 0, err
     seen = json.loads(out)
