@@ -111,10 +111,25 @@ class Node:
     queued_request: str | None = None  # the queued request that made it (gcp), by name
     symptoms: tuple[str, ...] = ()  # what the TPU API reports wrong with it, one line each
     maintenance: Maintenance | None = None  # upcoming maintenance, where the provider reports it
+    # Multislice: `slices` slices of accelerator_type joined over the data-center network; `shape` counts
+    # the hosts and devices of all of them, slice by slice (worker w is in slice w // workers_per_slice).
+    slices: int = 1
 
     @property
     def accelerator_type(self) -> str:
         return self.shape.accelerator_type
+
+    @property
+    def workers_per_slice(self) -> int:
+        return self.shape.workers // self.slices
+
+    def slice_of(self, worker: int) -> int:
+        return worker // self.workers_per_slice
+
+    @property
+    def slice_names(self) -> tuple[str, ...]:
+        """The slices as the TPU API names a multislice's nodes (NAME-0, NAME-1, ...); () for one slice."""
+        return tuple(f"{self.name}-{i}" for i in range(self.slices)) if self.slices > 1 else ()
 
 
 @dataclass(frozen=True)
@@ -163,6 +178,7 @@ class CreateRequest:
     best_effort: bool = False  # the best-effort tier (gcp's v2alpha1 API)
     valid_for_s: float | None = None  # a queued request gives up after this long
     race: bool = False  # one queued request per zone at once; the first to become ACTIVE wins
+    slices: int = 1  # Multislice: this many slices of accelerator_type, created and deleted as one node
 
     @property
     def provisioning(self) -> str:

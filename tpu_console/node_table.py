@@ -37,7 +37,7 @@ def node_row(node: Node, now: datetime) -> tuple[str, ...]:
     return (
         node.name,
         node.provider,
-        node.accelerator_type,
+        type_text(node),
         str(node.shape.workers),
         str(node.state),
         node.zone or "-",
@@ -46,6 +46,11 @@ def node_row(node: Node, now: datetime) -> tuple[str, ...]:
         format_price(node),
         format_cost(node, now),
     )
+
+
+def type_text(node: Node) -> str:
+    """The accelerator type, as `2x v6e-16` for a multislice node."""
+    return f"{node.slices}x {node.accelerator_type}" if node.slices > 1 else node.accelerator_type
 
 
 def format_price(node: Node) -> str:
@@ -151,6 +156,8 @@ def node_record(node: Node, now: datetime) -> dict[str, Any]:
         "provider": node.provider,
         "accelerator_type": node.accelerator_type,
         "workers": node.shape.workers,
+        "slices": node.slices,
+        "slice_names": list(node.slice_names),
         "devices_per_worker": node.shape.devices_per_worker,
         "chips": node.shape.chips,
         "state": str(node.state),
@@ -176,6 +183,7 @@ def node_record(node: Node, now: datetime) -> dict[str, Any]:
         "hosts": [
             {
                 "worker": w.index,
+                "slice": node.slice_of(w.index),
                 "host": w.host,
                 "port": w.port,
                 "internal_ip": w.internal_ip,

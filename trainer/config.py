@@ -376,11 +376,13 @@ def check_topology(cfg: TrainerConfig, process_count: int, local_device_count: i
         raise ConfigError("invalid config for this pod: " + "; ".join(problems))
 
 
-def check_pod_shape(cfg: TrainerConfig, process_count: int, local_device_count: int) -> tuple[int, int, int]:
+def check_pod_shape(cfg: TrainerConfig, process_count: int, local_device_count: int,
+                    num_slices: int = 1) -> tuple[int, int, int]:
     """Everything `check_topology` checks, from a pod's shape alone (no JAX): the console runs this before
     it sends anything, so a batch that does not divide costs no TPU time. Returns the (dp, fsdp, tp) sizes."""
     try:
-        dp, fsdp, tp = resolve_mesh_shape(cfg.mesh_shape, process_count * local_device_count, process_count)
+        dp, fsdp, tp = resolve_mesh_shape(cfg.mesh_shape, process_count * local_device_count, process_count,
+                                          num_slices)
     except MeshError as exc:
         raise ConfigError(f"invalid config for this pod: {exc}") from None
     check_topology(cfg, process_count, local_device_count, dp, fsdp)

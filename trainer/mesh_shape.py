@@ -10,10 +10,26 @@ class MeshError(ValueError):
     """A mesh_shape that does not fit the devices; the message names mesh_shape and the fix."""
 
 
-def resolve_mesh_shape(mesh_shape: str, device_count: int, process_count: int) -> tuple[int, int, int]:
-    """The (dp, fsdp, tp) sizes `mesh_shape` means on `device_count` devices over `process_count` hosts."""
+def resolve_mesh_shape(mesh_shape: str, device_count: int, process_count: int,
+                       num_slices: int = 1) -> tuple[int, int, int]:
+    """The (dp, fsdp, tp) sizes `mesh_shape` means on `device_count` devices over `process_count` hosts in
+    `num_slices` slices (Multislice). Across slices only data parallelism goes over the data-center network
+    (DCN): `auto` puts dp = num_slices on the outer axis and fsdp over each slice's devices, and an explicit
+    shape must have dp a multiple of num_slices."""
+    if num_slices > 1 and (process_count % num_slices or device_count % num_slices):
+        raise MeshError(f"mesh_shape: {process_count} processes / {device_count} devices do not split into "
+                        f"{num_slices} equal slices; check MEGASCALE_NUM_SLICES and launch on every worker")
+    sizes = _resolve(mesh_shape, device_count, process_count, num_slices)
+    if sizes[0] % num_slices:
+        raise MeshError(f"mesh_shape: {mesh_shape} has dp={sizes[0]}, which cannot span {num_slices} slices "
+                        f"(only data parallelism crosses the data-center network); make dp a multiple of "
+                        f"{num_slices}, e.g. {num_slices},-1,1, or use auto")
+    return sizes
+
+
+def _resolve(mesh_shape: str, device_count: int, process_count: int, num_slices: int) -> tuple[int, int, int]:
     if mesh_shape == "auto":
-        return 1, device_count, 1
+        return num_slices, device_count // num_slices, 1
     if mesh_shape == "host_local":
         if device_count % process_count:
             raise MeshError(f"mesh_shape: host_local needs the same device count on every process "

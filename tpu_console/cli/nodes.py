@@ -82,6 +82,10 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
     create.add_argument("--zones", metavar="Z1,Z2",
                         help="gcp zones to try in order (default: gcp.zones); auto: gcp.zones ordered by "
                         "the capacity record (`tpu-console capacity`)")
+    create.add_argument("--slices", type=int, default=1, metavar="N",
+                        help="Multislice: N slices of TYPE joined over the data-center network, created, "
+                        "listed and deleted as one node (slices NAME-0 .. NAME-<N-1>); gcp (a queued "
+                        "resource with a node count, v4 and later) and local")
     create.add_argument("--direct", action="store_true",
                         help="gcp: the Create Node API (fails at once without capacity) instead of a queued "
                         "request that waits for it (the default for v5e, v5p, v6e)")
@@ -205,6 +209,9 @@ async def create(args: argparse.Namespace, settings: Settings, providers: dict[s
     if create_options.is_auto(args.zones):
         output.progress(f"zones by the capacity record: {', '.join(zones)}")
     create_options.check_combination(direct=args.direct, race=args.race)
+    provider = create_provider_name(settings, args.provider)
+    create_options.check_slices(args.slices, provider, args.accelerator_type, direct=args.direct,
+                                race=args.race)
     request = CreateRequest(
         name=args.name,
         accelerator_type=args.accelerator_type,
@@ -217,8 +224,8 @@ async def create(args: argparse.Namespace, settings: Settings, providers: dict[s
         best_effort=args.best_effort,
         valid_for_s=create_options.parse_duration(args.wait_for) if args.wait_for else None,
         race=args.race,
+        slices=args.slices,
     )
-    provider = create_provider_name(settings, args.provider)
     # SIGTERM or SIGHUP (a CI job cancelled, a terminal closed) stops a waiting create as Ctrl-C does,
     # and its requests are deleted without a question: nobody is there to answer one.
     with cancel_on_termination() as terminated:
@@ -244,8 +251,9 @@ async def create(args: argparse.Namespace, settings: Settings, providers: dict[s
         output.print_json({"node": node_record(node, datetime.now(UTC))})
     else:
         where = f" in {node.zone}" if node.zone else ""
+        slices = f" x {node.slices} slices ({', '.join(node.slice_names)})" if node.slices > 1 else ""
         print(
-            f"created {node.name}: {node.provider} {node.accelerator_type}, {node.shape.workers} "
+            f"created {node.name}: {node.provider} {node.accelerator_type}{slices}, {node.shape.workers} "
             f"worker{'s' if node.shape.workers != 1 else ''}{where}, {node.state}"
         )
         if node.provider == "gcp":

@@ -65,3 +65,36 @@ def check_combination(*, direct: bool, race: bool, provisioning: str = "spot",
         raise UserError(f"unknown provisioning {provisioning!r}: pick one of {', '.join(PROVISIONING)}")
     if provisioning == "reservation" and not (reservation or "").strip():
         raise UserError("--reservation needs the reservation's name (in the zone) or its full path")
+
+
+NO_MULTISLICE_FAMILIES = ("v2", "v3")  # Multislice needs v4 or later (the TPU docs' Multislice page)
+
+
+def check_slices(slices: int, provider: str, accelerator_type: str, *, direct: bool, race: bool) -> None:
+    """UserError for a slice count this provider or type cannot create (before anything is requested)."""
+    if slices < 1:
+        raise UserError(f"--slices {slices}: use a whole number of slices, 1 or more")
+    if slices == 1:
+        return
+    if provider not in ("local", "gcp"):
+        raise UserError(f"--slices: the {provider} provider has no Multislice; create with --provider gcp "
+                        "(a queued resource with a node count) or local (a rehearsal)")
+    if provider == "local":
+        from tpu_console.providers.local.shapes import MAX_WORKERS, parse_local_type
+
+        hosts = parse_local_type(accelerator_type).workers * slices
+        if hosts > MAX_WORKERS:
+            raise UserError(f"--slices {slices} x {accelerator_type} is {hosts} local workers, more than "
+                            f"{MAX_WORKERS}; use fewer slices or a smaller type")
+        return
+    from tpu_console.providers.gcp.accelerators import canonical_type
+
+    family = canonical_type(accelerator_type).split("-")[0]
+    if family in NO_MULTISLICE_FAMILIES:
+        raise UserError(f"--slices: {accelerator_type} has no Multislice (v2 and v3 cannot join slices over "
+                        "the data-center network); use v4, v5e, v5p or v6e, or one larger slice")
+    if direct:
+        raise UserError("--slices: the TPU API makes a multislice only as a queued resource; "
+                        "leave out --direct")
+    if race:
+        raise UserError("--slices with --race is not supported yet; name one zone (or leave out --race)")

@@ -43,7 +43,7 @@ from tpu_console.provision.code_sync import code_version
 from tpu_console.provision.recipes import ENV_DIR, ENV_PYTHON
 from tpu_console.provision.report import WorkerReport, mismatches
 from tpu_console.provision.steps import ignore_worker, run_on_workers
-from tpu_console.runs import bucket_record, ownership, supervision
+from tpu_console.runs import bucket_record, multislice, ownership, supervision
 from tpu_console.runs.inputs import job_inputs, refuse_missing
 from tpu_console.runs.job_spec import JobSpec, MetricsSpec
 from tpu_console.runs.launch_lock import LaunchLock
@@ -128,9 +128,10 @@ def check_shape(config: ValidatedConfig, node: Node, process_count: int) -> None
     from trainer.config import ConfigError, check_pod_shape
 
     try:
-        check_pod_shape(config.config, process_count, node.shape.devices_per_worker)
+        check_pod_shape(config.config, process_count, node.shape.devices_per_worker, node.slices)
     except ConfigError as exc:
-        shape = f"{process_count} worker(s) x {node.shape.devices_per_worker} devices"
+        slices = f"{node.slices} slices, " if node.slices > 1 else ""
+        shape = f"{slices}{process_count} worker(s) x {node.shape.devices_per_worker} devices"
         raise UserError(f"{config.path.name} on {node.name} ({shape}): {exc}") from None
 
 
@@ -158,12 +159,15 @@ def launch_env(
     coordinator under the common names (`coordinator_env`)."""
     targets = [fleet.targets[w] for w in workers]
     shared = provider.coordinator_env(node, targets)
+    # Multislice: slice 0's first host coordinates megascale, at jax.distributed's coordinator address.
+    coordinator_host = shared["TRAINER_COORDINATOR_ADDRESS"].rpartition(":")[0] if shared else ""
     envs: dict[int, dict[str, str]] = {}
     for position, worker in enumerate(workers):
+        megascale = multislice.megascale_env(node, coordinator_host, worker) if shared else {}
         if command:
-            envs[worker] = coordinator_env(shared, position) if shared else {}
+            envs[worker] = {**coordinator_env(shared, position), **megascale} if shared else {}
             continue
-        env = {"TRAINER_REQUIRE_PROCESS_COUNT": str(len(workers)), **shared}
+        env = {"TRAINER_REQUIRE_PROCESS_COUNT": str(len(workers)), **shared, **megascale}
         if shared:
             env["TRAINER_PROCESS_ID"] = str(position)
         envs[worker] = env
@@ -172,6 +176,7 @@ def launch_env(
 
 def refuse_partial(node: Node, selected: list[int], envs: dict[int, dict[str, str]]) -> None:
     """A subset of workers only where the console names the coordinator: elsewhere JAX waits for them all."""
+    multislice.refuse_partial_multislice(node, selected)
     if len(selected) < node.shape.workers and not has_coordinator(envs[selected[0]]):
         raise UserError(
             f"{node.name!r} is a {node.provider} pod where JAX joins every host by itself, so the job must "

@@ -51,10 +51,11 @@ class LocalProvider(Provider):
         if problem := validate_node_name(request.name):
             raise UserError(problem)
         shape = parse_local_type(request.accelerator_type)
-        progress(
-            f"{request.name}: creating {shape.workers} local worker(s) x {shape.devices_per_worker} devices"
-        )
-        node = await asyncio.to_thread(self.store.create, request.name, request.accelerator_type)
+        slices = f"{request.slices} slices x " if request.slices > 1 else ""
+        progress(f"{request.name}: creating {slices}{shape.workers} local worker(s) x "
+                 f"{shape.devices_per_worker} devices")
+        node = await asyncio.to_thread(self.store.create, request.name, request.accelerator_type,
+                                       request.slices)
         progress(f"{request.name}: ready at {self.store.node_dir(request.name)}")
         return node
 

@@ -1,6 +1,8 @@
 """The local provider's pods on disk. A node is a folder; each worker is a sub-folder that acts as its disk.
 
-<local_pods_dir>/<name>/node.json            type, shape, created_at, state
+<local_pods_dir>/<name>/node.json            type, shape, slices, created_at, state
+A multislice pod (`slices` > 1) is one node whose workers are numbered slice by slice: `workers` counts
+them all, worker w is in slice w // (workers / slices).
 <local_pods_dir>/<name>/host_keys/worker-<i>  the worker's SSH host key (made once, pinned by the client)
 <local_pods_dir>/<name>/workers/<i>/          the worker's HOME
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -65,10 +68,12 @@ class PodStore:
             zone="local",
             runtime_version="local",
             created_at=datetime.fromisoformat(meta["created_at"]),
+            slices=meta.get("slices", 1),
         )
 
-    def create(self, name: str, accelerator_type: str) -> Node:
-        shape = parse_local_type(accelerator_type)
+    def create(self, name: str, accelerator_type: str, slices: int = 1) -> Node:
+        one_slice = parse_local_type(accelerator_type)
+        shape = replace(one_slice, workers=one_slice.workers * slices, chips=one_slice.chips * slices)
         node_dir = self.node_dir(name)
         self.root.mkdir(parents=True, exist_ok=True)
         try:
@@ -82,6 +87,7 @@ class PodStore:
             "accelerator_type": shape.accelerator_type,
             "workers": shape.workers,
             "devices_per_worker": shape.devices_per_worker,
+            "slices": slices,
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "state": NodeState.CREATING.value,
         }
