@@ -75,6 +75,7 @@ def test_create_ls_launch_and_delete_a_local_multislice(capsys):
     (["--type", "v3-8", "--slices", "2", "--provider", "gcp"], "v3-8 has no Multislice"),
     (["--type", "v2-8", "--slices", "2", "--provider", "gcp"], "v2-8 has no Multislice"),
     (["--type", "v6e-16", "--slices", "2", "--provider", "gcp", "--direct"], "leave out --direct"),
+    (["--type", "v6e-16", "--slices", "2", "--provider", "gcp"], "--slices 2 on gcp is not supported yet"),
     (["--type", "local-2x1", "--slices", "0", "--provider", "local"], "--slices 0"),
     (["--type", "local-512x1", "--slices", "4", "--provider", "local"], "more than 1024"),
 ])
