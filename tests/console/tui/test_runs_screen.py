@@ -237,7 +237,10 @@ async def test_a_run_only_the_bucket_knows_is_listed_and_a_bucket_out_of_reach_i
 
 
 async def test_a_colleagues_run_found_on_the_pod_is_listed_and_its_dashboard_marked_as_theirs(monkeypatch):
+    from textual.widgets import Input
+
     from tpu_console.runs import discovery
+    from tpu_console.tui.modals.stop_theirs import StopTheirsModal
     from tpu_console.tui.screens.run_screen import RunScreen
     from tpu_console.tui.widgets.run_header import RunHeader
 
@@ -273,3 +276,12 @@ async def test_a_colleagues_run_found_on_the_pod_is_listed_and_its_dashboard_mar
         await pilot.pause()
         title = str(the_app.screen.query_one(RunHeader).query_one("#run-title", Static).render())
         assert title.startswith("bob on bobs-laptop's run 20250314-110000-bbbb"), title
+        # stopping it asks for its run id typed back, naming whose it is
+        await pilot.press("x")
+        assert isinstance(the_app.screen, StopTheirsModal)
+        assert "bob on bobs-laptop's run" in str(the_app.screen.query_one(Static).render())
+        the_app.screen.query_one("#typed", Input).value = "20250314-100000-aaaa"
+        await pilot.press("enter")
+        assert "does not match" in str(the_app.screen.query_one("#error", Static).render())
+        await pilot.press("escape")
+        assert isinstance(the_app.screen, RunScreen)

@@ -36,6 +36,7 @@ from tpu_console.tui.messages import (
 from tpu_console.tui.modals.confirm import ConfirmModal
 from tpu_console.tui.modals.full_text import FullTextModal
 from tpu_console.tui.modals.stacks import StacksModal
+from tpu_console.tui.modals.stop_theirs import StopTheirsModal
 from tpu_console.tui.run_feed import Post, RunFeed, local_now
 from tpu_console.tui.run_snapshot import DeviceReadings, RunSnapshot, StepHistory
 from tpu_console.tui.widgets.hbm_panel import HbmPanel
@@ -317,6 +318,10 @@ class RunScreen(Screen[None]):
             else ""
         )
         question = f"{why}Stop run {self.run_id} (TERM, then KILL after 10 s, on every worker)?"
+        if theirs := self._theirs():  # another person's run: its id typed back, as `stop` asks
+            self.app.push_screen(StopTheirsModal(self.run_id, theirs, question),
+                                 lambda yes: self._stop_run() if yes else None)
+            return
         self.app.push_screen(ConfirmModal(question, "Stop"), lambda yes: self._stop_run() if yes else None)
 
     @work(exclusive=True, group="run-stop", exit_on_error=False)
