@@ -1,5 +1,5 @@
 """`launch NODE -- COMMAND` and `launch NODE --job FILE` end to end through the CLI, on a local pod, with a
-program that knows nothing of tpu-console (tests/console/fixtures/foreign_job.py): the environment every
+program that knows nothing of tpu-console (tests/console/runs/foreign_job.py): the environment every
 job gets, exit codes per worker, fail-fast, a restart after a transient failure (the same command again,
 on the coordinator's new port), a job file recorded with the run, and bad input that starts nothing."""
 
@@ -24,7 +24,7 @@ from tpu_console.runs.store import RunStore
 
 pytestmark = pytest.mark.usefixtures("console_home", "pod")
 
-FOREIGN = str(Path(__file__).resolve().parents[1] / "fixtures" / "foreign_job.py")
+FOREIGN = str(Path(__file__).resolve().parent / "foreign_job.py")
 SECRET = "s3cr3t-of-the-foreign-job"
 
 
