@@ -86,7 +86,7 @@ def test_tiny_model_plan_on_v6e_2x2_matches_a_hand_computation(tmp_path, tiny_mo
     assert (
         plan["fits"] and plan["verdict"].startswith("fits") and plan["mesh"] == {"dp": 1, "fsdp": 4, "tp": 1}
     )
-    assert plan["weight_layout"] == "megatron"  # rollout.weight_layout auto, on TPU with mesh_shape auto
+    assert plan["weight_layout"] == "head_groups"  # rollout.weight_layout auto, on TPU with mesh_shape auto
 
     # By hand: fp32 parameters, each split 4 ways along its fsdp dimension when that divides (all do here
     # but the 1-D norms and biases, which stay whole), AdamW's two moments the same, plus its step count.
