@@ -409,8 +409,8 @@ async def test_launch_form_tab_order_and_no_demo_offer_for_a_real_model():
         modal = app.screen
         assert Path(str(modal.query_one("#shipped", Select).value)).name.startswith("qwen25")
         assert not modal.query_one("#make-inputs", Checkbox).display  # a real model is no one's to make
-        assert await tab_through(pilot, 16) == [
-            "shipped", "path", "overrides", "env", "kill-stale", "fail-fast", "no-plan-check",
+        assert await tab_through(pilot, 17) == [
+            "shipped", "path", "job", "overrides", "env", "kill-stale", "fail-fast", "no-plan-check",
             "on-end", "grace", "max-cost", "price-per-hour", "max-hang", "restart-on", "max-restarts",
             "launch", "cancel", "shipped",
         ]

@@ -211,7 +211,7 @@ def test_gcp_create_form_refusing_a_bad_wait_for_at_100x30(snap_compare):
 def test_launch_form_refusing_a_batch_that_does_not_divide(snap_compare):
     async def fill(pilot) -> None:
         await until_listed(pilot)
-        await pilot.press("down", "l", "tab", "tab", *"rollout.batch_size=3", "enter")
+        await pilot.press("down", "l", "tab", "tab", "tab", *"rollout.batch_size=3", "enter")
         await pilot.pause()
 
     assert snap_compare(fleet_app(), terminal_size=(100, 40), run_before=fill)

@@ -1,6 +1,8 @@
 """`l`: the launch form. The config (a shipped one or a file), its `--set` overrides and the env file are
 checked here with the trainer's own schema and against the node's shape, and any problem is shown in the
-form; only a config that passes closes it, and only then does anything reach a worker.
+form; only a config that passes closes it, and only then does anything reach a worker. Instead of the
+trainer, the form runs a job of your own: a job file (`.toml`, runs/job_spec.py) or a command typed as one
+line (split into words as a shell would, no shell runs it), as `launch --job` and `launch -- CMD` do.
 
 On a node of a TPU type (and local pods that rehearse one, local-v6e-16), the form also shows the planned
 peak HBM per chip for the chosen config, from the TPU compiler (tpu_console/experiments/plan.py, cached),
@@ -21,6 +23,7 @@ from tpu_console.experiments.plan import PlanOutcome, tpu_type_for
 from tpu_console.model import Node
 from tpu_console.providers.base import Provider
 from tpu_console.runs.demo import is_tiny_config
+from tpu_console.runs.job_spec import JobSpec, load_job_file
 from tpu_console.runs.launch import check_shape, check_supervision, validate_config
 from tpu_console.runs.supervision import SupervisionPolicy, policy_from_options
 from tpu_console.secrets import read_env_file
@@ -37,6 +40,7 @@ class LaunchOrder:
     plan_check: bool = True
     make_inputs: bool = False  # the tiny demo's model and data first, where a worker lacks them
     policy: SupervisionPolicy = field(default_factory=SupervisionPolicy)  # the run's supervisor's orders
+    job: JobSpec | None = None  # a job file or a command, run instead of the trainer (config_path unused)
 
 
 def shipped_configs() -> list[Path]:
@@ -67,6 +71,8 @@ class LaunchModal(FormModal[LaunchOrder]):
     LaunchModal #flags { height: 1; margin-top: 1; }
     LaunchModal #flags Checkbox { margin-right: 3; }
     LaunchModal #make-inputs { margin-top: 1; }
+    LaunchModal #job-row { height: 1; margin-top: 1; }
+    LaunchModal #job-row Static { width: auto; margin-right: 1; }
     LaunchModal .options { height: 1; }
     LaunchModal .options Static { width: auto; margin-right: 1; }
     LaunchModal .options Input { width: 10; margin-right: 2; }
@@ -85,7 +91,7 @@ class LaunchModal(FormModal[LaunchOrder]):
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
             yield Static(
-                f"[b]Launch the trainer on {self.node.name}[/b] ({self.node.accelerator_type}, "
+                f"[b]Launch on {self.node.name}[/b] ({self.node.accelerator_type}, "
                 f"{self.node.shape.workers} workers x {self.node.shape.devices_per_worker} devices)"
             )
             yield Label("Shipped config")
@@ -97,6 +103,9 @@ class LaunchModal(FormModal[LaunchOrder]):
             )
             yield Label("...or a config file (wins when given)")
             yield Input(placeholder="e.g. path/to/config.yaml", id="path", compact=True)
+            with Horizontal(id="job-row"):
+                yield Static("...or your own job, not the trainer:")
+                yield Input(placeholder="e.g. grpo.toml or python train.py", id="job", compact=True)
             yield Label("Overrides: KEY=VALUE separated by spaces (none: the config as it is)")
             yield Input(placeholder="e.g. steps=20 rollout.n=8", id="overrides", compact=True)
             yield Label("Env file with secrets (optional; else the one `sync` uploaded)")
@@ -174,17 +183,33 @@ class LaunchModal(FormModal[LaunchOrder]):
         self._schedule_plan()
 
     def on_input_changed(self, event: Input.Changed) -> None:
-        if event.input.id in ("path", "overrides"):
+        if event.input.id in ("path", "overrides", "job"):
             self._offer_inputs()
             self._schedule_plan()
 
     def _offer_inputs(self) -> None:
         # The demo's inputs can be made for the shipped tiny configs only: a real model is no one's to make.
         config, _ = self._chosen()
-        self.query_one("#make-inputs", Checkbox).display = bool(config) and is_tiny_config(config)
+        self.query_one("#make-inputs", Checkbox).display = (
+            bool(config) and is_tiny_config(config) and not self._job_text())
+
+    def _job_text(self) -> str:
+        return self.query_one("#job", Input).value.strip()
+
+    def _job(self) -> JobSpec | None:
+        """The job typed in the form: a job file (`.toml`) or a command line; None for the trainer."""
+        text = self._job_text()
+        if not text:
+            return None
+        if text.endswith(".toml") and " " not in text:
+            return load_job_file(text)
+        return JobSpec.from_command_line(text)
 
     def _schedule_plan(self) -> None:
-        if self.tpu_type is not None:
+        if self._job_text():  # the trainer's plan says nothing of another program
+            self.workers.cancel_group(self, "plan")
+            self.query_one("#plan", Static).update("Plan: none for your own job (the plan is the trainer's)")
+        elif self.tpu_type is not None:
             # The line always speaks of the inputs as they are now: back to the hint until the new plan.
             self.query_one("#plan", Static).update(self._plan_hint())
             self.run_worker(self._plan_chosen, exclusive=True, group="plan")
@@ -213,12 +238,13 @@ class LaunchModal(FormModal[LaunchOrder]):
 
     # ---- submit --------------------------------------------------------------------------------------
 
-    def _policy(self) -> SupervisionPolicy:
-        """The supervisor's options, parsed and checked by the very code the CLI's flags go through."""
+    def _policy(self, job: JobSpec | None = None) -> SupervisionPolicy:
+        """The supervisor's options, parsed and checked by the very code the CLI's flags go through; for a
+        job file, the options given here over its [supervisor] (blank, unticked and `keep` give none)."""
         def text(field_id: str) -> str:
             return self.query_one(f"#{field_id}", Input).value
 
-        policy = policy_from_options(
+        options = dict(
             fail_fast=self.query_one("#fail-fast", Checkbox).value,
             on_end=str(self.query_one("#on-end", Select).value),
             grace=text("grace"),
@@ -228,6 +254,11 @@ class LaunchModal(FormModal[LaunchOrder]):
             restart_on=text("restart-on"),
             max_restarts=text("max-restarts"),
         )
+        if job is not None:
+            given = {k: v for k, v in options.items() if v not in (False, "", "keep")}
+            policy = job.policy(**given)
+        else:
+            policy = policy_from_options(**options)
         if self.provider is not None:
             check_supervision(self.provider, self.node, policy)
         return policy
@@ -236,6 +267,14 @@ class LaunchModal(FormModal[LaunchOrder]):
         config, overrides = self._chosen()
         env_file = self.query_one("#env", Input).value.strip() or None
         plan_check = not self.query_one("#no-plan-check", Checkbox).value
+        try:
+            job = self._job()
+        except UserError as exc:
+            self.show_error(str(exc))
+            return
+        if job is not None:
+            self._submit_job(job, overrides, env_file)
+            return
         try:
             if not config:
                 raise UserError("pick a shipped config or give a config file")
@@ -258,5 +297,31 @@ class LaunchModal(FormModal[LaunchOrder]):
                 plan_check,
                 make_inputs=is_tiny_config(config) and self.query_one("#make-inputs", Checkbox).value,
                 policy=policy,
+            )
+        )
+
+    def _submit_job(self, job: JobSpec, overrides: list[str], env_file: str | None) -> None:
+        """A job of your own: what `launch --job F` / `launch -- CMD` checks before a worker is reached."""
+        try:
+            if overrides:
+                raise UserError("overrides set keys of the trainer's config; your own job takes its "
+                                "arguments in its command: leave Overrides empty")
+            if env_file:
+                read_env_file(env_file)
+            policy = self._policy(job)
+        except UserError as exc:
+            self.show_error(str(exc))
+            return
+        self.workers.cancel_group(self, "plan")
+        self.dismiss(
+            LaunchOrder(
+                "",
+                [],
+                env_file,
+                self.query_one("#kill-stale", Checkbox).value,
+                policy.fail_fast,
+                plan_check=False,
+                policy=policy,
+                job=job,
             )
         )

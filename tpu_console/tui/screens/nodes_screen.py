@@ -445,7 +445,7 @@ class NodesScreen(Screen[None]):
             result = await launch_run(
                 self.providers,
                 node.name,
-                order.config_path,
+                order.config_path if order.job is None else None,
                 order.overrides,
                 order.env_file,
                 kill_stale=order.kill_stale,
@@ -453,7 +453,8 @@ class NodesScreen(Screen[None]):
                 policy=order.policy,
                 webhook_url=self.options.webhook_url.get_secret_value() if self.options.webhook_url else None,
                 # the plan again (cached): the form may have been submitted before its plan came back
-                before_send=launch_check(say) if order.plan_check else None,
+                before_send=launch_check(say) if order.plan_check and order.job is None else None,
+                job=order.job,  # a job file or a command of your own instead of the trainer
                 store=self.store,
                 progress=say,
                 on_worker=lambda worker, text: say(f"[{worker}] {text}"),
