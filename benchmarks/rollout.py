@@ -128,9 +128,9 @@ def main() -> None:
     print(f"answer lengths: median {int(np.median(lengths))}, p90 {int(np.percentile(lengths, 90))}, "
           f"longest {int(lengths.max())} (the loop's steps), shortest {int(lengths.min())}")
     width = sampled["now"].cache_prompt_width(args.prompt_length, max(map(len, distinct)))
-    print(f"now: the cache holds {width} prompt slots (before: {args.prompt_length}), attention reads "
-          f"{sampled['now'].attend_bucket}-slot buckets of it; {args.prompts} prefills "
-          f"(before: {len(prompts)})")
+    print(f"now: the cache holds {width} prompt slots (before: {args.prompt_length}) and, segment by "
+          f"segment, {sampled['now'].segments} new tokens (before: {args.max_new_tokens}); {args.prompts} "
+          f"prefills (before: {len(prompts)})")
     for name in paths:
         print(f"{name:>6}: {seconds[name]:7.2f} s per rollout  (repeats: "
               + ", ".join(f"{t:.2f}" for t in times[name]) + ")")

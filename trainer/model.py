@@ -313,10 +313,8 @@ class Attention(nnx.Module):
     def decode(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
                cache: tuple[jax.Array, jax.Array], cache_index: jax.Array,
                cache_layout: RowLayout | None = None,
-               layout: DecodeLayout | None = None, norm: RMSNorm | None = None,
-               attend_slots: AttendSlots | None = None) -> tuple[jax.Array, tuple]:
-        """Write this chunk's k/v at `cache_index` and attend over the cache (mask [B, T, S]): all of it, or
-        its first `attend_slots` slots (see Qwen2ForCausalLM.decode).
+               layout: DecodeLayout | None = None, norm: RMSNorm | None = None) -> tuple[jax.Array, tuple]:
+        """Write this chunk's k/v at `cache_index` and attend over the whole cache (mask [B, T, S]).
         cache_layout: places the written cache before attention reads it (see Qwen2ForCausalLM.decode).
         layout: DecodeLayout's `qkv`, `heads` and `out`, when given; with `qkv`, x is the block's input
         before `norm` (the hook applies it)."""
@@ -330,17 +328,7 @@ class Attention(nnx.Module):
         start = (0, 0, cache_index, 0)
         place = cache_layout or _rows_anywhere
         k_cache, v_cache = place(_write_cache(k_cache, k, start)), place(_write_cache(v_cache, v, start))
-        k_read = k_cache.astype(self.compute_dtype)
-        if attend_slots is None:
-            out = _attend(q, k_read, v_cache, mask, self.compute_dtype)
-        else:
-            lengths, which = attend_slots
-
-            def first(n: int) -> Any:
-                return lambda q, k, v, mask: _attend(q, k[:, :, :n], v[:, :, :n], mask[..., :n],
-                                                     self.compute_dtype)
-
-            out = jax.lax.switch(which, [first(length) for length in lengths], q, k_read, v_cache, mask)
+        out = _attend(q, k_cache.astype(self.compute_dtype), v_cache, mask, self.compute_dtype)
         if heads is not None:
             out = heads(out, 2)
         return (layout.out(out, self.o_proj) if layout.out else self.o_proj(out)), (k_cache, v_cache)
@@ -383,13 +371,11 @@ class Block(nnx.Module):
         x = x + self.self_attn.o_proj(_attend(q, k, v, mask, self.self_attn.compute_dtype))
         return x + self.mlp(self.post_attention_layernorm(x)), (k, v)
 
-    def decode(self, x, cos, sin, mask, cache, cache_index, cache_layout=None, layout=None,
-               attend_slots=None):
+    def decode(self, x, cos, sin, mask, cache, cache_index, cache_layout=None, layout=None):
         layout = layout or DecodeLayout()
         residual = layout.residual or _rows_anywhere
         h, cache = self.self_attn.decode(x if layout.qkv else self.input_layernorm(x), cos, sin, mask, cache,
-                                         cache_index, cache_layout, layout, self.input_layernorm,
-                                         attend_slots)
+                                         cache_index, cache_layout, layout, self.input_layernorm)
         x = residual(x + h)
         if layout.mlp is not None:  # the block's output, placed by the hook
             return layout.mlp(x, self.post_attention_layernorm, self.mlp), cache
@@ -397,8 +383,6 @@ class Block(nnx.Module):
 
 
 KVCache = list[tuple[jax.Array, jax.Array]]  # per layer (keys, values), each [B, kv_heads, S, head_dim]
-# Attention over the cache's first slots only: (the static lengths a step may read, the index of this step's).
-AttendSlots = tuple[tuple[int, ...], jax.Array]
 RowLayout = Any  # Callable[[jax.Array], jax.Array]: places an activation's rows (a sharding constraint)
 
 
@@ -511,8 +495,7 @@ class Qwen2ForCausalLM(nnx.Module):
     def decode(self, input_ids: jax.Array, positions: jax.Array, kv_mask: jax.Array, cache: KVCache,
                cache_index: jax.Array, rows: RowLayout | None = None,
                cache_layout: RowLayout | None = None,
-               layout: DecodeLayout | None = None, hidden_only: bool = False,
-               attend_lengths: Sequence[int] | None = None) -> tuple[jax.Array, KVCache]:
+               layout: DecodeLayout | None = None, hidden_only: bool = False) -> tuple[jax.Array, KVCache]:
         """Cached forward of a chunk input_ids [B, T] stored at cache slots [cache_index, cache_index + T).
 
         kv_mask [B, S] marks the cache slots holding real tokens, including this chunk's. Returns fp32 logits
@@ -524,10 +507,6 @@ class Qwen2ForCausalLM(nnx.Module):
         layout: how the step lays out its work (DecodeLayout; default: the plain code, layouts left to the
         partitioner). hidden_only: return the last position's final hidden states [B, hidden] (before the
         final norm) instead of logits, for a layout that samples from them (DecodeLayout.sample).
-        attend_lengths: increasing slot counts, the last the whole cache: attention reads only the first
-        of them that holds the chunk (every slot past the chunk is empty for every row; a `lax.switch` picks
-        the program by cache_index), instead of all S slots every step. Same result: the slots skipped
-        are masked.
         """
         rows = rows or _rows_anywhere
         t, s = input_ids.shape[1], kv_mask.shape[1]
@@ -541,16 +520,9 @@ class Qwen2ForCausalLM(nnx.Module):
             x = self._embed(input_ids)
         if layout.residual is not None:
             x = layout.residual(x)
-        attend_slots = None
-        if attend_lengths is not None and len(attend_lengths) > 1:
-            if attend_lengths[-1] != s:
-                raise ValueError(f"attend_lengths {tuple(attend_lengths)} must end at the cache's {s} slots")
-            which = jnp.searchsorted(jnp.asarray(attend_lengths), cache_index + t, side="left")
-            attend_slots = (tuple(int(n) for n in attend_lengths), which.astype(jnp.int32))
         new_cache = []
         for layer, layer_cache in zip(self.layers, cache, strict=True):
-            x, layer_cache = layer.decode(x, cos, sin, mask, layer_cache, cache_index, cache_layout, layout,
-                                          attend_slots)
+            x, layer_cache = layer.decode(x, cos, sin, mask, layer_cache, cache_index, cache_layout, layout)
             new_cache.append(layer_cache)
         if hidden_only:
             return x[:, -1], new_cache

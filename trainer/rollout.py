@@ -5,12 +5,12 @@ The Sampler owns the cache and the loop; the model only knows one cached forward
   the same cache slot and decode writes one slot per step for the whole batch. Positions come from the mask.
 - Rows with the same prompt (a GRPO group's samples) share one prefill: each distinct prompt is run once and
   its cache rows copied to its samples (`shared_prompts`).
-- Prefill is one jitted forward over the prompts; decode is one jitted `lax.while_loop` that stops when
-  every row has produced an end token (or max_new_tokens). The cache and slot mask are donated from
-  prefill to decode, so the loop updates them in place.
-- Attention reads only the filled part of the cache: the slots up to this step's, rounded up to a multiple
-  of `attend_bucket` past the prompt (a `lax.switch` over those lengths in each layer), not all
-  `prompt bucket + max_new_tokens` slots every step.
+- Prefill is one jitted forward over the prompts; decode is one jitted program of `lax.while_loop`
+  segments that stops when every row has produced an end token (or max_new_tokens).
+- Attention reads only the filled part of the cache: the cache grows in length buckets. Prefill's holds the
+  prompt bucket + `attend_bucket` new tokens; each later segment's doubles the new tokens (up to
+  max_new_tokens, see decode_segments), so a step reads at most twice the slots that can be filled, not
+  all `prompt bucket + max_new_tokens` slots every step. A segment starts only while some row is going.
 - Compilations happen once per (batch size, bucket, sampling mode); `compile_count` counts them.
 
 Log-probs are those of the sampled token under softmax(logits / temperature), before top-k/top-p truncation
@@ -154,14 +154,25 @@ def sample_logits(logits: jax.Array, rng: jax.Array, temperature: jax.Array, top
                                greedy=greedy)
 
 
+def decode_segments(max_new_tokens: int, first: int) -> tuple[int, ...]:
+    """The new tokens the cache holds in each decode segment: first, doubling, up to max_new_tokens (always
+    the last). first <= 0 or >= max_new_tokens: one segment over the whole cache."""
+    if first <= 0 or first >= max_new_tokens:
+        return (max_new_tokens,)
+    ends = [first]
+    while ends[-1] * 2 < max_new_tokens:
+        ends.append(ends[-1] * 2)
+    return (*ends, max_new_tokens)
+
+
 class Sampler:
     def __init__(self, model: Qwen2ForCausalLM, pad_id: int, eos_ids: Sequence[int],
                  buckets: Sequence[int] = (64, 128, 256, 512, 1024), max_new_tokens: int = 256,
                  mesh: Mesh | None = None, cache_dtype: Any = None, constrain_rows: bool = True,
                  matmul_dtype: Any = jnp.float32, cache_write_as_bits: bool = True,
                  attend_bucket: int = 128):
-        """attend_bucket: decode attention reads the cache's filled slots rounded up to a multiple of this
-        many past the prompt (one branch of a `lax.switch` per multiple); 0: every slot, every step."""
+        """attend_bucket: new tokens the first decode segment's cache holds, doubling each segment after
+        (decode_segments); 0: one segment, attention over every `bucket + max_new_tokens` slot every step."""
         if not eos_ids:
             raise ValueError("eos_ids is empty; pass the tokenizer's end-of-turn id(s), e.g. <|im_end|>")
         self.model = model
@@ -170,6 +181,7 @@ class Sampler:
         self.buckets = tuple(sorted(int(b) for b in buckets))
         self.max_new_tokens = int(max_new_tokens)
         self.attend_bucket = int(attend_bucket)
+        self.segments = decode_segments(self.max_new_tokens, self.attend_bucket)
         self.mesh = mesh
         self.constrain_rows = constrain_rows
         self.matmul_dtype = matmul_dtype  # of the weight matmuls' outputs (partial sums): model.matmul_output
@@ -182,8 +194,11 @@ class Sampler:
         self._cast = jax.jit(self._cast_impl)
         statics = ("top_k", "use_top_p", "greedy")
         self._prefill = jax.jit(self._under_matmul_output(self._prefill_impl), static_argnames=statics)
+        # One segment: the loop updates the donated cache in place and returns it (XLA aliases it). With
+        # several, each segment's cache is a new, longer buffer, which no output could take the place of.
+        donated = ("cache", "kv_mask") if len(self.segments) == 1 else ()
         self._decode = jax.jit(self._under_matmul_output(self._decode_impl), static_argnames=statics,
-                               donate_argnames=("cache", "kv_mask"))
+                               donate_argnames=donated)
 
     # ---- traced functions -------------------------------------------------------------------------------
 
@@ -240,7 +255,7 @@ class Sampler:
 
     def _prefill_impl(self, state, prompt_ids, prompt_mask, rng, temperature, top_p, rows=None, *, top_k,
                       use_top_p, greedy):
-        """Prefill the prompts [U, P] into a cache of P + max_new_tokens slots and sample every row's first
+        """Prefill the prompts [U, P] into a cache of P + segments[0] slots and sample every row's first
         token. rows [B] (optional): the prompt each row repeats (shared prefill); None: one row per prompt."""
         self.compile_count += 1
         model = self._model(state)
@@ -255,19 +270,23 @@ class Sampler:
             prompt_mask = jnp.take(prompt_mask, rows, axis=0)
         batch = prompt_mask.shape[0]
         cache_axes = model.config.sharding.kv_cache
-        free = ((0, 0), (0, 0), (0, self.max_new_tokens), (0, 0))
+        free = ((0, 0), (0, 0), (0, self.segments[0]), (0, 0))
         cache = [(self.constrain(jnp.pad(k, free), cache_axes), self.constrain(jnp.pad(v, free), cache_axes))
                  for k, v in cache]
-        kv_mask = jnp.concatenate([prompt_mask, jnp.zeros((batch, self.max_new_tokens), jnp.int32)], axis=1)
+        kv_mask = jnp.concatenate([prompt_mask, jnp.zeros((batch, self.segments[0]), jnp.int32)], axis=1)
         tokens, logprobs = sample_logits(logits, jax.random.fold_in(rng, 0), temperature, top_p,
                                          top_k=top_k, use_top_p=use_top_p, greedy=greedy)
         return cache, kv_mask, tokens, logprobs
 
     def _decode_impl(self, state, cache, kv_mask, first_tokens, first_logprobs, prompt_lens, rng, temperature,
                      top_p, *, top_k, use_top_p, greedy):
+        """The decode loop from prefill's cache (the prompt bucket + segments[0] slots): one while_loop a
+        segment, each later one's cache the previous one's padded to its length, entered only while some
+        row is still going."""
         self.compile_count += 1
         model = self._model(state)
         batch, n = first_tokens.shape[0], self.max_new_tokens
+        prompt_width = kv_mask.shape[1] - self.segments[0]
         eos = jnp.asarray(self.eos_ids, jnp.int32)
         tokens = jnp.full((batch, n), self.pad_id, jnp.int32).at[:, 0].set(first_tokens)
         logprobs = jnp.zeros((batch, n), jnp.float32).at[:, 0].set(first_logprobs)
@@ -275,51 +294,61 @@ class Sampler:
         # Every step's uniforms in one draw before the loop: no PRNG work inside it.
         uniforms = self.constrain(jax.random.uniform(jax.random.fold_in(rng, 1), (batch, n), jnp.float32),
                                    model.config.sharding.batch)
-
-        def cond(carry):
-            i, _, _, _, _, done = carry
-            return (i < n) & ~jnp.all(done)
+        cache_axes = model.config.sharding.kv_cache
 
         def body(carry):
             return self._decode_step(model, carry, uniforms, prompt_lens, temperature, top_p, eos,
-                                     top_k=top_k, use_top_p=use_top_p, greedy=greedy)
+                                     prompt_width=prompt_width, top_k=top_k, use_top_p=use_top_p,
+                                     greedy=greedy)
 
-        carry = (jnp.int32(1), cache, kv_mask, tokens, logprobs, done)
-        _, cache, kv_mask, tokens, logprobs, _ = jax.lax.while_loop(cond, body, carry)
+        def run(segment: int, carry: tuple) -> tuple:
+            """Segments `segment`, ... from carry: (tokens, logprobs), and the last segment's cache and slot
+            mask when it is the last (a shorter cache, when rows end before it, has another shape)."""
+            end = self.segments[segment]
+            i, cache, kv_mask, tokens, logprobs, done = jax.lax.while_loop(
+                lambda c: (c[0] < end) & ~jnp.all(c[5]), body, carry)
+            if segment == len(self.segments) - 1:
+                return tokens, logprobs, cache, kv_mask
+
+            def grow(carry: tuple) -> tuple:
+                i, cache, kv_mask, tokens, logprobs, done = carry
+                more = self.segments[segment + 1] - end
+                free = ((0, 0), (0, 0), (0, more), (0, 0))
+                cache = [(self.constrain(jnp.pad(k, free), cache_axes),
+                          self.constrain(jnp.pad(v, free), cache_axes)) for k, v in cache]
+                kv_mask = jnp.pad(kv_mask, ((0, 0), (0, more)))
+                return run(segment + 1, (i, cache, kv_mask, tokens, logprobs, done))[:2]
+
+            return jax.lax.cond(jnp.all(done), lambda c: (c[3], c[4]), grow,
+                                (i, cache, kv_mask, tokens, logprobs, done))
+
+        tokens, logprobs, *kept = run(0, (jnp.int32(1), cache, kv_mask, tokens, logprobs, done))
         is_end = jnp.isin(tokens, eos).astype(jnp.int32)
         completion_mask = ((jnp.cumsum(is_end, axis=1) - is_end) == 0).astype(jnp.int32)
         batch_axes = model.config.sharding.batch
         tokens, completion_mask = (self.constrain(tokens, batch_axes),
                                    self.constrain(completion_mask, batch_axes))
         logprobs = self.constrain(logprobs * completion_mask, batch_axes)
-        # Returning cache/kv_mask lets XLA alias the donated input buffers instead of copying them.
+        # One segment: returning cache/kv_mask lets XLA alias the donated input buffers instead of copying.
+        cache, kv_mask = kept if kept else (None, None)
         return tokens, completion_mask, logprobs, cache, kv_mask
 
-    def attend_lengths(self, cache_slots: int) -> tuple[int, ...] | None:
-        """The slot counts decode attention may read in a cache of `cache_slots` (the prompt bucket + max
-        new tokens): the prompt bucket plus each multiple of attend_bucket, then the whole cache; None when
-        attend_bucket is 0 or one bucket spans every new token (model.decode's attend_lengths)."""
-        if self.attend_bucket <= 0 or self.attend_bucket >= self.max_new_tokens:
-            return None
-        prompt_width = cache_slots - self.max_new_tokens
-        return (*range(prompt_width + self.attend_bucket, cache_slots, self.attend_bucket), cache_slots)
-
-    def _decode_step(self, model, carry, uniforms, prompt_lens, temperature, top_p, eos, *, top_k, use_top_p,
-                     greedy, attend_all: bool = False):
+    def _decode_step(self, model, carry, uniforms, prompt_lens, temperature, top_p, eos, *, prompt_width,
+                     top_k, use_top_p, greedy):
         """One token for every row: the decode loop's body (the planner also compiles it alone, to measure
-        what one generated token costs). attend_all: attention reads the whole cache (no length buckets)."""
+        what one generated token costs). The cache holds the prompt's `prompt_width` slots and any number
+        after them that covers this step's."""
         i, cache, kv_mask, tokens, logprobs, done = carry
         batch = tokens.shape[0]
-        slot = kv_mask.shape[1] - self.max_new_tokens + i - 1  # cache slot of the previous token, fed now
+        slot = prompt_width + i - 1  # cache slot of the previous token, fed now
         kv_mask = jax.lax.dynamic_update_slice(kv_mask, jnp.ones((batch, 1), jnp.int32), (0, slot))
         previous = jax.lax.dynamic_slice(tokens, (0, i - 1), (batch, 1))
         positions = (prompt_lens + i - 1)[:, None]
         layout = self._decode_layout(model)
         sample_here = layout is not None and layout.sample is not None  # the layout samples, not the logits
-        lengths = None if attend_all else self.attend_lengths(kv_mask.shape[1])
         out, cache = model.decode(previous, positions, kv_mask, cache, slot, rows=self._rows_layout(model),
                                   cache_layout=self._cache_layout(model), layout=layout,
-                                  hidden_only=sample_here, attend_lengths=lengths)
+                                  hidden_only=sample_here)
         uniform = jax.lax.dynamic_slice(uniforms, (0, i), (batch, 1))[:, 0]
         if sample_here:
             new, new_logprobs = layout.sample(out, model.norm, *model.head_weight(), uniform, temperature,
@@ -334,18 +363,25 @@ class Sampler:
         return i + 1, cache, kv_mask, tokens, logprobs, done | jnp.isin(new, eos)
 
     def decode_step_program(self, *, top_k: int, use_top_p: bool, greedy: bool,
-                            attend_all: bool = False) -> Any:
+                            prompt_width: int | None = None) -> Any:
         """A jitted single decode step over (state, carry, uniforms, prompt_lens, temperature, top_p), the
-        cache donated as in the loop. attend_all: attention reads the whole cache, as the loop's last steps
-        do (default: the length buckets' switch, its branch picked by the carry's counter)."""
+        cache donated as in the loop. prompt_width: the prompt bucket; None: the carry's kv_mask is as
+        prefill makes it (the prompt bucket + segments[0] slots). A carry whose cache holds more slots
+        (up to cache_slots) prices a later step of the loop."""
 
         def step(state, carry, uniforms, prompt_lens, temperature, top_p):
             eos = jnp.asarray(self.eos_ids, jnp.int32)
+            width = carry[2].shape[1] - self.segments[0] if prompt_width is None else prompt_width
             return self._decode_step(self._model(state), carry, uniforms, prompt_lens, temperature, top_p,
-                                     eos, top_k=top_k, use_top_p=use_top_p, greedy=greedy,
-                                     attend_all=attend_all)
+                                     eos, prompt_width=width, top_k=top_k, use_top_p=use_top_p,
+                                     greedy=greedy)
 
         return jax.jit(self._under_matmul_output(step), donate_argnums=(1,))
+
+    def cache_slots(self, prompt_width: int) -> int:
+        """The most KV-cache slots a row holds (the last segment's): the prompt bucket + max new tokens.
+        Prefill's cache holds prompt_width + segments[0]."""
+        return prompt_width + self.segments[-1]
 
     # ---- host side --------------------------------------------------------------------------------------
 

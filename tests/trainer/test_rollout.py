@@ -251,7 +251,7 @@ def test_explicit_layouts_sample_what_fsdp_weights_sample(tiny_model_dir):
         from trainer.model import create_model
         from trainer.rollout_sharding import ShardedSampler
         from trainer.weights import load_model, save_model
-        # Each prompt twice (one prefill each, shared); attention over 4-slot buckets of the cache.
+        # Each prompt twice (one prefill each, shared); the cache in two segments (4 new tokens, then 8).
         prompts = ({PROMPTS!r} + [[3, 4], [7], [8, 9, 10], [11, 12], [13, 14, 15, 16, 17]]) * 2
         mesh = make_mesh("2,2,2")
         model, config = load_model({str(tiny_model_dir)!r}, mesh=mesh, compute_dtype=jnp.float32)

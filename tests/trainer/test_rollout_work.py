@@ -1,4 +1,4 @@
-"""Less work per token in the rollout, same tokens: attention over length buckets of the cache, one prefill
+"""Less work per token in the rollout, same tokens: a cache that grows in length buckets, one prefill
 per distinct prompt, a cache without the prompt slots that are padding in every row."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ GROUPED = [p for p in DISTINCT for _ in range(3)] + [DISTINCT[1]]
 
 
 class _EveryRow(Sampler):
-    """The sampler as before: every row prefilled (length buckets are off with attend_bucket=0)."""
+    """The sampler as before: every row prefilled (one decode segment with attend_bucket=0)."""
 
     def shared_prompts(self, ids: np.ndarray) -> None:
         return None
@@ -36,7 +36,7 @@ def test_shared_prompts_maps_each_row_to_its_prompt(tiny_model):
     assert distinct.tolist() == [0, 3, 6]  # first appearances, in order
     np.testing.assert_array_equal(ids[distinct][rows], ids)
     assert sampler.shared_prompts(ids[distinct]) is None  # nothing repeats: every row prefilled
-    assert sampler.attend_lengths(16 + 12) == (20, 24, 28)
+    assert sampler.segments == (4, 8, 12)  # new tokens the cache holds in each decode segment
 
 
 def test_buckets_and_shared_prefill_give_the_same_tokens(tiny_model):
