@@ -247,7 +247,8 @@ async def test_x_stops_the_nodes_run_after_confirming(monkeypatch):
     app = app_with(FakeProvider([make_node("pod-a")]))
     async with app.run_test() as pilot:
         screen = await started(pilot, app)
-        assert str(screen.query_one("#nodes", DataTable).get_row_at(0)[-1]) == "running 30m"
+        # the state first; what the run ran follows where the column has room
+        assert str(screen.query_one("#nodes", DataTable).get_row_at(0)[-1]).startswith("running 30m")
         await pilot.press("x")
         assert isinstance(app.screen, ConfirmModal)
         await pilot.press("n")
@@ -359,8 +360,9 @@ async def test_the_run_column_shows_what_the_workers_say_not_a_stale_record(monk
     async with app.run_test(size=(160, 30)) as pilot:
         screen = await started(pilot, app)
         runs = [str(row[-1]) for row in rows(screen)]
-        assert runs[0].startswith("succeeded ") and runs[0].endswith(" ago")  # ended when the probe saw it
-        assert runs[1:] == ["failed 5m ago", "running 30m"]
+        # ended when the probe saw it; each run's state, then what it ran
+        assert runs[0].startswith("succeeded ") and runs[0].endswith(" ago tiny_local.yaml")
+        assert runs[1:] == ["failed 5m ago tiny_local.yaml", "running 30m tiny_local.yaml"]
         # Only the unfinished run of a READY node is probed: a PREEMPTED node's workers cannot answer.
         assert probes == [["20250314-113000-aaaa"]]
         assert RunStore().get("20250314-113000-aaaa").state == "succeeded"

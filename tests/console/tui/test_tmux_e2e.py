@@ -147,8 +147,8 @@ def test_the_newcomers_path_from_the_keyboard(tmp_path):
 
         app.keys("l")
         # the tiny config as the value, and its model and data offered (ticked)
-        app.wait_for("Launch the trainer on demo", "tiny_local.yaml", "Make the tiny model and data")
-        app.keys("Tab", "Tab")  # past the shipped config and the file path, to the overrides
+        app.wait_for("Launch on demo", "tiny_local.yaml", "Make the tiny model and data")
+        app.keys("Tab", "Tab", "Tab")  # past the shipped config, the file path and the job, to the overrides
         app.type(f"steps=3 {QUICK}")
         app.keys("Enter")
         app.wait_for("started on 2 worker(s)", timeout=180)  # the tiny model and data first, then the run
@@ -176,8 +176,8 @@ def test_the_newcomers_path_from_the_keyboard(tmp_path):
 
         # A second run, stopped with x once it runs: it reads stopped, not failed.
         app.keys("l")
-        app.wait_for("Launch the trainer on demo")
-        app.keys("Tab", "Tab")
+        app.wait_for("Launch on demo")
+        app.keys("Tab", "Tab", "Tab")
         app.type(f"steps=500 {QUICK}")
         app.keys("Enter")
         # the new run's line (the first run's may still be in the panel)
