@@ -70,7 +70,9 @@ def test_runs_show_splits_a_runs_time_into_goodput_and_badput(capsys, tmp_path: 
     asyncio.run(follow())
     snapshot = feed.snapshot()
     assert snapshot.goodput is not None and snapshot.goodput.steps == 3
-    assert snapshot.goodput.to_json()["goodput_pct"] == pytest.approx(goodput["goodput_pct"], abs=0.5)
+    # The feed takes the run's end from what it saw as it followed, which on a run of a few seconds can
+    # be a fraction of a second from the archive's: the same split within two points.
+    assert snapshot.goodput.to_json()["goodput_pct"] == pytest.approx(goodput["goodput_pct"], abs=2.0)
     assert snapshot.goodput.line() in notes_text(snapshot, None).plain
 
     status, out, err = run(capsys, "launch", "pod", "--json", "--", sys.executable, str(program), "quick")
