@@ -19,6 +19,7 @@ from pathlib import Path
 from tpu_console import locations
 from tpu_console.fleet import recipes
 from tpu_console.fleet.fleet import Fleet
+from tpu_console.runs.events import EventSummary, StepMetrics, parse_event_line
 from tpu_console.runs.tail import TailCursor, parse_chunk
 from tpu_console.secrets import SecretMasker
 
@@ -90,3 +91,16 @@ async def _copy(
                 break
     tmp.replace(local)
     return cursor.offset
+
+
+def archived_last_steps_in(folder: Path, workers: list[int]) -> dict[int, StepMetrics | None]:
+    """Each worker's last step from an archive folder's `worker-N/events.jsonl` (None: no step there)."""
+    steps: dict[int, StepMetrics | None] = {}
+    for worker in workers:
+        summary = EventSummary()
+        path = folder / f"worker-{worker}" / "events.jsonl"
+        if path.exists():
+            with path.open(encoding="utf-8") as lines:
+                summary.add(e for line in lines if (e := parse_event_line(line)) is not None)
+        steps[worker] = summary.last_step
+    return steps

@@ -32,7 +32,8 @@ from typing import Any
 from tpu_console import locations
 from tpu_console.errors import Unreachable, one_line
 from tpu_console.fleet.fleet import Fleet
-from tpu_console.runs.events import Event, EventSummary, StepMetrics, parse_event_line
+from tpu_console.runs.archive import archived_last_steps_in
+from tpu_console.runs.events import Event, StepMetrics
 from tpu_console.runs.reach import reach_node
 from trainer import telemetry as tm
 
@@ -106,15 +107,7 @@ def archived_last_steps(record: Any) -> dict[int, StepMetrics | None] | None:
     folder = Path(record.archive_path) if getattr(record, "archive_path", None) else None
     if folder is None or not folder.is_dir():
         return None
-    steps: dict[int, StepMetrics | None] = {}
-    for worker in record.workers:
-        summary = EventSummary()
-        path = folder / f"worker-{worker}" / "events.jsonl"
-        if path.exists():
-            with path.open(encoding="utf-8") as lines:
-                summary.add(e for line in lines if (e := parse_event_line(line)) is not None)
-        steps[worker] = summary.last_step
-    return steps
+    return archived_last_steps_in(folder, record.workers)
 
 
 @dataclass

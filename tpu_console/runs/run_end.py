@@ -5,11 +5,9 @@ run end had only read the end of each file)."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 from tpu_console.fleet.fleet import Fleet
-from tpu_console.runs.archive import archive_run
-from tpu_console.runs.events import EventSummary, StepMetrics, parse_event_line
+from tpu_console.runs.archive import archive_run, archived_last_steps_in
 from tpu_console.runs.foreign_metrics import complete_summary, read_foreign
 from tpu_console.runs.monitor import RunMonitor
 from tpu_console.runs.store import RunRecord, RunStore
@@ -27,22 +25,10 @@ async def keep_run_end(
     result = await archive_run(
         fleet, record.run_id, record.workers, masker or SecretMasker.for_node(record.node)
     )
-    last_steps = await asyncio.to_thread(_last_steps_in, result.path, record.workers)
+    last_steps = await asyncio.to_thread(archived_last_steps_in, result.path, record.workers)
     if monitor is not None:  # workers whose files could not be copied: what was seen live
         for worker in result.problems:
             last_steps[worker] = monitor.workers[worker].events.last_step
     # a command job's W&B summaries fill what its step lines did not say (runs/foreign_metrics.py)
     wandb = await read_foreign(fleet, record, tensorboard=False)
     store.set_summary(record.run_id, complete_summary(summarize(last_steps), wandb), str(result.path))
-
-
-def _last_steps_in(folder: Path, workers: list[int]) -> dict[int, StepMetrics | None]:
-    steps: dict[int, StepMetrics | None] = {}
-    for worker in workers:
-        summary = EventSummary()
-        path = folder / f"worker-{worker}" / "events.jsonl"
-        if path.exists():
-            with path.open(encoding="utf-8") as lines:
-                summary.add(e for line in lines if (e := parse_event_line(line)) is not None)
-        steps[worker] = summary.last_step
-    return steps
