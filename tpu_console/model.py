@@ -114,6 +114,9 @@ class Node:
     # Multislice: `slices` slices of accelerator_type joined over the data-center network; `shape` counts
     # the hosts and devices of all of them, slice by slice (worker w is in slice w // workers_per_slice).
     slices: int = 1
+    # Each slice's own state, slice by slice (a gcp multislice: its nodes NAME-0, NAME-1 ...); () for one
+    # slice. `state` is then the worst of them: a slice preempted alone makes the whole node unusable.
+    slice_states: tuple[str, ...] = ()
 
     @property
     def accelerator_type(self) -> str:
