@@ -35,8 +35,9 @@ def libtpu_version() -> str | None:
 
 
 @functools.cache
-def tpu_devices(tpu: TpuSlice) -> tuple:
-    """The slice's TPU devices, in the topology's order (nothing is allocated; no TPU is needed)."""
+def tpu_devices(tpu: TpuSlice, slices: int = 1) -> tuple:
+    """The slice's TPU devices, in the topology's order (nothing is allocated; no TPU is needed); on `slices`
+    slices (Multislice) every slice's, each device naming its `slice_index`."""
     import platform
 
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
@@ -67,7 +68,7 @@ def tpu_devices(tpu: TpuSlice) -> tuple:
             topology_name=tpu.topology_name,
             chip_config_name=tpu.generation.chip_config,
             chips_per_host_bounds=tpu.chips_per_host_bounds,
-            num_slices=1,
+            num_slices=slices,
         )
     except Exception as exc:  # noqa: BLE001 - libtpu's errors are RuntimeErrors of many shapes
         raise LibtpuUnavailable(
@@ -176,9 +177,11 @@ class Collectives:
         return [[op.kind, op.result_bytes, op.group, n] for op, n in counts.items()]
 
 
-def collectives_in(hlo_text: str, devices: int = 0) -> Collectives:
+def collectives_in(hlo_text: str, devices: int = 0, skip: Callable[[str, int, str], bool] | None = None
+                   ) -> Collectives:
     """The collectives of a compiled program's HLO text; `devices`: the slice's chip count, the group of a
-    collective whose groups are empty."""
+    collective whose groups are empty; skip(kind, result bytes, attributes): leave one out (one that crosses
+    slices is counted on the DCN, trainer/dcn.py)."""
     found = Collectives()
     started: dict[str, str] = {}  # an async start's name -> its attributes (the groups are named there)
     for line in hlo_text.splitlines():
@@ -192,7 +195,7 @@ def collectives_in(hlo_text: str, devices: int = 0) -> Collectives:
         if m.group("phase") == "-done":
             attrs = started.get(m.group("operands").strip().lstrip("%"), "")
         sizes = _array_bytes(m.group("shape"))
-        if sizes:
+        if sizes and not (skip and skip(m.group("op"), sum(sizes), attrs)):
             found.add(m.group("op"), sum(sizes), group_size(attrs, devices))
     return found
 
@@ -211,6 +214,7 @@ class CompiledProgram:
     bytes_accessed: float = 0.0
     compiler_seconds: float | None = None  # the TPU compiler's own 'optimal_seconds' estimate
     collectives: Collectives = field(default_factory=Collectives)
+    dcn: list = field(default_factory=list)  # trainer/dcn.py DcnOps: what crosses slices, per chip
     oom: str | None = None  # the compiler's out-of-memory message, when it could not fit the program
     compile_s: float = 0.0
     output_shardings: Any = None  # of the executable's outputs (the next program's inputs are laid out so)
@@ -265,7 +269,7 @@ def compile_program(name: str, fn: Callable, *args: Any, **kwargs: Any) -> Compi
         flops=float(cost.get("flops", 0.0)),
         bytes_accessed=float(cost.get("bytes accessed", 0.0)),
         compiler_seconds=_compiler_seconds(cost),
-        collectives=collectives_in(compiled.as_text(), _device_count(args)),
+        **_split_by_slice(compiled.as_text(), args),
         compile_s=time.perf_counter() - start,
         output_shardings=compiled.output_shardings,
     )
@@ -279,15 +283,37 @@ def compile_program(name: str, fn: Callable, *args: Any, **kwargs: Any) -> Compi
     return program
 
 
-def _device_count(args: Any) -> int:
-    """The chips the program's arguments are laid out over (0 when none carries a sharding)."""
+def _split_by_slice(hlo_text: str, args: Any) -> dict:
+    """The program's collectives inside a slice (ICI) and what crosses slices (DCN: megascale transfers, and
+    any collective whose replica groups span slices), with logical device ids mapped to slices through the
+    device assignment (the first sharded argument's, as jit takes it)."""
     import jax
 
+    from trainer import dcn
+
+    assignment: list = []
     for leaf in jax.tree.leaves(args):
         sharding = getattr(leaf, "sharding", None)
         if sharding is not None:
-            return len(sharding.device_set)
-    return 0
+            assignment = list(getattr(sharding, "_device_assignment", None) or
+                              sorted(sharding.device_set, key=lambda d: d.id))
+            break
+    slice_of = {i: getattr(d, "slice_index", 0) or 0 for i, d in enumerate(assignment)}
+    slices = len(set(slice_of.values())) or 1
+    per_slice = len(assignment) // slices
+    if slices == 1:
+        return {"collectives": collectives_in(hlo_text, per_slice), "dcn": []}
+    crossing: list = []
+
+    def skip(kind: str, nbytes: int, attrs: str) -> bool:
+        op = dcn.crossing_op(kind, nbytes, attrs, slice_of, len(assignment))
+        if op is not None:
+            crossing.append(op)
+        return op is not None
+
+    ici = collectives_in(hlo_text, per_slice, skip)
+    global_ids = {d.id: getattr(d, "slice_index", 0) or 0 for d in assignment}
+    return {"collectives": ici, "dcn": crossing + dcn.megascale_ops(hlo_text, global_ids)}
 
 
 def _compiler_seconds(cost: dict) -> float | None:

@@ -20,6 +20,10 @@ chip, by kind, for a result of R bytes (every array of a tuple): all-reduce 2(n-
 then all-gather), all-gather (n-1)/n R, reduce-scatter (n-1) R (R is one chip's piece), all-to-all
 (n-1)/n R, collective-permute R. Ring steps, one hop each: (a - 1) per axis of length a, twice for an
 all-reduce; one for a permute.
+
+Across slices (Multislice, trainer/dcn.py finds these in the HLO): each transfer costs a fixed latency plus
+the bytes a chip puts on the data-center network at its share of the host's NICs (trainer/tpu_specs.py
+DCN_BANDWIDTH, published per generation but v4's). No public DCN latency exists: LOW and HIGH assume one.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from trainer.tpu_specs import TpuSlice
+from trainer.dcn import wire_bytes as dcn_wire_bytes
+from trainer.tpu_specs import DCN_BANDWIDTH, TpuSlice
 
 
 @dataclass(frozen=True)
@@ -39,13 +44,17 @@ class End:
     hbm: str  # "floor" (what must be read once) or "compiler" (cost_analysis' bytes accessed)
     fixed_s: float  # a collective's fixed cost (launch, synchronisation): assumed
     hop_s: float  # one ring step between neighbouring chips: assumed
+    dcn_fixed_s: float = 0.0  # one transfer between slices over the data-center network: assumed
+    dcn_bandwidth: str = "fast"  # which of tpu_specs.DcnBandwidth's figures (they differ only where assumed)
 
 
 # Assumed: Google publishes no ICI latency, per hop or per collective. The low end takes 1 us fixed and
 # 0.5 us a hop, the high end 10 us fixed (the flat figure the planner charged every collective before issue
-# 26) and 1 us a hop. A measurement on a slice would replace both.
-LOW = End("low", "floor", fixed_s=1e-6, hop_s=0.5e-6)
-HIGH = End("high", "compiler", fixed_s=10e-6, hop_s=1e-6)
+# 26) and 1 us a hop. A measurement on a slice would replace both. Nor is there a published DCN latency: a
+# transfer between slices goes chip -> host -> NIC -> network -> host -> chip; 10 us (a round trip inside
+# one data center) at the low end, 100 us at the high end, both assumed.
+LOW = End("low", "floor", fixed_s=1e-6, hop_s=0.5e-6, dcn_fixed_s=10e-6)
+HIGH = End("high", "compiler", fixed_s=10e-6, hop_s=1e-6, dcn_fixed_s=100e-6, dcn_bandwidth="slow")
 
 
 @dataclass(frozen=True)
@@ -89,6 +98,7 @@ class ProgramCost:
     bytes_accessed: float
     floor_bytes: float
     ops: Sequence[Sequence] = ()
+    dcn_ops: Sequence[Sequence] = ()  # (kind, send bytes, recv bytes, slices, count): trainer/dcn.py grouped
 
 
 def group_axes(group: int, shape: Sequence[int]) -> tuple[int, ...]:
@@ -143,6 +153,23 @@ def collectives_seconds(ops: Iterable[Sequence], tpu: TpuSlice, end: End) -> flo
     return sum(collective_seconds(kind, size, group, tpu, end) * count for kind, size, group, count in ops)
 
 
+def dcn_seconds(rows: Iterable[Sequence], tpu: TpuSlice, end: End) -> float:
+    """Time a chip spends on transfers between slices: each one's fixed latency plus its bytes on the wire at
+    the chip's DCN bandwidth (the fast figure at the low end, the slow one at the high end)."""
+    rows = list(rows)
+    if not rows:
+        return 0.0
+    bandwidth = DCN_BANDWIDTH[tpu.generation.name]
+    per_s = getattr(bandwidth, end.dcn_bandwidth)
+    return sum((end.dcn_fixed_s + dcn_wire_bytes(kind, send, recv, slices) / per_s) * count
+               for kind, send, recv, slices, count in rows if slices > 1)
+
+
+def dcn_range(rows: Iterable[Sequence], tpu: TpuSlice) -> Range:
+    rows = list(rows)
+    return Range(dcn_seconds(rows, tpu, LOW), dcn_seconds(rows, tpu, HIGH))
+
+
 def price(cost: ProgramCost, tpu: TpuSlice) -> Range:
     """The program's time per chip, low..high (method in the module docstring)."""
     g = tpu.generation
@@ -151,7 +178,8 @@ def price(cost: ProgramCost, tpu: TpuSlice) -> Range:
     ends = []
     for end in (LOW, HIGH):
         hbm = floor if end.hbm == "floor" else max(cost.bytes_accessed, floor)
-        ends.append(max(compute, hbm / g.hbm_bandwidth) + collectives_seconds(cost.ops, tpu, end))
+        ends.append(max(compute, hbm / g.hbm_bandwidth) + collectives_seconds(cost.ops, tpu, end)
+                    + dcn_seconds(cost.dcn_ops, tpu, end))
     return Range(*ends)
 
 

@@ -50,6 +50,33 @@ GENERATIONS: dict[str, Generation] = {
 }
 ALIASES = {"v5e": "v5litepod"}
 
+Gbps = 1e9 / 8  # bytes/s
+
+
+@dataclass(frozen=True)
+class DcnBandwidth:
+    """What one chip sends (and, at the same time, receives) over the data-center network between slices
+    (Multislice), bytes/s: `fast` at the estimate's low end, `slow` at its high end. Published figures are the
+    NICs' line rate shared by a host's chips, the same at both ends; `assumed` where Google publishes none."""
+
+    fast: float
+    slow: float
+    assumed: bool = False
+
+
+DCN_BANDWIDTH: dict[str, DcnBandwidth] = {
+    # v6e: "Per-host NIC configuration 4 x 200 Gbps NIC", 8 chips a host: 100 Gbps a chip; "Data center
+    # network bandwidth per Pod 25.6 Tbps" over 256 chips agrees (docs.cloud.google.com/tpu/docs/v6e).
+    "v6e": DcnBandwidth(100 * Gbps, 100 * Gbps),
+    # v5e: "Per-host NIC configuration 2 x 100 Gbps NIC", 8 chips a host: 25 Gbps a chip; 6.4 Tbps per Pod of
+    # 256 chips agrees (docs.cloud.google.com/tpu/docs/v5e).
+    "v5litepod": DcnBandwidth(25 * Gbps, 25 * Gbps),
+    # v5p: "Data center network (DCN) bandwidth per chip (Gbps) 50" (docs.cloud.google.com/tpu/docs/v5p).
+    "v5p": DcnBandwidth(50 * Gbps, 50 * Gbps),
+    # v4: assumed. Google's v4 page gives no DCN figure; the range spans v5e's and v5p's per-chip figures.
+    "v4": DcnBandwidth(50 * Gbps, 25 * Gbps, assumed=True),
+}
+
 # Slice shapes by chip count (Google's supported topologies).
 _SHAPES_2D = {
     1: (1, 1),

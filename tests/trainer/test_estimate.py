@@ -14,6 +14,7 @@ from trainer.estimate import (
     ProgramCost,
     Range,
     collective_seconds,
+    dcn_range,
     expected_steps,
     group_axes,
     mean_cache_fraction,
@@ -22,7 +23,7 @@ from trainer.estimate import (
     step_lines,
     wire_bytes,
 )
-from trainer.tpu_specs import GB, parse_accelerator_type
+from trainer.tpu_specs import DCN_BANDWIDTH, GB, GENERATIONS, parse_accelerator_type
 
 V6E16 = parse_accelerator_type("v6e-16")
 
@@ -137,3 +138,21 @@ def test_the_step_is_said_as_a_range_with_where_its_length_came_from():
     without = step_lines({**plan, "longest_rows_known": 0, "expected_new_tokens": 1024})
     assert "the config's maximum" in without[0]
     assert math.isclose(Range.from_json([1, 2]).high, 2) and Range.from_json(None) is None
+
+
+def test_transfers_between_slices_cost_a_latency_and_their_bytes_at_the_chips_dcn_share():
+    # v6e: 4 x 200 Gbps NICs a host of 8 chips, 100 Gbps (12.5 GB/s) a chip, published: the same at both ends.
+    assert DCN_BANDWIDTH["v6e"].fast == DCN_BANDWIDTH["v6e"].slow == 12.5 * GB
+    assert set(DCN_BANDWIDTH) == set(GENERATIONS) and DCN_BANDWIDTH["v4"].assumed
+    # A gradient share of 100 MB a chip all-reduced over 2 slices: 100 MB on the wire, 8 ms, + 10 or 100 us.
+    rows = [["all-reduce", 100e6, 100e6, 2, 1]]
+    assert dcn_range(rows, V6E16) == Range(pytest.approx(8e-3 + 10e-6), pytest.approx(8e-3 + 100e-6))
+    assert dcn_range([["all-reduce", 100e6, 100e6, 1, 1]], V6E16) == Range(0, 0)  # one slice: nothing
+    # v4's figure is assumed: its range spans v5e's and v5p's per-chip figures.
+    v4 = dcn_range(rows, parse_accelerator_type("v4-16"))
+    assert v4.high - 100e-6 == pytest.approx(2 * (v4.low - 10e-6))
+    # Added to the program's price, at each end.
+    base = ProgramCost(flops=0, bytes_accessed=1e9, floor_bytes=1e8)
+    with_dcn = ProgramCost(flops=0, bytes_accessed=1e9, floor_bytes=1e8, dcn_ops=rows)
+    assert price(with_dcn, V6E16).low - price(base, V6E16).low == pytest.approx(8e-3 + 10e-6)
+    assert price(with_dcn, V6E16).high - price(base, V6E16).high == pytest.approx(8e-3 + 100e-6)
