@@ -76,6 +76,11 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
         "projects, setups or Pythons)",
     )
     launch.add_argument(
+        "--skip-port-check", dest="check_ports", action="store_false",
+        help="launch without first checking that every worker reaches the JAX coordinator's port (and, on "
+        "a multislice, megascale's): for a job that uses neither, on a network that opens only its own ports",
+    )
+    launch.add_argument(
         "--no-plan-check", dest="check_plan", action="store_false",
         help="launch even if the TPU compiler's plan says the config does not fit the node's type",
     )
@@ -252,6 +257,7 @@ async def launch(args: argparse.Namespace, settings: Settings, providers: dict[s
     result = await launch_run(
         providers, args.node, args.config, args.overrides, args.env_file, args.worker,
         python=args.python, kill_stale=args.kill_stale, fail_fast=args.fail_fast, check_code=args.check_code,
+        check_ports=args.check_ports,
         progress=output.progress, on_worker=output.worker_progress,
         before_send=plan_check(args.check_plan) if job is None else None,
         policy=policy, webhook_url=webhook.get_secret_value() if webhook else None, job=job,

@@ -36,13 +36,20 @@ async def unreachable_workers(fleet: Fleet, workers: Sequence[int]) -> dict[int,
     return failed
 
 
-async def require_all_reachable(fleet: Fleet, node: str, workers: Sequence[int], doing: str) -> None:
-    """UserError naming the first unreachable worker; `doing` says what did not happen ("nothing was run")."""
+async def require_all_reachable(fleet: Fleet, node: str | Node, workers: Sequence[int], doing: str) -> None:
+    """UserError naming the first unreachable worker; `doing` says what did not happen ("nothing was run").
+    Given the Node, a multislice's worker is named with its slice, and not offered to be left out (its
+    job runs on every host of every slice)."""
     failed = await unreachable_workers(fleet, workers)
     if failed:
         worker, reason = next(iter(failed.items()))
         others = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        multislice = isinstance(node, Node) and node.slices > 1
+        name = node.name if isinstance(node, Node) else node
+        where = f"worker {worker} (slice {node.slice_of(worker)})" if multislice else f"worker {worker}"
+        fix = (" (a multislice job needs every host of every slice)" if multislice
+               else ", or leave the worker out with --worker")
         raise UserError(
-            f"worker {worker} of {node!r} is unreachable: {reason}{others}; {doing}: "
-            "check the node with `tpu-console ls`, or leave the worker out with --worker"
+            f"{where} of {name!r} is unreachable: {reason}{others}; {doing}: "
+            f"check the node with `tpu-console ls`{fix}"
         )

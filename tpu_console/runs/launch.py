@@ -43,7 +43,7 @@ from tpu_console.provision.code_sync import code_version
 from tpu_console.provision.recipes import ENV_DIR, ENV_PYTHON
 from tpu_console.provision.report import WorkerReport, mismatches
 from tpu_console.provision.steps import ignore_worker, run_on_workers
-from tpu_console.runs import bucket_record, multislice, ownership, supervision
+from tpu_console.runs import bucket_record, job_ports, multislice, ownership, supervision
 from tpu_console.runs.inputs import job_inputs, refuse_missing
 from tpu_console.runs.job_spec import JobSpec, MetricsSpec
 from tpu_console.runs.launch_lock import LaunchLock
@@ -161,9 +161,10 @@ def launch_env(
     shared = provider.coordinator_env(node, targets)
     # Multislice: slice 0's first host coordinates megascale, at jax.distributed's coordinator address.
     coordinator_host = shared["TRAINER_COORDINATOR_ADDRESS"].rpartition(":")[0] if shared else ""
+    port = multislice.megascale_port(node, coordinator_host) if shared and node.slices > 1 else 0
     envs: dict[int, dict[str, str]] = {}
     for position, worker in enumerate(workers):
-        megascale = multislice.megascale_env(node, coordinator_host, worker) if shared else {}
+        megascale = multislice.megascale_env(node, coordinator_host, worker, port) if shared else {}
         if command:
             envs[worker] = {**coordinator_env(shared, position), **megascale} if shared else {}
             continue
@@ -409,6 +410,7 @@ async def launch(
     kill_stale: bool = False,
     fail_fast: bool = False,
     check_code: bool = True,
+    check_ports: bool = True,
     store: RunStore | None = None,
     progress: Callable[[str], None] = no_progress,
     on_worker: Callable[[int, str], None] = ignore_worker,
@@ -424,7 +426,8 @@ async def launch(
     Refused before anything changes on a worker: a config the trainer would refuse on this node's shape,
     a run still alive on the node, workers without a trainer environment (unless `python` is given, or
     the pod shares this machine), and workers whose code or JAX versions differ (`check_code`); for a
-    command, workers whose project, setup or Python differ.
+    command, workers whose project, setup or Python differ; with `check_ports`, a worker that cannot reach
+    the ports the job's hosts meet on (the JAX coordinator's, megascale's: runs/job_ports.py).
     `kill_stale` first kills processes holding the TPU and removes libtpu's lockfile on every worker.
     `fail_fast` is recorded in launch.json and enforced by the run's supervisor on the pod, which
     `policy` tells what else to do (restart, delete when done, budgets; for a command, the job's own
@@ -439,8 +442,8 @@ async def launch(
     if job is not None:
         return await _launch_command(
             providers, node_name, job, env_file, workers, python=python, kill_stale=kill_stale,
-            check_code=check_code, store=store, progress=progress, on_worker=on_worker,
-            stop_grace_s=stop_grace_s, policy=policy, webhook_url=webhook_url,
+            check_code=check_code, check_ports=check_ports, store=store, progress=progress,
+            on_worker=on_worker, stop_grace_s=stop_grace_s, policy=policy, webhook_url=webhook_url,
         )
     config = validate_config(config_path, overrides)
     needed = job_inputs(config.config)  # a malformed hub id or gs:// path is refused here
@@ -460,7 +463,7 @@ async def launch(
     async with Fleet(targets) as fleet:
         envs = launch_env(provider, node, fleet, selected)
         refuse_partial(node, selected, envs)
-        await require_all_reachable(fleet, node_name, selected, "nothing was launched")
+        await require_all_reachable(fleet, node, selected, "nothing was launched")
         # exclusive across consoles: of two launches at once on this node, one goes on (launch_lock.py)
         async with LaunchLock(fleet, selected[0], node.name) as lock:
             # the same round trip asks whether the model, the data and the checkpoint folder are there
@@ -472,6 +475,8 @@ async def launch(
             if kill_stale:
                 await clear_stale_holders(fleet, selected, on_worker)
             prepared = trainer_job(config, interpreter)
+            if check_ports:  # last: a stale job that --kill-stale stopped no longer holds them
+                await job_ports.refuse_unreachable_ports(fleet, node, envs, selected)
             result = await _start_run(
                 provider, node, fleet, targets, selected, envs, prepared, env_data, policy, estimate, store,
                 progress, stop_grace_s, webhook_url,
@@ -494,6 +499,7 @@ async def _launch_command(
     python: str | None,
     kill_stale: bool,
     check_code: bool,
+    check_ports: bool,
     store: RunStore | None,
     progress: Callable[[str], None],
     on_worker: Callable[[int, str], None],
@@ -517,7 +523,7 @@ async def _launch_command(
         # the job file's [env] first: the names the console sets win over it
         envs = {w: {**job.env, **env} for w, env in launch_env(provider, node, fleet, selected, True).items()}
         refuse_partial(node, selected, envs)
-        await require_all_reachable(fleet, node_name, selected, "nothing was launched")
+        await require_all_reachable(fleet, node, selected, "nothing was launched")
         # exclusive across consoles: of two launches at once on this node, one goes on (launch_lock.py)
         async with LaunchLock(fleet, selected[0], node.name) as lock:
             reports = await inspect_workers(fleet, selected)
@@ -531,6 +537,8 @@ async def _launch_command(
             prepared = command_job(job, node, reports, check_code)
             if kill_stale:
                 await clear_stale_holders(fleet, selected, on_worker)
+            if check_ports:
+                await job_ports.refuse_unreachable_ports(fleet, node, envs, selected)
             result = await _start_run(
                 provider, node, fleet, targets, selected, envs, prepared, env_data, policy, estimate, store,
                 progress, stop_grace_s, webhook_url,

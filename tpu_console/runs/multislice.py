@@ -8,6 +8,8 @@ so they are in place before anything imports JAX.
 
 from __future__ import annotations
 
+import socket
+
 from tpu_console.errors import UserError
 from tpu_console.model import Node
 
@@ -18,7 +20,7 @@ PORT = "MEGASCALE_PORT"
 DEFAULT_PORT = 8080  # the port the TPU runtime's megascale service listens on unless told otherwise
 
 
-def megascale_env(node: Node, coordinator_host: str, worker: int) -> dict[str, str]:
+def megascale_env(node: Node, coordinator_host: str, worker: int, port: int = DEFAULT_PORT) -> dict[str, str]:
     """The MEGASCALE_* variables of `worker` (a pod-wide index) on `node`; {} for a single slice."""
     if node.slices < 2:
         return {}
@@ -26,8 +28,18 @@ def megascale_env(node: Node, coordinator_host: str, worker: int) -> dict[str, s
         COORDINATOR: coordinator_host,
         NUM_SLICES: str(node.slices),
         SLICE_ID: str(node.slice_of(worker)),
-        PORT: str(DEFAULT_PORT),
+        PORT: str(port),
     }
+
+
+def megascale_port(node: Node, coordinator_host: str) -> int:
+    """The runtime's default port; on a local pod a free one, as for its jax.distributed coordinator: its
+    hosts are all this machine, where several pods (and any program on 8080) may be at once."""
+    if node.provider != "local":
+        return DEFAULT_PORT
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((coordinator_host, 0))
+        return sock.getsockname()[1]
 
 
 def refuse_partial_multislice(node: Node, selected: list[int]) -> None:

@@ -6,6 +6,7 @@ launched on every host of every slice with the slice id, slice count and slice 0
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from pathlib import Path
 
@@ -13,6 +14,14 @@ import pytest
 
 from tests.console.runs.test_local import run, worker_home
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
+from tests.processes import wait_for
+from tpu_console.errors import UserError
+from tpu_console.model import AcceleratorShape, CreateRequest, Node, NodeState, Worker
+from tpu_console.providers.local.jobs import running_job_groups, stop_groups
+from tpu_console.providers.local.provider import LocalProvider
+from tpu_console.runs import job_ports, multislice
+from tpu_console.runs.job_spec import JobSpec
+from tpu_console.runs.launch import launch
 from tpu_console.runs.store import RunStore
 from trainer.synthetic_gsm8k import write_jsonl
 
@@ -55,13 +64,17 @@ def test_create_ls_launch_and_delete_a_local_multislice(capsys):
     assert {envs[w]["MEGASCALE_NUM_SLICES"] for w in envs} == {"2"}
     assert {envs[w]["TPU_CONSOLE_NUM_PROCESSES"] for w in envs} == {"4"}
     assert {envs[w]["MEGASCALE_COORDINATOR_ADDRESS"] for w in envs} == {"127.0.0.1"}
-    assert {envs[w]["MEGASCALE_PORT"] for w in envs} == {"8080"}
+    # a local pod's hosts are all this machine: a free port, as for the jax.distributed coordinator
+    [port] = {envs[w]["MEGASCALE_PORT"] for w in envs}
+    assert port.isdigit() and port != "8080"
 
-    # one slice alone is a partial launch: refused before anything starts
+    # one slice alone, or both slices but one host, is a partial launch: refused before anything starts
     runs_before = len(RunStore().list())
-    status, _, err = run(capsys, "launch", "ms", "--worker", "0,1", "--", sys.executable, "-c", "pass")
-    assert status == 2 and err.count("\n") == 1
-    assert "every host of every slice; leave out --worker" in err
+    for subset in ("0,1", "0-2"):
+        status, _, err = run(capsys, "launch", "ms", "--worker", subset, "--", sys.executable, "-c", "pass")
+        assert status == 2 and err.count("\n") == 1
+        assert "is 2 slices of local-2x1 (4 hosts)" in err
+        assert "every host of every slice; leave out --worker" in err
     assert len(RunStore().list()) == runs_before
 
     status, _, err = run(capsys, "delete", "ms", "--yes")
@@ -75,7 +88,6 @@ def test_create_ls_launch_and_delete_a_local_multislice(capsys):
     (["--type", "v3-8", "--slices", "2", "--provider", "gcp"], "v3-8 has no Multislice"),
     (["--type", "v2-8", "--slices", "2", "--provider", "gcp"], "v2-8 has no Multislice"),
     (["--type", "v6e-16", "--slices", "2", "--provider", "gcp", "--direct"], "leave out --direct"),
-    (["--type", "v6e-16", "--slices", "2", "--provider", "gcp"], "--slices 2 on gcp is not supported yet"),
     (["--type", "local-2x1", "--slices", "0", "--provider", "local"], "--slices 0"),
     (["--type", "local-512x1", "--slices", "4", "--provider", "local"], "more than 1024"),
 ])
@@ -120,6 +132,79 @@ def test_the_tiny_trainer_on_two_local_slices(capsys, tmp_path, tiny_model_dir):
         assert start["process_count"] == 2 and start["device_count"] == 4
         assert start["mesh_axes"] == {"dp": 2, "fsdp": 2, "tp": 1} and start["fsdp_spans_hosts"] is False
         assert events[-1]["kind"] == "end"
+
+
+def test_a_held_megascale_port_is_named_and_nothing_starts(capsys, monkeypatch):
+    """The port check on real workers: another program holds the port megascale's coordinator will bind,
+    so the launch says which port on which worker, in one line, and starts nothing; --skip-port-check
+    launches anyway."""
+    assert run(capsys, "create", "ms", "--type", "local-1x1", "--slices", "2", "--provider", "local")[0] == 0
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        monkeypatch.setattr(multislice, "megascale_port", lambda node, host: port)
+        status, _, err = run(capsys, "launch", "ms", "--", sys.executable, "-c", "pass")
+        assert status == 2 and err.count("\n") == 1, err
+        assert err.startswith(f"error: tcp:{port} on worker 0 (slice 0) of 'ms', megascale's port, is in use "
+                              "by another program") and err.rstrip().endswith("nothing was launched")
+        assert RunStore().list() == []
+        status, out, err = run(capsys, "launch", "ms", "--skip-port-check", "--json", "--",
+                               sys.executable, "-c", "pass")
+        assert status == 0, err
+    run_id = json.loads(out)["run_id"]
+    assert follow(capsys, "ms", run_id)[0] == 0
+
+
+def test_fail_fast_stops_every_slice_when_a_worker_of_slice_1_fails(capsys):
+    """2 slices x 2 hosts: worker 3 (slice 1) fails; the run's supervisor on worker 0 stops the other three,
+    in both slices."""
+    assert run(capsys, "create", "ms", "--type", "local-2x1", "--slices", "2", "--provider", "local")[0] == 0
+    job = ('if [ "$MEGASCALE_SLICE_ID/$TPU_CONSOLE_WORKER" = 1/3 ]; then sleep 1; echo boom; exit 1; fi; '
+           "exec sleep 60")
+    try:
+        status, out, err = run(capsys, "launch", "ms", "--fail-fast", "--json", "--", "bash", "-c", job)
+        assert status == 0, err
+        run_id = json.loads(out)["run_id"]
+        folders = [worker_home(w, "ms") / "tpu-console" / "runs" / run_id for w in range(4)]
+        wait_for(lambda: all((f / "exit").exists() for f in folders), timeout=30)
+        assert [(f / "exit").read_text().strip() for f in folders] == ["143", "143", "143", "1"]
+        decisions = [json.loads(line)["message"]
+                     for line in (folders[0] / "supervisor.jsonl").read_text().splitlines()]
+        assert any(m.startswith("worker 3 exited 1: stopping worker(s) 0,1,2") for m in decisions), decisions
+    finally:
+        stop_groups([g for w in range(4) for g in running_job_groups(worker_home(w, "ms"))], grace_s=1.0)
+
+
+async def test_an_unreachable_host_of_slice_1_stops_the_launch():
+    """The guard against a partial launch counts every host of every slice: one host of slice 1 down, and
+    nothing starts anywhere."""
+    provider = LocalProvider()
+    try:
+        node = await provider.create(CreateRequest(name="ms", accelerator_type="local-1x1", slices=2))
+        await provider.ssh_targets(node)
+        await provider.worker_server("ms", 1).close()
+        with pytest.raises(UserError) as refused:
+            await launch({"local": provider}, "ms", job=JobSpec(command=[sys.executable, "-c", "pass"]))
+        assert str(refused.value).startswith("worker 1 (slice 1) of 'ms' is unreachable: ")
+        assert "nothing was launched" in str(refused.value) and RunStore().list() == []
+    finally:
+        await provider.close()
+
+
+def test_the_ports_a_job_needs_where_the_platform_names_its_coordinator():
+    """On a Cloud TPU multislice the console names no coordinator: JAX's own (8482 since JAX 0.8.1, or
+    JAX_COORDINATOR_PORT) and megascale's 8080, on the first worker's internal address."""
+    node = Node("ms", "gcp", AcceleratorShape("v6e-16", 8, 4, 32), NodeState.READY, slices=2,
+                workers=tuple(Worker(i, f"34.0.0.{i}", internal_ip=f"10.0.0.{i}") for i in range(8)))
+    needs = job_ports.job_ports(node, {}, 0, "10.0.0.0")
+    assert [(n.port, n.host, n.purpose) for n in needs] == [
+        (8482, "10.0.0.0", "the JAX coordinator's"), (8080, "10.0.0.0", "megascale's")]
+    assert job_ports.job_ports(node, {"JAX_COORDINATOR_PORT": "9999"}, 0, "10.0.0.0")[0].port == 9999
+    named = {"JAX_COORDINATOR_ADDRESS": "127.0.0.1:4000", "MEGASCALE_COORDINATOR_ADDRESS": "127.0.0.1",
+             "MEGASCALE_PORT": "4001"}
+    assert [(n.port, n.host) for n in job_ports.job_ports(node, named, 0, "x")] == [
+        (4000, "127.0.0.1"), (4001, "127.0.0.1")]
 
 
 CONFIG = Path(__file__).resolve().parents[3] / "trainer" / "configs" / "tiny_local.yaml"
