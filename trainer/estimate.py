@@ -222,6 +222,70 @@ def expected_steps(longest_rows: Sequence[int], max_new: int) -> float:
     return sum(rows) / len(rows) if rows else float(max_new)
 
 
+def step_runs(steps: float, logprob_passes: int) -> dict[str, float]:
+    """How many times each program runs in one training step (the decode step once a token), as the step
+    estimate adds them up."""
+    return {"rollout weights": 1, "prefill": 1, "decode step": steps, "update": 1,
+            "log-probs": logprob_passes}
+
+
+def network_step(programs: Mapping[str, tuple[Sequence, Sequence]], tpu: TpuSlice, steps: float,
+                 logprob_passes: int, slices: int = 1) -> dict:
+    """Bytes one chip puts on the wire in a training step, and their time (low..high), inside a slice (ICI)
+    and between slices (DCN). programs: name -> (its collectives, grouped as aot.Collectives.grouped; its
+    transfers between slices, grouped as dcn.grouped)."""
+    ici_bytes = dcn_bytes = 0.0
+    ici, dcn = ZERO, ZERO
+    for name, runs in step_runs(steps, logprob_passes).items():
+        if name not in programs or not runs:
+            continue
+        ops, dcn_ops = programs[name]
+        ici_bytes += runs * sum(wire_bytes(kind, size, group) * n for kind, size, group, n in ops)
+        ici = ici + Range(collectives_seconds(ops, tpu, LOW), collectives_seconds(ops, tpu, HIGH)) * runs
+        dcn_bytes += runs * sum(dcn_wire_bytes(*row[:4]) * row[4] for row in dcn_ops)
+        dcn = dcn + dcn_range(dcn_ops, tpu) * runs
+    return {
+        "slices": slices,
+        "decode_steps": steps,
+        "ici_bytes_per_chip": ici_bytes,
+        "ici_s": ici.to_json(),
+        "dcn_bytes_per_chip": dcn_bytes,
+        "dcn_bytes_per_host": dcn_bytes * tpu.chips // tpu.hosts,
+        "dcn_s": dcn.to_json(),
+        "dcn_gbps_per_chip": [DCN_BANDWIDTH[tpu.generation.name].fast * 8 / 1e9,
+                              DCN_BANDWIDTH[tpu.generation.name].slow * 8 / 1e9],
+        "dcn_bandwidth_assumed": DCN_BANDWIDTH[tpu.generation.name].assumed,
+    }
+
+
+def network_lines(plan: Mapping) -> list[str]:
+    """The step's traffic inside a slice and between slices in words (from the planner's JSON)."""
+    net = plan.get("network_step")
+    if not net:
+        return []
+    ici, dcn = Range.from_json(net["ici_s"]), Range.from_json(net["dcn_s"])
+    lines = [
+        f"per step and chip, decode at {net['decode_steps']:.0f} tokens: ICI "
+        f"{net['ici_bytes_per_chip'] / 1e9:.2f} GB on the wire, {ici.text()} s"
+    ]
+    if net["slices"] > 1:
+        low, high = net["dcn_gbps_per_chip"]
+        rate = f"{low:.0f}" if low == high else f"{high:.0f}..{low:.0f}"
+        lines[0] += (
+            f"; DCN across {net['slices']} slices {net['dcn_bytes_per_chip'] / 1e9:.3f} GB "
+            f"({net['dcn_bytes_per_host'] / 1e9:.3f} GB a host), {dcn.text()} s at {rate} Gbps a chip"
+            + (" (assumed)" if net["dcn_bandwidth_assumed"] else "")
+        )
+        crossing = [p for p in plan.get("programs", []) if p.get("dcn_bytes")]
+        for p in crossing:
+            est = Range.from_json(p.get("dcn_seconds"))
+            lines.append(
+                f"  {p['name']} ({p['runs']}): {sum(row[4] for row in p['dcn_ops'])} transfers between "
+                f"slices, {p['dcn_bytes'] / 1e6:.2f} MB a chip, {est.text(1e3) if est else '-'} ms"
+            )
+    return lines
+
+
 def step_lines(plan: Mapping) -> list[str]:
     """The plan's step estimate in words (from the planner's JSON, so the console prints the same lines)."""
     est = {k: Range.from_json(v) for k, v in (plan.get("step_estimate_s") or {}).items()}

@@ -18,6 +18,8 @@ from trainer.estimate import (
     expected_steps,
     group_axes,
     mean_cache_fraction,
+    network_lines,
+    network_step,
     price,
     rank,
     step_lines,
@@ -156,3 +158,22 @@ def test_transfers_between_slices_cost_a_latency_and_their_bytes_at_the_chips_dc
     with_dcn = ProgramCost(flops=0, bytes_accessed=1e9, floor_bytes=1e8, dcn_ops=rows)
     assert price(with_dcn, V6E16).low - price(base, V6E16).low == pytest.approx(8e-3 + 10e-6)
     assert price(with_dcn, V6E16).high - price(base, V6E16).high == pytest.approx(8e-3 + 100e-6)
+
+
+def test_a_steps_traffic_adds_each_programs_runs_inside_and_between_slices():
+    ici_ops = [["all-reduce", 1e6, 16, 1]]
+    grads = [["all-reduce", 100e6, 100e6, 2, 1]]
+    programs = {"decode step": (ici_ops, []), "update": (ici_ops, grads), "log-probs": (ici_ops, grads)}
+    net = network_step(programs, V6E16, steps=100, logprob_passes=0, slices=2)
+    assert net["ici_bytes_per_chip"] == pytest.approx(101 * wire_bytes("all-reduce", 1e6, 16))
+    assert net["dcn_bytes_per_chip"] == pytest.approx(100e6)  # the update's; no log-prob pass
+    assert net["dcn_bytes_per_host"] == pytest.approx(4 * 100e6)  # v6e-16: 4 chips a host
+    assert net["dcn_s"] == pytest.approx([8e-3 + 10e-6, 8e-3 + 100e-6])
+    plan = {"network_step": net, "programs": [
+        {"name": "update", "runs": "1x every step", "dcn_ops": grads, "dcn_bytes": 100e6,
+         "dcn_seconds": [8.01e-3, 8.1e-3]}]}
+    text = "\n".join(network_lines(plan))
+    assert "DCN across 2 slices 0.100 GB (0.400 GB a host)" in text and "at 100 Gbps a chip" in text
+    assert "update (1x every step): 1 transfers between slices, 100.00 MB a chip, 8.01..8.10 ms" in text
+    one = network_step(programs, V6E16, steps=100, logprob_passes=0)
+    assert "DCN" not in "\n".join(network_lines({"network_step": one}))
