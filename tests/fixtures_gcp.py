@@ -59,3 +59,21 @@ def make_provider(emulator, gcp_home):
     for provider in providers:
         if provider._api is not None:
             provider._api._client.transport.close()
+
+
+@pytest.fixture
+def gcp_cli_emulator(emulator, gcp_home, monkeypatch):
+    """`cli.main` with a gcp project whose API is the emulator (polled every 20 ms); returns the emulator."""
+    import json
+
+    from tpu_console import cli
+
+    (gcp_home / "config.toml").write_text(
+        f'[gcp]\nproject = "{PROJECT}"\nzones = {json.dumps(ZONES)}\napi_endpoint = "{emulator.endpoint}"\n')
+
+    def build(settings):
+        return {"gcp": GcpProvider(settings, poll_interval=0.02, create_timeout=10, delete_timeout=10,
+                                   host_key_wait=0.5)}
+
+    monkeypatch.setattr(cli, "build_providers", build)
+    return emulator

@@ -12,7 +12,11 @@ WAITING_FOR_RESOURCES, PROVISIONING and ACTIVE on injectable delays, one state p
 (so a client that polls sees every state, however slow the machine): capacity that appears in a zone
 only after a wait (`capacity_after`), a zone that never has any (`stockout`: the request waits until its
 valid-until passes, then FAILED), failure with a reason (`fail_queued`, a missing reservation), and
-suspension (`suspend`). The `v2alpha1` paths answer too, with the fields only that version has
+suspension (`suspend`). A multislice request (`multisliceParams {nodeCount, nodeIdPrefix}`, v4 and later)
+makes nodes PREFIX-0 .. PREFIX-<N-1>, each with its own network endpoints and `multisliceNode`; one slice
+can fail while provisioning (`fail_slice`: the request FAILED, the other slices left until it is deleted)
+and each can be preempted alone (`preempt` by its node name); deleting the request with `force` deletes
+every slice. The `v2alpha1` paths answer too, with the fields only that version has
 (`upcomingMaintenance` on nodes, `bestEffort` on requests).
 
 Standalone, for trying the console without a cloud project:
@@ -42,6 +46,7 @@ from urllib.parse import parse_qs, urlsplit
 
 _NODE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _TYPE = re.compile(r"^(v2|v3|v4|v5p|v5litepod|v6e)-(\d+)$")
+_PREFIX = re.compile(r"^[A-Za-z0-9_.~+%-]+$")  # nodeIdPrefix, as the API reference states it
 # GCP label rules: keys start with a lowercase letter; keys and values lowercase letters, digits, _ and -
 _LABEL = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
@@ -131,10 +136,21 @@ class _Queued:
     valid_until: float | None = None
     fail_with: ApiError | None = None  # FAILED with this once accepted
     state_since: float = 0.0
+    failed_slice: tuple[int, ApiError] | None = None  # a multislice's slice that fails while provisioning
 
     @property
     def path(self) -> str:
         return f"projects/{self.project}/locations/{self.zone}/queuedResources/{self.qr_id}"
+
+    @property
+    def node_ids(self) -> list[str]:
+        """The nodes it makes: its nodeId, or for a multislice PREFIX-0 .. PREFIX-<nodeCount-1>."""
+        spec = self.body["tpu"]["nodeSpec"][0]
+        params = spec.get("multisliceParams") or spec.get("multiNodeParams")
+        if params is None:
+            return [spec["nodeId"]]
+        prefix = params.get("nodeIdPrefix") or self.qr_id
+        return [f"{prefix}-{i}" for i in range(int(params["nodeCount"]))]
 
 
 @dataclass
@@ -161,6 +177,7 @@ class TpuApiEmulator:
         self._queued: dict[tuple[str, str, str], _Queued] = {}
         self._capacity_after: dict[str, float] = {}
         self._queued_failures: dict[str, ApiError] = {}
+        self._slice_failures: dict[str, tuple[int, ApiError]] = {}
         self.queued_created: list[dict[str, Any]] = []  # every QueuedResource body as sent, with its URL
         self._lock = threading.RLock()
         self._nodes: dict[tuple[str, str, str], _Node] = {}
@@ -172,6 +189,7 @@ class TpuApiEmulator:
         self._quota: set[str] = set()
         self.requests: list[tuple[str, str]] = []  # (method, path) of every call, for assertions
         self.create_attempts: list[str] = []  # zones create_node was called in, in order
+        self.nodes_made: list[str] = []  # every node made, by name (a multislice's slices too), in order
         self.oslogin_keys: dict[str, list[str]] = {}
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -224,6 +242,11 @@ class TpuApiEmulator:
     def fail_queued(self, zone: str, message: str, status: str = "RESOURCE_EXHAUSTED") -> None:
         """Queued requests in `zone` become FAILED with this error once accepted."""
         self._queued_failures[zone] = ApiError(status, message)
+
+    def fail_slice(self, zone: str, index: int, message: str, status: str = "UNKNOWN") -> None:
+        """Multislice requests in `zone`: slice `index` fails while provisioning; the request FAILED
+        with this error, its other slices made (and left, holding quota, until it is deleted)."""
+        self._slice_failures[zone] = (index, ApiError(status, message))
 
     def suspend(self, zone: str, name: str, reason: str = "The queued resource was suspended.") -> None:
         """The service suspends a request: SUSPENDED, its node (if any) gone."""
@@ -440,10 +463,12 @@ class TpuApiEmulator:
         if len(specs) != 1 or not _TYPE.match(specs[0].get("node", {}).get("acceleratorType", "")):
             raise ApiError("INVALID_ARGUMENT", "tpu.nodeSpec needs one node with a known acceleratorType.")
         _check_labels(specs[0].get("node", {}).get("labels"))
+        _check_multislice(specs[0], alpha)
         if "bestEffort" in body and not alpha:
             raise ApiError("INVALID_ARGUMENT", "Unknown field 'bestEffort' (it exists in v2alpha1 only).")
+        queued = _Queued(project, zone, name, json.loads(json.dumps(body)), 0.0, None)
         if any(z == zone and n == name for (_, z, n) in self._queued) or any(
-            z == zone and n == specs[0].get("nodeId") for (_, z, n) in self._nodes
+            z == zone and n in queued.node_ids for (_, z, n) in self._nodes
         ):
             raise ApiError("ALREADY_EXISTS", f"Resource '{name}' already exists in {zone}")
         if zone in self._quota:
@@ -461,24 +486,27 @@ class TpuApiEmulator:
                 f"Reservation {body.get('reservationName') or 'for ' + zone} not found in {zone}.")
         elif zone in self._queued_failures:
             queued.fail_with = self._queued_failures[zone]
+        if len(queued.node_ids) > 1 and zone in self._slice_failures:
+            queued.failed_slice = self._slice_failures[zone]
         return self._new_operation(project, zone, "create", queued.path, 0.0, None)
 
     def _delete_queued(self, project: str, zone: str, name: str, force: bool) -> dict[str, Any]:
         queued = self._queued_in(zone, name, project)
-        node_id = queued.body["tpu"]["nodeSpec"][0]["nodeId"]
-        node = self._nodes.get((project, zone, node_id))
-        if node is not None and not force:
+        node_ids = queued.node_ids
+        nodes = [n for i in node_ids if (n := self._nodes.get((project, zone, i))) is not None]
+        if nodes and not force:
             raise ApiError("FAILED_PRECONDITION",
                            f"Queued resource {name} has a node; delete it with force=true to delete both")
         self._set_queued_state(queued, "DELETING", time.monotonic(), deletingData={})
-        if node is not None:
+        for node in nodes:
             node.body["state"] = "DELETING"
             node.ready_at = None
         key = (project, zone, name)
 
         def gone() -> None:
             self._queued.pop(key, None)
-            self._nodes.pop((project, zone, node_id), None)
+            for node_id in node_ids:
+                self._nodes.pop((project, zone, node_id), None)
 
         return self._new_operation(project, zone, "delete", queued.path, self.delete_delay, None,
                                    on_done=gone)
@@ -511,13 +539,24 @@ class TpuApiEmulator:
                     self._set_queued_state(queued, "PROVISIONING", now, provisioningData={})
             elif state == "PROVISIONING" and now - queued.state_since >= self.queue_delay:
                 spec = queued.body["tpu"]["nodeSpec"][0]
-                node_body = dict(spec.get("node", {}))
-                node_body.setdefault("schedulingConfig", {"spot": "spot" in queued.body})
-                node_body.setdefault("networkConfig", {"enableExternalIps": True})
-                node = self._new_node(queued.project, queued.zone, spec["nodeId"], node_body)
-                node.body["queuedResource"] = queued.path
-                node.ready_at = now + self.create_delay
-                self._set_queued_state(queued, "ACTIVE", now, activeData={})
+                node_ids = queued.node_ids
+                failed = queued.failed_slice[0] if queued.failed_slice else None
+                for index, node_id in enumerate(node_ids):
+                    if index == failed:
+                        continue
+                    node_body = json.loads(json.dumps(spec.get("node", {})))
+                    node_body.setdefault("schedulingConfig", {"spot": "spot" in queued.body})
+                    node_body.setdefault("networkConfig", {"enableExternalIps": True})
+                    node = self._new_node(queued.project, queued.zone, node_id, node_body)
+                    node.body["queuedResource"] = queued.path
+                    if len(node_ids) > 1:
+                        node.body["multisliceNode"] = True
+                    node.ready_at = now + self.create_delay
+                if queued.failed_slice is not None:
+                    error = queued.failed_slice[1]
+                    self._set_queued_state(queued, "FAILED", now, failedData={"error": error.rpc_status()})
+                else:
+                    self._set_queued_state(queued, "ACTIVE", now, activeData={})
 
     def _new_node(self, project: str, zone: str, name: str, spec: dict[str, Any]) -> _Node:
         node_id = str(next(self._ids))
@@ -541,6 +580,7 @@ class TpuApiEmulator:
         body["cidrBlock"] = f"10.{octet}.0.0/24"
         node = _Node(project, zone, name, body, host_keys=[[fake_host_key()] for _ in range(workers)])
         self._nodes[(project, zone, name)] = node
+        self.nodes_made.append(name)
         return node
 
     def _create(self, project: str, zone: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -753,6 +793,25 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         if os.environ.get("TPU_API_EMULATOR_LOG"):
             super().log_message(format, *args)
+
+
+def _check_multislice(spec: dict[str, Any], alpha: bool) -> None:
+    """A node spec with a node count: v4 and later only, more than one node, no nodeId beside it."""
+    params = spec.get("multiNodeParams" if alpha else "multisliceParams")
+    if params is None:
+        if not spec.get("nodeId"):
+            raise ApiError("INVALID_ARGUMENT", "tpu.nodeSpec needs a nodeId, or multisliceParams.")
+        return
+    if spec.get("nodeId"):
+        raise ApiError("INVALID_ARGUMENT", "nodeId must be empty when multisliceParams is set.")
+    if int(params.get("nodeCount", 0)) < 2:
+        raise ApiError("INVALID_ARGUMENT", "multisliceParams.nodeCount needs to be > 1.")
+    if (prefix := params.get("nodeIdPrefix")) and not _PREFIX.match(prefix):
+        raise ApiError("INVALID_ARGUMENT", f"Invalid multisliceParams.nodeIdPrefix '{prefix}'.")
+    family = spec["node"]["acceleratorType"].split("-")[0]
+    if family in ("v2", "v3"):
+        raise ApiError("INVALID_ARGUMENT", f"Multislice is not supported for accelerator type "
+                       f"{spec['node']['acceleratorType']}.")
 
 
 def _version_view(body: dict[str, Any], alpha: bool) -> dict[str, Any]:

@@ -164,6 +164,7 @@ class QueuedRequest:
     reason: str | None = None  # why it failed or was suspended
     has_node: bool = False  # its node exists (listed among the nodes)
     labels: dict[str, str] = field(default_factory=dict)  # its node's labels (who made it: gcp/labels.py)
+    slices: int = 1  # Multislice: a request for this many slices (nodes NAME-0 .. NAME-<N-1>)
 
 
 @dataclass(frozen=True)

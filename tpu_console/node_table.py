@@ -39,7 +39,7 @@ def node_row(node: Node, now: datetime) -> tuple[str, ...]:
         node.provider,
         type_text(node),
         str(node.shape.workers),
-        str(node.state),
+        state_cell(node),
         node.zone or "-",
         "spot" if node.spot else "-",
         format_age(node.created_at, now),
@@ -51,6 +51,28 @@ def node_row(node: Node, now: datetime) -> tuple[str, ...]:
 def type_text(node: Node) -> str:
     """The accelerator type, as `2x v6e-16` for a multislice node."""
     return f"{node.slices}x {node.accelerator_type}" if node.slices > 1 else node.accelerator_type
+
+
+def state_cell(node: Node) -> str:
+    """The state; a multislice's says how its slices stand: `READY 2/2`, or the worst slice's state and
+    which slices are in it, `PREEMPTED (slice 1 of 2)`."""
+    states, count = node.slice_states, node.slices
+    if count < 2 or not states:
+        return str(node.state)
+    if all(s == node.state for s in states):
+        return f"{node.state} {count}/{count}"
+    which = [str(i) for i, s in enumerate(states) if s == node.state] or [
+        str(i) for i, s in enumerate(states) if s != "READY"]
+    return f"{node.state} (slice{'s' if len(which) > 1 else ''} {', '.join(which)} of {count})"
+
+
+def slice_notes(node: Node) -> list[str]:
+    """A multislice with a slice not READY: which, and that the group runs only whole."""
+    bad = [f"slice {i} ({node.slice_names[i]}) {s}" for i, s in enumerate(node.slice_states) if s != "READY"]
+    if node.slices < 2 or not bad:
+        return []
+    return [f"{'; '.join(bad)}: its {node.slices} slices run as one, so it cannot be launched on until "
+            f"it is recreated (`tpu-console delete {node.name} --yes`, then create it again)"]
 
 
 def format_price(node: Node) -> str:
@@ -79,7 +101,8 @@ def request_row(request: QueuedRequest, now: datetime) -> tuple[str, ...]:
     state = request_state(request, now)
     if request.state.holds_quota:
         state += f" ({HOLDS_QUOTA})"
-    return (request.name, request.provider, request.accelerator_type or "-", request.provisioning, state,
+    kind = f"{request.slices}x {request.accelerator_type}" if request.slices > 1 else request.accelerator_type
+    return (request.name, request.provider, kind or "-", request.provisioning, state,
             request.zone or "-", format_age(request.created_at, now))
 
 
@@ -89,6 +112,7 @@ def request_record(request: QueuedRequest, now: datetime) -> dict[str, Any]:
         "provider": request.provider,
         "zone": request.zone,
         "accelerator_type": request.accelerator_type,
+        "slices": request.slices,
         "provisioning": request.provisioning,
         "state": str(request.state),
         "reason": request.reason,
@@ -143,6 +167,7 @@ def node_notes(node: Node) -> list[str]:
     notes.extend(f"symptom {symptom}" for symptom in node.symptoms)
     if node.maintenance is not None:
         notes.append(maintenance_text(node.maintenance))
+    notes.extend(slice_notes(node))
     if node.state.holds_quota:
         notes.append(f"{node.state}: {HOLDS_QUOTA}")
     return notes
@@ -158,6 +183,7 @@ def node_record(node: Node, now: datetime) -> dict[str, Any]:
         "workers": node.shape.workers,
         "slices": node.slices,
         "slice_names": list(node.slice_names),
+        "slice_states": list(node.slice_states),
         "devices_per_worker": node.shape.devices_per_worker,
         "chips": node.shape.chips,
         "state": str(node.state),

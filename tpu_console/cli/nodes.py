@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -349,7 +350,11 @@ async def capacity_record(
     if accelerator_type and not accelerator_type.startswith("local-"):
         from tpu_console.providers.gcp.accelerators import canonical_type
 
-        accelerator_type = canonical_type(accelerator_type)
+        # A multislice is recorded as `2x v6e-16` (`--type 2xv6e-16` finds it too).
+        if match := re.match(r"^(\d+)x\s*(\S+)$", accelerator_type.strip()):
+            accelerator_type = f"{match.group(1)}x {canonical_type(match.group(2))}"
+        else:
+            accelerator_type = canonical_type(accelerator_type)
     records = capacity.summarize(capacity.CapacityStore().attempts(accelerator_type), datetime.now(UTC))
     if args.json:
         output.print_json({"zones": [output.capacity_record(r) for r in records]})

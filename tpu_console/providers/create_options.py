@@ -96,9 +96,5 @@ def check_slices(slices: int, provider: str, accelerator_type: str, *, direct: b
     if direct:
         raise UserError("--slices: the TPU API makes a multislice only as a queued resource; "
                         "leave out --direct")
-    if race:
-        raise UserError("--slices with --race is not supported yet; name one zone (or leave out --race)")
-    # The queued resource with a node count (multisliceParams) is not built yet: refuse rather than make
-    # one slice where N were asked for (docs/gcp.md, Multislice).
-    raise UserError(f"--slices {slices} on gcp is not supported yet (docs/gcp.md, Multislice); rehearse "
-                    "with --provider local and a local type, or create one larger slice")
+    # --race is fine: each zone's request is the whole group (its slices all in that zone), and the
+    # losers go as soon as one is ACTIVE, as for one slice.

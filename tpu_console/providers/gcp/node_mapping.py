@@ -6,6 +6,7 @@ import re
 from datetime import UTC, datetime
 
 from tpu_console.model import Maintenance, Node, NodeState, Worker
+from tpu_console.providers.gcp import multislice
 from tpu_console.providers.gcp.accelerators import shape_of_listed_node
 
 _PATH = re.compile(r"^projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)/nodes/(?P<name>[^/]+)$")
@@ -89,6 +90,8 @@ def _rfc3339(text: str) -> datetime | None:
 
 def state_hint(node: Node) -> str | None:
     """What a person should know about a node's state, or None when there is nothing to say."""
+    if node.slices > 1 and node.state in multislice.DEAD:
+        return multislice.recreate_hint(node)
     if node.state is NodeState.PREEMPTED:
         return (
             f"{node.name} was preempted{_reason(node)}; it still holds TPU quota until deleted "

@@ -20,7 +20,7 @@ from tpu_console.errors import AlreadyExists, NotFound, UserError
 from tpu_console.model import CreateRequest, Node, NodeState, QueuedRequest, SshTarget, validate_node_name
 from tpu_console.providers import capacity
 from tpu_console.providers.base import NodeListing, Progress, Provider, no_progress
-from tpu_console.providers.gcp import accelerators, labels, ssh_access
+from tpu_console.providers.gcp import accelerators, labels, multislice, ssh_access
 from tpu_console.providers.gcp.alpha import AlphaApi
 from tpu_console.providers.gcp.client import (
     CLOUD_PLATFORM_SCOPE,
@@ -37,12 +37,19 @@ from tpu_console.providers.gcp.errors import (
     classify_exception,
     classify_operation_error,
 )
-from tpu_console.providers.gcp.node_mapping import maintenance_of, node_path, state_hint, to_model_node
+from tpu_console.providers.gcp.node_mapping import (
+    maintenance_of,
+    node_path,
+    split_node_path,
+    state_hint,
+    to_model_node,
+)
 from tpu_console.providers.gcp.queued import QueuedCreate, capacity_outcome, try_every
 from tpu_console.providers.gcp.queued import format_duration as _format_duration
 from tpu_console.providers.gcp.queued_mapping import (
     node_name_of,
     queued_path,
+    slice_ids,
     split_queued_path,
     supports_queued,
     to_queued_request,
@@ -186,6 +193,7 @@ class GcpProvider(Provider):
                        for alpha_node in answer if (found := maintenance_of(alpha_node)) is not None}
         listing = NodeListing()
         requests: list[tuple[QueuedRequest, str | None]] = []
+        multislices: dict[tuple[str, str], tuple[str, ...]] = {}  # (zone, request) -> its slices' names
         for zone, answer, queued in zip(zones, node_answers, queued_answers, strict=True):
             where = "all zones" if zone == "-" else f"zone {zone}"
             if isinstance(answer, Exception):
@@ -196,6 +204,8 @@ class GcpProvider(Provider):
                 listing.problems.append(f"{where} (queued requests): {classify_exception(queued).describe()}")
                 continue
             requests.extend((to_queued_request(q), node_name_of(q)) for q in queued)
+            multislices.update({split_queued_path(q.name)[1:]: ids for q in queued if (ids := slice_ids(q))})
+        listing.nodes = multislice.group_listed(listing.nodes, multislices)
         listing.nodes.sort(key=lambda node: (node.zone or "", node.name))
         with_node = {(node.zone, node.name) for node in listing.nodes}
         listing.requests = sorted(
@@ -205,8 +215,53 @@ class GcpProvider(Provider):
         return listing
 
     async def get(self, name: str) -> Node:
-        api_node = await self._find(name)
-        return self._model(api_node)
+        """The node `name`, or the multislice `name` (its slices NAME-0 ... as one node)."""
+        try:
+            return self._model(await self._find(name))
+        except NotFound:
+            group = await self._find_multislice(name)
+            if group is None:
+                raise
+            return group[0]
+
+    async def _find_multislice(self, name: str) -> tuple[Node, list] | None:
+        """The multislice made by the queued request `name` (as one node, and its slices' API nodes in
+        order), or None when there is no such request or none of its slices exists yet."""
+        api = await self._client()
+        zones = self._zones()
+        if not zones:
+            listing = await self.list_nodes()
+            zones = [n.zone for n in listing.nodes if n.name == name and n.slices > 1 and n.zone]
+        answers = await asyncio.gather(
+            *(api.get_queued_resource(queued_path(self.project, zone, name)) for zone in zones),
+            return_exceptions=True)
+        for zone, answer in zip(zones, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, Exception):
+                    raise answer
+                continue  # not there (or unreadable: _find has already said what it could not ask)
+            if ids := slice_ids(answer):
+                return await self._read_multislice(zone, name, ids)
+        return None
+
+    async def _read_multislice(self, zone: str, name: str, ids: tuple[str, ...]) -> tuple[Node, list] | None:
+        api = await self._client()
+        answers = await asyncio.gather(*(api.get_node(node_path(self.project, zone, i)) for i in ids),
+                                       return_exceptions=True)
+        found = {}
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, Exception):
+                    raise answer
+                failure = classify_exception(answer)
+                if failure.kind is not FailureKind.NOT_FOUND:
+                    raise UserError(f"could not read the slices of {name}: {failure.describe()}")
+                continue
+            found[split_node_path(answer.name)[2]] = answer
+        if not found:
+            return None
+        group = multislice.merge(name, ids, {i: self._model(found[i]) for i in found})
+        return group, [found[i] for i in ids if i in found]
 
     async def _find(self, name: str):
         """The API node called `name` in the configured zones (or anywhere, with no zones configured)."""
@@ -259,7 +314,11 @@ class GcpProvider(Provider):
             raise UserError("zone '-' means all zones and only works for listing; name real zones in --zones")
         _validate_labels(request.labels)
         runtime = request.runtime_version or accelerators.default_runtime_version(accelerator_type)
-        queued = request.queued and supports_queued(accelerator_type)
+        if request.slices > 1 and not request.queued:
+            raise UserError("--slices: the TPU API makes a multislice only as a queued resource; "
+                            "leave out --direct")
+        # A multislice is a queued request whatever the family (v4 too): only a node count makes one.
+        queued = request.queued and (supports_queued(accelerator_type) or request.slices > 1)
         needs_queue = [flag for flag, asked in (("--reservation", request.reservation),
                                                 ("--best-effort", request.best_effort),
                                                 ("--wait-for", request.valid_for_s), ("--race", request.race))
@@ -393,8 +452,19 @@ class GcpProvider(Provider):
 
     async def adopt(self, name: str) -> Node:
         """Put this console's marks on a node made elsewhere (gcloud, another tool), its other labels
-        kept; refused for a node another person's console made."""
-        api_node = await self._find(name)
+        kept; refused for a node another person's console made. A multislice: every slice."""
+        try:
+            api_nodes = [await self._find(name)]
+        except NotFound:
+            group = await self._find_multislice(name)
+            if group is None:
+                raise
+            api_nodes = group[1]
+        for api_node in api_nodes:
+            await self._adopt_one(name, api_node)
+        return await self.get(name)
+
+    async def _adopt_one(self, name: str, api_node) -> None:
         current = dict(api_node.labels)
         marks = self.console_marks()
         someone = labels.owner(current)
@@ -402,7 +472,7 @@ class GcpProvider(Provider):
             raise UserError(f"node {name} is {someone}'s (label {labels.USER}={someone}); it is not adopted "
                             "from another person's console")
         if all(current.get(k) == v for k, v in marks.items()):
-            return self._model(api_node)
+            return
         api = await self._client()
         try:
             operation_name = await api.update_labels(api_node.name, {**current, **marks})
@@ -412,7 +482,6 @@ class GcpProvider(Provider):
             raise UserError(f"could not label {name}: {failure.describe()}") from None
         if operation.error.code:
             raise UserError(f"could not label {name}: {operation.error.message}")
-        return await self.get(name)
 
     # ---- delete -----------------------------------------------------------------------------------
 
@@ -423,6 +492,10 @@ class GcpProvider(Provider):
         try:
             node = self._model(await self._find(name))
         except NotFound:
+            group = await self._find_multislice(name)
+            if group is not None:
+                await self._delete_multislice(group[0], progress)
+                return
             request = await self.find_request(name)
             if request is None:
                 raise
@@ -459,6 +532,18 @@ class GcpProvider(Provider):
             raise UserError(f"delete {name} in {node.zone} failed: {failure.describe()}")
         progress(f"{node.zone}: {name} deleted after {_format_duration(time.monotonic() - started)}")
         self._capacity_ended(node)
+
+    async def _delete_multislice(self, group: Node, progress: Progress) -> None:
+        """Every slice goes with the request (`force`), confirmed gone."""
+        zone = group.zone or "-"
+        if group.state.holds_quota:
+            progress(f"{group.name}: {multislice.slice_problem(group)}; its slices hold TPU quota until "
+                     "deleted, deleting them frees that")
+        progress(f"{zone}: deleting {group.name}, {group.slices} slices ({', '.join(group.slice_names)}), "
+                 f"with its queued request {group.queued_request or group.name}")
+        await self.delete_request(queued_path(self.project, zone, group.queued_request or group.name), zone,
+                                  progress)
+        self._capacity_ended(group)
 
     def _capacity_ended(self, node: Node) -> None:
         if node.zone and (store := self._store()) is not None:
@@ -546,56 +631,72 @@ class GcpProvider(Provider):
     # ---- ssh --------------------------------------------------------------------------------------
 
     async def ssh_targets(self, node: Node) -> list[SshTarget]:
-        api = await self._client()
-        api_node = await self._find(node.name) if node.zone is None else await self._get_fresh(node)
-        current = self._model(api_node)
+        """Every worker of the node; of a multislice, every worker of every slice, numbered slice by
+        slice (slice 0's hosts first), each slice's host keys pinned on its own node."""
+        if node.slices > 1:
+            group = await self._find_multislice(node.queued_request or node.name)
+            if group is None:
+                raise NotFound(f"gcp multislice {node.name!r} is gone from {node.zone}")
+            current, api_nodes = group
+        else:
+            api_node = await self._find(node.name) if node.zone is None else await self._get_fresh(node)
+            current, api_nodes = self._model(api_node), [api_node]
         if current.state is not NodeState.READY:
             hint = state_hint(current) or ""
             raise UserError(
                 f"cannot connect to {current.name}: it is {current.state}, not READY"
                 + (f"; {hint}" if hint else "")
             )
-        path = api_node.name
+        username = await self._login(api_nodes)
+        client_key = keys.client_key_path()
+        targets: list[SshTarget] = []
+        for api_node in api_nodes:  # in slice order: worker indexes go on from the slice before
+            one = self._model(api_node)
+            observed = await self._host_keys(api_node.name, len(one.workers))
+            trusted = ssh_access.check_and_pin(api_node.name, str(api_node.id), observed)
+            for worker, keys_of_worker in zip(one.workers, trusted, strict=True):
+                if not worker.host:
+                    raise UserError(
+                        f"worker {worker.index} of {one.name} has no IP address yet; retry shortly"
+                    )
+                targets.append(
+                    SshTarget(
+                        worker=len(targets),
+                        host=worker.host,
+                        port=worker.port,
+                        username=username,
+                        client_key=client_key,
+                        host_keys=keys_of_worker,
+                    )
+                )
+        return targets
+
+    async def _login(self, api_nodes: list) -> str:
+        """Install the console's key (OS Login, once; or each node's ssh-keys metadata) and return the
+        user the console logs in as."""
+        api = await self._client()
         public_key = keys.public_key_line()
-        metadata = dict(api_node.metadata)
+        metadata = dict(api_nodes[0].metadata)
         if self._settings.oslogin_user or ssh_access.oslogin_enabled(metadata):
             if not self._settings.oslogin_user:
                 raise UserError(
-                    f'{current.name} uses OS Login: set [gcp] oslogin_user = "you@example.com" '
-                    "(your Google account) in config.toml"
+                    f'{api_nodes[0].name.rsplit("/", 1)[-1]} uses OS Login: set [gcp] oslogin_user = '
+                    '"you@example.com" (your Google account) in config.toml'
                 )
             credentials = await asyncio.to_thread(load_credentials, self._settings.api_endpoint)
-            username = await ssh_access.import_oslogin_key(
+            return await ssh_access.import_oslogin_key(
                 credentials,
                 oslogin_endpoint(self._settings),
                 self._settings.oslogin_user,
                 public_key,
             )
-        else:
-            username = self._settings.ssh_user
-            await ssh_access.ensure_metadata_key(
-                api, path, username, public_key, retry_delay=self.poll_interval
-            )
-        observed = await self._host_keys(path, len(current.workers))
-        trusted = ssh_access.check_and_pin(path, str(api_node.id), observed)
-        client_key = keys.client_key_path()
-        targets = []
-        for worker, keys_of_worker in zip(current.workers, trusted, strict=True):
-            if not worker.host:
-                raise UserError(
-                    f"worker {worker.index} of {current.name} has no IP address yet; retry shortly"
-                )
-            targets.append(
-                SshTarget(
-                    worker=worker.index,
-                    host=worker.host,
-                    port=worker.port,
-                    username=username,
-                    client_key=client_key,
-                    host_keys=keys_of_worker,
-                )
-            )
-        return targets
+        username = self._settings.ssh_user
+        await try_every(
+            ssh_access.ensure_metadata_key(api, api_node.name, username, public_key,
+                                           retry_delay=self.poll_interval)
+            for api_node in api_nodes
+        )
+        return username
 
     async def _get_fresh(self, node: Node):
         try:

@@ -20,6 +20,7 @@ from tpu_console.errors import AlreadyExists, CreateInterrupted, UserError
 from tpu_console.model import CreateRequest, Node, NodeState, QueueState
 from tpu_console.providers import capacity
 from tpu_console.providers.base import Progress
+from tpu_console.providers.gcp import multislice
 from tpu_console.providers.gcp.client import CLOUD_PLATFORM_SCOPE
 from tpu_console.providers.gcp.errors import (
     API_ERRORS,
@@ -71,6 +72,10 @@ class LostRace(Exception):
     """This zone became ACTIVE after another zone had won."""
 
 
+class SliceLost(UserError):
+    """A slice of a multislice being created died: the others are no use without it."""
+
+
 class QueuedCreate:
     """One `create` through queued resources, for `GcpProvider.create`."""
 
@@ -91,7 +96,19 @@ class QueuedCreate:
     def _describe(self) -> str:
         waits = f", valid for {format_duration(self.request.valid_for_s)}" if self.request.valid_for_s else ""
         reservation = f" {self.request.reservation}" if self.request.reservation else ""
-        return f"{self.accelerator_type} ({self.request.provisioning}{reservation}, {self.runtime}{waits})"
+        return f"{self.group_type} ({self.request.provisioning}{reservation}, {self.runtime}{waits})"
+
+    @property
+    def group_type(self) -> str:
+        """`v6e-16`, or `2x v6e-16` for a multislice (so the capacity record keeps groups apart)."""
+        slices = self.request.slices
+        return f"{slices}x {self.accelerator_type}" if slices > 1 else self.accelerator_type
+
+    @property
+    def slice_names(self) -> tuple[str, ...]:
+        """The nodes the request makes: its own name, or NAME-0 .. NAME-<N-1> (the API's naming)."""
+        name, slices = self.request.name, self.request.slices
+        return tuple(f"{name}-{i}" for i in range(slices)) if slices > 1 else (name,)
 
     async def run(self, zones: list[str]) -> Node:
         try:
@@ -141,7 +158,7 @@ class QueuedCreate:
             _stop_unless_next_zone(outcome, self.request.name, zone)
             tried.append(f"{zone} {outcome.kind}")
             self.progress(f"{zone}: {outcome.kind}" + (", trying next zone" if more else ""))
-        raise UserError(f"could not create {self.request.name} ({self.accelerator_type}, "
+        raise UserError(f"could not create {self.request.name} ({self.group_type}, "
                         f"{self.request.provisioning}) in any zone: {'; '.join(tried)}; try other zones "
                         "(--zones), a longer --wait-for, or --race")
 
@@ -188,7 +205,7 @@ class QueuedCreate:
                         return outcome
                     failures.append(f"{zone} {outcome.kind}")
                     self.progress(f"{zone}: {outcome.kind}, out of the race")
-            raise UserError(f"could not create {self.request.name} ({self.accelerator_type}) in any zone: "
+            raise UserError(f"could not create {self.request.name} ({self.group_type}) in any zone: "
                             f"{'; '.join(failures)}; try other zones (--zones) or a longer --wait-for")
         except asyncio.CancelledError:
             for task in tasks.values():
@@ -224,7 +241,7 @@ class QueuedCreate:
         provider = self.provider
         path = queued_path(self.project, zone, self.request.name)
         self.progress(f"{zone}: queuing {self._describe()}")
-        provider.capacity_start(path, zone, self.accelerator_type, self.request, "queued")
+        provider.capacity_start(path, zone, self.group_type, self.request, "queued")
         started = time.monotonic()
         self.outstanding[path] = zone  # from the call on: interrupted mid-call, it may exist
         try:
@@ -267,7 +284,16 @@ class QueuedCreate:
                     elif race.winner != zone:
                         raise LostRace(zone)
                 self.with_node.add(path)
-                node = await self._await_node(zone, started)
+                try:
+                    node = await self._await_node(zone, started)
+                except SliceLost as lost:
+                    # The slices run as one program: the rest are no use, and every one bills.
+                    self.progress(f"{zone}: deleting the request and all {self.request.slices} slices")
+                    await provider.delete_request(path, zone, self.progress)
+                    self.outstanding.pop(path, None)
+                    provider.capacity_finish(path, capacity.FAILED, str(lost))
+                    raise UserError(f"{lost}; its request and every slice were deleted, nothing is left: "
+                                    "create it again") from None
                 self.outstanding.pop(path, None)
                 provider.capacity_finish(path, capacity.READY, None, active_after_s=active_after,
                                          ready_after_s=time.monotonic() - started)
@@ -316,33 +342,55 @@ class QueuedCreate:
         )
 
     async def _await_node(self, zone: str, started: float) -> Node:
-        """The request is ACTIVE: follow its node to READY (the node may take a moment to appear)."""
+        """The request is ACTIVE: follow its node (or every slice) to READY (a node may take a moment to
+        appear). A multislice is READY when every slice is; one slice dead is SliceLost."""
         provider = self.provider
-        api = await provider._client()
-        path = node_path(self.project, zone, self.request.name)
-        last: NodeState | None = None
+        names = self.slice_names
+        last: tuple | None = None
         active_at = time.monotonic()
         while True:
-            try:
-                node = provider._model(await api.get_node(path))
-            except API_ERRORS as exc:
-                if classify_exception(exc).kind not in (FailureKind.NOT_FOUND, FailureKind.TRANSIENT):
-                    raise
-                node = None
-            if node is not None and node.state != last:
-                last = node.state
+            found = await self._read_nodes(zone, names)
+            node: Node | None = None
+            if len(names) == 1:
+                node = found.get(names[0])
+            elif len(found) == len(names):
+                node = multislice.merge(self.request.name, names, found)
+            if node is not None and (node.state, node.slice_states) != last:
+                last = (node.state, node.slice_states)
                 elapsed = format_duration(time.monotonic() - started)
-                self.progress(f"{zone}: node {node.state} after {elapsed}")
+                slices = f" (slices {', '.join(node.slice_states)})" if node.slice_states else ""
+                self.progress(f"{zone}: node {node.state}{slices} after {elapsed}")
             if node is not None and node.state is NodeState.READY:
                 return node
             if node is not None and node.state in _DEAD:
+                if node.slices > 1:
+                    raise SliceLost(f"{node.name} in {zone}: {multislice.slice_problem(node)} while being "
+                                    f"created{f' ({node.state_reason})' if node.state_reason else ''}")
                 hint = state_hint(node) or f"delete it with `tpu-console delete {node.name} --yes`"
                 raise UserError(f"{node.name} in {zone} became {node.state} while being created; {hint}")
             if time.monotonic() - active_at > provider.create_timeout:
+                state = last[0] if last else f"not visible ({len(found)} of {len(names)} nodes)"
                 raise UserError(f"{self.request.name} in {zone}: the request is ACTIVE but its node is still "
-                                f"{last or 'not visible'} after {format_duration(provider.create_timeout)}; "
+                                f"{state} after {format_duration(provider.create_timeout)}; "
                                 "watch it with `tpu-console ls`")
             await asyncio.sleep(provider.poll_interval)
+
+    async def _read_nodes(self, zone: str, names: tuple[str, ...]) -> dict[str, Node]:
+        """The nodes of `names` that exist now, by name (at once: a multislice has one per slice)."""
+        provider = self.provider
+        api = await provider._client()
+        answers = await asyncio.gather(*(api.get_node(node_path(self.project, zone, n)) for n in names),
+                                       return_exceptions=True)
+        found = {}
+        for name, answer in zip(names, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, API_ERRORS):
+                    raise answer
+                if classify_exception(answer).kind not in (FailureKind.NOT_FOUND, FailureKind.TRANSIENT):
+                    raise answer
+                continue
+            found[name] = provider._model(answer)
+        return found
 
 
 def _queued_failure(api_queued, state: QueueState) -> ApiFailure:

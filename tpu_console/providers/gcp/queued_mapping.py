@@ -7,6 +7,7 @@ import re
 from datetime import UTC, datetime
 
 from tpu_console.model import CreateRequest, QueuedRequest, QueueState
+from tpu_console.providers.gcp.multislice import slice_ids
 
 _PATH = re.compile(r"^projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)/queuedResources/(?P<name>[^/]+)$")
 
@@ -41,10 +42,19 @@ def build_queued_resource(types, request: CreateRequest, project: str, zone: str
     making `node` (a Node of the same module) named `request.name`."""
     from google.protobuf import duration_pb2
 
-    fields = {
-        "tpu": types.QueuedResource.Tpu(node_spec=[types.QueuedResource.Tpu.NodeSpec(
-            parent=f"projects/{project}/locations/{zone}", node_id=request.name, node=node)]),
-    }
+    spec = types.QueuedResource.Tpu.NodeSpec
+    parent = f"projects/{project}/locations/{zone}"
+    if request.slices > 1:
+        # Multislice: a node count instead of a node id; the API names the nodes NAME-0 .. NAME-<N-1>.
+        # v2alpha1 (best-effort) calls the same message multi_node_params.
+        multislice = "multislice_params" in spec.meta.fields
+        field, params = (("multislice_params", spec.MultisliceParams) if multislice
+                         else ("multi_node_params", spec.MultiNodeParams))
+        node_spec = spec(parent=parent, node=node,
+                         **{field: params(node_count=request.slices, node_id_prefix=request.name)})
+    else:
+        node_spec = spec(parent=parent, node_id=request.name, node=node)
+    fields = {"tpu": types.QueuedResource.Tpu(node_spec=[node_spec])}
     if request.reservation:
         fields["reservation_name"] = reservation_path(project, zone, request.reservation)
     elif request.best_effort:
@@ -67,6 +77,7 @@ def to_queued_request(api_queued) -> QueuedRequest:
         state = QueueState.STATE_UNSPECIFIED
     specs = list(api_queued.tpu.node_spec)
     accelerator_type = specs[0].node.accelerator_type if specs else ""
+    slices = len(slice_ids(api_queued)) or 1
     return QueuedRequest(
         name=name,
         provider="gcp",
@@ -77,10 +88,15 @@ def to_queued_request(api_queued) -> QueuedRequest:
         created_at=_created_at(api_queued),
         reason=queued_reason(api_queued),
         labels=dict(specs[0].node.labels) if specs else {},
+        slices=slices,
     )
 
 
 def node_name_of(api_queued) -> str | None:
+    """The name its node lists under: its node id, or for a multislice the request's own name (its
+    slices list as one node of that name)."""
+    if slice_ids(api_queued):
+        return split_queued_path(api_queued.name)[2]
     specs = list(api_queued.tpu.node_spec)
     return specs[0].node_id if specs else None
 

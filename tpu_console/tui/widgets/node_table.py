@@ -19,6 +19,8 @@ from tpu_console.node_table import (
     node_row,
     request_row,
     request_state,
+    state_cell,
+    type_text,
     what_ran,
 )
 from tpu_console.tui.nodes_feed import NodesListing, node_key
@@ -45,7 +47,7 @@ def health_word(health: str | None) -> str | None:
 
 
 def state_text(node: Node) -> Text:
-    text = Text(str(node.state), style=NODE_STATE_STYLES.get(node.state, ""))
+    text = Text(state_cell(node), style=NODE_STATE_STYLES.get(node.state, ""))
     if (word := health_word(node.health)) is not None:
         text.append(f" {word}", style=HEALTH_STYLES.get(word, "bold red"))
     if node.symptoms:
@@ -117,7 +119,7 @@ class NodeTable(DataTable):
         for request in listing.requests:  # those with a node show as their node
             if request.has_node:
                 continue
-            cells = [request.name, request.zone or request.provider, request.accelerator_type or "-", "-",
+            cells = [request.name, request.zone or request.provider, request_row(request, now)[2], "-",
                      request_state_text(request, now), format_age(request.created_at, now),
                      request.provisioning, Text("queued request", style="dim")]
             searched = request_row(request, now)
@@ -150,7 +152,7 @@ class NodeTable(DataTable):
         if node.queued_request:  # made by a queued request (deleting the node deletes it too)
             mark = " ⧗" if node.queued_request == node.name else f" ⧗{node.queued_request}"
             name = Text.assemble(node.name, (mark, "dim"))
-        return [name, where_text(node), node.accelerator_type, str(node.shape.workers), state_text(node),
+        return [name, where_text(node), type_text(node), str(node.shape.workers), state_text(node),
                 format_age(node.created_at, now), price_text(node), run_text(node, listing, now)]
 
 
