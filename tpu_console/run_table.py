@@ -29,10 +29,11 @@ def run_row(view: RunView, now: datetime) -> tuple[str, ...]:
     )
 
 
-def worker_row(status: WorkerStatus) -> tuple[str, ...]:
+def worker_row(status: WorkerStatus, slice_index: int | None = None) -> tuple[str, ...]:
+    """`slice_index`: the worker's slice on a multislice run, shown beside its number (`[5] slice 1`)."""
     step = status.events.last_step
     return (
-        f"[{status.worker}]",
+        f"[{status.worker}]" if slice_index is None else f"[{status.worker}] slice {slice_index}",
         "stopped" if status.stopped else str(status.state),
         "-" if status.exit_status is None else str(status.exit_status),
         "-" if step is None else str(step.step),

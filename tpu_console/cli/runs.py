@@ -23,6 +23,7 @@ from tpu_console.runs import control as run_control
 from tpu_console.runs.job_spec import JobSpec, load_job_file
 from tpu_console.runs.launch import ValidatedConfig
 from tpu_console.runs.launch import launch as launch_run
+from tpu_console.runs.multislice import worker_slices
 from tpu_console.runs.notifications import Notifier
 from tpu_console.runs.resolve import resolve_run
 from tpu_console.runs.store import RunStore
@@ -423,7 +424,8 @@ async def status(args: argparse.Namespace, settings: Settings, providers: dict[s
         counts, listed = run_table.worker_summary(view.workers)
         print("\n".join(counts))
     if listed:
-        worker_rows = [run_table.worker_row(s) for s in listed]
+        slice_of = worker_slices(record.slices, record.workers)  # {} but on a multislice
+        worker_rows = [run_table.worker_row(s, slice_of.get(s.worker)) for s in listed]
         print(masker.mask(format_table(run_table.WORKER_COLUMNS, worker_rows)))
     if len(listed) < len(view.workers):
         print(f"({len(view.workers) - len(listed)} workers are in the counts only; --json lists them all)")
@@ -514,8 +516,7 @@ async def stacks(args: argparse.Namespace, settings: Settings, providers: dict[s
     if chips := found.device_line():
         print(masker.mask(chips))
     for stack_group in found.groups:
-        names = ",".join(str(w) for w in stack_group.workers)
-        print(masker.mask(f"\n--- worker(s) {names}: {stack_group.where}\n{stack_group.stack}"))
+        print(masker.mask(f"\n--- {found.who(stack_group)}: {stack_group.where}\n{stack_group.stack}"))
     return 0
 
 

@@ -78,6 +78,7 @@ def record_from_launch(run_id: str, launch: dict[str, Any], node: str) -> RunRec
                       if isinstance(code, dict) else None),
         job=job,
         launched_by=launch.get("launched_by") if isinstance(launch.get("launched_by"), dict) else None,
+        slices=launch["slices"] if isinstance(launch.get("slices"), int) and launch["slices"] > 0 else 1,
     )
 
 

@@ -589,6 +589,7 @@ async def _start_run(
         price_per_hour=estimate.per_hour if estimate is not None else None,
         job=job_record,
         launched_by=ownership.me(),
+        slices=node.slices,
     )
     bind, supervisor_host = provider.supervisor_address(node, targets)
     plan = supervision.plan(
@@ -665,6 +666,7 @@ async def _prepare(
             "node": node.name,
             "provider": node.provider,
             "accelerator_type": node.accelerator_type,
+            "slices": node.slices,
             "worker": worker,
             "workers": workers,
             "started_at": started.isoformat(),

@@ -5,7 +5,9 @@ to `stacks.txt` in its run folder, trainer/cli.py) and reads the dump back; a co
 which has no such handler) is read from the outside with `py-spy dump` instead (installed by bootstrap;
 `from_py_spy` turns its text into faulthandler's, so the rest is the same). `group` puts workers whose
 stacks are the same (thread ids aside) together, so the odd ones out stand apart: "workers 0,2,3: all-reduce
-in trainer/grpo.py:201 (update); worker 1: trainer/data.py:40 (loading)". A job that does not answer
+in trainer/grpo.py:201 (update); worker 1: trainer/data.py:40 (loading)"; on a multislice node, slice by
+slice ("slice 0 (workers 0-3): ... | slice 1 (workers 4-7): workers 4,5,7: ...; worker 6: ..."), a stack
+shared across slices still printed once. A job that does not answer
 (stopped, or blocked where Python cannot run a handler) is named with its process state. Beside the stacks,
 libtpu's own view of each worker's chips (runs/device_metrics.py): busy (duty cycle) and idle for how
 long, which tells a wait inside a device program (a collective: busy) from one on the host (idle).
@@ -28,6 +30,7 @@ from tpu_console.fleet import recipes
 from tpu_console.providers.base import Provider
 from tpu_console.runs.device_metrics import WorkerDeviceMetrics, read_device_metrics
 from tpu_console.runs.launch import inspect_workers, worker_python
+from tpu_console.runs.multislice import worker_slices
 from tpu_console.runs.reach import NodeWorkers, reach_node
 from tpu_console.runs.store import RunRecord
 
@@ -67,11 +70,38 @@ class RunStacks:
     groups: list[StackGroup] = field(default_factory=list)
     silent: dict[int, str] = field(default_factory=dict)
     devices: list[WorkerDeviceMetrics] = field(default_factory=list)  # libtpu's view, where it reports
+    slice_of: dict[int, int] = field(default_factory=dict)  # a multislice run's workers by slice; {}: one
 
     def summary(self) -> str:
-        parts = [f"{_workers(g.workers)}: {g.where}" for g in self.groups]
-        parts += [f"worker {w}: did not answer ({why})" for w, why in sorted(self.silent.items())]
-        return "; ".join(parts) or "no worker's job is running"
+        if not self.slice_of:
+            parts = [f"{_workers(g.workers)}: {g.where}" for g in self.groups]
+            parts += [f"worker {w}: did not answer ({why})" for w, why in sorted(self.silent.items())]
+            return "; ".join(parts) or "no worker's job is running"
+        if len(self.groups) == 1 and not self.silent:  # the same stack everywhere: said once
+            slices = sorted(set(self.slice_of.values()))
+            everyone = _in_ranges(self.groups[0].workers)
+            return f"slices {_ranges(slices)} ({everyone}): {self.groups[0].where}"
+        return " | ".join(self._slice_summary(index) for index in sorted(set(self.slice_of.values())))
+
+    def _slice_summary(self, index: int) -> str:
+        """`slice 1 (workers 4-7): workers 4,5,7: WHERE; worker 6: WHERE`, or `slice 0 (workers 0-3): WHERE`
+        when the whole slice is in one place."""
+        members = [w for w, s in sorted(self.slice_of.items()) if s == index]
+        places = [(here, g.where) for g in self.groups if (here := [w for w in g.workers if w in members])]
+        places += [([w], f"did not answer ({why})") for w, why in sorted(self.silent.items()) if w in members]
+        head = f"slice {index} ({_in_ranges(members)})"
+        if len(places) == 1 and places[0][0] == members:
+            return f"{head}: {places[0][1]}"
+        return f"{head}: " + "; ".join(f"{_in_ranges(ws)}: {where}" for ws, where in places)
+
+    def who(self, stack_group: StackGroup) -> str:
+        """A group's workers; slice by slice on a multislice (`slice 0: workers 0-3; slice 1: worker 4`)."""
+        if not self.slice_of:
+            return _workers(stack_group.workers)
+        by_slice: dict[int, list[int]] = {}
+        for worker in stack_group.workers:
+            by_slice.setdefault(self.slice_of.get(worker, 0), []).append(worker)
+        return "; ".join(f"slice {s}: {_in_ranges(ws)}" for s, ws in sorted(by_slice.items()))
 
     def device_line(self) -> str | None:
         """`libtpu: worker 0: TensorCores 98% busy, idle 0s; worker 1: ...`, or why nothing is reported."""
@@ -92,8 +122,11 @@ class RunStacks:
         return "libtpu: " + "; ".join(parts)
 
     def to_json(self) -> dict:
-        return {"run_id": self.run_id, "node": self.node, "summary": self.summary(),
-                "groups": [vars(g) for g in self.groups],
+        groups = [vars(g) for g in self.groups]
+        if self.slice_of:  # each group's slices too
+            groups = [{**g, "slices": sorted({self.slice_of.get(w, 0) for w in g["workers"]})}
+                      for g in groups]
+        return {"run_id": self.run_id, "node": self.node, "summary": self.summary(), "groups": groups,
                 "silent": [{"worker": w, "why": why} for w, why in sorted(self.silent.items())],
                 "libtpu": [{"worker": a.worker, "not_reported": a.not_reported,
                             "devices": [vars(d) for d in a.devices]} for a in self.devices]}
@@ -276,6 +309,7 @@ async def collect_stacks(providers: dict[str, Provider], record: RunRecord, wait
                    for a in answers]
     found = group(answers, record.run_id, record.node)
     found.devices = devices
+    found.slice_of = worker_slices(getattr(record, "slices", 1), record.workers)
     return found
 
 
@@ -292,3 +326,19 @@ async def _device_state(reached: NodeWorkers, workers: list[int], address: str) 
 
 def _workers(workers: list[int]) -> str:
     return ("worker " if len(workers) == 1 else "workers ") + ",".join(str(w) for w in workers)
+
+
+def _in_ranges(workers: list[int]) -> str:
+    """`workers 0-3,5`: a multislice's workers as ranges (a slice may be 64 hosts)."""
+    return ("worker " if len(workers) == 1 else "workers ") + _ranges(workers)
+
+
+def _ranges(numbers: list[int]) -> str:
+    """`0-3,5`: consecutive numbers as ranges (a slice of 64 hosts is one range, not 64 numbers)."""
+    spans: list[list[int]] = []
+    for n in sorted(numbers):
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)

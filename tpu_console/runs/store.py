@@ -54,6 +54,7 @@ _ADDED_COLUMNS = {
     "price_per_hour": "REAL",  # the node's approximate USD price per hour when launched (spot or on-demand)
     "job": "TEXT",  # JSON: launch.json's `job` object (what ran, where, from which project and setup)
     "launched_by": "TEXT",  # JSON: launch.json's `launched_by` ({user, host, home}; runs/ownership.py)
+    "slices": "INTEGER",  # the node's slice count (a multislice); NULL in older rows: one slice
 }
 
 
@@ -89,6 +90,7 @@ class RunRecord:
     price_per_hour: float | None = None  # the node's price when launched; None where unknown (local pods)
     job: dict[str, Any] | None = None  # launch.json's `job` object; None for runs recorded before it existed
     launched_by: dict[str, Any] | None = None  # who launched it, from where; None before it was recorded
+    slices: int = 1  # the node's slices (a multislice): its workers are slice by slice
 
     @property
     def finished(self) -> bool:
@@ -120,7 +122,7 @@ class RunStore:
                 "config_digest,"
                 " overrides, code_version, python, started_at, state, failure, finished_at, "
                 "stop_requested_at,"
-                " price_per_hour, job, launched_by) VALUES (" + ", ".join("?" * 18) + ")",
+                " price_per_hour, job, launched_by, slices) VALUES (" + ", ".join("?" * 19) + ")",
                 (
                     record.run_id,
                     record.node,
@@ -140,6 +142,7 @@ class RunStore:
                     record.price_per_hour,
                     json.dumps(record.job) if record.job is not None else None,
                     json.dumps(record.launched_by) if record.launched_by is not None else None,
+                    record.slices,
                 ),
             )
             self._put_workers(db, record.run_id, record.worker_records.values())
@@ -241,6 +244,7 @@ class RunStore:
             price_per_hour=row["price_per_hour"],
             job=json.loads(row["job"]) if row["job"] else None,
             launched_by=json.loads(row["launched_by"]) if row["launched_by"] else None,
+            slices=row["slices"] or 1,
         )
 
 

@@ -56,6 +56,7 @@ from tpu_console.runs.foreign_metrics import (
 from tpu_console.runs.goodput import Goodput
 from tpu_console.runs.health import Activity, RunHealth, WorkerHealth, assess
 from tpu_console.runs.monitor import RunMonitor, RunState
+from tpu_console.runs.multislice import worker_slices
 from tpu_console.runs.run_goodput import GoodputTracker, preparation
 from tpu_console.runs.signatures import EXCEPTION, WANDB_URL, Finding
 from tpu_console.runs.store import RunRecord, RunStore
@@ -318,11 +319,12 @@ class RunFeed:
         """The run now: the watcher's health of every worker, with what its files said last."""
         assert self.health is not None and self.record is not None, "snapshot() before the first health"
         health = self.health
+        slice_of = worker_slices(getattr(self.record, "slices", 1), self.record.workers)  # {}: one slice
         return RunSnapshot(
             run_id=self.record.run_id,
             node=self.record.node,
             state=health.state,
-            workers=tuple(self._row(h) for _, h in sorted(health.workers.items())),
+            workers=tuple(self._row(h, slice_of.get(w)) for w, h in sorted(health.workers.items())),
             updated_at=self.clock(),
             failure=health.failure,
             first_failure=health.first_failure,
@@ -360,11 +362,12 @@ class RunFeed:
             return f"steps: from TensorBoard event files in {tensorboard_dir(job)}"
         return steps_note(self.record, {w: s.events.last_step for w, s in self.seen.items()})
 
-    def _row(self, health: WorkerHealth) -> WorkerRow:
+    def _row(self, health: WorkerHealth, slice_index: int | None = None) -> WorkerRow:
         seen = self.seen.get(health.worker) or WorkerSeen()
         last = seen.events.last_step
         return WorkerRow(
             worker=health.worker,
+            slice=slice_index,
             activity=str(health.activity),
             for_s=health.for_s,
             step=health.step,
@@ -467,7 +470,8 @@ class RunFeed:
         masker = SecretMasker.for_node(record.node)
         chips = found.device_line()
         blocks = [found.summary()] + ([chips] if chips else []) + [
-            f"--- {','.join(map(str, g.workers))}: {g.where}\n{g.stack}" for g in found.groups
+            f"--- {found.who(g) if found.slice_of else ','.join(map(str, g.workers))}: {g.where}\n{g.stack}"
+            for g in found.groups
         ]
         return masker.mask("\n\n".join(blocks))
 

@@ -53,6 +53,7 @@ class WorkerRow:
     mem_in_use_gib: float | None = None
     mem_peak_gib: float | None = None
     mem_limit_gib: float | None = None
+    slice: int | None = None  # its slice, on a multislice run
 
     @property
     def stalled(self) -> bool:

@@ -19,7 +19,7 @@ from tpu_console.errors import UserError
 from tpu_console.model import AcceleratorShape, CreateRequest, Node, NodeState, Worker
 from tpu_console.providers.local.jobs import running_job_groups, stop_groups
 from tpu_console.providers.local.provider import LocalProvider
-from tpu_console.runs import job_ports, multislice
+from tpu_console.runs import job_ports, multislice, stacks
 from tpu_console.runs.job_spec import JobSpec
 from tpu_console.runs.launch import launch
 from tpu_console.runs.store import RunStore
@@ -190,6 +190,65 @@ async def test_an_unreachable_host_of_slice_1_stops_the_launch():
         assert "nothing was launched" in str(refused.value) and RunStore().list() == []
     finally:
         await provider.close()
+
+
+WAITS = """\
+import os, time
+
+def wait_for_the_others():
+    time.sleep(60)
+
+def load_data():
+    time.sleep(60)
+
+(load_data if os.environ["TPU_CONSOLE_WORKER"] == "3" else wait_for_the_others)()
+"""
+
+
+def test_stacks_and_status_say_which_slice_a_worker_is_in(capsys, tmp_path):
+    """py-spy's dumps of 2 slices x 2 hosts, grouped slice by slice: slice 0 all in one place, slice 1 with
+    worker 3 elsewhere; a stack shared across slices printed once; status names each worker's slice."""
+    assert run(capsys, "create", "ms", "--type", "local-2x1", "--slices", "2", "--provider", "local")[0] == 0
+    program = tmp_path / "waits.py"
+    program.write_text(WAITS)
+    try:
+        status, out, err = run(capsys, "launch", "ms", "--json", "--", sys.executable, str(program))
+        assert status == 0, err
+        run_id = json.loads(out)["run_id"]
+        expected = ("slice 0 (workers 0-1): waits.py:4 (wait_for_the_others) | slice 1 (workers 2-3): "
+                    "worker 2: waits.py:4 (wait_for_the_others); worker 3: waits.py:7 (load_data)")
+        said = []
+
+        def grouped() -> bool:  # until every interpreter is in its sleep
+            said.append(run(capsys, "stacks", "ms", run_id, "--json"))
+            return json.loads(said[-1][1])["summary"] == expected
+
+        wait_for(grouped, timeout=30, poll=0.3)
+        groups = json.loads(said[-1][1])["groups"]
+        assert [(g["workers"], g["slices"]) for g in groups] == [([0, 1, 2], [0, 1]), ([3], [1])]
+        status, out, _ = run(capsys, "stacks", "ms", run_id)
+        assert "--- slice 0: workers 0-1; slice 1: worker 2: waits.py:4 (wait_for_the_others)\n" in out
+        assert "--- slice 1: worker 3: waits.py:7 (load_data)\n" in out
+        status, out, _ = run(capsys, "status", run_id)
+        assert status == 0 and "[0] slice 0" in out and "[3] slice 1" in out
+    finally:
+        stop_groups([g for w in range(4) for g in running_job_groups(worker_home(w, "ms"))], grace_s=1.0)
+
+
+def test_one_stack_everywhere_is_said_once_and_a_silent_worker_in_its_slice():
+    def dump(func: str) -> str:
+        return f'Thread 0x1 (most recent call first):\n  File "/p/waits.py", line 4 in {func}\n' \
+               '  File "/p/waits.py", line 9 in <module>\n'
+
+    same = stacks.group([stacks.WorkerStacks(w, dump=dump("wait")) for w in range(4)], "r", "ms")
+    same.slice_of = multislice.worker_slices(2, [0, 1, 2, 3])
+    assert same.summary() == "slices 0-1 (workers 0-3): waits.py:4 (wait)"
+    one_silent = stacks.group([stacks.WorkerStacks(w, dump=dump("wait")) for w in range(3)]
+                              + [stacks.WorkerStacks(3, silent="its job is stopped (SIGSTOP)")], "r", "ms")
+    one_silent.slice_of = same.slice_of
+    assert one_silent.summary() == ("slice 0 (workers 0-1): waits.py:4 (wait) | slice 1 (workers 2-3): "
+                                    "worker 2: waits.py:4 (wait); worker 3: did not answer (its job is "
+                                    "stopped (SIGSTOP))")
 
 
 def test_the_ports_a_job_needs_where_the_platform_names_its_coordinator():

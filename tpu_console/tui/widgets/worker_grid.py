@@ -204,6 +204,8 @@ def row_cells(row: WorkerRow, first_failure: int | None, ratio: float | None) ->
     marker = "!" if row.worker == first_failure else " "
     worker = Text(f"{row.worker}{marker}", style="bold red" if marker == "!" else "")
     note, style = row_note(row)
+    if row.slice is not None:  # a multislice run: which slice the odd one out is in
+        note = f"slice {row.slice} · {note}"
     return (
         worker,
         state_text(row, row.worker == first_failure),
