@@ -88,7 +88,7 @@ def group_listed(nodes: list[Node], requests: dict[tuple[str, str], tuple[str, .
         if names is None:
             if len(members) < 2:
                 continue
-            names = tuple(sorted((n.name for n in members), key=_slice_number))
+            names = tuple(sorted((n.name for n in members), key=slice_number))
         grouped[key] = merge(key[1], names, {n.name: n for n in members})
     result, placed = [], set()
     for node in nodes:
@@ -101,7 +101,8 @@ def group_listed(nodes: list[Node], requests: dict[tuple[str, str], tuple[str, .
     return result
 
 
-def _slice_number(name: str) -> int:
+def slice_number(name: str) -> int:
+    """`run-1` -> 1: where a slice's node goes in its group."""
     match = re.search(r"-(\d+)$", name)
     return int(match.group(1)) if match else 0
 

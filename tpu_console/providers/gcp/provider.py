@@ -240,9 +240,19 @@ class GcpProvider(Provider):
                 if not isinstance(answer, Exception):
                     raise answer
                 continue  # not there (or unreadable: _find has already said what it could not ask)
-            if ids := slice_ids(answer):
+            if ids := slice_ids(answer) or await self._slices_by_request(zone, answer):
                 return await self._read_multislice(zone, name, ids)
         return None
+
+    async def _slices_by_request(self, zone: str, api_queued) -> tuple[str, ...]:
+        """A request with no node id whose node count v2 does not show (best-effort's v2alpha1
+        `multi_node_params`): its slices are the zone's nodes that name it, in slice order."""
+        specs = list(api_queued.tpu.node_spec)
+        if not specs or specs[0].node_id:
+            return ()
+        nodes = await (await self._client()).list_nodes(f"projects/{self.project}/locations/{zone}")
+        names = [split_node_path(n.name)[2] for n in nodes if n.queued_resource == api_queued.name]
+        return tuple(sorted(names, key=multislice.slice_number)) if len(names) > 1 else ()
 
     async def _read_multislice(self, zone: str, name: str, ids: tuple[str, ...]) -> tuple[Node, list] | None:
         api = await self._client()

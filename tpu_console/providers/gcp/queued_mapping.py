@@ -95,9 +95,9 @@ def to_queued_request(api_queued) -> QueuedRequest:
 def node_name_of(api_queued) -> str | None:
     """The name its node lists under: its node id, or for a multislice the request's own name (its
     slices list as one node of that name)."""
-    if slice_ids(api_queued):
-        return split_queued_path(api_queued.name)[2]
     specs = list(api_queued.tpu.node_spec)
+    if slice_ids(api_queued) or (specs and not specs[0].node_id):  # no node id: a node count v2 hides
+        return split_queued_path(api_queued.name)[2]
     return specs[0].node_id if specs else None
 
 

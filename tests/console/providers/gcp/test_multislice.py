@@ -5,6 +5,7 @@ flags the group and stops launches; bad input refused in one line with nothing l
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 
@@ -19,9 +20,11 @@ from tests.fixtures_gcp import (  # noqa: F401 - fixtures
     make_provider,
 )
 from tpu_console import cli, keys
-from tpu_console.errors import UserError
-from tpu_console.model import CreateRequest, NodeState
+from tpu_console.errors import CreateInterrupted, UserError
+from tpu_console.model import AcceleratorShape, CreateRequest, Node, NodeState, Worker
+from tpu_console.node_table import state_cell
 from tpu_console.providers import capacity
+from tpu_console.providers.gcp import multislice
 
 Z1, Z2, Z3 = ZONES
 
@@ -35,6 +38,14 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
     status = cli.main(list(argv))
     out, err = capsys.readouterr()
     return status, out, err
+
+
+async def until(condition, what: str, timeout_s: float = 5.0) -> None:
+    for _ in range(int(timeout_s / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def left_in(emulator, zone: str = Z1) -> tuple[list[str], list[str]]:
@@ -179,3 +190,54 @@ async def test_a_slice_preempted_while_the_group_is_created_deletes_the_whole_re
     assert emulator.nodes_made == ["grpo-0", "grpo-1"] and left_in(emulator) == ([], [])
     assert [(a.accelerator_type, a.outcome) for a in capacity.CapacityStore().attempts()] == [
         ("2x v6e-16", "failed")]
+
+
+async def test_a_waiting_group_cancelled_leaves_no_request(emulator, make_provider):
+    emulator.stockout(Z1)  # never any capacity: it waits, as a closed terminal's create would
+    provider = make_provider()
+    lines: list[str] = []
+    task = asyncio.create_task(provider.create(group(), lines.append))
+    await until(lambda: any("WAITING_FOR_RESOURCES" in line for line in lines), "the request to wait")
+    task.cancel()
+    with pytest.raises(CreateInterrupted) as interrupted:
+        await task
+    assert interrupted.value.requests == [f"{Z1}/grpo"]  # one request for the whole group
+
+    await provider.cancel_requests(interrupted.value.requests, lines.append)
+
+    assert left_in(emulator) == ([], [])
+
+
+async def test_a_best_effort_group_is_found_by_its_slices_naming_the_request(emulator, make_provider):
+    # v2alpha1 calls the node count multi_node_params, which the v2 reads do not show
+    provider = make_provider()
+    await provider.create(group(best_effort=True))
+    (sent,) = emulator.queued_created
+    assert sent["alpha"] and sent["body"]["tpu"]["nodeSpec"][0]["multiNodeParams"]["nodeCount"] == 2
+
+    found = await provider.get("grpo")
+
+    assert (found.slices, found.shape.workers, found.slice_states) == (2, 8, ("READY", "READY"))
+    await provider.delete("grpo")
+    assert left_in(emulator) == ([], [])
+
+
+def test_slices_sharing_a_request_group_without_its_listing_and_a_missing_slice_is_unknown():
+    def one(name: str, state: NodeState, host: str) -> Node:
+        return Node(name, "gcp", AcceleratorShape("v6e-16", 1, 4, 4), state, (Worker(0, host),), zone=Z1,
+                    queued_request="grpo", spot=True)
+
+    lone = Node("solo", "gcp", AcceleratorShape("v6e-8", 1, 8, 8), NodeState.READY, zone=Z1)
+    listed = [one("grpo-1", NodeState.PREEMPTED, "b"), lone, one("grpo-0", NodeState.READY, "a")]
+
+    grouped, solo = multislice.group_listed(listed, {})  # the request listing failed: they share a request
+
+    assert solo is lone
+    assert (grouped.name, grouped.state, grouped.slice_states) == ("grpo", NodeState.PREEMPTED,
+                                                                   ("READY", "PREEMPTED"))
+    assert [(w.index, w.host) for w in grouped.workers] == [(0, "a"), (1, "b")]
+    assert state_cell(grouped) == "PREEMPTED (slice 1 of 2)"
+    # the request names three slices, the listing shows two: the third is MISSING, the group UNKNOWN
+    (partial, _) = multislice.group_listed(listed, {(Z1, "grpo"): ("grpo-0", "grpo-1", "grpo-2")})
+    assert (partial.state, partial.slice_states, partial.shape.workers) == (
+        NodeState.UNKNOWN, ("READY", "PREEMPTED", "MISSING"), 3)
