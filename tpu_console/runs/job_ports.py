@@ -14,7 +14,8 @@ from tpu_console.model import Node
 from tpu_console.runs import multislice
 
 # JAX's coordinator port where JAX finds the coordinator itself (Cloud TPU VMs): `coordinator_port` in
-# jax/_src/clusters/cloud_tpu_cluster.py, 8482 since JAX 0.8.1 (8476 before); JAX_COORDINATOR_PORT
+# jax/_src/clusters/cloud_tpu_cluster.py: 8482 in the JAX 0.10.2 of .venv and since 0.8.1, 8476 in older
+# releases (a firewall opened for 8476 hangs jax.distributed.initialize on newer JAX); JAX_COORDINATOR_PORT
 # overrides it (jax/_src/clusters/cluster.py).
 JAX_COORDINATOR_PORT = 8482
 JAX_PORT_ENV = "JAX_COORDINATOR_PORT"
