@@ -6,7 +6,8 @@ the plan measures the programs the run executes, not a re-creation of them:
 
 - `init_optimizer`: the optimizer state, laid out like the parameters it tracks (AdamW's moments sharded
   as the weights are; left to itself, `jit(optimizer.init)` puts them on one device).
-- `sampler`: prefill and the decode loop (trainer/rollout.py, trainer/rollout_sharding.py).
+- `sampler`: prefill and the decode loop (trainer/rollout.py, trainer/rollout_sharding.py); for a scanned
+  model (`train.scan_layers`) a StackedWeightsSampler, which unstacks the weights for the rollout.
 - `step_fn.logprobs`: log-prob recomputation (reference / old policy); `step_fn.update`: the update with its
   micro-batches (trainer/grpo.py).
 """
@@ -27,6 +28,7 @@ from trainer.grpo import GRPOStep, LossSettings, chunked_token_stats, make_optim
 from trainer.mesh import train_sharding
 from trainer.model import Qwen2ForCausalLM, project_logits
 from trainer.rollout_sharding import ShardedSampler, resolve_weight_layout
+from trainer.scanned import ScannedQwen2, StackedWeightsSampler
 
 
 def completion_token_stats_fn(graphdef: Any, prompt_len: int, chunk: int) -> Any:
@@ -95,8 +97,8 @@ class TrainingPrograms:
 
 
 def training_programs(cfg: TrainerConfig, model: Qwen2ForCausalLM, mesh: Mesh) -> TrainingPrograms:
-    """The optimizer and the log-prob / update programs for `model` (the run's, or the planner's scanned
-    twin, trainer/scanned.py: whatever its params' tree, they are trained alike)."""
+    """The optimizer and the log-prob / update programs for `model` (unrolled, or scanned with its blocks'
+    weights stacked, trainer/scanned.py: whatever its params' tree, they are trained alike)."""
     t, r = cfg.train, cfg.rollout
     graphdef, params, _ = nnx.split(model, nnx.Param, ...)
     param_shardings = jax.tree.map(lambda x: x.sharding, params)
@@ -134,7 +136,9 @@ def build_programs(
     """The run's programs for `model` (real or abstract, its params placed or described with shardings)."""
     r = cfg.rollout
     training = training_programs(cfg, model, mesh)
-    sampler = ShardedSampler(
+    # A scanned model's rollout runs its unrolled view, fed the weights unstacked (trainer/scanned.py).
+    sampler_class = StackedWeightsSampler if isinstance(model, ScannedQwen2) else ShardedSampler
+    sampler = sampler_class(
         model,
         pad_id,
         eos_ids,

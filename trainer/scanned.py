@@ -1,37 +1,41 @@
-"""The training programs with the model's blocks as one scanned layer, for the planner.
+"""The model with its blocks as one scanned layer (`train.scan_layers`), as MaxText's `scan_layers` does.
 
-The Trainer's model (trainer/model.py) runs its blocks as a Python loop: traced and compiled as N copies of
-one block, 28 for Qwen2.5-7B and 36 for 3B. Compiling the update of such a program for a TPU slice holds
-several GB of host memory and minutes of compile time per copy count (issue 26: a 7B batch sweep was
-killed by a 24 GB laptop's OOM killer). The planner asks only for the per-chip figures, and those do not
-depend on whether the blocks are unrolled: the same weights, optimizer state and batch are arguments, and
-the temporaries of one block are live at a time either way. So the planner compiles the update and the
-log-prob pass over `ScannedQwen2`: every block's weights stacked on a leading [layers] axis (sharded as one
-block's weights are, the layer axis whole) and one `jax.lax.scan` over them, as MaxText's `scan_layers`
-does. The loss, optimizer and micro-batching are the Trainer's own (trainer/programs.py
-`training_programs`); tests/trainer/test_scanned.py holds the scanned figures against the unrolled ones.
+`ScannedQwen2` keeps every block's weights stacked on a leading [layers] axis (each sharded as one block's
+weights are, the layer axis whole) and runs the training forward as one `jax.lax.scan` over them. The
+update and the log-prob pass are then one block's program run `num_hidden_layers` times, not 28 or 36
+copies of it: compiling them for a TPU slice takes a few GB of host memory and minutes less (issue 26:
+a 7B batch sweep was killed by a 24 GB laptop's OOM killer), and the planner compiles exactly what the
+Trainer runs (trainer/programs.py builds both).
+
+The rollout (trainer/rollout.py) keeps its unrolled model: prefill and decode walk the layers with a KV
+cache per layer. `StackedWeightsSampler` is the one place where the stacked weights become the per-layer
+weights it reads: its `prepare_weights` unstacks, casts to the compute dtype and lays them out for the
+rollout in one program, so the rollout holds the same bf16 copy it holds for an unrolled model.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from trainer.model import Qwen2Config, Qwen2ForCausalLM, constrain_batch, fit_spec, rotary_tables
+from trainer.rollout_sharding import ShardedSampler
 
 
 class ScannedQwen2(Qwen2ForCausalLM):
     """Qwen2ForCausalLM whose `layers` is a single Block holding every block's weights stacked [layers, ...];
-    the forward scans over them. Same arithmetic as the unrolled model, one block's program."""
+    the training forward scans over them. Same arithmetic as the unrolled model, one block's program.
+    Prefill and decode are the unrolled model's (`unrolled_view`, `StackedWeightsSampler`)."""
 
     def __init__(self, config: Qwen2Config, rngs: nnx.Rngs, param_dtype: Any = jnp.float32,
                  compute_dtype: Any = jnp.bfloat16, remat: bool = False):
-        # One block is built (its weights are stacked afterwards, see abstract_scanned_model).
+        # One block is built (its weights are stacked afterwards, see scanned_model_shapes).
         super().__init__(dataclasses.replace(config, num_hidden_layers=1), rngs, param_dtype=param_dtype,
                          compute_dtype=compute_dtype, remat=remat)
         self.config = config
@@ -54,49 +58,133 @@ class ScannedQwen2(Qwen2ForCausalLM):
         x, _ = jax.lax.scan(block, x, stacked)
         return self.norm(x)
 
+    def init_cache(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a scanned model does not decode; the rollout runs unrolled_view(model) with "
+                        "unstacked_layers(state) (StackedWeightsSampler)")
 
-def abstract_scanned_model(model_config: Qwen2Config, mesh: Mesh, *, compute_dtype: Any,
-                           remat: bool) -> ScannedQwen2:
-    """ScannedQwen2 with ShapeDtypeStructs for weights (nothing allocated): the blocks' weights [layers, ...]
-    sharded as the loader shards one block's (fit_spec of its axes, the layer axis whole), the rest as the
-    unrolled model's."""
-    layers = model_config.num_hidden_layers
+    prefill = decode = init_cache
+
+
+def scanned_model_shapes(config: Qwen2Config, *, param_dtype: Any = jnp.float32,
+                         compute_dtype: Any = jnp.bfloat16, remat: bool = False) -> ScannedQwen2:
+    """ScannedQwen2 with ShapeDtypeStructs for weights (nothing allocated), the blocks' weights [layers, ...];
+    each parameter's `out_sharding` metadata names the axes of its dims (the layer axis None)."""
     with nnx.use_eager_sharding(False):
-        model = nnx.eval_shape(lambda: ScannedQwen2(model_config, nnx.Rngs(0), param_dtype=jnp.float32,
+        model = nnx.eval_shape(lambda: ScannedQwen2(config, nnx.Rngs(0), param_dtype=param_dtype,
                                                     compute_dtype=compute_dtype, remat=remat))
-    stacked = {id(var) for _, var in nnx.iter_graph(model.layers) if isinstance(var, nnx.Param)}
-    for _, var in nnx.iter_graph(model):
+    for _, var in nnx.iter_graph(model.layers):
         if isinstance(var, nnx.Param):
             axes = tuple(var.get_metadata().get("out_sharding") or ())
-            shape = tuple(var.shape)
-            if id(var) in stacked:
-                shape, axes = (layers, *shape), (None, *axes) if axes else ()
-            var.set_value(jax.ShapeDtypeStruct(shape, var.dtype,
-                                               sharding=NamedSharding(mesh, fit_spec(shape, axes, mesh))))
+            var.set_value(jax.ShapeDtypeStruct((config.num_hidden_layers, *var.shape), var.dtype))
+            if axes:
+                var.set_metadata("out_sharding", (None, *axes))
     return model
 
 
-@dataclasses.dataclass
-class TrainPrograms:
-    """The update and log-prob programs the planner compiles, and their abstract arguments."""
+def abstract_scanned_model(model_config: Qwen2Config, mesh: Mesh, *, compute_dtype: Any,
+                           remat: bool) -> ScannedQwen2:
+    """scanned_model_shapes with every weight's sharding: fit_spec of its axes, as the loader places it."""
+    model = scanned_model_shapes(model_config, compute_dtype=compute_dtype, remat=remat)
+    for _, var in nnx.iter_graph(model):
+        if isinstance(var, nnx.Param):
+            axes = var.get_metadata().get("out_sharding") or ()
+            var.set_value(jax.ShapeDtypeStruct(var.shape, var.dtype,
+                                               sharding=NamedSharding(mesh, fit_spec(var.shape, axes, mesh))))
+    return model
 
-    step_fn: Any  # trainer.grpo.GRPOStep
-    params: Any
-    rest: Any
-    opt_state: Any
+
+# ---- the rollout's per-layer weights ---------------------------------------------------------------------
 
 
-def scanned_training(cfg: Any, model_config: Qwen2Config, mesh: Mesh) -> TrainPrograms:
-    """The Trainer's training programs (trainer/programs.py) built over the scanned twin of the model, with
-    abstract params, the rest of the model state and the optimizer state laid out as the run lays them."""
-    from trainer.programs import training_programs
-    from trainer.train import DTYPES
+def unrolled_view(model: ScannedQwen2) -> Qwen2ForCausalLM:
+    """The unrolled Qwen2ForCausalLM of the same config and dtypes, weights as shapes only (no memory): the
+    graph the rollout runs, fed the weights `unstacked_layers` makes."""
+    param_dtype = model.embed_tokens.get_value().dtype
+    with nnx.use_eager_sharding(False):
+        return nnx.eval_shape(lambda: Qwen2ForCausalLM(model.config, nnx.Rngs(0), param_dtype=param_dtype,
+                                                       compute_dtype=model.compute_dtype, remat=model.remat))
 
-    model = abstract_scanned_model(model_config, mesh, compute_dtype=DTYPES[cfg.train.compute_dtype],
-                                   remat=cfg.train.remat)
-    programs = training_programs(cfg, model, mesh)
-    _, params, rest = nnx.split(model, nnx.Param, ...)
-    shapes = jax.eval_shape(programs.optimizer.init, params)
-    opt_state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes,
-                             programs.opt_shardings)
-    return TrainPrograms(programs.step_fn, params, rest, opt_state)
+
+def is_stacked(state: nnx.State) -> bool:
+    """Whether a model state holds the blocks stacked (a ScannedQwen2's), from its first block's q kernel."""
+    return jnp.ndim(state["layers"][0]["self_attn"]["q_proj"]["kernel"]) == 3
+
+
+def _unrolled(pure: dict, layers: int, take: Any) -> dict:
+    """A scanned model's pure state dict with its stacked block (layers[0]) as `layers` blocks, block i's
+    leaves `take(leaf, i)`."""
+    out = dict(pure)
+    out["layers"] = {i: jax.tree.map(lambda x, i=i: take(x, i), pure["layers"][0]) for i in range(layers)}
+    return out
+
+
+def _as_state(pure: dict, template: nnx.State) -> nnx.State:
+    out = jax.tree.map(lambda x: x, template)  # a copy of the template's structure
+    nnx.replace_by_pure_dict(out, pure)
+    return out
+
+
+def unstacked_layers(state: nnx.State, template: nnx.State) -> nnx.State:
+    """The unrolled model's state (`template`'s structure: layers 0..L-1) from a scanned model's state (every
+    block's weights stacked under layers[0]); the other weights as they are. Traced inside a program."""
+    return _as_state(_unrolled(state.to_pure_dict(), len(template["layers"]), lambda x, i: x[i]), template)
+
+
+def per_layer_shardings(state: nnx.State, template: nnx.State) -> nnx.State:
+    """Where an unrolled model's weights lie when they lie as the stacked ones do: each block's as its slice
+    of the stack does (the layer axis dropped), the rest as they are."""
+
+    def slice_of(sharding: Any, _: int) -> Any:
+        if isinstance(sharding, NamedSharding):
+            return NamedSharding(sharding.mesh, PartitionSpec(*tuple(sharding.spec)[1:]))
+        return sharding  # one device: the same
+
+    shardings = jax.tree.map(lambda x: x.sharding, state.to_pure_dict())
+    return _as_state(_unrolled(shardings, len(template["layers"]), slice_of), template)
+
+
+class StackedWeightsSampler(ShardedSampler):
+    """ShardedSampler for a ScannedQwen2: prefill and decode run `unrolled_view(model)`, and `generate`
+    takes the scanned model's state. `prepare_weights` turns it into the per-layer weights the rollout
+    reads in one program: unstacked, cast to the compute dtype and laid out where the configured weight
+    layout puts them (ShardedSampler.prepare_weights' answer for the unrolled state), so the rollout holds
+    one bf16 copy, as it does for an unrolled model."""
+
+    def __init__(self, model: ScannedQwen2, *args: Any, **kwargs: Any) -> None:
+        self.scanned = model
+        super().__init__(unrolled_view(model), *args, **kwargs)
+        self._template = nnx.state(self.model)
+        self._from_stacked: dict[Any, Any] = {}  # one program per state structure
+
+    def prepare_weights(self, state: nnx.State) -> nnx.State:
+        if not is_stacked(state):
+            return super().prepare_weights(state)
+        return self.weights_program(state)(state)
+
+    def weight_shardings(self, state: nnx.State) -> nnx.State:
+        """Where the rollout's weights lie for the stacked `state` (arrays or ShapeDtypeStructs with
+        shardings): where ShardedSampler.prepare_weights puts the unrolled state's for this weight layout
+        (a full copy on every chip, or the layout's own shardings); `fsdp` leaves them where the stack's
+        slices are."""
+        in_place = per_layer_shardings(state, self._template)
+        if self.weight_layout == "replicated":
+            whole = NamedSharding(self.mesh, PartitionSpec())
+            return jax.tree.map(lambda _: whole, in_place)
+        if self.weight_layout in ("tensor", "megatron", "head_groups"):
+            unrolled = jax.eval_shape(functools.partial(unstacked_layers, template=self._template), state)
+            return self.layout_shardings(unrolled)
+        return in_place
+
+    def weights_program(self, state: nnx.State) -> Any:
+        """The jitted stacked state -> the rollout's weights (built once per structure)."""
+        key = jax.tree.structure(state)
+        if key not in self._from_stacked:
+            dtype = self.model.compute_dtype
+
+            def prepare(stacked: nnx.State) -> nnx.State:
+                unrolled = unstacked_layers(stacked, self._template)
+                return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                                    unrolled)
+
+            self._from_stacked[key] = jax.jit(prepare, out_shardings=self.weight_shardings(state))
+        return self._from_stacked[key]

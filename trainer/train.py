@@ -105,8 +105,11 @@ class Trainer:
         self.cfg, self.mesh, self.topo, self.events, self.compiles = cfg, mesh, topo, events, compiles
         self.progress = {} if progress is None else progress
         t = cfg.train
+        # scan_layers: every block's weights stacked [layers, ...], the forward one scan (trainer/scanned.py);
+        # the sampler (then a StackedWeightsSampler) unstacks them for the rollout in its prepare_weights.
         self.model, self.model_config = load_model(cfg.model_path, mesh=mesh,
-                                                   compute_dtype=DTYPES[t.compute_dtype], remat=t.remat)
+                                                   compute_dtype=DTYPES[t.compute_dtype], remat=t.remat,
+                                                   scan_layers=t.scan_layers)
         self.tokenizer = load_tokenizer(cfg.model_path)
         self.train_problems = process_shard(load_problems(cfg.data, cfg.data.split), topo.process_index,
                                             topo.process_count)
@@ -135,6 +138,8 @@ class Trainer:
     # ---- helpers ----------------------------------------------------------------------------------------
 
     def _sampler_state(self) -> nnx.State:
+        """The weights the rollout is given: the training state as it is (stacked, for a scanned model: the
+        sampler's prepare_weights unstacks them, scanned.StackedWeightsSampler)."""
         return nnx.merge_state(self.params, self.rest)
 
     def _prompt_tokens(self, problems: list) -> list[list[int]]:

@@ -4,6 +4,8 @@ Loading never materialises a full parameter on one device: each array is built w
 `jax.make_array_from_callback`, whose callback reads only the slice a device owns from the memory-mapped
 safetensors file (transposing HF's [out, in] Linear weights per slice). With a mesh, every parameter lands
 with the NamedSharding its `out_sharding` metadata names (axes that do not divide a dimension are dropped).
+A scanned model (`train.scan_layers`, trainer/scanned.py) reads each block weight of every layer into one
+stacked [layers, ...] array, and saves it back as the per-layer tensors transformers reads.
 """
 
 from __future__ import annotations
@@ -90,6 +92,18 @@ def _variable(model: nnx.Module, path: ParamPath) -> nnx.Variable:
     return obj
 
 
+def _weight(model: nnx.Module, path: ParamPath) -> tuple[tuple[int, ...], Any]:
+    """The shape of the weight at `path` (an unrolled model's path: layers, i, ...) and a function giving its
+    value; in a scanned model a block's weight is layer i of its stack."""
+    from trainer.scanned import ScannedQwen2
+
+    if path[0] == "layers" and isinstance(model, ScannedQwen2):  # one block, its weights stacked
+        var = _variable(model, ("layers", 0, *path[2:]))
+        return tuple(var.shape[1:]), lambda: var[...][path[1]]
+    var = _variable(model, path)
+    return tuple(var.shape), lambda: var[...]
+
+
 def _target_sharding(var: nnx.Variable, mesh: Mesh | None) -> jax.sharding.Sharding:
     if mesh is None:
         return SingleDeviceSharding(jax.local_devices()[0])
@@ -97,37 +111,70 @@ def _target_sharding(var: nnx.Variable, mesh: Mesh | None) -> jax.sharding.Shard
     return NamedSharding(mesh, fit_spec(var.shape, axes, mesh))
 
 
+def _read_one(tensor: Any, index: tuple[slice, ...], transpose: bool, dtype: np.dtype) -> np.ndarray:
+    """The slice `index` of a model-layout weight from its HF tensor (HF Linear weights are [out, in])."""
+    if transpose:
+        return np.ascontiguousarray(tensor[index[::-1]].T.astype(dtype))
+    return tensor[index].astype(dtype)
+
+
 def load_model(path_or_hub_id: str | os.PathLike, mesh: Mesh | None = None, param_dtype: Any = jnp.float32,
-               compute_dtype: Any = jnp.bfloat16,
-               remat: bool = False) -> tuple[Qwen2ForCausalLM, Qwen2Config]:
-    """Load an HF Qwen2 directory (or hub id) into a Qwen2ForCausalLM, each param placed with its sharding."""
+               compute_dtype: Any = jnp.bfloat16, remat: bool = False,
+               scan_layers: bool = False) -> tuple[Qwen2ForCausalLM, Qwen2Config]:
+    """Load an HF Qwen2 directory (or hub id) into a Qwen2ForCausalLM, each param placed with its sharding.
+    scan_layers: a ScannedQwen2 (trainer/scanned.py), each block weight stacked from the checkpoint's
+    per-layer tensors into one [layers, ...] array (a device reads only its slice of every layer's)."""
     model_dir = resolve_model_dir(path_or_hub_id)
     config = Qwen2Config.from_hf(json.loads((model_dir / "config.json").read_text()))
-    with nnx.use_eager_sharding(False):
-        model = nnx.eval_shape(lambda: Qwen2ForCausalLM(config, nnx.Rngs(0), param_dtype=param_dtype,
-                                                        compute_dtype=compute_dtype, remat=remat))
+    if scan_layers:
+        from trainer.scanned import scanned_model_shapes
+
+        model: Qwen2ForCausalLM = scanned_model_shapes(config, param_dtype=param_dtype,
+                                                       compute_dtype=compute_dtype, remat=remat)
+    else:
+        with nnx.use_eager_sharding(False):
+            model = nnx.eval_shape(lambda: Qwen2ForCausalLM(config, nnx.Rngs(0), param_dtype=param_dtype,
+                                                            compute_dtype=compute_dtype, remat=remat))
     files = _tensor_files(model_dir)
     missing = [name for name, _, _ in hf_key_map(config) if name not in files]
     if missing:
         raise KeyError(f"{model_dir} lacks {len(missing)} Qwen2 tensors, e.g. {missing[:3]}")
     with ExitStack() as stack:
         handles = {f: stack.enter_context(safe_open(f, framework="numpy")) for f in set(files.values())}
-        for name, path, transpose in hf_key_map(config):
-            var = _variable(model, path)
-            tensor = handles[files[name]].get_slice(name)
-            stored = tuple(tensor.get_shape())
-            expected = var.shape[::-1] if transpose else var.shape
-            if stored != tuple(expected):
-                raise ValueError(f"{name}: shape {stored} in checkpoint, {tuple(expected)} from config.json")
+        for var, names, transpose, stacked in _load_targets(model, config, scan_layers):
+            tensors = [handles[files[name]].get_slice(name) for name in names]
+            expected = tuple(var.shape[1:]) if stacked else tuple(var.shape)
+            for name, tensor in zip(names, tensors, strict=True):
+                stored = tuple(tensor.get_shape())
+                if stored != (expected[::-1] if transpose else expected):
+                    raise ValueError(f"{name}: shape {stored} in checkpoint, "
+                                     f"{expected[::-1] if transpose else expected} from config.json")
             dtype = np.dtype(var.dtype)
-
-            def read(index: tuple[slice, ...], tensor=tensor, transpose=transpose, dtype=dtype) -> np.ndarray:
-                if transpose:
-                    return np.ascontiguousarray(tensor[index[::-1]].T.astype(dtype))
-                return tensor[index].astype(dtype)
+            if stacked:
+                def read(index: tuple[slice, ...], tensors=tensors, transpose=transpose,
+                         dtype=dtype) -> np.ndarray:
+                    return np.stack([_read_one(t, index[1:], transpose, dtype) for t in tensors[index[0]]])
+            else:
+                def read(index: tuple[slice, ...], tensor=tensors[0], transpose=transpose,
+                         dtype=dtype) -> np.ndarray:
+                    return _read_one(tensor, index, transpose, dtype)
 
             var.set_value(jax.make_array_from_callback(var.shape, _target_sharding(var, mesh), read))
     return model, config
+
+
+def _load_targets(model: Qwen2ForCausalLM, config: Qwen2Config,
+                  scan_layers: bool) -> list[tuple[nnx.Variable, list[str], bool, bool]]:
+    """(variable, the HF tensors it is read from, transposed, stacked) for every weight: one tensor each,
+    or with scan_layers every layer's tensor of a block weight, in layer order, for its stacked variable."""
+    if not scan_layers:
+        return [(_variable(model, path), [name], t, False) for name, path, t in hf_key_map(config)]
+    targets: dict[ParamPath, tuple[nnx.Variable, list[str], bool, bool]] = {}
+    for name, path, t in hf_key_map(config):
+        stacked = path[0] == "layers"
+        inner = ("layers", 0, *path[2:]) if stacked else path
+        targets.setdefault(inner, (_variable(model, inner), [], t, stacked))[1].append(name)
+    return list(targets.values())
 
 
 def _host_array(x: jax.Array) -> np.ndarray:
@@ -148,7 +195,7 @@ def _plan_shards(model: Qwen2ForCausalLM, config: Qwen2Config, itemsize: int,
     shards: list[list[tuple[str, ParamPath, bool]]] = [[]]
     size = 0
     for entry in hf_key_map(config):
-        nbytes = int(np.prod(_variable(model, entry[1]).shape)) * itemsize
+        nbytes = int(np.prod(_weight(model, entry[1])[0])) * itemsize
         if size and size + nbytes > max_shard_bytes:
             shards.append([])
             size = 0
@@ -179,7 +226,7 @@ def save_model(model: Qwen2ForCausalLM, config: Qwen2Config, out_dir: str | os.P
         file = "model.safetensors" if len(plan) == 1 else f"model-{i:05d}-of-{len(plan):05d}.safetensors"
         tensors = {}
         for name, path, transpose in entries:
-            array = _host_array(_variable(model, path)[...]).astype(np_dtype)
+            array = _host_array(_weight(model, path)[1]()).astype(np_dtype)
             tensors[name] = np.ascontiguousarray(array.T if transpose else array)
             weight_map[name] = file
             total += tensors[name].nbytes

@@ -114,3 +114,22 @@ def test_make_tiny_model_command(tmp_path, capsys):
     config = json.loads((out / "config.json").read_text())
     assert config["num_hidden_layers"] == 1 and config["vocab_size"] == 600
     assert (out / "tokenizer.json").is_file()
+
+
+def test_scanned_model_loads_every_layer_stacked_and_saves_them_per_layer(tmp_path, tiny_model_dir,
+                                                                         tiny_model):
+    # train.scan_layers: each block weight is one [layers, ...] array read from the per-layer HF tensors, and
+    # save_model writes them back as the per-layer tensors transformers reads.
+    unrolled, config = tiny_model
+    scanned, _ = load_model(tiny_model_dir, compute_dtype=jnp.float32, scan_layers=True)
+    tensors = load_file(tiny_model_dir / "model.safetensors")
+    gate = scanned.layers[0].mlp.gate_proj.kernel[...]
+    assert len(scanned.layers) == 1 and gate.shape == (config.num_hidden_layers, 64, 128)
+    for i in range(config.num_hidden_layers):
+        np.testing.assert_array_equal(np.asarray(gate[i]),
+                                      tensors[f"model.layers.{i}.mlp.gate_proj.weight"].T)
+        np.testing.assert_array_equal(np.asarray(scanned.layers[0].self_attn.k_proj.bias[...][i]),
+                                      tensors[f"model.layers.{i}.self_attn.k_proj.bias"])
+    saved = save_model(scanned, config, tmp_path / "from-scanned")
+    for name, value in load_file(saved / "model.safetensors").items():
+        np.testing.assert_array_equal(value, tensors[name], err_msg=name)
