@@ -28,9 +28,8 @@ def confirm_delete(node: Node | QueuedRequest, name: str, *, yes: bool, json_mod
     if not can_ask(json_mode):
         raise UserError(f"refusing to delete {name} without --yes")
     what = "queued request" if isinstance(node, QueuedRequest) else "node"
-    typed = input(
-        f"delete {node.provider} {what} {node.name} ({node.accelerator_type})? type its name to confirm: "
-    )
+    kind = f"{node.slices}x {node.accelerator_type}" if node.slices > 1 else node.accelerator_type
+    typed = input(f"delete {node.provider} {what} {node.name} ({kind})? type its name to confirm: ")
     if typed.strip() != node.name:
         raise UserError(f"refusing to delete {name}: the name typed did not match (or pass --yes)")
 

@@ -11,6 +11,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Static
 
 from tpu_console.model import Node
+from tpu_console.node_table import type_text
 
 
 class DeleteNodeModal(ModalScreen[bool]):
@@ -31,7 +32,7 @@ class DeleteNodeModal(ModalScreen[bool]):
         node = self.node
         with Vertical(id="dialog"):
             yield Static(
-                f"[b]Delete {node.provider} node {node.name}[/b] ({node.accelerator_type}, "
+                f"[b]Delete {node.provider} node {node.name}[/b] ({type_text(node)}, "
                 f"{node.shape.workers} workers, cost so far {self.cost})?\n"
                 "Everything on its workers' disks goes with it. Type its name to confirm:"
             )
