@@ -205,7 +205,7 @@ async def adopt(args: argparse.Namespace, settings: Settings, providers: dict[st
 
 async def create(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
     zones = create_options.parse_zones(
-        args.zones, list(settings.gcp.zones), settings.gcp.project, args.accelerator_type
+        args.zones, list(settings.gcp.zones), settings.gcp.project, args.accelerator_type, args.slices
     )
     if create_options.is_auto(args.zones):
         output.progress(f"zones by the capacity record: {', '.join(zones)}")

@@ -32,21 +32,26 @@ def is_auto(zones_text: str | None) -> bool:
 
 
 def parse_zones(
-    zones_text: str | None, configured: list[str], project: str | None, accelerator_type: str
+    zones_text: str | None, configured: list[str], project: str | None, accelerator_type: str,
+    slices: int = 1,
 ) -> tuple[str, ...]:
     """`Z1,Z2` in that order; `auto`: see `auto_zones`; empty: the configured zones."""
     if is_auto(zones_text):
-        return auto_zones(configured, project, accelerator_type)
+        return auto_zones(configured, project, accelerator_type, slices)
     if zones_text:
         return tuple(z.strip() for z in zones_text.split(",") if z.strip())
     return tuple(configured)
 
 
-def auto_zones(configured: list[str], project: str | None, accelerator_type: str) -> tuple[str, ...]:
-    """`--zones auto`: the configured zones (and any proven in the record) by what the record says."""
+def auto_zones(configured: list[str], project: str | None, accelerator_type: str,
+               slices: int = 1) -> tuple[str, ...]:
+    """`--zones auto`: the configured zones (and any proven in the record) by what the record says; a
+    multislice by its groups' record (`2x v6e-16`), which the gcp provider keeps apart from one slice's."""
     from tpu_console.providers.gcp.accelerators import canonical_type
 
     canonical = canonical_type(accelerator_type)
+    if slices > 1:
+        canonical = f"{slices}x {canonical}"
     store = capacity.CapacityStore()
     records = capacity.summarize(store.attempts(canonical, project), datetime.now(UTC))
     zones = capacity.order_zones(list(configured), records, canonical)

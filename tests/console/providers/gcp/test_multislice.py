@@ -23,7 +23,7 @@ from tpu_console import cli, keys
 from tpu_console.errors import CreateInterrupted, UserError
 from tpu_console.model import AcceleratorShape, CreateRequest, Node, NodeState, Worker
 from tpu_console.node_table import state_cell
-from tpu_console.providers import capacity
+from tpu_console.providers import capacity, create_options
 from tpu_console.providers.gcp import multislice
 
 Z1, Z2, Z3 = ZONES
@@ -114,15 +114,15 @@ async def test_a_race_of_groups_keeps_the_first_active_zone_and_deletes_the_othe
 
 def test_cli_create_ls_preempted_slice_and_delete(capsys, gcp_cli_emulator):
     emulator = gcp_cli_emulator
-    status, out, err = run(capsys, "create", "grpo", "--type", "v6e-16", "--slices", "2", "--zones", Z1)
+    status, out, err = run(capsys, "create", "grpo", "--type", "v6e-16", "--slices", "2", "--zones", Z2)
     assert status == 0, err
-    assert out.strip() == f"created grpo: gcp v6e-16 x 2 slices (grpo-0, grpo-1), 8 workers in {Z1}, READY"
+    assert out.strip() == f"created grpo: gcp v6e-16 x 2 slices (grpo-0, grpo-1), 8 workers in {Z2}, READY"
 
     status, out, _ = run(capsys, "ls")
     (row,) = [line for line in out.splitlines() if line.startswith("grpo ")]
     assert "2x v6e-16" in row and "READY 2/2" in row
 
-    emulator.preempt(Z1, "grpo-1", "Spot capacity was reclaimed.")
+    emulator.preempt(Z2, "grpo-1", "Spot capacity was reclaimed.")
     status, out, _ = run(capsys, "ls")
     (row,) = [line for line in out.splitlines() if line.startswith("grpo ")]
     assert "PREEMPTED (slice 1 of 2)" in row
@@ -137,6 +137,9 @@ def test_cli_create_ls_preempted_slice_and_delete(capsys, gcp_cli_emulator):
     assert (zone["accelerator_type"], zone["attempts"], zone["successes"], zone["preemptions"]) == (
         "2x v6e-16", 1, 1, 1)
     assert json.loads(run(capsys, "capacity", "--type", "v6e-16", "--json")[1])["zones"] == []
+    # --zones auto for a group goes by the groups' record: Z2 first; one slice's order is untouched
+    assert create_options.auto_zones(ZONES, PROJECT, "v6e-16", 2) == (Z2, Z1, Z3)
+    assert create_options.auto_zones(ZONES, PROJECT, "v6e-16") == (Z1, Z2, Z3)
 
     # the launch guard: one line, exit 2, nothing started
     status, _, err = run(capsys, "launch", "grpo", "--", sys.executable, "-c", "pass")
@@ -145,7 +148,7 @@ def test_cli_create_ls_preempted_slice_and_delete(capsys, gcp_cli_emulator):
 
     status, _, err = run(capsys, "delete", "grpo", "--yes")
     assert status == 0, err
-    assert left_in(emulator) == ([], [])
+    assert left_in(emulator, Z2) == ([], [])
 
 
 @pytest.mark.parametrize("argv, words", [
