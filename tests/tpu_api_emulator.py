@@ -282,6 +282,21 @@ class TpuApiEmulator:
             queued = self._new_queued(project, zone, name, body, capacity_at=None)
             self._set_queued_state(queued, state, time.monotonic())
 
+    def add_multislice(self, project: str, zone: str, name: str, accelerator_type: str, slices: int,
+                       spot: bool = True) -> None:
+        """An ACTIVE multislice request and its READY nodes NAME-0 .. NAME-<slices-1>, as if made earlier."""
+        with self._lock:
+            node = {"acceleratorType": accelerator_type, "runtimeVersion": "v6e-ubuntu-2404"}
+            body = {"tpu": {"nodeSpec": [{"parent": f"projects/{project}/locations/{zone}", "node": node,
+                                          "multisliceParams": {"nodeCount": slices, "nodeIdPrefix": name}}]},
+                    **({"spot": {}} if spot else {})}
+            queued = self._new_queued(project, zone, name, body, capacity_at=None)
+            self._set_queued_state(queued, "ACTIVE", time.monotonic(), activeData={})
+            for node_id in queued.node_ids:
+                self.add_node(project, zone, node_id, accelerator_type, spot=spot)
+                self._find(zone, node_id, project).body.update(
+                    {"queuedResource": queued.path, "multisliceNode": True})
+
     def queued_json(self, zone: str, name: str) -> dict[str, Any] | None:
         """A request as it stands (reading it here does not move it on), or None when it is gone."""
         with self._lock:
@@ -856,6 +871,7 @@ def main() -> None:
             "demo", "us-central2-b", "demo-v4-16", "v4-16", spot=False, runtime_version="tpu-ubuntu2204-base"
         )
         api.preempt("us-east5-b", "demo-v6e-16", "Spot capacity was reclaimed.")
+        api.add_multislice("demo", "europe-west4-a", "demo-ms", "v6e-16", 2)  # one node of 2 slices in ls
     endpoint = api.start(args.port)
     print(f"TPU API emulator on {endpoint} (Ctrl-C stops it)", flush=True)
     try:
