@@ -218,9 +218,9 @@ def trainer_rollout_section(report: Report, shapes: dict, config: Any, model: An
     state = sampler.prepare_weights(nnx.state(model))
     key, one = jax.random.key(0), jnp.float32(1.0)
     start = time.perf_counter()
-    prefill = sampler._prefill.lower(state, ids, mask, key, one, one, **statics).compile()
+    prefill = sampler.prefill.lower(state, ids, mask, key, one, one, **statics).compile()
     cache, kv_mask, first, first_lp = prefill(state, ids, mask, key, one, one)
-    decode = sampler._decode.lower(state, cache, kv_mask, first, first_lp, lens, key, one, one,
+    decode = sampler.decode_loop.lower(state, cache, kv_mask, first, first_lp, lens, key, one, one,
                                    **statics).compile()
     compile_s = time.perf_counter() - start
 

@@ -193,12 +193,17 @@ class Sampler:
         # the decode jit, XLA CPU may fold the cast into the dots and run them in fp32 every step.
         self._cast = jax.jit(self._cast_impl)
         statics = ("top_k", "use_top_p", "greedy")
-        self._prefill = jax.jit(self._under_matmul_output(self._prefill_impl), static_argnames=statics)
+        # The two programs `generate` runs (the planner compiles these same jitted functions):
+        # prefill(state, prompt_ids, prompt_mask, rng, temperature, top_p[, rows], *, top_k, use_top_p,
+        #   greedy) -> (cache, kv_mask, first tokens, their log-probs)
+        # decode_loop(state, cache, kv_mask, first tokens, their log-probs, prompt_lens, rng, temperature,
+        #   top_p, *, top_k, use_top_p, greedy) -> (tokens, completion_mask, logprobs, cache, kv_mask)
+        self.prefill = jax.jit(self._under_matmul_output(self._prefill_impl), static_argnames=statics)
         # One segment: the loop updates the donated cache in place and returns it (XLA aliases it). With
         # several, each segment's cache is a new, longer buffer, which no output could take the place of.
         donated = ("cache", "kv_mask") if len(self.segments) == 1 else ()
-        self._decode = jax.jit(self._under_matmul_output(self._decode_impl), static_argnames=statics,
-                               donate_argnames=donated)
+        self.decode_loop = jax.jit(self._under_matmul_output(self._decode_impl), static_argnames=statics,
+                                   donate_argnames=donated)
 
     # ---- traced functions -------------------------------------------------------------------------------
 
@@ -239,12 +244,18 @@ class Sampler:
             return None
         return lambda x: self.constrain(x, axes)
 
-    def prepare_weights(self, state: nnx.State) -> nnx.State:
-        """The weights prefill and decode read: cast to the compute dtype when they are not (overridable)."""
+    def rollout_weights_program(self, state: nnx.State) -> Any:
+        """The jitted program that makes, from `state`, the weights prefill and decode read (here: a cast to
+        the compute dtype), or None when they read `state` as it is. Overridden by each weight layout."""
         if any(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != self.model.compute_dtype
                for x in jax.tree.leaves(state)):
-            return self._cast(state)
-        return state
+            return self._cast
+        return None
+
+    def prepare_weights(self, state: nnx.State) -> nnx.State:
+        """The weights prefill and decode read: `rollout_weights_program` run on `state`."""
+        program = self.rollout_weights_program(state)
+        return state if program is None else program(state)
 
     def constrain(self, x: jax.Array, axes: tuple) -> jax.Array:
         """Layout hook for arrays inside the jitted calls (`axes`: the model's axes for it); overridable."""
@@ -469,8 +480,8 @@ class Sampler:
         else:
             distinct, rows = shared
             prefill_inputs = (self.place(ids[distinct]), self.place(mask[distinct]), self.place(rows))
-        cache, kv_mask, first, first_logprobs = self._prefill(
+        cache, kv_mask, first, first_logprobs = self.prefill(
             state, *prefill_inputs[:2], rng, temperature_, top_p_, *prefill_inputs[2:], **statics)
-        tokens, completion_mask, logprobs, _, _ = self._decode(
+        tokens, completion_mask, logprobs, _, _ = self.decode_loop(
             state, cache, kv_mask, first, first_logprobs, prompt_lens, rng, temperature_, top_p_, **statics)
         return RolloutBatch(prompt_ids, prompt_mask, tokens, completion_mask, logprobs)

@@ -108,12 +108,22 @@ class ShardedSampler(Sampler):
             width *= 2
         return min(width, padded_width)
 
-    def prepare_weights(self, state: nnx.State) -> nnx.State:
+    def rollout_weights_program(self, state: nnx.State) -> Any:
+        """The jitted cast of `state` to the compute dtype, laid out as the weight layout puts decode's
+        weights (rollout_weight_shardings); `fsdp`: the plain Sampler's cast, or None (no cast needed)."""
         if self.weight_layout == "replicated":
-            return self._replicate(state)
+            return self._replicate
         if self.weight_layout in ("tensor", "megatron", "head_groups"):
-            return self.layout_program(state)(state)
-        return super().prepare_weights(state)
+            return self.layout_program(state)
+        return super().rollout_weights_program(state)
+
+    def rollout_weight_shardings(self, state: nnx.State) -> Any:
+        """Where `rollout_weights_program` puts each of `state`'s weights."""
+        if self.weight_layout == "replicated":
+            return jax.tree.map(lambda _: NamedSharding(self.mesh, PartitionSpec()), state)
+        if self.weight_layout in ("tensor", "megatron", "head_groups"):
+            return self.layout_shardings(state)
+        return jax.tree.map(lambda x: x.sharding, state)
 
     def layout_program(self, state: nnx.State) -> Any:
         """The jitted cast of `state` to bf16 laid out for the `tensor` or `megatron` layout (built once per
