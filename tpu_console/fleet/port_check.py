@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tpu_console import worker
+from tpu_console.errors import one_line
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.program import PythonProgram
 from tpu_console.fleet.results import WorkerLine
@@ -102,8 +103,11 @@ class _Listener:
         await asyncio.wait({self._task, ready}, timeout=READY_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
         ready.cancel()
         if not self._ready.is_set():
-            result = self._task.result() if self._task.done() else None
-            if result is None:
+            failed = self._task.exception() if self._task.done() else None
+            result = self._task.result() if self._task.done() and failed is None else None
+            if failed is not None:
+                why = one_line(failed)
+            elif result is None:
                 why = f"no answer in {READY_TIMEOUT_S:g}s"
             else:
                 said = result.stderr.strip().splitlines()
@@ -146,9 +150,11 @@ async def _connect_all(fleet: Fleet, needs: list[PortNeed], workers: Sequence[in
     for result in await fleet.run(command, workers, timeout=timeout_s + 30):
         said: dict[tuple[str, int], str] = {}
         for line in result.stdout.splitlines():
-            word, host, port, *why = line.split(" ", 3)
-            if port.isdigit():
-                said[(host, int(port))] = "" if word == "ok" else (why[0] if why else "failed")
+            parts = line.split(" ", 3)  # ok HOST PORT | fail HOST PORT WHY
+            if len(parts) < 3 or parts[0] not in ("ok", "fail") or not parts[2].isdigit():
+                continue
+            why = "" if parts[0] == "ok" else (parts[3] if len(parts) > 3 else "failed")
+            said[(parts[1], int(parts[2]))] = why
         for need in needs:
             why = said.get((need.host.strip("[]"), need.port))
             if why is None:

@@ -21,17 +21,22 @@ import time
 
 
 def listen(port):
-    """A listening socket on `port` of every interface (IPv4 and, where the host has it, IPv6)."""
+    """A listening socket on `port` of every interface: IPv4 and IPv6 where the host has IPv6, else IPv4."""
     try:
-        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        address = ("::", port)
-    except OSError:  # no IPv6 here
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        address = ("0.0.0.0", port)
-    # Over a TIME_WAIT of a job that ended a moment ago, as the job's own server binds; never over a listener.
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        return _listen(socket.AF_INET6, ("::", port))
+    except OSError as exc:
+        if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+            raise
+    return _listen(socket.AF_INET, ("0.0.0.0", port))  # no IPv6 here (or it is switched off)
+
+
+def _listen(family, address):
+    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # IPv4 too
+        # Over a TIME_WAIT of a job that ended a moment ago, as the job's server binds; never over a listener.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
         sock.listen(128)
     except OSError:
