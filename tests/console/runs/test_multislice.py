@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ from tpu_console.runs import job_ports, multislice, stacks
 from tpu_console.runs.job_spec import JobSpec
 from tpu_console.runs.launch import launch
 from tpu_console.runs.store import RunStore
+from tpu_console.tui.run_snapshot import WorkerRow
+from tpu_console.tui.widgets.worker_grid import row_cells
 from trainer.synthetic_gsm8k import write_jsonl
 
 pytest_plugins = ("tests.trainer.fixtures",)
@@ -249,6 +252,12 @@ def test_one_stack_everywhere_is_said_once_and_a_silent_worker_in_its_slice():
     assert one_silent.summary() == ("slice 0 (workers 0-1): waits.py:4 (wait) | slice 1 (workers 2-3): "
                                     "worker 2: waits.py:4 (wait); worker 3: did not answer (its job is "
                                     "stopped (SIGSTOP))")
+
+
+def test_the_dashboard_names_a_workers_slice_beside_its_last_line():
+    failed = WorkerRow(worker=5, activity="exited", exit_status=1, failed=True, last_line="boom", slice=1)
+    assert row_cells(failed, 5, None)[-1].plain == "slice 1 · boom"
+    assert row_cells(replace(failed, slice=None), 5, None)[-1].plain == "boom"  # one slice: as before
 
 
 def test_the_ports_a_job_needs_where_the_platform_names_its_coordinator():
