@@ -3,8 +3,9 @@
 libtpu (the `libtpu` wheel `jax[tpu]` pins) compiles for a TPU topology without a TPU: `tpu_devices` gives
 a slice's devices to build a mesh on, `compile_program` lowers a jitted function with abstract arguments and
 returns the TPU executable's `memory_analysis()` (per-chip argument, output, temporary and alias bytes),
-`cost_analysis()` (flops, bytes accessed, the compiler's own optimal time) and the collectives in the
-compiled HLO, or the compiler's out-of-memory answer. MaxText's `train_compile` works the same way.
+`cost_analysis()` (flops, bytes accessed, the compiler's own optimal time; loops counted as often as they
+run, trainer/hlo_loops.py) and the collectives in the compiled HLO, or the compiler's out-of-memory answer.
+MaxText's `train_compile` works the same way.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainer.distributed import has_tpu_chips
+from trainer.hlo_loops import computation_header, computation_runs, whole_cost
 from trainer.tpu_specs import TpuSlice
 
 
@@ -150,8 +152,9 @@ class CollectiveOp:
 
 @dataclass
 class Collectives:
-    """Collectives in a compiled program, each counted once where it appears in the HLO (a loop body's once).
-    bytes: the size of each collective's result on one chip (an all-gather's gathered array, an
+    """Collectives in a compiled program, each counted as often as it runs (one in a loop body as often as the
+    loop runs, trainer/hlo_loops.py; where a loop's trip count cannot be read, once). bytes: the size of
+    each collective's result on one chip (an all-gather's gathered array, an
     all-reduce's reduced one, every array of a tuple), the data a chip receives. ops: each one with its
     group's size, for pricing by kind over the slice's torus (trainer/estimate.py)."""
 
@@ -160,13 +163,13 @@ class Collectives:
     by_kind: dict[str, list[int]] = field(default_factory=dict)  # kind -> [count, bytes]
     ops: list[CollectiveOp] = field(default_factory=list)
 
-    def add(self, kind: str, nbytes: int, group: int = 0) -> None:
-        self.count += 1
-        self.bytes += nbytes
+    def add(self, kind: str, nbytes: int, group: int = 0, times: int = 1) -> None:
+        self.count += times
+        self.bytes += nbytes * times
         entry = self.by_kind.setdefault(kind, [0, 0])
-        entry[0] += 1
-        entry[1] += nbytes
-        self.ops.append(CollectiveOp(kind, nbytes, group))
+        entry[0] += times
+        entry[1] += nbytes * times
+        self.ops.extend([CollectiveOp(kind, nbytes, group)] * times)
 
     def grouped(self) -> list[list]:
         """[kind, result bytes, group, count] for each distinct op: the JSON form (thousands of ops a program
@@ -184,7 +187,11 @@ def collectives_in(hlo_text: str, devices: int = 0, skip: Callable[[str, int, st
     slices is counted on the DCN, trainer/dcn.py)."""
     found = Collectives()
     started: dict[str, str] = {}  # an async start's name -> its attributes (the groups are named there)
+    runs, computation = computation_runs(hlo_text), ""
     for line in hlo_text.splitlines():
+        if header := computation_header(line):
+            computation = header
+            continue
         m = _COLLECTIVE.search(line)
         if not m:
             continue
@@ -196,7 +203,7 @@ def collectives_in(hlo_text: str, devices: int = 0, skip: Callable[[str, int, st
             attrs = started.get(m.group("operands").strip().lstrip("%"), "")
         sizes = _array_bytes(m.group("shape"))
         if sizes and not (skip and skip(m.group("op"), sum(sizes), attrs)):
-            found.add(m.group("op"), sum(sizes), group_size(attrs, devices))
+            found.add(m.group("op"), sum(sizes), group_size(attrs, devices), max(runs.get(computation, 1), 1))
     return found
 
 
@@ -213,6 +220,10 @@ class CompiledProgram:
     flops: float = 0.0
     bytes_accessed: float = 0.0
     compiler_seconds: float | None = None  # the TPU compiler's own 'optimal_seconds' estimate
+    # flops and bytes_accessed count every loop as often as it runs (trainer/hlo_loops.py); counted_flops is
+    # cost_analysis()' own figure (each loop body once), loop_trips each while loop's trips (None: unknown).
+    counted_flops: float = 0.0
+    loop_trips: list = field(default_factory=list)
     collectives: Collectives = field(default_factory=Collectives)
     dcn: list = field(default_factory=list)  # trainer/dcn.py DcnOps: what crosses slices, per chip
     oom: str | None = None  # the compiler's out-of-memory message, when it could not fit the program
@@ -259,6 +270,9 @@ def compile_program(name: str, fn: Callable, *args: Any, **kwargs: Any) -> Compi
     cost = compiled.cost_analysis() or {}
     if isinstance(cost, list):  # older JAX: one dict per computation
         cost = cost[0] if cost else {}
+    hlo_text = compiled.as_text()
+    # cost_analysis() counts a loop's body once: the micro-batch loop and scanned layers as often as they run.
+    whole = whole_cost(hlo_text, float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)))
     program = CompiledProgram(
         name,
         argument_bytes=int(memory.argument_size_in_bytes),
@@ -266,10 +280,12 @@ def compile_program(name: str, fn: Callable, *args: Any, **kwargs: Any) -> Compi
         temp_bytes=int(memory.temp_size_in_bytes),
         alias_bytes=int(memory.alias_size_in_bytes),
         code_bytes=int(memory.generated_code_size_in_bytes),
-        flops=float(cost.get("flops", 0.0)),
-        bytes_accessed=float(cost.get("bytes accessed", 0.0)),
+        flops=whole.flops,
+        bytes_accessed=whole.bytes_accessed,
+        counted_flops=float(cost.get("flops", 0.0)),
+        loop_trips=whole.trip_counts,
         compiler_seconds=_compiler_seconds(cost),
-        **_split_by_slice(compiled.as_text(), args),
+        **_split_by_slice(hlo_text, args),
         compile_s=time.perf_counter() - start,
         output_shardings=compiled.output_shardings,
     )

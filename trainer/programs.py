@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -26,9 +27,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from trainer.config import TrainerConfig
 from trainer.grpo import GRPOStep, LossSettings, chunked_token_stats, make_optimizer, make_schedule
 from trainer.mesh import train_sharding
-from trainer.model import Qwen2ForCausalLM, project_logits
+from trainer.model import Qwen2Config, Qwen2ForCausalLM, fit_spec, project_logits
 from trainer.rollout_sharding import ShardedSampler, resolve_weight_layout
-from trainer.scanned import ScannedQwen2, StackedWeightsSampler
+from trainer.scanned import ScannedQwen2, StackedWeightsSampler, abstract_scanned_model
 
 
 def completion_token_stats_fn(graphdef: Any, prompt_len: int, chunk: int) -> Any:
@@ -71,6 +72,28 @@ def optimizer_state_shardings(
         param_shardings,
         transform_non_params=lambda _: replicated,
     )
+
+
+def abstract_model(cfg: TrainerConfig, model_config: Qwen2Config, mesh: Mesh) -> Qwen2ForCausalLM:
+    """The model the Trainer loads for `cfg` (trainer/weights.py `load_model`), with ShapeDtypeStructs for
+    weights (nothing allocated), each carrying the sharding the loader gives it: a ScannedQwen2 with the
+    blocks' weights stacked when `train.scan_layers`, else the unrolled Qwen2ForCausalLM. The planner
+    compiles the run's programs over it."""
+    from trainer.train import DTYPES
+
+    t = cfg.train
+    dtype = DTYPES[t.compute_dtype]
+    if t.scan_layers:
+        return abstract_scanned_model(model_config, mesh, compute_dtype=dtype, remat=t.remat)
+    with nnx.use_eager_sharding(False):
+        model = nnx.eval_shape(lambda: Qwen2ForCausalLM(model_config, nnx.Rngs(0), param_dtype=jnp.float32,
+                                                        compute_dtype=dtype, remat=t.remat))
+    for _, var in nnx.iter_graph(model):
+        if isinstance(var, nnx.Param):
+            axes = var.get_metadata().get("out_sharding") or ()
+            var.set_value(jax.ShapeDtypeStruct(var.shape, var.dtype,
+                                               sharding=NamedSharding(mesh, fit_spec(var.shape, axes, mesh))))
+    return model
 
 
 @dataclass

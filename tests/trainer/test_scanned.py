@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.trainer.launch import planning_config
 from trainer import aot
 
 needs_libtpu = pytest.mark.skipif(aot.libtpu_version() is None, reason="libtpu is not installed")
@@ -122,3 +123,48 @@ def test_scanned_models_rollout_samples_the_unrolled_models_tokens(tiny_model_di
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=480, check=False
     )
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+@needs_libtpu
+def test_scanned_update_holds_the_unrolled_updates_state_and_flops(tmp_path, tiny_model_dir):
+    # The update compiled by libtpu for a v6e 2x2, both ways: the same arguments and donated buffers to the
+    # byte, and, with every loop counted as often as it runs (its micro-batches, the scanned blocks forward
+    # and backward; trainer/hlo_loops.py), the same flops, where cost_analysis() alone counts the scanned
+    # blocks once.
+    from flax import nnx
+
+    from trainer.config import load_config
+    from trainer.mesh import make_mesh, train_sharding
+    from trainer.plan import model_config_for
+    from trainer.programs import abstract_model, training_programs
+    from trainer.tpu_specs import parse_accelerator_type
+
+    compiled = {}
+    for scan in (False, True):
+        cfg = load_config(planning_config(tmp_path, tiny_model_dir),
+                          [f"train.scan_layers={str(scan).lower()}"])
+        mesh = make_mesh(cfg.mesh_shape, devices=list(aot.tpu_devices(parse_accelerator_type("v6e-4"))))
+        model = abstract_model(cfg, model_config_for(cfg.model_path)[0], mesh)
+        programs = training_programs(cfg, model, mesh)
+        _, params, rest = nnx.split(model, nnx.Param, ...)
+        opt_state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                                 jax.eval_shape(programs.optimizer.init, params), programs.opt_shardings)
+        r, layout = cfg.rollout, train_sharding(mesh)
+        rows, length = r.batch_size * r.n, r.global_length + r.max_length_sample
+        batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=layout) for name, shape, dtype in (
+            ("input_ids", (rows, length), jnp.int32), ("attention_mask", (rows, length), jnp.int32),
+            ("completion_mask", (rows, r.max_length_sample), jnp.float32),
+            ("advantages", (rows,), jnp.float32))}
+        with jax.set_mesh(mesh):
+            compiled[scan] = aot.compile_program("update", programs.step_fn.update, params, rest, opt_state,
+                                                 batch)
+        assert programs.step_fn.micro_batches == 2
+    unrolled, scanned = compiled[False], compiled[True]
+    assert scanned.argument_bytes == unrolled.argument_bytes and scanned.alias_bytes == unrolled.alias_bytes
+    assert abs(scanned.output_bytes - unrolled.output_bytes) <= 1024  # the metrics' scalars
+    assert unrolled.loop_trips == [2] and sorted(scanned.loop_trips) == [2, 2, 2]  # micro-batches; 2 blocks
+    assert scanned.counted_flops < 0.7 * unrolled.counted_flops
+    assert abs(scanned.flops / unrolled.flops - 1) < 0.03, (scanned.flops, unrolled.flops)
+    assert unrolled.flops > 1.9 * unrolled.counted_flops  # two micro-batches, not one
+    # The collectives of every block and micro-batch are counted: the same bytes either way.
+    assert abs(scanned.collectives.bytes / unrolled.collectives.bytes - 1) < 0.03
