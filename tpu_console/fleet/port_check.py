@@ -28,6 +28,7 @@ from tpu_console.model import Node
 PROBE_SOURCE = worker.source("port_probe.py")
 CONNECT_TIMEOUT_S = 3.0  # one try per worker and port; a firewall that drops packets shows as this timeout
 READY_TIMEOUT_S = 30.0  # the listener's start, over a fresh SSH session at worst
+LISTEN_SLACK_S = 60.0  # how long the listener outlives one try's timeout, at most
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,8 @@ class _Listener:
         self.listening: set[int] = set()
         self.lines: dict[int, str] = {}  # port -> what the probe said of it
         self._ready = asyncio.Event()
-        args = (f"{timeout_s + 5:g}", str(expected), *(str(n.port) for n in needs))
+        # long enough for a 1,024-host fan-out of connections; the console stops it once they are done
+        args = (f"{timeout_s + LISTEN_SLACK_S:g}", str(expected), *(str(n.port) for n in needs))
         self._program = PythonProgram(PROBE_SOURCE, args)
         self._task: asyncio.Future | None = None
 

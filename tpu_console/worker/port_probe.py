@@ -38,7 +38,7 @@ def _listen(family, address):
         # Over a TIME_WAIT of a job that ended a moment ago, as the job's server binds; never over a listener.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen(128)
+        sock.listen(1024)  # a 1,024-host pod connects at once
     except OSError:
         sock.close()
         raise
