@@ -128,11 +128,13 @@ def build_plan(
     topology_order: bool = False,
     progress: Any = None,
     longest_rows: list[int] | None = None,
+    slices: int = 1,
 ) -> Plan:
     """Compile every program `cfg` runs on `tpu` and assemble the report. layout: rollout keys to override
     (weight_layout, activation_layout, partial_sums; the benchmark compares layouts); only: compile just
     these programs; longest_rows: each earlier step's longest completion (the decode loop's expected
-    length)."""
+    length); slices: on this many slices of `tpu` (Multislice: the trainer's mesh, data parallel across
+    slices, trainer/mesh.py; what crosses slices is counted on the DCN, trainer/dcn.py)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -141,13 +143,16 @@ def build_plan(
     from trainer.mesh import axis_sizes, make_mesh, train_sharding
     from trainer.programs import build_programs
 
-    devices = tpu_devices(tpu)
+    if slices < 1:
+        raise PlanError(f"--slices {slices}: give 1 or more slices")
+    devices = tpu_devices(tpu, slices)
     hosts = len({d.process_index for d in devices})
     local = len(devices) // hosts
     try:
-        check_pod_shape(cfg, hosts, local)
+        check_pod_shape(cfg, hosts, local, slices)
     except ConfigError as exc:
-        raise PlanError(f"{exc} (on {tpu.accelerator_type}: {hosts} hosts x {local} chips)") from None
+        where = f"{slices} x {tpu.accelerator_type}" if slices > 1 else tpu.accelerator_type
+        raise PlanError(f"{exc} (on {where}: {hosts} hosts x {local} chips)") from None
     if layout:
         cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update=layout)})
     model_config, source = model_config_for(cfg.model_path)
@@ -175,7 +180,7 @@ def build_plan(
             tpu.accelerator_type,
             tpu.topology_name,
             tpu.chips,
-            hosts,
+            hosts // slices,
             hbm,
             source,
             axis_sizes(mesh),
@@ -187,6 +192,7 @@ def build_plan(
             prompt_len=r.global_length,
             longest_rows=list(longest_rows or []),
             tpu=tpu,
+            slices=slices,
         )
         plan.logprob_passes = int(t.beta > 0) + int(t.ppo_epochs > 1)
 
@@ -386,6 +392,14 @@ def main(argv: list[str]) -> int:
         help="compile only the programs whose memory grows with the batch (prefill, the decode "
         "loop, log-probs, the update): what a batch sweep needs, in less time",
     )
+    parser.add_argument(
+        "--slices",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N slices of the type joined over the data-center network (Multislice): the mesh the "
+        "trainer builds there, and the bytes each step sends between slices",
+    )
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
@@ -397,7 +411,7 @@ def main(argv: list[str]) -> int:
         except ValueError:
             bad = f"--longest-rows {args.longest_rows!r}: give whole numbers, e.g. 312,405"
             raise PlanError(bad) from None
-        plan = build_plan(cfg, tpu, progress=say, only=only, longest_rows=longest)
+        plan = build_plan(cfg, tpu, progress=say, only=only, longest_rows=longest, slices=args.slices)
     except (ConfigError, PlanError, UnknownAcceleratorType) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

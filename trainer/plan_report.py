@@ -21,13 +21,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from trainer import dcn
 from trainer.aot import CompiledProgram
 from trainer.estimate import (
     ZERO,
     ProgramCost,
     Range,
+    dcn_range,
     expected_steps,
     mean_cache_fraction,
+    network_lines,
+    network_step,
     price,
     step_lines,
 )
@@ -57,6 +61,7 @@ class ProgramPlan:
     held_outside: int  # resident bytes that are not the program's arguments
     estimate: Range | None = None  # seconds per chip, low..high, at the plan's expected decode length
     floor_bytes: float = 0.0  # what must cross HBM once (the estimate's low end)
+    dcn_estimate: Range | None = None  # of that, the transfers between slices (Multislice)
 
     @property
     def peak_bytes(self) -> int:
@@ -85,6 +90,9 @@ class ProgramPlan:
             "compiler_seconds": c.compiler_seconds,
             "estimated_seconds": None if self.estimate is None else self.estimate.to_json(),
             "compile_seconds": round(c.compile_s, 2),
+            "dcn_ops": dcn.grouped(c.dcn),
+            "dcn_bytes": sum(op.wire_bytes for op in c.dcn),
+            "dcn_seconds": None if self.dcn_estimate is None else self.dcn_estimate.to_json(),
         }
 
 
@@ -107,6 +115,7 @@ class Plan:
     longest_rows: list[int] = field(default_factory=list)  # each earlier step's longest row, where known
     logprob_passes: int = 0  # log-prob passes a step: reference (beta > 0), old policy (ppo_epochs > 1)
     tpu: TpuSlice | None = None
+    slices: int = 1  # Multislice: this many slices of `accelerator_type` (chips and hosts are one slice's)
 
     # -- verdict ---------------------------------------------------------------------------------------
 
@@ -178,7 +187,8 @@ class Plan:
         c = p.compiled
         if c.oom or self.tpu is None:
             return None
-        cost = ProgramCost(c.flops, c.bytes_accessed, self.floor_bytes(p, steps), c.collectives.grouped())
+        cost = ProgramCost(c.flops, c.bytes_accessed, self.floor_bytes(p, steps), c.collectives.grouped(),
+                           dcn.grouped(c.dcn))
         return price(cost, self.tpu)
 
     def price_programs(self) -> None:
@@ -187,6 +197,18 @@ class Plan:
         for p in self.programs:
             p.floor_bytes = self.floor_bytes(p)
             p.estimate = self.estimate(p)
+            if self.tpu is not None and not p.compiled.oom:
+                p.dcn_estimate = dcn_range(dcn.grouped(p.compiled.dcn), self.tpu)
+
+    def network_step(self, steps: float | None = None) -> dict | None:
+        """Bytes a chip sends in one training step inside its slice (ICI) and between slices (DCN), and
+        their time, low..high (trainer/estimate.py network_step)."""
+        if self.tpu is None:
+            return None
+        programs = {p.name: (p.compiled.collectives.grouped(), dcn.grouped(p.compiled.dcn))
+                    for p in self.programs if not p.compiled.oom}
+        steps = self.expected_new_tokens if steps is None else steps
+        return network_step(programs, self.tpu, steps, self.logprob_passes, self.slices)
 
     def step_estimate(self, steps: float | None = None) -> dict[str, Range]:
         """Seconds per phase of one training step, low..high, with the decode loop at `steps` tokens (the
@@ -207,6 +229,7 @@ class Plan:
         name, size = self.largest_consumer()
         return {
             "accelerator_type": self.accelerator_type,
+            "slices": self.slices,
             "topology": self.topology,
             "chips": self.chips,
             "hosts": self.hosts,
@@ -228,6 +251,7 @@ class Plan:
             "new_tokens": self.new_tokens,
             "expected_new_tokens": self.expected_new_tokens,
             "longest_rows_known": len(self.longest_rows),
+            "network_step": self.network_step(),
             "config_digest": self.config_digest,
             "versions": self.versions,
             "programs": [p.to_json() for p in self.programs],
@@ -258,8 +282,10 @@ def _size(n: float) -> str:
 
 
 def format_plan(plan: Plan) -> str:
+    where = f"{plan.slices} x {plan.accelerator_type}" if plan.slices > 1 else plan.accelerator_type
+    each = " each" if plan.slices > 1 else ""
     title = (
-        f"plan for {plan.accelerator_type} ({plan.topology}: {plan.hosts} hosts, {plan.chips} chips, "
+        f"plan for {where} ({plan.topology}{each}: {plan.hosts} hosts, {plan.chips} chips, "
         f"{_gib(plan.hbm_bytes)} GiB HBM a chip as the compiler allows); model {plan.model_source}; "
         f"mesh {plan.mesh}; rollout weights {plan.weight_layout}"
     )
@@ -289,7 +315,8 @@ def format_plan(plan: Plan) -> str:
             f"{c.collectives.bytes / 1e6:>9.1f}{c.collectives.count:>6}"
             f"{'-' if p.estimate is None else p.estimate.text(1e3):>16}{xla:>9}"
         )
-    lines += ["", *step_lines(plan.to_json()), plan.verdict()]
+    as_json = plan.to_json()
+    lines += ["", *step_lines(as_json), *network_lines(as_json), plan.verdict()]
     return "\n".join(lines)
 
 

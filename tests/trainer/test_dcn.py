@@ -105,3 +105,55 @@ def test_bytes_on_the_dcn_by_kind():
     assert dcn.wire_bytes("all-reduce", 1000, 1000, 1) == 0
     assert dcn.target_slices("{1,2,3}x{0:15}") == 3
     assert dcn.target_slices("{{5,6}}", {5: 0, 6: 1}) == 2
+
+
+# ---- the tiny model planned on 2 slices of v6e 2x2 (libtpu compiles it here) -------------------------------
+
+needs_libtpu = pytest.mark.skipif(aot.libtpu_version() is None, reason="libtpu is not installed")
+
+
+@needs_libtpu
+def test_the_update_on_two_slices_all_reduces_its_gradients_across_them(tmp_path, tiny_model_dir):
+    from tests.trainer.launch import planning_config
+    from trainer.config import load_config
+    from trainer.plan import build_plan
+    from trainer.plan_report import format_plan
+    from trainer.tpu_specs import parse_accelerator_type
+
+    cfg = load_config(planning_config(tmp_path, tiny_model_dir), [])
+    v6e4 = parse_accelerator_type("v6e-4")
+    plans = {n: build_plan(cfg, v6e4, only={"update"}, slices=n) for n in (1, 2)}
+    one, two = plans[1].to_json(), plans[2].to_json()
+    assert one["mesh"] == {"dp": 1, "fsdp": 4, "tp": 1} and two["mesh"] == {"dp": 2, "fsdp": 4, "tp": 1}
+    assert two["slices"] == 2 and (two["chips"], two["hosts"]) == (4, 1)  # one slice's
+    (update_one,), (update_two,) = one["programs"], two["programs"]
+    assert update_one["dcn_ops"] == [] and one["network_step"]["dcn_bytes_per_chip"] == 0
+    # Across slices: the gradients' all-reduce, each chip's share of them (its fsdp quarter of the fp32
+    # parameters) summed with the other slice's, so at least that share crosses; the rest of the update
+    # stays inside a slice. (The compiler sends more: the tied embedding's two gradients apart, small
+    # tensors padded to whole tiles: 1.77x the share here.)
+    kinds = {row[0] for row in update_two["dcn_ops"]}
+    assert kinds == {"all-reduce"} and all(row[3] == 2 for row in update_two["dcn_ops"])
+    params_per_chip = two["resident_bytes"]["parameters"]
+    assert params_per_chip <= update_two["dcn_bytes"] <= 2 * params_per_chip
+    net = two["network_step"]
+    assert net["dcn_bytes_per_chip"] == pytest.approx(update_two["dcn_bytes"])
+    assert 0 < net["dcn_s"][0] <= net["dcn_s"][1] and net["ici_bytes_per_chip"] > 0
+    low, high = update_two["estimated_seconds"]
+    assert low >= update_two["dcn_seconds"][0] and high >= update_two["dcn_seconds"][1]
+    assert "DCN across 2 slices" in format_plan(plans[2]) and "DCN" not in format_plan(plans[1])
+
+
+def test_a_mesh_that_cannot_span_the_slices_is_one_line(tmp_path, tiny_model_dir, capsys):
+    from tests.trainer.launch import planning_config
+    from trainer.plan import EXIT_BAD_INPUT, main
+
+    if aot.libtpu_version() is None:  # the shape check comes after libtpu describes the slices
+        pytest.skip("libtpu is not installed")
+    config = planning_config(tmp_path, tiny_model_dir)
+    args = ["--config", config, "--topology", "v6e-4", "--quiet", "--set", "mesh_shape=1,-1,1"]
+    assert main([*args, "--slices", "2"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "dp=1, which cannot span 2 slices" in err[0] and "2 x v6e-4" in err[0]
+    assert main([*args[:-2], "--slices", "0"]) == EXIT_BAD_INPUT
+    assert "give 1 or more slices" in capsys.readouterr().err

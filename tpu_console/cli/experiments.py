@@ -53,6 +53,7 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
                        help="largest value to try (default 16x the config's; 256 with --compile-only)")
     sweep.add_argument("--compile-only", action="store_true",
                        help="plans instead of trial runs: the TPU compiler says what fits (no TPU needed)")
+    _add_slices(sweep)
     flags.add_env_file(sweep, "secrets for the trials, as for launch")
     flags.add_python(sweep)
 
@@ -69,6 +70,13 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
     flags.add_config(plan, "override a config key, e.g. --set rollout.n=8 (repeatable)")
     plan.add_argument("--no-cache", dest="use_cache", action="store_false",
                       help="plan again even if an answer is cached")
+    _add_slices(plan)
+
+
+def _add_slices(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--slices", type=int, metavar="N",
+                        help="with --type: plan for N slices of it joined over the data-center network "
+                        "(Multislice; a node plans for its own slices)")
 
 
 async def bench_memory(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
@@ -121,11 +129,12 @@ async def _compile_only_sweep(args: argparse.Namespace, providers: dict[str, Pro
     from tpu_console.runs.launch import validate_config
 
     config = validate_config(args.config, args.overrides)  # a bad config is one line, before any plan
-    tpu_type = await _tpu_type(args, providers)
+    tpu_type, slices = await _tpu_type(args, providers)
     if args.limit is not None and args.limit < 1:
         raise UserError("--limit must be at least 1")
     result = await compile_only_sweep(
-        config.path, config.overrides, tpu_type, args.param, limit=args.limit or 256, progress=output.progress
+        config.path, config.overrides, tpu_type, args.param, limit=args.limit or 256,
+        progress=output.progress, slices=slices,
     )
     if args.json:
         output.print_json(result.to_json())
@@ -146,10 +155,10 @@ async def plan(args: argparse.Namespace, settings: Settings, providers: dict[str
     from tpu_console.runs.launch import validate_config
 
     config = validate_config(args.config, args.overrides)  # a bad config is one line, before any plan
-    tpu_type = await _tpu_type(args, providers)
+    tpu_type, slices = await _tpu_type(args, providers)
     outcome = await make_plan(
         config.path, config.overrides, tpu_type, config_digest=config.digest, progress=output.progress,
-        use_cache=args.use_cache,
+        use_cache=args.use_cache, slices=slices,
     )
     if args.json:
         output.print_json(outcome.to_json())
@@ -164,24 +173,28 @@ async def plan(args: argparse.Namespace, settings: Settings, providers: dict[str
     return PLAN_EXIT[outcome.status]
 
 
-async def _tpu_type(args: argparse.Namespace, providers: dict[str, Provider]) -> str:
-    """The TPU type to plan for: --type T's, or the node's (a local pod's rehearsed type)."""
+async def _tpu_type(args: argparse.Namespace, providers: dict[str, Provider]) -> tuple[str, int]:
+    """The TPU type to plan for and how many slices of it: --type T's and --slices N, or the node's (a local
+    pod's rehearsed type)."""
     from tpu_console.experiments.plan import tpu_type_for
 
     if bool(args.node) == bool(args.accelerator_type):
         raise UserError("give a node or --type T (e.g. --type v6e-16), one of them")
+    slices = getattr(args, "slices", None)
+    if slices is not None and (args.node or slices < 1):
+        raise UserError("--slices N goes with --type T, N at least 1 (a node plans for its own slices)")
     if args.accelerator_type:
         tpu_type = tpu_type_for(args.accelerator_type)
         if tpu_type is None:
             raise UserError(f"{args.accelerator_type} is not a TPU type; give one such as v6e-8, v6e-16 or "
                             "v4-16 (a local pod's local-v6e-8 plans as v6e-8)")
-        return tpu_type
+        return tpu_type, slices or 1
     _, node = await find_node(providers, args.node)
     tpu_type = tpu_type_for(node.accelerator_type)
     if tpu_type is None:
         raise UserError(f"{node.name} is a {node.accelerator_type} pod, a shape no TPU has; plan with "
                         "--type T (e.g. v6e-8), or on a pod that rehearses one (local-v6e-8)")
-    return tpu_type
+    return tpu_type, getattr(node, "slices", 1) or 1
 
 
 HANDLERS = {"bench-memory": bench_memory, "sweep": sweep, "plan": plan}

@@ -187,12 +187,14 @@ def plan_text(plan: dict[str, Any]) -> str:
     """The planner's JSON (python -m trainer plan --json) as its table: per chip, what is resident, and
     for each program its arguments, outputs, temporaries, aliases, peak held at once, compiler flops,
     bytes accessed, collectives and estimated time (a range, trainer/estimate.py)."""
-    from trainer.estimate import Range, step_lines
+    from trainer.estimate import Range, network_lines, step_lines
     hbm = plan.get("hbm_bytes") or 0
+    slices = plan.get("slices") or 1
+    where = f"{slices} x {plan['accelerator_type']}" if slices > 1 else plan["accelerator_type"]
     lines = [
-        f"plan for {plan['accelerator_type']} ({plan['topology']}: {plan['hosts']} hosts, {plan['chips']} "
-        f"chips, {hbm / 2**30:.2f} GiB HBM a chip as the compiler allows); model {plan['model_source']}; "
-        f"mesh {plan['mesh']}; rollout weights {plan['weight_layout']}",
+        f"plan for {where} ({plan['topology']}{' each' if slices > 1 else ''}: {plan['hosts']} hosts, "
+        f"{plan['chips']} chips, {hbm / 2**30:.2f} GiB HBM a chip as the compiler allows); "
+        f"model {plan['model_source']}; mesh {plan['mesh']}; rollout weights {plan['weight_layout']}",
         "resident per chip: " + ", ".join(f"{k} {_size(v)}" for k, v in plan["resident_bytes"].items()),
         "",
     ]
@@ -214,5 +216,5 @@ def plan_text(plan: dict[str, Any]) -> str:
     for p in plan["programs"]:
         if p.get("oom"):
             lines.append(f"{p['name']}: out of memory: {p['oom']}")
-    lines += ["", *step_lines(plan), plan["verdict"]]
+    lines += ["", *step_lines(plan), *network_lines(plan), plan["verdict"]]
     return "\n".join(lines)

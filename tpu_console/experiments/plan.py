@@ -161,20 +161,23 @@ async def plan(
     progress: Callable[[str], None] | None = None,
     use_cache: bool = True,
     memory_only: bool = False,
+    slices: int = 1,
 ) -> PlanOutcome:
-    """The planner's answer for this config on `tpu_type` (cached). Never raises for the planner's own
-    verdicts: a config that does not fit, or no libtpu here, are outcomes."""
+    """The planner's answer for this config on `tpu_type` (cached), on `slices` slices of it (Multislice).
+    Never raises for the planner's own verdicts: a config that does not fit, or no libtpu here, are
+    outcomes."""
     longest = [] if memory_only else measured_longest_rows(config_digest)
     lengths = ",".join(str(n) for n in longest)
-    key = cache_key(config_digest, tpu_type + (" memory-only" if memory_only else "") + " " + lengths)
+    where = tpu_type + (f" x{slices}" if slices > 1 else "")
+    key = cache_key(config_digest, where + (" memory-only" if memory_only else "") + " " + lengths)
     cached = plans_dir() / f"{key}.json"
     if use_cache and cached.is_file():
         data = json.loads(cached.read_text())
         return PlanOutcome(tpu_type, data["status"], data["verdict"], data.get("plan"), cached=True)
     if progress:
         progress(
-            f"planning {Path(config_path).name} on {tpu_type} with the TPU compiler (libtpu, no TPU "
-            "needed; a large model takes minutes the first time, then it is cached)"
+            f"planning {Path(config_path).name} on {_slices_text(tpu_type, slices)} with the TPU compiler "
+            "(libtpu, no TPU needed; a large model takes minutes the first time, then it is cached)"
         )
     args = [
         python or sys.executable,
@@ -189,6 +192,7 @@ async def plan(
         "--quiet",
         *(["--memory-only"] if memory_only else []),
         *(["--longest-rows", lengths] if lengths else []),
+        *(["--slices", str(slices)] if slices > 1 else []),
     ]
     for item in overrides:
         args += ["--set", item]
@@ -214,6 +218,10 @@ async def plan(
     return PlanOutcome(
         tpu_type, "error", message.removeprefix("error: ") or f"planner exited {proc.returncode}"
     )
+
+
+def _slices_text(tpu_type: str, slices: int) -> str:
+    return f"{slices} x {tpu_type}" if slices > 1 else tpu_type
 
 
 def _json_or_none(out: bytes) -> dict[str, Any] | None:
@@ -242,6 +250,7 @@ async def require_fit(
     config_digest: str,
     node_name: str,
     progress: Callable[[str], None] | None = None,
+    slices: int = 1,
 ) -> PlanOutcome | None:
     """Before a launch: refuse (UserError, nothing sent) a config the compiler says will not fit this
     node's TPU type. None when the type has no TPU to plan for; an outcome the caller reports otherwise
@@ -249,7 +258,8 @@ async def require_fit(
     tpu_type = tpu_type_for(accelerator_type)
     if tpu_type is None:
         return None
-    outcome = await plan(config_path, overrides, tpu_type, config_digest=config_digest, progress=progress)
+    outcome = await plan(config_path, overrides, tpu_type, config_digest=config_digest, progress=progress,
+                         slices=slices)
     if outcome.status == "does-not-fit":
         raise UserError(
             f"{Path(config_path).name} on {node_name} ({tpu_type}) {outcome.verdict}; nothing was "
@@ -286,19 +296,19 @@ class CompileSweep:
 
 
 def slice_candidates(
-    config_path: str | Path, overrides: Sequence[str], param: str, tpu_type: str, limit: int
+    config_path: str | Path, overrides: Sequence[str], param: str, tpu_type: str, limit: int, slices: int = 1
 ) -> list[tuple[int, int]]:
-    """(value, local batch) of `param` in 1..limit that the trainer accepts on the slice's shape."""
+    """(value, local batch) of `param` in 1..limit that the trainer accepts on the slices' shape."""
     from trainer.config import ConfigError, check_pod_shape, load_config, prompts_per_process
     from trainer.tpu_specs import parse_accelerator_type
 
     tpu = parse_accelerator_type(tpu_type)
-    hosts, local = tpu.hosts, tpu.chips // tpu.hosts
+    hosts, local = tpu.hosts * slices, tpu.chips // tpu.hosts
     out = []
     for value in range(1, limit + 1):
         try:
             cfg = load_config(config_path, [*overrides, f"{param}={value}"])
-            check_pod_shape(cfg, hosts, local)
+            check_pod_shape(cfg, hosts, local, slices)
         except ConfigError:
             continue
         out.append((value, prompts_per_process(cfg, hosts) * cfg.rollout.n))
@@ -313,17 +323,18 @@ async def compile_only_sweep(
     *,
     limit: int = 256,
     progress: Callable[[str], None] | None = None,
+    slices: int = 1,
 ) -> CompileSweep:
     """The largest value of `param` whose plan fits, from plans alone (no TPU, no pod): doubling from the
     config's value while plans fit, then bisecting between the largest fit and the first that does not."""
     from tpu_console.experiments.batch_sweep import next_value
     from trainer.config import load_config
 
-    candidates = slice_candidates(config_path, overrides, param, tpu_type, limit)
+    candidates = slice_candidates(config_path, overrides, param, tpu_type, limit, slices)
     if not candidates:
         raise UserError(
-            f"no value of {param} in 1..{limit} suits {tpu_type}'s shape; check rollout.batch_size "
-            "and rollout.n against its hosts and chips"
+            f"no value of {param} in 1..{limit} suits {_slices_text(tpu_type, slices)}'s shape; check "
+            "rollout.batch_size and rollout.n against its hosts and chips"
         )
     local_batch = dict(candidates)
     values = [v for v, _ in candidates]
@@ -337,7 +348,8 @@ async def compile_only_sweep(
         digest = load_config(config_path, sets).digest()
         if progress:
             progress(f"{param}={value} (local batch {local_batch[value]}): compiling for {tpu_type}")
-        outcome = await plan(config_path, sets, tpu_type, config_digest=digest, memory_only=True)
+        outcome = await plan(config_path, sets, tpu_type, config_digest=digest, memory_only=True,
+                             slices=slices)
         if outcome.status not in ("fits", "does-not-fit"):
             result.stopped = f"{param}={value}: {outcome.verdict}"
             break
@@ -368,7 +380,8 @@ def launch_check(progress: Callable[[str], None]) -> Callable[[Any, Any], Awaita
 
     async def check(config: Any, node: Any) -> None:
         outcome = await require_fit(config.path, config.overrides, node.accelerator_type,
-                                    config_digest=config.digest, node_name=node.name, progress=progress)
+                                    config_digest=config.digest, node_name=node.name, progress=progress,
+                                    slices=getattr(node, "slices", 1))
         if outcome is None:
             return  # a shape no TPU has (local-2x4): nothing to plan for
         if outcome.fits:
