@@ -32,6 +32,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from trainer.hlo_loops import computation_header, computation_runs
+
 # libtpu numbers a multislice topology's devices (slice + 1) * 100000 + chip (tests/trainer/test_dcn.py).
 SLICE_ID_STRIDE = 100000
 
@@ -107,9 +109,14 @@ def target_slices(target: str, slice_of: Mapping[int, int] | None = None) -> int
 
 
 def megascale_ops(hlo_text: str, slice_of: Mapping[int, int] | None = None) -> list[DcnOp]:
-    """The megascale host transfers of a compiled program, one per rendezvous (its send and recv)."""
+    """The megascale host transfers of a compiled program, one per rendezvous (its send and recv), as often
+    as it runs (one in a loop body as often as the loop runs, trainer/hlo_loops.py)."""
     found: dict[str, dict] = {}
+    runs, computation = computation_runs(hlo_text), ""
     for line in hlo_text.splitlines():
+        if header := computation_header(line):
+            computation = header
+            continue
         if "is_host_transfer=true" not in line or "_xla_megascale_transfer_type" not in line:
             continue
         m = _HOST_TRANSFER.search(line)
@@ -117,13 +124,14 @@ def megascale_ops(hlo_text: str, slice_of: Mapping[int, int] | None = None) -> l
             continue
         attrs = {a.group("key"): a.group("value").strip('"') for a in _ATTR.finditer(m.group("rest"))}
         key = attrs.get("_xla_host_transfer_rendezvous") or m.group("name")
-        entry = found.setdefault(key, {"send": 0, "recv": 0})
+        entry = found.setdefault(key, {"send": 0, "recv": 0, "times": max(runs.get(computation, 1), 1)})
         entry["type"] = attrs.get("_xla_megascale_transfer_type", "")
         entry["slices"] = target_slices(attrs.get("_xla_megascale_target", ""), slice_of)
         entry[m.group("op")] = _payload_bytes(m.group("shape"))
     return [
         DcnOp(KINDS.get(e["type"], e["type"].lower().replace("_", "-")), e["send"], e["recv"], e["slices"])
         for e in found.values()
+        for _ in range(e["times"])
     ]
 
 

@@ -157,3 +157,22 @@ def test_a_mesh_that_cannot_span_the_slices_is_one_line(tmp_path, tiny_model_dir
     assert len(err) == 1 and "dp=1, which cannot span 2 slices" in err[0] and "2 x v6e-4" in err[0]
     assert main([*args[:-2], "--slices", "0"]) == EXIT_BAD_INPUT
     assert "give 1 or more slices" in capsys.readouterr().err
+
+
+def test_a_transfer_in_a_loop_counts_every_trip():
+    # A gradient reduced across slices inside a micro-batch loop of 4 trips runs 4 times a step.
+    hlo = "\n".join([
+        "%body (p: (s32[], f32[8])) -> (s32[], f32[8]) {",
+        _transfer("send", "f32[64,8,128]", "all-reduce.1_0", "{1,2}x{0:15}", "ALL_REDUCE"),
+        _transfer("recv", "f32[64,8,128]", "all-reduce.1_0", "{1,2}x{0:15}", "ALL_REDUCE"),
+        "}",
+        "%cond (p: (s32[], f32[8])) -> pred[] {",
+        "}",
+        "ENTRY %main (a: f32[8]) -> f32[8] {",
+        '  %w = (s32[], f32[8]) while(%t), condition=%cond, body=%body, backend_config={"known_trip_count":'
+        '{"n":"4"}}',
+        _transfer("send", "f32[8,1024]", "all-gather_0", "{1,2}x{0:3}", "ALL_GATHER"),
+        "}",
+    ])
+    ops = dcn.megascale_ops(hlo)
+    assert [op.kind for op in ops] == ["all-reduce"] * 4 + ["all-gather"]
