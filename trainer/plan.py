@@ -82,37 +82,6 @@ def _abstract(shape: tuple, dtype: Any, sharding: Any) -> Any:
     return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
 
-def _abstract_model(model_config: Qwen2Config, cfg: TrainerConfig, mesh: Any) -> Any:
-    """The model with ShapeDtypeStructs for weights, each carrying the sharding the loader would give it."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-    from jax.sharding import NamedSharding
-
-    from trainer.model import Qwen2ForCausalLM, fit_spec
-    from trainer.train import DTYPES
-
-    with nnx.use_eager_sharding(False):
-        model = nnx.eval_shape(
-            lambda: Qwen2ForCausalLM(
-                model_config,
-                nnx.Rngs(0),
-                param_dtype=jnp.float32,
-                compute_dtype=DTYPES[cfg.train.compute_dtype],
-                remat=cfg.train.remat,
-            )
-        )
-    for _, var in nnx.iter_graph(model):
-        if isinstance(var, nnx.Param):
-            axes = var.get_metadata().get("out_sharding") or ()
-            var.set_value(
-                jax.ShapeDtypeStruct(
-                    var.shape, var.dtype, sharding=NamedSharding(mesh, fit_spec(var.shape, axes, mesh))
-                )
-            )
-    return model
-
-
 def _with_shardings(shapes: Any, shardings: Any) -> Any:
     import jax
 
@@ -141,7 +110,7 @@ def build_plan(
     from jax.sharding import NamedSharding, PartitionSpec
 
     from trainer.mesh import axis_sizes, make_mesh, train_sharding
-    from trainer.programs import build_programs
+    from trainer.programs import abstract_model, build_programs
 
     if slices < 1:
         raise PlanError(f"--slices {slices}: give 1 or more slices")
@@ -162,7 +131,7 @@ def build_plan(
     t, r = cfg.train, cfg.rollout
 
     # Built outside the mesh context (optax initialises a little eagerly), traced and compiled inside it.
-    model = _abstract_model(model_config, cfg, mesh)
+    model = abstract_model(cfg, model_config, mesh)  # the Trainer's: scanned when train.scan_layers
     eos = model_config.eos_token_ids or (0,)
     programs = build_programs(cfg, model, mesh, pad_id=0, eos_ids=eos)
     sampler, step_fn = programs.sampler, programs.step_fn

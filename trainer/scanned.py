@@ -9,8 +9,9 @@ Trainer runs (trainer/programs.py builds both).
 
 The rollout (trainer/rollout.py) keeps its unrolled model: prefill and decode walk the layers with a KV
 cache per layer. `StackedWeightsSampler` is the one place where the stacked weights become the per-layer
-weights it reads: its `prepare_weights` unstacks, casts to the compute dtype and lays them out for the
-rollout in one program, so the rollout holds the same bf16 copy it holds for an unrolled model.
+weights it reads: its `rollout_weights_program` (what `generate` runs first) unstacks, casts to the compute
+dtype and lays them out for the rollout in one program, so the rollout holds the same bf16 copy it holds
+for an unrolled model.
 """
 
 from __future__ import annotations
@@ -145,38 +146,32 @@ def per_layer_shardings(state: nnx.State, template: nnx.State) -> nnx.State:
 
 class StackedWeightsSampler(ShardedSampler):
     """ShardedSampler for a ScannedQwen2: prefill and decode run `unrolled_view(model)`, and `generate`
-    takes the scanned model's state. `prepare_weights` turns it into the per-layer weights the rollout
-    reads in one program: unstacked, cast to the compute dtype and laid out where the configured weight
-    layout puts them (ShardedSampler.prepare_weights' answer for the unrolled state), so the rollout holds
-    one bf16 copy, as it does for an unrolled model."""
+    takes the scanned model's state. Its `rollout_weights_program` turns the stacked state into the
+    per-layer weights the rollout reads in one program: unstacked, cast to the compute dtype and laid out
+    where the configured weight layout puts the unrolled model's (ShardedSampler.rollout_weight_shardings),
+    so the rollout holds one bf16 copy, as it does for an unrolled model."""
 
     def __init__(self, model: ScannedQwen2, *args: Any, **kwargs: Any) -> None:
-        self.scanned = model
         super().__init__(unrolled_view(model), *args, **kwargs)
         self._template = nnx.state(self.model)
         self._from_stacked: dict[Any, Any] = {}  # one program per state structure
 
-    def prepare_weights(self, state: nnx.State) -> nnx.State:
+    def _unrolled_shapes(self, state: nnx.State) -> nnx.State:
+        """The unrolled state `state` unstacks to, as ShapeDtypeStructs lying where the stack's slices lie."""
+        shapes = jax.eval_shape(functools.partial(unstacked_layers, template=self._template), state)
+        return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes,
+                            per_layer_shardings(state, self._template))
+
+    def rollout_weight_shardings(self, state: nnx.State) -> Any:
         if not is_stacked(state):
-            return super().prepare_weights(state)
-        return self.weights_program(state)(state)
+            return super().rollout_weight_shardings(state)
+        return super().rollout_weight_shardings(self._unrolled_shapes(state))
 
-    def weight_shardings(self, state: nnx.State) -> nnx.State:
-        """Where the rollout's weights lie for the stacked `state` (arrays or ShapeDtypeStructs with
-        shardings): where ShardedSampler.prepare_weights puts the unrolled state's for this weight layout
-        (a full copy on every chip, or the layout's own shardings); `fsdp` leaves them where the stack's
-        slices are."""
-        in_place = per_layer_shardings(state, self._template)
-        if self.weight_layout == "replicated":
-            whole = NamedSharding(self.mesh, PartitionSpec())
-            return jax.tree.map(lambda _: whole, in_place)
-        if self.weight_layout in ("tensor", "megatron", "head_groups"):
-            unrolled = jax.eval_shape(functools.partial(unstacked_layers, template=self._template), state)
-            return self.layout_shardings(unrolled)
-        return in_place
-
-    def weights_program(self, state: nnx.State) -> Any:
-        """The jitted stacked state -> the rollout's weights (built once per structure)."""
+    def rollout_weights_program(self, state: nnx.State) -> Any:
+        """The jitted stacked state -> the rollout's weights (built once per structure); an unrolled state
+        as ShardedSampler makes it."""
+        if not is_stacked(state):
+            return super().rollout_weights_program(state)
         key = jax.tree.structure(state)
         if key not in self._from_stacked:
             dtype = self.model.compute_dtype
@@ -186,5 +181,5 @@ class StackedWeightsSampler(ShardedSampler):
                 return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
                                     unrolled)
 
-            self._from_stacked[key] = jax.jit(prepare, out_shardings=self.weight_shardings(state))
+            self._from_stacked[key] = jax.jit(prepare, out_shardings=self.rollout_weight_shardings(state))
         return self._from_stacked[key]

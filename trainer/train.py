@@ -106,7 +106,7 @@ class Trainer:
         self.progress = {} if progress is None else progress
         t = cfg.train
         # scan_layers: every block's weights stacked [layers, ...], the forward one scan (trainer/scanned.py);
-        # the sampler (then a StackedWeightsSampler) unstacks them for the rollout in its prepare_weights.
+        # the sampler (then a StackedWeightsSampler) unstacks them for the rollout (rollout_weights_program).
         self.model, self.model_config = load_model(cfg.model_path, mesh=mesh,
                                                    compute_dtype=DTYPES[t.compute_dtype], remat=t.remat,
                                                    scan_layers=t.scan_layers)
