@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from tpu_console.errors import UserError, one_line
 from tpu_console.fleet.fleet import Fleet
-from tpu_console.model import Node
+from tpu_console.model import Node, NodeState
 from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import find_node
 
@@ -20,8 +20,18 @@ async def open_node(providers: dict[str, Provider], name: str) -> tuple[Provider
     """The node and its provider, or UserError if it is unknown or not READY."""
     provider, node = await find_node(providers, name)
     if not node.state.is_usable:
-        raise UserError(f"node {name!r} is {node.state}, not READY; wait for it or check `tpu-console ls`")
+        raise UserError(_not_ready(name, node))
     return provider, node
+
+
+def _not_ready(name: str, node: Node) -> str:
+    """Why a node cannot be used; on a multislice, which slice is down (the slices run only together)."""
+    down = [f"slice {i} is {state}" for i, state in enumerate(node.slice_states) if state != NodeState.READY]
+    if node.slices > 1 and down:
+        return (f"node {name!r}: {', '.join(down)}; its {node.slices} slices run as one program, so "
+                f"recreate it (`tpu-console delete {name} --yes`, then create it again), or wait if that "
+                "slice is still coming up")
+    return f"node {name!r} is {node.state}, not READY; wait for it or check `tpu-console ls`"
 
 
 async def unreachable_workers(fleet: Fleet, workers: Sequence[int]) -> dict[int, str]:

@@ -144,7 +144,7 @@ def test_cli_create_ls_preempted_slice_and_delete(capsys, gcp_cli_emulator):
     # the launch guard: one line, exit 2, nothing started
     status, _, err = run(capsys, "launch", "grpo", "--", sys.executable, "-c", "pass")
     assert status == 2 and err.startswith("error: ") and err.count("\n") == 1, err
-    assert "grpo" in err and "PREEMPTED" in err
+    assert "grpo" in err and "slice 1 is PREEMPTED" in err and "recreate" in err
 
     status, _, err = run(capsys, "delete", "grpo", "--yes")
     assert status == 0, err
