@@ -24,6 +24,9 @@ flops and bytes accessed, the collectives in the compiled HLO. Takes about half 
   streams, against the weight's bytes (docs/plan.md explains why it matters for comparing layouts).
 - order (not in the default parts): the update on v6e-16 with the hosts' devices in host-major order (what
   the trainer uses) and in mesh_utils' topology-aware order, by the compiler's figures.
+- multislice (not in the default parts): the 3B bench on 2 x v6e-16 (Multislice), every program, with the
+  bytes each step sends between slices over the DCN beside the ICI figures. Target (issue 28): fits with
+  at least 25% of HBM free per chip, DCN bytes per step reported.
 """
 
 from __future__ import annotations
@@ -314,6 +317,25 @@ def weight_count_part(results: dict) -> None:
     results["weight_count"] = {"bytes_accessed": c.bytes_accessed, "ratio": ratio}
 
 
+def multislice_part(results: dict, slices: int = 2) -> None:
+    """The 3B bench on `slices` x v6e-16: the trainer's mesh there (data parallel across slices), every
+    program's fit, and what a step sends between slices (trainer/dcn.py) beside what it sends inside one."""
+    start = time.perf_counter()
+    cfg = load_config(CONFIGS / "qwen25_3b_v6e16_bench.yaml", BASE_SETS)
+    plan = build_plan(cfg, parse_accelerator_type("v6e-16"), progress=_say, slices=slices)
+    print(format_plan(plan), flush=True)
+    worst = min((1 - p.peak_bytes / plan.hbm_bytes) for p in plan.programs if not p.compiled.oom)
+    net = plan.network_step() or {}
+    ok = plan.fits and worst >= 0.25 and net.get("dcn_bytes_per_chip", 0) > 0
+    print(
+        f"== multislice 3B bench on {slices} x v6e-16: {'PASS' if ok else 'FAIL'} (least free {worst:.0%}, "
+        f"target >= 25%; DCN {net.get('dcn_bytes_per_chip', 0) / 1e9:.3f} GB a chip a step, "
+        f"{Range.from_json(net.get('dcn_s')).text()} s), compiled in {time.perf_counter() - start:.0f} s\n",
+        flush=True,
+    )
+    results["multislice"] = {"slices": slices, "fits": plan.fits, "least_free": worst, "plan": plan.to_json()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", default="fit,decode,calibrate,sweep")
@@ -336,6 +358,8 @@ def main() -> int:
         order_part(results)
     if "weight-count" in parts:
         weight_count_part(results)
+    if "multislice" in parts:
+        multislice_part(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))
     return 0
