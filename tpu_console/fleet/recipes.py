@@ -313,11 +313,14 @@ def follow_run(
     probe_s: float,
     max_bytes: int,
     python: str = "python3",
+    last_lines: Mapping[str, int] | None = None,
 ) -> PythonProgram:
     """The program that streams the run's files from `offsets` and its job's state until the job has ended
-    (worker/run_follower.py says what it prints). `python`: for the exec path, looked up on the worker's
-    PATH."""
+    (worker/run_follower.py says what it prints). `last_lines`: files to start at their last N lines
+    instead (the follower's first record for each says from where). `python`: for the exec path, looked
+    up on the worker's PATH."""
     specs = [f"{name}={max(0, int(offset))}" for name, offset in offsets.items()]
+    specs += [f"{name}~{max(0, int(lines))}" for name, lines in (last_lines or {}).items()]
     args = (f"~/{run_dir(run_id)}", f"{float(poll_s):g}", f"{float(probe_s):g}", str(int(max_bytes)), *specs)
     return PythonProgram(FOLLOWER_SOURCE, args, python)
 

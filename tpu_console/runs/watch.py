@@ -61,7 +61,7 @@ from tpu_console.runs.run_id import check_run_id
 from tpu_console.runs.signatures import Finding, SignatureScanner
 from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
 from tpu_console.runs.supervision import DECISIONS_FILE, Decision, parse_decisions
-from tpu_console.runs.tail import TailCursor, parse_chunk, parse_chunk_record
+from tpu_console.runs.tail import TailCursor, parse_chunk_record
 from tpu_console.secrets import SecretMasker
 
 LOG, EVENTS = "output.log", "events.jsonl"
@@ -144,6 +144,7 @@ class WorkerStream:
     held_back: int = 0  # followers stopped because the consumer of `updates()` fell behind
     failing_since: float | None = None  # when the current run of broken follows began
     finished: bool = False  # the job ended and both files were read to their end
+    log_placed: bool = False  # a follower said where in the log it starts (its last lines, at first)
 
     def __post_init__(self) -> None:
         self.lines = deque(maxlen=self.ring_lines)
@@ -280,8 +281,6 @@ class RunWatch:
         stream = self.workers[worker]
         backoff = self.poll_s
         streamed = worker in self.streamed
-        if streamed and self.first_log_lines is not None:
-            await self._read_last_lines(stream)
         while not self._stopping.is_set() and not self._worker_over(worker):
             await self._sleep(0)  # a consumer of `updates()` that fell behind holds the follower here
             follow = await self._follow_once(stream, streamed)
@@ -304,11 +303,16 @@ class RunWatch:
         or when it has been silent for SILENCE_S. Never raises for one worker's trouble: a connection torn
         down in the middle of opening a channel can surface from asyncssh as an odd exception."""
         offsets = {EVENTS: stream.events_cursor.offset}
-        if streamed:  # a worker whose log is not streamed still has its events read (health covers all)
+        last_lines = {}
+        if streamed and not stream.log_placed and self.first_log_lines is not None:
+            # the follower starts at the log's last lines and says where: no command of its own to find it
+            last_lines[LOG] = self.first_log_lines
+        elif streamed:  # a worker whose log is not streamed still has its events read (health covers all)
             offsets[LOG] = stream.log.offset
         if stream.worker == self.record.workers[0]:  # where the run's supervisor writes
             offsets[SUPERVISOR] = stream.decisions_cursor.offset
-        follower = recipes.follow_run(self.record.run_id, offsets, self.poll_s, PROBE_EVERY_S, self.max_bytes)
+        follower = recipes.follow_run(self.record.run_id, offsets, self.poll_s, PROBE_EVERY_S, self.max_bytes,
+                                      last_lines=last_lines)
         loop = asyncio.get_running_loop()
         follow = _Follow(heard=loop.time())
 
@@ -360,25 +364,22 @@ class RunWatch:
             if parsed is not None:  # else cut short: the next follower reads it again
                 name, chunk = parsed
                 if name == LOG:
+                    stream.log_placed = True
                     self._take_log_lines(stream, stream.log.take(chunk))
                 elif name == EVENTS:
                     self._take_event_lines(stream, stream.events_cursor.take(chunk))
                 elif name == SUPERVISOR:
                     self._take_decisions(stream.decisions_cursor.take(chunk))
         elif kind == "P":
+            # the follower's first write places the log (its `C` record, if the log exists, comes first):
+            # from here on its offset is the cursor's, also when the log did not exist (0)
+            stream.log_placed = True
             self.monitor.observe(stream.worker, probe_from_status(self.record.run_id, fields))
         elif kind == "E":
             follow.ended = True
             self._take_log_lines(stream, stream.log.finish())
             self._take_event_lines(stream, stream.events_cursor.finish())
             self._take_decisions(stream.decisions_cursor.finish())
-
-    async def _read_last_lines(self, stream: WorkerStream) -> None:
-        command = recipes.tail_log(self.record.run_id, lines=self.first_log_lines)
-        (result,) = await self.fleet.run(command, [stream.worker], timeout=60)
-        chunk = parse_chunk(result.stdout) if result.ok else None
-        if chunk is not None:  # else: the follower starts from the beginning
-            self._take_log_lines(stream, stream.log.take(chunk))
 
     def _worker_over(self, worker: int) -> bool:
         """Nothing more will come from this worker: read to the end after its job ended, or unreachable

@@ -2,9 +2,12 @@
 job's state to the console, so a line reaches the console a few tens of milliseconds after it is written,
 with no command per poll (tpu_console/runs/watch.py is the console side).
 
-A PythonProgram (fleet/program.py), with arguments RUN_DIR POLL_S PROBE_S MAX_BYTES FILE=OFFSET...: the
-command channel's agent runs it in a fork of itself, the exec path with `python3 -I -S`. Python 3.8+ and
-the standard library only; RUN_DIR may start with `~/` (no shell expands it).
+A PythonProgram (fleet/program.py), with arguments RUN_DIR POLL_S PROBE_S MAX_BYTES FILE=OFFSET|FILE~LINES...:
+the command channel's agent runs it in a fork of itself, the exec path with `python3 -I -S`. Python 3.8+
+and the standard library only; RUN_DIR may start with `~/` (no shell expands it). `FILE~LINES` starts at
+the file's last LINES lines (as `tail -n`; from 0 when the file does not exist yet), and says where with a
+first `C` record, empty when there is nothing to send: the console learns the offset without another
+command (logs -f and the dashboard open each log at its last lines).
 
 It writes one line per record on stdout, flushed as it goes:
 
@@ -77,13 +80,41 @@ def probe(run_dir):
     return status, over
 
 
-class FileTail:
-    """One file, read from an offset on: its new bytes, as they come."""
+def start_of_last_lines(file, size, lines):
+    """The offset where the last `lines` lines of `file` (`size` bytes) begin; a last line without its
+    newline counts as a line, as for `tail -n`."""
+    if lines <= 0:
+        return size
+    end = size
+    if size:
+        file.seek(size - 1)
+        if file.read(1) == b"\n":
+            end = size - 1  # the last line's own newline starts no line
+    found, pos = 0, end
+    while pos > 0:
+        step = min(1 << 16, pos)
+        pos -= step
+        file.seek(pos)
+        block = file.read(step)
+        at = len(block)
+        while True:
+            at = block.rfind(b"\n", 0, at)
+            if at < 0:
+                break
+            found += 1
+            if found == lines:
+                return pos + at + 1
+    return 0
 
-    def __init__(self, path, name, offset):
+
+class FileTail:
+    """One file, read from an offset on (or from its last `last_lines` lines): its new bytes, as they come."""
+
+    def __init__(self, path, name, offset, last_lines=None):
         self.path = path
         self.name = name
         self.offset = offset
+        self.last_lines = last_lines
         self.file = None
 
     def read(self, max_bytes):
@@ -92,8 +123,14 @@ class FileTail:
             try:
                 self.file = open(self.path, "rb")  # noqa: SIM115 - kept open while it is followed
             except OSError:
+                self.last_lines = None  # it does not exist yet: every line it will hold is new
                 return None
         size = os.fstat(self.file.fileno()).st_size
+        if self.last_lines is not None:
+            self.offset = start_of_last_lines(self.file, size, self.last_lines)
+            self.last_lines = None
+            if self.offset == size:  # nothing to send: say where the next bytes will start
+                return b"C %s %d %d %d " % (self.name.encode(), size, size, size)
         if size < self.offset:
             self.offset = 0  # the file was rewritten: start over, as the console will
         if size == self.offset:
@@ -108,7 +145,10 @@ class FileTail:
 
 
 def follow(run_dir, poll_s, probe_s, max_bytes, offsets, out):
-    tails = [FileTail(os.path.join(run_dir, name), name, offset) for name, offset in offsets]
+    """`offsets`: (file name, byte offset, or None and a count of last lines) for each file."""
+    tails = [
+        FileTail(os.path.join(run_dir, name), name, offset or 0, lines) for name, offset, lines in offsets
+    ]
     next_probe = 0.0
     while True:
         records = [r for r in (t.read(max_bytes) for t in tails) if r is not None]
@@ -145,7 +185,11 @@ def main(argv):
     offsets = []
     for spec in argv[4:]:
         name, _, offset = spec.rpartition("=")
-        offsets.append((name, int(offset)))
+        if name:
+            offsets.append((name, int(offset), None))
+        else:
+            name, _, lines = spec.rpartition("~")
+            offsets.append((name, None, int(lines)))
     try:
         follow(run_dir, poll_s, probe_s, max_bytes, offsets, sys.stdout.buffer)
     except (BrokenPipeError, KeyboardInterrupt):

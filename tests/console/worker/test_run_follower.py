@@ -23,8 +23,9 @@ from tpu_console.runs.tail import LogChunk, TailCursor, parse_chunk_record
 RUN = "20250314-120000-0000"
 
 
-def start_follower(home, offsets, poll_s=0.02, probe_s=0.2, max_bytes=1 << 16):
-    program = recipes.follow_run(RUN, offsets, poll_s, probe_s, max_bytes)  # as the exec path runs it
+def start_follower(home, offsets, poll_s=0.02, probe_s=0.2, max_bytes=1 << 16, last_lines=None):
+    program = recipes.follow_run(RUN, offsets, poll_s, probe_s, max_bytes, last_lines=last_lines)  # as the
+    # exec path runs it
     process = subprocess.Popen(["bash", "-c", program.command_line()], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, env={**os.environ, "HOME": str(home)},
                                start_new_session=True)
@@ -116,6 +117,21 @@ def test_a_missing_run_folder_is_reported_and_a_rewritten_file_is_read_again_fro
     lines = records(start_follower(tmp_path, {"output.log": 100}))  # past its end: it was rewritten
     (chunk_line,) = [line for line in lines if line.startswith("C ")]
     assert parse_chunk_record(chunk_line[2:])[1] == LogChunk(end=6, size=6, data=b"short\n")
+
+
+@pytest.mark.parametrize(("log", "lines", "sent"), [
+    (b"a\nb\nc\nd\n", 2, b"c\nd\n"),
+    (b"a\nb\nc\npart", 2, b"c\npart"),  # a last line without its newline counts, as for tail -n
+    (b"a\nb\n", 5, b"a\nb\n"),
+    (b"a\nb\n", 0, b""),  # nothing to send: an empty record says where the next bytes start
+])
+def test_a_log_opened_at_its_last_lines_starts_there_and_says_where(tmp_path, log, lines, sent):
+    folder = run_folder(tmp_path)
+    (folder / "output.log").write_bytes(log)
+    (folder / "exit").write_text("0\n")
+    out = records(start_follower(tmp_path, {}, max_bytes=3, last_lines={"output.log": lines}))
+    first = parse_chunk_record(next(line for line in out if line.startswith("C "))[2:])[1]
+    assert first.start == len(log) - len(sent) and chunks_of(out, "output.log") == sent
 
 
 def test_a_follower_nobody_reads_waits_in_its_write_instead_of_buffering(tmp_path):
