@@ -64,7 +64,10 @@ class RolloutConfig(_Section):
     temperature: float = Field(1.0, gt=0)
     top_k: int = Field(0, ge=0, description="0 = no top-k filtering")
     top_p: float = Field(1.0, gt=0, le=1)
-    sharding_style: Literal["legacy", "maxtext"] = "legacy"
+    sharding_style: Literal["legacy", "maxtext"] = Field(
+        "legacy", description="where the rollout's rows live with fsdp or replicated weights: legacy = split "
+        "over every device, maxtext = over dp only (replicated over fsdp/tp); the other layouts place rows "
+        "themselves (tensor over hosts, megatron and head_groups over every device)")
     weight_layout: Literal["auto", "fsdp", "replicated", "tensor", "megatron", "head_groups"] = Field(
         "auto", description="bf16 weights during rollout: fsdp = sharded as in training; replicated = a full "
         "copy per chip, no collectives in decode; tensor = a copy per host split over its chips (tensor "
@@ -72,20 +75,10 @@ class RolloutConfig(_Section):
         "intermediate columns and the vocabulary sampled where it lies, each chip decoding its own rows with "
         "explicit collectives (four a layer); head_groups = attention split by KV head, the residual "
         "whole on every chip (two collectives a layer, more attention weights read per chip); auto = "
-        "megatron on TPU with mesh_shape auto (legacy rows, rows activations, the model's dims and "
-        "vocabulary dividing over the chips), fsdp otherwise. The planner compares them: docs/plan.md")
-    activation_layout: Literal["rows", "free"] = Field(
-        "rows", description="rollout activations and logits: rows = split by rows as the batch is (each "
-        "device computes and samples its own rows); free = left to the partitioner (the layout before, "
-        "which gave every device every row)")
-    partial_sums: Literal["auto", "compute", "float32"] = Field(
-        "auto", description="dtype of the rollout's weight-matmul outputs, which FSDP all-reduces as partial "
-        "sums every token: compute = the compute dtype (bf16: half the bytes), auto = compute on TPU, "
-        "float32 elsewhere")
-    cache_write: Literal["auto", "bits", "plain"] = Field(
-        "auto", description="how decode writes a bf16 KV cache: bits = through an integer bitcast (XLA CPU "
-        "otherwise widens the whole cache every token), plain = a dynamic-update-slice (on TPU the bitcast "
-        "is a relayout copy of the cache); auto = plain on TPU, bits elsewhere")
+        "head_groups on TPU with mesh_shape auto and sharding_style legacy (megatron where the KV heads do "
+        "not divide the chips; both need the model's dims and vocabulary to divide over the chips), fsdp "
+        "otherwise. The layout chosen is in the run's start event and `tpu-console runs show`; the planner "
+        "compares them: docs/plan.md")
 
 
 class TrainConfig(_Section):

@@ -93,6 +93,7 @@ def build_plan(
     tpu: TpuSlice,
     *,
     layout: dict[str, str] | None = None,
+    sampler_options: dict[str, Any] | None = None,
     only: set[str] | None = None,
     topology_order: bool = False,
     progress: Any = None,
@@ -100,7 +101,8 @@ def build_plan(
     slices: int = 1,
 ) -> Plan:
     """Compile every program `cfg` runs on `tpu` and assemble the report. layout: rollout keys to override
-    (weight_layout, activation_layout, partial_sums; the benchmark compares layouts); only: compile just
+    (weight_layout, sharding_style; the benchmark compares layouts); sampler_options: the Sampler's internal
+    knobs (benchmarks/plan.py rebuilds the layout before issue 16 with them); only: compile just
     these programs; longest_rows: each earlier step's longest completion (the decode loop's expected
     length); slices: on this many slices of `tpu` (Multislice: the trainer's mesh, data parallel across
     slices, trainer/mesh.py; what crosses slices is counted on the DCN, trainer/dcn.py)."""
@@ -133,7 +135,7 @@ def build_plan(
     # Built outside the mesh context (optax initialises a little eagerly), traced and compiled inside it.
     model = abstract_model(cfg, model_config, mesh)  # the Trainer's: scanned when train.scan_layers
     eos = model_config.eos_token_ids or (0,)
-    programs = build_programs(cfg, model, mesh, pad_id=0, eos_ids=eos)
+    programs = build_programs(cfg, model, mesh, pad_id=0, eos_ids=eos, sampler_options=sampler_options)
     sampler, step_fn = programs.sampler, programs.step_fn
     _, params, rest = nnx.split(model, nnx.Param, ...)
     opt_state = _with_shardings(jax.eval_shape(programs.optimizer.init, params), programs.opt_shardings)

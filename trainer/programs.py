@@ -28,7 +28,7 @@ from trainer.config import TrainerConfig
 from trainer.grpo import GRPOStep, LossSettings, chunked_token_stats, make_optimizer, make_schedule
 from trainer.mesh import train_sharding
 from trainer.model import Qwen2Config, Qwen2ForCausalLM, fit_spec, project_logits
-from trainer.rollout_sharding import ShardedSampler, resolve_weight_layout
+from trainer.rollout_sharding import RolloutLayout, ShardedSampler
 from trainer.scanned import ScannedQwen2, StackedWeightsSampler, abstract_scanned_model
 
 
@@ -155,8 +155,13 @@ def build_programs(
     *,
     pad_id: int,
     eos_ids: Sequence[int],
+    rollout_layout: RolloutLayout | None = None,
+    sampler_options: dict[str, Any] | None = None,
 ) -> RunPrograms:
-    """The run's programs for `model` (real or abstract, its params placed or described with shardings)."""
+    """The run's programs for `model` (real or abstract, its params placed or described with shardings).
+    rollout_layout: the layout already resolved from `cfg` (the Trainer records it before it loads the
+    model); None: resolved here. sampler_options: the Sampler's internal knobs, for benchmarks that rebuild
+    an old layout (benchmarks/plan.py)."""
     r = cfg.rollout
     training = training_programs(cfg, model, mesh)
     # A scanned model's rollout runs its unrolled view, fed the weights unstacked (trainer/scanned.py).
@@ -169,11 +174,9 @@ def build_programs(
         max_new_tokens=r.max_length_sample,
         mesh=mesh,
         style=r.sharding_style,
-        weight_layout=resolve_weight_layout(r.weight_layout, cfg.mesh_shape, r.sharding_style,
-                                            r.activation_layout, model.config, mesh),
-        activation_layout=r.activation_layout,
-        partial_sums=r.partial_sums,
-        cache_write=r.cache_write,
+        weight_layout=rollout_layout or r.weight_layout,
+        mesh_shape=cfg.mesh_shape,
+        **(sampler_options or {}),
     )
     return RunPrograms(
         training.graphdef, training.optimizer, training.schedule, training.param_shardings,

@@ -35,6 +35,7 @@ The planner measures them (`python -m trainer plan`, benchmarks/plan.py); docs/p
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -48,6 +49,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from trainer.mesh import global_from_local_rows, reshard, rollout_sharding
 from trainer.model import (
     DecodeLayout,
+    Qwen2Config,
     Qwen2ForCausalLM,
     fit_spec,
     matmul_output_dtype,
@@ -63,34 +65,99 @@ WEIGHT_LAYOUTS = ("fsdp", "replicated", "tensor", "megatron", "head_groups")
 _ALL_AXES = ("dp", "fsdp", "tp")
 
 
+@dataclasses.dataclass(frozen=True)
+class RolloutLayout:
+    """The layout a rollout decodes with, as resolve_rollout_layout chose it from the config (recorded in the
+    trainer's `start` event and shown by `tpu-console runs show`)."""
+
+    weight_layout: str  # one of WEIGHT_LAYOUTS, never `auto`
+    rows: str  # where the batch's rows live: legacy = split over every device, maxtext = over dp only
+    configured: str  # rollout.weight_layout as configured (`auto` or the layout itself)
+    why: str  # why this layout and these rows, in a few words
+
+    def to_json(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+
+def resolve_rollout_layout(weight_layout: str, style: str, config: Qwen2Config, mesh: Mesh, *,
+                           mesh_shape: str = "auto") -> RolloutLayout:
+    """The rollout layout for `rollout.weight_layout` and `rollout.sharding_style` on `mesh` (the training
+    mesh), the one place a layout is chosen.
+
+    `auto`: on TPU with mesh_shape auto and sharding_style legacy, when the hidden and intermediate sizes and
+    the vocabulary divide over the chips: head_groups when the KV heads divide the chips too, else megatron;
+    fsdp otherwise (CPU tests and tools included). head_groups is the faster of the two at both ends of the
+    planner's range (docs/plan.md, issue 26: 1.18..4.32 ms a token against megatron's 1.39..4.63 on v6e-16
+    for Qwen2.5-3B).
+    Rows: `sharding_style` for fsdp and replicated; the other layouts place rows themselves (tensor over
+    hosts only, megatron and head_groups over every device), and `why` says so when that is not the
+    configured style."""
+    if weight_layout != "auto" and weight_layout not in WEIGHT_LAYOUTS:
+        raise ValueError(f"weight_layout {weight_layout!r}: use auto or one of {', '.join(WEIGHT_LAYOUTS)}")
+    if style not in _BATCH_AXES:
+        raise ValueError(f"rollout.sharding_style: unknown style {style!r}; use legacy or maxtext")
+    chosen, why = weight_layout, "configured"
+    if weight_layout == "auto":
+        n = mesh.size
+        sizes = {"hidden size": config.hidden_size, "intermediate size": config.intermediate_size,
+                 "vocabulary": config.vocab_size}
+        left = [name for name, size in sizes.items() if size % n]
+        if not _on_tpu(mesh):
+            chosen, why = "fsdp", "auto: not on TPU"
+        elif mesh_shape != "auto":
+            chosen, why = "fsdp", f"auto: mesh_shape {mesh_shape}, not auto"
+        elif style != "legacy":
+            chosen, why = "fsdp", f"auto: sharding_style {style} (the explicit layouts split rows everywhere)"
+        elif left:
+            chosen, why = "fsdp", f"auto: {n} chips do not divide the {' and '.join(left)}"
+        elif n % config.num_key_value_heads == 0:
+            chosen, why = "head_groups", f"auto: the {config.num_key_value_heads} KV heads divide {n} chips"
+        else:
+            chosen = "megatron"
+            why = f"auto: the {config.num_key_value_heads} KV heads do not divide {n} chips (no head_groups)"
+    rows = {"tensor": "maxtext", "megatron": "legacy", "head_groups": "legacy"}.get(chosen, style)
+    if rows != style:
+        placed = "over hosts only" if chosen == "tensor" else "over every device"
+        why += f"; {chosen} places rows {placed} ({rows}), not sharding_style {style}"
+    return RolloutLayout(chosen, rows, weight_layout, why)
+
+
 class ShardedSampler(Sampler):
-    """`Sampler` whose inputs are this process's rows and whose batch layout follows the sharding style."""
+    """`Sampler` whose inputs are this process's rows, with the weights, rows and decode step laid out as
+    its RolloutLayout says (`self.layout`)."""
 
     def __init__(self, model: Qwen2ForCausalLM, pad_id: int, eos_ids: Sequence[int], *, prompt_len: int,
-                 max_new_tokens: int, mesh: Mesh, style: str, weight_layout: str = "fsdp",
-                 activation_layout: str = "rows", partial_sums: str = "auto",
-                 cache_write: str = "auto", **options: Any) -> None:
-        """options: the Sampler's own (attend_bucket)."""
-        if weight_layout not in WEIGHT_LAYOUTS:
-            raise ValueError(f"weight_layout {weight_layout!r}: use one of {', '.join(WEIGHT_LAYOUTS)}")
+                 max_new_tokens: int, mesh: Mesh, style: str, weight_layout: str | RolloutLayout = "fsdp",
+                 mesh_shape: str = "auto", **options: Any) -> None:
+        """weight_layout: `rollout.weight_layout` (resolved here with `style` and `mesh_shape` by
+        resolve_rollout_layout), or a RolloutLayout already resolved. options: the Sampler's own:
+        attend_bucket; and constrain_rows, matmul_dtype, cache_write_as_bits, which the layout sets
+        (rows pinned; bf16 partial sums and a plain cache write on TPU, fp32 and a bitcast write elsewhere)
+        and only benchmarks override, to rebuild the layout from before issue 16 (benchmarks/plan.py)."""
+        if isinstance(weight_layout, RolloutLayout):
+            layout = weight_layout
+        else:
+            layout = resolve_rollout_layout(weight_layout, style, model.config, mesh, mesh_shape=mesh_shape)
+        self.layout = layout
         self.train_mesh = mesh
-        if weight_layout == "tensor":
+        if layout.weight_layout == "tensor":
             # Rows split over hosts only: inside a host the chips share rows and split the model.
-            mesh, style = host_tensor_mesh(mesh), "maxtext"
-        elif weight_layout == "megatron":
-            style = "legacy"  # rows over every device: each chip attends over its own rows' cache
-        elif weight_layout == "head_groups":
+            mesh = host_tensor_mesh(mesh)
+        elif layout.weight_layout == "head_groups":
             # Rows over every device as in `megatron`; attention over (row blocks, KV head groups).
-            mesh, style = head_group_mesh(mesh, model.config.num_key_value_heads), "legacy"
+            mesh = head_group_mesh(mesh, model.config.num_key_value_heads)
+        on_tpu = _on_tpu(mesh)
+        # bf16 partial sums cross the interconnect at half the bytes; XLA CPU widens a bf16-output dot to an
+        # fp32 one and is slower for it. The bitcast cache write keeps XLA CPU from widening the whole cache
+        # every token; on TPU it is a relayout copy of the cache.
+        options.setdefault("matmul_dtype", model.compute_dtype if on_tpu else jnp.float32)
+        options.setdefault("cache_write_as_bits", not on_tpu)
         # One bucket: every process pads to the same width whatever its own longest prompt is.
         super().__init__(model, pad_id, eos_ids, buckets=(prompt_len,), max_new_tokens=max_new_tokens,
-                         mesh=mesh, constrain_rows=activation_layout == "rows",
-                         matmul_dtype=resolve_partial_sums(partial_sums, model.compute_dtype, mesh),
-                         cache_write_as_bits=cache_write == "bits"
-                         or (cache_write == "auto" and not _on_tpu(mesh)), **options)
-        self.style = style
-        self.weight_layout = weight_layout
-        self.sharding = rollout_sharding(mesh, style)
+                         mesh=mesh, **options)
+        self.style = layout.rows
+        self.weight_layout = layout.weight_layout
+        self.sharding = rollout_sharding(mesh, self.style)
         # Cast and gather in one program: each chip casts its shard, then the bf16 shards are gathered.
         self._replicate = jax.jit(self._cast_impl, out_shardings=NamedSharding(mesh, PartitionSpec()))
         self._to_layout: dict[Any, Any] = {}  # one cast-and-reshard program per state structure
@@ -464,31 +531,3 @@ def rollout_axes(batch_axes: tuple[str, ...], model_axes: tuple) -> tuple:
 
 def _on_tpu(mesh: Mesh) -> bool:
     return mesh.devices.flat[0].platform == "tpu"
-
-
-def resolve_weight_layout(setting: str, mesh_shape: str, style: str, activation_layout: str, config: Any,
-                          mesh: Mesh) -> str:
-    """`rollout.weight_layout`: auto = head_groups on TPU with mesh_shape auto, legacy rows and rows
-    activations, when the hidden and intermediate sizes and the vocabulary divide over the chips and the KV
-    heads divide them too; megatron when only the KV heads do not; fsdp otherwise (CPU tests and tools keep
-    their layout). head_groups is the faster of the two at both ends of the planner's range (docs/plan.md,
-    issue 26: 1.18..4.32 ms a token against megatron's 1.39..4.63 on v6e-16 for Qwen2.5-3B)."""
-    if setting != "auto":
-        return setting
-    n = mesh.size
-    fits = all(size % n == 0 for size in (config.hidden_size, config.intermediate_size, config.vocab_size))
-    explicit = (_on_tpu(mesh) and mesh_shape == "auto" and style == "legacy" and activation_layout == "rows"
-                and fits)
-    if not explicit:
-        return "fsdp"
-    return "head_groups" if n % config.num_key_value_heads == 0 else "megatron"
-
-
-def resolve_partial_sums(setting: str, compute_dtype: Any, mesh: Mesh) -> Any:
-    """`rollout.partial_sums`: auto = the compute dtype on TPU (bf16 partial sums cross the interconnect at
-    half the bytes), fp32 elsewhere (XLA CPU widens a bf16-output dot to an fp32 one and is slower for it)."""
-    if setting == "float32":
-        return jnp.float32
-    if setting == "compute" or (setting == "auto" and _on_tpu(mesh)):
-        return compute_dtype
-    return jnp.float32

@@ -34,6 +34,7 @@ from trainer.mesh import (
     train_sharding,
 )
 from trainer.programs import build_programs
+from trainer.rollout_sharding import RolloutLayout, resolve_rollout_layout
 
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 
@@ -81,23 +82,42 @@ def run(cfg: TrainerConfig, launch: LaunchEnv, events: tm.EventLog, *, run_dir: 
         print(f"info: the fsdp axis ({sizes['fsdp']} devices) spans {topo.process_count} hosts: parameter "
               "all-gathers cross hosts (mesh_shape host_local keeps them on-host)", flush=True)
     compiles = tm.CompileCounter()
+    rollout_layout = _rollout_layout(cfg, mesh)  # what `auto` chose, recorded before the weights load
     events.emit(tm.KIND_START, jax_version=jax.__version__, backend=jax.default_backend(),
                 process_count=topo.process_count, device_count=topo.device_count,
                 local_device_count=topo.local_device_count, mesh_shape=cfg.mesh_shape, mesh_axes=sizes,
                 fsdp_spans_hosts=spans, local_batch=local_batch,
                 global_batch=local_batch * topo.process_count,
-                sharding_style=cfg.rollout.sharding_style, steps=cfg.steps, config_digest=cfg.digest())
+                sharding_style=cfg.rollout.sharding_style, rollout_layout=rollout_layout.to_json(),
+                steps=cfg.steps, config_digest=cfg.digest())
     raise_armed_faults(local_batch)  # tests only (trainer/fault_injection.py)
     print(f"backend={jax.default_backend()} process={topo.process_index}/{topo.process_count} "
           f"device_count={topo.device_count} local_device_count={topo.local_device_count} "
           f"mesh={sizes} local_batch={local_batch}", flush=True)
+    print(f"info: rollout layout {rollout_layout.weight_layout}, rows {rollout_layout.rows} "
+          f"({rollout_layout.why})", flush=True)
     with jax.set_mesh(mesh):  # the model's activation constraints name the axes of the mesh in context
-        Trainer(cfg, mesh, topo, events, compiles, run_dir, progress).train()
+        Trainer(cfg, mesh, topo, events, compiles, run_dir, progress, rollout_layout=rollout_layout).train()
+
+
+def _rollout_layout(cfg: TrainerConfig, mesh: jax.sharding.Mesh) -> RolloutLayout:
+    """The rollout layout `cfg` resolves to on `mesh` (rollout_sharding.resolve_rollout_layout), from the
+    model's config.json (a hub id's files are downloaded here, where the loader would download them)."""
+    import json
+
+    from trainer.model import Qwen2Config
+    from trainer.weights import resolve_model_dir
+
+    config = Qwen2Config.from_hf(json.loads((resolve_model_dir(cfg.model_path) / "config.json").read_text()))
+    r = cfg.rollout
+    return resolve_rollout_layout(r.weight_layout, r.sharding_style, config, mesh, mesh_shape=cfg.mesh_shape)
 
 
 class Trainer:
     def __init__(self, cfg: TrainerConfig, mesh: jax.sharding.Mesh, topo: Topology, events: tm.EventLog,
-                 compiles: tm.CompileCounter, run_dir: str | None, progress: dict | None = None) -> None:
+                 compiles: tm.CompileCounter, run_dir: str | None, progress: dict | None = None, *,
+                 rollout_layout: RolloutLayout | None = None) -> None:
+        """rollout_layout: the layout `run` resolved and recorded (None: resolved with the sampler)."""
         from trainer.data import load_problems, process_shard
         from trainer.tokenizer import eos_token_ids, load_tokenizer
         from trainer.weights import load_model
@@ -116,7 +136,8 @@ class Trainer:
         self.eval_problems = (process_shard(load_problems(cfg.data, cfg.data.eval_split), topo.process_index,
                                             topo.process_count) if cfg.eval_every_steps else [])
         eos = eos_token_ids(self.tokenizer, self.model_config.eos_token_ids)
-        programs = build_programs(cfg, self.model, mesh, pad_id=self.tokenizer.pad_token_id, eos_ids=eos)
+        programs = build_programs(cfg, self.model, mesh, pad_id=self.tokenizer.pad_token_id, eos_ids=eos,
+                                  rollout_layout=rollout_layout)
         self.graphdef, self.params, self.rest = nnx.split(self.model, nnx.Param, ...)
         self.sampler, self.step_fn = programs.sampler, programs.step_fn
         self.schedule, self.optimizer = programs.schedule, programs.optimizer

@@ -40,6 +40,10 @@ BAD = [
     ({"rollout": {"temperature": 0}}, ["rollout.temperature", "greater than 0"]),
     ({"rollout": {"top_p": 1.5}}, ["rollout.top_p", "less than or equal to 1"]),
     ({"rollout": {"sharding_style": "fast"}}, ["rollout.sharding_style", "legacy", "maxtext"]),
+    # Reproductions of the layout before issue 16, now the benchmark's (benchmarks/plan.py), not config keys.
+    ({"rollout": {"activation_layout": "free"}}, ["rollout.activation_layout", "unknown key", "top_p"]),
+    ({"rollout": {"partial_sums": "float32"}}, ["rollout.partial_sums", "unknown key"]),
+    ({"rollout": {"cache_write": "bits"}}, ["rollout.cache_write", "unknown key"]),
     ({"rollout": {"n": 1}}, ["rollout.n", "at least 2 samples"]),
     ({"train": {"optimizer": "sgd"}}, ["train.optimizer", "adamw", "lion"]),
     ({"train": {"lr_schedule": "warmup_cosine", "warmup_steps": 10}}, ["train.warmup_steps", "lower it"]),

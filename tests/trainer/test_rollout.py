@@ -326,3 +326,42 @@ def test_two_level_inverse_cdf_draws_like_one_cumsum_over_the_row():
     # Every uniform lands on a positive-probability token, including u at the very top of the range.
     edge = np.asarray(jax.jit(_inverse_cdf)(logits, np.full(8, np.nextafter(1.0, 0.0), np.float32)))
     assert np.isfinite(logits[np.arange(8), edge]).all()
+
+
+def test_the_rollout_layout_is_resolved_once_with_its_reason():
+    # `auto` on TPU chips (libtpu's devices, nothing compiled) and on this CPU; an explicit layout that
+    # places rows itself says so instead of rewriting sharding_style silently.
+    import dataclasses
+
+    from jax.sharding import Mesh
+
+    from trainer import aot
+    from trainer.model import Qwen2Config
+    from trainer.rollout_sharding import resolve_rollout_layout
+    from trainer.tpu_specs import parse_accelerator_type
+
+    config = Qwen2Config(vocab_size=1024, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                         num_key_value_heads=2)
+    cpu = Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), ("dp", "fsdp", "tp"))
+    chosen = resolve_rollout_layout("auto", "legacy", config, cpu)
+    assert (chosen.weight_layout, chosen.rows, chosen.configured, chosen.why) == (
+        "fsdp", "legacy", "auto", "auto: not on TPU")
+    tensor = resolve_rollout_layout("tensor", "legacy", config, cpu)
+    assert tensor.rows == "maxtext" and "not sharding_style legacy" in tensor.why
+    assert resolve_rollout_layout("replicated", "maxtext", config, cpu).rows == "maxtext"
+    with pytest.raises(ValueError, match="use auto or one of"):
+        resolve_rollout_layout("sideways", "legacy", config, cpu)
+    if aot.libtpu_version() is None:
+        return
+    chips = Mesh(np.array(aot.tpu_devices(parse_accelerator_type("v6e-4"))).reshape(1, 4, 1),
+                 ("dp", "fsdp", "tp"))
+    assert resolve_rollout_layout("auto", "legacy", config, chips).to_json() == {
+        "weight_layout": "head_groups", "rows": "legacy", "configured": "auto",
+        "why": "auto: the 2 KV heads divide 4 chips"}
+    three_kv = dataclasses.replace(config, num_attention_heads=6, num_key_value_heads=3)
+    assert resolve_rollout_layout("auto", "legacy", three_kv, chips).weight_layout == "megatron"
+    odd_vocab = dataclasses.replace(config, vocab_size=1026)
+    assert resolve_rollout_layout("auto", "legacy", odd_vocab, chips).why == (
+        "auto: 4 chips do not divide the vocabulary")
+    assert resolve_rollout_layout("auto", "maxtext", config, chips).weight_layout == "fsdp"
+    assert resolve_rollout_layout("auto", "legacy", config, chips, mesh_shape="1,4,1").weight_layout == "fsdp"

@@ -8,13 +8,14 @@ import json
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from tpu_console import run_table
 from tpu_console.errors import UserError
 from tpu_console.node_table import format_age, format_table
 from tpu_console.providers.base import Provider
-from tpu_console.runs import control, foreign_metrics
+from tpu_console.runs import archive, control, foreign_metrics
 from tpu_console.runs.control import RunView
 from tpu_console.runs.foreign_metrics import ForeignReadings, complete_summary
 from tpu_console.runs.goodput import SUMMARY_KEYS, summary_fields
@@ -30,6 +31,23 @@ def _summary(view: RunView, foreign: ForeignReadings | None = None) -> dict[str,
     events leave empty from a command job's W&B summaries (`foreign`)."""
     summary = run_summary(view.record, {s.worker: s.events.last_step for s in view.workers})
     return complete_summary(summary, foreign)
+
+
+def rollout_layout(view: RunView) -> dict[str, Any] | None:
+    """The rollout layout the trainer chose (its `start` event's `rollout_layout`): from the workers' events
+    while the run is live, from its archive once it has ended; None for other jobs and older trainers."""
+    starts = [s.events.start for s in view.workers if s.events.start is not None]
+    record = view.record
+    if not starts and record.archive_path and Path(record.archive_path).is_dir():
+        found = archive.archived_start_in(Path(record.archive_path), record.workers)
+        starts = [found] if found is not None else []
+    layout = starts[0].get("rollout_layout") if starts else None
+    return layout if isinstance(layout, dict) else None
+
+
+def rollout_layout_line(layout: dict[str, Any]) -> str:
+    """`runs show`'s line for the layout: what decode ran, where the rows lived, and why."""
+    return f"rollout   {layout.get('weight_layout')} weights, rows {layout.get('rows')} ({layout.get('why')})"
 
 
 async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Provider]) -> int:
@@ -49,8 +67,10 @@ async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Pro
     decisions = await control.supervisor_decisions(providers, record)
     goodput = await run_goodput(providers, record, store, decisions)
     summary.update(summary_fields(goodput))
+    layout = rollout_layout(view)
     if json_mode:
         document = {**run_table.run_record(view), "summary": summary, "archive_path": record.archive_path,
+                    "rollout_layout": layout,
                     "goodput": goodput.to_json() if goodput is not None else None,
                     "steps_source": steps_note,
                     "foreign_metrics": foreign.to_json() if foreign is not None else None,
@@ -77,6 +97,8 @@ async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Pro
         f"code      {record.code_version or 'unknown'}",
         f"archive   {record.archive_path or '- (copied when the run ends)'}",
     ]
+    if layout is not None:
+        lines.append(rollout_layout_line(layout))
     if view.failure:
         lines.append(f"failure   {view.failure}")
     print(masker.mask("\n".join(lines)))

@@ -19,7 +19,7 @@ from pathlib import Path
 from tpu_console import locations
 from tpu_console.fleet import recipes
 from tpu_console.fleet.fleet import Fleet
-from tpu_console.runs.events import EventSummary, StepMetrics, parse_event_line
+from tpu_console.runs.events import Event, EventSummary, StepMetrics, parse_event_line
 from tpu_console.runs.tail import TailCursor, parse_chunk
 from tpu_console.secrets import SecretMasker
 
@@ -91,6 +91,19 @@ async def _copy(
                 break
     tmp.replace(local)
     return cursor.offset
+
+
+def archived_start_in(folder: Path, workers: list[int]) -> Event | None:
+    """The first `start` event in an archive folder, the workers' files read in order (None: none there)."""
+    for worker in workers:
+        path = folder / f"worker-{worker}" / "events.jsonl"
+        if path.exists():
+            with path.open(encoding="utf-8") as lines:
+                for line in lines:
+                    event = parse_event_line(line)
+                    if event is not None and event.kind == "start":
+                        return event
+    return None
 
 
 def archived_last_steps_in(folder: Path, workers: list[int]) -> dict[int, StepMetrics | None]:

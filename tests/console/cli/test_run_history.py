@@ -30,8 +30,15 @@ done
 """  # noqa: E501 - an event line of the fake trainer
 
 
-def stepping(tmp_path: Path, name: str, step_s: float, tokens: float) -> str:
-    body = STEPPING.replace("STEP_S", str(step_s)).replace("TOKENS", str(tokens))
+# The trainer's start event with the rollout layout `auto` chose (trainer/train.py).
+START = """\
+echo '{"t": 0, "kind": "start", "process": '$TRAINER_PROCESS_ID', "rollout_layout": {"weight_layout": \
+"head_groups", "rows": "legacy", "configured": "auto", "why": "auto: the 2 KV heads divide 16 chips"}}' >> events.jsonl
+"""  # noqa: E501 - an event line of the fake trainer
+
+
+def stepping(tmp_path: Path, name: str, step_s: float, tokens: float, start: str = "") -> str:
+    body = start + STEPPING.replace("STEP_S", str(step_s)).replace("TOKENS", str(tokens))
     folder = tmp_path / name
     folder.mkdir()
     return fake_trainer(folder, body)
@@ -56,10 +63,16 @@ def test_a_followed_run_is_archived_and_summarised_and_two_runs_compare(capsys, 
         assert log == "step=1 token=***\nstep=2 token=***\n"  # masked before it was stored
         assert len((archive / f"worker-{worker}" / "events.jsonl").read_text().splitlines()) == 2
 
-    run_b = launch(capsys, stepping(tmp_path, "b", 2.5, 900.0), "--env-file", str(env_file))
+    assert shown["rollout_layout"] is None  # no start event: a job that is not the trainer
+    assert "rollout " not in run(capsys, "runs", "show", run_a)[1]
+
+    run_b = launch(capsys, stepping(tmp_path, "b", 2.5, 900.0, START), "--env-file", str(env_file))
     assert run(capsys, "logs", run_b, "--follow")[0] == 0
-    status, out, _ = run(capsys, "runs", "show", "pod")  # a node: its latest run
+    status, out, _ = run(capsys, "runs", "show", "pod")  # a node: its latest run, read from its archive
     assert status == 0 and out.startswith(f"{run_b}  succeeded") and "valid tokens/s" in out
+    assert "rollout   head_groups weights, rows legacy (auto: the 2 KV heads divide 16 chips)" in out
+    shown = json.loads(run(capsys, "runs", "show", run_b, "--json")[1])
+    assert shown["rollout_layout"]["weight_layout"] == "head_groups"
 
     status, out, err = run(capsys, "runs", "compare", run_a, run_b)
     assert status == 0, err
