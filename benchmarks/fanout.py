@@ -25,7 +25,10 @@ faster than (c), at least 10x faster than (d), and under 100 ms median at 64 wor
 of a pod of the largest size), and prints the time per worker at each size against --workers: the fan-out's
 cost per worker must not grow with the pod. Each run follows the pause times the larger of its size and
 the last run's over --workers: the simulated workers start their next spare shells on the same 2 cores
-(1,024 of them take about a second there), which a real pod's hosts do each on their own.
+(1,024 of them take about a second there), which a real pod's hosts do each on their own. Beside each size
+it prints the console's own CPU per worker, the simulated pod's (pod_cpu.py: the pod_host processes, the
+agents and their shells, read from /proc around each run), and how many of the 2 cores the two got
+during the run: what the load leaves them, which is what the time per worker then follows.
 
 Every timed run, in every measurement, follows a pause (--pause, 0.5 s by default), as a person's
 commands are spaced: each worker server starts its next spare shell shortly after a command ends
@@ -48,6 +51,8 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+from pod_cpu import pod_cpu_s
 
 WARM_TARGET_S = 0.100
 WARM_TARGET_256_S = 0.150  # from 65 workers on (issue 28)
@@ -173,6 +178,7 @@ async def main(workers: int, repeats: int, pause: float, scale: list[int]) -> in
         sizes = sorted({workers, *scale})
         times: dict[int, list[float]] = {size: [] for size in sizes}
         client_cpu: dict[int, list[float]] = {size: [] for size in sizes}  # the console's own CPU per run
+        pod_cpu: dict[int, list[float]] = {size: [] for size in sizes}  # the simulated workers' CPU per run
         async with Fleet(all_targets) as fleet:
             await warm_up(fleet)
             last = max(sizes)  # warm_up ran on every worker
@@ -181,12 +187,16 @@ async def main(workers: int, repeats: int, pause: float, scale: list[int]) -> in
                     # the pause follows the larger of this run and the last: it is the last run's workers
                     # that start their spare shells meanwhile
                     spacing = pause * max(1.0, max(size, last) / workers)
+                    await asyncio.sleep(spacing)
+                    pod_before = pod_cpu_s()  # read before the console's CPU: reading it costs some
                     cpu_before = _cpu_s()
-                    times[size] += await _timed(lambda size=size: run_true(fleet, range(size)), 1, spacing)
+                    times[size] += await _timed(lambda size=size: run_true(fleet, range(size)), 1, 0.0)
                     client_cpu[size].append(_cpu_s() - cpu_before)
+                    pod_cpu[size].append(pod_cpu_s() - pod_before)
                     last = size
         scaled = {size: statistics.median(t) for size, t in times.items()}
         scaled_cpu = {size: statistics.median(t) for size, t in client_cpu.items()}
+        scaled_pod_cpu = {size: statistics.median(t) for size, t in pod_cpu.items()}
 
     await hosts.aclose()
 
@@ -227,7 +237,9 @@ async def main(workers: int, repeats: int, pause: float, scale: list[int]) -> in
         for size, seconds in scaled.items():
             print(f"      {size:5d} workers {seconds * 1000:8.1f} ms   {seconds / size * 1000:.3f} ms per "
                   f"worker ({seconds / size / per_worker:.2f}x); the console's CPU "
-                  f"{scaled_cpu[size] / size * 1000:.3f} ms per worker")
+                  f"{scaled_cpu[size] / size * 1000:.3f} ms per worker, the pod's "
+                  f"{scaled_pod_cpu[size] / size * 1000:.3f} ms per worker; the two got "
+                  f"{(scaled_cpu[size] + scaled_pod_cpu[size]) / seconds:.2f} of the 2 cores")
         larger = [size for size in scaled if size > workers]
         flat = all(scaled[size] / size <= per_worker for size in larger)
         if larger:
