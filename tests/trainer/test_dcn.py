@@ -122,12 +122,11 @@ def test_the_update_on_two_slices_all_reduces_its_gradients_across_them(tmp_path
 
     cfg = load_config(planning_config(tmp_path, tiny_model_dir), [])
     v6e4 = parse_accelerator_type("v6e-4")
-    plans = {n: build_plan(cfg, v6e4, only={"update"}, slices=n) for n in (1, 2)}
-    one, two = plans[1].to_json(), plans[2].to_json()
-    assert one["mesh"] == {"dp": 1, "fsdp": 4, "tp": 1} and two["mesh"] == {"dp": 2, "fsdp": 4, "tp": 1}
+    plan = build_plan(cfg, v6e4, only={"update"}, slices=2)  # one slice: tests/trainer/test_plan.py
+    two = plan.to_json()
+    assert two["mesh"] == {"dp": 2, "fsdp": 4, "tp": 1}
     assert two["slices"] == 2 and (two["chips"], two["hosts"]) == (4, 1)  # one slice's
-    (update_one,), (update_two,) = one["programs"], two["programs"]
-    assert update_one["dcn_ops"] == [] and one["network_step"]["dcn_bytes_per_chip"] == 0
+    (update_two,) = two["programs"]
     # Across slices: the gradients' all-reduce, each chip's share of them (its fsdp quarter of the fp32
     # parameters) summed with the other slice's, so at least that share crosses; the rest of the update
     # stays inside a slice. (The compiler sends more: the tied embedding's two gradients apart, small
@@ -141,7 +140,7 @@ def test_the_update_on_two_slices_all_reduces_its_gradients_across_them(tmp_path
     assert 0 < net["dcn_s"][0] <= net["dcn_s"][1] and net["ici_bytes_per_chip"] > 0
     low, high = update_two["estimated_seconds"]
     assert low >= update_two["dcn_seconds"][0] and high >= update_two["dcn_seconds"][1]
-    assert "DCN across 2 slices" in format_plan(plans[2]) and "DCN" not in format_plan(plans[1])
+    assert "DCN across 2 slices" in format_plan(plan)
 
 
 def test_a_mesh_that_cannot_span_the_slices_is_one_line(tmp_path, tiny_model_dir, capsys):

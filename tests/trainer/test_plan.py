@@ -115,6 +115,9 @@ def test_tiny_model_plan_on_v6e_2x2_matches_a_hand_computation(tmp_path, tiny_mo
     assert step["floor_bytes"] == pytest.approx(floor)
     assert step["estimated_seconds"][0] <= step["estimated_seconds"][1]
     assert plan["expected_new_tokens"] == 32 and plan["longest_rows_known"] == 0
+    # One slice: nothing crosses a data-center network (tests/trainer/test_dcn.py plans two).
+    assert all(p["dcn_ops"] == [] for p in plan["programs"])
+    assert plan["network_step"]["dcn_bytes_per_chip"] == 0 and plan["slices"] == 1
     assert math.isclose(plan["hbm_bytes"], 31.25 * 2**30)  # the compiler's own limit for a v6e chip
 
 
