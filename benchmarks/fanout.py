@@ -27,8 +27,9 @@ cost per worker must not grow with the pod. Each run follows the pause times the
 the last run's over --workers: the simulated workers start their next spare shells on the same 2 cores
 (1,024 of them take about a second there), which a real pod's hosts do each on their own. Beside each size
 it prints the console's own CPU per worker, the simulated pod's (pod_cpu.py: the pod_host processes, the
-agents and their shells, read from /proc around each run), and how many of the 2 cores the two got
-during the run: what the load leaves them, which is what the time per worker then follows.
+agents and their shells, read from /proc around each run), and the share of a core the console got
+during the run (its CPU over the time) and of the 2 cores both got: on a loaded machine the time per
+worker follows the console's share, whatever its CPU per worker.
 
 Every timed run, in every measurement, follows a pause (--pause, 0.5 s by default), as a person's
 commands are spaced: each worker server starts its next spare shell shortly after a command ends
@@ -238,8 +239,9 @@ async def main(workers: int, repeats: int, pause: float, scale: list[int]) -> in
             print(f"      {size:5d} workers {seconds * 1000:8.1f} ms   {seconds / size * 1000:.3f} ms per "
                   f"worker ({seconds / size / per_worker:.2f}x); the console's CPU "
                   f"{scaled_cpu[size] / size * 1000:.3f} ms per worker, the pod's "
-                  f"{scaled_pod_cpu[size] / size * 1000:.3f} ms per worker; the two got "
-                  f"{(scaled_cpu[size] + scaled_pod_cpu[size]) / seconds:.2f} of the 2 cores")
+                  f"{scaled_pod_cpu[size] / size * 1000:.3f} ms per worker; the console got "
+                  f"{scaled_cpu[size] / seconds:.1%} of a core, the two "
+                  f"{(scaled_cpu[size] + scaled_pod_cpu[size]) / seconds:.2f} of the 2")
         larger = [size for size in scaled if size > workers]
         flat = all(scaled[size] / size <= per_worker for size in larger)
         if larger:

@@ -234,11 +234,13 @@ async def main(workers: int, lines: int, latency_s: float, first_lines: int | No
         print(f"    every line written since the watch began, the start included: "
               f"p95 {p95_all * 1000:.0f} ms ({len(every):,} lines; never arrived: {len(never)}"
               f"{f', e.g. worker {never[0][0]}' if never else ''})")
-    if start_cpu:
+    if start_cpu and first_line_s:
         console_s, pod_s = start_cpu["console"], start_cpu["pod"]
         print(f"    the start's CPU, until every worker's first line: the console's {console_s:.2f} s "
               f"({console_s / workers * 1000:.2f} ms per worker, lines included), the simulated pod's "
-              f"{pod_s:.2f} s (pod_host processes, agents, followers: a real pod's own hosts)")
+              f"{pod_s:.2f} s (pod_host processes, agents, followers: a real pod's own hosts); over the "
+              f"{first_line_s[-1]:.2f} s the start took, the console got {console_s / first_line_s[-1]:.0%} "
+              f"of a core, the two {(console_s + pod_s) / first_line_s[-1]:.2f} of the 2")
     print(f"    the console's CPU while following: {cpu_b:.2f} s in {wall_b:.1f} s, {cpu_b / wall_b:.0%} of "
           f"one core (load average {os.getloadavg()[0]:.1f}: the console gets a share of it)")
     met = per_cpu_s >= LINES_PER_CPU_S_TARGET and p95_all < P95_TARGET_S and complete and not never
