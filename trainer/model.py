@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -383,31 +383,47 @@ class Block(nnx.Module):
 
 
 KVCache = list[tuple[jax.Array, jax.Array]]  # per layer (keys, values), each [B, kv_heads, S, head_dim]
-RowLayout = Any  # Callable[[jax.Array], jax.Array]: places an activation's rows (a sharding constraint)
+# Layout hooks (sharding constraints or shard_map'd computations; see DecodeLayout).
+RowLayout = Callable[[jax.Array], jax.Array]  # places an activation's rows
+HeadsLayout = Callable[[jax.Array, int], jax.Array]  # places q/k/v or the attention output, heads along `dim`
+QkvHook = Callable[[jax.Array, "RMSNorm", Sequence["Dense"]], Sequence[jax.Array]]
+OutHook = Callable[[jax.Array, "Dense"], jax.Array]
+MlpHook = Callable[[jax.Array, "RMSNorm", "MLP"], jax.Array]
+EmbedHook = Callable[[jax.Array, jax.Array], jax.Array]
+# sample(x, norm, weight, vocab_major, uniform, temperature, top_p, *, top_k, use_top_p, greedy)
+SampleHook = Callable[..., tuple[jax.Array, jax.Array]]
 
 
 @dataclass(frozen=True)
 class DecodeLayout:
-    """How a decode step lays out its work (None: the model's plain code, layouts left to the partitioner).
-    - residual(x): places the residual stream [B, T, hidden] after the embedding and after attention.
-    - heads(x, dim): places q [B,T,H,D], k and v [B,KV,T,D] and the attention output [B,T,H*D] (heads along
-      `dim`); their rows attend over their own cache.
-    The rest compute what the plain code does, with collectives of their own choosing:
-    - qkv(x, norm, (q_proj, k_proj, v_proj)): the three fp32 projections of norm(x);
+    """How a decode step lays out its work across devices: a set of hooks the model calls at fixed points
+    of `Qwen2ForCausalLM.decode` instead of its plain code. A hook left None keeps the plain code, with
+    layouts left to the partitioner; `DecodeLayout()` is the plain step. The rollout layouts build theirs
+    in trainer/rollout_sharding.py (`megatron_layout`, `head_group_layout`).
+
+    Placement hooks (each returns its input, placed):
+    - residual(x): the residual stream [B, T, hidden], after the embedding and after each attention and MLP.
+    - heads(x, dim): q [B, T, H, D] (dim 2), k and v [B, KV, T, D] (dim 1) and the attention output
+      [B, T, H*D] (dim 2); placed so that each row's heads attend over that row's cache.
+    Computation hooks (each computes what the plain code computes, with collectives of its own choosing):
+    - qkv(x, norm, (q_proj, k_proj, v_proj)): the three fp32 projections of norm(x), x the block's input
+      (the hook applies the input norm, so it can fold it into its collective);
     - out(attn, o_proj): the attention's output projection;
-    - mlp(x, norm, mlp): the block's output x + MLP(norm(x)), laid out as the hook chooses;
-    - embed(table, ids): the input embeddings [B, T, hidden];
+    - mlp(x, norm, mlp): the block's output x + MLP(norm(x)), placed as the hook chooses (the residual hook
+      is not applied after it);
+    - embed(table, ids): the input embeddings [B, T, hidden] from the (possibly split) table;
     - sample(x, norm, weight, vocab_major, uniform, temperature, top_p, *, top_k, use_top_p, greedy): the
-      next tokens and their log-probs, drawn as `rollout.sample_with_uniform` draws them from the logits of
-      norm(x) (with it, the sampler asks `decode` for the final hidden states instead of logits)."""
+      next tokens [B] and their log-probs [B], drawn as `rollout.sample_with_uniform` draws them from the
+      logits of norm(x), x the final hidden states [B, hidden]. With it, the sampler asks `decode` for
+      those hidden states instead of the logits (`hidden_only`), and the logits are never gathered."""
 
     residual: RowLayout | None = None
-    heads: RowLayout | None = None
-    qkv: Any = None
-    out: Any = None
-    mlp: Any = None
-    embed: Any = None
-    sample: Any = None
+    heads: HeadsLayout | None = None
+    qkv: QkvHook | None = None
+    out: OutHook | None = None
+    mlp: MlpHook | None = None
+    embed: EmbedHook | None = None
+    sample: SampleHook | None = None
 
 
 def _rows_anywhere(x: jax.Array) -> jax.Array:

@@ -166,13 +166,23 @@ def decode_segments(max_new_tokens: int, first: int) -> tuple[int, ...]:
 
 
 class Sampler:
+    """Batched sampling from `model` with a preallocated KV cache: `generate` runs `rollout_weights_program`
+    (when the weights need a cast), `prefill` and `decode_loop`, jitted once per shape and sampling mode."""
+
     def __init__(self, model: Qwen2ForCausalLM, pad_id: int, eos_ids: Sequence[int],
                  buckets: Sequence[int] = (64, 128, 256, 512, 1024), max_new_tokens: int = 256,
                  mesh: Mesh | None = None, cache_dtype: Any = None, constrain_rows: bool = True,
                  matmul_dtype: Any = jnp.float32, cache_write_as_bits: bool = True,
                  attend_bucket: int = 128):
-        """attend_bucket: new tokens the first decode segment's cache holds, doubling each segment after
-        (decode_segments); 0: one segment, attention over every `bucket + max_new_tokens` slot every step."""
+        """buckets: the prompt widths prompts are left-padded to (the smallest that fits). mesh: rows split
+        over its data axes (None: one device). cache_dtype: the KV cache's (default the compute dtype).
+        constrain_rows: pin activations, logits and the cache to their rows' devices (False leaves them to
+        the partitioner). matmul_dtype: the weight matmuls' output dtype (their partial sums, where a
+        layout all-reduces them). cache_write_as_bits: write a bf16 cache through an integer bitcast (XLA
+        CPU otherwise widens the whole cache every token; on TPU it is a copy). ShardedSampler sets the last
+        three for its layout. attend_bucket: new tokens the first decode segment's cache holds, doubling each
+        segment after (decode_segments); 0: one segment, attention over every `bucket + max_new_tokens` slot
+        every step."""
         if not eos_ids:
             raise ValueError("eos_ids is empty; pass the tokenizer's end-of-turn id(s), e.g. <|im_end|>")
         self.model = model

@@ -1,36 +1,43 @@
-"""The rollout Sampler (trainer/rollout.py) across processes, with the batch laid out by sharding style.
+"""The rollout Sampler (trainer/rollout.py) across processes and devices: the rollout layouts.
 
 Each process passes only its own prompts; they become one global batch (every process pads to the same
-fixed length, so all of them compile the same program). `rollout.sharding_style` picks where rows live:
-- `legacy`: batch over all mesh axes (dp, fsdp, tp): every device decodes its own rows.
-- `maxtext`: batch over dp only, replicated over fsdp/tp: rows stay with the weights' data-parallel group.
+fixed length, so all of them compile the same program). A layout says three things, all chosen once by
+`resolve_rollout_layout` from `rollout.weight_layout` and `rollout.sharding_style` (a `RolloutLayout`, which
+the trainer records in its `start` event):
+- where decode's bf16 weights live (trainer/weight_placement.py has the table; `rollout_weights_program`
+  makes them from the training weights once a step),
+- where the batch's rows live: `legacy` split over every device (dp, fsdp, tp), `maxtext` over dp only,
+  replicated over fsdp/tp,
+- how a decode step lays out its work (a model.DecodeLayout, or none: the model's plain code, the layout of
+  its intermediate values left to the partitioner).
 
-`rollout.weight_layout` picks where the bf16 weights decode reads live:
-- `fsdp`: sharded as in training. Each chip reads 1/N of the weights per token, but every layer's matmuls
-  contract over a sharded dimension, so each token all-reduces partial sums in every layer and the logits.
-- `replicated`: one all-gather per rollout makes a full bf16 copy on every chip; decode then needs no
-  collective at all (each chip decodes its own rows). Costs the bf16 weights' size per chip.
-- `tensor`: tensor parallel inside each host, data parallel across hosts. Decode runs on a second mesh over
-  the same devices, (dp = hosts, fsdp = 1, tp = chips per host): every host holds a bf16 copy split over its
-  own chips (heads, MLP columns and vocabulary on tp) and decodes its own rows. A token then costs two small
-  all-reduces per layer inside a host, instead of FSDP's partial sums over every chip for every matmul, and
-  each chip reads 1/chips-per-host of the weights. Key/value projections stay whole on every chip when the
-  KV heads do not divide over tp (Qwen2.5 has 2), so the cache needs no gather; each chip reads the cache of
-  the KV head its query heads use.
-- `megatron`: every kernel split over every chip, rows over every chip (megatron_layout): q/k/v and o_proj
-  as FSDP splits them, the MLP by its intermediate columns (gate/up by output, down by input), the
-  embedding and head by vocabulary, with every collective written out (shard_map). The RMSNorm before
-  q/k/v rides in the all-reduce of their partial sums (r * ((scale * x) @ W)), the MLP gathers the
+The weight layouts:
+- `fsdp`: the weights where training holds them. Each chip reads 1/N of the weights a token, but every
+  matmul contracts over a split dimension, so each layer all-reduces partial sums (five collectives a layer
+  on TPU, and the logits' partial sums once a token). Rows as `sharding_style` says.
+- `replicated`: one all-gather a step makes a full bf16 copy on every chip; decode then needs no
+  collective (each chip decodes its own rows). Costs the bf16 weights' size per chip.
+- `tensor`: tensor parallel inside each host, data parallel across hosts. Decode runs on a second mesh
+  over the same devices, (dp = hosts, fsdp = 1, tp = chips per host): every host holds a bf16 copy split
+  over its own chips (heads, MLP columns and vocabulary on tp) and decodes its own rows (`maxtext` rows on
+  that mesh). The key/value projections stay whole on every chip when the KV heads do not divide over tp
+  (Qwen2.5 has 2), so the cache needs no gather; each chip reads the cache of the KV head its query heads
+  use. Two all-reduces a layer inside a host.
+- `megatron` (megatron_layout): every weight split over every chip, rows over every chip: q/k/v by their
+  input and o_proj by its output (as FSDP splits them), the MLP by its intermediate columns (gate/up by
+  output, down by input), the embedding and an untied head by vocabulary. Every collective is written out
+  (shard_map): the input RMSNorm rides in the all-reduce of q/k/v's partial sums, the MLP gathers the
   residual once and all-reduces its output, and each chip samples from its own slice of the vocabulary
-  (trainer/split_sampling.py) instead of all-reducing 39 MB of partial logits a token: four collectives a
-  layer and four a token, and the [rows, intermediate] activations never cross the interconnect. `auto`
-  (the default) picks it on TPU with mesh_shape auto.
-- `head_groups`: attention split by KV head, rows over the rest (head_group_layout), on a second mesh over
-  the same devices, (dp = 1, fsdp = devices / KV heads, tp = KV heads): each chip holds its KV head's
-  group of q/k/v columns and o_proj rows whole over the hidden dim, the residual is whole on every chip,
-  and a layer costs two all-reduces. Each chip reads KV-heads/devices of the attention weights, not
-  1/devices; the MLP, embedding and sampling are `megatron`'s.
-The planner measures them (`python -m trainer plan`, benchmarks/plan.py); docs/plan.md has the figures.
+  (trainer/split_sampling.py) instead of all-reducing the partial logits: four collectives a layer, and
+  the [rows, intermediate] activations never cross the interconnect.
+- `head_groups` (head_group_layout): attention split by KV head, on a second mesh over the same devices,
+  (dp = 1, fsdp = devices / KV heads, tp = KV heads): each chip holds its KV head's group of q/k/v columns
+  and o_proj rows, whole over the hidden dim, and the residual is whole on every chip; the MLP, the
+  embedding and sampling are split as `megatron` splits them. Two collectives a layer; each chip reads
+  KV-heads/devices of the attention weights, not 1/devices.
+`auto` resolves to head_groups on TPU where the model's dims divide over the chips (megatron where the KV
+heads do not), fsdp elsewhere (see resolve_rollout_layout). The planner measures them (`python -m trainer
+plan`, benchmarks/plan.py); docs/plan.md has the figures.
 """
 
 from __future__ import annotations
@@ -53,16 +60,14 @@ from trainer.model import (
     Qwen2ForCausalLM,
     fit_spec,
     matmul_output_dtype,
-    param_shardings,
     rms_norm,
 )
 from trainer.rollout import Sampler
 from trainer.split_sampling import own_rows, sample_split_vocab
+from trainer.weight_placement import ALL_AXES, rollout_shardings
 
 _BATCH_AXES = {"legacy": ("dp", "fsdp", "tp"), "maxtext": ("dp",)}
 WEIGHT_LAYOUTS = ("fsdp", "replicated", "tensor", "megatron", "head_groups")
-# The mesh axes the `megatron` layout splits its weights and rows over: every device of the rollout's mesh.
-_ALL_AXES = ("dp", "fsdp", "tp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,40 +181,28 @@ class ShardedSampler(Sampler):
         return min(width, padded_width)
 
     def rollout_weights_program(self, state: nnx.State) -> Any:
-        """The jitted cast of `state` to the compute dtype, laid out as the weight layout puts decode's
+        """The jitted cast of `state` to the compute dtype, laid out where the weight layout puts decode's
         weights (rollout_weight_shardings); `fsdp`: the plain Sampler's cast, or None (no cast needed)."""
         if self.weight_layout == "replicated":
             return self._replicate
         if self.weight_layout in ("tensor", "megatron", "head_groups"):
-            return self.layout_program(state)
+            key = jax.tree.structure(state)  # one program per state structure
+            if key not in self._to_layout:
+                where = self.rollout_weight_shardings(state)
+                self._to_layout[key] = jax.jit(self._cast_impl, out_shardings=where)
+            return self._to_layout[key]
         return super().rollout_weights_program(state)
 
     def rollout_weight_shardings(self, state: nnx.State) -> Any:
-        """Where `rollout_weights_program` puts each of `state`'s weights."""
-        if self.weight_layout == "replicated":
-            return jax.tree.map(lambda _: NamedSharding(self.mesh, PartitionSpec()), state)
-        if self.weight_layout in ("tensor", "megatron", "head_groups"):
-            return self.layout_shardings(state)
-        return jax.tree.map(lambda x: x.sharding, state)
-
-    def layout_program(self, state: nnx.State) -> Any:
-        """The jitted cast of `state` to bf16 laid out for the `tensor` or `megatron` layout (built once per
-        structure)."""
-        key = jax.tree.structure(state)
-        if key not in self._to_layout:
-            self._to_layout[key] = jax.jit(self._cast_impl, out_shardings=self.layout_shardings(state))
-        return self._to_layout[key]
-
-    def layout_shardings(self, state: nnx.State) -> nnx.State:
-        """Where the `tensor` or `megatron` layout puts each of `state`'s weights (see
-        tensor_parallel_shardings, megatron_shardings)."""
-        if self.weight_layout == "megatron":
-            return megatron_shardings(state, self.mesh)
-        if self.weight_layout == "head_groups":
-            return head_group_shardings(state, self.mesh)
-        return tensor_parallel_shardings(state, self.mesh, self.model.config.num_key_value_heads)
+        """Where `rollout_weights_program` puts each of `state`'s weights (trainer/weight_placement.py);
+        `fsdp` leaves them where training holds them."""
+        if self.weight_layout == "fsdp":
+            return jax.tree.map(lambda x: x.sharding, state)
+        return rollout_shardings(self.weight_layout, state, self.mesh, self.model.config)
 
     def _decode_layout(self, model: Qwen2ForCausalLM) -> DecodeLayout | None:
+        """megatron's and head_groups' explicit decode steps; None (the model's plain step) for the other
+        layouts, and with constrain_rows off (the layout before issue 16, rebuilt by benchmarks only)."""
         if not self.constrain_rows:
             return None
         if self.weight_layout == "megatron":
@@ -227,14 +220,18 @@ class ShardedSampler(Sampler):
             return super().generate(prompts, rng, *args, **kwargs)
 
     def mesh_context(self) -> Any:
-        """The mesh in context while the rollout's programs are traced and run: its own (the `tensor`
-        layout's differs from training's, and jit reads output layouts against the mesh in context)."""
+        """The mesh in context while the rollout's programs are traced and run: its own (the `tensor` and
+        `head_groups` layouts decode on a mesh of their own over the same devices, and jit reads output
+        layouts against the mesh in context)."""
         return jax.set_mesh(self.mesh)
 
     def place(self, array: np.ndarray) -> jax.Array:
+        """This process's rows of a host batch into the global batch, rows where the layout puts them."""
         return global_from_local_rows(array, self.mesh, self.sharding)
 
     def constrain(self, x: jax.Array, axes: tuple) -> jax.Array:
+        """`x` (an activation or the KV cache, `axes` the model's axes for it) with its rows where the layout
+        puts them."""
         if self.weight_layout == "head_groups" and axes == self.model.config.sharding.kv_cache:
             # The cache [batch, kv_heads, length, head_dim] by row blocks and KV heads, where attention reads.
             spec = PartitionSpec(("dp", "fsdp"), "tp")
@@ -258,51 +255,11 @@ def host_tensor_mesh(mesh: Mesh) -> Mesh:
     return Mesh(np.array(flat, dtype=object).reshape(hosts, 1, per_host), mesh.axis_names)
 
 
-def tensor_parallel_shardings(state: nnx.State, mesh: Mesh, kv_heads: int) -> nnx.State:
-    """Shardings of the model's weights on the `tensor` layout's mesh: the model's own axes (tp splits heads,
-    MLP columns and the vocabulary; fsdp has size 1), except that key/value projections stay whole when the
-    KV heads do not divide over tp: split by columns they would cut heads in two, and every token would
-    gather them back for the cache."""
-    shardings = param_shardings(state, mesh)
-    if kv_heads % mesh.shape["tp"] == 0:
-        return shardings
-    whole = NamedSharding(mesh, PartitionSpec())
-
-    def keep_kv_whole(path: tuple, var: nnx.Variable) -> nnx.Variable:
-        return var.replace(whole) if any(str(part) in ("k_proj", "v_proj") for part in path) else var
-
-    return nnx.map_state(keep_kv_whole, shardings)
-
-
-# The `megatron` layout's weights ([in, out]; embed_tokens is [vocab, hidden]): the dim each kernel is split
-# along, over every device. Norms and biases stay whole on every chip. q/k/v and o_proj are split as FSDP
-# splits them; the MLP by its intermediate columns; the embedding and an untied head by vocabulary.
-_MEGATRON_SPLIT = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "o_proj": 1, "gate_proj": 1, "up_proj": 1,
-                   "down_proj": 0, "embed_tokens": 0, "lm_head": 1}
-
-
-def megatron_shardings(state: nnx.State, mesh: Mesh) -> nnx.State:
-    """Shardings of the model's weights for the `megatron` layout, each kernel split over every device: q/k/v
-    by their input and o_proj by its output, as FSDP splits them; the embedding [vocab, hidden] and an
-    untied head [hidden, vocab] by vocabulary (each chip looks up and samples its own slice of it); gate/up
-    by their output and down_proj by its input (the MLP's intermediate columns stay on their chip)."""
-
-    def one(path: tuple, var: nnx.Variable) -> nnx.Variable:
-        names = [str(part) for part in path]
-        split = next((_MEGATRON_SPLIT[n] for n in names if n in _MEGATRON_SPLIT), None)
-        axes = () if split is None or names[-1] == "bias" else (None,) * split + (_ALL_AXES,)
-        if axes and var.shape[split] % mesh.size:
-            raise ValueError(f"rollout.weight_layout=megatron splits {'.'.join(names)} {tuple(var.shape)} "
-                             f"over {mesh.size} devices, which do not divide dim {split}; use fsdp")
-        return var.replace(NamedSharding(mesh, PartitionSpec(*axes)))
-
-    return nnx.map_state(one, state)
-
-
 def megatron_layout(mesh: Mesh, rows: Any) -> DecodeLayout:
-    """The `megatron` layout's decode step (weights as megatron_shardings puts them, rows over every device),
-    every collective written out (shard_map). Four collectives a layer:
-    - the residual stream enters a block whole on every chip and leaves attention split by hidden columns;
+    """The `megatron` layout's decode step: weights where weight_placement.MEGATRON puts them, rows over
+    every device, every collective written out (shard_map). Four collectives a layer:
+    - the residual stream enters a block whole on every chip (the first block: split by hidden columns, as
+      the embedding leaves it) and leaves attention split by hidden columns;
     - q/k/v with the input norm folded in: RMSNorm then a matmul is r * ((scale * x) @ W), r = rsqrt(mean(x^2)
       + eps) per row, so each chip multiplies its columns of scale * x by its rows of W, and its share of
       sum(x^2) rides in the same all-reduce as the three partial sums (1). Each chip keeps its own rows'
@@ -314,11 +271,13 @@ def megatron_layout(mesh: Mesh, rows: Any) -> DecodeLayout:
       compiler makes it an all-reduce anyway; whole, the next block's q/k/v take their columns without a
       collective and the last block's output needs no gather before the head.)
     - embeddings: the ids gathered, each chip looks up those in its slice of the vocabulary, and the zeros
-      elsewhere sum away in a reduce-scatter to columns; sampling: split_sampling.sample_split_vocab (one
-      all-gather of per-slice statistics, one all-reduce of the drawn tokens).
-    (Left to the partitioner with sharding constraints, q/k/v and the head gathered whole weights every
-    token.) The [rows, intermediate] activations never leave a chip: FSDP all-reduces them every layer."""
-    axes, rows_spec = _ALL_AXES, PartitionSpec(_ALL_AXES)
+      elsewhere sum away in a reduce-scatter to the residual's hidden columns; sampling:
+      split_sampling.sample_split_vocab (one all-gather of per-slice statistics, one all-reduce of the drawn
+      tokens; greedy needs only the gather).
+    (Left to the partitioner with sharding constraints instead, q/k/v and the head gathered whole weights
+    every token.) The [rows, intermediate] activations never leave a chip: FSDP all-reduces them every
+    layer."""
+    axes, rows_spec = ALL_AXES, PartitionSpec(ALL_AXES)
     n = mesh.size
     split_in, split_out = PartitionSpec(axes, None), PartitionSpec(None, axes)
 
@@ -382,7 +341,7 @@ def _column_split_mlp(mesh: Mesh, x: jax.Array, norm: Any, block: Any, *, gather
     down by input): the block's output x + MLP(norm(x)), whole on every chip. Each chip normalises the whole
     residual (gathered from its columns first when `gather`), makes its intermediate columns, and one
     all-reduce of down_proj's partial outputs gives every chip the sum."""
-    axes, whole = _ALL_AXES, PartitionSpec()
+    axes, whole = ALL_AXES, PartitionSpec()
     dtype, compute = matmul_output_dtype(), block.down_proj.compute_dtype
     kernels = [d.kernel[...].astype(compute) for d in (block.gate_proj, block.up_proj, block.down_proj)]
 
@@ -424,38 +383,9 @@ def head_group_mesh(mesh: Mesh, kv_heads: int) -> Mesh:
                 mesh.axis_names)
 
 
-# The `head_groups` layout's weights ([in, out]; embed_tokens is [vocab, hidden]): the dim each kernel is
-# split along and over which axes. q/k/v by their output over the KV head groups (tp), o_proj by its input
-# likewise; the MLP and the embedding over every device, as `megatron` splits them.
-_HEAD_GROUP_SPLIT = {"q_proj": (1, "tp"), "k_proj": (1, "tp"), "v_proj": (1, "tp"), "o_proj": (0, "tp"),
-                     "gate_proj": (1, _ALL_AXES), "up_proj": (1, _ALL_AXES), "down_proj": (0, _ALL_AXES),
-                     "embed_tokens": (0, _ALL_AXES), "lm_head": (1, _ALL_AXES)}
-
-
-def head_group_shardings(state: nnx.State, mesh: Mesh) -> nnx.State:
-    """Shardings of the model's weights for the `head_groups` layout on head_group_mesh: each chip holds
-    its KV head group's q/k/v columns and o_proj rows (whole over the hidden dim) and 1/devices of the MLP
-    and the embedding. Norms and biases stay whole."""
-
-    def one(path: tuple, var: nnx.Variable) -> nnx.Variable:
-        names = [str(part) for part in path]
-        split = next((_HEAD_GROUP_SPLIT[n] for n in names if n in _HEAD_GROUP_SPLIT), None)
-        if split is None or names[-1] == "bias":
-            return var.replace(NamedSharding(mesh, PartitionSpec()))
-        dim, axes = split
-        parts = int(np.prod([mesh.shape[a] for a in (axes if isinstance(axes, tuple) else (axes,))]))
-        if var.shape[dim] % parts:
-            raise ValueError(f"rollout.weight_layout=head_groups splits {'.'.join(names)} "
-                             f"{tuple(var.shape)} over {parts} devices, which do not divide dim {dim}; "
-                             f"use megatron")
-        return var.replace(NamedSharding(mesh, PartitionSpec(*(None,) * dim, axes)))
-
-    return nnx.map_state(one, state)
-
-
 def head_group_layout(mesh: Mesh) -> DecodeLayout:
-    """The `head_groups` layout's decode step on head_group_mesh (weights as head_group_shardings puts them),
-    every collective written out (shard_map). Two collectives a layer:
+    """The `head_groups` layout's decode step on head_group_mesh: weights where weight_placement.HEAD_GROUPS
+    puts them, every collective written out (shard_map). Two collectives a layer:
     - the residual stream is whole on every chip (every chip computes the same [rows, hidden]);
     - attention: the chip (KV head h, row block g) normalises its rows and projects them with its head
       group's whole q/k/v columns (no collective), attends over its rows' cache of head h (the cache is
@@ -464,11 +394,12 @@ def head_group_layout(mesh: Mesh) -> DecodeLayout:
       gathers the row blocks at once (1);
     - MLP: each chip makes its intermediate columns of the whole residual, down_proj contracts them, and
       one all-reduce gives every chip the output (2);
-    - embeddings: the ids gathered, each chip looks up its columns, which are gathered; logits: as in
-      `megatron` (split_sampling.sample_split_vocab).
+    - embeddings: the ids gathered, each chip looks up those in its slice of the vocabulary (zeros for the
+      others), and one all-reduce sums the lookups whole on every chip; sampling: as in `megatron`
+      (split_sampling.sample_split_vocab).
     Against `megatron`'s four collectives a layer, each chip reads its head group's q/k/v and o_proj whole
     over the hidden dim (1/kv_heads of them, not 1/devices)."""
-    axes, whole = _ALL_AXES, PartitionSpec()
+    axes, whole = ALL_AXES, PartitionSpec()
     row_axes, groups = ("dp", "fsdp"), mesh.shape["dp"] * mesh.shape["fsdp"]
 
     def by_group(ndim: int) -> PartitionSpec:

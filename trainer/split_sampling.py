@@ -1,17 +1,18 @@
 """Sampling from logits whose vocabulary is split over devices, without gathering the logits.
 
 A decode step of the `megatron` and `head_groups` rollout layouts (trainer/rollout_sharding.py) computes
-each chip's slice of the vocabulary for every row, from the whole final hidden state and the chip's rows
-of the (vocab-split) head. Gathering those logits to their rows' chips would move 39 MB a token for 128
-rows of Qwen2.5, so the draw is made where the logits are: every chip shares its slice's max and exp-sum
-per row (and its rows' uniforms) in one small all-gather, from which every chip computes the same
+each chip's slice of the vocabulary for every row, from the whole final hidden state and the chip's slice
+of the head (split by vocabulary). Gathering those logits to their rows' chips would move 39 MB a token for
+128 rows of Qwen2.5, so the draw is made where the logits are: every chip shares its slice's max and
+exp-sum per row (and its rows' uniforms) in one small all-gather, from which every chip computes the same
 log-sum-exp and the same choice of slice for each row; the chip holding it draws inside its slice, and
 one small all-reduce brings the tokens and their log-probs to their rows' chips.
 
 The draw is `rollout.sample_with_uniform`'s: the first token whose cumulative probability exceeds the
-row's uniform, here taken in three levels (slice, block of 128, token) instead of two. Greedy picks the
-first maximum. Top-k and top-p need the whole row sorted, so they gather the logits to their rows
-(an all-to-all) and sample there as the plain path does.
+row's uniform, here taken by slice first, then inside the slice as `rollout._draw` takes it (by blocks of
+128 tokens, then a token, for a slice of more than 256). Greedy picks the first maximum, and needs only the
+all-gather: it carries each slice's first maximal token. Top-k and top-p need the whole row sorted, so they
+gather the logits to their rows (an all-to-all) and sample there as the plain path does.
 """
 
 from __future__ import annotations

@@ -1,0 +1,119 @@
+"""Where each weight lives, in training and in every rollout layout: one description, several values.
+
+A placement is a `ShardingRules` (trainer/model.py): the mesh axes of each kind of weight, shapes [in, out]
+(`embed_tokens` is [vocab, hidden]). Training's is the model's own, `config.sharding`, which the model
+stamps on each parameter as it builds it (so the loader, the optimizer and the update place them by it).
+A rollout layout is another value of the same description, read by `placement_shardings`:
+
+| kind: weight | training, `fsdp` | `megatron` | `head_groups` |
+| --- | --- | --- | --- |
+| embed: embed_tokens [vocab, hidden] | (tp, fsdp) | vocabulary over all | vocabulary over all |
+| attn_qkv: q/k/v [hidden, heads * dim] | (fsdp, tp) | input over all | output over tp (KV head groups) |
+| attn_qkv_bias: q/k/v biases | (tp,) | whole | whole |
+| attn_out: o_proj [heads * dim, hidden] | (tp, fsdp) | output over all | input over tp |
+| mlp_in: gate/up [hidden, intermediate] | (fsdp, tp) | output over all | output over all |
+| mlp_out: down [intermediate, hidden] | (tp, fsdp) | input over all | input over all |
+| norm: every RMSNorm's scale | whole | whole | whole |
+| lm_head: an untied head [hidden, vocab] | (fsdp, tp) | vocabulary over all | vocabulary over all |
+
+("all": every device of the decode mesh, ALL_AXES.)
+`replicated` puts every weight whole on every chip; `tensor` is training's on its host mesh (fsdp = 1,
+tp = a host's chips), except that the key/value projections stay whole where the KV heads do not divide
+over tp (split by columns they would cut heads in two). Training's placement drops an axis that does not
+divide a dimension (`fit_spec`); the explicit layouts refuse it, since their decode step (shard_map) needs
+every split exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from trainer.model import ShardingRules, fit_spec
+
+# Every device of the rollout's mesh, for the weights `megatron` and `head_groups` split over all of them.
+ALL_AXES = ("dp", "fsdp", "tp")
+_WHOLE: tuple = ()
+
+MEGATRON = dataclasses.replace(
+    ShardingRules(), embed=(ALL_AXES,), attn_qkv=(ALL_AXES,), attn_qkv_bias=_WHOLE, attn_out=(None, ALL_AXES),
+    mlp_in=(None, ALL_AXES), mlp_out=(ALL_AXES,), norm=_WHOLE, lm_head=(None, ALL_AXES))
+HEAD_GROUPS = dataclasses.replace(
+    MEGATRON, attn_qkv=(None, "tp"), attn_out=("tp",))
+REPLICATED = dataclasses.replace(
+    ShardingRules(), embed=_WHOLE, attn_qkv=_WHOLE, attn_qkv_bias=_WHOLE, attn_out=_WHOLE, mlp_in=_WHOLE,
+    mlp_out=_WHOLE, norm=_WHOLE, lm_head=_WHOLE)
+
+# The module names of the model (trainer/model.py) and the kind of weight each holds.
+_KINDS = {"embed_tokens": "embed", "q_proj": "attn_qkv", "k_proj": "attn_qkv", "v_proj": "attn_qkv",
+          "o_proj": "attn_out", "gate_proj": "mlp_in", "up_proj": "mlp_in", "down_proj": "mlp_out",
+          "lm_head": "lm_head", "input_layernorm": "norm", "post_attention_layernorm": "norm", "norm": "norm"}
+
+
+def weight_kind(path: tuple) -> str | None:
+    """The ShardingRules field that places the weight at `path` (an nnx.State path); None: not a weight
+    the rules know, kept whole."""
+    names = [str(part) for part in path]
+    kind = next((_KINDS[name] for name in names if name in _KINDS), None)
+    if kind == "attn_qkv" and names[-1] == "bias":
+        return "attn_qkv_bias"
+    if kind is not None and kind != "norm" and names[-1] == "bias":
+        return None  # o_proj and the MLP have no biases; kept whole if a model had one
+    return kind
+
+
+def placement_shardings(state: nnx.State, mesh: Mesh, rules: ShardingRules, *,
+                        exact: str | None = None) -> nnx.State:
+    """NamedShardings of `state`'s weights on `mesh` by `rules`. Without `exact`, an axis that does not
+    divide its dimension is dropped (training's placement); with it (the layout's name), each spec is the
+    rules' axes as given, and an axis that does not divide its dimension is an error naming the weight."""
+
+    def one(path: tuple, var: nnx.Variable) -> nnx.Variable:
+        kind = weight_kind(path)
+        axes = getattr(rules, kind) if kind is not None else _WHOLE
+        if exact is None:
+            return var.replace(NamedSharding(mesh, fit_spec(var.shape, axes, mesh)))
+        for dim, entry in enumerate(axes):
+            names = (entry,) if isinstance(entry, str) else tuple(entry or ())
+            parts = int(np.prod([mesh.shape[name] for name in names]))
+            if var.shape[dim] % parts:
+                fallback = "megatron" if exact == "head_groups" else "fsdp"
+                raise ValueError(f"rollout.weight_layout={exact} splits {'.'.join(str(p) for p in path)} "
+                                 f"{tuple(var.shape)} over {parts} devices, which do not divide dim {dim}; "
+                                 f"use {fallback}")
+        return var.replace(NamedSharding(mesh, PartitionSpec(*axes)))
+
+    return nnx.map_state(one, state)
+
+
+def tensor_parallel_shardings(state: nnx.State, mesh: Mesh, rules: ShardingRules, kv_heads: int) -> Any:
+    """The `tensor` layout's placement on its host mesh: training's rules, the key/value projections whole
+    when the KV heads do not divide over tp (split by columns they would cut heads in two, and every token
+    would gather them back for the cache)."""
+    shardings = placement_shardings(state, mesh, rules)
+    if kv_heads % mesh.shape["tp"] == 0:
+        return shardings
+    whole = NamedSharding(mesh, PartitionSpec())
+
+    def keep_kv_whole(path: tuple, var: nnx.Variable) -> nnx.Variable:
+        return var.replace(whole) if any(str(part) in ("k_proj", "v_proj") for part in path) else var
+
+    return nnx.map_state(keep_kv_whole, shardings)
+
+
+def rollout_shardings(layout: str, state: nnx.State, mesh: Mesh, config: Any) -> nnx.State:
+    """Where the rollout layout `layout` puts each of `state`'s weights on its decode mesh `mesh` (the
+    training mesh, or the layout's own over the same devices), `config` the model's Qwen2Config."""
+    if layout == "megatron":
+        return placement_shardings(state, mesh, MEGATRON, exact="megatron")
+    if layout == "head_groups":
+        return placement_shardings(state, mesh, HEAD_GROUPS, exact="head_groups")
+    if layout == "tensor":
+        return tensor_parallel_shardings(state, mesh, config.sharding, config.num_key_value_heads)
+    if layout == "replicated":
+        return placement_shardings(state, mesh, REPLICATED, exact="replicated")
+    return placement_shardings(state, mesh, config.sharding)  # fsdp: training's own
