@@ -237,6 +237,28 @@ async def _signatures_and_events(local_fleet: Fleet) -> None:
     assert updates[-1].health.failure == "worker 0 exited 1: boom"
 
 
+async def test_a_log_opened_at_its_last_lines_needs_only_the_followers(local_pod, local_fleet):
+    run_id, workers = new_run_id(), [0, 1]
+    await start_job(local_fleet, run_id, workers, "for i in 1 2 3 4 5; do echo line $i; done; printf 'end'")
+    sent = []  # what the watch asks of the workers: only their followers (no tail command first)
+    follow, run = local_fleet.follow, local_fleet.run
+
+    async def counted_follow(command, worker, on_line):
+        sent.append(("follow", worker))
+        return await follow(command, worker, on_line)
+
+    async def counted_run(command, workers=None, **options):
+        sent.append(("run", command))
+        return await run(command, workers, **options)
+
+    local_fleet.follow, local_fleet.run = counted_follow, counted_run
+    watch = RunWatch(local_fleet, record_for(run_id, workers), poll_s=0.1, first_log_lines=2)
+    async with asyncio.timeout(20):
+        await watch.run()
+    assert [list(watch.workers[w].lines) for w in workers] == [["line 5", "end"]] * 2
+    assert sorted(sent) == [("follow", 0), ("follow", 1)]
+
+
 class _BrokenFleet:
     """asyncssh can raise odd errors when a connection dies while a channel opens (seen under load)."""
 
