@@ -93,7 +93,10 @@ def resolve_rollout_layout(weight_layout: str, style: str, config: Qwen2Config, 
     the vocabulary divide over the chips: head_groups when the KV heads divide the chips too, else megatron;
     fsdp otherwise (CPU tests and tools included). head_groups is the faster of the two at both ends of the
     planner's range (docs/plan.md, issue 26: 1.18..4.32 ms a token against megatron's 1.39..4.63 on v6e-16
-    for Qwen2.5-3B).
+    for Qwen2.5-3B). On several slices (dp > 1 under mesh_shape auto) fsdp too: head_groups and megatron
+    split the weights over every chip of the mesh, so decode would cross the data-center network every
+    token (docs/plan.md#several-slices: fsdp 2.08..6.06 ms a token against head_groups' 2.38..13.13 on
+    2 x v6e-16).
     Rows: `sharding_style` for fsdp and replicated; the other layouts place rows themselves (tensor over
     hosts only, megatron and head_groups over every device), and `why` says so when that is not the
     configured style."""
@@ -111,6 +114,9 @@ def resolve_rollout_layout(weight_layout: str, style: str, config: Qwen2Config, 
             chosen, why = "fsdp", "auto: not on TPU"
         elif mesh_shape != "auto":
             chosen, why = "fsdp", f"auto: mesh_shape {mesh_shape}, not auto"
+        elif mesh.shape.get("dp", 1) > 1:
+            chosen, why = "fsdp", (f"auto: {mesh.shape['dp']} slices (head_groups and megatron split the "
+                                   "weights over every chip, so decode would cross slices every token)")
         elif style != "legacy":
             chosen, why = "fsdp", f"auto: sharding_style {style} (the explicit layouts split rows everywhere)"
         elif left:

@@ -365,3 +365,8 @@ def test_the_rollout_layout_is_resolved_once_with_its_reason():
         "auto: 4 chips do not divide the vocabulary")
     assert resolve_rollout_layout("auto", "maxtext", config, chips).weight_layout == "fsdp"
     assert resolve_rollout_layout("auto", "legacy", config, chips, mesh_shape="1,4,1").weight_layout == "fsdp"
+    # Two slices (Multislice, dp over them): decode stays inside a slice.
+    two = Mesh(np.array(aot.tpu_devices(parse_accelerator_type("v6e-4"), 2)).reshape(2, 4, 1),
+               ("dp", "fsdp", "tp"))
+    assert resolve_rollout_layout("auto", "legacy", config, two).why.startswith("auto: 2 slices")
+    assert resolve_rollout_layout("auto", "legacy", config, two).weight_layout == "fsdp"
