@@ -54,3 +54,15 @@ def test_the_memory_bench_names_the_error_event_or_else_the_last_output_line():
         "OOM",
     )
     assert _bench_event("\n".join([_EVENTS_MARK, "Traceback", "  boom", ""])) == (None, "boom")
+
+
+def test_a_compile_only_sweep_on_several_slices_tries_only_what_all_their_hosts_divide():
+    from pathlib import Path
+
+    from tpu_console.experiments.plan import slice_candidates
+
+    config = Path(__file__).resolve().parents[3] / "trainer" / "configs" / "qwen25_3b_v6e16_bench.yaml"
+    one = slice_candidates(config, [], "rollout.batch_size", "v6e-16", 16)
+    two = slice_candidates(config, [], "rollout.batch_size", "v6e-16", 16, slices=2)
+    assert [v for v, _ in one] == [4, 8, 12, 16]  # 4 hosts a slice
+    assert two == [(8, 8), (16, 16)]  # 8 hosts: (value, sequences a host at n = 8)
