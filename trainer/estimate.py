@@ -258,6 +258,11 @@ def network_step(programs: Mapping[str, tuple[Sequence, Sequence]], tpu: TpuSlic
     }
 
 
+def _gb(n: float) -> str:
+    """Bytes in GB, or in MB below 0.1 GB (a tiny model's step)."""
+    return f"{n / 1e9:.3f} GB" if n >= 1e8 else f"{n / 1e6:.2f} MB"
+
+
 def network_lines(plan: Mapping) -> list[str]:
     """The step's traffic inside a slice and between slices in words (from the planner's JSON)."""
     net = plan.get("network_step")
@@ -266,14 +271,14 @@ def network_lines(plan: Mapping) -> list[str]:
     ici, dcn = Range.from_json(net["ici_s"]), Range.from_json(net["dcn_s"])
     lines = [
         f"per step and chip, decode at {net['decode_steps']:.0f} tokens: ICI "
-        f"{net['ici_bytes_per_chip'] / 1e9:.2f} GB on the wire, {ici.text()} s"
+        f"{_gb(net['ici_bytes_per_chip'])} on the wire, {ici.text()} s"
     ]
     if net["slices"] > 1:
         low, high = net["dcn_gbps_per_chip"]
         rate = f"{low:.0f}" if low == high else f"{high:.0f}..{low:.0f}"
         lines[0] += (
-            f"; DCN across {net['slices']} slices {net['dcn_bytes_per_chip'] / 1e9:.3f} GB "
-            f"({net['dcn_bytes_per_host'] / 1e9:.3f} GB a host), {dcn.text()} s at {rate} Gbps a chip"
+            f"; DCN across {net['slices']} slices {_gb(net['dcn_bytes_per_chip'])} "
+            f"({_gb(net['dcn_bytes_per_host'])} a host), {dcn.text()} s at {rate} Gbps a chip"
             + (" (assumed)" if net["dcn_bandwidth_assumed"] else "")
         )
         crossing = [p for p in plan.get("programs", []) if p.get("dcn_bytes")]
