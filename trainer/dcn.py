@@ -32,7 +32,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from trainer.hlo_loops import computation_header, computation_runs
+from trainer.hlo_loops import computation_header, computation_runs, loops
 
 # libtpu numbers a multislice topology's devices (slice + 1) * 100000 + chip (tests/trainer/test_dcn.py).
 SLICE_ID_STRIDE = 100000
@@ -51,6 +51,7 @@ _IOTA_GROUPS = re.compile(
     r"replica_groups=\[(?P<shape>[\d,]+)\]<=\[(?P<dims>[\d,]+)\](?:T\((?P<perm>[\d,]+)\))?"
 )
 _PAIRS = re.compile(r"source_target_pairs=\{(?P<body>(?:\{\d+,\d+\},?)*)\}")
+_WHILE_PARTS = re.compile(r"\swhile\(.*condition=%(?P<cond>[\w.\-]+),\s*body=%(?P<body>[\w.\-]+)")
 
 KINDS = {"ALL_REDUCE": "all-reduce", "ALL_GATHER": "all-gather", "REDUCE_SCATTER": "reduce-scatter",
          "ALL_TO_ALL": "all-to-all"}
@@ -65,6 +66,10 @@ class DcnOp:
     send_bytes: int
     recv_bytes: int
     slices: int
+    # In a loop whose length the compiler cannot know (the decode loop runs until every row has ended): how
+    # often it runs an iteration, 1/n over the program's n such loops (each token runs one of them, the
+    # length buckets); 0 elsewhere. The program counts it once; the step multiplies it by the tokens.
+    per_iteration: float = 0.0
 
     @property
     def wire_bytes(self) -> float:
@@ -113,6 +118,8 @@ def megascale_ops(hlo_text: str, slice_of: Mapping[int, int] | None = None) -> l
     as it runs (one in a loop body as often as the loop runs, trainer/hlo_loops.py)."""
     found: dict[str, dict] = {}
     runs, computation = computation_runs(hlo_text), ""
+    open_loops = _open_loop_parts(hlo_text)
+    share = 1 / len(set(open_loops.values())) if open_loops else 0.0
     for line in hlo_text.splitlines():
         if header := computation_header(line):
             computation = header
@@ -124,15 +131,29 @@ def megascale_ops(hlo_text: str, slice_of: Mapping[int, int] | None = None) -> l
             continue
         attrs = {a.group("key"): a.group("value").strip('"') for a in _ATTR.finditer(m.group("rest"))}
         key = attrs.get("_xla_host_transfer_rendezvous") or m.group("name")
-        entry = found.setdefault(key, {"send": 0, "recv": 0, "times": max(runs.get(computation, 1), 1)})
+        entry = found.setdefault(key, {"send": 0, "recv": 0, "times": max(runs.get(computation, 1), 1),
+                                       "per_iteration": share if computation in open_loops else 0.0})
         entry["type"] = attrs.get("_xla_megascale_transfer_type", "")
         entry["slices"] = target_slices(attrs.get("_xla_megascale_target", ""), slice_of)
         entry[m.group("op")] = _payload_bytes(m.group("shape"))
     return [
-        DcnOp(KINDS.get(e["type"], e["type"].lower().replace("_", "-")), e["send"], e["recv"], e["slices"])
+        DcnOp(KINDS.get(e["type"], e["type"].lower().replace("_", "-")), e["send"], e["recv"], e["slices"],
+              e["per_iteration"])
         for e in found.values()
         for _ in range(e["times"])
     ]
+
+
+def _open_loop_parts(hlo_text: str) -> dict[str, str]:
+    """The bodies and conditions of the while loops whose trip count cannot be read, each mapped to its
+    loop's body (the loop's name here)."""
+    found, _ = loops(hlo_text)
+    open_bodies = {loop.body for loop in found if loop.trips is None}
+    parts = {}
+    for m in _WHILE_PARTS.finditer(hlo_text):
+        if m.group("body") in open_bodies:
+            parts[m.group("body")] = parts[m.group("cond")] = m.group("body")
+    return parts
 
 
 # ---- replica groups that cross slices ---------------------------------------------------------------------
@@ -208,13 +229,21 @@ def crossing_op(kind: str, result_bytes: int, attrs: str, slice_of: Mapping[int,
 
 
 def grouped(ops: Iterable[DcnOp]) -> list[list]:
-    """[kind, send bytes, recv bytes, slices, count] for each distinct op (the plan's JSON)."""
+    """[kind, send bytes, recv bytes, slices, count, per iteration] for each distinct op (the plan's
+    JSON)."""
     counts: dict[DcnOp, int] = {}
     for op in ops:
         counts[op] = counts.get(op, 0) + 1
-    return [[op.kind, op.send_bytes, op.recv_bytes, op.slices, n] for op, n in counts.items()]
+    return [[op.kind, op.send_bytes, op.recv_bytes, op.slices, n, op.per_iteration]
+            for op, n in counts.items()]
+
+
+def per_token(rows: Iterable[Sequence]) -> list[list]:
+    """Of grouped rows, those that run every iteration of an open-ended loop, as rows whose count is their
+    runs a token (the decode loop's wait on the other slices: does any row go on?)."""
+    return [[*row[:4], row[4] * row[5]] for row in rows if len(row) > 5 and row[5]]
 
 
 def ops_wire_bytes(rows: Iterable[Sequence]) -> float:
-    """Bytes a chip puts on the DCN for grouped rows ([kind, send, recv, slices, count])."""
-    return sum(wire_bytes(kind, send, recv, slices) * count for kind, send, recv, slices, count in rows)
+    """Bytes a chip puts on the DCN for grouped rows ([kind, send, recv, slices, count, ...])."""
+    return sum(wire_bytes(kind, send, recv, slices) * count for kind, send, recv, slices, count, *_ in rows)

@@ -32,6 +32,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from trainer.dcn import per_token
 from trainer.dcn import wire_bytes as dcn_wire_bytes
 from trainer.tpu_specs import DCN_BANDWIDTH, TpuSlice
 
@@ -162,7 +163,7 @@ def dcn_seconds(rows: Iterable[Sequence], tpu: TpuSlice, end: End) -> float:
     bandwidth = DCN_BANDWIDTH[tpu.generation.name]
     per_s = getattr(bandwidth, end.dcn_bandwidth)
     return sum((end.dcn_fixed_s + dcn_wire_bytes(kind, send, recv, slices) / per_s) * count
-               for kind, send, recv, slices, count in rows if slices > 1)
+               for kind, send, recv, slices, count, *_ in rows if slices > 1)
 
 
 def dcn_range(rows: Iterable[Sequence], tpu: TpuSlice) -> Range:
@@ -244,6 +245,10 @@ def network_step(programs: Mapping[str, tuple[Sequence, Sequence]], tpu: TpuSlic
         ici = ici + Range(collectives_seconds(ops, tpu, LOW), collectives_seconds(ops, tpu, HIGH)) * runs
         dcn_bytes += runs * sum(dcn_wire_bytes(*row[:4]) * row[4] for row in dcn_ops)
         dcn = dcn + dcn_range(dcn_ops, tpu) * runs
+    # The decode loop's waits on the other slices every token (the decode step, compiled alone, has none).
+    loop = per_token(programs.get("decode loop", ((), ()))[1])
+    dcn_bytes += steps * sum(dcn_wire_bytes(*row[:4]) * row[4] for row in loop)
+    dcn = dcn + dcn_range(loop, tpu) * steps
     return {
         "slices": slices,
         "decode_steps": steps,

@@ -220,7 +220,12 @@ class Plan:
             p = by.get(name)
             return (self.estimate(p, steps) or ZERO) if p is not None else ZERO
 
-        phases = {"rollout_generate_s": est("rollout weights") + est("prefill") + est("decode step") * steps}
+        # Each token also waits on the other slices in the loop's condition (Multislice; trainer/dcn.py).
+        loop = by.get("decode loop")
+        waits = ZERO if loop is None or self.tpu is None else dcn_range(
+            dcn.per_token(dcn.grouped(loop.compiled.dcn)), self.tpu)
+        phases = {"rollout_generate_s": est("rollout weights") + est("prefill")
+                  + (est("decode step") + waits) * steps}
         phases["update_s"] = est("update") + est("log-probs") * self.logprob_passes
         phases["step_s"] = phases["rollout_generate_s"] + phases["update_s"]
         return phases

@@ -122,11 +122,13 @@ def test_the_update_on_two_slices_all_reduces_its_gradients_across_them(tmp_path
 
     cfg = load_config(planning_config(tmp_path, tiny_model_dir), [])
     v6e4 = parse_accelerator_type("v6e-4")
-    plan = build_plan(cfg, v6e4, only={"update"}, slices=2)  # one slice: tests/trainer/test_plan.py
+    plan = build_plan(cfg, v6e4, only={"update", "decode loop"}, slices=2)  # one: tests/trainer/test_plan.py
     two = plan.to_json()
     assert two["mesh"] == {"dp": 2, "fsdp": 4, "tp": 1}
     assert two["slices"] == 2 and (two["chips"], two["hosts"]) == (4, 1)  # one slice's
-    (update_two,) = two["programs"]
+    decode_loop, update_two = two["programs"]
+    # The decode loop's condition (does any row of any slice go on?) waits on the other slice each token.
+    assert dcn.per_token(decode_loop["dcn_ops"]) == [["all-reduce", 512, 512, 2, 1.0]]
     # Across slices: the gradients' all-reduce, each chip's share of them (its fsdp quarter of the fp32
     # parameters) summed with the other slice's, so at least that share crosses; the rest of the update
     # stays inside a slice. (The compiler sends more: the tied embedding's two gradients apart, small
@@ -136,7 +138,7 @@ def test_the_update_on_two_slices_all_reduces_its_gradients_across_them(tmp_path
     params_per_chip = two["resident_bytes"]["parameters"]
     assert params_per_chip <= update_two["dcn_bytes"] <= 2 * params_per_chip
     net = two["network_step"]
-    assert net["dcn_bytes_per_chip"] == pytest.approx(update_two["dcn_bytes"])
+    assert net["dcn_bytes_per_chip"] == pytest.approx(update_two["dcn_bytes"] + 32 * 512)  # 32 tokens
     assert 0 < net["dcn_s"][0] <= net["dcn_s"][1] and net["ici_bytes_per_chip"] > 0
     low, high = update_two["estimated_seconds"]
     assert low >= update_two["dcn_seconds"][0] and high >= update_two["dcn_seconds"][1]
@@ -175,3 +177,24 @@ def test_a_transfer_in_a_loop_counts_every_trip():
     ])
     ops = dcn.megascale_ops(hlo)
     assert [op.kind for op in ops] == ["all-reduce"] * 4 + ["all-gather"]
+    assert all(op.per_iteration == 0 for op in ops)  # a loop of known length: counted by its trips
+
+
+def test_a_transfer_in_an_open_ended_loop_runs_every_iteration():
+    # The decode loop runs until every row has ended: its condition asks every slice (a pred all-reduce).
+    # With two such loops (length buckets), each token runs one of them: half a transfer each, a token.
+    def loop(n: int) -> list[str]:
+        return [
+            f"%body.{n} (p: (s32[], f32[8])) -> (s32[], f32[8]) {{",
+            "}",
+            f"%cond.{n} (p: (s32[], f32[8])) -> pred[] {{",
+            _transfer("send", "pred[1,4,128]", f"all-reduce_{n}", "{1,2}x{0:3}", "ALL_REDUCE"),
+            _transfer("recv", "pred[1,4,128]", f"all-reduce_{n}", "{1,2}x{0:3}", "ALL_REDUCE"),
+            "}",
+        ]
+    hlo = "\n".join([*loop(1), *loop(2), "ENTRY %main (a: f32[8]) -> f32[8] {",
+                     "  %w.1 = (s32[], f32[8]) while(%t), condition=%cond.1, body=%body.1",
+                     "  %w.2 = (s32[], f32[8]) while(%w.1), condition=%cond.2, body=%body.2", "}"])
+    ops = dcn.megascale_ops(hlo)
+    assert [op.per_iteration for op in ops] == [0.5, 0.5]
+    assert dcn.per_token(dcn.grouped(ops)) == [["all-reduce", 512, 512, 2, 1.0]]  # the two as one row

@@ -175,5 +175,11 @@ def test_a_steps_traffic_adds_each_programs_runs_inside_and_between_slices():
     text = "\n".join(network_lines(plan))
     assert "DCN across 2 slices 0.100 GB (0.400 GB a host)" in text and "at 100 Gbps a chip" in text
     assert "update (1x every step): 1 transfers between slices, 100.00 MB a chip, 8.01..8.10 ms" in text
+    # The decode loop's wait on the other slices runs every token: 100 x (10 us + 512 B at 12.5 GB/s) more.
+    loop_rows = [["all-reduce", 512, 512, 2, 3, 0.0], ["all-reduce", 512, 512, 2, 1, 1.0]]
+    waits = {**programs, "decode loop": ([], loop_rows)}
+    more = network_step(waits, V6E16, steps=100, logprob_passes=0, slices=2)
+    assert more["dcn_bytes_per_chip"] - net["dcn_bytes_per_chip"] == pytest.approx(100 * 512)
+    assert more["dcn_s"][0] - net["dcn_s"][0] == pytest.approx(100 * (10e-6 + 512 / 12.5e9))
     one = network_step(programs, V6E16, steps=100, logprob_passes=0)
     assert "DCN" not in "\n".join(network_lines({"network_step": one}))
