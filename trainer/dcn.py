@@ -207,10 +207,12 @@ def slices_spanned(groups: Iterable[Sequence[int]], slice_of: Mapping[int, int])
 def crossing_op(kind: str, result_bytes: int, attrs: str, slice_of: Mapping[int, int],
                 devices: int) -> DcnOp | None:
     """The DCN part of an ICI-spelled collective whose groups span slices, None when it stays in a slice.
-    Its group of n chips over k slices moves 1/m of its data per chip across slices (m = n / k)."""
+    Its group of n chips over k slices moves 1/m of its data per chip across slices (m = n / k). Empty
+    groups and the named-mesh spelling stay in the slice: libtpu's multislice program is one slice's, where
+    they name that slice's chips (`devices` is kept for a caller that knows better)."""
     groups = replica_groups(attrs)
     if groups is None:
-        groups = [list(range(devices))]
+        return None
     k = slices_spanned(groups, slice_of)
     if k <= 1:
         return None

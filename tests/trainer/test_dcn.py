@@ -40,8 +40,11 @@ def test_a_collective_whose_groups_span_slices_moves_its_share_over_the_dcn():
     op = dcn.crossing_op("all-reduce", 4_000_000, "replica_groups={{0,1,2,3,4,5,6,7}}", TWO_SLICES, 8)
     assert op == dcn.DcnOp("all-reduce", 1_000_000, 1_000_000, 2) and op.wire_bytes == 1_000_000
     assert dcn.crossing_op("all-reduce", 4_000_000, "replica_groups=[2,4]<=[8]", TWO_SLICES, 8) is None
-    # Empty groups: every device, so it crosses.
-    assert dcn.crossing_op("all-gather", 800, "replica_groups={}", TWO_SLICES, 8).wire_bytes == 100
+    # Empty groups, or named mesh axes: the program is one slice's (libtpu's multislice), so they stay in it.
+    assert dcn.crossing_op("all-gather", 800, "replica_groups={}", TWO_SLICES, 8) is None
+    named = "replica_groups=mesh['axis_0'=4] {'axis_0'}"
+    assert dcn.crossing_op("all-reduce", 800, named, TWO_SLICES, 8) is None
+    assert dcn.crossing_op("all-gather", 800, "replica_groups={{0,4}}", TWO_SLICES, 8).wire_bytes == 400
     # Counted on the DCN, left out of the ICI collectives.
     hlo = ("  %all-reduce.1 = f32[1000]{0} all-reduce(%a), replica_groups={{0,4},{1,5},{2,6},{3,7}}\n"
            "  %all-reduce.2 = f32[1000]{0} all-reduce(%b), replica_groups={{0,1,2,3},{4,5,6,7}}\n")
