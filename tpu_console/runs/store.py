@@ -102,6 +102,9 @@ class RunStore:
         self.path = path or locations.database_file()
         with self._connect() as db:
             db.executescript(_SCHEMA)
+            # Consoles opening one database at once (the app and a CLI command) upgrade it one at a time:
+            # without the write lock both saw a column missing and the second ALTER failed.
+            db.execute("BEGIN IMMEDIATE")
             present = {row["name"] for row in db.execute("PRAGMA table_info(runs)")}
             for column, kind in _ADDED_COLUMNS.items():
                 if column not in present:

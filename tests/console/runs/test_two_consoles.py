@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from tests.processes import wait_for
 from tpu_console import cli
 from tpu_console.errors import UserError
 from tpu_console.providers.local import LocalProvider
+from tpu_console.runs import store
 from tpu_console.runs.job_spec import JobSpec
 from tpu_console.runs.launch import launch
 from tpu_console.runs.store import RunStore
@@ -201,3 +203,28 @@ def test_stopping_another_persons_run_asks_for_its_id_typed_back(monkeypatch):
     monkeypatch.setenv("LOGNAME", "alice")
     answers = iter(["y"])
     prompts.confirm_stop(record, yes=False, json_mode=False)  # her own: y/N as before
+
+
+def _open_store(path: str) -> None:
+    RunStore(Path(path))
+
+
+def test_consoles_opening_one_older_database_at_once_all_open_it(tmp_path):
+    """The app and a CLI command (or two people's consoles on a shared home) open the run history together;
+    the columns added since its first release are added once, and no console fails on a duplicate."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    for trial in range(12):
+        path = tmp_path / f"runs-{trial}.db"
+        with sqlite3.connect(path) as db:  # a database from the first release: none of the added columns
+            db.executescript(store._SCHEMA)
+        openers = [context.Process(target=_open_store, args=(str(path),)) for _ in range(6)]
+        for opener in openers:
+            opener.start()
+        for opener in openers:
+            opener.join()
+        assert [opener.exitcode for opener in openers] == [0] * 6
+        with sqlite3.connect(path) as db:
+            columns = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+        assert set(store._ADDED_COLUMNS) <= columns
