@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,24 @@ def isolated_console_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pa
     home = tmp_path / "console-home"
     monkeypatch.setenv("TPU_CONSOLE_HOME", str(home))
     return home
+
+
+# What the planner puts in os.environ for libtpu when it compiles in the test process (trainer/aot.py
+# `tpu_devices`): a trainer that a later test starts would inherit TPU_ACCELERATOR_TYPE and take this
+# machine for a Cloud TPU VM.
+PLANNER_ENVIRONMENT = ("TPU_SKIP_MDS_QUERY", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES",
+                       "ALLOW_MULTIPLE_LIBTPU_LOAD")
+
+
+@pytest.fixture(autouse=True)
+def planner_environment_stays_in_its_test() -> Iterator[None]:
+    before = {key: os.environ.get(key) for key in PLANNER_ENVIRONMENT}
+    yield
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 @dataclass
