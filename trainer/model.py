@@ -570,6 +570,17 @@ def create_model(config: Qwen2Config, *, seed: int = 0, param_dtype: Any = jnp.f
                                 remat=remat)
 
 
+def placed_abstract(model: Any, mesh: Mesh) -> Any:
+    """An abstract model (shapes from nnx.eval_shape) whose every weight carries the sharding the loader
+    places it with (fit_spec of its axes on `mesh`): what the planner compiles, unrolled or scanned."""
+    for _, var in nnx.iter_graph(model):
+        if isinstance(var, nnx.Param):
+            axes = var.get_metadata().get("out_sharding") or ()
+            var.set_value(jax.ShapeDtypeStruct(var.shape, var.dtype,
+                                               sharding=NamedSharding(mesh, fit_spec(var.shape, axes, mesh))))
+    return model
+
+
 def fit_spec(shape: Sequence[int], axes: Axes, mesh: Mesh) -> PartitionSpec:
     """PartitionSpec from axis names, dropping mesh axes the mesh lacks or that do not divide the dim."""
     entries = []

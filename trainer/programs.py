@@ -27,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from trainer.config import TrainerConfig
 from trainer.grpo import GRPOStep, LossSettings, chunked_token_stats, make_optimizer, make_schedule
 from trainer.mesh import train_sharding
-from trainer.model import Qwen2Config, Qwen2ForCausalLM, fit_spec, project_logits
+from trainer.model import Qwen2Config, Qwen2ForCausalLM, placed_abstract, project_logits
 from trainer.rollout_sharding import RolloutLayout, ShardedSampler
 from trainer.scanned import ScannedQwen2, StackedWeightsSampler, abstract_scanned_model
 
@@ -88,12 +88,7 @@ def abstract_model(cfg: TrainerConfig, model_config: Qwen2Config, mesh: Mesh) ->
     with nnx.use_eager_sharding(False):
         model = nnx.eval_shape(lambda: Qwen2ForCausalLM(model_config, nnx.Rngs(0), param_dtype=jnp.float32,
                                                         compute_dtype=dtype, remat=t.remat))
-    for _, var in nnx.iter_graph(model):
-        if isinstance(var, nnx.Param):
-            axes = var.get_metadata().get("out_sharding") or ()
-            var.set_value(jax.ShapeDtypeStruct(var.shape, var.dtype,
-                                               sharding=NamedSharding(mesh, fit_spec(var.shape, axes, mesh))))
-    return model
+    return placed_abstract(model, mesh)
 
 
 @dataclass

@@ -25,7 +25,13 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from trainer.model import Qwen2Config, Qwen2ForCausalLM, constrain_batch, fit_spec, rotary_tables
+from trainer.model import (
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    constrain_batch,
+    placed_abstract,
+    rotary_tables,
+)
 from trainer.rollout_sharding import ShardedSampler
 
 
@@ -86,12 +92,7 @@ def abstract_scanned_model(model_config: Qwen2Config, mesh: Mesh, *, compute_dty
                            remat: bool) -> ScannedQwen2:
     """scanned_model_shapes with every weight's sharding: fit_spec of its axes, as the loader places it."""
     model = scanned_model_shapes(model_config, compute_dtype=compute_dtype, remat=remat)
-    for _, var in nnx.iter_graph(model):
-        if isinstance(var, nnx.Param):
-            axes = var.get_metadata().get("out_sharding") or ()
-            var.set_value(jax.ShapeDtypeStruct(var.shape, var.dtype,
-                                               sharding=NamedSharding(mesh, fit_spec(var.shape, axes, mesh))))
-    return model
+    return placed_abstract(model, mesh)
 
 
 # ---- the rollout's per-layer weights ---------------------------------------------------------------------
