@@ -23,7 +23,7 @@ from tpu_console.providers.local import LocalProvider, parse_local_type
 # a subshell holding the session's stdout until the job ends (with sshd as with the local server).
 DETACHED_JOB = (
     "mkdir -p tpu-console/runs/r1; cd tpu-console/runs/r1 || exit 1; "
-    "setsid nohup bash -c 'echo $$ > pid; while [ ! -f go ]; do sleep 0.05; done; "
+    "setsid nohup bash -c 'echo $$ > pid.tmp && mv pid.tmp pid; while [ ! -f go ]; do sleep 0.05; done; "
     'echo "finished on $TPU_WORKER_ID"; echo 0 > exit.tmp; mv exit.tmp exit\' > output.log 2>&1 < /dev/null &'
 )
 
