@@ -13,15 +13,16 @@ flops and bytes accessed, the collectives in the compiled HLO. Takes about half 
   weights, tensor parallel inside each host, FSDP weights with logits kept on their rows and bf16 partial
   sums (the default before `megatron`), head_groups (attention split by KV head, two collectives a
   layer), and the default (`weight_layout: auto`, i.e. `megatron` on this slice: the MLP split by its
-  intermediate columns, the vocabulary sampled where it lies, explicit collectives). Per chip: HBM
-  bytes accessed, collective bytes and count, the estimated time (trainer/plan.py's method), beside the
-  bandwidth floor (the chip's bf16 weights plus its KV cache at the chip's HBM bandwidth). Target:
+  intermediate columns, the vocabulary sampled where it lies, explicit collectives). Per chip: the
+  bytes across HBM (trainer/hbm_traffic.py) and the compiler's bytes accessed, collective bytes and
+  count, the estimated time (trainer/plan.py's method), beside the bandwidth floor (the chip's bf16 weights plus its KV cache at the chip's HBM bandwidth). Target:
   today's / default >= 2 by the same method in the same run; the estimated step beside the seeds'
   measured 10.0 s/step.
 - sweep: `qwen25_7b_v4_16.yaml` on v4-16, the largest local batch whose plan fits, found the way
   `tpu-console sweep --compile-only` finds it. Target: >= 8.
 - weight-count (not in the default parts): how the compiler's `bytes accessed` counts a weight one matmul
-  streams, against the weight's bytes (docs/plan.md explains why it matters for comparing layouts).
+  streams, against the weight's bytes and the HBM traffic read from the HLO (trainer/hbm_traffic.py), which
+  prices the estimate's high end (docs/plan.md explains why it matters for comparing layouts).
 - order (not in the default parts): the update on v6e-16 with the hosts' devices in host-major order (what
   the trainer uses) and in mesh_utils' topology-aware order, by the compiler's figures.
 - multislice (not in the default parts): the 3B bench on 2 x v6e-16 (Multislice), every program, with the
@@ -125,6 +126,7 @@ def _decode_row(layout: str, plan) -> dict:
         "layout": layout,
         "weight_layout": plan.weight_layout,
         "hbm_bytes": c.bytes_accessed,
+        "hbm_traffic_bytes": c.hbm_traffic_bytes,
         "floor_bytes": step.floor_bytes,
         "floor_s": step.floor_bytes / g.hbm_bandwidth,
         "collective_bytes": c.collectives.bytes,
@@ -153,7 +155,8 @@ def decode_part(results: dict, default_plan=None, layouts: list[str] | None = No
         r = rows[-1]
         print(
             f"  {layout}: decode step {Range.from_json(r['estimate_s']).text(1e3)} ms, floor "
-            f"{r['floor_s'] * 1e3:.2f} ms, {r['hbm_bytes'] / 1e9:.2f} GB accessed, {r['collectives']} "
+            f"{r['floor_s'] * 1e3:.2f} ms, {r['hbm_traffic_bytes'] / 1e9:.2f} GB across HBM "
+            f"({r['hbm_bytes'] / 1e9:.2f} GB accessed by the compiler's count), {r['collectives']} "
             f"collectives; step {Range.from_json(r['step_estimate']['step_s']).text()} s",
             flush=True,
         )
@@ -162,13 +165,14 @@ def decode_part(results: dict, default_plan=None, layouts: list[str] | None = No
         f"cache's floor at the mean length of a {cfg.rollout.max_length_sample}-token loop:"
     )
     print(
-        f"{'layout':<22}{'HBM GB':>9}{'floor GB':>10}{'coll MB':>10}{'#coll':>7}{'est ms':>16}"
-        f"{'floor ms':>10}"
+        f"{'layout':<22}{'acc GB':>9}{'HBM GB':>9}{'floor GB':>10}{'coll MB':>10}{'#coll':>7}"
+        f"{'est ms':>16}{'floor ms':>10}"
     )
     for r in rows:
         est = Range.from_json(r["estimate_s"])
         print(
-            f"{r['layout']:<22}{r['hbm_bytes'] / 1e9:>9.2f}{r['floor_bytes'] / 1e9:>10.2f}"
+            f"{r['layout']:<22}{r['hbm_bytes'] / 1e9:>9.2f}{r['hbm_traffic_bytes'] / 1e9:>9.2f}"
+            f"{r['floor_bytes'] / 1e9:>10.2f}"
             f"{r['collective_bytes'] / 1e6:>10.1f}{r['collectives']:>7}{est.text(1e3):>16}"
             f"{r['floor_s'] * 1e3:>10.2f}"
         )
@@ -324,9 +328,15 @@ def weight_count_part(results: dict) -> None:
     w = jax.ShapeDtypeStruct((2048, 4 * 2752), jnp.bfloat16, sharding=split)
     matmul = jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32))
     c = compile_program("matmul", matmul, x, w)
-    ratio = c.bytes_accessed / (2048 * 2752 * 2)
-    print(f"== one matmul's bytes accessed / its weight's bytes per chip: {ratio:.2f}x (HBM reads W once)")
-    results["weight_count"] = {"bytes_accessed": c.bytes_accessed, "ratio": ratio}
+    weight = 2048 * 2752 * 2
+    ratio, traffic = c.bytes_accessed / weight, c.hbm_traffic_bytes / weight
+    print(
+        f"== one matmul, per chip: the compiler's bytes accessed {c.bytes_accessed / 1e6:.2f} MB = "
+        f"{ratio:.2f}x W's {weight / 1e6:.2f} MB; across HBM (trainer/hbm_traffic.py) "
+        f"{c.hbm_traffic_bytes / 1e6:.2f} MB = {traffic:.2f}x W (W read once, x and the result)"
+    )
+    results["weight_count"] = {"bytes_accessed": c.bytes_accessed, "ratio": ratio,
+                               "hbm_traffic_bytes": c.hbm_traffic_bytes, "traffic_ratio": traffic}
 
 
 def multislice_part(results: dict, slices: int = 2) -> None:

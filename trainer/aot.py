@@ -4,7 +4,8 @@ libtpu (the `libtpu` wheel `jax[tpu]` pins) compiles for a TPU topology without 
 a slice's devices to build a mesh on, `compile_program` lowers a jitted function with abstract arguments and
 returns the TPU executable's `memory_analysis()` (per-chip argument, output, temporary and alias bytes),
 `cost_analysis()` (flops, bytes accessed, the compiler's own optimal time; loops counted as often as they
-run, trainer/hlo_loops.py) and the collectives in the compiled HLO, or the compiler's out-of-memory answer.
+run, trainer/hlo_loops.py), the bytes that cross HBM (trainer/hbm_traffic.py) and the collectives in the
+compiled HLO, or the compiler's out-of-memory answer.
 MaxText's `train_compile` works the same way.
 """
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainer.distributed import has_tpu_chips
+from trainer.hbm_traffic import hbm_traffic
 from trainer.hlo_loops import computation_header, computation_runs, whole_cost
 from trainer.tpu_specs import TpuSlice
 
@@ -219,6 +221,9 @@ class CompiledProgram:
     code_bytes: int = 0
     flops: float = 0.0
     bytes_accessed: float = 0.0
+    # What crosses HBM, read from the compiled HLO by memory space (trainer/hbm_traffic.py): an upper bound
+    # of the real traffic, where bytes_accessed also counts on-chip copies (a prefetched weight ~5 times).
+    hbm_traffic_bytes: float = 0.0
     compiler_seconds: float | None = None  # the TPU compiler's own 'optimal_seconds' estimate
     # flops and bytes_accessed count every loop as often as it runs (trainer/hlo_loops.py); counted_flops is
     # cost_analysis()' own figure (each loop body once), loop_trips each while loop's trips (None: unknown).
@@ -282,6 +287,7 @@ def compile_program(name: str, fn: Callable, *args: Any, **kwargs: Any) -> Compi
         code_bytes=int(memory.generated_code_size_in_bytes),
         flops=whole.flops,
         bytes_accessed=whole.bytes_accessed,
+        hbm_traffic_bytes=hbm_traffic(hlo_text).bytes,
         counted_flops=float(cost.get("flops", 0.0)),
         loop_trips=whole.trip_counts,
         compiler_seconds=_compiler_seconds(cost),

@@ -7,8 +7,11 @@ Pure (no JAX): the planner (trainer/plan.py) and the console price the same per-
 
 The two ends differ in what is uncertain, never in the published figures (trainer/tpu_specs.py):
 - HBM bytes. Low: the floor, what must cross HBM once (for a decode step, the chip's weights and its KV
-  cache up to the current length; for any other program, its arguments). High: the compiler's `bytes
-  accessed`, which counts a prefetched weight about five times (docs/plan.md, `--part weight-count`).
+  cache up to the current length; for any other program, its arguments). High: the bytes the compiled
+  program moves across HBM, read from its HLO by memory space (trainer/hbm_traffic.py: every HBM operand
+  and result in full, a prefetch once), an upper bound of the real traffic. The compiler's own `bytes
+  accessed` also counts on-chip copies (a prefetched weight about five times, `--part weight-count`); it
+  stands in only where no HLO count was made.
 - Latency. No public per-hop or per-collective latency exists for ICI, so both are assumed, and the range's
   ends are the assumptions: LOW and HIGH below.
 Both ends: compute and HBM traffic overlap; collectives do not (decode's are on the critical path).
@@ -42,7 +45,7 @@ class End:
     """One end of the range: which HBM count it prices, and the latencies it assumes."""
 
     name: str
-    hbm: str  # "floor" (what must be read once) or "compiler" (cost_analysis' bytes accessed)
+    hbm: str  # "floor" (what must be read once) or "traffic" (what the compiled program moves across HBM)
     fixed_s: float  # a collective's fixed cost (launch, synchronisation): assumed
     hop_s: float  # one ring step between neighbouring chips: assumed
     dcn_fixed_s: float = 0.0  # one transfer between slices over the data-center network: assumed
@@ -55,7 +58,7 @@ class End:
 # transfer between slices goes chip -> host -> NIC -> network -> host -> chip; 10 us (a round trip inside
 # one data center) at the low end, 100 us at the high end, both assumed.
 LOW = End("low", "floor", fixed_s=1e-6, hop_s=0.5e-6, dcn_fixed_s=10e-6)
-HIGH = End("high", "compiler", fixed_s=10e-6, hop_s=1e-6, dcn_fixed_s=100e-6, dcn_bandwidth="slow")
+HIGH = End("high", "traffic", fixed_s=10e-6, hop_s=1e-6, dcn_fixed_s=100e-6, dcn_bandwidth="slow")
 
 
 @dataclass(frozen=True)
@@ -93,13 +96,15 @@ ZERO = Range(0.0, 0.0)
 @dataclass(frozen=True)
 class ProgramCost:
     """One program's per-chip figures, as the compiler gave them. ops: (kind, result bytes, group size,
-    count) of its collectives (trainer/aot.py `Collectives.grouped`)."""
+    count) of its collectives (trainer/aot.py `Collectives.grouped`); hbm_traffic: the bytes it moves across
+    HBM (trainer/hbm_traffic.py; 0: not counted, `bytes_accessed` stands in)."""
 
     flops: float
     bytes_accessed: float
     floor_bytes: float
     ops: Sequence[Sequence] = ()
     dcn_ops: Sequence[Sequence] = ()  # (kind, send bytes, recv bytes, slices, count): trainer/dcn.py grouped
+    hbm_traffic: float = 0.0
 
 
 def group_axes(group: int, shape: Sequence[int]) -> tuple[int, ...]:
@@ -175,10 +180,11 @@ def price(cost: ProgramCost, tpu: TpuSlice) -> Range:
     """The program's time per chip, low..high (method in the module docstring)."""
     g = tpu.generation
     compute = cost.flops / g.peak_bf16_flops
-    floor = min(cost.floor_bytes, cost.bytes_accessed) if cost.bytes_accessed else cost.floor_bytes
+    counted = cost.hbm_traffic or cost.bytes_accessed
+    floor = min(cost.floor_bytes, counted) if counted else cost.floor_bytes
     ends = []
     for end in (LOW, HIGH):
-        hbm = floor if end.hbm == "floor" else max(cost.bytes_accessed, floor)
+        hbm = floor if end.hbm == "floor" else max(counted, floor)
         ends.append(max(compute, hbm / g.hbm_bandwidth) + collectives_seconds(cost.ops, tpu, end)
                     + dcn_seconds(cost.dcn_ops, tpu, end))
     return Range(*ends)
@@ -317,7 +323,7 @@ def step_lines(plan: Mapping) -> list[str]:
     if known and at_max is not None:
         lines.append(f"  at the maximum, {most} tokens: step_s {at_max.text()}")
     lines.append(
-        "  low: HBM at the floor (weights and KV cache read once), short collective latencies; high: the "
-        "compiler's bytes accessed, long latencies (trainer/estimate.py)"
+        "  low: HBM at the floor (weights and KV cache read once), short collective latencies; high: what "
+        "the compiled program moves across HBM, long latencies (trainer/estimate.py)"
     )
     return lines

@@ -10,10 +10,11 @@ code) + the state that stays resident through the step but is not one of its arg
 and optimizer state while the rollout runs, the reference weights during the update).
 
 Estimated time: a range per chip and per program: HBM priced from the floor (what must be read once) at
-the low end and from the compiler's `bytes accessed` at the high end, collectives priced by kind over the
-slice's torus with assumed latencies at either end. The step is rollout weights + prefill + the decode
-loop's expected steps (the longest row of each earlier step of the same config when the console has them,
-`--longest-rows`; else the config's maximum) + the update (+ log-prob passes when they run).
+the low end and from the bytes the compiled program moves across HBM at the high end
+(trainer/hbm_traffic.py; the compiler's `bytes accessed` is shown beside it), collectives priced by kind
+over the slice's torus with assumed latencies at either end. The step is rollout weights + prefill + the
+decode loop's expected steps (the longest row of each earlier step of the same config when the console has
+them, `--longest-rows`; else the config's maximum) + the update (+ log-prob passes when they run).
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ class ProgramPlan:
             "peak_bytes": None if c.oom else self.peak_bytes,
             "flops": c.flops,
             "bytes_accessed": c.bytes_accessed,
+            "hbm_traffic_bytes": c.hbm_traffic_bytes,
             "collective_bytes": c.collectives.bytes,
             "collectives": c.collectives.count,
             "collectives_by_kind": c.collectives.by_kind,
@@ -188,7 +190,7 @@ class Plan:
         if c.oom or self.tpu is None:
             return None
         cost = ProgramCost(c.flops, c.bytes_accessed, self.floor_bytes(p, steps), c.collectives.grouped(),
-                           dcn.grouped(c.dcn))
+                           dcn.grouped(c.dcn), c.hbm_traffic_bytes)
         return price(cost, self.tpu)
 
     def price_programs(self) -> None:
@@ -296,8 +298,8 @@ def format_plan(plan: Plan) -> str:
     )
     header = (
         f"{'program (bytes per chip)':<24}{'runs':<15}{'args':>7}{'out':>7}{'temp':>7}{'alias':>7}"
-        f"{'peak':>7}{'GFLOP':>9}{'HBM GB':>8}{'floor GB':>9}{'coll MB':>9}{'#coll':>6}{'est ms':>16}"
-        f"{'xla ms':>9}"
+        f"{'peak':>7}{'GFLOP':>9}{'acc GB':>8}{'HBM GB':>8}{'floor GB':>9}{'coll MB':>9}{'#coll':>6}"
+        f"{'est ms':>16}{'xla ms':>9}"
     )
     lines = [
         title,
@@ -316,7 +318,8 @@ def format_plan(plan: Plan) -> str:
         lines.append(
             f"{p.name:<24}{p.runs:<15}{_size(c.argument_bytes):>7}{_size(c.output_bytes):>7}"
             f"{_size(c.temp_bytes):>7}{_size(c.alias_bytes):>7}{_size(p.peak_bytes):>7}"
-            f"{c.flops / 1e9:>9.1f}{c.bytes_accessed / 1e9:>8.2f}{p.floor_bytes / 1e9:>9.2f}"
+            f"{c.flops / 1e9:>9.1f}{c.bytes_accessed / 1e9:>8.2f}{c.hbm_traffic_bytes / 1e9:>8.2f}"
+            f"{p.floor_bytes / 1e9:>9.2f}"
             f"{c.collectives.bytes / 1e6:>9.1f}{c.collectives.count:>6}"
             f"{'-' if p.estimate is None else p.estimate.text(1e3):>16}{xla:>9}"
         )

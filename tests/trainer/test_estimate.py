@@ -92,7 +92,7 @@ def test_v4_and_v5p_interconnects_are_bidirectional_per_chip():
     assert t == pytest.approx(LOW.fixed_s + 3 * LOW.hop_s + 7 / 8 * 600e6 / (300 * GB))
 
 
-def test_a_program_is_priced_from_the_floor_at_the_low_end_and_the_compilers_bytes_at_the_high_end():
+def test_a_program_is_priced_from_the_floor_at_the_low_end_and_its_hbm_traffic_at_the_high_end():
     g = V6E16.generation
     ops = [["all-reduce", 4096, 16, 100]]
     cost = ProgramCost(flops=1e9, bytes_accessed=2.85e9, floor_bytes=0.79e9, ops=ops)
@@ -101,6 +101,11 @@ def test_a_program_is_priced_from_the_floor_at_the_low_end_and_the_compilers_byt
     per_high = collective_seconds("all-reduce", 4096, 16, V6E16, HIGH)
     assert r.low == pytest.approx(0.79e9 / g.hbm_bandwidth + 100 * per_low)
     assert r.high == pytest.approx(2.85e9 / g.hbm_bandwidth + 100 * per_high)
+    # Where the HLO's HBM traffic was counted (trainer/hbm_traffic.py), it prices the high end instead of the
+    # compiler's bytes accessed, which also count on-chip copies.
+    counted = price(ProgramCost(1e9, 2.85e9, 0.79e9, ops, hbm_traffic=0.9e9), V6E16)
+    assert counted.low == pytest.approx(r.low)
+    assert counted.high == pytest.approx(0.9e9 / g.hbm_bandwidth + 100 * per_high)
     # Compute-bound: the flops set both ends' first term.
     heavy = price(ProgramCost(flops=1e15, bytes_accessed=1e9, floor_bytes=1e8), V6E16)
     assert heavy.low == heavy.high == pytest.approx(1e15 / g.peak_bf16_flops)

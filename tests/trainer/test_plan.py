@@ -114,6 +114,9 @@ def test_tiny_model_plan_on_v6e_2x2_matches_a_hand_computation(tmp_path, tiny_mo
     floor = resident["rollout weights"] + cache * (64 + 32 / 2) / 96
     assert step["floor_bytes"] == pytest.approx(floor)
     assert step["estimated_seconds"][0] <= step["estimated_seconds"][1]
+    # What crosses HBM, read from the HLO (trainer/hbm_traffic.py), is at least the floor and at most the
+    # compiler's bytes accessed, which also counts on-chip copies.
+    assert floor <= step["hbm_traffic_bytes"] < step["bytes_accessed"]
     assert plan["expected_new_tokens"] == 32 and plan["longest_rows_known"] == 0
     # One slice: nothing crosses a data-center network (tests/trainer/test_dcn.py plans two).
     assert all(p["dcn_ops"] == [] for p in plan["programs"])
