@@ -14,8 +14,9 @@ instruction) is charged
 
 - its operands that are in HBM, each in full, and its results that are in HBM (a fusion reads every HBM
   operand in full each time it runs), except:
-- a slice (`slice`, `dynamic-slice`, `slice-start`, or a fusion parameter used only by slices) reads only
-  the slice; an in-place `dynamic-update-slice` (alone or at a fusion's root) writes only its update;
+- a slice (`slice`, `dynamic-slice`, `slice-start`, or a fusion parameter used only by slices, there or in
+  a fusion it nests: a scanned layer's weight) reads only the slice; an in-place `dynamic-update-slice`
+  (alone or at a fusion's root) writes only its update;
 - an asynchronous pair is charged once: a `-start` its operands in HBM, its `-done` its result in HBM. A
   prefetch HBM -> chip is one HBM read; an eviction chip -> HBM one HBM write;
 - what moves nothing: parameters, constants, tuples and their elements, bitcasts, the loop and branch
@@ -148,50 +149,69 @@ class FusedBody:
     writes: list[int | None]  # per result array: bytes written in place (None: the whole result)
 
 
-def _fused_body(instructions: list[Instruction]) -> FusedBody:
-    by = {i.name: i for i in instructions}
-    users: dict[str, list[Instruction]] = {}
-    for ins in instructions:
-        for o in ins.operands:
-            users.setdefault(o, []).append(ins)
+class Fusions:
+    """What each fused computation reads of its parameters and writes of its results, looking into the
+    fusions it nests (a scanned layer's weight is often sliced by a nested fusion)."""
 
-    def through_bitcasts(name: str) -> list[tuple[Instruction, str]]:
-        """(user, the operand's name there) for every user, looking through bitcasts."""
-        found = []
-        for u in users.get(name, []):
-            if u.op == "bitcast":
-                found += through_bitcasts(u.name)
-            else:
-                found.append((u, name))
-        return found
+    def __init__(self, parsed: dict[str, list[Instruction]]):
+        self.parsed = parsed
+        self.memo: dict[str, FusedBody] = {}
 
-    reads: dict[int, int | None] = {}
-    for ins in instructions:
-        if ins.op != "parameter":
-            continue
-        number = int(ins.inside.strip() or 0)
-        uses = through_bitcasts(ins.name)
-        if uses and all(u.op in SLICES and u.operands and u.operands[0] == n for u, n in uses):
-            reads[number] = sum(_total(u.shape) for u, _ in uses)
-        elif uses and all(u.op == "dynamic-update-slice" and u.operands[0] == n for u, n in uses):
-            reads[number] = 0  # the buffer updated in place: only the update moves
+    def body(self, name: str) -> FusedBody | None:
+        if name not in self.memo and name in self.parsed:
+            self.memo[name] = FusedBody({}, [])  # a cycle (none in valid HLO) reads in full
+            self.memo[name] = self._analyse(self.parsed[name])
+        return self.memo.get(name)
+
+    def _use(self, user: Instruction, operand: str) -> int | None:
+        """Bytes `user` reads of its operand `operand` when only part of it (None: all of it)."""
+        if user.op in SLICES and user.operands[0] == operand:
+            return _total(user.shape)
+        if user.op == "dynamic-update-slice" and user.operands[0] == operand:
+            return 0  # the buffer updated in place: only the update moves
+        m = _CALLS.search(user.attrs) if user.op == "fusion" else None
+        if m and (nested := self.body(m.group("name"))):
+            parts = [nested.reads.get(i) for i, o in enumerate(user.operands) if o == operand]
+            return None if not parts or None in parts else sum(parts)  # type: ignore[arg-type]
+        return None
+
+    def _analyse(self, instructions: list[Instruction]) -> FusedBody:
+        by = {i.name: i for i in instructions}
+        users: dict[str, list[Instruction]] = {}
+        for ins in instructions:
+            for o in dict.fromkeys(ins.operands):
+                users.setdefault(o, []).append(ins)
+
+        def uses(name: str) -> list[tuple[Instruction, str]]:
+            """(user, the operand's name there) for every user, looking through bitcasts."""
+            found = []
+            for u in users.get(name, []):
+                found += uses(u.name) if u.op == "bitcast" else [(u, name)]
+            return found
+
+        reads: dict[int, int | None] = {}
+        for ins in instructions:
+            if ins.op == "parameter":
+                parts = [self._use(u, n) for u, n in uses(ins.name)]
+                reads[int(ins.inside.strip() or 0)] = None if not parts or None in parts else sum(parts)
+        root = next((i for i in instructions if i.root), None)
+        if root is None:
+            outputs: list[Instruction | None] = []
         else:
-            reads[number] = None
-    root = next((i for i in instructions if i.root), None)
-    if root is None:
-        outputs: list[Instruction | None] = []
-    else:
-        outputs = [by.get(o) for o in root.operands] if root.op == "tuple" else [root]
-    writes: list[int | None] = []
-    for out in outputs:
-        while out is not None and out.op == "bitcast" and out.operands:
-            out = by.get(out.operands[0])
-        if out is not None and out.op == "dynamic-update-slice" and len(out.operands) > 1:
-            update = by.get(out.operands[1])
-            writes.append(_total(update.shape) if update is not None else None)
-        else:
-            writes.append(None)
-    return FusedBody(reads, writes)
+            outputs = [by.get(o) for o in root.operands] if root.op == "tuple" else [root]
+        writes: list[int | None] = []
+        for out in outputs:
+            while out is not None and out.op == "bitcast" and out.operands:
+                out = by.get(out.operands[0])
+            written = None
+            if out is not None and out.op == "dynamic-update-slice" and len(out.operands) > 1:
+                update = by.get(out.operands[1])
+                written = _total(update.shape) if update is not None else None
+            elif out is not None and out.op == "fusion" and (m := _CALLS.search(out.attrs)):
+                nested = self.body(m.group("name"))
+                written = nested.writes[0] if nested and len(nested.writes) == 1 else None
+            writes.append(written)
+        return FusedBody(reads, writes)
 
 
 def _total(shape: str) -> int:
@@ -211,7 +231,7 @@ class HbmTraffic:
             self.by_op[op] = self.by_op.get(op, 0.0) + nbytes
 
 
-def _charge(ins: Instruction, shapes: dict[str, str], fused: dict[str, FusedBody]) -> float:
+def _charge(ins: Instruction, shapes: dict[str, str], fused: Fusions) -> float:
     op = ins.op
     if op in FREE or op.endswith("-update"):
         return 0.0
@@ -231,8 +251,7 @@ def _charge(ins: Instruction, shapes: dict[str, str], fused: dict[str, FusedBody
         update = _total(operand_shapes[1]) if len(operand_shapes) > 1 else 0
         read = update if len(operand_shapes) > 1 and _hbm(operand_shapes[1]) else 0
         return read + (update if _hbm(ins.shape) else 0)
-    if op == "fusion" and (m := _CALLS.search(ins.attrs)) and m.group("name") in fused:
-        body = fused[m.group("name")]
+    if op == "fusion" and (m := _CALLS.search(ins.attrs)) and (body := fused.body(m.group("name"))):
         total = 0
         for i, s in enumerate(operand_shapes):
             hbm = _hbm(s)
@@ -267,9 +286,7 @@ def hbm_traffic(hlo_text: str) -> HbmTraffic:
                         todo.append(m.group("one"))
                 else:
                     todo += [n.strip().lstrip("%") for n in m.group("many").split(",")]
-    fused_names = {m.group("name") for name in scheduled for ins in parsed[name] if ins.op == "fusion"
-                   for m in [_CALLS.search(ins.attrs)] if m}
-    fused = {name: _fused_body(parsed[name]) for name in fused_names if name in parsed}
+    fused = Fusions(parsed)
     traffic = HbmTraffic()
     for name in scheduled:
         shapes = {ins.name: ins.shape for ins in parsed[name]}

@@ -64,11 +64,19 @@ def test_slices_in_place_updates_evictions_and_loops():
   ROOT %ds = bf16[1,2048,256]{{2,1,0:T(8,128)(2,1)}} dynamic-slice(%q0, %q1, %z.1, %z.1)
 }}
 
+%nests (r0: bf16[36,2048,256], r1: s32[]) -> bf16[2048,256] {{
+  %r0 = {stacked} parameter(0)
+  %r1 = s32[]{{:T(128)}} parameter(1)
+  %inner = bf16[1,2048,256]{{2,1,0:T(8,128)(2,1)}} fusion(%r0, %r1), kind=kLoop, calls=%layer
+  ROOT %flat = bf16[2048,256]{{1,0:T(8,128)(2,1)}} bitcast(%inner)
+}}
+
 %body (t: (s32[], bf16[36,2048,256])) -> (s32[], bf16[36,2048,256]) {{
   %t = (s32[]{{:T(128)}}, {stacked}) parameter(0)
   %i = s32[]{{:T(128)}} get-tuple-element(%t), index=0
   %w = {stacked} get-tuple-element(%t), index=1
   %one = bf16[1,2048,256]{{2,1,0:T(8,128)(2,1)S(1)}} fusion(%w, %i), kind=kLoop, calls=%layer
+  %two = bf16[2048,256]{{1,0:T(8,128)(2,1)S(1)}} fusion(%w, %i), kind=kLoop, calls=%nests
   ROOT %r = (s32[]{{:T(128)}}, {stacked}) tuple(%i, %w)
 }}
 
@@ -97,8 +105,9 @@ ENTRY %main (a: bf16[16,448,128], b: bf16[16,1,128], k: s32[], s: bf16[36,2048,2
     traffic = hbm_traffic(hlo)
     update = 16 * 128 * 2
     layer = 2048 * 256 * 2
-    # The update read and written (and the 4-byte index in HBM); a layer a trip (and the trip's counter).
-    assert traffic.by_op["fusion"] == 2 * update + 4 + 36 * (layer + 4)
+    # The update read and written (and the 4-byte index in HBM); a layer a trip by each of the body's two
+    # fusions, one slicing it itself, one through a fusion it nests (and the trip's counter).
+    assert traffic.by_op["fusion"] == 2 * update + 4 + 2 * 36 * (layer + 4)
     assert traffic.by_op["slice-start"] == 4 * 448 * 128 * 2  # the slice, not the whole cache
     assert traffic.by_op["copy-done"] == 16 * 448 * 128 * 2  # the eviction writes its HBM result once
     assert "copy-start" not in traffic.by_op and "slice-done" not in traffic.by_op  # on-chip ends
