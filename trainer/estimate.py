@@ -12,8 +12,11 @@ The two ends differ in what is uncertain, never in the published figures (traine
   and result in full, a prefetch once), an upper bound of the real traffic. The compiler's own `bytes
   accessed` also counts on-chip copies (a prefetched weight about five times, `--part weight-count`); it
   stands in only where no HLO count was made.
-- Latency. No public per-hop or per-collective latency exists for ICI, so both are assumed, and the range's
-  ends are the assumptions: LOW and HIGH below.
+- Latency. Google's "How to Scale Your Model" (jax-ml.github.io/scaling-book/sharding, "A note on ICI
+  latency") gives about 1 us a hop over an ICI link whatever the data, and one measurement: a latency-bound
+  all-gather over an axis of 4 on TPU v5e (3 hops) took about 8 us where the hops alone make 3 us. The low
+  end is the hops alone (no fixed cost); the high end adds the 5 us that measurement had over its hops, a
+  fixed cost per phase (an all-reduce has two: reduce-scatter, then all-gather). LOW and HIGH below.
 Both ends: compute and HBM traffic overlap; collectives do not (decode's are on the critical path).
 
 Collectives, on the slice's torus: a group of n chips is placed on whole axes of the torus, the longest
@@ -21,8 +24,8 @@ first (4x4 -> a group of 4 is one axis, of 16 both); a chip receives over the li
 share of the chip's bidirectional ICI bandwidth (half of it inbound) by axes used. Bytes on the wire per
 chip, by kind, for a result of R bytes (every array of a tuple): all-reduce 2(n-1)/n R (reduce-scatter
 then all-gather), all-gather (n-1)/n R, reduce-scatter (n-1) R (R is one chip's piece), all-to-all
-(n-1)/n R, collective-permute R. Ring steps, one hop each: (a - 1) per axis of length a, twice for an
-all-reduce; one for a permute.
+(n-1)/n R, collective-permute R. Ring steps, one hop each: (a - 1) per axis of length a (no wraparound
+link; an axis that wraps needs about a / 2), twice for an all-reduce; one for a permute.
 
 Across slices (Multislice, trainer/dcn.py finds these in the HLO): each transfer costs a fixed latency plus
 the bytes a chip puts on the data-center network at its share of the host's NICs (trainer/tpu_specs.py
@@ -46,19 +49,24 @@ class End:
 
     name: str
     hbm: str  # "floor" (what must be read once) or "traffic" (what the compiled program moves across HBM)
-    fixed_s: float  # a collective's fixed cost (launch, synchronisation): assumed
-    hop_s: float  # one ring step between neighbouring chips: assumed
+    fixed_s: float  # a collective's fixed cost per phase (launch, synchronisation)
+    hop_s: float  # one ring step between neighbouring chips
     dcn_fixed_s: float = 0.0  # one transfer between slices over the data-center network: assumed
     dcn_bandwidth: str = "fast"  # which of tpu_specs.DcnBandwidth's figures (they differ only where assumed)
 
 
-# Assumed: Google publishes no ICI latency, per hop or per collective. The low end takes 1 us fixed and
-# 0.5 us a hop, the high end 10 us fixed (the flat figure the planner charged every collective before issue
-# 26) and 1 us a hop. A measurement on a slice would replace both. Nor is there a published DCN latency: a
-# transfer between slices goes chip -> host -> NIC -> network -> host -> chip; 10 us (a round trip inside
-# one data center) at the low end, 100 us at the high end, both assumed.
-LOW = End("low", "floor", fixed_s=1e-6, hop_s=0.5e-6, dcn_fixed_s=10e-6)
-HIGH = End("high", "traffic", fixed_s=10e-6, hop_s=1e-6, dcn_fixed_s=100e-6, dcn_bandwidth="slow")
+# ICI latency, from "How to Scale Your Model" (Austin et al., Google DeepMind 2025), part 3, "A note on ICI
+# latency" (jax-ml.github.io/scaling-book/sharding): "Each hop over an ICI link has some intrinsic overhead
+# regardless of the data volume. This is typically around 1us", the model T = hops x 1 us for a
+# latency-bound collective, and one profile: an all-gather of 32 kB shards over an axis of 4 on TPU v5e,
+# 3 hops, "roughly 3 * 1us = 3us. In practice, it's closer to 8us." Low end: 1 us a hop, nothing fixed (the
+# book's model). High end: 1 us a hop plus the 5 us that profile had over its hops, per phase. Both from
+# v5e; no figure for v6e, v5p or v4 is published. (Before, both ends were assumed: 1 us fixed and 0.5 us a
+# hop, 10 us fixed and 1 us a hop.) No DCN latency is published: a transfer between slices goes chip ->
+# host -> NIC -> network -> host -> chip; 10 us (a round trip inside one data center) at the low end, 100 us
+# at the high end, both assumed.
+LOW = End("low", "floor", fixed_s=0.0, hop_s=1e-6, dcn_fixed_s=10e-6)
+HIGH = End("high", "traffic", fixed_s=5e-6, hop_s=1e-6, dcn_fixed_s=100e-6, dcn_bandwidth="slow")
 
 
 @dataclass(frozen=True)
@@ -152,7 +160,9 @@ def collective_seconds(kind: str, result_bytes: float, group: int, tpu: TpuSlice
     axes = group_axes(group, tpu.shape)
     used = min(len(axes), len(tpu.shape)) / len(tpu.shape)
     inbound = g.ici_bandwidth / 2 * used  # bidirectional per chip: half of it comes in
-    return end.fixed_s + ring_steps(kind, axes) * end.hop_s + wire_bytes(kind, result_bytes, group) / inbound
+    phases = 2 if kind == "all-reduce" else 1  # reduce-scatter, then all-gather
+    return (phases * end.fixed_s + ring_steps(kind, axes) * end.hop_s
+            + wire_bytes(kind, result_bytes, group) / inbound)
 
 
 def collectives_seconds(ops: Iterable[Sequence], tpu: TpuSlice, end: End) -> float:
