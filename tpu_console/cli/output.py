@@ -208,7 +208,9 @@ def plan_text(plan: dict[str, Any]) -> str:
             p["name"], p["runs"], _size(p["argument_bytes"]), _size(p["output_bytes"]),
             _size(p["temp_bytes"]), _size(p["alias_bytes"]), _size(p["peak_bytes"]),
             f"{p['flops'] / 1e9:.1f}",
-            f"{p['bytes_accessed'] / 1e9:.2f}", f"{p['collective_bytes'] / 1e6:.1f}", str(p["collectives"]),
+            # What crosses HBM (trainer/hbm_traffic.py); a plan cached before that has only bytes accessed.
+            f"{(p.get('hbm_traffic_bytes') or p['bytes_accessed']) / 1e9:.2f}",
+            f"{p['collective_bytes'] / 1e6:.1f}", str(p["collectives"]),
             "-" if est is None else est.text(1e3),
         ))
     lines.append(format_table(("PROGRAM (PER CHIP)", "RUNS", "ARGS", "OUT", "TEMP", "ALIAS", "PEAK", "GFLOP",
