@@ -43,15 +43,29 @@ _MATMUL_OUTPUT: contextvars.ContextVar[Any] = contextvars.ContextVar("matmul_out
 _CACHE_WRITE_AS_BITS: contextvars.ContextVar[bool] = contextvars.ContextVar("cache_bits", default=True)
 
 
+# Whether a scanned model's prefill and decode (trainer/scanned.py) keep their layer loop a loop (one block's
+# program) or have the compiler unroll it. A sampler whose decode layout is left to the partitioner unrolls
+# it: inside a while loop the partitioner gathers each layer's FSDP weights (ScannedQwen2).
+_ROLL_LAYERS: contextvars.ContextVar[bool] = contextvars.ContextVar("roll_layers", default=True)
+
+
 @contextlib.contextmanager
-def matmul_output(dtype: Any, cache_write_as_bits: bool = True) -> Iterator[None]:
-    """Trace under these choices: the weight matmuls' output dtype and how a 16-bit cache is written."""
-    tokens = _MATMUL_OUTPUT.set(dtype), _CACHE_WRITE_AS_BITS.set(cache_write_as_bits)
+def matmul_output(dtype: Any, cache_write_as_bits: bool = True, roll_layers: bool = True) -> Iterator[None]:
+    """Trace under these choices: the weight matmuls' output dtype, how a 16-bit cache is written, and
+    whether a scanned model's rollout keeps its layer loop rolled."""
+    tokens = (_MATMUL_OUTPUT.set(dtype), _CACHE_WRITE_AS_BITS.set(cache_write_as_bits),
+              _ROLL_LAYERS.set(roll_layers))
     try:
         yield
     finally:
         _MATMUL_OUTPUT.reset(tokens[0])
         _CACHE_WRITE_AS_BITS.reset(tokens[1])
+        _ROLL_LAYERS.reset(tokens[2])
+
+
+def layers_rolled() -> bool:
+    """Whether a scanned model's rollout keeps its layer loop rolled, under the current `matmul_output`."""
+    return _ROLL_LAYERS.get()
 
 
 def matmul_output_dtype() -> Any:
@@ -313,11 +327,14 @@ class Attention(nnx.Module):
     def decode(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
                cache: tuple[jax.Array, jax.Array], cache_index: jax.Array,
                cache_layout: RowLayout | None = None,
-               layout: DecodeLayout | None = None, norm: RMSNorm | None = None) -> tuple[jax.Array, tuple]:
+               layout: DecodeLayout | None = None, norm: RMSNorm | None = None,
+               layer: jax.Array | None = None) -> tuple[jax.Array, tuple]:
         """Write this chunk's k/v at `cache_index` and attend over the whole cache (mask [B, T, S]).
         cache_layout: places the written cache before attention reads it (see Qwen2ForCausalLM.decode).
         layout: DecodeLayout's `qkv`, `heads` and `out`, when given; with `qkv`, x is the block's input
-        before `norm` (the hook applies it)."""
+        before `norm` (the hook applies it). layer: the cache holds every layer's keys/values stacked
+        [layers, B, KV, S, D] (a scanned model's) and this is layer `layer`: its slot is written in place in
+        the stack and attention reads that layer's slice."""
         layout = layout or DecodeLayout()
         heads = layout.heads
         project = None if layout.qkv is None else lambda x, dense: layout.qkv(x, norm, dense)
@@ -325,10 +342,19 @@ class Attention(nnx.Module):
         if heads is not None:
             q, k, v = heads(q, 2), heads(k, 1), heads(v, 1)
         k_cache, v_cache = cache
-        start = (0, 0, cache_index, 0)
         place = cache_layout or _rows_anywhere
-        k_cache, v_cache = place(_write_cache(k_cache, k, start)), place(_write_cache(v_cache, v, start))
-        out = _attend(q, k_cache.astype(self.compute_dtype), v_cache, mask, self.compute_dtype)
+        if layer is None:
+            start = (0, 0, cache_index, 0)
+            k_cache, v_cache = place(_write_cache(k_cache, k, start)), place(_write_cache(v_cache, v, start))
+            k_read, v_read = k_cache, v_cache
+        else:  # one slot of one layer written into the stack (in place in the loop's carry), then read
+            start = (layer, 0, 0, cache_index, 0)
+            place = jax.vmap(place) if cache_layout is not None else place  # the layer axis whole
+            k_cache = place(_write_cache(k_cache, k[None], start))
+            v_cache = place(_write_cache(v_cache, v[None], start))
+            k_read = jax.lax.dynamic_index_in_dim(k_cache, layer, keepdims=False)
+            v_read = jax.lax.dynamic_index_in_dim(v_cache, layer, keepdims=False)
+        out = _attend(q, k_read.astype(self.compute_dtype), v_read, mask, self.compute_dtype)
         if heads is not None:
             out = heads(out, 2)
         return (layout.out(out, self.o_proj) if layout.out else self.o_proj(out)), (k_cache, v_cache)
@@ -371,18 +397,21 @@ class Block(nnx.Module):
         x = x + self.self_attn.o_proj(_attend(q, k, v, mask, self.self_attn.compute_dtype))
         return x + self.mlp(self.post_attention_layernorm(x)), (k, v)
 
-    def decode(self, x, cos, sin, mask, cache, cache_index, cache_layout=None, layout=None):
+    def decode(self, x, cos, sin, mask, cache, cache_index, cache_layout=None, layout=None, layer=None):
+        """One block of a cached forward (Attention.decode; layer: of a stacked cache)."""
         layout = layout or DecodeLayout()
         residual = layout.residual or _rows_anywhere
         h, cache = self.self_attn.decode(x if layout.qkv else self.input_layernorm(x), cos, sin, mask, cache,
-                                         cache_index, cache_layout, layout, self.input_layernorm)
+                                         cache_index, cache_layout, layout, self.input_layernorm, layer)
         x = residual(x + h)
         if layout.mlp is not None:  # the block's output, placed by the hook
             return layout.mlp(x, self.post_attention_layernorm, self.mlp), cache
         return residual(x + self.mlp(self.post_attention_layernorm(x))), cache
 
 
-KVCache = list[tuple[jax.Array, jax.Array]]  # per layer (keys, values), each [B, kv_heads, S, head_dim]
+# Per layer (keys, values), each [B, kv_heads, S, head_dim]; a scanned model's (trainer/scanned.py) is one
+# (keys, values) pair stacked [layers, B, kv_heads, S, head_dim]. `map_cache` applies a per-layer function.
+KVCache = list[tuple[jax.Array, jax.Array]] | tuple[jax.Array, jax.Array]
 # Layout hooks (sharding constraints or shard_map'd computations; see DecodeLayout).
 RowLayout = Callable[[jax.Array], jax.Array]  # places an activation's rows
 HeadsLayout = Callable[[jax.Array, int], jax.Array]  # places q/k/v or the attention output, heads along `dim`
@@ -415,7 +444,10 @@ class DecodeLayout:
     - sample(x, norm, weight, vocab_major, uniform, temperature, top_p, *, top_k, use_top_p, greedy): the
       next tokens [B] and their log-probs [B], drawn as `rollout.sample_with_uniform` draws them from the
       logits of norm(x), x the final hidden states [B, hidden]. With it, the sampler asks `decode` for
-      those hidden states instead of the logits (`hidden_only`), and the logits are never gathered."""
+      those hidden states instead of the logits (`hidden_only`), and the logits are never gathered.
+    - tables(x): the rotary tables cos/sin [B, T, head_dim] and the attention mask [B, T, S], placed once
+      before the blocks where the blocks read them (inside a scanned model's loop, the partitioner would
+      place these loop invariants again in every layer, a collective each)."""
 
     residual: RowLayout | None = None
     heads: HeadsLayout | None = None
@@ -424,6 +456,7 @@ class DecodeLayout:
     mlp: MlpHook | None = None
     embed: EmbedHook | None = None
     sample: SampleHook | None = None
+    tables: RowLayout | None = None
 
 
 def _rows_anywhere(x: jax.Array) -> jax.Array:
@@ -488,6 +521,11 @@ class Qwen2ForCausalLM(nnx.Module):
         dtype = dtype or self.compute_dtype
         return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(c.num_hidden_layers)]
 
+    def map_cache(self, fn: Callable[[jax.Array], jax.Array], cache: KVCache) -> KVCache:
+        """`fn` applied to each layer's keys and values [B, kv_heads, S, head_dim] (the sampler's row picks,
+        padding and layout constraints, written once for either model's cache)."""
+        return [(fn(k), fn(v)) for k, v in cache]
+
     def prefill(self, input_ids: jax.Array, positions: jax.Array, attention_mask: jax.Array,
                 cache_length: int, cache_dtype: Any = None,
                 rows: RowLayout | None = None) -> tuple[jax.Array, KVCache]:
@@ -500,13 +538,19 @@ class Qwen2ForCausalLM(nnx.Module):
         mask = jnp.tril(jnp.ones((t, t), bool))[None] & attention_mask.astype(bool)[:, None, :]
         cos, sin = rotary_tables(positions, self.config.dim_per_head, self.config.rope_theta)
         x = self._embed(input_ids)
-        dtype = cache_dtype or self.compute_dtype
-        free = ((0, 0), (0, 0), (0, cache_length - t), (0, 0))
+        x, cache = self._prefill_layers(x, cos, sin, mask, cache_length, cache_dtype or self.compute_dtype)
+        return rows(self.logits(self.norm(x[:, -1]))), cache
+
+    def _prefill_layers(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
+                        cache_length: int, dtype: Any) -> tuple[jax.Array, KVCache]:
+        """The blocks of `prefill`: the residual after the last one and the cache, each layer's keys and
+        values padded to `cache_length` slots."""
+        free = ((0, 0), (0, 0), (0, cache_length - x.shape[1]), (0, 0))
         cache = []
         for index, layer in enumerate(self.layers):
             x, (k, v) = layer.prefill(x, cos, sin, mask, last_only=index == len(self.layers) - 1)
             cache.append((jnp.pad(k.astype(dtype), free), jnp.pad(v.astype(dtype), free)))
-        return rows(self.logits(self.norm(x[:, -1]))), cache
+        return x, cache
 
     def decode(self, input_ids: jax.Array, positions: jax.Array, kv_mask: jax.Array, cache: KVCache,
                cache_index: jax.Array, rows: RowLayout | None = None,
@@ -536,13 +580,22 @@ class Qwen2ForCausalLM(nnx.Module):
             x = self._embed(input_ids)
         if layout.residual is not None:
             x = layout.residual(x)
+        if layout.tables is not None:
+            cos, sin, mask = layout.tables(cos), layout.tables(sin), layout.tables(mask)
+        x, new_cache = self._decode_layers(x, cos, sin, mask, cache, cache_index, cache_layout, layout)
+        if hidden_only:
+            return x[:, -1], new_cache
+        return rows(self.logits(self.norm(x[:, -1]))), new_cache
+
+    def _decode_layers(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array, cache: KVCache,
+                       cache_index: jax.Array, cache_layout: RowLayout | None,
+                       layout: DecodeLayout) -> tuple[jax.Array, KVCache]:
+        """The blocks of `decode`, one after another: the residual after the last one and the new cache."""
         new_cache = []
         for layer, layer_cache in zip(self.layers, cache, strict=True):
             x, layer_cache = layer.decode(x, cos, sin, mask, layer_cache, cache_index, cache_layout, layout)
             new_cache.append(layer_cache)
-        if hidden_only:
-            return x[:, -1], new_cache
-        return rows(self.logits(self.norm(x[:, -1]))), new_cache
+        return x, new_cache
 
 
 def project_logits(hidden: jax.Array, weight: jax.Array, vocab_major: bool, compute_dtype: Any) -> jax.Array:

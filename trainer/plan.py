@@ -216,24 +216,27 @@ def build_plan(
                 lens = _abstract((rows,), jnp.int32, rows_sharding)
                 key = _with_shardings(jax.eval_shape(lambda: jax.random.key(0)), on_rollout_mesh)
                 scalar = _abstract((), jnp.float32, on_rollout_mesh)
+                # The prompts prefill runs: each distinct one once, its cache given to its samples, as
+                # generate() does on one host (Sampler.shared_prompts); every row across hosts.
+                distinct = rows if label else _prefilled_prompts(r.batch_size, rows, hosts, sampler.mesh.size)
+                if distinct < rows:
+                    prompts = _abstract((distinct, r.global_length), jnp.int32, rows_sharding)
+                    which = _abstract((rows,), jnp.int32, rows_sharding)  # each row's prompt among them
+                    prefill_args: tuple = (prompts, prompts, key, scalar, scalar, which)
+                else:
+                    prefill_args = (ids, ids, key, scalar, scalar)
                 prefill = add(
                     f"prefill{label}",
                     "every step" if not label else "every eval",
                     held,
                     sampler.prefill,
                     rollout_state,
-                    ids,
-                    ids,
-                    key,
-                    scalar,
-                    scalar,
+                    *prefill_args,
                     **mode,
                 )
                 if prefill.oom or prefill.output_shardings is None:  # did not fit, or not wanted
                     continue
-                out_shapes = jax.eval_shape(
-                    sampler.prefill, rollout_state, ids, ids, key, scalar, scalar, **mode
-                )
+                out_shapes = jax.eval_shape(sampler.prefill, rollout_state, *prefill_args, **mode)
                 cache, kv_mask, first, first_logprobs = _with_shardings(out_shapes, prefill.output_shardings)
                 if not label:
                     plan.resident["KV cache"] = _per_chip_bytes(cache)
@@ -308,6 +311,16 @@ def build_plan(
         )
     plan.price_programs()
     return plan
+
+
+def _prefilled_prompts(prompts: int, rows: int, hosts: int, devices: int) -> int:
+    """How many prompts the training rollout's prefill runs for `rows` rows of `prompts` distinct prompts
+    (each repeated by its group's samples): on one host, the distinct ones padded to a multiple of the
+    rollout mesh's devices (Sampler.shared_prompts), when that is fewer than the rows; across hosts every
+    row (each process holds only its own rows, so generate() shares no prefill)."""
+    if hosts > 1:
+        return rows
+    return min(-(-prompts // devices) * devices, rows)
 
 
 def _rollouts(cfg: TrainerConfig, hosts: int, local: int, batch: int, statics: dict) -> list:

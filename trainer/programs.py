@@ -7,7 +7,8 @@ the plan measures the programs the run executes, not a re-creation of them:
 - `init_optimizer`: the optimizer state, laid out like the parameters it tracks (AdamW's moments sharded
   as the weights are; left to itself, `jit(optimizer.init)` puts them on one device).
 - `sampler`: prefill and the decode loop (trainer/rollout.py, trainer/rollout_sharding.py); for a scanned
-  model (`train.scan_layers`) a StackedWeightsSampler, which unstacks the weights for the rollout.
+  model (`train.scan_layers`) a StackedWeightsSampler, whose prefill and decode scan over the stacked
+  weights and a stacked KV cache (trainer/scanned.py).
 - `step_fn.logprobs`: log-prob recomputation (reference / old policy); `step_fn.update`: the update with its
   micro-batches (trainer/grpo.py).
 """
@@ -159,7 +160,7 @@ def build_programs(
     an old layout (benchmarks/plan.py)."""
     r = cfg.rollout
     training = training_programs(cfg, model, mesh)
-    # A scanned model's rollout runs its unrolled view, fed the weights unstacked (trainer/scanned.py).
+    # A scanned model's rollout scans too: its weights stay stacked (trainer/scanned.py).
     sampler_class = StackedWeightsSampler if isinstance(model, ScannedQwen2) else ShardedSampler
     sampler = sampler_class(
         model,

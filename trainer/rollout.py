@@ -196,6 +196,7 @@ class Sampler:
         self.constrain_rows = constrain_rows
         self.matmul_dtype = matmul_dtype  # of the weight matmuls' outputs (partial sums): model.matmul_output
         self.cache_write_as_bits = cache_write_as_bits  # model._write_cache: right on CPU, a copy on TPU
+        self.roll_layers = True  # a scanned model's layer loop stays a loop (StackedWeightsSampler decides)
         self.cache_dtype = cache_dtype or model.compute_dtype
         self.compile_count = 0  # incremented while tracing, i.e. once per compilation
         self._graphdef = nnx.graphdef(model)
@@ -229,7 +230,8 @@ class Sampler:
 
         @functools.wraps(fn)
         def traced(*args: Any, **kwargs: Any) -> Any:
-            with matmul_output(self.matmul_dtype, cache_write_as_bits=self.cache_write_as_bits):
+            with matmul_output(self.matmul_dtype, cache_write_as_bits=self.cache_write_as_bits,
+                               roll_layers=self.roll_layers):
                 return fn(*args, **kwargs)
 
         return traced
@@ -287,13 +289,12 @@ class Sampler:
         if rows is not None:  # each row takes its prompt's logits and cache
             rows_layout = self._rows_layout(model) or (lambda x: x)
             logits = rows_layout(jnp.take(logits, rows, axis=0))
-            cache = [(jnp.take(k, rows, axis=0), jnp.take(v, rows, axis=0)) for k, v in cache]
+            cache = model.map_cache(lambda x: jnp.take(x, rows, axis=0), cache)
             prompt_mask = jnp.take(prompt_mask, rows, axis=0)
         batch = prompt_mask.shape[0]
         cache_axes = model.config.sharding.kv_cache
         free = ((0, 0), (0, 0), (0, self.segments[0]), (0, 0))
-        cache = [(self.constrain(jnp.pad(k, free), cache_axes), self.constrain(jnp.pad(v, free), cache_axes))
-                 for k, v in cache]
+        cache = model.map_cache(lambda x: self.constrain(jnp.pad(x, free), cache_axes), cache)
         kv_mask = jnp.concatenate([prompt_mask, jnp.zeros((batch, self.segments[0]), jnp.int32)], axis=1)
         tokens, logprobs = sample_logits(logits, jax.random.fold_in(rng, 0), temperature, top_p,
                                          top_k=top_k, use_top_p=use_top_p, greedy=greedy)
@@ -335,8 +336,7 @@ class Sampler:
                 i, cache, kv_mask, tokens, logprobs, done = carry
                 more = self.segments[segment + 1] - end
                 free = ((0, 0), (0, 0), (0, more), (0, 0))
-                cache = [(self.constrain(jnp.pad(k, free), cache_axes),
-                          self.constrain(jnp.pad(v, free), cache_axes)) for k, v in cache]
+                cache = model.map_cache(lambda x: self.constrain(jnp.pad(x, free), cache_axes), cache)
                 kv_mask = jnp.pad(kv_mask, ((0, 0), (0, more)))
                 return run(segment + 1, (i, cache, kv_mask, tokens, logprobs, done))[:2]
 

@@ -455,9 +455,11 @@ def head_group_layout(mesh: Mesh) -> DecodeLayout:
                              out_specs=whole)(table, ids)
 
     replicated = NamedSharding(mesh, whole)
+    by_block = NamedSharding(mesh, PartitionSpec(row_axes))  # the rows attention reads on each chip
     return DecodeLayout(residual=lambda x: jax.lax.with_sharding_constraint(x, replicated), heads=heads,
                         qkv=qkv, out=out, mlp=mlp, embed=embed,
-                        sample=functools.partial(sample_split_vocab, mesh, axes))
+                        sample=functools.partial(sample_split_vocab, mesh, axes),
+                        tables=lambda x: jax.lax.with_sharding_constraint(x, by_block))
 
 
 def rollout_axes(batch_axes: tuple[str, ...], model_axes: tuple) -> tuple:

@@ -1,23 +1,27 @@
 """The model with its blocks as one scanned layer (`train.scan_layers`), as MaxText's `scan_layers` does.
 
 `ScannedQwen2` keeps every block's weights stacked on a leading [layers] axis (each sharded as one block's
-weights are, the layer axis whole) and runs the training forward as one `jax.lax.scan` over them. The
-update and the log-prob pass are then one block's program run `num_hidden_layers` times, not 28 or 36
-copies of it: compiling them for a TPU slice takes a few GB of host memory and minutes less (issue 26:
-a 7B batch sweep was killed by a 24 GB laptop's OOM killer), and the planner compiles exactly what the
-Trainer runs (trainer/programs.py builds both).
+weights are, the layer axis whole) and runs each of its forwards as one `jax.lax.scan` over them: the
+training forward, and the rollout's prefill and decode step. The update, the log-prob pass, prefill and the
+decode loop are then one block's program run `num_hidden_layers` times, not 28 or 36 copies of it:
+compiling them for a TPU slice takes a few GB of host memory and minutes less (issue 26: a 7B batch sweep
+was killed by a 24 GB laptop's OOM killer; a 3B plan took 4:21 with the rollout unrolled), and the planner
+compiles exactly what the Trainer runs (trainer/programs.py builds both).
 
-The rollout (trainer/rollout.py) keeps its unrolled model: prefill and decode walk the layers with a KV
-cache per layer. `StackedWeightsSampler` is the one place where the stacked weights become the per-layer
-weights it reads: its `rollout_weights_program` (what `generate` runs first) unstacks, casts to the compute
-dtype and lays them out for the rollout in one program, so the rollout holds the same bf16 copy it holds
-for an unrolled model.
+The rollout (`StackedWeightsSampler`): the weights stay stacked. `rollout_weights_program` casts them to the
+compute dtype and lays them out as the rollout layout lays out one block's weights, the layer axis whole
+(`stacked_rollout_shardings`). The KV cache is one (keys, values) pair stacked [layers, B, kv_heads, S,
+head_dim]: prefill's scan returns each layer's as its output; the decode step carries the whole stack
+through its scan and each layer writes its token's slot in place (Attention.decode with `layer`) and reads
+its slice, so a step holds one cache, as the unrolled step does. Every DecodeLayout hook (megatron's and
+head_groups' shard_maps included) runs inside the scan's body on that layer's weights. Prefill runs the
+last block over every prompt position (the unrolled prefill runs its MLP for the last position only):
+about 1/layers of the MLP's flops more, for one block's program instead of two.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import jax
@@ -26,9 +30,11 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from trainer.model import (
+    KVCache,
     Qwen2Config,
     Qwen2ForCausalLM,
     constrain_batch,
+    layers_rolled,
     placed_abstract,
     rotary_tables,
 )
@@ -37,8 +43,8 @@ from trainer.rollout_sharding import ShardedSampler
 
 class ScannedQwen2(Qwen2ForCausalLM):
     """Qwen2ForCausalLM whose `layers` is a single Block holding every block's weights stacked [layers, ...];
-    the training forward scans over them. Same arithmetic as the unrolled model, one block's program.
-    Prefill and decode are the unrolled model's (`unrolled_view`, `StackedWeightsSampler`)."""
+    the training forward, prefill and decode scan over them, the KV cache stacked alike. Same arithmetic
+    as the unrolled model, one block's program."""
 
     def __init__(self, config: Qwen2Config, rngs: nnx.Rngs, param_dtype: Any = jnp.float32,
                  compute_dtype: Any = jnp.bfloat16, remat: bool = False):
@@ -65,11 +71,43 @@ class ScannedQwen2(Qwen2ForCausalLM):
         x, _ = jax.lax.scan(block, x, stacked)
         return self.norm(x)
 
-    def init_cache(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError("a scanned model does not decode; the rollout runs unrolled_view(model) with "
-                        "unstacked_layers(state) (StackedWeightsSampler)")
+    def init_cache(self, batch: int, length: int, dtype: Any = None) -> KVCache:
+        c = self.config
+        shape = (c.num_hidden_layers, batch, c.num_key_value_heads, length, c.dim_per_head)
+        dtype = dtype or self.compute_dtype
+        return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
 
-    prefill = decode = init_cache
+    def map_cache(self, fn: Any, cache: KVCache) -> KVCache:
+        """`fn` (written for one layer's [B, kv_heads, S, head_dim]) over the stacked keys and values,
+        mapped over the layer axis (a layout constraint leaves that axis whole)."""
+        keys, values = cache
+        return jax.vmap(fn)(keys), jax.vmap(fn)(values)
+
+    def _prefill_layers(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
+                        cache_length: int, dtype: Any) -> tuple[jax.Array, KVCache]:
+        free = ((0, 0), (0, 0), (0, cache_length - x.shape[1]), (0, 0))
+        graphdef, stacked = nnx.split(self.layers[0])
+
+        def block(x: jax.Array, weights: Any) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+            x, (k, v) = nnx.merge(graphdef, weights).prefill(x, cos, sin, mask, last_only=False)
+            return x, (jnp.pad(k.astype(dtype), free), jnp.pad(v.astype(dtype), free))
+
+        return jax.lax.scan(block, x, stacked, unroll=not layers_rolled())
+
+    def _decode_layers(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array, cache: KVCache,
+                       cache_index: jax.Array, cache_layout: Any, layout: Any) -> tuple[jax.Array, KVCache]:
+        graphdef, stacked = nnx.split(self.layers[0])
+
+        def block(carry: tuple, weights: Any) -> tuple[tuple, None]:
+            x, cache, layer = carry
+            x, cache = nnx.merge(graphdef, weights).decode(x, cos, sin, mask, cache, cache_index,
+                                                           cache_layout, layout, layer=layer)
+            return (x, cache, layer + 1), None
+
+        # The cache rides in the carry (updated in place), not in xs/ys (a second stacked cache).
+        (x, cache, _), _ = jax.lax.scan(block, (x, tuple(cache), jnp.int32(0)), stacked,
+                                        unroll=not layers_rolled())
+        return x, cache
 
 
 def scanned_model_shapes(config: Qwen2Config, *, param_dtype: Any = jnp.float32,
@@ -95,29 +133,7 @@ def abstract_scanned_model(model_config: Qwen2Config, mesh: Mesh, *, compute_dty
     return placed_abstract(model, mesh)
 
 
-# ---- the rollout's per-layer weights ---------------------------------------------------------------------
-
-
-def unrolled_view(model: ScannedQwen2) -> Qwen2ForCausalLM:
-    """The unrolled Qwen2ForCausalLM of the same config and dtypes, weights as shapes only (no memory): the
-    graph the rollout runs, fed the weights `unstacked_layers` makes."""
-    param_dtype = model.embed_tokens.get_value().dtype
-    with nnx.use_eager_sharding(False):
-        return nnx.eval_shape(lambda: Qwen2ForCausalLM(model.config, nnx.Rngs(0), param_dtype=param_dtype,
-                                                       compute_dtype=model.compute_dtype, remat=model.remat))
-
-
-def is_stacked(state: nnx.State) -> bool:
-    """Whether a model state holds the blocks stacked (a ScannedQwen2's), from its first block's q kernel."""
-    return jnp.ndim(state["layers"][0]["self_attn"]["q_proj"]["kernel"]) == 3
-
-
-def _unrolled(pure: dict, layers: int, take: Any) -> dict:
-    """A scanned model's pure state dict with its stacked block (layers[0]) as `layers` blocks, block i's
-    leaves `take(leaf, i)`."""
-    out = dict(pure)
-    out["layers"] = {i: jax.tree.map(lambda x, i=i: take(x, i), pure["layers"][0]) for i in range(layers)}
-    return out
+# ---- the rollout's weights ------------------------------------------------------------------------------
 
 
 def _as_state(pure: dict, template: nnx.State) -> nnx.State:
@@ -126,61 +142,48 @@ def _as_state(pure: dict, template: nnx.State) -> nnx.State:
     return out
 
 
-def unstacked_layers(state: nnx.State, template: nnx.State) -> nnx.State:
-    """The unrolled model's state (`template`'s structure: layers 0..L-1) from a scanned model's state (every
-    block's weights stacked under layers[0]); the other weights as they are. Traced inside a program."""
-    return _as_state(_unrolled(state.to_pure_dict(), len(template["layers"]), lambda x, i: x[i]), template)
+def one_block_view(state: nnx.State) -> nnx.State:
+    """`state` (a scanned model's) with its stacked block's weights as ShapeDtypeStructs of one block (the
+    layer axis dropped): what a per-block placement reads; the other weights as they are."""
+    pure = state.to_pure_dict()
+    pure["layers"] = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), pure["layers"])
+    return _as_state(pure, state)
 
 
-def per_layer_shardings(state: nnx.State, template: nnx.State) -> nnx.State:
-    """Where an unrolled model's weights lie when they lie as the stacked ones do: each block's as its slice
-    of the stack does (the layer axis dropped), the rest as they are."""
+def restacked(shardings: nnx.State) -> nnx.State:
+    """The shardings of `one_block_view`'s state given back the layer axis, whole, on the block's weights."""
 
-    def slice_of(sharding: Any, _: int) -> Any:
+    def whole_layers(sharding: Any) -> Any:
         if isinstance(sharding, NamedSharding):
-            return NamedSharding(sharding.mesh, PartitionSpec(*tuple(sharding.spec)[1:]))
+            return NamedSharding(sharding.mesh, PartitionSpec(None, *sharding.spec))
         return sharding  # one device: the same
 
-    shardings = jax.tree.map(lambda x: x.sharding, state.to_pure_dict())
-    return _as_state(_unrolled(shardings, len(template["layers"]), slice_of), template)
+    pure = shardings.to_pure_dict()
+    pure["layers"] = jax.tree.map(whole_layers, pure["layers"])
+    return _as_state(pure, shardings)
+
+
+# The rollout layouts whose scanned prefill and decode keep their layer loop rolled (one block's program);
+# the others have the compiler unroll it (StackedWeightsSampler).
+ROLLED_LAYOUTS = frozenset({"megatron", "head_groups", "replicated"})
 
 
 class StackedWeightsSampler(ShardedSampler):
-    """ShardedSampler for a ScannedQwen2: prefill and decode run `unrolled_view(model)`, and `generate`
-    takes the scanned model's state. Its `rollout_weights_program` turns the stacked state into the
-    per-layer weights the rollout reads in one program: unstacked, cast to the compute dtype and laid out
-    where the configured weight layout puts the unrolled model's (ShardedSampler.rollout_weight_shardings),
-    so the rollout holds one bf16 copy, as it does for an unrolled model."""
+    """ShardedSampler for a ScannedQwen2: prefill and decode scan over the stacked weights and a stacked KV
+    cache (ScannedQwen2's `_prefill_layers` / `_decode_layers`), under the same layouts and DecodeLayout
+    hooks as the unrolled model's. `rollout_weights_program` casts the stacked weights to the compute dtype
+    and lays each block's out where the weight layout puts an unrolled block's, the layer axis whole."""
 
-    def __init__(self, model: ScannedQwen2, *args: Any, **kwargs: Any) -> None:
-        super().__init__(unrolled_view(model), *args, **kwargs)
-        self._template = nnx.state(self.model)
-        self._from_stacked: dict[Any, Any] = {}  # one program per state structure
-
-    def _unrolled_shapes(self, state: nnx.State) -> nnx.State:
-        """The unrolled state `state` unstacks to, as ShapeDtypeStructs lying where the stack's slices lie."""
-        shapes = jax.eval_shape(functools.partial(unstacked_layers, template=self._template), state)
-        return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes,
-                            per_layer_shardings(state, self._template))
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The layer loop stays a loop where the decode step writes its collectives out (DecodeLayout hooks)
+        # or needs none (replicated weights); where the partitioner lays out split weights (fsdp, tensor),
+        # XLA unrolls it: inside a while loop the partitioner gathers each layer's FSDP weights instead of
+        # reducing partial sums (a 3B-wide proxy with fsdp: 831 MB of collectives a token against the
+        # unrolled step's 53 MB), and tensor's step accessed twice the bytes.
+        self.roll_layers = self.weight_layout in ROLLED_LAYOUTS
 
     def rollout_weight_shardings(self, state: nnx.State) -> Any:
-        if not is_stacked(state):
+        if self.weight_layout == "fsdp":  # where training holds them, the stack included
             return super().rollout_weight_shardings(state)
-        return super().rollout_weight_shardings(self._unrolled_shapes(state))
-
-    def rollout_weights_program(self, state: nnx.State) -> Any:
-        """The jitted stacked state -> the rollout's weights (built once per structure); an unrolled state
-        as ShardedSampler makes it."""
-        if not is_stacked(state):
-            return super().rollout_weights_program(state)
-        key = jax.tree.structure(state)
-        if key not in self._from_stacked:
-            dtype = self.model.compute_dtype
-
-            def prepare(stacked: nnx.State) -> nnx.State:
-                unrolled = unstacked_layers(stacked, self._template)
-                return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
-                                    unrolled)
-
-            self._from_stacked[key] = jax.jit(prepare, out_shardings=self.rollout_weight_shardings(state))
-        return self._from_stacked[key]
+        return restacked(super().rollout_weight_shardings(one_block_view(state)))

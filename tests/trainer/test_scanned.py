@@ -1,12 +1,13 @@
 """trainer/scanned.py: the Trainer's model with its blocks as one scanned layer (`train.scan_layers`).
 
 The scanned model trains as the unrolled one does (the same loss and gradients), its stacked state survives a
-checkpoint, its rollout (the unrolled view, fed the weights unstacked) samples the unrolled model's tokens
-with the weights where the layout puts them, and its update compiled by libtpu holds the unrolled update's
-state with the unrolled update's flops once its loops are counted as often as they run."""
+checkpoint, its scanned rollout (stacked weights, a stacked KV cache) samples the unrolled model's tokens
+with the weights where the layout puts them, and its programs compiled by libtpu hold the unrolled ones'
+state with their flops and collectives once their loops are counted as often as they run."""
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -87,35 +88,72 @@ def test_scanned_model_trains_as_the_unrolled_one(tiny_model_dir, tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(r))
 
 
-def test_scanned_models_rollout_samples_the_unrolled_models_tokens(tiny_model_dir):
-    # StackedWeightsSampler unstacks, casts and lays out the stacked weights in one program, where the
-    # unrolled sampler's prepare_weights puts them (fsdp: each block as its slice of the stack; megatron: the
-    # layout's own split), and generate() samples the same tokens.
+def test_scanned_rollout_samples_the_unrolled_rollouts_tokens(tiny_model_dir):
+    # One device, fp32 compute (the same logits to the last bits, so a sampled draw cannot flip): prefill
+    # and decode scanned over the stacked weights and a stacked KV cache give the unrolled rollout's greedy
+    # and sampled tokens, through a shared prefill (repeated prompts) and a cache grown over 3 segments.
+    from flax import nnx
+
+    from trainer.rollout import Sampler
+    from trainer.weights import load_model
+
+    unrolled, config = load_model(tiny_model_dir, compute_dtype=jnp.float32)
+    scanned, _ = load_model(tiny_model_dir, compute_dtype=jnp.float32, scan_layers=True)
+    prompts = [[5, 6, 7], [8, 9, 10, 11], [3, 4], [12]] * 2
+    options = dict(buckets=(16,), max_new_tokens=12, attend_bucket=3)
+    plain, stacked = (Sampler(m, 0, config.eos_token_ids, **options) for m in (unrolled, scanned))
+    assert stacked.segments == (3, 6, 12)
+    for mode in ({"greedy": True}, {"temperature": 0.8, "top_p": 0.9}):
+        want, got = plain.generate(prompts, rng=3, **mode), stacked.generate(prompts, rng=3, **mode)
+        np.testing.assert_array_equal(np.asarray(got.completion_ids), np.asarray(want.completion_ids))
+        np.testing.assert_allclose(np.asarray(got.logprobs), np.asarray(want.logprobs), atol=1e-5)
+    # The cache is one stacked (keys, values) pair, [layers, rows, kv heads, slots, head dim].
+    ids, mask = stacked.pad_prompts(prompts[:4])
+    cache = jax.eval_shape(functools.partial(stacked.prefill, top_k=0, use_top_p=False, greedy=True),
+                           nnx.state(scanned), ids, mask, jax.random.key(0), 1.0, 1.0)[0]
+    shape = (config.num_hidden_layers, 4, config.num_key_value_heads, 16 + 3, config.dim_per_head)
+    assert isinstance(cache, tuple) and [x.shape for x in cache] == [shape, shape]
+
+
+def test_scanned_rollout_keeps_the_weights_stacked_in_each_layout(tiny_model_dir):
+    # On a 4-device mesh, for the CPU default (fsdp) and head_groups (the TPU default where the KV heads
+    # divide the chips: every collective a shard_map inside the scan's body): the rollout's weights stay
+    # stacked, each block laid out as the unrolled sampler lays out that block, the layer axis whole, with
+    # the same values; and generate() gives the unrolled rollout's greedy tokens (fsdp) and greedy and
+    # sampled tokens (head_groups).
     script = textwrap.dedent(f"""
         import jax, jax.numpy as jnp, numpy as np
         from flax import nnx
+        from jax.sharding import PartitionSpec
         from trainer.mesh import local_rows, make_mesh
         from trainer.rollout_sharding import ShardedSampler
         from trainer.scanned import StackedWeightsSampler
         from trainer.weights import load_model
         mesh = make_mesh("1,4,1")
-        unrolled, config = load_model({str(tiny_model_dir)!r}, mesh=mesh)
-        scanned, _ = load_model({str(tiny_model_dir)!r}, mesh=mesh, scan_layers=True)
+        unrolled, config = load_model({str(tiny_model_dir)!r}, mesh=mesh, compute_dtype=jnp.float32)
+        scanned, _ = load_model({str(tiny_model_dir)!r}, mesh=mesh, compute_dtype=jnp.float32,
+                                scan_layers=True)
         prompts = [[5, 6, 7], [8, 9, 10, 11], [3, 4], [12]] * 2
-        for layout in ("fsdp", "megatron"):
+        for layout, modes in (("fsdp", [{{"greedy": True}}]),
+                              ("head_groups", [{{"greedy": True}}, {{"temperature": 1.0}}])):
             options = dict(prompt_len=16, max_new_tokens=4, mesh=mesh, style="legacy", weight_layout=layout)
             plain = ShardedSampler(unrolled, 0, config.eos_token_ids, **options)
             stacked = StackedWeightsSampler(scanned, 0, config.eos_token_ids, **options)
-            want = plain.prepare_weights(nnx.state(unrolled))
-            got = stacked.prepare_weights(nnx.state(scanned))
-            assert jax.tree.structure(want) == jax.tree.structure(got)
+            want = plain.prepare_weights(nnx.state(unrolled)).to_pure_dict()
+            got = stacked.prepare_weights(nnx.state(scanned)).to_pure_dict()
+            for i, block in want.pop("layers").items():
+                for w, g in zip(jax.tree.leaves(block), jax.tree.leaves(got["layers"][0]), strict=True):
+                    assert g.shape == (config.num_hidden_layers, *w.shape)
+                    assert g.sharding.spec == PartitionSpec(None, *w.sharding.spec), (layout, g.sharding)
+                    np.testing.assert_array_equal(np.asarray(g[i]), np.asarray(w))
+            got.pop("layers")
             for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
-                assert w.dtype == g.dtype == jnp.bfloat16 and w.sharding.is_equivalent_to(g.sharding, w.ndim)
-                np.testing.assert_array_equal(np.asarray(w, np.float32), np.asarray(g, np.float32))
-        # megatron's (the TPU default) tokens:
-        a = plain.generate(prompts, rng=0, greedy=True, state=nnx.state(unrolled))
-        b = stacked.generate(prompts, rng=0, greedy=True, state=nnx.state(scanned))
-        np.testing.assert_array_equal(local_rows(a.completion_ids, mesh), local_rows(b.completion_ids, mesh))
+                assert w.sharding.is_equivalent_to(g.sharding, w.ndim)
+            for mode in modes:
+                a = plain.generate(prompts, rng=0, state=nnx.state(unrolled), **mode)
+                b = stacked.generate(prompts, rng=0, state=nnx.state(scanned), **mode)
+                np.testing.assert_array_equal(local_rows(a.completion_ids, mesh),
+                                              local_rows(b.completion_ids, mesh))
         print("ok")
     """)
     env = os.environ | {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
@@ -128,32 +166,50 @@ def test_scanned_models_rollout_samples_the_unrolled_models_tokens(tiny_model_di
 @needs_libtpu
 def test_a_scanned_config_plans_the_programs_it_runs(tmp_path, tiny_model_dir):
     # The plan of a scanned config compiles (libtpu, v6e 2x2) what its Trainer runs: the stacked weights
-    # unstacked into the rollout's bf16 copy, the unrolled rollout (prefill), the scanned update. Against
-    # the unrolled update: the same arguments and donated buffers to the byte and, with every loop counted
-    # as often as it runs (its 2 micro-batches, the 2 blocks forward and backward; trainer/hlo_loops.py),
-    # the same flops and collective bytes, where cost_analysis() alone counts the scanned blocks once.
+    # cast into the rollout's stacked bf16 copy, the scanned rollout (prefill, the decode loop and its step
+    # over a stacked KV cache), the scanned update. Against the unrolled config's programs: the same
+    # resident weights and cache, arguments and donated buffers to the byte and, with every loop counted as
+    # often as it runs (trainer/hlo_loops.py: the update's 2 micro-batches and 2 blocks forward and
+    # backward, the decode step's 2 blocks), the same flops and collectives, where cost_analysis() alone
+    # counts a scanned block once; and the scanned decode loop holds no more memory per chip.
     from trainer.config import load_config
     from trainer.plan import build_plan
     from trainer.tpu_specs import parse_accelerator_type
 
     v6e4 = parse_accelerator_type("v6e-4")
     config = planning_config(tmp_path, tiny_model_dir)
-    # (The decode loop is left out for time: it is the unrolled rollout's, fed the weights prefill is fed.)
-    scanned_plan = build_plan(load_config(config, ["train.scan_layers=true"]), v6e4,
-                              only={"rollout weights", "prefill", "update"})
-    unrolled_plan = build_plan(load_config(config, []), v6e4, only={"rollout weights", "update"})
+    wanted = {"rollout weights", "prefill", "decode loop", "decode step", "update"}
+    scanned_plan = build_plan(load_config(config, ["train.scan_layers=true"]), v6e4, only=wanted)
+    unrolled_plan = build_plan(load_config(config, []), v6e4, only=wanted)
     programs = {p.name: p.compiled for p in scanned_plan.programs}
-    assert set(programs) == {"rollout weights", "prefill", "update"}
+    unrolled_programs = {p.name: p.compiled for p in unrolled_plan.programs}
+    assert set(programs) == set(unrolled_programs) == wanted
     assert scanned_plan.fits and not any(c.oom for c in programs.values())
-    # The rollout's weights: the same bf16 copy, laid out alike, made from the same fp32 bytes.
-    assert scanned_plan.resident.pop("KV cache") > 0 and scanned_plan.resident == unrolled_plan.resident
-    weights = {p.name: p.compiled for p in unrolled_plan.programs}["rollout weights"]
+    # The rollout's weights and KV cache: the same bytes a chip, the weights made from the same fp32 bytes.
+    assert scanned_plan.resident["KV cache"] > 0 and scanned_plan.resident == unrolled_plan.resident
+    weights = unrolled_programs["rollout weights"]
     assert programs["rollout weights"].argument_bytes == weights.argument_bytes
-    assert programs["rollout weights"].output_bytes == weights.output_bytes
-    unrolled, scanned = {p.name: p.compiled for p in unrolled_plan.programs}["update"], programs["update"]
+    # Its output: the same bf16 bytes, less the tile padding of the per-layer arrays (a v6e tile pads each
+    # small array, the 1-D norms and biases, separately; stacked, they share one padded array).
+    assert 0.95 * weights.output_bytes < programs["rollout weights"].output_bytes <= weights.output_bytes
+    unrolled, scanned = unrolled_programs["update"], programs["update"]
     assert scanned.argument_bytes == unrolled.argument_bytes and scanned.alias_bytes == unrolled.alias_bytes
     assert unrolled.loop_trips == [2] and sorted(scanned.loop_trips) == [2, 2, 2]  # micro-batches; 2 blocks
     assert scanned.counted_flops < 0.7 * unrolled.counted_flops
     assert abs(scanned.flops / unrolled.flops - 1) < 0.03, (scanned.flops, unrolled.flops)
     assert unrolled.flops > 1.9 * unrolled.counted_flops  # two micro-batches, not one
     assert abs(scanned.collectives.bytes / unrolled.collectives.bytes - 1) < 0.03
+    # One token (head_groups, auto on v6e-4): the layer loop's body counted twice, so the step's flops,
+    # bytes and collectives are the unrolled step's (the rotary tables and mask placed once, before the
+    # loop: DecodeLayout.tables), not one layer's.
+    unrolled, scanned = unrolled_programs["decode step"], programs["decode step"]
+    assert unrolled.loop_trips == [] and scanned.loop_trips == [2]
+    assert scanned.counted_flops < 0.85 * scanned.flops
+    assert abs(scanned.flops / unrolled.flops - 1) < 0.03, (scanned.flops, unrolled.flops)
+    assert abs(scanned.bytes_accessed / unrolled.bytes_accessed - 1) < 0.1
+    assert scanned.collectives.grouped() and sorted(scanned.collectives.grouped()) == sorted(
+        unrolled.collectives.grouped())
+    # The stacked cache is updated in place: the loop and the step hold no more than the unrolled ones.
+    for name in ("decode loop", "decode step"):
+        assert programs[name].peak_bytes <= unrolled_programs[name].peak_bytes, name
+        assert programs[name].alias_bytes == unrolled_programs[name].alias_bytes, name
