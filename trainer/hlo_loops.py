@@ -3,10 +3,12 @@
 XLA's `cost_analysis()` counts a while loop's body once, whatever its trip count (measured: a scan of 1, 4
 and 16 matmuls reports one matmul's flops). The update runs its micro-batches in a loop and, with
 `train.scan_layers`, its blocks in two more (forward and backward) inside it, so the compiler's figure is
-one micro-batch's one block plus the rest. Here the compiled HLO is read for its while loops and their trip
-counts (XLA's `known_trip_count` where the compiler wrote one; otherwise the loop's condition `i < N`
-with `i` starting from a constant), and each loop body's cost is XLA's own cost analysis of that body
-alone (the body made the entry computation of a module holding what it calls). Then
+one micro-batch's one block plus the rest; a scanned rollout's prefill and decode step run their blocks in
+one loop each (trainer/scanned.py), so a token's figure would be one block's. Here the compiled HLO is
+read for its while loops and their trip counts (XLA's `known_trip_count` where the compiler wrote one;
+otherwise the loop's condition `i < N` with `i` starting from a constant), and each loop body's cost is
+XLA's own cost analysis of that body alone (the body made the entry computation of a module holding what
+it calls). Then
 
     whole = counted + sum over loops of (trips - 1) x cost of the body x the trips of the loops around it
 

@@ -262,17 +262,16 @@ def build_plan(
                     done = _abstract((rows,), jnp.bool_, first.sharding)
                     counter = _abstract((), jnp.int32, on_rollout_mesh)
                     carry = (counter, cache, kv_mask, tokens, logprobs, done)
+                    step_args = (rollout_state, carry, logprobs, lens, scalar, scalar)
+                    # A stacked cache (a scanned model's) in the layout the loop's carry holds it: given in
+                    # the default layout, the step alone would copy it into the layer loop's and back.
+                    stacked = isinstance(cache, tuple)
                     add(
                         "decode step",
                         "per token",
                         held,
-                        sampler.decode_step_program(**mode),
-                        rollout_state,
-                        carry,
-                        logprobs,
-                        lens,
-                        scalar,
-                        scalar,
+                        sampler.decode_step_program(**mode, cache_layout_for=step_args if stacked else None),
+                        *step_args,
                     )
             plan.resident["rollout weights"] = rollout_weights
 

@@ -384,11 +384,15 @@ class Sampler:
         return i + 1, cache, kv_mask, tokens, logprobs, done | jnp.isin(new, eos)
 
     def decode_step_program(self, *, top_k: int, use_top_p: bool, greedy: bool,
-                            prompt_width: int | None = None) -> Any:
+                            prompt_width: int | None = None, cache_layout_for: tuple | None = None) -> Any:
         """A jitted single decode step over (state, carry, uniforms, prompt_lens, temperature, top_p), the
         cache donated as in the loop. prompt_width: the prompt bucket; None: the carry's kv_mask is as
         prefill makes it (the prompt bucket + segments[0] slots). A carry whose cache holds more slots
-        (up to cache_slots) prices a later step of the loop."""
+        (up to cache_slots) prices a later step of the loop. cache_layout_for: abstract arguments (their
+        shardings taken as the program's) for a program whose KV cache, in and out, is in the memory
+        layout the compiler chooses, as the loop's carry holds it, not the default layout of a caller's
+        array: the planner's step over a stacked cache (trainer/scanned.py), which otherwise copies the
+        whole cache into the layer loop's layout and back, copies the loop makes once, not every token."""
 
         def step(state, carry, uniforms, prompt_lens, temperature, top_p):
             eos = jnp.asarray(self.eos_ids, jnp.int32)
@@ -397,7 +401,18 @@ class Sampler:
                                      eos, prompt_width=width, top_k=top_k, use_top_p=use_top_p,
                                      greedy=greedy)
 
-        return jax.jit(self._under_matmul_output(step), donate_argnums=(1,))
+        if cache_layout_for is None:
+            return jax.jit(self._under_matmul_output(step), donate_argnums=(1,))
+        from jax.experimental.layout import Format, Layout
+
+        def sharding(x: Any) -> Any:
+            return x.sharding
+
+        state, carry, *rest = cache_layout_for
+        carry_in = (sharding(carry[0]), jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding), carry[1]),
+                    *jax.tree.map(sharding, tuple(carry[2:])))
+        return jax.jit(self._under_matmul_output(step), donate_argnums=(1,), out_shardings=carry_in,
+                       in_shardings=(jax.tree.map(sharding, state), carry_in, *jax.tree.map(sharding, rest)))
 
     def cache_slots(self, prompt_width: int) -> int:
         """The most KV-cache slots a row holds (the last segment's): the prompt bucket + max new tokens.

@@ -100,10 +100,10 @@ def test_scanned_rollout_samples_the_unrolled_rollouts_tokens(tiny_model_dir):
     unrolled, config = load_model(tiny_model_dir, compute_dtype=jnp.float32)
     scanned, _ = load_model(tiny_model_dir, compute_dtype=jnp.float32, scan_layers=True)
     prompts = [[5, 6, 7], [8, 9, 10, 11], [3, 4], [12]] * 2
-    options = dict(buckets=(16,), max_new_tokens=12, attend_bucket=3)
+    options = dict(buckets=(16,), max_new_tokens=8, attend_bucket=3)
     plain, stacked = (Sampler(m, 0, config.eos_token_ids, **options) for m in (unrolled, scanned))
-    assert stacked.segments == (3, 6, 12)
-    for mode in ({"greedy": True}, {"temperature": 0.8, "top_p": 0.9}):
+    assert stacked.segments == (3, 6, 8)
+    for mode in ({"greedy": True}, {"temperature": 0.7}):
         want, got = plain.generate(prompts, rng=3, **mode), stacked.generate(prompts, rng=3, **mode)
         np.testing.assert_array_equal(np.asarray(got.completion_ids), np.asarray(want.completion_ids))
         np.testing.assert_allclose(np.asarray(got.logprobs), np.asarray(want.logprobs), atol=1e-5)
