@@ -10,7 +10,9 @@ from tests.fixtures_cli import NOW, FakeProvider, console_home, make_node  # noq
 from tpu_console.tui.app import TpuConsoleApp
 from tpu_console.tui.modals.form import TickBox
 
-pytestmark = pytest.mark.usefixtures("console_home")
+# The launch form plans its config (the stubbed `planner`): the real one compiled the 3B config in the
+# background for minutes after this test ended.
+pytestmark = pytest.mark.usefixtures("console_home", "planner")
 
 
 def drawn(box: Checkbox) -> str:
