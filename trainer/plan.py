@@ -4,12 +4,14 @@
 objects the Trainer runs: the sampler's public programs, `rollout_weights_program`, `prefill`, `decode`,
 `decode_step_program`, and the update's) over abstract weights (shapes from the model's config.json when it
 can be read here, else the named preset; nothing is downloaded or allocated), compiles each for the slice
-with libtpu (trainer/aot.py), and hands the figures to the report (trainer/plan_report.py: per chip memory,
-the verdict, the estimated time, the text and JSON).
+with libtpu (trainer/aot.py; the update on a second thread beside the rollout's programs), and hands the
+figures to the report (trainer/plan_report.py: per chip memory, the verdict, the estimated time, the text
+and JSON).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import math
 from pathlib import Path
@@ -167,6 +169,8 @@ def build_plan(
         )
         plan.logprob_passes = int(t.beta > 0) + int(t.ppo_epochs > 1)
 
+        training_entries: list[ProgramPlan] = []  # the update's and log-probs', compiled beside the rollout
+
         def add(
             name: str, runs: str, held_outside: int, fn: Any, *args: Any, **kwargs: Any
         ) -> CompiledProgram:
@@ -185,11 +189,56 @@ def build_plan(
             compiled = compile_program(name, fn, *args, **kwargs)
             entry = ProgramPlan(name, runs, compiled, held_outside)
             if only is None or name in only:
-                plan.programs.append(entry)
+                training = name in ("log-probs", "update")
+                (training_entries if training else plan.programs).append(entry)
             return compiled
 
         if only is None or "optimizer init" in only:
             add("optimizer init", "once", 0, programs.init_optimizer, params)
+
+        # The update over the step's sequences, its micro-batches scanned inside; log-prob passes before it.
+        batch = r.batch_size * r.n
+        layout = train_sharding(mesh)
+        length = r.global_length + r.max_length_sample
+        train_batch = {
+            "input_ids": _abstract((batch, length), jnp.int32, layout),
+            "attention_mask": _abstract((batch, length), jnp.int32, layout),
+            "completion_mask": _abstract((batch, r.max_length_sample), jnp.float32, layout),
+            "advantages": _abstract((batch,), jnp.float32, layout),
+        }
+        for key_name in (["ref_logprobs"] if t.beta > 0 else []) + (
+            ["old_logprobs"] if t.ppo_epochs > 1 else []
+        ):
+            train_batch[key_name] = _abstract((batch, r.max_length_sample), jnp.float32, layout)
+
+        def compile_training() -> None:
+            with jax.set_mesh(mesh):  # a thread starts outside the caller's mesh context
+                if plan.logprob_passes:
+                    add(
+                        "log-probs",
+                        f"{plan.logprob_passes}x every step",
+                        fp32_state - resident["parameters"],
+                        step_fn.logprobs,
+                        params,
+                        rest,
+                        train_batch,
+                    )
+                add(
+                    "update",
+                    f"{t.ppo_epochs}x every step",
+                    fp32_state - resident["parameters"] - resident["optimizer state"],
+                    step_fn.update,
+                    params,
+                    rest,
+                    opt_state,
+                    train_batch,
+                )
+
+        # The update compiles on a second thread while the rollout compiles here: the programs are
+        # independent and XLA compiles without the GIL, so a plan takes both cores (the update alone is
+        # most of a 3B plan's compile time).
+        beside = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        training_done = beside.submit(compile_training)
 
         # Rollout: the weights decode reads, prefill, the loop, and one step of it alone (per-token figures).
         # Under the rollout's own mesh: the `tensor` layout decodes on a mesh of its own.
@@ -208,7 +257,6 @@ def build_plan(
             rollout_weights = _per_chip_bytes(rollout_state) if rollout_state is not state else 0
             held = fp32_state if rollout_state is not state else fp32_state - resident["parameters"]
 
-            batch = r.batch_size * r.n
             statics = {"top_k": r.top_k, "use_top_p": r.top_p < 1.0, "greedy": False}
             for label, rows, mode in _rollouts(cfg, hosts, local, batch, statics):
                 rows_sharding = sampler.sharding
@@ -275,39 +323,9 @@ def build_plan(
                     )
             plan.resident["rollout weights"] = rollout_weights
 
-        # The update over the step's sequences, its micro-batches scanned inside; log-prob passes before it.
-        layout = train_sharding(mesh)
-        length = r.global_length + r.max_length_sample
-        train_batch = {
-            "input_ids": _abstract((batch, length), jnp.int32, layout),
-            "attention_mask": _abstract((batch, length), jnp.int32, layout),
-            "completion_mask": _abstract((batch, r.max_length_sample), jnp.float32, layout),
-            "advantages": _abstract((batch,), jnp.float32, layout),
-        }
-        for key_name in (["ref_logprobs"] if t.beta > 0 else []) + (
-            ["old_logprobs"] if t.ppo_epochs > 1 else []
-        ):
-            train_batch[key_name] = _abstract((batch, r.max_length_sample), jnp.float32, layout)
-        if plan.logprob_passes:
-            add(
-                "log-probs",
-                f"{plan.logprob_passes}x every step",
-                fp32_state - resident["parameters"],
-                step_fn.logprobs,
-                params,
-                rest,
-                train_batch,
-            )
-        add(
-            "update",
-            f"{t.ppo_epochs}x every step",
-            fp32_state - resident["parameters"] - resident["optimizer state"],
-            step_fn.update,
-            params,
-            rest,
-            opt_state,
-            train_batch,
-        )
+        training_done.result()  # raises what the update's compile raised
+        beside.shutdown()
+        plan.programs.extend(training_entries)
     plan.price_programs()
     return plan
 
