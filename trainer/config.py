@@ -103,8 +103,8 @@ class TrainConfig(_Section):
                         description="recompute each block in the backward pass (saves activation memory)")
     scan_layers: bool = Field(False, description="keep the blocks' weights stacked [layers, ...] and run the "
                               "training forward as one scan over them (MaxText's scan_layers): the update "
-                              "compiles as one block, in minutes and GBs less; the rollout runs the blocks "
-                              "unrolled, from the same weights unstacked once a step")
+                              "compiles as one block, in minutes and GBs less; the rollout's prefill and "
+                              "decode scan over the same stacked weights (cast to bf16 once a step)")
     logprob_chunk: int = Field(128, ge=0, description="completion positions whose vocabulary logits exist at "
                                "once when computing log-probs (recomputed in the backward pass); 0 = all")
 

@@ -126,7 +126,8 @@ class Trainer:
         self.progress = {} if progress is None else progress
         t = cfg.train
         # scan_layers: every block's weights stacked [layers, ...], the forward one scan (trainer/scanned.py);
-        # the sampler (then a StackedWeightsSampler) unstacks them for the rollout (rollout_weights_program).
+        # the sampler (then a StackedWeightsSampler) casts and lays them out still stacked, and its prefill
+        # and decode scan over the layers too (rollout_weights_program).
         self.model, self.model_config = load_model(cfg.model_path, mesh=mesh,
                                                    compute_dtype=DTYPES[t.compute_dtype], remat=t.remat,
                                                    scan_layers=t.scan_layers)
@@ -160,7 +161,7 @@ class Trainer:
 
     def _sampler_state(self) -> nnx.State:
         """The weights the rollout is given: the training state as it is (stacked, for a scanned model: the
-        sampler's prepare_weights unstacks them, scanned.StackedWeightsSampler)."""
+        sampler keeps them stacked for its scanned rollout, scanned.StackedWeightsSampler)."""
         return nnx.merge_state(self.params, self.rest)
 
     def _prompt_tokens(self, problems: list) -> list[list[int]]:
