@@ -8,20 +8,27 @@ python_bin=${PYTHON:-python3}
 
 bootstrap_venv() {
   local extras=$1 extra_pkgs=${2:-}
+  local -; set -f  # no globbing: jax[tpu] is a package, not a pattern
   if ! "$python_bin" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
     echo "error: tpu-console needs Python 3.11+; set PYTHON=/path/to/python3.11" >&2
     exit 2
   fi
   [ -x "$venv/bin/python" ] || "$python_bin" -m venv "$venv"
-  local digest
-  digest=$(cat "$repo_root/pyproject.toml" <(echo "$extras $extra_pkgs") | sha256sum | cut -c1-16)
-  local stamp="$venv/.installed-$digest"
-  if [ ! -f "$stamp" ]; then
+  # A stamp per extra and per extra package, keyed on pyproject.toml's hash: what scripts/test installed
+  # (a superset of scripts/console's extras) serves scripts/console too, with no second pip run.
+  local digest item missing=""
+  digest=$(sha256sum "$repo_root/pyproject.toml" | cut -c1-16)
+  for item in ${extras//,/ } $extra_pkgs; do
+    [ -f "$venv/.installed-$digest-$(echo "$item" | sha256sum | cut -c1-8)" ] || missing="$missing $item"
+  done
+  if [ -n "$missing" ]; then
     echo "Installing tpu-console[$extras] into .venv (first run only)..." >&2
     # torch, when asked for, is pinned: an unpinned torch pulls gigabytes of CUDA wheels.
     # shellcheck disable=SC2086
     "$venv/bin/pip" install --quiet --disable-pip-version-check -e "$repo_root[$extras]" $extra_pkgs
-    touch "$stamp"
+    for item in ${extras//,/ } $extra_pkgs; do
+      touch "$venv/.installed-$digest-$(echo "$item" | sha256sum | cut -c1-8)"
+    done
   fi
 }
 

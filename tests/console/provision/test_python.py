@@ -80,6 +80,10 @@ def sshd_with_python311(tmp_path: Path, old_python: Path) -> Iterator[Sshd]:
     yield from running_sshd(tmp_path, {"PATH": path})
 
 
+# The ssh provider derives the trainer's coordinator port from the node name, "lab" here and in
+# tests/console/runs/test_trainer.py: one xdist worker runs both trainer tests, so they never race
+# for that port.
+@pytest.mark.xdist_group("openssh-lab")
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_bootstrap_finds_a_newer_python_and_the_trainer_runs(

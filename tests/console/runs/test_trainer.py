@@ -24,6 +24,10 @@ pytestmark = [pytest.mark.usefixtures("console_home"), pytest.mark.slow]
 CONFIG = Path(__file__).resolve().parents[3] / "trainer" / "configs" / "tiny_local.yaml"
 
 
+# The ssh provider derives the trainer's coordinator port from the node name, "lab" here and in
+# tests/console/provision/test_python.py: one xdist worker runs both trainer tests, so they never race
+# for that port.
+@pytest.mark.xdist_group("openssh-lab")
 @pytest.mark.timeout(300)
 def test_the_loop_on_an_openssh_node(capsys, tmp_path, tiny_model_dir, console_home, sshd):  # noqa: F811
     """bootstrap, sync and launch through a stock OpenSSH sshd (one host, one CPU device), as on a VM made
