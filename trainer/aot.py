@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainer.distributed import has_tpu_chips
-from trainer.hbm_traffic import hbm_traffic
+from trainer.hbm_traffic import arrays, hbm_traffic
 from trainer.hlo_loops import computation_header, computation_runs, whole_cost
 from trainer.tpu_specs import TpuSlice
 
@@ -88,22 +88,6 @@ _COLLECTIVE = re.compile(
     r"(?P<op>all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(?P<phase>-start|-done)?"
     r"\((?P<operands>[^)]*)\)(?P<attrs>.*)$"
 )
-_ARRAY = re.compile(r"(?P<dtype>pred|s8|u8|s16|u16|f16|bf16|s32|u32|f32|s64|u64|f64)\[(?P<dims>[\d,]*)\]")
-_ITEMSIZE = {
-    "pred": 1,
-    "s8": 1,
-    "u8": 1,
-    "s16": 2,
-    "u16": 2,
-    "f16": 2,
-    "bf16": 2,
-    "s32": 4,
-    "u32": 4,
-    "f32": 4,
-    "s64": 8,
-    "u64": 8,
-    "f64": 8,
-}
 # Replica groups in the three spellings XLA prints: explicit lists, iota ([groups,size]<=[n]) and named mesh
 # axes (mesh['axis_0'=4,'axis_1'=4] {'axis_1'}: the group is the named axes).
 _EXPLICIT_GROUPS = re.compile(r"replica_groups=\{\{(?P<first>[\d,]*)\}")
@@ -115,13 +99,8 @@ _PAIRS = re.compile(r"source_target_pairs=")
 
 
 def _array_bytes(text: str) -> list[int]:
-    sizes = []
-    for m in _ARRAY.finditer(text):
-        count = 1
-        for d in filter(None, m.group("dims").split(",")):
-            count *= int(d)
-        sizes.append(count * _ITEMSIZE[m.group("dtype")])
-    return sizes
+    """The bytes of every array of an HLO shape (a tuple's, in order)."""
+    return [array.nbytes for array in arrays(text)]
 
 
 def group_size(attrs: str, devices: int) -> int:
