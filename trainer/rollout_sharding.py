@@ -92,12 +92,12 @@ def resolve_rollout_layout(weight_layout: str, style: str, config: Qwen2Config, 
     `auto`: on TPU with mesh_shape auto and sharding_style legacy, when the hidden and intermediate sizes and
     the vocabulary divide over the chips: head_groups when the KV heads divide the chips too, else megatron;
     fsdp otherwise (CPU tests and tools included). head_groups is the faster of the two at both ends of the
-    planner's range (docs/plan.md, issue 26: 1.55..2.67 ms a token against megatron's 1.92..3.07 on v6e-16
+    planner's range (docs/plan.md, issue 26: 1.55..2.35 ms a token against megatron's 1.92..3.07 on v6e-16
     for Qwen2.5-3B, HBM priced from the floor and from the HLO's traffic, latencies from the scaling book).
     On several slices (dp > 1 under mesh_shape auto) fsdp too: head_groups and megatron
     split the weights over every chip of the mesh, so decode would cross the data-center network every
     token (docs/plan.md#several-slices: fsdp 2.08..6.06 ms a token against head_groups' 2.38..13.13 on
-    2 x v6e-16).
+    2 x v6e-16, priced before the HLO's HBM traffic and the scaling book's latencies; not re-run since).
     Rows: `sharding_style` for fsdp and replicated; the other layouts place rows themselves (tensor over
     hosts only, megatron and head_groups over every device), and `why` says so when that is not the
     configured style."""
