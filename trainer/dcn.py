@@ -51,7 +51,6 @@ _IOTA_GROUPS = re.compile(
     r"replica_groups=\[(?P<shape>[\d,]+)\]<=\[(?P<dims>[\d,]+)\](?:T\((?P<perm>[\d,]+)\))?"
 )
 _PAIRS = re.compile(r"source_target_pairs=\{(?P<body>(?:\{\d+,\d+\},?)*)\}")
-_WHILE_PARTS = re.compile(r"\swhile\(.*condition=%(?P<cond>[\w.\-]+),\s*body=%(?P<body>[\w.\-]+)")
 
 KINDS = {"ALL_REDUCE": "all-reduce", "ALL_GATHER": "all-gather", "REDUCE_SCATTER": "reduce-scatter",
          "ALL_TO_ALL": "all-to-all"}
@@ -148,12 +147,7 @@ def _open_loop_parts(hlo_text: str) -> dict[str, str]:
     """The bodies and conditions of the while loops whose trip count cannot be read, each mapped to its
     loop's body (the loop's name here)."""
     found, _ = loops(hlo_text)
-    open_bodies = {loop.body for loop in found if loop.trips is None}
-    parts = {}
-    for m in _WHILE_PARTS.finditer(hlo_text):
-        if m.group("body") in open_bodies:
-            parts[m.group("body")] = parts[m.group("cond")] = m.group("body")
-    return parts
+    return {part: loop.body for loop in found if loop.trips is None for part in (loop.body, loop.condition)}
 
 
 # ---- replica groups that cross slices ---------------------------------------------------------------------

@@ -46,12 +46,14 @@ _PASS_THROUGH = re.compile(r"\s(?:copy|bitcast|convert)\(%(?P<operand>[\w.\-]+)\
 
 @dataclass
 class Loop:
-    """One while loop of a compiled program: where it is, its body, and how often it runs (None: unknown)."""
+    """One while loop of a compiled program: where it is, its body and condition, and how often it runs
+    (None: unknown)."""
 
     name: str
     parent: str
     body: str
     trips: int | None
+    condition: str = ""
 
 
 @dataclass
@@ -155,7 +157,7 @@ def loops(hlo_text: str) -> tuple[list[Loop], dict[str, list[str]]]:
             m = _WHILE.search(line)
             if m:
                 trips = _trip_count(comps, parent, m.group("operand"), m.group("cond"), m.group("rest"))
-                found.append(Loop(m.group("name"), parent, m.group("body"), trips))
+                found.append(Loop(m.group("name"), parent, m.group("body"), trips, m.group("cond")))
     return found, comps
 
 

@@ -12,9 +12,10 @@ and optimizer state while the rollout runs, the reference weights during the upd
 Estimated time: a range per chip and per program: HBM priced from the floor (what must be read once) at
 the low end and from the bytes the compiled program moves across HBM at the high end
 (trainer/hbm_traffic.py; the compiler's `bytes accessed` is shown beside it), collectives priced by kind
-over the slice's torus with assumed latencies at either end. The step is rollout weights + prefill + the
-decode loop's expected steps (the longest row of each earlier step of the same config when the console has
-them, `--longest-rows`; else the config's maximum) + the update (+ log-prob passes when they run).
+over the slice's torus with the scaling book's latencies at either end (trainer/estimate.py). The step is
+rollout weights + prefill + the decode loop's expected steps (the longest row of each earlier step of the
+same config when the console has them, `--longest-rows`; else the config's maximum) + the update (+
+log-prob passes when they run).
 """
 
 from __future__ import annotations
