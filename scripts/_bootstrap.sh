@@ -6,6 +6,11 @@ repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv="$repo_root/.venv"
 python_bin=${PYTHON:-python3}
 
+# The file that says ITEM (an extra or a package) is installed for pyproject.toml's DIGEST.
+_install_stamp() {
+  echo "$venv/.installed-$1-$(echo "$2" | sha256sum | cut -c1-8)"
+}
+
 bootstrap_venv() {
   local extras=$1 extra_pkgs=${2:-}
   local -; set -f  # no globbing: jax[tpu] is a package, not a pattern
@@ -19,7 +24,7 @@ bootstrap_venv() {
   local digest item missing=""
   digest=$(sha256sum "$repo_root/pyproject.toml" | cut -c1-16)
   for item in ${extras//,/ } $extra_pkgs; do
-    [ -f "$venv/.installed-$digest-$(echo "$item" | sha256sum | cut -c1-8)" ] || missing="$missing $item"
+    [ -f "$(_install_stamp "$digest" "$item")" ] || missing="$missing $item"
   done
   if [ -n "$missing" ]; then
     echo "Installing tpu-console[$extras] into .venv (first run only)..." >&2
@@ -27,7 +32,7 @@ bootstrap_venv() {
     # shellcheck disable=SC2086
     "$venv/bin/pip" install --quiet --disable-pip-version-check -e "$repo_root[$extras]" $extra_pkgs
     for item in ${extras//,/ } $extra_pkgs; do
-      touch "$venv/.installed-$digest-$(echo "$item" | sha256sum | cut -c1-8)"
+      touch "$(_install_stamp "$digest" "$item")"
     done
   fi
 }
