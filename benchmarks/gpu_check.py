@@ -4,7 +4,8 @@
 
 Writes each result as soon as it has it (DIR/gpu_check.jsonl, one JSON object a line, and DIR/gpu_check.txt,
 a readable table; DIR defaults to $OUT, else ./gpu_check_out), so a run cut short still says what it
-measured. In order, cheapest and most important first:
+measured. Every kind of figure is taken once at 32 rows before any is repeated at 8 and 128 rows, so a
+run cut short by its budget still has each kind:
 
 1. `env`: JAX, jaxlib, flax, torch and transformers versions, the device.
 2. `hbm`: achieved HBM read bandwidth, a jitted sum over a 4 GiB bf16 array (median of 10).
@@ -13,12 +14,15 @@ measured. In order, cheapest and most important first:
    prefill and the decode loop compiled ahead of time, their XLA `memory_analysis()` beside the device's
    peak `memory_stats()`; ms a token of the whole generate, against the floor at the measured bandwidth
    (every bf16 weight read once a step, plus the KV cache up to the step's length, averaged over the loop).
-4. `trainer decode step`: one step of the loop alone (`decode_step_program`), ms a token, same floor.
+4. `trainer decode step` (32 rows): one step of the loop alone (`decode_step_program`), ms a token, same
+   floor.
 5. `grpo update`: one GRPO update (trainer/programs.py `training_programs`, AdamW, one micro-batch of 8
    sequences of 512 tokens): its memory_analysis() against the peak memory_stats(), seconds, and the
-   achieved FLOP/s by XLA's cost_analysis() flops and by 6 x parameters x tokens.
+   achieved FLOP/s by XLA's cost_analysis() flops and by 6 x parameters x tokens. The update donates the
+   weights, so the model is built again after it.
 6. `transformers generate` at the same shapes: eager (dynamic cache) and a static cache with the forward
    compiled by torch.compile.
+7. The trainer's and transformers' generate at the other row counts.
 
 Every section guards itself: an API missing from the installed JAX (the script avoids those newer than
 about jax 0.4.35 where it can) or an out-of-memory records an `error` line and the next section runs; a
@@ -29,6 +33,7 @@ section that would start after `--budget-s` records `skipped`. `--tiny` runs eve
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -198,7 +203,7 @@ def make_model(config: Any) -> Any:
 
 
 def trainer_rollout_section(report: Report, shapes: dict, config: Any, model: Any, rows: int,
-                            bandwidth: float | None, device: Any) -> None:
+                            bandwidth: float | None, device: Any, with_step: bool) -> None:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -237,6 +242,8 @@ def trainer_rollout_section(report: Report, shapes: dict, config: Any, model: An
                prefill_memory=_memory(prefill), decode_loop_memory=_memory(decode),
                peak_memory_stats_bytes=_peak_bytes(device))
 
+    if not with_step:
+        return
     # One step of the loop alone, from the prefill's cache (steps 1.. as the loop runs them).
     step = sampler.decode_step_program(**statics)
     c, m, f, lp = prefill(state, ids, mask, key, one, one)
@@ -306,49 +313,62 @@ def update_section(report: Report, shapes: dict, config: Any, model: Any, device
                memory=_memory(compiled), peak_memory_stats_bytes=_peak_bytes(device))
 
 
-def transformers_section(report: Report, shapes: dict, config: Any, tiny: bool) -> None:
-    import torch
-    from transformers import Qwen2Config as HFConfig
-    from transformers import Qwen2ForCausalLM as HFQwen2
+class TransformersGenerate:
+    """transformers' Qwen2 on the same shape (random bf16 weights), built on first use; `run(compiled,
+    rows)` measures one generate: eager (dynamic cache), or a static cache with the forward compiled by
+    torch.compile (CUDA only: on CPU it needs a C++ toolchain and minutes, so the static cache runs
+    uncompiled there)."""
 
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda" if cuda else "cpu")
-    fields = {k: v for k, v in config.to_hf().items() if k not in ("architectures", "torch_dtype")}
-    hf = HFConfig(**fields | {"bos_token_id": None, "eos_token_id": None})  # no end: every new token runs
-    torch.manual_seed(0)
-    with device:
-        model = HFQwen2(hf).to(torch.bfloat16).eval()
-    for compiled in (False, True):
-        if compiled and not cuda:
-            # torch.compile on CPU needs a C++ toolchain and minutes: the static cache runs uncompiled.
-            report.add("transformers generate", mode="static cache", compiled="skipped off CUDA")
-        forward = model.forward
-        if compiled and cuda:
-            model.forward = torch.compile(forward, mode="reduce-overhead")
-        for rows in shapes["rows"]:
-            if report.elapsed() > report.budget_s:
-                report.add("transformers generate", rows=rows, skipped="past the budget")
-                continue
-            ids = torch.randint(3, config.vocab_size, (rows, shapes["prompt"]), device=device)
-            kwargs = {"attention_mask": torch.ones_like(ids), "do_sample": True, "pad_token_id": 0,
-                      "max_new_tokens": shapes["new"], "min_new_tokens": shapes["new"], "eos_token_id": None}
-            if compiled:
-                kwargs["cache_implementation"] = "static"
+    def __init__(self, report: Report, shapes: dict, config: Any) -> None:
+        self.report, self.shapes, self.config = report, shapes, config
+        self.model: Any = None
+        self.eager_forward: Any = None
 
-            def generate(ids=ids, kwargs=kwargs) -> None:
-                with torch.inference_mode():
-                    model.generate(ids, **kwargs)
-                if cuda:
-                    torch.cuda.synchronize()
+    def _build(self) -> None:
+        import torch
+        from transformers import Qwen2Config as HFConfig
+        from transformers import Qwen2ForCausalLM as HFQwen2
 
-            start = time.perf_counter()
-            generate()  # warm-up (and compile)
-            warm_s = time.perf_counter() - start
-            seconds = _median_s(generate, 2)
-            report.add("transformers generate", mode="static cache" if compiled else "eager",
-                       compiled=compiled and cuda, rows=rows, warmup_s=warm_s, seconds=seconds,
-                       ms_per_token=1e3 * seconds / shapes["new"])
-        model.forward = forward
+        self.cuda = torch.cuda.is_available()
+        self.device = torch.device("cuda" if self.cuda else "cpu")
+        fields = {k: v for k, v in self.config.to_hf().items() if k not in ("architectures", "torch_dtype")}
+        hf = HFConfig(**fields | {"bos_token_id": None, "eos_token_id": None})  # no end: every token runs
+        torch.manual_seed(0)
+        with self.device:
+            self.model = HFQwen2(hf).to(torch.bfloat16).eval()
+        self.eager_forward = self.model.forward
+
+    def run(self, compiled: bool, rows: int) -> None:
+        import torch
+
+        if self.model is None:
+            self._build()
+        mode = "static cache" if compiled else "eager"
+        if compiled and not self.cuda:
+            self.report.add("transformers generate", mode=mode, rows=rows, compiled="skipped off CUDA")
+        if compiled and self.cuda and self.model.forward is self.eager_forward:
+            self.model.forward = torch.compile(self.eager_forward, mode="reduce-overhead")
+        if not compiled:
+            self.model.forward = self.eager_forward
+        shapes = self.shapes
+        ids = torch.randint(3, self.config.vocab_size, (rows, shapes["prompt"]), device=self.device)
+        kwargs = {"attention_mask": torch.ones_like(ids), "do_sample": True, "pad_token_id": 0,
+                  "max_new_tokens": shapes["new"], "min_new_tokens": shapes["new"], "eos_token_id": None}
+        if compiled:
+            kwargs["cache_implementation"] = "static"
+
+        def generate() -> None:
+            with torch.inference_mode():
+                self.model.generate(ids, **kwargs)
+            if self.cuda:
+                torch.cuda.synchronize()
+
+        start = time.perf_counter()
+        generate()  # warm-up (and compile)
+        warm_s = time.perf_counter() - start
+        seconds = _median_s(generate, 2)
+        self.report.add("transformers generate", mode=mode, compiled=compiled and self.cuda, rows=rows,
+                        warmup_s=warm_s, seconds=seconds, ms_per_token=1e3 * seconds / shapes["new"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -373,13 +393,30 @@ def main(argv: list[str] | None = None) -> int:
     config = model_config(args.tiny)
     report.add("model", layers=config.num_hidden_layers, hidden=config.hidden_size, vocab=config.vocab_size,
                bf16_weight_bytes=weight_bytes(config, 2))
+    rows = shapes["rows"]
+    first = rows[len(rows) // 2]  # 32 on the full shapes
     model = report.run("trainer model", make_model, config)
     if model is not None:
-        for rows in shapes["rows"]:
-            report.run("trainer generate", trainer_rollout_section, report, shapes, config, model, rows,
-                       bandwidth, device)
+        report.run("trainer generate", trainer_rollout_section, report, shapes, config, model, first,
+                   bandwidth, device, True)
         report.run("grpo update", update_section, report, shapes, config, model, device)
-    report.run("transformers generate", transformers_section, report, shapes, config, args.tiny)
+        del model  # its weights were donated to the update
+        gc.collect()
+    hf = TransformersGenerate(report, shapes, config)
+    for compiled in (False, True):
+        report.run("transformers generate", hf.run, compiled, first)
+    others = [r for r in rows if r != first]
+    if others:
+        model = report.run("trainer model", make_model, config)
+        for r in others:
+            if model is not None:
+                report.run("trainer generate", trainer_rollout_section, report, shapes, config, model, r,
+                           bandwidth, device, False)
+        del model
+        gc.collect()
+    for compiled in (False, True):
+        for r in others:
+            report.run("transformers generate", hf.run, compiled, r)
     report.add("done", seconds=report.elapsed())
     return 0
 
