@@ -322,7 +322,6 @@ class TransformersGenerate:
     def __init__(self, report: Report, shapes: dict, config: Any) -> None:
         self.report, self.shapes, self.config = report, shapes, config
         self.model: Any = None
-        self.eager_forward: Any = None
 
     def _build(self) -> None:
         import torch
@@ -336,7 +335,6 @@ class TransformersGenerate:
         torch.manual_seed(0)
         with self.device:
             self.model = HFQwen2(hf).to(torch.bfloat16).eval()
-        self.eager_forward = self.model.forward
 
     def run(self, compiled: bool, rows: int) -> None:
         import torch
@@ -346,15 +344,13 @@ class TransformersGenerate:
         mode = "static cache" if compiled else "eager"
         if compiled and not self.cuda:
             self.report.add("transformers generate", mode=mode, rows=rows, compiled="skipped off CUDA")
-        if compiled and self.cuda and self.model.forward is self.eager_forward:
-            self.model.forward = torch.compile(self.eager_forward, mode="reduce-overhead")
-        if not compiled:
-            self.model.forward = self.eager_forward
         shapes = self.shapes
         ids = torch.randint(3, self.config.vocab_size, (rows, shapes["prompt"]), device=self.device)
         kwargs = {"attention_mask": torch.ones_like(ids), "do_sample": True, "pad_token_id": 0,
                   "max_new_tokens": shapes["new"], "min_new_tokens": shapes["new"], "eos_token_id": None}
         if compiled:
+            # transformers compiles the forward itself for a static cache (generation_config.compile_config,
+            # on CUDA); wrapping it in torch.compile as well overwrote its CUDA graphs' outputs (H100 run).
             kwargs["cache_implementation"] = "static"
 
         def generate() -> None:
