@@ -43,7 +43,8 @@ from tpu_console.runs.supervision import SupervisionPolicy
 
 _LOST_NODE_STATES = (NodeState.PREEMPTED, NodeState.TERMINATED)
 _FINAL_RUN_STATES = ("succeeded", "failed", "stopped")
-# looks at a node that reads READY while its run's workers are lost, before giving up on it
+# looks at a node that reads READY while its run's workers are lost (or all killed), before the run's end
+# is taken as final
 _SUSPECT_CHECKS = 5
 
 
@@ -172,14 +173,19 @@ async def launch_with_recovery(
             view = await run_control.run_status(providers, run_id)
             steps = [s.events.last_step.step for s in view.workers if s.events.last_step is not None]
             last_step = max(steps) if steps else last_step
-            lost = [w for w in view.workers if w.state == "lost"]
-            if view.state in _FINAL_RUN_STATES and not (lost and suspect_checks < _SUSPECT_CHECKS):
+            # Workers lost, or every job killed by a signal nobody here sent, while the node still reads
+            # READY: the provider may not have noticed the preemption yet (on GCP the state follows the
+            # VM's loss by a while, and a spot VM's shutdown signals its jobs first). Look again first.
+            suspect = any(w.state == "lost" for w in view.workers) or _killed_unasked(view)
+            if view.state not in _FINAL_RUN_STATES or (suspect and suspect_checks < _SUSPECT_CHECKS):
+                suspect_checks = suspect_checks + 1 if suspect else 0
+                continue
+            # The node is asked again after the run's status: a preemption between the two reads ends the
+            # jobs (killed, exit 137) on a node that read READY a moment before, and is no real end.
+            reason = await _node_lost(providers, node_name)
+            if reason is None:
                 log.final_state = view.state
                 break
-            # Workers lost while the node still reads READY: the provider may not have noticed the
-            # preemption yet (on GCP the state follows the VM's loss by a while). Look again first.
-            suspect_checks = suspect_checks + 1 if lost else 0
-            continue
         if len(log.recoveries) >= max_recoveries:
             log.gave_up = f"{reason}; {max_recoveries} recoveries already made"
             log.final_state = "failed"
@@ -205,6 +211,14 @@ async def launch_with_recovery(
         progress(f"{node_name}: relaunched as {run_id}, resuming after step {recovery.resumed_step}")
     log.save()
     return log
+
+
+def _killed_unasked(view: run_control.RunView) -> bool:
+    """Every worker's job ended by SIGKILL or SIGTERM (exit 137 or 143) and no stop was asked for: how a
+    preemption's end looks from the jobs (a fail-fast stop leaves the failing worker's own status)."""
+    statuses = [w.exit_status for w in view.workers]
+    return (bool(statuses) and all(s in (137, 143) for s in statuses)
+            and view.record.stop_requested_at is None)
 
 
 async def _node_lost(providers: dict[str, Provider], node_name: str) -> str | None:

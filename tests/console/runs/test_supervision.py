@@ -111,6 +111,14 @@ def decided(run_id: str, name: str) -> bool:
     return any(d["decision"] == name for d in decisions(run_id))
 
 
+def exit_status(run_id: str, worker: int) -> str:
+    """The worker's `exit` file, once written: the wrapper writes it after the runner is told it is done, so
+    it can follow the supervisor's "ended" decision by a moment on a busy machine."""
+    path = run_folder(worker, run_id) / "exit"
+    wait_for(path.exists, timeout=15)
+    return path.read_text().strip()
+
+
 def node_dir() -> Path:
     return home() / "local" / "pod"
 
@@ -145,8 +153,8 @@ def test_fail_fast_with_the_console_gone_and_the_webhook_url_nowhere(capsys, pod
     go(tmp_path)
 
     wait_for(lambda: decided(run_id, "ended"), timeout=45)
-    assert (run_folder(0, run_id) / "exit").read_text().strip() == "143"  # stopped by the supervisor
-    assert (run_folder(1, run_id) / "exit").read_text().strip() == "1"
+    assert exit_status(run_id, 0) == "143"  # stopped by the supervisor
+    assert exit_status(run_id, 1) == "1"
     messages = [d["message"] for d in decisions(run_id)]
     assert "worker 1 exited 1: stopping worker(s) 0 (they would wait in a collective)" in messages
     wait_for(lambda: webhook.events() == ["failed"], timeout=30)
@@ -209,7 +217,7 @@ def test_a_transient_failure_restarts_every_job_and_an_oom_is_never_restarted(
     restart = next(d for d in decisions(run_id) if d["decision"] == "restart")
     assert restart["cause"] == "distributed_timeout" and "restart 1 of 2" in restart["message"]
     for worker in (0, 1):
-        assert (run_folder(worker, run_id) / "exit").read_text().strip() == "0"
+        assert exit_status(run_id, worker) == "0"
         assert "starting worker" in (run_folder(worker, run_id) / "output.log").read_text()
     status, out, _ = run(capsys, "runs", "show", run_id)
     assert status == 0 and "restart 1 of 2" in out  # the restart is in the run's history
