@@ -20,8 +20,8 @@ run cut short by its budget still has each kind:
    sequences of 512 tokens): its memory_analysis() against the peak memory_stats(), seconds, and the
    achieved FLOP/s by XLA's cost_analysis() flops and by 6 x parameters x tokens. The update donates the
    weights, so the model is built again after it.
-6. `transformers generate` at the same shapes: eager (dynamic cache) and a static cache with the forward
-   compiled by torch.compile.
+6. `transformers generate` at the same shapes: eager (dynamic cache) and a static cache, whose forward
+   transformers compiles itself (torch.compile, on CUDA).
 7. The trainer's and transformers' generate at the other row counts.
 
 Every section guards itself: an API missing from the installed JAX (the script avoids those newer than
@@ -315,9 +315,8 @@ def update_section(report: Report, shapes: dict, config: Any, model: Any, device
 
 class TransformersGenerate:
     """transformers' Qwen2 on the same shape (random bf16 weights), built on first use; `run(compiled,
-    rows)` measures one generate: eager (dynamic cache), or a static cache with the forward compiled by
-    torch.compile (CUDA only: on CPU it needs a C++ toolchain and minutes, so the static cache runs
-    uncompiled there)."""
+    rows)` measures one generate: eager (dynamic cache), or a static cache, whose forward transformers
+    compiles itself on CUDA (on CPU it runs uncompiled: compiling needs a C++ toolchain and minutes)."""
 
     def __init__(self, report: Report, shapes: dict, config: Any) -> None:
         self.report, self.shapes, self.config = report, shapes, config
