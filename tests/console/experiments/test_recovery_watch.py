@@ -43,7 +43,8 @@ def watch(monkeypatch, tmp_path):
         async def resumed(*_a):
             return 3
 
-        monkeypatch.setattr(recovery, "open_node", lambda *_a: _async((SimpleNamespace(name="local"), SimpleNamespace(name="spot"))))
+        provider, node = SimpleNamespace(name="local"), SimpleNamespace(name="spot")
+        monkeypatch.setattr(recovery, "open_node", lambda *_a: _async((provider, node)))
         monkeypatch.setattr(recovery, "require_durable_checkpoints", lambda *_a: None)
         monkeypatch.setattr(recovery, "launch", launch)
         monkeypatch.setattr(recovery, "_node_lost", node_lost)
