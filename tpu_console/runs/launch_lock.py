@@ -35,7 +35,11 @@ def acquire_recipe(owner: dict[str, Any], stale_after_s: int = STALE_AFTER_S) ->
         f"( l={lock}; mkdir -p \"$(dirname \"$l\")\"\n"
         f"take() {{ mkdir \"$l\" 2>/dev/null && printf '%s\\n' {text} > \"$l/{OWNER_FILE}\"; }}\n"
         "if take; then echo '@@ lock taken'; exit 0; fi\n"
-        f"o=$(tr -d '\\n' < \"$l/{OWNER_FILE}\" 2>/dev/null)\n"
+        # the holder writes owner.json just after its mkdir: a moment (2 s at most) for it to be whole
+        "n=0; while [ -d \"$l\" ]; do\n"
+        f"  o=$(tr -d '\\n' < \"$l/{OWNER_FILE}\" 2>/dev/null)\n"
+        "  case \"$o\" in *'}') break;; esac\n"
+        "  n=$((n + 1)); [ $n -ge 20 ] && break; sleep 0.1; done\n"
         "run=$(printf '%s' \"$o\" | sed -n 's/.*\"run_id\": *\"\\([^\"]*\\)\".*/\\1/p')\n"
         "stale=0\n"
         f'if [ -n "$run" ]; then d="$HOME"/{shlex.quote(RUNS_DIR)}/"$run"; pg=$(cat "$d/pid" 2>/dev/null)\n'
