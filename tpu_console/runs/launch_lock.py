@@ -36,7 +36,7 @@ def acquire_recipe(owner: dict[str, Any], stale_after_s: int = STALE_AFTER_S) ->
         f"take() {{ mkdir \"$l\" 2>/dev/null && printf '%s\\n' {text} > \"$l/{OWNER_FILE}\"; }}\n"
         "if take; then echo '@@ lock taken'; exit 0; fi\n"
         # the holder writes owner.json just after its mkdir: a moment (2 s at most) for it to be whole
-        "n=0; while [ -d \"$l\" ]; do\n"
+        "o=; n=0; while [ -d \"$l\" ]; do\n"
         f"  o=$(tr -d '\\n' < \"$l/{OWNER_FILE}\" 2>/dev/null)\n"
         "  case \"$o\" in *'}') break;; esac\n"
         "  n=$((n + 1)); [ $n -ge 20 ] && break; sleep 0.1; done\n"
