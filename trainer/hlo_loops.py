@@ -190,7 +190,7 @@ def _module_of(comps: dict[str, list[str]], entry: str) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def _cost(module_text: str) -> tuple[float, float]:
+def cpu_cost_analysis(module_text: str) -> tuple[float, float]:
     """XLA's cost analysis (CPU client) of an HLO module's text: (flops, bytes accessed)."""
     import jax
     import jaxlib._hlo as hlo
@@ -227,10 +227,10 @@ def whole_cost(hlo_text: str, flops: float, bytes_accessed: float) -> WholeCost:
     _, entry = computations(hlo_text)
     assert entry is not None, "HLO text without an entry computation"
     try:
-        once_flops, once_bytes = _cost(_module_of(comps, entry))
+        once_flops, once_bytes = cpu_cost_analysis(_module_of(comps, entry))
         extra_flops = extra_bytes = 0.0
         for loop in counted:
-            body_flops, body_bytes = _cost(_module_of(comps, loop.body))
+            body_flops, body_bytes = cpu_cost_analysis(_module_of(comps, loop.body))
             factor = (loop.trips - 1) * max(runs.get(loop.parent, 1), 1)
             extra_flops += factor * body_flops
             extra_bytes += factor * body_bytes
