@@ -58,6 +58,10 @@ BASE_SETS = ["wandb_mode=disabled"]
 LAYOUTS = {
     "default": {},
     "head_groups": {"weight_layout": "head_groups"},
+    # head_groups with two copies of the weights (8 chips each, rows split between them): half the hops an
+    # all-reduce, twice the MLP and vocabulary bytes a chip.
+    "head_groups x2": {"weight_layout": "head_groups", "weight_copies": 2},
+    "head_groups x4": {"weight_layout": "head_groups", "weight_copies": 4},  # a copy a host
     "megatron": {"weight_layout": "megatron"},  # auto's choice where the KV heads do not divide the chips
     "fsdp": {"weight_layout": "fsdp"},  # the default before `megatron`: FSDP weights, rows, bf16 partial sums
     "replicated": {"weight_layout": "replicated"},

@@ -15,7 +15,7 @@ import functools
 import math
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,11 +124,13 @@ def group_size(attrs: str, devices: int) -> int:
 @dataclass(frozen=True)
 class CollectiveOp:
     """One collective as the HLO names it: its kind, the bytes of its result on one chip (every array of a
-    tuple), and how many chips are in its group."""
+    tuple), how many chips are in its group, and where the group lies on the torus: the extent of its
+    chips along each torus axis (span; () where the chips' coordinates are unknown)."""
 
     kind: str
     result_bytes: int
     group: int
+    span: tuple[int, ...] = ()
 
 
 @dataclass
@@ -144,28 +146,30 @@ class Collectives:
     by_kind: dict[str, list[int]] = field(default_factory=dict)  # kind -> [count, bytes]
     ops: list[CollectiveOp] = field(default_factory=list)
 
-    def add(self, kind: str, nbytes: int, group: int = 0, times: int = 1) -> None:
+    def add(self, kind: str, nbytes: int, group: int = 0, times: int = 1, span: tuple[int, ...] = ()) -> None:
         self.count += times
         self.bytes += nbytes * times
         entry = self.by_kind.setdefault(kind, [0, 0])
         entry[0] += times
         entry[1] += nbytes * times
-        self.ops.extend([CollectiveOp(kind, nbytes, group)] * times)
+        self.ops.extend([CollectiveOp(kind, nbytes, group, span)] * times)
 
     def grouped(self) -> list[list]:
-        """[kind, result bytes, group, count] for each distinct op: the JSON form (thousands of ops a program
-        come down to tens of rows)."""
+        """[kind, result bytes, group, count] for each distinct op, and its span where known (a fifth
+        element, a list): the JSON form (thousands of ops a program come down to tens of rows)."""
         counts: dict[CollectiveOp, int] = {}
         for op in self.ops:
             counts[op] = counts.get(op, 0) + 1
-        return [[op.kind, op.result_bytes, op.group, n] for op, n in counts.items()]
+        return [[op.kind, op.result_bytes, op.group, n, *([list(op.span)] if op.span else [])]
+                for op, n in counts.items()]
 
 
-def collectives_in(hlo_text: str, devices: int = 0, skip: Callable[[str, int, str], bool] | None = None
-                   ) -> Collectives:
+def collectives_in(hlo_text: str, devices: int = 0, skip: Callable[[str, int, str], bool] | None = None,
+                   span: Callable[[str], tuple[int, ...]] | None = None) -> Collectives:
     """The collectives of a compiled program's HLO text; `devices`: the slice's chip count, the group of a
     collective whose groups are empty; skip(kind, result bytes, attributes): leave one out (one that crosses
-    slices is counted on the DCN, trainer/dcn.py)."""
+    slices is counted on the DCN, trainer/dcn.py); span(attributes): where its groups lie on the torus
+    (torus_span)."""
     found = Collectives()
     started: dict[str, str] = {}  # an async start's name -> its attributes (the groups are named there)
     runs, computation = computation_runs(hlo_text), ""
@@ -184,8 +188,34 @@ def collectives_in(hlo_text: str, devices: int = 0, skip: Callable[[str, int, st
             attrs = started.get(m.group("operands").strip().lstrip("%"), "")
         sizes = _array_bytes(m.group("shape"))
         if sizes and not (skip and skip(m.group("op"), sum(sizes), attrs)):
-            found.add(m.group("op"), sum(sizes), group_size(attrs, devices), max(runs.get(computation, 1), 1))
+            found.add(m.group("op"), sum(sizes), group_size(attrs, devices), max(runs.get(computation, 1), 1),
+                      span(attrs) if span else ())
     return found
+
+
+def torus_span(attrs: str, coords: Mapping[int, Sequence[int]]) -> tuple[int, ...]:
+    """How far a collective's groups reach along each torus axis: per axis, the most chips any one group
+    spans there (max - min + 1 of its chips' coordinates; its ring passes every chip between), from the
+    replica groups (logical ids) and `coords` (logical id -> the chip's torus coordinates). Empty groups:
+    every chip in `coords`. (): a spelling not read, or a chip without coordinates."""
+    from trainer import dcn
+
+    if not coords:
+        return ()
+    groups = dcn.replica_groups(attrs)
+    if groups is None:
+        if "replica_groups=" in attrs and "replica_groups={}" not in attrs and "pairs" not in attrs:
+            return ()  # named mesh axes: not read here
+        groups = [list(coords)]
+    if any(i not in coords for g in groups for i in g):
+        return ()
+    dims = len(next(iter(coords.values())))
+    reach = [1] * dims
+    for g in groups:
+        for axis in range(dims):
+            values = [coords[i][axis] for i in g]
+            reach[axis] = max(reach[axis], max(values) - min(values) + 1)
+    return tuple(reach)
 
 
 @dataclass
@@ -302,8 +332,12 @@ def _split_by_slice(hlo_text: str, args: Any) -> dict:
     slice_of = {i: getattr(d, "slice_index", 0) or 0 for i, d in enumerate(assignment)}
     slices = len(set(slice_of.values())) or 1
     per_slice = len(assignment) // slices
+    # Each chip's place on its slice's torus, for pricing a collective by where its group lies.
+    coords = {i: tuple(d.coords) for i, d in enumerate(assignment) if getattr(d, "coords", None) is not None}
+    coords = coords if len(coords) == len(assignment) else {}
+    span = functools.partial(torus_span, coords=coords) if coords else None
     if slices == 1:
-        return {"collectives": collectives_in(hlo_text, per_slice), "dcn": []}
+        return {"collectives": collectives_in(hlo_text, per_slice, span=span), "dcn": []}
     crossing: list = []
 
     def skip(kind: str, nbytes: int, attrs: str) -> bool:
@@ -312,7 +346,7 @@ def _split_by_slice(hlo_text: str, args: Any) -> dict:
             crossing.append(op)
         return op is not None
 
-    ici = collectives_in(hlo_text, per_slice, skip)
+    ici = collectives_in(hlo_text, per_slice, skip, span)
     global_ids = {d.id: getattr(d, "slice_index", 0) or 0 for d in assignment}
     return {"collectives": ici, "dcn": crossing + dcn.megascale_ops(hlo_text, global_ids)}
 

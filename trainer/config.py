@@ -79,6 +79,11 @@ class RolloutConfig(_Section):
         "not divide the chips; both need the model's dims and vocabulary to divide over the chips), fsdp "
         "otherwise. The layout chosen is in the run's start event and `tpu-console runs show`; the planner "
         "compares them: docs/plan.md")
+    weight_copies: int = Field(
+        1, ge=1, description="head_groups only: copies of the bf16 weights on the slice, each split over "
+        "its own chips (whole hosts) and decoding its own rows; more copies put fewer chips in each of "
+        "decode's all-reduces (fewer hops, less latency a token) and more weight bytes on each chip. 1 = one "
+        "copy over every chip. The planner prices both: docs/plan.md")
 
 
 class TrainConfig(_Section):

@@ -19,9 +19,13 @@ The two ends differ in what is uncertain, never in the published figures (traine
   fixed cost per phase (an all-reduce has two: reduce-scatter, then all-gather). LOW and HIGH below.
 Both ends: compute and HBM traffic overlap; collectives do not (decode's are on the critical path).
 
-Collectives, on the slice's torus: a group of n chips is placed on whole axes of the torus, the longest
-first (4x4 -> a group of 4 is one axis, of 16 both); a chip receives over the links of those axes, its
-share of the chip's bidirectional ICI bandwidth (half of it inbound) by axes used. Bytes on the wire per
+Collectives, on the slice's torus, where the compiled program puts each group: its span, the most chips a
+group reaches along each torus axis, read from the HLO's replica groups and the chips' coordinates
+(trainer/aot.py torus_span; on v6e-16 a host's 4 chips are a 2x2 square, two hosts a 4x2 block). Where no
+span was read (a program compiled before spans were, a spelling not read), a group of n chips is placed on
+whole axes, the longest first (4x4 -> a group of 4 is one axis, of 16 both). A chip receives over the
+links of the axes its group spans, its share of the chip's bidirectional ICI bandwidth (half of it
+inbound) by axes used. Bytes on the wire per
 chip, by kind, for a result of R bytes (every array of a tuple): all-reduce 2(n-1)/n R (reduce-scatter
 then all-gather), all-gather (n-1)/n R, reduce-scatter (n-1) R (R is one chip's piece), all-to-all
 (n-1)/n R, collective-permute R. Ring steps, one hop each: (a - 1) per axis of length a (no wraparound
@@ -153,11 +157,14 @@ def ring_steps(kind: str, axes: Sequence[int]) -> int:
     return 2 * steps if kind == "all-reduce" else steps
 
 
-def collective_seconds(kind: str, result_bytes: float, group: int, tpu: TpuSlice, end: End) -> float:
+def collective_seconds(kind: str, result_bytes: float, group: int, tpu: TpuSlice, end: End,
+                       span: Sequence[int] = ()) -> float:
+    """One collective's seconds at `end`; span: its group's reach along each torus axis (aot.torus_span),
+    () to place it by its size alone (group_axes)."""
     if group <= 1:
         return 0.0  # a group of one chip moves nothing (XLA keeps a few such ops)
     g = tpu.generation
-    axes = group_axes(group, tpu.shape)
+    axes = tuple(a for a in span if a > 1) if span else group_axes(group, tpu.shape)
     used = min(len(axes), len(tpu.shape)) / len(tpu.shape)
     inbound = g.ici_bandwidth / 2 * used  # bidirectional per chip: half of it comes in
     phases = 2 if kind == "all-reduce" else 1  # reduce-scatter, then all-gather
@@ -166,7 +173,9 @@ def collective_seconds(kind: str, result_bytes: float, group: int, tpu: TpuSlice
 
 
 def collectives_seconds(ops: Iterable[Sequence], tpu: TpuSlice, end: End) -> float:
-    return sum(collective_seconds(kind, size, group, tpu, end) * count for kind, size, group, count in ops)
+    """ops: rows of (kind, result bytes, group, count[, span]) (aot.Collectives.grouped)."""
+    return sum(collective_seconds(kind, size, group, tpu, end, *span) * count
+               for kind, size, group, count, *span in ops)
 
 
 def dcn_seconds(rows: Iterable[Sequence], tpu: TpuSlice, end: End) -> float:
@@ -257,7 +266,7 @@ def network_step(programs: Mapping[str, tuple[Sequence, Sequence]], tpu: TpuSlic
         if name not in programs or not runs:
             continue
         ops, dcn_ops = programs[name]
-        ici_bytes += runs * sum(wire_bytes(kind, size, group) * n for kind, size, group, n in ops)
+        ici_bytes += runs * sum(wire_bytes(kind, size, group) * n for kind, size, group, n, *_ in ops)
         ici = ici + Range(collectives_seconds(ops, tpu, LOW), collectives_seconds(ops, tpu, HIGH)) * runs
         dcn_bytes += runs * sum(dcn_wire_bytes(*row[:4]) * row[4] for row in dcn_ops)
         dcn = dcn + dcn_range(dcn_ops, tpu) * runs

@@ -172,6 +172,7 @@ def build_programs(
         style=r.sharding_style,
         weight_layout=rollout_layout or r.weight_layout,
         mesh_shape=cfg.mesh_shape,
+        weight_copies=r.weight_copies,
         **(sampler_options or {}),
     )
     return RunPrograms(

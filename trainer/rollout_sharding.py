@@ -64,7 +64,7 @@ from trainer.model import (
 )
 from trainer.rollout import Sampler
 from trainer.split_sampling import own_rows, sample_split_vocab
-from trainer.weight_placement import ALL_AXES, rollout_shardings
+from trainer.weight_placement import ALL_AXES, COPY_AXES, rollout_shardings
 
 _BATCH_AXES = {"legacy": ("dp", "fsdp", "tp"), "maxtext": ("dp",)}
 WEIGHT_LAYOUTS = ("fsdp", "replicated", "tensor", "megatron", "head_groups")
@@ -79,13 +79,14 @@ class RolloutLayout:
     rows: str  # where the batch's rows live: legacy = split over every device, maxtext = over dp only
     configured: str  # rollout.weight_layout as configured (`auto` or the layout itself)
     why: str  # why this layout and these rows, in a few words
+    copies: int = 1  # head_groups: copies of the weights on the slice, each decoding its own rows
 
-    def to_json(self) -> dict[str, str]:
+    def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 def resolve_rollout_layout(weight_layout: str, style: str, config: Qwen2Config, mesh: Mesh, *,
-                           mesh_shape: str = "auto") -> RolloutLayout:
+                           mesh_shape: str = "auto", copies: int = 1) -> RolloutLayout:
     """The rollout layout for `rollout.weight_layout` and `rollout.sharding_style` on `mesh` (the training
     mesh), the one place a layout is chosen.
 
@@ -131,7 +132,17 @@ def resolve_rollout_layout(weight_layout: str, style: str, config: Qwen2Config, 
     if rows != style:
         placed = "over hosts only" if chosen == "tensor" else "over every device"
         why += f"; {chosen} places rows {placed} ({rows}), not sharding_style {style}"
-    return RolloutLayout(chosen, rows, weight_layout, why)
+    if copies != 1:
+        if chosen != "head_groups":
+            raise ValueError(f"rollout.weight_copies={copies} is for weight_layout head_groups, not "
+                             f"{chosen}; set rollout.weight_copies=1")
+        per_copy, left = divmod(mesh.size, copies)
+        if left or per_copy % config.num_key_value_heads:
+            raise ValueError(f"rollout.weight_copies={copies} does not give each copy a whole number of "
+                             f"chips for the {config.num_key_value_heads} KV heads on {mesh.size} chips; use "
+                             f"a divisor of {mesh.size // config.num_key_value_heads}")
+        why += f"; {copies} copies of the weights, {per_copy} chips each"
+    return RolloutLayout(chosen, rows, weight_layout, why, copies)
 
 
 class ShardedSampler(Sampler):
@@ -140,16 +151,18 @@ class ShardedSampler(Sampler):
 
     def __init__(self, model: Qwen2ForCausalLM, pad_id: int, eos_ids: Sequence[int], *, prompt_len: int,
                  max_new_tokens: int, mesh: Mesh, style: str, weight_layout: str | RolloutLayout = "fsdp",
-                 mesh_shape: str = "auto", **options: Any) -> None:
-        """weight_layout: `rollout.weight_layout` (resolved here with `style` and `mesh_shape` by
-        resolve_rollout_layout), or a RolloutLayout already resolved. options: the Sampler's own:
-        attend_bucket; and constrain_rows, matmul_dtype, cache_write_as_bits, which the layout sets
-        (rows pinned; bf16 partial sums and a plain cache write on TPU, fp32 and a bitcast write elsewhere)
-        and only benchmarks override, to rebuild the layout from before issue 16 (benchmarks/plan.py)."""
+                 mesh_shape: str = "auto", weight_copies: int = 1, **options: Any) -> None:
+        """weight_layout: `rollout.weight_layout` (resolved here with `style`, `mesh_shape` and
+        `weight_copies` by resolve_rollout_layout), or a RolloutLayout already resolved. options: the
+        Sampler's own: attend_bucket; and constrain_rows, matmul_dtype, cache_write_as_bits, which the
+        layout sets (rows pinned; bf16 partial sums and a plain cache write on TPU, fp32 and a bitcast write
+        elsewhere) and only benchmarks override, to rebuild the layout from before issue 16
+        (benchmarks/plan.py)."""
         if isinstance(weight_layout, RolloutLayout):
             layout = weight_layout
         else:
-            layout = resolve_rollout_layout(weight_layout, style, model.config, mesh, mesh_shape=mesh_shape)
+            layout = resolve_rollout_layout(weight_layout, style, model.config, mesh, mesh_shape=mesh_shape,
+                                            copies=weight_copies)
         self.layout = layout
         self.train_mesh = mesh
         if layout.weight_layout == "tensor":
@@ -157,7 +170,7 @@ class ShardedSampler(Sampler):
             mesh = host_tensor_mesh(mesh)
         elif layout.weight_layout == "head_groups":
             # Rows over every device as in `megatron`; attention over (row blocks, KV head groups).
-            mesh = head_group_mesh(mesh, model.config.num_key_value_heads)
+            mesh = head_group_mesh(mesh, model.config.num_key_value_heads, layout.copies)
         on_tpu = _on_tpu(mesh)
         # bf16 partial sums cross the interconnect at half the bytes; XLA CPU widens a bf16-output dot to an
         # fp32 one and is slower for it. The bitcast cache write keeps XLA CPU from widening the whole cache
@@ -327,7 +340,7 @@ def megatron_layout(mesh: Mesh, rows: Any) -> DecodeLayout:
     # not reduce-scattered to columns: the TPU compiler makes a reduce-scatter an all-reduce anyway, and a
     # whole residual spares the last layer's gather before the head (the next block's q/k/v take their
     # columns of it without a collective).
-    mlp = functools.partial(_column_split_mlp, mesh, gather=True)
+    mlp = functools.partial(_column_split_mlp, mesh, axes=ALL_AXES, gather=True)
 
     def embed(table: jax.Array, ids: jax.Array) -> jax.Array:
         def local(table: jax.Array, ids: jax.Array) -> jax.Array:
@@ -343,12 +356,14 @@ def megatron_layout(mesh: Mesh, rows: Any) -> DecodeLayout:
                         sample=functools.partial(sample_split_vocab, mesh, axes))
 
 
-def _column_split_mlp(mesh: Mesh, x: jax.Array, norm: Any, block: Any, *, gather: bool) -> jax.Array:
-    """DecodeLayout.mlp with the MLP split by its intermediate columns over every device (gate/up by output,
-    down by input): the block's output x + MLP(norm(x)), whole on every chip. Each chip normalises the whole
-    residual (gathered from its columns first when `gather`), makes its intermediate columns, and one
-    all-reduce of down_proj's partial outputs gives every chip the sum."""
-    axes, whole = ALL_AXES, PartitionSpec()
+def _column_split_mlp(mesh: Mesh, x: jax.Array, norm: Any, block: Any, *, axes: tuple, gather: bool,
+                      copy_axes: tuple = ()) -> jax.Array:
+    """DecodeLayout.mlp with the MLP split by its intermediate columns over `axes` (gate/up by output, down
+    by input), whole over `copy_axes` (the axes of a layout's copies of the weights; x's rows split over
+    them): the block's output x + MLP(norm(x)), whole on every chip of a copy. Each chip normalises the
+    whole residual (gathered from its columns first when `gather`), makes its intermediate columns, and one
+    all-reduce of down_proj's partial outputs gives every chip of the copy the sum."""
+    whole, per_copy = PartitionSpec(), PartitionSpec(copy_axes or None)
     dtype, compute = matmul_output_dtype(), block.down_proj.compute_dtype
     kernels = [d.kernel[...].astype(compute) for d in (block.gate_proj, block.up_proj, block.down_proj)]
 
@@ -361,11 +376,11 @@ def _column_split_mlp(mesh: Mesh, x: jax.Array, norm: Any, block: Any, *, gather
         y = jnp.dot((jax.nn.silu(g) * u).astype(compute), down, preferred_element_type=dtype)
         return x + jax.lax.psum(y, axes).astype(jnp.float32).astype(compute)
 
-    x_spec = PartitionSpec(*(None,) * (x.ndim - 1), axes) if gather else whole
+    x_spec = PartitionSpec(*(None,) * (x.ndim - 1), axes) if gather else per_copy
     split_in, split_out = PartitionSpec(axes, None), PartitionSpec(None, axes)
     # check_vma off when gathering: the gathered x is the same on every chip, which the check cannot infer.
     return jax.shard_map(local, mesh=mesh, in_specs=(x_spec, whole, split_out, split_out, split_in),
-                         out_specs=whole, check_vma=not gather)(x, norm.scale[...], *kernels)
+                         out_specs=per_copy, check_vma=not gather)(x, norm.scale[...], *kernels)
 
 
 def _lookup_slice(table: jax.Array, ids: jax.Array, axes: Any) -> jax.Array:
@@ -378,27 +393,31 @@ def _lookup_slice(table: jax.Array, ids: jax.Array, axes: Any) -> jax.Array:
     return jnp.where(inside[..., None], found, jnp.zeros((), found.dtype))
 
 
-def head_group_mesh(mesh: Mesh, kv_heads: int) -> Mesh:
+def head_group_mesh(mesh: Mesh, kv_heads: int, copies: int = 1) -> Mesh:
     """The decode mesh of the `head_groups` layout: `mesh`'s devices in the same order (rows keep their
-    devices), as (dp = 1, fsdp = devices / kv_heads, tp = kv_heads): tp picks a KV head's group of query
-    heads, fsdp a block of rows."""
+    devices), as (dp = copies, fsdp = devices / copies / kv_heads, tp = kv_heads): dp picks a copy of the
+    weights (contiguous devices: whole hosts in the trainer's host-major order), tp a KV head's group of
+    query heads, fsdp a block of the copy's rows."""
     n = mesh.size
-    if n % kv_heads:
-        raise ValueError(f"rollout.weight_layout=head_groups puts the model's {kv_heads} KV heads on {n} "
-                         f"devices, which they do not divide; use megatron")
-    return Mesh(np.array(list(mesh.devices.flat), dtype=object).reshape(1, n // kv_heads, kv_heads),
-                mesh.axis_names)
+    if n % (copies * kv_heads):
+        raise ValueError(f"rollout.weight_layout=head_groups puts the model's {kv_heads} KV heads on each of "
+                         f"{copies} copies of {n} devices, which they do not divide; use megatron")
+    return Mesh(np.array(list(mesh.devices.flat), dtype=object).reshape(copies, n // copies // kv_heads,
+                                                                         kv_heads), mesh.axis_names)
 
 
 def head_group_layout(mesh: Mesh) -> DecodeLayout:
     """The `head_groups` layout's decode step on head_group_mesh: weights where weight_placement.HEAD_GROUPS
-    puts them, every collective written out (shard_map). Two collectives a layer:
-    - the residual stream is whole on every chip (every chip computes the same [rows, hidden]);
+    puts them, every collective written out (shard_map). With several copies of the weights (dp > 1), each
+    copy is this layout on its own chips and rows, its collectives inside the copy (over fsdp and tp), never
+    across copies. Two collectives a layer:
+    - the residual stream is whole on every chip of a copy (they compute the same [rows, hidden]);
     - attention: the chip (KV head h, row block g) normalises its rows and projects them with its head
       group's whole q/k/v columns (no collective), attends over its rows' cache of head h (the cache is
       split by rows and KV heads), and multiplies by its o_proj rows: a partial output for its rows. One
-      all-reduce of the [rows, hidden] buffer, each chip's partials at its rows, sums the head groups and
-      gathers the row blocks at once (1);
+      all-gather of every chip's partials, summed over the head groups on each chip, gives every chip the
+      whole output (1): the bytes of an all-reduce in one phase, not two (a latency-bound token pays a
+      fixed cost and the group's hops a phase; docs/plan.md);
     - MLP: each chip makes its intermediate columns of the whole residual, down_proj contracts them, and
       one all-reduce gives every chip the output (2);
     - embeddings: the ids gathered, each chip looks up those in its slice of the vocabulary (zeros for the
@@ -406,8 +425,9 @@ def head_group_layout(mesh: Mesh) -> DecodeLayout:
       (split_sampling.sample_split_vocab).
     Against `megatron`'s four collectives a layer, each chip reads its head group's q/k/v and o_proj whole
     over the hidden dim (1/kv_heads of them, not 1/devices)."""
-    axes, whole = ALL_AXES, PartitionSpec()
-    row_axes, groups = ("dp", "fsdp"), mesh.shape["dp"] * mesh.shape["fsdp"]
+    axes, whole = COPY_AXES, PartitionSpec()
+    per_copy = PartitionSpec("dp")  # a copy's rows, whole on its chips
+    row_axes, groups = ("dp", "fsdp"), mesh.shape["fsdp"]  # a chip's rows: its copy's, then its block
 
     def by_group(ndim: int) -> PartitionSpec:
         """Rows over the row blocks, the last dim (q/k/v's heads) over the KV head groups."""
@@ -422,11 +442,11 @@ def head_group_layout(mesh: Mesh) -> DecodeLayout:
         kernels = [d.kernel[...].astype(compute) for d in dense]
 
         def local(x: jax.Array, scale: jax.Array, *kernels: jax.Array) -> tuple[jax.Array, ...]:
-            a = rms_norm(own_rows(x, row_axes, groups), scale, norm.eps, compute)
+            a = rms_norm(own_rows(x, "fsdp", groups), scale, norm.eps, compute)
             return tuple(jnp.dot(a, k, preferred_element_type=dtype).astype(jnp.float32) for k in kernels)
 
         split = PartitionSpec(None, "tp")
-        out = jax.shard_map(local, mesh=mesh, in_specs=(whole, whole, *[split] * len(kernels)),
+        out = jax.shard_map(local, mesh=mesh, in_specs=(per_copy, whole, *[split] * len(kernels)),
                             out_specs=tuple(by_group(x.ndim) for _ in kernels))(x, norm.scale[...], *kernels)
         return [o + d.bias[...].astype(jnp.float32) if d.bias is not None else o
                 for o, d in zip(out, dense, strict=True)]
@@ -435,31 +455,35 @@ def head_group_layout(mesh: Mesh) -> DecodeLayout:
         dtype, compute = matmul_output_dtype(), dense.compute_dtype
 
         def local(a: jax.Array, kernel: jax.Array) -> jax.Array:
-            y = jnp.dot(a, kernel, preferred_element_type=dtype)
-            rows = y.shape[0]
-            block = jnp.zeros((rows * groups, *y.shape[1:]), y.dtype)
-            block = jax.lax.dynamic_update_slice_in_dim(block, y, jax.lax.axis_index(row_axes) * rows, axis=0)
-            return jax.lax.psum(block, axes)
+            y = jnp.dot(a, kernel, preferred_element_type=dtype)  # its rows' share from its KV head group
+            # Every chip's partials gathered, then the head groups summed here: the bytes an all-reduce of
+            # the zero-padded [rows, hidden] buffer would move, in one phase (an all-gather) instead of two.
+            parts = jax.lax.all_gather(y, axes, axis=0)  # [row block x KV head group, rows, hidden]
+            parts = parts.reshape(groups, mesh.shape["tp"], *y.shape).astype(jnp.float32)
+            return jnp.sum(parts, axis=1).reshape(groups * y.shape[0], *y.shape[1:])
 
+        # check_vma off: the gathered sum is the same on every chip of a copy, which the check cannot infer.
         y = jax.shard_map(local, mesh=mesh, in_specs=(by_group(attn.ndim), PartitionSpec("tp", None)),
-                          out_specs=whole)(attn.astype(compute), dense.kernel[...].astype(compute))
+                          out_specs=per_copy, check_vma=False)(attn.astype(compute),
+                                                               dense.kernel[...].astype(compute))
         return y.astype(jnp.float32).astype(compute)
 
-    mlp = functools.partial(_column_split_mlp, mesh, gather=False)  # the residual is whole already
+    # The residual is whole on a copy's chips already.
+    mlp = functools.partial(_column_split_mlp, mesh, axes=axes, gather=False, copy_axes=("dp",))
 
     def embed(table: jax.Array, ids: jax.Array) -> jax.Array:
         def local(table: jax.Array, ids: jax.Array) -> jax.Array:
             found = _lookup_slice(table, jax.lax.all_gather(ids, axes, axis=0, tiled=True), axes)
             return jax.lax.psum(found, axes)
 
-        return jax.shard_map(local, mesh=mesh, in_specs=(PartitionSpec(axes, None), PartitionSpec(axes)),
-                             out_specs=whole)(table, ids)
+        return jax.shard_map(local, mesh=mesh, in_specs=(PartitionSpec(axes, None), PartitionSpec(ALL_AXES)),
+                             out_specs=per_copy)(table, ids)
 
-    replicated = NamedSharding(mesh, whole)
+    copy_rows = NamedSharding(mesh, per_copy)
     by_block = NamedSharding(mesh, PartitionSpec(row_axes))  # the rows attention reads on each chip
-    return DecodeLayout(residual=lambda x: jax.lax.with_sharding_constraint(x, replicated), heads=heads,
+    return DecodeLayout(residual=lambda x: jax.lax.with_sharding_constraint(x, copy_rows), heads=heads,
                         qkv=qkv, out=out, mlp=mlp, embed=embed,
-                        sample=functools.partial(sample_split_vocab, mesh, axes),
+                        sample=functools.partial(sample_split_vocab, mesh, axes, copy_axes=("dp",)),
                         tables=lambda x: jax.lax.with_sharding_constraint(x, by_block))
 
 

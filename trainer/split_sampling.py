@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from trainer.model import rms_norm
@@ -29,13 +30,14 @@ from trainer.rollout import _draw, _first_argmax, sample_with_uniform
 
 def sample_split_vocab(mesh: Mesh, axes: tuple, x: jax.Array, norm: Any, weight: jax.Array, vocab_major: bool,
                        uniform: jax.Array, temperature: jax.Array, top_p: jax.Array, *, top_k: int,
-                       use_top_p: bool, greedy: bool) -> tuple[jax.Array, jax.Array]:
-    """Next tokens [B] and their log-probs [B], rows split over `axes` (every device of `mesh`), from the
-    final hidden states x [B, hidden] (whole on every device), the final norm, and the head's weight split
-    by vocabulary over `axes` ([vocab, hidden] when vocab_major). uniform [B]: one uniform per row, rows
-    over `axes`. Same tokens as sample_with_uniform on the whole logits, up to fp32 rounding of the
-    cumulative sums."""
-    n = mesh.size
+                       use_top_p: bool, greedy: bool, copy_axes: tuple = ()) -> tuple[jax.Array, jax.Array]:
+    """Next tokens [B] and their log-probs [B], rows split over (`copy_axes`, `axes`), from the final hidden
+    states x [B, hidden] (split over `copy_axes`, whole on the devices of `axes`), the final norm, and the
+    head's weight split by vocabulary over `axes` ([vocab, hidden] when vocab_major), whole over
+    `copy_axes`. uniform [B]: one uniform per row, rows as the result's. `copy_axes` (none: `axes` is every
+    device) are the axes of a layout's copies of the weights, each copy sampling its own rows alone. Same
+    tokens as sample_with_uniform on the whole logits, up to fp32 rounding of the cumulative sums."""
+    n = int(np.prod([mesh.shape[a] for a in axes]))
     compute = weight.dtype
     pattern = "bd,vd->bv" if vocab_major else "bd,dv->bv"
 
@@ -89,9 +91,10 @@ def sample_split_vocab(mesh: Mesh, axes: tuple, x: jax.Array, norm: Any, weight:
                              axes)
         return own_rows(drawn[0].astype(jnp.int32), axes, n), own_rows(drawn[1], axes, n)
 
-    rows, whole = PartitionSpec(axes), PartitionSpec()
+    rows, whole = PartitionSpec((*copy_axes, *axes)), PartitionSpec()
+    per_copy = PartitionSpec(copy_axes or None)
     head = PartitionSpec(axes, None) if vocab_major else PartitionSpec(None, axes)
-    return jax.shard_map(local, mesh=mesh, in_specs=(whole, whole, head, rows, whole, whole),
+    return jax.shard_map(local, mesh=mesh, in_specs=(per_copy, whole, head, rows, whole, whole),
                          out_specs=(rows, rows))(x, norm.scale[...], weight, uniform, temperature, top_p)
 
 

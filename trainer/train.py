@@ -110,7 +110,8 @@ def _rollout_layout(cfg: TrainerConfig, mesh: jax.sharding.Mesh) -> RolloutLayou
 
     config = Qwen2Config.from_hf(json.loads((resolve_model_dir(cfg.model_path) / "config.json").read_text()))
     r = cfg.rollout
-    return resolve_rollout_layout(r.weight_layout, r.sharding_style, config, mesh, mesh_shape=cfg.mesh_shape)
+    return resolve_rollout_layout(r.weight_layout, r.sharding_style, config, mesh, mesh_shape=cfg.mesh_shape,
+                                  copies=r.weight_copies)
 
 
 class Trainer:

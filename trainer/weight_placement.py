@@ -7,16 +7,17 @@ A rollout layout is another value of the same description, read by `placement_sh
 
 | kind: weight | training, `fsdp` | `megatron` | `head_groups` |
 | --- | --- | --- | --- |
-| embed: embed_tokens [vocab, hidden] | (tp, fsdp) | vocabulary over all | vocabulary over all |
+| embed: embed_tokens [vocab, hidden] | (tp, fsdp) | vocabulary over all | vocabulary over a copy |
 | attn_qkv: q/k/v [hidden, heads * dim] | (fsdp, tp) | input over all | output over tp (KV head groups) |
 | attn_qkv_bias: q/k/v biases | (tp,) | whole | whole |
 | attn_out: o_proj [heads * dim, hidden] | (tp, fsdp) | output over all | input over tp |
-| mlp_in: gate/up [hidden, intermediate] | (fsdp, tp) | output over all | output over all |
-| mlp_out: down [intermediate, hidden] | (tp, fsdp) | input over all | input over all |
+| mlp_in: gate/up [hidden, intermediate] | (fsdp, tp) | output over all | output over a copy |
+| mlp_out: down [intermediate, hidden] | (tp, fsdp) | input over all | input over a copy |
 | norm: every RMSNorm's scale | whole | whole | whole |
-| lm_head: an untied head [hidden, vocab] | (fsdp, tp) | vocabulary over all | vocabulary over all |
+| lm_head: an untied head [hidden, vocab] | (fsdp, tp) | vocabulary over all | vocabulary over a copy |
 
-("all": every device of the decode mesh, ALL_AXES.)
+("all": every device of the decode mesh, ALL_AXES; "a copy": the devices of one copy of the weights,
+COPY_AXES, every device when the layout holds one copy (rollout.weight_copies), each copy whole on dp.)
 `replicated` puts every weight whole on every chip; `tensor` is training's on its host mesh (fsdp = 1,
 tp = a host's chips), except that the key/value projections stay whole where the KV heads do not divide
 over tp (split by columns they would cut heads in two). Training's placement drops an axis that does not
@@ -42,8 +43,12 @@ _WHOLE: tuple = ()
 MEGATRON = dataclasses.replace(
     ShardingRules(), embed=(ALL_AXES,), attn_qkv=(ALL_AXES,), attn_qkv_bias=_WHOLE, attn_out=(None, ALL_AXES),
     mlp_in=(None, ALL_AXES), mlp_out=(ALL_AXES,), norm=_WHOLE, lm_head=(None, ALL_AXES))
+# head_groups splits one copy of the weights over (fsdp, tp) and holds `dp` copies (rollout.weight_copies;
+# one copy: dp = 1, every device, as megatron).
+COPY_AXES = ("fsdp", "tp")
 HEAD_GROUPS = dataclasses.replace(
-    MEGATRON, attn_qkv=(None, "tp"), attn_out=("tp",))
+    MEGATRON, embed=(COPY_AXES,), attn_qkv=(None, "tp"), attn_out=("tp",), mlp_in=(None, COPY_AXES),
+    mlp_out=(COPY_AXES,), lm_head=(None, COPY_AXES))
 REPLICATED = dataclasses.replace(
     ShardingRules(), embed=_WHOLE, attn_qkv=_WHOLE, attn_qkv_bias=_WHOLE, attn_out=_WHOLE, mlp_in=_WHOLE,
     mlp_out=_WHOLE, norm=_WHOLE, lm_head=_WHOLE)

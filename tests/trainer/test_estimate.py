@@ -88,6 +88,33 @@ def test_a_collective_costs_its_fixed_cost_hops_and_bytes_at_the_links_it_uses()
     assert collective_seconds("all-gather", 1e6, 1, V6E16, HIGH) == 0
 
 
+def test_a_group_is_priced_where_the_compiled_program_puts_it():
+    # v6e-16's chips by logical id as the trainer's host-major mesh orders them (libtpu's coordinates): a
+    # host is a 2x2 square, two hosts a 4x2 block.
+    coords = {0: (0, 0), 1: (1, 0), 2: (0, 1), 3: (1, 1), 4: (2, 0), 5: (3, 0), 6: (2, 1), 7: (3, 1),
+              8: (0, 2), 9: (1, 2), 10: (0, 3), 11: (1, 3), 12: (2, 2), 13: (3, 2), 14: (2, 3), 15: (3, 3)}
+    hosts = "replica_groups={{0,1,2,3},{4,5,6,7},{8,9,10,11},{12,13,14,15}}"
+    assert aot.torus_span(hosts, coords) == (2, 2)
+    assert aot.torus_span("replica_groups=[2,8]<=[16]", coords) == (4, 2)  # two hosts
+    assert aot.torus_span("replica_groups={{0,4},{1,5}}", coords) == (3, 1)  # a ring passes the chip between
+    assert aot.torus_span("replica_groups={}", coords) == (4, 4)  # every chip
+    assert aot.torus_span("replica_groups=mesh['axis_0'=16] {'axis_0'}", coords) == ()  # not read: by size
+    assert aot.torus_span(hosts, {}) == ()
+    hlo = f"  %ar = bf16[64,2048]{{1,0}} all-reduce(%y), {hosts}, to_apply=%add"
+    found = aot.collectives_in(hlo, 16, span=lambda attrs: aot.torus_span(attrs, coords))
+    assert found.grouped() == [["all-reduce", 64 * 2048 * 2, 4, 1, [2, 2]]]
+    # A host's square: one hop a phase on each of two axes (all its links) against an axis of 4's three
+    # hops on half of them, which is where a group of 4 is put when its place is not known.
+    square = collective_seconds("all-reduce", 1e6, 4, V6E16, HIGH, span=(2, 2))
+    assert square == pytest.approx(2 * HIGH.fixed_s + 4 * HIGH.hop_s + 2 * 3 / 4 * 1e6 / (400 * GB))
+    assert collective_seconds("all-reduce", 1e6, 4, V6E16, HIGH) == pytest.approx(
+        2 * HIGH.fixed_s + 6 * HIGH.hop_s + 2 * 3 / 4 * 1e6 / (200 * GB))
+    # The rows a plan stores carry the span; rows without one (older plans) are placed by size.
+    cost = ProgramCost(0, 0, 0, ops=[["all-reduce", 1e6, 4, 3, [2, 2]], ["all-reduce", 1e6, 4, 1]])
+    assert price(cost, V6E16).high == pytest.approx(
+        3 * square + collective_seconds("all-reduce", 1e6, 4, V6E16, HIGH))
+
+
 def test_v4_and_v5p_interconnects_are_bidirectional_per_chip():
     # Cloud's v5p page: 1200 GBps bidirectional per chip; the v4 paper: six links of 50 GB/s each way.
     assert parse_accelerator_type("v5p-8").generation.ici_bandwidth == 1200 * GB

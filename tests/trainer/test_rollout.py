@@ -242,7 +242,8 @@ def test_explicit_layouts_sample_what_fsdp_weights_sample(tiny_model_dir):
     # sampled where it lies) on a mesh using all three axes: the same greedy tokens and log-probs as FSDP
     # weights, the same sampled tokens at temperature 1 and with top-k (which gathers the logits to their
     # rows; the sampling code is shared, so megatron alone), their weights split as they say, and the same
-    # greedy tokens again for a model with its own head (untied, [hidden, vocab], as Qwen2.5-7B).
+    # greedy tokens again for a model with its own head (untied, [hidden, vocab], as Qwen2.5-7B). head_groups
+    # also with two copies of the weights (rollout.weight_copies), each decoding its own rows on 4 devices.
     script = textwrap.dedent(f"""
         import dataclasses, tempfile
         import jax.numpy as jnp, numpy as np
@@ -257,12 +258,14 @@ def test_explicit_layouts_sample_what_fsdp_weights_sample(tiny_model_dir):
         model, config = load_model({str(tiny_model_dir)!r}, mesh=mesh, compute_dtype=jnp.float32)
         out = {{}}
         kv = config.num_key_value_heads
-        for layout in ("fsdp", "megatron", "head_groups"):
+        for layout in ("fsdp", "megatron", "head_groups", "head_groups x2"):
+            copies = 2 if layout.endswith("x2") else 1
             sampler = ShardedSampler(model, 0, config.eos_token_ids, prompt_len=16, max_new_tokens=8,
-                                     mesh=mesh, style="legacy", weight_layout=layout, attend_bucket=4)
+                                     mesh=mesh, style="legacy", weight_layout=layout.split()[0],
+                                     weight_copies=copies, attend_bucket=4)
             out[layout] = [sampler.generate(prompts, rng=0, greedy=True),
                            sampler.generate(prompts, rng=1, temperature=1.0)]
-            if layout != "head_groups":
+            if not layout.startswith("head_groups"):
                 out[layout].append(sampler.generate(prompts, rng=2, temperature=1.0, top_k=5))
             if layout == "fsdp":
                 continue
@@ -273,13 +276,15 @@ def test_explicit_layouts_sample_what_fsdp_weights_sample(tiny_model_dir):
             q = layer["self_attn"]["q_proj"]["kernel"][...]
             o = layer["self_attn"]["o_proj"]["kernel"][...]
             table = weights["embed_tokens"][...]
-            assert gate.sharding.shard_shape(gate.shape) == (gate.shape[0], gate.shape[1] // 8)
-            assert down.sharding.shard_shape(down.shape) == (down.shape[0] // 8, down.shape[1])
-            assert table.sharding.shard_shape(table.shape) == (table.shape[0] // 8, table.shape[1])
+            per_copy = 8 // copies  # a copy's devices
+            assert gate.sharding.shard_shape(gate.shape) == (gate.shape[0], gate.shape[1] // per_copy)
+            assert down.sharding.shard_shape(down.shape) == (down.shape[0] // per_copy, down.shape[1])
+            assert table.sharding.shard_shape(table.shape) == (table.shape[0] // per_copy, table.shape[1])
             if layout == "megatron":
                 assert q.sharding.shard_shape(q.shape) == (q.shape[0] // 8, q.shape[1])
             else:  # a KV head's group of query heads, whole over the hidden dim
-                assert dict(sampler.mesh.shape) == {{"dp": 1, "fsdp": 8 // kv, "tp": kv}}, sampler.mesh
+                assert dict(sampler.mesh.shape) == {{"dp": copies, "fsdp": per_copy // kv, "tp": kv}}, \
+                    sampler.mesh
                 assert q.sharding.shard_shape(q.shape) == (q.shape[0], q.shape[1] // kv)
                 assert o.sharding.shard_shape(o.shape) == (o.shape[0] // kv, o.shape[1])
         untied = dataclasses.replace(config, tie_word_embeddings=False)
@@ -291,7 +296,7 @@ def test_explicit_layouts_sample_what_fsdp_weights_sample(tiny_model_dir):
             sampler = ShardedSampler(model, 0, config.eos_token_ids, prompt_len=16, max_new_tokens=8,
                                      mesh=mesh, style="legacy", weight_layout=layout)
             out["untied " + layout] = [sampler.generate(prompts, rng=0, greedy=True)]
-        for layout, reference in (("megatron", "fsdp"), ("head_groups", "fsdp"),
+        for layout, reference in (("megatron", "fsdp"), ("head_groups", "fsdp"), ("head_groups x2", "fsdp"),
                                   ("untied megatron", "untied fsdp")):
             for mine, fsdp in zip(out[layout], out[reference]):
                 np.testing.assert_array_equal(local_rows(mine.completion_ids, mesh),
@@ -351,13 +356,19 @@ def test_the_rollout_layout_is_resolved_once_with_its_reason():
     assert resolve_rollout_layout("replicated", "maxtext", config, cpu).rows == "maxtext"
     with pytest.raises(ValueError, match="use auto or one of"):
         resolve_rollout_layout("sideways", "legacy", config, cpu)
+    with pytest.raises(ValueError, match="weight_copies=2 is for weight_layout head_groups, not fsdp"):
+        resolve_rollout_layout("fsdp", "legacy", config, cpu, copies=2)
     if aot.libtpu_version() is None:
         return
     chips = Mesh(np.array(aot.tpu_devices(parse_accelerator_type("v6e-4"))).reshape(1, 4, 1),
                  ("dp", "fsdp", "tp"))
     assert resolve_rollout_layout("auto", "legacy", config, chips).to_json() == {
         "weight_layout": "head_groups", "rows": "legacy", "configured": "auto",
-        "why": "auto: the 2 KV heads divide 4 chips"}
+        "why": "auto: the 2 KV heads divide 4 chips", "copies": 1}
+    two_copies = resolve_rollout_layout("head_groups", "legacy", config, chips, copies=2)
+    assert two_copies.copies == 2 and two_copies.why.endswith("2 copies of the weights, 2 chips each")
+    with pytest.raises(ValueError, match="weight_copies=4 does not give each copy.*use a divisor of 2"):
+        resolve_rollout_layout("head_groups", "legacy", config, chips, copies=4)
     three_kv = dataclasses.replace(config, num_attention_heads=6, num_key_value_heads=3)
     assert resolve_rollout_layout("auto", "legacy", three_kv, chips).weight_layout == "megatron"
     odd_vocab = dataclasses.replace(config, vocab_size=1026)

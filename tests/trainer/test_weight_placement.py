@@ -14,7 +14,7 @@ from jax.sharding import Mesh, PartitionSpec
 from trainer import aot
 from trainer.model import Qwen2Config, create_model, param_shardings
 from trainer.tpu_specs import parse_accelerator_type
-from trainer.weight_placement import ALL_AXES, placement_shardings, rollout_shardings, weight_kind
+from trainer.weight_placement import ALL_AXES, COPY_AXES, placement_shardings, rollout_shardings, weight_kind
 
 needs_libtpu = pytest.mark.skipif(aot.libtpu_version() is None, reason="libtpu is not installed")
 CONFIG = Qwen2Config(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
@@ -61,7 +61,9 @@ def test_rollout_layouts_split_what_their_decode_steps_expect(state, chips):
     groups = _specs(rollout_shardings("head_groups", state, chips, CONFIG))
     assert groups["layers.0.self_attn.k_proj.kernel"] == PartitionSpec(None, "tp")  # a KV head's columns
     assert groups["layers.0.self_attn.o_proj.kernel"] == PartitionSpec("tp")
-    assert groups["layers.0.mlp.up_proj.kernel"] == megatron["layers.0.mlp.up_proj.kernel"]
+    # The MLP and the vocabulary over one copy's devices (fsdp, tp), whole over the copies (dp).
+    assert groups["layers.0.mlp.up_proj.kernel"] == PartitionSpec(None, COPY_AXES)
+    assert groups["layers.0.mlp.down_proj.kernel"] == groups["embed_tokens"] == PartitionSpec(COPY_AXES)
     replicated = _specs(rollout_shardings("replicated", state, chips, CONFIG))
     assert set(replicated.values()) == {PartitionSpec()}
 
