@@ -8,12 +8,13 @@ flops and bytes accessed, the collectives in the compiled HLO. Takes about half 
 
 - fit: `qwen25_3b_v6e8_bench.yaml` on v6e-8 and `qwen25_3b_v6e16_bench.yaml` on v6e-16, every program.
   Target: every program fits with at least 25% of HBM free per chip.
-- decode: one generated token on v6e-16 (3B bench) in seven rollout layouts: today's (before issue 16:
+- decode: one generated token on v6e-16 (3B bench) in eight rollout layouts: today's (before issue 16:
   FSDP weights, the logits and sampling left to the partitioner, fp32 partial sums), replicated bf16
   weights, tensor parallel inside each host, FSDP weights with logits kept on their rows and bf16 partial
   sums (`fsdp`), `megatron` (the MLP split by its intermediate columns, the vocabulary sampled where it
-  lies, four collectives a layer), `head_groups` (attention split by KV head, two collectives a layer),
-  and the default (`weight_layout: auto`, i.e. `head_groups` on this slice). Per chip: the
+  lies, four collectives a layer), `head_groups` (attention split by KV head, two collectives a layer)
+  with one copy of the weights over all 16 chips and with a copy a host, and the default
+  (`weight_layout: auto`, i.e. `head_groups` with two copies of 8 chips on this slice). Per chip: the
   bytes across HBM (trainer/hbm_traffic.py) and the compiler's bytes accessed, collective bytes and
   count, the estimated time (trainer/plan.py's method), beside the bandwidth floor (the chip's bf16
   weights plus its KV cache at the chip's HBM bandwidth). Targets (issue 26): the default's upper end
@@ -57,11 +58,10 @@ BASE_SETS = ["wandb_mode=disabled"]
 # The default first: its row and the step estimate come out first on a slow machine.
 LAYOUTS = {
     "default": {},
-    "head_groups": {"weight_layout": "head_groups"},
-    # head_groups with two copies of the weights (8 chips each, rows split between them): half the hops an
-    # all-reduce, twice the MLP and vocabulary bytes a chip.
-    "head_groups x2": {"weight_layout": "head_groups", "weight_copies": 2},
-    "head_groups x4": {"weight_layout": "head_groups", "weight_copies": 4},  # a copy a host
+    # head_groups with one copy of the weights over all 16 chips, and with a copy a host (4 chips, a 2x2
+    # square); the default holds two (8 chips each, a 4x2 block).
+    "head_groups x1": {"weight_layout": "head_groups", "weight_copies": 1},
+    "head_groups x4": {"weight_layout": "head_groups", "weight_copies": 4},
     "megatron": {"weight_layout": "megatron"},  # auto's choice where the KV heads do not divide the chips
     "fsdp": {"weight_layout": "fsdp"},  # the default before `megatron`: FSDP weights, rows, bf16 partial sums
     "replicated": {"weight_layout": "replicated"},

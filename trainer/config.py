@@ -15,7 +15,7 @@ import netrc
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -79,11 +79,12 @@ class RolloutConfig(_Section):
         "not divide the chips; both need the model's dims and vocabulary to divide over the chips), fsdp "
         "otherwise. The layout chosen is in the run's start event and `tpu-console runs show`; the planner "
         "compares them: docs/plan.md")
-    weight_copies: int = Field(
-        1, ge=1, description="head_groups only: copies of the bf16 weights on the slice, each split over "
-        "its own chips (whole hosts) and decoding its own rows; more copies put fewer chips in each of "
-        "decode's all-reduces (fewer hops, less latency a token) and more weight bytes on each chip. 1 = one "
-        "copy over every chip. The planner prices both: docs/plan.md")
+    weight_copies: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        "auto", description="head_groups only: copies of the bf16 weights decode reads, each split over its "
+        "own chips (whole hosts) and decoding its own rows; more copies put fewer chips in each of decode's "
+        "collectives (fewer hops, less latency a token) and more weight bytes on each chip. auto = one copy "
+        "per 8 chips (v6e-16: 2), one a slice on a smaller slice, and each slice its own on several slices; "
+        "1 = one copy over every chip. The planner prices them: docs/plan.md")
 
 
 class TrainConfig(_Section):

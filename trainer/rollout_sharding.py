@@ -31,13 +31,16 @@ The weight layouts:
   (trainer/split_sampling.py) instead of all-reducing the partial logits: four collectives a layer, and
   the [rows, intermediate] activations never cross the interconnect.
 - `head_groups` (head_group_layout): attention split by KV head, on a second mesh over the same devices,
-  (dp = 1, fsdp = devices / KV heads, tp = KV heads): each chip holds its KV head's group of q/k/v columns
-  and o_proj rows, whole over the hidden dim, and the residual is whole on every chip; the MLP, the
-  embedding and sampling are split as `megatron` splits them. Two collectives a layer; each chip reads
-  KV-heads/devices of the attention weights, not 1/devices.
-`auto` resolves to head_groups on TPU where the model's dims divide over the chips (megatron where the KV
-heads do not), fsdp elsewhere (see resolve_rollout_layout). The planner measures them (`python -m trainer
-plan`, benchmarks/plan.py); docs/plan.md has the figures.
+  (dp = copies, fsdp = devices / copies / KV heads, tp = KV heads): the slice holds `rollout.weight_copies`
+  copies of the weights, each on its own block of whole hosts decoding its own rows. In a copy each chip
+  holds its KV head's group of q/k/v columns and o_proj rows, whole over the hidden dim, and the residual
+  is whole on every chip; the MLP, the embedding and sampling are split over the copy's chips as
+  `megatron` splits them over every chip. Two collectives a layer, inside a copy (an all-gather of the
+  attention output's partials, an all-reduce of the MLP's); each chip reads KV-heads/copy-chips of the
+  attention weights, not 1/devices.
+`auto` resolves to head_groups on TPU with one copy per 8 chips where the model's dims divide a copy's
+chips (megatron where the KV heads do not), fsdp elsewhere (see resolve_rollout_layout). The planner
+measures them (`python -m trainer plan`, benchmarks/plan.py); docs/plan.md has the figures.
 """
 
 from __future__ import annotations
@@ -85,20 +88,28 @@ class RolloutLayout:
         return dataclasses.asdict(self)
 
 
-def resolve_rollout_layout(weight_layout: str, style: str, config: Qwen2Config, mesh: Mesh, *,
-                           mesh_shape: str = "auto", copies: int = 1) -> RolloutLayout:
-    """The rollout layout for `rollout.weight_layout` and `rollout.sharding_style` on `mesh` (the training
-    mesh), the one place a layout is chosen.
+# `auto`'s chips to a copy of head_groups' weights: a copy's all-reduce then spans a 4x2 block of a v5e or
+# v6e torus (4 hops a phase) instead of the slice. Planned for Qwen2.5-3B (docs/plan.md): on v6e-16 two
+# copies of 8 chips beat one of 16 at both ends of the range, and on v6e-8 one copy of 8 beats two of 4.
+COPY_CHIPS = 8
 
-    `auto`: on TPU with mesh_shape auto and sharding_style legacy, when the hidden and intermediate sizes and
-    the vocabulary divide over the chips: head_groups when the KV heads divide the chips too, else megatron;
-    fsdp otherwise (CPU tests and tools included). head_groups is the faster of the two at both ends of the
-    planner's range (docs/plan.md, issue 26: 1.55..2.35 ms a token against megatron's 1.92..3.07 on v6e-16
-    for Qwen2.5-3B, HBM priced from the floor and from the HLO's traffic, latencies from the scaling book).
-    On several slices (dp > 1 under mesh_shape auto) fsdp too: head_groups and megatron
-    split the weights over every chip of the mesh, so decode would cross the data-center network every
-    token (docs/plan.md#several-slices: fsdp 2.08..6.06 ms a token against head_groups' 2.38..13.13 on
-    2 x v6e-16, priced before the HLO's HBM traffic and the scaling book's latencies; not re-run since).
+
+def resolve_rollout_layout(weight_layout: str, style: str, config: Qwen2Config, mesh: Mesh, *,
+                           mesh_shape: str = "auto", copies: int | str = "auto") -> RolloutLayout:
+    """The rollout layout for `rollout.weight_layout`, `rollout.sharding_style` and `rollout.weight_copies`
+    on `mesh` (the training mesh), the one place a layout is chosen.
+
+    `auto`: on TPU with mesh_shape auto and sharding_style legacy, head_groups where a copy of its weights
+    fits whole chips of a slice: one copy per COPY_CHIPS chips (a slice of fewer: one copy a slice), each
+    copy's chips dividing the KV heads, the hidden and intermediate sizes and the vocabulary. On several
+    slices (dp > 1 under mesh_shape auto) every slice holds its own copies, so decode never crosses the
+    data-center network. Otherwise megatron on one slice where the dims divide its chips, fsdp elsewhere
+    (CPU tests and tools included, and several slices without head_groups: megatron would split the weights
+    over both). head_groups is the fastest at both ends of the planner's range (docs/plan.md, issue 26, the
+    3B bench on v6e-16: two copies 1.22..1.84 ms a token, one 1.34..1.95, tensor 1.55..2.34; megatron was
+    1.92..3.07 with the attention output all-reduced).
+    `copies` (rollout.weight_copies): `auto` as above for head_groups (configured or chosen), else a number
+    of copies for head_groups (1 for any other layout).
     Rows: `sharding_style` for fsdp and replicated; the other layouts place rows themselves (tensor over
     hosts only, megatron and head_groups over every device), and `why` says so when that is not the
     configured style."""
@@ -106,6 +117,8 @@ def resolve_rollout_layout(weight_layout: str, style: str, config: Qwen2Config, 
         raise ValueError(f"weight_layout {weight_layout!r}: use auto or one of {', '.join(WEIGHT_LAYOUTS)}")
     if style not in _BATCH_AXES:
         raise ValueError(f"rollout.sharding_style: unknown style {style!r}; use legacy or maxtext")
+    slices = mesh.shape.get("dp", 1) if mesh_shape == "auto" else 1
+    auto_copies = _auto_copies(config, mesh.size, slices)
     chosen, why = weight_layout, "configured"
     if weight_layout == "auto":
         n = mesh.size
@@ -116,15 +129,17 @@ def resolve_rollout_layout(weight_layout: str, style: str, config: Qwen2Config, 
             chosen, why = "fsdp", "auto: not on TPU"
         elif mesh_shape != "auto":
             chosen, why = "fsdp", f"auto: mesh_shape {mesh_shape}, not auto"
-        elif mesh.shape.get("dp", 1) > 1:
-            chosen, why = "fsdp", (f"auto: {mesh.shape['dp']} slices (head_groups and megatron split the "
-                                   "weights over every chip, so decode would cross slices every token)")
         elif style != "legacy":
             chosen, why = "fsdp", f"auto: sharding_style {style} (the explicit layouts split rows everywhere)"
+        elif auto_copies:
+            chosen = "head_groups"
+            why = (f"auto: the {config.num_key_value_heads} KV heads and the model's dims divide "
+                   f"{n // auto_copies} chips")
+        elif slices > 1:
+            chosen, why = "fsdp", (f"auto: {slices} slices, and no head_groups copy fits a slice's "
+                                   f"{n // slices} chips (megatron would cross slices every token)")
         elif left:
             chosen, why = "fsdp", f"auto: {n} chips do not divide the {' and '.join(left)}"
-        elif n % config.num_key_value_heads == 0:
-            chosen, why = "head_groups", f"auto: the {config.num_key_value_heads} KV heads divide {n} chips"
         else:
             chosen = "megatron"
             why = f"auto: the {config.num_key_value_heads} KV heads do not divide {n} chips (no head_groups)"
@@ -132,17 +147,35 @@ def resolve_rollout_layout(weight_layout: str, style: str, config: Qwen2Config, 
     if rows != style:
         placed = "over hosts only" if chosen == "tensor" else "over every device"
         why += f"; {chosen} places rows {placed} ({rows}), not sharding_style {style}"
-    if copies != 1:
-        if chosen != "head_groups":
+    if copies == "auto":
+        copies = (auto_copies or 1) if chosen == "head_groups" else 1
+        how = f"one per {mesh.size // copies} chips" + (f", {copies // slices} a slice" if slices > 1 else "")
+    else:
+        copies, how = int(copies), ""
+        if copies != 1 and chosen != "head_groups":
             raise ValueError(f"rollout.weight_copies={copies} is for weight_layout head_groups, not "
                              f"{chosen}; set rollout.weight_copies=1")
-        per_copy, left = divmod(mesh.size, copies)
-        if left or per_copy % config.num_key_value_heads:
+    if copies != 1:
+        per_copy, left_over = divmod(mesh.size, copies)
+        if left_over or per_copy % config.num_key_value_heads:
             raise ValueError(f"rollout.weight_copies={copies} does not give each copy a whole number of "
                              f"chips for the {config.num_key_value_heads} KV heads on {mesh.size} chips; use "
                              f"a divisor of {mesh.size // config.num_key_value_heads}")
-        why += f"; {copies} copies of the weights, {per_copy} chips each"
+        why += f"; {copies} copies of the weights, {per_copy} chips each" + (f" ({how})" if how else "")
     return RolloutLayout(chosen, rows, weight_layout, why, copies)
+
+
+def _auto_copies(config: Qwen2Config, chips: int, slices: int) -> int | None:
+    """head_groups' copies under `auto`: one per COPY_CHIPS chips where a slice's chips hold whole copies,
+    else one a slice; None where a copy's chips would not divide the KV heads, the hidden and intermediate
+    sizes and the vocabulary (no head_groups)."""
+    per_slice = chips // slices
+    options = (COPY_CHIPS, per_slice) if per_slice % COPY_CHIPS == 0 else (per_slice,)
+    dims = (config.hidden_size, config.intermediate_size, config.vocab_size)
+    for per_copy in options:
+        if per_copy % config.num_key_value_heads == 0 and all(d % per_copy == 0 for d in dims):
+            return chips // per_copy
+    return None
 
 
 class ShardedSampler(Sampler):
@@ -151,7 +184,7 @@ class ShardedSampler(Sampler):
 
     def __init__(self, model: Qwen2ForCausalLM, pad_id: int, eos_ids: Sequence[int], *, prompt_len: int,
                  max_new_tokens: int, mesh: Mesh, style: str, weight_layout: str | RolloutLayout = "fsdp",
-                 mesh_shape: str = "auto", weight_copies: int = 1, **options: Any) -> None:
+                 mesh_shape: str = "auto", weight_copies: int | str = "auto", **options: Any) -> None:
         """weight_layout: `rollout.weight_layout` (resolved here with `style`, `mesh_shape` and
         `weight_copies` by resolve_rollout_layout), or a RolloutLayout already resolved. options: the
         Sampler's own: attend_bucket; and constrain_rows, matmul_dtype, cache_write_as_bits, which the

@@ -364,7 +364,7 @@ def test_the_rollout_layout_is_resolved_once_with_its_reason():
                  ("dp", "fsdp", "tp"))
     assert resolve_rollout_layout("auto", "legacy", config, chips).to_json() == {
         "weight_layout": "head_groups", "rows": "legacy", "configured": "auto",
-        "why": "auto: the 2 KV heads divide 4 chips", "copies": 1}
+        "why": "auto: the 2 KV heads and the model's dims divide 4 chips", "copies": 1}
     two_copies = resolve_rollout_layout("head_groups", "legacy", config, chips, copies=2)
     assert two_copies.copies == 2 and two_copies.why.endswith("2 copies of the weights, 2 chips each")
     with pytest.raises(ValueError, match="weight_copies=4 does not give each copy.*use a divisor of 2"):
@@ -376,8 +376,23 @@ def test_the_rollout_layout_is_resolved_once_with_its_reason():
         "auto: 4 chips do not divide the vocabulary")
     assert resolve_rollout_layout("auto", "maxtext", config, chips).weight_layout == "fsdp"
     assert resolve_rollout_layout("auto", "legacy", config, chips, mesh_shape="1,4,1").weight_layout == "fsdp"
-    # Two slices (Multislice, dp over them): decode stays inside a slice.
+    # One copy of head_groups' weights per 8 chips: v6e-16 holds two, v6e-8 one.
+    v6e16 = Mesh(np.array(aot.tpu_devices(parse_accelerator_type("v6e-16"))).reshape(1, 16, 1),
+                 ("dp", "fsdp", "tp"))
+    sixteen = resolve_rollout_layout("auto", "legacy", config, v6e16)
+    assert (sixteen.weight_layout, sixteen.copies) == ("head_groups", 2)
+    assert sixteen.why.endswith("2 copies of the weights, 8 chips each (one per 8 chips)")
+    assert resolve_rollout_layout("head_groups", "legacy", config, v6e16).copies == 2  # copies auto
+    assert resolve_rollout_layout("auto", "legacy", config, v6e16, copies=1).copies == 1
+    eight = Mesh(np.array(aot.tpu_devices(parse_accelerator_type("v6e-8"))).reshape(1, 8, 1),
+                 ("dp", "fsdp", "tp"))
+    assert resolve_rollout_layout("auto", "legacy", config, eight).copies == 1
+    # Two slices (Multislice, dp over them): a copy on each slice, so decode stays inside a slice; where no
+    # copy fits a slice's chips, fsdp (megatron would split the weights over both).
     two = Mesh(np.array(aot.tpu_devices(parse_accelerator_type("v6e-4"), 2)).reshape(2, 4, 1),
                ("dp", "fsdp", "tp"))
-    assert resolve_rollout_layout("auto", "legacy", config, two).why.startswith("auto: 2 slices")
-    assert resolve_rollout_layout("auto", "legacy", config, two).weight_layout == "fsdp"
+    both = resolve_rollout_layout("auto", "legacy", config, two)
+    assert (both.weight_layout, both.copies) == ("head_groups", 2)
+    assert both.why.endswith("2 copies of the weights, 4 chips each (one per 4 chips, 1 a slice)")
+    three_kv_on_two = resolve_rollout_layout("auto", "legacy", three_kv, two)
+    assert three_kv_on_two.weight_layout == "fsdp" and three_kv_on_two.why.startswith("auto: 2 slices")
