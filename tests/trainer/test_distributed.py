@@ -65,6 +65,19 @@ def test_four_processes_auto_mesh_legacy_sharding(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.slow
+def test_four_processes_head_groups_with_a_copy_on_every_two_hosts(tmp_path, tiny_model_dir):
+    # head_groups with two copies of the weights (rollout.weight_copies): each copy's shard_maps run on the
+    # 8 devices of two processes, and its collectives never leave them.
+    config = tiny_config(tmp_path, tiny_model_dir, mesh_shape="auto",
+                         **{"rollout.weight_layout": "head_groups", "rollout.weight_copies": 2})
+    results = launch(tmp_path, config, processes=4, devices=4)
+    check_run(results, steps=2, mesh_axes={"dp": 1, "fsdp": 16, "tp": 1}, spans_hosts=True, style="legacy")
+    layout = results[0].events[0]["rollout_layout"]
+    assert (layout["weight_layout"], layout["copies"]) == ("head_groups", 2)
+    assert layout["why"] == "configured; 2 copies of the weights, 8 chips each"
+
+
+@pytest.mark.slow
 def test_four_processes_host_local_mesh_maxtext_sharding(tmp_path, tiny_model_dir):
     config = tiny_config(
         tmp_path,
@@ -121,7 +134,7 @@ def test_checkpoint_resume_and_eval(tmp_path, tiny_model_dir):
     assert first.returncode == 0, first.output[-3000:]
     # The layout `auto` chose, recorded before the weights load (CPU: fsdp) and printed once.
     assert first.events[0]["rollout_layout"] == {"weight_layout": "fsdp", "rows": "legacy",
-                                                 "configured": "auto", "why": "auto: not on TPU"}
+                                                 "configured": "auto", "why": "auto: not on TPU", "copies": 1}
     assert "info: rollout layout fsdp, rows legacy (auto: not on TPU)" in first.output
     [evaluation] = [e for e in first.events if e["kind"] == "eval"]
     assert evaluation["step"] == 1 and evaluation["eval/samples"] == 3
