@@ -157,7 +157,7 @@ def build_plan(
             hbm,
             source,
             axis_sizes(mesh),
-            sampler.weight_layout,
+            sampler.weight_layout + (f" ({copies} copies)" if (copies := sampler.layout.copies) > 1 else ""),
             resident,
             versions={"jax": jax.__version__, "libtpu": libtpu_version()},
             config_digest=cfg.digest(),

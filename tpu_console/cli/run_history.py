@@ -46,8 +46,11 @@ def rollout_layout(view: RunView) -> dict[str, Any] | None:
 
 
 def rollout_layout_line(layout: dict[str, Any]) -> str:
-    """`runs show`'s line for the layout: what decode ran, where the rows lived, and why."""
-    return f"rollout   {layout.get('weight_layout')} weights, rows {layout.get('rows')} ({layout.get('why')})"
+    """`runs show`'s line for the layout: what decode ran (how many copies of its weights, where more than
+    one), where the rows lived, and why."""
+    copies = layout.get("copies") or 1
+    weights = f"{layout.get('weight_layout')} weights" + (f" ({copies} copies)" if copies > 1 else "")
+    return f"rollout   {weights}, rows {layout.get('rows')} ({layout.get('why')})"
 
 
 async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Provider]) -> int:

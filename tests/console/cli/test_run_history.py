@@ -120,3 +120,14 @@ def test_launch_fail_fast_stops_the_other_workers_when_one_fails(capsys, pod, tm
     status, out, _ = run(capsys, "status", run_id)
     assert status == 0 and "supervisor: worker 1 exited 3: stopping worker(s) 0" in out
     assert "supervisor: the run failed" in out
+
+
+def test_the_layout_line_names_the_copies_of_the_weights():
+    from tpu_console.cli.run_history import rollout_layout_line
+
+    two = {"weight_layout": "head_groups", "rows": "legacy", "configured": "auto", "copies": 2,
+           "why": "auto: ...; 2 copies of the weights, 8 chips each (one per 8 chips)"}
+    assert rollout_layout_line(two).startswith("rollout   head_groups weights (2 copies), rows legacy (auto:")
+    # A start event written before copies were recorded: one copy.
+    assert rollout_layout_line({"weight_layout": "fsdp", "rows": "legacy", "why": "auto: not on TPU"}) == (
+        "rollout   fsdp weights, rows legacy (auto: not on TPU)")
