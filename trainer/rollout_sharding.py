@@ -109,7 +109,8 @@ def resolve_rollout_layout(weight_layout: str, style: str, config: Qwen2Config, 
     3B bench on v6e-16: two copies 1.22..1.84 ms a token, one 1.34..1.95, tensor 1.55..2.34; megatron was
     1.92..3.07 with the attention output all-reduced).
     `copies` (rollout.weight_copies): `auto` as above for head_groups (configured or chosen), else a number
-    of copies for head_groups (1 for any other layout).
+    of copies for head_groups (1 for any other layout: refused with another layout configured, not used
+    where `auto` chose another).
     Rows: `sharding_style` for fsdp and replicated; the other layouts place rows themselves (tensor over
     hosts only, megatron and head_groups over every device), and `why` says so when that is not the
     configured style."""
@@ -153,8 +154,12 @@ def resolve_rollout_layout(weight_layout: str, style: str, config: Qwen2Config, 
     else:
         copies, how = int(copies), ""
         if copies != 1 and chosen != "head_groups":
-            raise ValueError(f"rollout.weight_copies={copies} is for weight_layout head_groups, not "
-                             f"{chosen}; set rollout.weight_copies=1")
+            if weight_layout != "auto":
+                raise ValueError(f"rollout.weight_copies={copies} is for weight_layout head_groups, not "
+                                 f"{chosen}; set rollout.weight_copies=1")
+            # `auto` chose another layout here (a TPU config run on CPU, say): the copies do not apply.
+            why += f"; rollout.weight_copies={copies} not used (it is for head_groups)"
+            copies = 1
     if copies != 1:
         per_copy, left_over = divmod(mesh.size, copies)
         if left_over or per_copy % config.num_key_value_heads:

@@ -358,6 +358,10 @@ def test_the_rollout_layout_is_resolved_once_with_its_reason():
         resolve_rollout_layout("sideways", "legacy", config, cpu)
     with pytest.raises(ValueError, match="weight_copies=2 is for weight_layout head_groups, not fsdp"):
         resolve_rollout_layout("fsdp", "legacy", config, cpu, copies=2)
+    # `auto` choosing another layout (a TPU config run on CPU) leaves the copies unused and says so.
+    on_cpu = resolve_rollout_layout("auto", "legacy", config, cpu, copies=2)
+    assert (on_cpu.weight_layout, on_cpu.copies) == ("fsdp", 1)
+    assert on_cpu.why == "auto: not on TPU; rollout.weight_copies=2 not used (it is for head_groups)"
     if aot.libtpu_version() is None:
         return
     chips = Mesh(np.array(aot.tpu_devices(parse_accelerator_type("v6e-4"))).reshape(1, 4, 1),
