@@ -74,10 +74,11 @@ class RolloutConfig(_Section):
         "parallel inside a host, rows split over hosts); megatron = split over every chip, the MLP by its "
         "intermediate columns and the vocabulary sampled where it lies, each chip decoding its own rows with "
         "explicit collectives (four a layer); head_groups = attention split by KV head, the residual "
-        "whole on every chip (two collectives a layer, more attention weights read per chip); auto = "
-        "head_groups on TPU with mesh_shape auto and sharding_style legacy (megatron where the KV heads do "
-        "not divide the chips; both need the model's dims and vocabulary to divide over the chips), fsdp "
-        "otherwise. The layout chosen is in the run's start event and `tpu-console runs show`; the planner "
+        "whole on every chip of a copy of the weights (weight_copies; two collectives a layer inside a copy, "
+        "more attention weights read per chip); auto = head_groups on TPU with mesh_shape auto and "
+        "sharding_style legacy where a copy's chips divide the KV heads, the model's dims and vocabulary "
+        "(each slice its own copies on several slices), megatron on one slice where the KV heads do not "
+        "divide the chips, fsdp otherwise. The layout chosen is in the run's start event and `tpu-console runs show`; the planner "
         "compares them: docs/plan.md")
     weight_copies: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
         "auto", description="head_groups only: copies of the bf16 weights decode reads, each split over its "
