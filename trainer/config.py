@@ -78,8 +78,8 @@ class RolloutConfig(_Section):
         "more attention weights read per chip); auto = head_groups on TPU with mesh_shape auto and "
         "sharding_style legacy where a copy's chips divide the KV heads, the model's dims and vocabulary "
         "(each slice its own copies on several slices), megatron on one slice where the KV heads do not "
-        "divide the chips, fsdp otherwise. The layout chosen is in the run's start event and `tpu-console runs show`; the planner "
-        "compares them: docs/plan.md")
+        "divide the chips, fsdp otherwise. The layout chosen is in the run's start event and `tpu-console "
+        "runs show`; the planner compares them: docs/plan.md")
     weight_copies: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
         "auto", description="head_groups only: copies of the bf16 weights decode reads, each split over its "
         "own chips (whole hosts) and decoding its own rows; more copies put fewer chips in each of decode's "
