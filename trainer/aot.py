@@ -202,11 +202,9 @@ def torus_span(attrs: str, coords: Mapping[int, Sequence[int]]) -> tuple[int, ..
 
     if not coords:
         return ()
-    groups = dcn.replica_groups(attrs)
-    if groups is None:
-        if "replica_groups=" in attrs and "replica_groups={}" not in attrs and "pairs" not in attrs:
-            return ()  # named mesh axes: not read here
-        groups = [list(coords)]
+    if "replica_groups=mesh[" in attrs:
+        return ()  # named mesh axes: not read here
+    groups = dcn.replica_groups(attrs) or [list(coords)]  # none: every chip
     if any(i not in coords for g in groups for i in g):
         return ()
     dims = len(next(iter(coords.values())))

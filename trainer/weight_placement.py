@@ -47,8 +47,8 @@ MEGATRON = dataclasses.replace(
 # one copy: dp = 1, every device, as megatron).
 COPY_AXES = ("fsdp", "tp")
 HEAD_GROUPS = dataclasses.replace(
-    MEGATRON, embed=(COPY_AXES,), attn_qkv=(None, "tp"), attn_out=("tp",), mlp_in=(None, COPY_AXES),
-    mlp_out=(COPY_AXES,), lm_head=(None, COPY_AXES))
+    ShardingRules(), embed=(COPY_AXES,), attn_qkv=(None, "tp"), attn_qkv_bias=_WHOLE, attn_out=("tp",),
+    mlp_in=(None, COPY_AXES), mlp_out=(COPY_AXES,), norm=_WHOLE, lm_head=(None, COPY_AXES))
 REPLICATED = dataclasses.replace(
     ShardingRules(), embed=_WHOLE, attn_qkv=_WHOLE, attn_qkv_bias=_WHOLE, attn_out=_WHOLE, mlp_in=_WHOLE,
     mlp_out=_WHOLE, norm=_WHOLE, lm_head=_WHOLE)
