@@ -30,6 +30,7 @@ from tpu_console.runs.supervision import SupervisionPolicy, policy_from_options
 MetricFormat = Literal["auto", "seeds", "maxtext", "jsonl", "regex", "none"]
 METRIC_FORMATS: tuple[str, ...] = get_args(MetricFormat)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")  # a shell's NAME=VALUE before a command
 # [env] names that hold secrets by convention: refused, since [env] is on a command line and in launch.json.
 _SECRET_NAME = re.compile(r"(?:^|_)(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$", re.IGNORECASE)
 
@@ -146,12 +147,25 @@ class JobSpec(_Strict):
     @classmethod
     def from_command_line(cls, text: str) -> JobSpec:
         """A command typed as one line (the app's launch form), split into words as a shell would; no
-        shell runs it."""
+        shell runs it. Leading NAME=VALUE words set the command's environment, as a shell takes them
+        (`XLA_FLAGS=--xla_dump_to=/tmp/x python train.py`), and are checked as [env] is."""
         try:
             argv = shlex.split(text)
         except ValueError as exc:
             raise UserError(f"the command cannot be split into words ({exc}); close its quotes") from None
-        return cls.from_command(argv)
+        env: dict[str, str] = {}
+        while argv and _ASSIGNMENT.match(argv[0]):
+            name, _, value = argv.pop(0).partition("=")
+            env[name] = value
+        if env and not argv:
+            named = " ".join(f"{name}=..." for name in env)
+            raise UserError(f"{named} is the environment of a command, but no command follows; give the "
+                            "program after it, e.g. DEBUG=1 python train.py")
+        command = cls.from_command(argv).command
+        try:
+            return cls(command=command, env=env)
+        except ValidationError as exc:
+            raise UserError(str(exc.errors()[0]["msg"]).removeprefix("Value error, ")) from None
 
     def with_command(self, argv: list[str]) -> JobSpec:
         """This job with another command (`launch --job F -- CMD`: the command line wins over the file)."""

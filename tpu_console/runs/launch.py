@@ -307,6 +307,15 @@ def command_job(job: JobSpec, node: Node, reports: list[WorkerReport], check_cod
     )
 
 
+def refuse_unseen_hang(job: JobSpec, policy: SupervisionPolicy) -> None:
+    """--max-hang is judged by the steps read from the job's output: with metrics format none there are
+    none, so it could never stop the run."""
+    if policy.max_hang_s is not None and job.metrics.format == "none":
+        raise UserError("--max-hang stops a run that makes no step for that long, but metrics format none "
+                        "reads no step; leave out --max-hang, or have the steps read (format auto, or a "
+                        "regex)")
+
+
 def job_mismatches(reports: list[WorkerReport]) -> list[str]:
     """What must agree across workers for a command: the project, the setup, the base Python, and the
     JAX versions of bootstrap's environment when the job runs in it (no setup)."""
@@ -465,7 +474,7 @@ async def launch(
         refuse_partial(node, selected, envs)
         await require_all_reachable(fleet, node, selected, "nothing was launched")
         # exclusive across consoles: of two launches at once on this node, one goes on (launch_lock.py)
-        async with LaunchLock(fleet, selected[0], node.name) as lock:
+        async with LaunchLock(fleet, node.name) as lock:
             # the same round trip asks whether the model, the data and the checkpoint folder are there
             reports = await inspect_workers(fleet, selected, also=recipes.check_inputs(
                 [(i.key, i.path, i.need) for i in needed]))
@@ -511,10 +520,11 @@ async def _launch_command(
     if python is not None:
         raise UserError("--python chooses the bundled trainer's interpreter; for a command, write the "
                         "interpreter in the command (-- python3 train.py)")
+    policy = policy or job.policy()
+    refuse_unseen_hang(job, policy)
     env_data = read_env_file(env_file)
     provider, node = await open_node(providers, node_name)
     selected = parse_worker_selection(workers, node.shape.workers)
-    policy = policy or job.policy()
     estimate = check_supervision(provider, node, policy)
     targets = await provider.ssh_targets(node)
     store = store or RunStore()
@@ -525,7 +535,7 @@ async def _launch_command(
         refuse_partial(node, selected, envs)
         await require_all_reachable(fleet, node, selected, "nothing was launched")
         # exclusive across consoles: of two launches at once on this node, one goes on (launch_lock.py)
-        async with LaunchLock(fleet, selected[0], node.name) as lock:
+        async with LaunchLock(fleet, node.name) as lock:
             reports = await inspect_workers(fleet, selected)
             refuse_live_runs(node, reports)
             if job.project is not None or job.setup is not None:

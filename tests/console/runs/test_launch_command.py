@@ -197,6 +197,8 @@ def test_a_job_file_is_launched_and_recorded_with_the_run(capsys, tmp_path):
         ([], 'command = "ls"\n[metrics]\nformat = "regex"\nregex = "loss (\\\\d+)"\n', "no named group"),
         ([], 'command = "ls"\n[env]\nHF_TOKEN = "x"\n', "HF_TOKEN looks like a secret"),
         ([], 'command = "ls"\n[supervisor]\nrestart_on = ["oom"]\n', "a oom failure fails the same way"),
+        (["--max-hang", "30m"], 'command = "ls"\n[metrics]\nformat = "none"\n', "format none reads no step"),
+        ([], 'command = "ls"\n[metrics]\nformat = "none"\n[supervisor]\nmax_hang = 60\n', "--max-hang stops"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_starts_nothing(capsys, tmp_path, argv, job_file, message):

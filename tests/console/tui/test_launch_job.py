@@ -96,3 +96,26 @@ async def test_bad_job_input_is_named_in_the_form_and_nothing_is_launched(monkey
     assert launched == []
     for (_, problem), error in zip(cases, errors, strict=True):
         assert problem in error
+
+
+async def test_leading_assignments_are_the_commands_environment_as_in_a_shell(monkeypatch):
+    launched, errors = await launch_with(
+        monkeypatch,
+        {"job": "XLA_FLAGS='--xla_dump_to=/tmp/d --x' DEBUG=1 python train.py --note=A=2"},
+        {"job": "DEBUG=1"},
+        {"job": "HF_TOKEN=abc python train.py"},
+    )
+    assert errors[0] == ""
+    (call,) = launched
+    assert call["job"].command == ["python", "train.py", "--note=A=2"]  # not run as a program (exit 127)
+    assert call["job"].env == {"XLA_FLAGS": "--xla_dump_to=/tmp/d --x", "DEBUG": "1"}
+    assert "DEBUG=... is the environment of a command, but no command follows" in errors[1]
+    assert "HF_TOKEN looks like a secret" in errors[2] and "abc" not in errors[2]
+
+
+async def test_a_max_hang_that_no_step_could_trigger_is_refused_in_the_form(monkeypatch, tmp_path):
+    job = tmp_path / "quiet.toml"
+    job.write_text('command = "python train.py"\n[metrics]\nformat = "none"\n')
+    launched, errors = await launch_with(monkeypatch, {"job": str(job), "max-hang": "30m"})
+    assert launched == []
+    assert "--max-hang stops a run that makes no step for that long, but metrics format none" in errors[0]

@@ -24,7 +24,7 @@ from tpu_console.model import Node
 from tpu_console.providers.base import Provider
 from tpu_console.runs.demo import is_tiny_config
 from tpu_console.runs.job_spec import JobSpec, load_job_file
-from tpu_console.runs.launch import check_shape, check_supervision, validate_config
+from tpu_console.runs.launch import check_shape, check_supervision, refuse_unseen_hang, validate_config
 from tpu_console.runs.supervision import SupervisionPolicy, policy_from_options
 from tpu_console.secrets import read_env_file
 from tpu_console.tui.modals.form import KEYS_HINT, FormModal, FormSelect, TickBox
@@ -309,6 +309,7 @@ class LaunchModal(FormModal[LaunchOrder]):
             if env_file:
                 read_env_file(env_file)
             policy = self._policy(job)
+            refuse_unseen_hang(job, policy)
         except UserError as exc:
             self.show_error(str(exc))
             return
