@@ -167,6 +167,7 @@ def _monitor(record: RunRecord, lost_after_unreachable: int = 1) -> RunMonitor:
             status = monitor.workers[worker]
             status.state = WorkerState(saved.state)
             status.exit_status, status.pgid, status.reason = saved.exit_status, saved.pgid, saved.start_error
+            status.exit_time = saved.exit_time  # orders the failures as when they were first seen
         elif worker in monitor.workers and saved.state == "failed":
             # It never started (launch undid the others): its failure came first, at launch time.
             status = monitor.workers[worker]
@@ -204,7 +205,8 @@ def _save(store: RunStore, view: RunView) -> None:
     store.update(
         view.record.run_id,
         view.state,
-        [WorkerRecord(s.worker, str(s.state), s.pgid, None, s.exit_status) for s in view.workers],
+        [WorkerRecord(s.worker, str(s.state), s.pgid, None, s.exit_status, s.exit_time)
+         for s in view.workers],
         failure=view.failure,
         finished=finished,
     )
@@ -234,9 +236,9 @@ async def stop(
         ]
         (view,) = await _probe(reach, [record], STATUS_EVENTS_TAIL_BYTES, 3)
         _save(store, view)
-        if all(s.done for s in view.workers) and record.workers:  # the node is free for the next launch
-            await reach.fleet.run(launch_lock.release_recipe(run_id=record.run_id), record.workers[:1],
-                                  timeout=30)
+        lock_worker = launch_lock.LOCK_WORKER
+        if all(s.done for s in view.workers) and lock_worker in reach.fleet.targets:  # free for the next
+            await reach.fleet.run(launch_lock.release_recipe(run_id=record.run_id), [lock_worker], timeout=30)
     return view, stops
 
 

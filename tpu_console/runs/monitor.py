@@ -93,6 +93,8 @@ class RunMonitor:
         if probe.log_tail:
             status.log_tail = list(probe.log_tail)
         if status.state is WorkerState.EXITED:
+            if status.exit_time is None:  # ended before this monitor was made (read from the history)
+                status.exit_time = probe.exit_time
             return status
         if probe.missing:
             return self._lose(status, "its run folder is missing on the worker")

@@ -56,6 +56,9 @@ _ADDED_COLUMNS = {
     "launched_by": "TEXT",  # JSON: launch.json's `launched_by` ({user, host, home}; runs/ownership.py)
     "slices": "INTEGER",  # the node's slice count (a multislice); NULL in older rows: one slice
 }
+_ADDED_WORKER_COLUMNS = {
+    "exit_time": "REAL",  # when its exit file was written: the order of failures (RunMonitor.first_failure)
+}
 
 
 @dataclass
@@ -65,6 +68,7 @@ class WorkerRecord:
     pgid: int | None = None
     start_error: str | None = None
     exit_status: int | None = None
+    exit_time: float | None = None  # when its exit file was written (unix s): which worker failed first
 
 
 @dataclass
@@ -109,6 +113,10 @@ class RunStore:
             for column, kind in _ADDED_COLUMNS.items():
                 if column not in present:
                     db.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
+            present = {row["name"] for row in db.execute("PRAGMA table_info(run_workers)")}
+            for column, kind in _ADDED_WORKER_COLUMNS.items():
+                if column not in present:
+                    db.execute(f"ALTER TABLE run_workers ADD COLUMN {column} {kind}")
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -209,18 +217,20 @@ class RunStore:
         db: sqlite3.Connection, run_id: str, workers: Iterator[WorkerRecord] | Sequence[WorkerRecord]
     ) -> None:
         db.executemany(
-            "INSERT INTO run_workers (run_id, worker, pgid, start_error, state, exit_status) VALUES (?, ?, "
-            "?, ?, ?, ?)"
+            "INSERT INTO run_workers (run_id, worker, pgid, start_error, state, exit_status, exit_time)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT(run_id, worker) DO UPDATE SET pgid = COALESCE(excluded.pgid, pgid),"
             " start_error = COALESCE(excluded.start_error, start_error), state = excluded.state,"
-            " exit_status = excluded.exit_status",
-            [(run_id, w.worker, w.pgid, w.start_error, w.state, w.exit_status) for w in workers],
+            " exit_status = excluded.exit_status, exit_time = COALESCE(excluded.exit_time, exit_time)",
+            [(run_id, w.worker, w.pgid, w.start_error, w.state, w.exit_status, w.exit_time)
+             for w in workers],
         )
 
     @staticmethod
     def _record(db: sqlite3.Connection, row: sqlite3.Row) -> RunRecord:
         workers = {
-            r["worker"]: WorkerRecord(r["worker"], r["state"], r["pgid"], r["start_error"], r["exit_status"])
+            r["worker"]: WorkerRecord(r["worker"], r["state"], r["pgid"], r["start_error"], r["exit_status"],
+                                      r["exit_time"])
             for r in db.execute(
                 "SELECT * FROM run_workers WHERE run_id = ? ORDER BY worker", (row["run_id"],)
             )

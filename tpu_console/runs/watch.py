@@ -399,6 +399,9 @@ class RunWatch:
             lines = [self.masker.mask(line) for line in lines]
         stream.lines.extend(lines)
         stream.lines_total += len(lines)
+        # the failure's detail, as a probe's log tail gives it to `status` (RunMonitor.failure_message)
+        status = self.monitor.workers[stream.worker]
+        status.log_tail = (status.log_tail + lines)[-3:]
         self._emit(LogLines(stream.worker, lines))
         scan = stream.scanner.scan
         for line in lines:
@@ -443,7 +446,8 @@ class RunWatch:
         self.store.update(
             self.record.run_id,
             health.state,
-            [WorkerRecord(s.worker, str(s.state), s.pgid, None, s.exit_status) for s in statuses],
+            [WorkerRecord(s.worker, str(s.state), s.pgid, None, s.exit_status, s.exit_time)
+             for s in statuses],
             failure=health.failure,
             finished=all(s.done for s in statuses),
         )

@@ -227,4 +227,6 @@ def test_consoles_opening_one_older_database_at_once_all_open_it(tmp_path):
         assert [opener.exitcode for opener in openers] == [0] * 6
         with sqlite3.connect(path) as db:
             columns = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+            worker_columns = {row[1] for row in db.execute("PRAGMA table_info(run_workers)")}
         assert set(store._ADDED_COLUMNS) <= columns
+        assert set(store._ADDED_WORKER_COLUMNS) <= worker_columns
