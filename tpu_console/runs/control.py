@@ -330,6 +330,9 @@ async def logs(
 
 
 def _run_workers(record: RunRecord, selection: str, worker_count: int) -> list[int]:
+    """The workers asked for; `all` is every worker the run ran on (a run on a subset of the node)."""
+    if selection.strip().lower() == "all" and record.workers:
+        return sorted(w for w in record.workers if w < worker_count)
     chosen = parse_worker_selection(selection, worker_count)
     outside = [w for w in chosen if w not in record.workers]
     if outside:

@@ -474,7 +474,7 @@ async def launch(
         refuse_partial(node, selected, envs)
         await require_all_reachable(fleet, node, selected, "nothing was launched")
         # exclusive across consoles: of two launches at once on this node, one goes on (launch_lock.py)
-        async with LaunchLock(fleet, node.name) as lock:
+        async with LaunchLock(fleet, node.name, selected[0]) as lock:
             # the same round trip asks whether the model, the data and the checkpoint folder are there
             reports = await inspect_workers(fleet, selected, also=recipes.check_inputs(
                 [(i.key, i.path, i.need) for i in needed]))
@@ -535,7 +535,7 @@ async def _launch_command(
         refuse_partial(node, selected, envs)
         await require_all_reachable(fleet, node, selected, "nothing was launched")
         # exclusive across consoles: of two launches at once on this node, one goes on (launch_lock.py)
-        async with LaunchLock(fleet, node.name) as lock:
+        async with LaunchLock(fleet, node.name, selected[0]) as lock:
             reports = await inspect_workers(fleet, selected)
             refuse_live_runs(node, reports)
             if job.project is not None or job.setup is not None:

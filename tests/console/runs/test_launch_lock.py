@@ -70,3 +70,35 @@ def test_a_launch_that_never_started_a_run_is_stale_after_a_while(tmp_path):
     assert launch_lock.parse_acquire(sh(tmp_path, launch_lock.acquire_recipe(owner("bob", "tb")))) is not None
     out = sh(tmp_path, launch_lock.acquire_recipe(owner("bob", "tb"), stale_after_s=-1))
     assert launch_lock.parse_acquire(out) is None and "taken-over" in out
+
+
+def test_of_eight_launches_racing_after_a_run_ended_exactly_one_wins_in_every_trial(tmp_path):
+    """The takeover of a stale lock is one act: two launches that both saw the ended run's lock cannot both
+    remove it and both take it (before the guard, more than one won in most trials)."""
+    run_id = "20260101-000000-abcd"
+    folder = tmp_path / "tpu-console" / "runs" / run_id
+    folder.mkdir(parents=True)
+    (folder / "exit").write_text("0\n")  # the run that holds the lock has ended
+    winners = []
+    with ThreadPoolExecutor(8) as pool:
+        for _ in range(50):
+            sh(tmp_path, launch_lock.acquire_recipe(owner("alice", "ta")))
+            sh(tmp_path, launch_lock.keep_recipe(owner("alice", "ta", run_id)))
+            outputs = list(pool.map(
+                lambda i: sh(tmp_path, launch_lock.acquire_recipe(owner(f"u{i}", f"t{i}"))), range(8)))
+            won = [out for out in outputs if launch_lock.parse_acquire(out) is None]
+            winners.append(len(won))
+            holder = json.loads((tmp_path / launch_lock.LOCK_DIR / launch_lock.OWNER_FILE).read_text())
+            refused = {launch_lock.parse_acquire(out).user for out in outputs if out not in won}
+            assert refused <= {holder["user"]}  # the others name the one that won
+            sh(tmp_path, launch_lock.release_recipe(token=holder["token"]))
+    assert winners == [1] * 50
+
+
+def test_a_release_of_a_lock_taken_over_by_another_launch_leaves_it(tmp_path):
+    sh(tmp_path, launch_lock.acquire_recipe(owner("alice", "ta")))
+    out = sh(tmp_path, launch_lock.acquire_recipe(owner("bob", "tb"), stale_after_s=-1))
+    assert "taken-over" in out
+    sh(tmp_path, launch_lock.release_recipe(token="ta"))  # alice's console, late, lets go of what it had
+    held = launch_lock.parse_acquire(sh(tmp_path, launch_lock.acquire_recipe(owner("carol", "tc"))))
+    assert held is not None and held.user == "bob"
