@@ -52,6 +52,9 @@ class Finding:
     line: str  # the line that matched (the exception line, for a traceback)
     detail: str | None = None  # e.g. the URL, or "Used 17.4G of 15.5G hbm"
     local_batch: int | None = None  # for OOM, from the trainer's `(local_batch=N)` line when present
+    # for a traceback: the whole of it, `Traceback (most recent call last):` to the exception line (with
+    # the tracebacks it was chained to), for where a person reads the error whole
+    traceback: str | None = None
 
     @property
     def hint(self) -> str | None:
@@ -145,6 +148,9 @@ _EXCEPTION_LINE = re.compile(
     r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Terminated)\b(?::.*)?$"
 )
 _TRACEBACK_START = "Traceback (most recent call last):"
+# Between two chained tracebacks (`raise ... from`, an exception while handling another).
+_CHAINED = ("The above exception was the direct cause", "During handling of the above exception")
+MAX_TRACEBACK_LINES = 400  # a deeper one keeps its last lines: the frames nearest the error
 
 
 class SignatureScanner:
@@ -156,6 +162,9 @@ class SignatureScanner:
         self.wandb_url: str | None = None
         self.last_exception: Finding | None = None
         self._in_traceback = False
+        self._traceback_lines: list[str] = []  # the traceback being read
+        self._left_out = 0  # of its lines, those dropped to stay bounded
+        self._chained: list[str] = []  # the traceback just ended, while a chained one may follow
         self._local_batch = local_batch
 
     @property
@@ -189,17 +198,36 @@ class SignatureScanner:
         return self._keep(Finding(kind, line))
 
     def _traceback(self, line: str) -> Finding | None:
-        """A traceback is `Traceback ...`, indented frames, then the unindented exception line."""
+        """A traceback is `Traceback ...`, indented frames, then the unindented exception line; one chained
+        to it (after `The above exception ...`) is kept with it."""
         if line.startswith(_TRACEBACK_START):
+            chained = any(earlier.startswith(_CHAINED) for earlier in self._chained)
             self._in_traceback = True
+            self._traceback_lines = [*self._chained, line] if chained else [line]
+            self._left_out, self._chained = 0, []
             return None
-        if not self._in_traceback or not line or line[0] in " \t":
+        if not self._in_traceback:
+            if self._chained and (not line.strip() or line.startswith(_CHAINED)):
+                self._chained.append(line)
+            else:
+                self._chained = []
+            return None
+        if not line or line[0] in " \t":
+            self._traceback_lines.append(line)
+            if len(self._traceback_lines) > 2 * MAX_TRACEBACK_LINES:  # bounded, however deep
+                self._left_out += MAX_TRACEBACK_LINES
+                del self._traceback_lines[:MAX_TRACEBACK_LINES]
             return None
         self._in_traceback = False
-        if _EXCEPTION_LINE.match(line.strip()):
-            self.last_exception = Finding(EXCEPTION, line.strip())
-            return self.last_exception
-        return None
+        if not _EXCEPTION_LINE.match(line.strip()):
+            return None
+        lines = [*self._traceback_lines, line.rstrip()]
+        self._chained = lines[-MAX_TRACEBACK_LINES:]
+        left_out = self._left_out + max(0, len(lines) - MAX_TRACEBACK_LINES)
+        if left_out:
+            lines = [f"({left_out} earlier lines of the traceback left out)", *lines[-MAX_TRACEBACK_LINES:]]
+        self.last_exception = Finding(EXCEPTION, line.strip(), traceback="\n".join(lines))
+        return self.last_exception
 
     def _keep(self, finding: Finding | None) -> Finding | None:
         if finding is not None and finding.kind != WANDB_URL and len(self.findings) < 20:

@@ -106,12 +106,15 @@ class WorkerSeen:
     events: EventSummary = field(default_factory=EventSummary)  # its last step and error event
     last_line: str = ""
     problem: Finding | None = None  # the most telling log signature so far
+    traceback: str | None = None  # its log's last Python traceback, whole
 
     def saw(self, finding: Finding) -> None:
         # A specific signature (OOM, TPU in use ...) beats a bare traceback and stays; of tracebacks, the
         # last one counts (as runs.signatures.SignatureScanner.first_problem decides).
         if self.problem is None or self.problem.kind == EXCEPTION:
             self.problem = finding
+        if finding.traceback is not None:
+            self.traceback = finding.traceback
 
 
 class RunFeed:
@@ -384,6 +387,7 @@ class RunFeed:
             error=seen.events.error_message,
             problem=seen.problem.message if seen.problem else None,
             problem_kind=seen.problem.kind if seen.problem else None,
+            traceback=seen.traceback,
             mem_in_use_gib=last.mem_in_use_gib if last else None,
             mem_peak_gib=last.mem_peak_gib if last else None,
             mem_limit_gib=last.mem_limit_gib if last else None,

@@ -50,6 +50,7 @@ class WorkerRow:
     # what its log says went wrong (a log signature, with the fix): OOM, TPU in use ...
     problem: str | None = None
     problem_kind: str | None = None  # runs.signatures kind of `problem`: oom, tpu_in_use, exception ...
+    traceback: str | None = None  # its log's last Python traceback, whole (`enter` shows it)
     mem_in_use_gib: float | None = None
     mem_peak_gib: float | None = None
     mem_limit_gib: float | None = None

@@ -136,6 +136,44 @@ def test_a_traceback_gives_its_last_exception_line():
     )
 
 
+def test_a_traceback_is_kept_whole_with_the_one_it_was_chained_to_and_bounded():
+    scanner = SignatureScanner()
+    first = [
+        "Traceback (most recent call last):",
+        '  File "train.py", line 7, in lookup',
+        "    return config[key]",
+        "           ~~~~~~^^^^^",
+        "KeyError: 'y'",
+    ]
+    chained = [
+        "",
+        "The above exception was the direct cause of the following exception:",
+        "",
+        "Traceback (most recent call last):",
+        '  File "train.py", line 20, in <module>',
+        "    main()",
+        "RuntimeError: no config key y",
+    ]
+    for line in ["step 3 | loss 0.3", *first, *chained, "after it"]:
+        scanner.scan(line)
+    assert scanner.last_exception.traceback == "\n".join(first + chained)
+    assert scanner.first_problem.message == "RuntimeError: no config key y"
+
+    scanner = SignatureScanner()  # an unrelated traceback later is not glued to the one before
+    for line in [*first, "", "step 4 | loss 0.2", *first]:
+        scanner.scan(line)
+    assert scanner.last_exception.traceback == "\n".join(first)
+
+    scanner = SignatureScanner()  # a very deep one keeps its last frames, and says how many are left out
+    frames = [f'  File "r.py", line {i}, in f' for i in range(5000)]
+    for line in ["Traceback (most recent call last):", *frames, "RecursionError: maximum recursion depth"]:
+        scanner.scan(line)
+    kept = scanner.last_exception.traceback.splitlines()
+    assert len(kept) == sig.MAX_TRACEBACK_LINES + 1
+    assert kept[0] == f"({5002 - sig.MAX_TRACEBACK_LINES} earlier lines of the traceback left out)"
+    assert kept[-2:] == [frames[-1], "RecursionError: maximum recursion depth"]
+
+
 def test_a_specific_signature_beats_the_traceback_and_the_wandb_url_is_kept():
     scanner = SignatureScanner()
     for line in [

@@ -136,6 +136,9 @@ def first_failure_text(snapshot: RunSnapshot | None) -> str | None:
     lines = [snapshot.failure]
     if (found := telling_problem(snapshot)) is not None:
         lines.append(f"worker {found[0]}'s log: {found[1]}")
+    first = snapshot.row(snapshot.first_failure) if snapshot.first_failure is not None else None
+    if first is not None and first.traceback:
+        lines.append(f"worker {first.worker}'s traceback:\n{first.traceback}")
     return "\n\n".join(lines)
 
 
@@ -147,6 +150,8 @@ def worker_text(row: WorkerRow) -> str:
                          ("last line", row.last_line)):
         if value:
             lines.append(f"{label}: {value}")
+    if row.traceback:
+        lines.append(f"traceback:\n{row.traceback}")
     if len(lines) == 1:
         lines.append("no error: nothing went wrong on this worker")
     return "\n\n".join(lines)
