@@ -73,3 +73,47 @@ ensure_apt_packages() {
   fi
   echo "note: $missing not installed ($why); the tests that need them will be skipped" >&2
 }
+
+# What the tests need beyond Debian's packages: a Python 3.10 to play the TPU images' python3
+# (tests/python310.py finds it), and py-spy (the dev extra) able to read another process of this user, as
+# `stacks` does. Outside CI a lack is a note and those tests skip; under CI=true it is an error, after
+# root has lowered Yama's ptrace_scope where that is what stands in the way.
+ensure_test_tools() {
+  local problems=() why scope
+  why=$("$venv/bin/python" "$repo_root/tests/python310.py" 2>&1 >/dev/null) || problems+=("$why")
+  if [ ! -x "$venv/bin/py-spy" ]; then
+    problems+=("no py-spy in .venv (pip install py-spy)")
+  elif ! py_spy_reads_a_process; then
+    scope=$(cat /proc/sys/kernel/yama/ptrace_scope 2>/dev/null || echo none)
+    if [ "${CI:-}" = "true" ] && [ "$(id -u)" -eq 0 ] && { [ "$scope" = 1 ] || [ "$scope" = 2 ]; } &&
+       echo "Allowing ptrace for py-spy (kernel.yama.ptrace_scope $scope -> 0)..." >&2 &&
+       echo 0 2>/dev/null >/proc/sys/kernel/yama/ptrace_scope && py_spy_reads_a_process; then
+      :
+    else
+      problems+=("py-spy cannot read a Python process here (kernel.yama.ptrace_scope: $scope): run as root with CAP_SYS_PTRACE (docker run --cap-add SYS_PTRACE), or sysctl kernel.yama.ptrace_scope=0")
+    fi
+  fi
+  [ "${#problems[@]}" -eq 0 ] && return 0
+  local problem
+  for problem in "${problems[@]}"; do
+    if [ "${CI:-}" = "true" ]; then
+      echo "error: $problem; CI=true runs the tests that need it" >&2
+    else
+      echo "note: $problem; the tests that need it will be skipped" >&2
+    fi
+  done
+  if [ "${CI:-}" = "true" ]; then exit 1; fi
+}
+
+# Can py-spy dump a sleeping interpreter that is its sibling (as a job is of `stacks`), not its child?
+py_spy_reads_a_process() {
+  local ready="$venv/.py-spy-probe" pid status=0
+  rm -f "$ready"
+  "$venv/bin/python" -c 'import sys, time; open(sys.argv[1], "w").close(); time.sleep(30)' "$ready" &
+  pid=$!
+  for _ in $(seq 50); do [ -e "$ready" ] && break; sleep 0.1; done
+  "$venv/bin/py-spy" dump --pid "$pid" >/dev/null 2>&1 || status=$?
+  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+  rm -f "$ready"
+  return "$status"
+}

@@ -1,7 +1,8 @@
 """A real OpenSSH server on 127.0.0.1 for the tests that must meet stock sshd (Debian `openssh-server`).
 
 It runs as the current user with a config of its own in a temp folder: its own host key, and the
-console's public key as the only authorized key. Tests that need it skip only when sshd is not installed.
+console's public key as the only authorized key. Tests that need it skip only when sshd is not installed
+(under CI=true they fail: tests/absent.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import asyncssh
 import pytest
 
+from tests.absent import absent
 from tpu_console import keys
 
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/local/sbin/sshd")
@@ -71,7 +73,7 @@ def running_sshd(tmp_path: Path, session_env: dict[str, str] | None = None) -> I
     """The `sshd` fixture's server; `session_env` (PATH, say) is set in every session it starts."""
     sshd_bin = _find(SSHD_CANDIDATES, "sshd")
     if sshd_bin is None:
-        pytest.skip("OpenSSH sshd is not installed (Debian: apt-get install openssh-server openssh-client)")
+        absent("OpenSSH sshd is not installed", "Debian: apt-get install openssh-server openssh-client")
     folder = tmp_path / "sshd"
     folder.mkdir()
     host_key = asyncssh.generate_private_key("ssh-ed25519")

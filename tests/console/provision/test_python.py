@@ -24,8 +24,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.absent import absent
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tests.fixtures_sshd import Sshd, running_sshd
+from tests.python310 import INSTALL, find_python310
 from tpu_console import cli
 from tpu_console.keys import client_key_path
 from trainer.synthetic_gsm8k import write_jsonl
@@ -34,8 +36,6 @@ pytest_plugins = ("tests.trainer.fixtures",)
 pytestmark = pytest.mark.usefixtures("console_home")
 
 CONFIG = Path(__file__).resolve().parents[3] / "trainer" / "configs" / "tiny_local.yaml"
-PYENV = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
-OLD_PYTHONS = sorted(PYENV.glob("3.10.*/bin/python3.10"))
 CONSOLE_PYTHON = os.path.realpath(sys.executable)  # this machine's base interpreter, 3.11+
 NOT_COPIED = ("python", "pydoc", "idle", "2to3", "pip")
 
@@ -69,9 +69,10 @@ def ssh_node(home: Path, tmp_path: Path, sshd: Sshd, extra: str = "") -> None:
 
 @pytest.fixture
 def old_python() -> Path:
-    if not OLD_PYTHONS:
-        pytest.skip(f"no Python 3.10 under {PYENV} to play the TPU image's python3")
-    return OLD_PYTHONS[-1]
+    found = find_python310()
+    if found is None:
+        absent("no Python 3.10 to play the TPU image's python3", INSTALL)
+    return found.path
 
 
 @pytest.fixture
@@ -93,7 +94,7 @@ def test_bootstrap_finds_a_newer_python_and_the_trainer_runs(
     ssh_node(console_home, tmp_path, sshd)
     home = sshd.folder / "home"
     assert cli.main(["exec", "lab", "--", "python3 -V; command -v python3.12 python3.13 || true"]) == 0
-    assert capsys.readouterr().out.splitlines() == [f"[0] Python {OLD_PYTHONS[-1].parent.parent.name}"]
+    assert capsys.readouterr().out.splitlines() == [f"[0] Python {find_python310().version}"]
 
     assert cli.main(["bootstrap", "lab", "--json"]) == 0  # no --python: it finds one
     bootstrapped = json.loads(capsys.readouterr().out)
@@ -158,7 +159,7 @@ def mirror(tmp_path: Path) -> Iterator[tuple[str, list[str], Path]]:
 def uv_beside_the_console() -> Path:
     uv = Path(sys.executable).parent / "uv"
     if not uv.exists():
-        pytest.skip("uv is not installed beside the console (pip install uv)")
+        absent("uv is not installed beside the console", "pip install uv, or scripts/test's dev extra")
     return uv
 
 

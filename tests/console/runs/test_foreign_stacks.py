@@ -11,8 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
+from tests.absent import PTRACE_FIX, absent
 from tests.processes import wait_for
 from tpu_console.runs import stacks
 
@@ -68,8 +67,9 @@ def run_recipe(home: Path, run_id: str, places: tuple[str, ...]) -> stacks.Worke
     return stacks.parse_answer(0, done.stdout, done.stderr)
 
 
-@pytest.mark.skipif(not PY_SPY.exists(), reason="py-spy is not installed in this environment")
 def test_the_worker_command_dumps_a_foreign_programs_stacks(tmp_path):
+    if not PY_SPY.exists():
+        absent(f"py-spy is not installed at {PY_SPY}", "pip install py-spy, or scripts/test's dev extra")
     run_id = "20260101-000000-abcd"
     folder = tmp_path / "tpu-console" / "runs" / run_id
     folder.mkdir(parents=True)
@@ -83,7 +83,7 @@ def test_the_worker_command_dumps_a_foreign_programs_stacks(tmp_path):
         def in_its_sleep() -> bool:  # the interpreter may still be starting
             answers.append(run_recipe(tmp_path, run_id, (str(PY_SPY),)))
             if answers[-1].silent and "ermission" in answers[-1].silent:
-                pytest.skip(f"ptrace is refused here: {answers[-1].silent}")
+                absent(f"ptrace is refused here: {answers[-1].silent}", PTRACE_FIX)
             return answers[-1].dump is not None and "wait_for_the_others" in answers[-1].dump
 
         wait_for(in_its_sleep, timeout=20, poll=0.2)
