@@ -47,7 +47,6 @@ PORT_ENV = "MASTER_PORT"
 EXIT_BAD_INPUT = 2  # the trainer's status for a config it refuses
 TRACEBACK_START = "Traceback (most recent call last):"
 READ_STEPS_S = 0.5  # how often a command job's new output is read for step lines
-MAX_LINE = 1 << 20
 NO_ANSWER_S = 5.0  # after its job ended, how long the runner waits for a supervisor that does not answer
 
 
@@ -243,7 +242,7 @@ class Runner:
 
 class StepFeed:
     """A command job's step lines, from its output.log into events.jsonl (complete lines only; a line cut
-    off at the end waits for the rest, unless the job has ended)."""
+    off at the end waits for the rest, unless the job has ended, when StepLines also gives what it held)."""
 
     def __init__(self, parser, log="output.log", events="events.jsonl"):
         self.parser = parser
@@ -272,20 +271,17 @@ class StepFeed:
                 data = log.read()
         except OSError:
             return
-        # a line ends at \n or \r (progress bars redraw with \r); a longer run of bytes with neither is
-        # no step line: passed over rather than read again every round
-        end = len(data) if final else max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
-        if end == 0 and len(data) > MAX_LINE:
-            end = len(data)
-        self.offset += end
+        # each state of a redrawn progress bar (\r, \b) is a line; StepLines counts a redrawn step once
+        lines, used = step_lines.complete_lines(data, final)
+        self.offset += used
         events = []
-        for raw in data[:end].splitlines():
-            event = self.parser.event(raw.decode("utf-8", "replace"))
-            if event is not None:
-                events.append(json.dumps(event) + "\n")
+        for line in lines:
+            events += self.parser.feed(line)
+        if final:  # the attempt ended: a bar's open step is done, and a restart counts afresh
+            events += self.parser.finish()
         if events:
             with open(self.events, "a") as out:
-                out.write("".join(events))
+                out.write("".join(json.dumps(event) + "\n" for event in events))
 
 
 def _tail(path, lines):

@@ -1,42 +1,75 @@
 """Step lines in any program's output: what a job that knows nothing of tpu-console says about its progress.
 
-The job runner (job_runner.py) reads a command job's `output.log` as it grows and turns each line this
-module recognises into a step event of `events.jsonl`, the file the trainer writes itself, so every view of
-the console (status, the dashboard's Steps and Plots tabs, history, compare, the supervisor's stall check)
-reads a foreign program as it reads the trainer. A line is recognised wherever it sits in the line: loggers
-add prefixes (`I0804 08:14:00.000000 1 metric_logger.py:196] ...`, `[rank0]: ...`).
+The job runner (job_runner.py) reads a command job's `output.log` as it grows, splits it with
+`complete_lines` (a line ends at `\\n`, at `\\r` and at a run of `\\b`: progress bars redraw themselves with
+those, and each redrawn state is a line) and turns the steps this module recognises into step events of
+`events.jsonl`, the file the trainer writes itself, so every view of the console (status, the dashboard's
+Steps and Plots tabs, history, compare, goodput, the supervisor's stall check) reads a foreign program as it
+reads the trainer. A line is recognised wherever it sits in the line: loggers add prefixes
+(`I0804 08:14:00.000000 1 metric_logger.py:196] ...`, `[rank0]: ...`) and colours (ANSI escapes, removed).
 
-Formats (`FORMATS`; "auto" tries the built-in ones and keeps the first that matches):
+Formats (`FORMATS`; "auto" reads every built-in one and weighs the evidence, below):
 - seeds:   `step=N loss=... entropy=... reward_mean=... dt=12.34s` and `name=seconds` phase fields
            (`rollout_generate=9.10s`, printed with PRINT_TRAIN_TIME_BREAKDOWN=1), as the bundled trainer does;
 - maxtext: `completed step: N, seconds: S, TFLOP/s/device: ..., Tokens/s/device: ..., loss: ...`;
 - jsonl:   one JSON object per line with an integer `step` key;
+- loop:    the lines hand-written loops print: `step 5 | loss 0.123 | 0.21 s/step`, `iter 10: loss 3.21,
+           time 120.5ms` (nanoGPT), `Step 100/1000, loss=0.5, lr=1e-4`; a line that speaks of evaluation,
+           validation, tests, saving, loading or resuming is not a step;
+- tqdm:    a tqdm bar counting steps (`it/s` or `s/it`): a bare one, Hugging Face Trainer's (whose log
+           dicts `{'loss': ..., 'epoch': ...}` give the loss of the step the bar shows next, and whose
+           `{'train_runtime': ...}` ends training), PyTorch Lightning's `Epoch 0: 50%|...| 5/10 [...,
+           train_loss=0.123]` (a bar that starts over after reaching its total continues the count); bars
+           described as anything but training (`Validation DataLoader 0`, `Loading checkpoint shards`, `Map`)
+           are not steps;
+- keras:   Keras's `Epoch 2/3` then `10/10 ━━━━ 0s 5ms/step - loss: 0.1234` (the step is the steps of the
+           finished epochs and the bar's count; a bar outside an epoch, `evaluate` or `predict`, is not);
 - regex:   a regular expression with named groups given in the job file; a `step` group is required.
+
+Evidence. A line of a format is a step only once its kind of line has support: two lines of the same shape
+(format, and what it reports: the names of its fields, a bar's description and total) with rising steps,
+or one line that names its own step time (seeds' `dt=`, MaxText's `seconds:`, a loop's `time 12ms` or
+`s/step`, Keras's `ms/step`), which nothing but a step prints. Until then its lines wait, and the kind of
+line that gets support first is the program's: the lines of other kinds that waited (a JSON config dump
+with a "step", a restore message `step=100 lr=...`) are dropped, never emitted. From then on a line of the
+same format and shape that shares a field with that kind is a step when its step rises past the last one;
+a redraw of the same step adds to it, a lower step is no step. A progress bar's newest step stays open
+until the bar moves on or the job ends (`finish`), so its redraws add to it, and a log dict goes to the
+step the bar shows next (tqdm redraws the bar right after a line written under it). Another kind of line
+replaces the program's only with more support than it had, on steps past its last, once the program's
+has gone quiet (a bar short of its total has not: an evaluation bar nested in it is no replacement); the
+events already made stay. A format given by name is the only one read, by the same rule; a regex needs
+no support: each line it matches with a rising step is a step.
 
 Values land under the trainer's metric names (trainer/telemetry.py) where they mean the same: a step's time
 is `time/train/step_s`, a phase's `time/train/<name>_s`, the seeds' `tokens_per_s` (the trainer's valid
-tokens per second) `throughput/train/valid_tokens_per_s`, `reward_mean` `train-reward/total/mean`; MaxText's
-per-device figures keep MaxText's own names (`perf/per_device_tokens_per_sec`): they mean something else.
-Every event also gets `time/train/step_avg_last10_s` over the step times seen so far, as the trainer does.
+tokens per second) `throughput/train/valid_tokens_per_s`, `reward_mean` `train-reward/total/mean`, a loss
+`loss` (Lightning's `train_loss` too); MaxText's per-device figures keep MaxText's own names
+(`perf/per_device_tokens_per_sec`): they mean something else. Every event also gets
+`time/train/step_avg_last10_s` over the step times seen so far, as the trainer does.
 
 Python 3.8+ and the standard library only; it imports nothing of the console (it runs on the workers).
 """
 
+import ast
 import json
 import re
 import time
 from collections import deque
 
-FORMATS = ("auto", "seeds", "maxtext", "jsonl", "regex", "none")
-BUILT_IN = ("seeds", "maxtext", "jsonl")  # what "auto" tries, in this order
+FORMATS = ("auto", "seeds", "maxtext", "jsonl", "loop", "tqdm", "keras", "regex", "none")
+BUILT_IN = ("seeds", "maxtext", "jsonl", "keras", "tqdm", "loop")  # what "auto" reads, first match first
+COUNTING = ("tqdm", "keras")  # formats whose step is a count of steps done (a bar), not a line a step
 SOURCE = "output.log"  # the `source` of the step events made here
+MAX_LINE = 1 << 20  # a longer run of bytes without a line end is passed over, not read again every round
 
 STEP_S = "time/train/step_s"
 STEP_AVG_LAST10 = "time/train/step_avg_last10_s"
 VALID_TOKENS_PER_S = "throughput/train/valid_tokens_per_s"
 REWARD_MEAN = "train-reward/total/mean"
+LOSS = "loss"
 
-# Names a program commonly uses for a value the trainer has under another name (seeds, jsonl and regex).
+# Names a program commonly uses for a value the trainer has under another name.
 ALIASES = {
     "dt": STEP_S,
     "step_s": STEP_S,
@@ -53,12 +86,37 @@ MAXTEXT_NAMES = {
     "TFLOP/s": "perf/per_device_tflops_per_sec",
     "Tokens/s/device": "perf/per_device_tokens_per_sec",
 }
+# A loop's names for the time of one step (with a unit: `time 120.5ms`, `dt 0.3s`).
+LOOP_STEP_TIMES = ("time", "dt", "step_time", "iter_time", "batch_time", "time/step", "time/iter")
+# Names a progress bar's postfix or a log dict gives the training loss.
+LOSS_NAMES = ("loss", "train_loss", "train_loss_step", "loss_step")
+UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
 
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|NaN|inf|-inf|null|None"
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_LINE_END = re.compile(rb"\r\n|[\r\n]|\x08+")
 _SEEDS_STEP = re.compile(r"(?:^|[\s\]|:,])step=(\d+)\s")
 _SEEDS_FIELD = re.compile(r"([A-Za-z_][\w/.-]*)=(" + _NUMBER + r")(s?)(?=[\s,;]|$)")
 _MAXTEXT_STEP = re.compile(r"completed step: (\d+)")
 _MAXTEXT_FIELD = re.compile(r"([^,:]+?): (" + _NUMBER + r")\s*(?:,|$)")
+_LOOP_STEP = re.compile(r"(?<![\w./-])(step|iter|iteration)\s*[:=#]?\s*(\d+)(?:\s*/\s*(\d+))?(?![\w.])",
+                        re.IGNORECASE)
+_LOOP_FIELD = re.compile(
+    r"(?:(?P<name>[A-Za-z][\w/.-]*(?: [A-Za-z][\w/.-]*)?)\s*[:=]?\s*)?"
+    r"(?P<value>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)(?P<unit>\s*(?:ms|us|µs|s|%)(?![\w]))?"
+    r"(?P<per>\s*/\s*(?:step|it|iter)\b)?(?![\w.])"
+)
+# Words of a line that is about something else than a training step.
+_NOT_A_STEP = re.compile(
+    r"(?<![\w-])(eval\w*|validat\w*|val|valid|test\w*|sav(?:e|ed|ing)|load\w*|resum\w*|restor\w*)(?!\w)",
+    re.IGNORECASE)
+_BAR = re.compile(r"(\d+)%\|[^|]*\|\s*(\d+)/(\d+)\s*\[[^\]<]*<[^,\]]*,\s*([\d.]+|\?)\s*([^\s,\]]+)([^\]]*)\]")
+_BAR_TRAINING = re.compile(r"(?:epoch|train|step|iter)", re.IGNORECASE)
+_POSTFIX_FIELD = re.compile(r"([A-Za-z_][\w/.-]*)=(" + _NUMBER + r")(?=[\s,]|$)")
+_KERAS_EPOCH = re.compile(r"^\s*Epoch (\d+)/(\d+)\s*$")
+_KERAS_BAR = re.compile(r"(?<![\w/])(\d+)/(\d+) +(?:\[[=>.]*\]|[━─]+)\s*(?:-\s*)?(?:\S+\s+)?"
+                        r"([\d.]+)(s|ms|us)/step(.*)$")
+_KERAS_FIELD = re.compile(r"-\s+([A-Za-z_][\w/.]*):\s+(" + _NUMBER + r")(?=\s|$)")
 
 
 class BadStepRegex(ValueError):
@@ -78,6 +136,26 @@ def check_step_regex(pattern):
     return compiled
 
 
+def complete_lines(data, final=False):
+    """(lines, used): the text lines of `data` (bytes) up to its last line end, and how many bytes that
+    is; with `final` (the job ended), all of it. A line ends at `\\n`, `\\r\\n`, `\\r` or a run of `\\b`, so
+    each state of a redrawn progress bar is a line of its own. A run longer than MAX_LINE with no end is
+    passed over whole."""
+    ends = list(_LINE_END.finditer(data))
+    used = len(data) if final else (ends[-1].end() if ends else 0)
+    if used == 0 and len(data) > MAX_LINE:
+        used = len(data)
+    lines, start = [], 0
+    for end in ends:
+        if end.start() >= used:
+            break
+        lines.append(data[start:end.start()])
+        start = end.end()
+    if start < used:
+        lines.append(data[start:used])
+    return [raw.decode("utf-8", "replace") for raw in lines if raw], used
+
+
 def _number(text):
     if text in ("null", "None"):
         return None
@@ -95,6 +173,19 @@ def _renamed(name, suffix_s=False):
         base = name[:-2] if name.endswith("_s") else name
         return f"time/train/{base}_s"  # a phase's seconds
     return name
+
+
+def _with_loss(metrics):
+    """`loss` from the first of LOSS_NAMES a bar or a log dict gives, where it gives no `loss` itself."""
+    if LOSS not in metrics:
+        for name in LOSS_NAMES:
+            if metrics.get(name) is not None:
+                metrics[LOSS] = metrics[name]
+                break
+    return metrics
+
+
+# ---- one line of each format ---------------------------------------------------------------------------
 
 
 def parse_seeds(line):
@@ -147,6 +238,60 @@ def parse_jsonl(line):
     return metrics
 
 
+def parse_loop(line):
+    """A hand-written loop's step line: `step 5 | loss 0.123 | 0.21 s/step`, `iter 10: loss 3.21, time
+    120.5ms`, `Step 100/1000, loss=0.5, lr=1e-4`; None for a line about evaluation, saving, loading or
+    resuming, and for a step with no number after it."""
+    found = _LOOP_STEP.search(line)
+    if found is None or _NOT_A_STEP.search(line):
+        return None
+    metrics = {"step": int(found.group(2))}
+    for field in _LOOP_FIELD.finditer(line, found.end()):
+        name, value, per = field.group("name"), field.group("value"), field.group("per")
+        unit = (field.group("unit") or "").strip()
+        if name is None and not per:
+            continue  # a number with no name: nothing to call it
+        name = (name or "time/step").replace(" ", "_")
+        if name.lower() in ("step", "iter", "iteration"):
+            break  # a second step on the same line
+        seconds = float(value) * UNITS[unit] if unit in UNITS else None
+        if per and seconds is not None or name.lower() in LOOP_STEP_TIMES and seconds is not None:
+            metrics[STEP_S] = seconds
+        elif seconds is not None:
+            metrics[f"time/train/{name}_s"] = seconds
+        else:
+            metrics[_renamed(name)] = _number(value)
+    return metrics if len(metrics) > 1 else None
+
+
+def parse_log_dict(line):
+    """A Python dict or JSON object a trainer logs without a step (Hugging Face's `{'loss': 0.69, ...,
+    'epoch': 0.5}`, its numbers sometimes quoted): ("metrics", {...}); ("end", {...}) for its
+    `{'train_runtime': ...}` summary; None for anything else."""
+    start = line.find("{")
+    end = line.rfind("}")
+    if start < 0 or end < start or "epoch" not in line or end - start > 65536:
+        return None
+    try:
+        data = ast.literal_eval(line[start:end + 1])
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if not isinstance(data, dict) or "epoch" not in data or "step" in data:
+        return None
+    metrics = {}
+    for name, value in data.items():
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                continue
+        if isinstance(name, str) and isinstance(value, (int, float)) and not isinstance(value, bool):
+            metrics[_renamed(name)] = value if value == value and abs(value) != float("inf") else None
+    if not metrics:
+        return None
+    return ("end" if "train_runtime" in data else "metrics"), _with_loss(metrics)
+
+
 class RegexParser:
     def __init__(self, pattern):
         self.pattern = check_step_regex(pattern)
@@ -169,12 +314,148 @@ class RegexParser:
         return metrics
 
 
-PARSERS = {"seeds": parse_seeds, "maxtext": parse_maxtext, "jsonl": parse_jsonl}
+# ---- readings: what one line says, with what evidence ---------------------------------------------------
+
+
+class Reading:
+    """What a line says. A step: `step`, its `metrics`, its `shape` (lines of one kind share it; `fields`
+    are the names that kind reports), `sure` when the line alone is evidence (it names its own step
+    time), `counts` for a bar's count of steps done (0: none yet; the newest step stays open), and
+    `unfinished` for a bar short of its total. Or metrics for the step under way (`step` None), or the end
+    of training (`end`)."""
+
+    __slots__ = ("format", "step", "metrics", "shape", "fields", "sure", "counts", "unfinished", "end")
+
+    def __init__(self, format, step, metrics, shape=None, fields=(), sure=False, counts=False,
+                 unfinished=False, end=False):
+        self.format, self.step, self.metrics, self.shape = format, step, metrics, shape or (format,)
+        self.fields, self.sure, self.counts = frozenset(fields), sure, counts
+        self.unfinished, self.end = unfinished, end
+
+
+def _line_reader(name, parse, shaped=True):
+    """A reader of a format whose lines stand alone: their field names are their shape."""
+
+    def read(line):
+        metrics = parse(line)
+        if metrics is None:
+            return None
+        step = metrics.pop("step")
+        fields = [n for n in metrics if n != STEP_AVG_LAST10] if shaped else ()
+        return Reading(name, step, metrics, fields=fields, sure=metrics.get(STEP_S) is not None)
+
+    return read
+
+
+class _Bars:
+    """tqdm bars counting training steps, and the log dicts Hugging Face's Trainer writes between them."""
+
+    def __init__(self):
+        self.restart()
+
+    def restart(self):
+        self.counted = {}  # a bar's shape: [steps of its earlier rounds, its last count]
+
+    def __call__(self, line):
+        found = _BAR.search(line)
+        if found is None:
+            logged = parse_log_dict(line)
+            if logged is None:
+                return None
+            kind, metrics = logged
+            return Reading("tqdm", None, metrics, end=kind == "end")
+        n, total = int(found.group(2)), int(found.group(3))
+        rate, unit, postfix = found.group(4), found.group(5), found.group(6)
+        if unit not in ("it/s", "s/it"):
+            return None  # bytes, examples, batches of a data pipeline: not training steps
+        description = line[:found.start()].strip().rstrip(":").strip()
+        if description and (not _BAR_TRAINING.match(description) or _NOT_A_STEP.search(description)):
+            return None  # `Validation DataLoader 0`, `Sanity Checking`, `Loading checkpoint shards`
+        shape = ("tqdm", re.sub(r"\d+", "#", description), total)
+        before, last = self.counted.setdefault(shape, [0, 0])
+        if n < last:
+            if last < total:
+                return None  # a bar drawn below its own unfinished count: another bar of the same look
+            before += last  # it reached its total and starts over: the next epoch, counted on
+            self.counted[shape][0] = before
+        self.counted[shape][1] = n
+        metrics = {}
+        if rate != "?" and float(rate) > 0:
+            metrics[STEP_S] = 1.0 / float(rate) if unit == "it/s" else float(rate)
+        for name, value in _POSTFIX_FIELD.findall(postfix):
+            if name != "v_num":
+                metrics[_renamed(name)] = _number(value)
+        return Reading("tqdm", before + n, _with_loss(metrics), shape=shape, counts=True,
+                       unfinished=n < total)
+
+
+class _Keras:
+    """Keras's `Epoch e/E` lines and the progress bar under each."""
+
+    def __init__(self):
+        self.restart()
+
+    def restart(self):
+        self.in_epoch = False
+        self.before = 0  # steps of the finished epochs
+        self.last = 0  # the bar's count in this epoch
+
+    def __call__(self, line):
+        if _KERAS_EPOCH.match(line):
+            if self.in_epoch:
+                self.before += self.last
+            self.in_epoch, self.last = True, 0
+            return None
+        found = _KERAS_BAR.search(line)
+        if found is None:
+            return None
+        n, total = int(found.group(1)), int(found.group(2))
+        if not self.in_epoch or n < self.last:
+            self.in_epoch = False  # a bar outside fit's epochs: evaluate, predict
+            return None
+        self.last = n
+        metrics = {STEP_S: float(found.group(3)) * UNITS[found.group(4)]}
+        for name, value in _KERAS_FIELD.findall(found.group(5)):
+            metrics[_renamed(name)] = _number(value)
+        return Reading("keras", self.before + n, metrics, sure=True, counts=True, unfinished=n < total)
+
+
+def _readers(format, regex):
+    if format == "regex":
+        if not regex:
+            raise ValueError("the metrics format is regex but no regex is given")
+        return [_line_reader("regex", RegexParser(regex), shaped=False)]
+    readers = {
+        "seeds": lambda: _line_reader("seeds", parse_seeds),
+        "maxtext": lambda: _line_reader("maxtext", parse_maxtext, shaped=False),
+        "jsonl": lambda: _line_reader("jsonl", parse_jsonl),
+        "loop": lambda: _line_reader("loop", parse_loop),
+        "tqdm": _Bars,
+        "keras": _Keras,
+    }
+    names = BUILT_IN if format == "auto" else () if format == "none" else (format,)
+    return [readers[name]() for name in names]
+
+
+# ---- the evidence ----------------------------------------------------------------------------------------
+
+
+class _Kind:
+    """The lines of one shape that wait for support (not yet the program's)."""
+
+    def __init__(self, reading, at):
+        self.shape, self.format, self.fields = reading.shape, reading.format, reading.fields
+        self.counts = reading.counts
+        self.last = None  # its last step
+        self.support = 0  # its lines with rising steps (that fit past the program's last step)
+        self.waiting = []  # their events
+        self.since = at  # the line number of its first waiting line
 
 
 class StepLines:
-    """Turns a job's output lines into step events. `format`: one of FORMATS; `regex` for "regex".
-    `format_found` is the format the lines matched (for "auto", the first built-in one that did)."""
+    """Turns a job's output lines into step events, weighing the evidence (the module's docstring).
+    `format`: one of FORMATS; `regex` for "regex". `format_found`: the format of the program's steps.
+    `feed(line)` gives the events a line releases, `finish()` those held at the job's end."""
 
     def __init__(self, format="auto", regex=None, process=0):
         if format not in FORMATS:
@@ -184,43 +465,171 @@ class StepLines:
         self.format_found = None
         self.lines_read = 0
         self.steps_found = 0
+        self._readers = _readers(format, regex)
         self._recent = deque(maxlen=10)
-        if format == "regex":
-            if not regex:
-                raise ValueError("the metrics format is regex but no regex is given")
-            self._parsers = [("regex", RegexParser(regex))]
-        elif format == "auto":
-            self._parsers = [(name, PARSERS[name]) for name in BUILT_IN]
-        elif format == "none":
-            self._parsers = []
-        else:
-            self._parsers = [(format, PARSERS[format])]
+        self._chosen = None  # the program's kind of step line: (shape, fields, format, counts)
+        self._restart()
 
-    def parse(self, line):
-        """(format, metrics) of one line, or None when it is no step line."""
-        for name, parser in self._parsers:
-            metrics = parser(line)
-            if metrics is not None:
-                if self.format == "auto":
-                    self._parsers = [(name, parser)]  # a program keeps to one format
-                self.format_found = name
-                return name, metrics
+    def _restart(self):
+        self._top = None  # the last step taken this attempt (emitted or open)
+        self._open = None  # a bar's newest step, not yet emitted
+        self._kinds = {}  # other kinds of lines, waiting for support
+        self._held = {}  # a log dict's metrics, for the step the bar shows next
+        self._ended = False  # the program said training ended (Hugging Face's summary)
+        self._chosen_support = 0
+        self._chosen_at = 0  # the line number of its last line
+        self._chosen_unfinished = False
+        for reader in self._readers:
+            if hasattr(reader, "restart"):
+                reader.restart()
+
+    # ---- reading -------------------------------------------------------------------------------------
+
+    def _read(self, line):
+        line = _ANSI.sub("", line) if "\x1b" in line else line
+        for reader in self._readers:
+            reading = reader(line)
+            if reading is not None:
+                return reading
         return None
 
-    def event(self, line, now=None):
-        """The step event for one line of output, or None."""
+    def feed(self, line, now=None):
+        """The step events this line releases (none, its own, or those of its kind that waited for it)."""
         self.lines_read += 1
-        parsed = self.parse(line)
-        if parsed is None:
-            return None
-        name, metrics = parsed
-        self.steps_found += 1
+        reading = self._read(line)
+        if reading is None:
+            return []
+        if reading.end:
+            events = self._close()
+            self._ended = True
+            return events
+        if reading.step is None:
+            self._held.update(reading.metrics)
+            return []
+        if self._ended:
+            return []
         event = {"t": time.time() if now is None else now, "kind": "step", "process": self.process,
-                 "source": SOURCE, "format": name}
-        event.update(metrics)
-        step_s = metrics.get(STEP_S)
+                 "source": SOURCE, "format": reading.format, "step": reading.step}
+        event.update(reading.metrics)
+        if self._is_chosen(reading):
+            return self._chosen_line(reading, event)
+        return self._other_line(reading, event)
+
+    def event(self, line, now=None):
+        """The newest step event this line releases, or None (`feed` gives all of them: a line that gives
+        its kind support releases the lines that waited too)."""
+        events = self.feed(line, now)
+        return events[-1] if events else None
+
+    def finish(self):
+        """The events held at the job's end (a bar's open step); then the next attempt starts afresh,
+        with the program's kind of step line known."""
+        events = self._close()
+        self._restart()
+        return events
+
+    # ---- the program's kind of line, and the others ------------------------------------------------------
+
+    def _is_chosen(self, reading):
+        if self._chosen is None:
+            return False
+        shape, fields, _, _ = self._chosen
+        # a line of the program's kind shares a field with it (a restore message's `lr` alone is another)
+        return reading.shape == shape and (bool(reading.fields & fields) or fields == reading.fields)
+
+    def _chosen_line(self, reading, event):
+        self._chosen_at = self.lines_read
+        self._chosen_unfinished = reading.unfinished
+        if self._open is not None and reading.step == self._open["step"]:
+            self._open.update(reading.metrics)  # a redraw of the open step: its newest values
+            self._open.update(self._take_held())
+            return []
+        if reading.counts and reading.step == 0 or self._top is not None and reading.step <= self._top:
+            return []  # a bar with nothing counted yet, an earlier state redrawn, a step that does not fit
+        self._chosen_support += 1
+        return self._take(event, reading.counts)
+
+    def _other_line(self, reading, event):
+        kind = self._kinds.get(reading.shape + (reading.fields,))
+        if kind is None:
+            kind = self._kinds[reading.shape + (reading.fields,)] = _Kind(reading, self.lines_read)
+        if kind.last is not None and reading.step <= kind.last:
+            if reading.step == kind.last and kind.waiting and kind.waiting[-1]["step"] == reading.step:
+                kind.waiting[-1].update(reading.metrics)  # a redraw
+                return []
+            kind.last, kind.support, kind.waiting, kind.since = None, 0, [], self.lines_read  # it starts over
+        kind.last = reading.step
+        if self._top is not None and reading.step <= self._top:
+            return []  # no support: it does not go past the program's last step
+        if not (reading.counts and reading.step == 0):
+            if not kind.waiting:
+                kind.since = self.lines_read
+            event.update(self._take_held())
+            kind.waiting.append(event)
+        kind.support += 1
+        if self._chosen is None:
+            enough = kind.support >= 2 or reading.sure or self.format == "regex"
+        else:
+            enough = (kind.support > self._chosen_support and self._chosen_at < kind.since
+                      and not self._chosen_unfinished)
+        return self._choose(kind, reading) if enough and kind.waiting else []
+
+    def _choose(self, kind, reading):
+        """`kind` becomes the program's kind of step line: its waiting lines are steps."""
+        events = self._close()
+        self._chosen = (kind.shape, kind.fields, kind.format, kind.counts)
+        self.format_found = kind.format
+        self._chosen_support = len(kind.waiting)
+        self._chosen_at = self.lines_read
+        self._chosen_unfinished = reading.unfinished
+        waiting = [e for e in kind.waiting if self._top is None or e["step"] > self._top]
+        self._kinds = {}
+        for event in waiting[:-1]:
+            events += self._emit(event)
+        return events + (self._take(waiting[-1], kind.counts) if waiting else [])
+
+    def _take(self, event, counts):
+        """A new step of the program's: a bar's stays open, a line's is emitted."""
+        events = self._close()
+        self._top = event["step"]
+        event.update(self._take_held())
+        if counts:
+            self._open = event
+            return events
+        return events + self._emit(event)
+
+    def _take_held(self):
+        held, self._held = self._held, {}
+        return held
+
+    def _close(self):
+        if self._open is None:
+            return []
+        event, self._open = self._open, None
+        return self._emit(event)
+
+    def _emit(self, event):
+        self.steps_found += 1
+        step_s = event.get(STEP_S)
         if isinstance(step_s, (int, float)):
             self._recent.append(step_s)
-        if self._recent and STEP_AVG_LAST10 not in metrics:
+        if self._recent and STEP_AVG_LAST10 not in event:
             event[STEP_AVG_LAST10] = sum(self._recent) / len(self._recent)
-        return event
+        return [event]
+
+
+def steps_counted(events):
+    """How many steps a run's step events account for: one an event for a format that prints a line a step,
+    and for a progress bar (COUNTING) the count it reached, since a bar redrawn at most every 0.1 s skips
+    numbers it counted."""
+    total, previous = 0, None
+    for event in events:
+        if event.get("format") in COUNTING:
+            base = previous["step"] if previous is not None and previous.get("format") in COUNTING else 0
+            if previous is not None and previous.get("format") in COUNTING and event["step"] < base:
+                base = 0  # a new attempt's bar
+            total += event["step"] - base
+        else:
+            total += 1
+        previous = event
+    return total
