@@ -1,25 +1,29 @@
 """Record a corpus program's real output as the console sees it, for tests/console/worker/program_outputs/.
 
-    python benchmarks/programs/record.py benchmarks/programs/loop_pipes --venv /work/corpus/loop_pipes-venv \
-        --package jax [--steps N] [--out tests/console/worker/program_outputs]
+    python benchmarks/programs/record.py benchmarks/programs/loop_pipes --venv /work/corpus/loop_pipes-venv
 
-Runs the folder's program.toml `command` in that folder the way a job runs under the console
-(tpu_console/worker/job_wrapper.sh): PYTHONUNBUFFERED=1, stdin from /dev/null, stdout and stderr both into
-one regular file, no terminal (TERM, COLUMNS and LINES unset), the venv's bin first on PATH as `setup` puts
-it. Writes `<name>.log`, the raw bytes (\\r and \\b kept), and `<name>.json`: the program and its version,
-the command, `steps` (`--steps`, else the highest step program.toml's `truth` matches, else its `steps`),
-`last_step` (that highest step), the program's own step time (the median of what `step_time` matches; its
-named group `s`, `ms` or `us` gives the unit, `per_s` a rate), the wall time per step measured here from
-when each step's line reached the file (its size is polled every 5 ms), and the last loss `loss` matches.
+Runs the folder's program.toml `command` in a fresh copy of the folder (as `sync --dir` leaves it: nothing
+from an earlier run) the way a job runs under the console (tpu_console/worker/job_wrapper.sh):
+PYTHONUNBUFFERED=1, stdin from /dev/null, stdout and stderr both into one regular file, no terminal (TERM,
+COLUMNS and LINES unset), the venv's bin first on PATH as `setup` puts it. Writes `<name>.log`, the raw
+bytes (\\r and \\b kept), and `<name>.json`: the program and its version (program.toml's `package`, else
+the first of requirements.txt), the command, `steps` (the steps `truth` matches, a match repeating the one
+before it being a redraw of the same step, as benchmarks/program_rows.py counts them; else program.toml's
+`steps`), `last_step` (the last of them), the program's own step time (the median of what `step_time`
+matches; its named group `s`, `ms` or `us` gives the unit, `per_s` a rate), the wall time per step measured
+here from when the first and last steps' lines reached the file (its size is polled every 5 ms), and the
+last loss `loss` matches.
 """
 
 import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import tomllib
@@ -29,7 +33,8 @@ RATE = "per_s"  # a step_time group of steps per second (tqdm's `it/s`)
 
 
 def run_into_file(command, cwd, env, log_path):
-    """Run command with its output in log_path; return [(seconds since start, file size)] at each growth."""
+    """Run command with its output in log_path; return its status and [(seconds since start, file size)]
+    at each time the file grew."""
     growth, done = [], threading.Event()
     with open(log_path, "wb") as log, open(os.devnull, "rb") as devnull:
         start = time.monotonic()
@@ -68,18 +73,29 @@ def seconds(match):
     raise ValueError(f"step_time regex {match.re.pattern!r} has no group s, ms, us or per_s that matched")
 
 
+def made_steps(program, text):
+    """(step, offset) of each step `truth` matches; a match repeating the step before it is a redraw."""
+    steps = []
+    for match in re.finditer(program["truth"], text):
+        step = int(match.group("step"))
+        if not steps or steps[-1][0] != step:
+            steps.append((step, match.start()))
+    return steps
+
+
 def summarize(program, text, growth):
     """The figures of one recording, from program.toml's regexes over the output."""
-    figures = {"last_step": None, "step_time_s": None, "wall_step_time_s": None, "loss": None}
+    figures = {"steps": program.get("steps"), "last_step": None, "step_time_s": None,
+               "wall_step_time_s": None, "loss": None}
     if "truth" in program:
-        steps = [(int(m.group("step")), m.start()) for m in re.finditer(program["truth"], text)]
+        steps = made_steps(program, text)
+        figures["steps"] = len(steps)
         if steps:
-            first_step, first_at = steps[0]
-            last_step, last_at = max(steps, key=lambda s: (s[0], -s[1]))
-            figures["last_step"] = last_step
-            if last_step > first_step:
-                figures["wall_step_time_s"] = round(
-                    (arrival(growth, last_at) - arrival(growth, first_at)) / (last_step - first_step), 4)
+            (first, first_at), (last, last_at) = steps[0], steps[-1]
+            figures["last_step"] = last
+            if last > first:
+                wall = (arrival(growth, last_at) - arrival(growth, first_at)) / (last - first)
+                figures["wall_step_time_s"] = round(wall, 4)
     if "step_time" in program:
         times = [seconds(m) for m in re.finditer(program["step_time"], text)]
         figures["step_time_s"] = round(statistics.median(times), 6) if times else None
@@ -89,12 +105,18 @@ def summarize(program, text, growth):
     return figures
 
 
+def package_of(program, folder):
+    """The distribution that names the program: program.toml's `package`, else requirements.txt's first."""
+    if "package" in program:
+        return program["package"]
+    with open(os.path.join(folder, "requirements.txt")) as f:
+        return re.match(r"[A-Za-z0-9][\w.-]*", f.readline()).group(0)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", help="the program's project folder (holds program.toml)")
     parser.add_argument("--venv", required=True, help="a venv made from the folder's requirements.txt")
-    parser.add_argument("--package", required=True, help="the distribution whose version names the program")
-    parser.add_argument("--steps", type=int, help="steps made, where the highest step shown is not")
     parser.add_argument("--out", default="tests/console/worker/program_outputs")
     args = parser.parse_args()
 
@@ -104,25 +126,26 @@ def main():
         program = tomllib.load(f)
     env = {k: v for k, v in os.environ.items() if k not in ("TERM", "COLUMNS", "LINES")}
     env.update(PYTHONUNBUFFERED="1", PATH=os.path.join(args.venv, "bin") + os.pathsep + env["PATH"])
-    python = os.path.join(args.venv, "bin", "python")
+    package = package_of(program, folder)
     version = subprocess.run(
-        [python, "-c", f"import importlib.metadata as m; print(m.version({args.package!r}))"],
+        [os.path.join(args.venv, "bin", "python"), "-c",
+         f"import importlib.metadata as m; print(m.version({package!r}))"],
         check=True, capture_output=True, text=True).stdout.strip()
 
-    log_path = os.path.join(args.out, f"{name}.log")
-    status, growth = run_into_file(program["command"], folder, env, log_path)
+    log_path = os.path.abspath(os.path.join(args.out, f"{name}.log"))
+    with tempfile.TemporaryDirectory() as scratch:
+        copy = shutil.copytree(folder, os.path.join(scratch, name))
+        status, growth = run_into_file(program["command"], copy, env, log_path)
     with open(log_path, "rb") as f:
         text = f.read().decode("utf-8", errors="replace")
     figures = summarize(program, text, growth)
-    steps = args.steps or figures["last_step"] or program.get("steps")
     record = {
         "program": name,
-        "version": f"{args.package} {version}",
-        "command": (f"{' '.join(program['command'])} in benchmarks/programs/{name}, recorded by "
+        "version": f"{package} {version}",
+        "command": (f"{' '.join(program['command'])} in a copy of benchmarks/programs/{name}, recorded by "
                     f"benchmarks/programs/record.py (PYTHONUNBUFFERED=1, stdin /dev/null, stdout+stderr into "
                     f"one file, no terminal; Python {sys.version.split()[0]}, a venv from requirements.txt)"),
         "exit_status": status,
-        "steps": steps,
         **figures,
         "has_loss": figures["loss"] is not None,
         "wall_s": round(growth[-1][0], 2),
