@@ -146,7 +146,7 @@ def run_record(view: RunView) -> dict[str, Any]:
         "config_path": record.config_path,
         "config_digest": record.config_digest,
         "overrides": record.overrides,
-        "code_version": record.code_version,
+        "code_version": record.code,  # a command job's project digest; the trainer's console commit
         "python": record.python,
         "price_per_hour": record.price_per_hour,
         "cost": run_cost(record.price_per_hour, record.started_at, record.finished_at),

@@ -97,7 +97,7 @@ async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Pro
         ),
         f"config    {record.config_path} (digest {record.config_digest[:12]})"
         + (f" --set {' --set '.join(record.overrides)}" if record.overrides else ""),
-        f"code      {record.code_version or 'unknown'}",
+        f"code      {record.code_text()}",
         f"archive   {record.archive_path or '- (copied when the run ends)'}",
     ]
     if layout is not None:
@@ -110,8 +110,10 @@ async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Pro
         masker.mask(format_table(run_table.WORKER_COLUMNS, [run_table.worker_row(s) for s in view.workers]))
     )
     print()
-    rows = [(m.label, _value(summary.get(m.key))) for m in METRICS if m.key not in SUMMARY_KEYS]
-    print(format_table(("SUMMARY", ""), rows))
+    # only what the run has: a program with no reward, or memory on CPU, gets no row of dashes
+    rows = [(m.label, _value(summary.get(m.key))) for m in METRICS
+            if m.key not in SUMMARY_KEYS and summary.get(m.key) is not None]
+    print(format_table(("SUMMARY", ""), rows) if rows else "summary   - (no step metric has been read)")
     print()
     if goodput is not None:  # runs/goodput.py: the run's time, productive and by cause of badput
         print(format_table(("GOODPUT", "TIME", "SHARE"), goodput.rows()))

@@ -106,14 +106,19 @@ def archived_start_in(folder: Path, workers: list[int]) -> Event | None:
     return None
 
 
-def archived_last_steps_in(folder: Path, workers: list[int]) -> dict[int, StepMetrics | None]:
-    """Each worker's last step from an archive folder's `worker-N/events.jsonl` (None: no step there)."""
-    steps: dict[int, StepMetrics | None] = {}
+def archived_events_in(folder: Path, workers: list[int]) -> dict[int, EventSummary]:
+    """What each worker's events say (last step, start, error, end), from an archive folder's
+    `worker-N/events.jsonl` (empty where there is none)."""
+    summaries: dict[int, EventSummary] = {}
     for worker in workers:
-        summary = EventSummary()
+        summary = summaries[worker] = EventSummary()
         path = folder / f"worker-{worker}" / "events.jsonl"
         if path.exists():
             with path.open(encoding="utf-8") as lines:
                 summary.add(e for line in lines if (e := parse_event_line(line)) is not None)
-        steps[worker] = summary.last_step
-    return steps
+    return summaries
+
+
+def archived_last_steps_in(folder: Path, workers: list[int]) -> dict[int, StepMetrics | None]:
+    """Each worker's last step from an archive folder's `worker-N/events.jsonl` (None: no step there)."""
+    return {worker: summary.last_step for worker, summary in archived_events_in(folder, workers).items()}

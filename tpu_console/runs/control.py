@@ -19,6 +19,7 @@ from tpu_console.fleet.selection import parse_worker_selection
 from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import find_node
 from tpu_console.runs import launch_lock
+from tpu_console.runs.archive import archived_events_in
 from tpu_console.runs.monitor import RunMonitor, RunState, WorkerState, WorkerStatus
 from tpu_console.runs.probe import parse_probe
 from tpu_console.runs.reach import NodeWorkers, reach_node
@@ -84,7 +85,13 @@ async def show_run(
     """One run for `runs show`: from the history once it has ended, else probed now (with its events)."""
     store = store or RunStore()
     if record.finished:
-        return _from_history(record)
+        view = _from_history(record)
+        if record.archive_path and Path(record.archive_path).is_dir():
+            # each worker's last step and error as its events had them when the run ended
+            archived = await asyncio.to_thread(archived_events_in, Path(record.archive_path), record.workers)
+            for status in view.workers:
+                status.events = archived.get(status.worker, status.events)
+        return view
     (view,) = await observe(providers, [record], store, STATUS_EVENTS_TAIL_BYTES, log_tail_lines=1)
     view.record = store.get(record.run_id)  # with the summary and archive an end just recorded
     return view

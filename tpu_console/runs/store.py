@@ -100,6 +100,33 @@ class RunRecord:
     def finished(self) -> bool:
         return self.finished_at is not None
 
+    @property
+    def project(self) -> dict[str, Any] | None:
+        """project.json of the project a command job ran in (None: the trainer, or no project synced)."""
+        project = (self.job or {}).get("project") if (self.job or {}).get("kind") == "command" else None
+        return project if isinstance(project, dict) else None
+
+    @property
+    def code(self) -> str | None:
+        """The code it ran, as an id: a command job's project digest (a job with none: None); the bundled
+        trainer's, the console checkout it shipped from (`code_version`)."""
+        if (self.job or {}).get("kind") != "command":
+            return self.code_version
+        return str(self.project["digest"]) if self.project and self.project.get("digest") else None
+
+    def code_text(self) -> str:
+        """The code it ran, for a person: `project NAME, digest D (git SHA)` for a command job, the
+        console's commit for the bundled trainer."""
+        if (self.job or {}).get("kind") != "command":
+            return self.code_version or "unknown"
+        project = self.project
+        if project is None:
+            return "- (no project synced: the command ran in its run folder)"
+        text = f"project {project.get('name') or project.get('url') or '?'}, digest {str(self.code)[:12]}"
+        if project.get("git_sha"):
+            text += f" (git {str(project['git_sha'])[:12]}{'+dirty' if project.get('dirty') else ''})"
+        return text
+
 
 class RunStore:
     def __init__(self, path: Path | None = None) -> None:

@@ -24,7 +24,6 @@ class SummaryMetric:
     key: str  # the W&B name, as stored in the summary
     label: str  # what the comparison table calls it
     lower_is_better: bool
-    optional: bool = False  # the comparison table leaves it out when no run has it (goodput unread)
 
 
 COST = "cost_usd"  # not a trainer metric: the console adds it from the node's price (pricing.run_cost)
@@ -38,9 +37,10 @@ METRICS = (
     SummaryMetric(tm.MEM_IN_USE, "HBM in use, max over devices (GiB)", lower_is_better=True),
     SummaryMetric(tm.MEM_PEAK, "HBM peak, max over devices (GiB)", lower_is_better=True),
     SummaryMetric(tm.REWARD_MEAN, "reward mean (last step)", lower_is_better=False),
+    SummaryMetric(tm.LOSS, "loss (last step)", lower_is_better=True),
     SummaryMetric(COST, "cost, chip-hours x price (USD)", lower_is_better=True),
     # goodput and each badput in percent of the run's time (runs/goodput.py; added where it was read)
-    *(SummaryMetric(key, label, lower, optional=True) for key, label, lower in goodput_metrics()),
+    *(SummaryMetric(key, label, lower) for key, label, lower in goodput_metrics()),
 )
 
 
@@ -63,6 +63,7 @@ def summarize(last_steps: Mapping[int, StepMetrics | None]) -> dict[str, Any]:
         tm.MEM_PEAK: worst([s.mem_peak_gib for s in steps], True),
         tm.MEM_LIMIT: worst([s.mem_limit_gib for s in steps], True),
         tm.REWARD_MEAN: worst([s.reward_mean for s in steps], False),
+        tm.LOSS: worst([s.loss for s in steps], True),
     }
 
 
@@ -83,11 +84,11 @@ def compare_rows(
     run_ids: Sequence[str], summaries: Sequence[Mapping[str, Any] | None]
 ) -> list[dict[str, Any]]:
     """One row per metric: the value of every run and, for each run after the first, its change against
-    the first in percent (positive = larger). An optional metric no run has is left out."""
+    the first in percent (positive = larger). A metric no run has is left out."""
     rows = []
     for metric in METRICS:
         values = [(s or {}).get(metric.key) for s in summaries]
-        if metric.optional and all(v is None for v in values):
+        if all(v is None for v in values):
             continue
         base = values[0]
         rows.append(

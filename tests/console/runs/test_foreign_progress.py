@@ -1,7 +1,8 @@
 """Progress of a program that knows nothing of tpu-console, launched with `launch -- CMD` on a local pod: its
 step lines (the seeds' format on worker 0, MaxText's on worker 1, both behind a logger's prefix) reach
 `status`, `runs show`, the run feed and the Steps tab's breakdown with their phases; a job file's regex
-is used; a program whose lines match nothing says so."""
+is used; a new user's loop is read with nothing set, and `launch --metrics` overrides the format; a
+program whose lines match nothing says so."""
 
 from __future__ import annotations
 
@@ -62,6 +63,8 @@ for step in range(1, 4):
                     '"memory/train/peak_bytes_in_use_max_gib": 27.5}' % (4000 + 100 * worker))
     elif sys.argv[1] == "regex":
         print(f"[trainer] iter {step} | loss {2.0 / step:.3f} | fwd_bwd 0.125s", flush=True)
+    elif sys.argv[1] == "loop":  # the first loop a new user writes
+        print(f"step {step} | loss {1.0 / step:.4f} | 0.15 s/step", flush=True)
     else:
         print(f"working on something ({step})", flush=True)
 """
@@ -108,7 +111,8 @@ def test_seeds_and_maxtext_steps_reach_status_runs_show_and_the_run_feed(capsys,
 
     status, out, err = run(capsys, "runs", "show", run_id)
     assert status == 0, err
-    assert "step time, avg of last 10 (s)       0.3" in out
+    step_time = next(line for line in out.splitlines() if line.startswith("step time, avg of last 10 (s)"))
+    assert step_time.split()[-1] == "0.3"
     assert "steps: from output.log (maxtext, seeds format)" in out
 
 
@@ -154,8 +158,34 @@ def test_a_job_files_regex_and_a_program_that_matches_nothing(capsys, tmp_path):
 
     run_id = launch(capsys, "--", sys.executable, foreign(tmp_path), "silent")
     document = ended_status(capsys, run_id)
-    assert document["steps_source"].startswith("steps: no line of the output matched (auto: seeds, maxtext")
+    said = "steps: no step line was recognised in the output (auto: seeds, "
+    assert document["steps_source"].startswith(said)
+    assert "--metrics 'REGEX'" in document["steps_source"]  # ended: no "yet", and how to give the line
     assert not (run_folder(0, run_id) / "events.jsonl").exists()
+
+
+def test_a_new_users_loop_is_read_with_nothing_set_and_launch_metrics_overrides_it(capsys, tmp_path):
+    run_id = launch(capsys, "--", sys.executable, foreign(tmp_path), "loop")
+    document = ended_status(capsys, run_id)
+    assert document["steps_source"] == "steps: from output.log (loop format)"
+    events = [json.loads(line) for line in (run_folder(0, run_id) / "events.jsonl").open()]
+    assert [e["step"] for e in events] == [1, 2, 3]
+    assert (events[-1][tm.LOSS], events[-1][tm.phase_key("step")]) == (0.3333, 0.15)
+
+    regex = r"step (?P<step>\d+) \| loss (?P<loss>[\d.]+)"  # the loss alone: no step time
+    run_id = launch(capsys, "--metrics", regex, "--", sys.executable, foreign(tmp_path), "loop")
+    document = ended_status(capsys, run_id)
+    assert document["steps_source"] == "steps: from output.log (regex format)"
+    assert json.loads((run_folder(0, run_id) / "launch.json").read_text())["job"]["metrics"]["regex"] == regex
+    events = [json.loads(line) for line in (run_folder(0, run_id) / "events.jsonl").open()]
+    assert [e["step"] for e in events] == [1, 2, 3] and tm.phase_key("step") not in events[-1]
+
+    for given, says in [("step (\\d+", "is neither a format"), ("step (\\d+)", "no named group `step`"),
+                        ("regex", "give the regular expression itself")]:
+        status, _, err = run(capsys, "launch", "pod", "--metrics", given, "--", sys.executable, "x.py")
+        assert status == 2 and err.startswith("error: ") and says in err and err.count("\n") == 1, err
+    status, _, err = run(capsys, "launch", "pod", "--metrics", "tqdm", "--config", "x.yaml")
+    assert status == 2 and "the trainer (--config) writes its own" in err, err
 
 
 def _text(renderable) -> str:

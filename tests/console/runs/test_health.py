@@ -144,7 +144,7 @@ def test_compare_table_is_the_legacy_vs_maxtext_benchmark_summary():
     assert rows[0] == ("step time, avg of last 10 (s)", "12.78", "13.44", "+5.2%")  # the benchmark's ~+5.2%
     assert rows[1] == ("valid tokens/s", "1,510", "1,362", "-9.9%")
     assert rows[2][3] == "+0.0%" and rows[3][3] == "-0.1%"
-    assert rows[4][1:] == ("-", "-", "-")
+    assert len(rows) == 4  # the reward neither run has is no row of dashes
     (step_row, *_) = compare_rows(["a", "b"], [legacy, None])
     assert step_row["values"] == {"a": legacy[tm.STEP_AVG_LAST10], "b": None} and step_row["change_pct"] == {
         "b": None

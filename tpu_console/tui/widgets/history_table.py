@@ -86,6 +86,6 @@ def run_detail(view: RunView | None) -> str:
                  else escape(note) if note else "no problem recorded")
     if record.overrides:
         parts.append("--set " + escape(" ".join(record.overrides)))
-    if record.code_version:
-        parts.append(f"code {escape(record.code_version)}")
+    if record.code_version or record.project:
+        parts.append(f"code {escape(record.code_text())}")
     return " · ".join(parts)
