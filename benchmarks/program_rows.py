@@ -1,0 +1,396 @@
+r"""What a corpus program made, what the console saw of it, and the verdict: the pure half of
+benchmarks/programs.py (no pod, no processes), so its rules are tested on their own
+(tests/benchmarks/test_program_rows.py).
+
+Each program's folder, benchmarks/programs/<name>/, holds program.toml:
+
+    command = ["python", "train.py"]         # argv, run in the project folder on every worker
+    python = "3.12"                          # optional: the Python its setup needs (setup --python-version)
+    truth = '(?m)^step (?P<step>\d+) \|'     # its own step lines: a named group `step`
+    step_time = '\| (?P<s>[\d.]+) s/step'    # optional: its own step time, a named group `s`, `ms` or `us`
+    loss = '\| loss (?P<loss>[\d.]+)'        # optional: its own loss, a named group `loss`
+    steps = 30                               # optional: the steps it makes, where it has no `truth`
+    package = "jax"                          # optional: whose version names it (else requirements.txt's)
+    about = "..."
+
+On each worker, from the program's own output (output.log):
+- steps made: `truth`'s matches, in order; a match that repeats the step just before it (a progress bar
+  redrawn with \r) is the same step; without `truth`, program.toml's `steps`;
+- its step time: the median of what `step_time` matches; where it prints none, the wall time per step
+  measured here: from when the first step's line reached the file to when the last one's did, over the
+  steps between them;
+- its loss: the last value `loss` matches.
+From the console: its step events (events.jsonl, as the run's archive keeps it), the last step `status`
+shows, the median of its events' step times, the loss of its last step.
+
+The targets: steps seen = steps made, exactly (as many step events as steps, and `status` at the last
+step); no step seen that the program did not make, nor one seen twice; the step time seen within 10% of
+the program's own; the loss seen at the last step equal to the program's last, wherever it prints one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+import tomllib
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+STEP_TIME_TOLERANCE = 0.10
+STEP_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+LOSS_TOLERANCE = 1e-3  # relative: the console reads the very text the program printed
+KEYS = {"command", "python", "truth", "step_time", "loss", "steps", "package", "about"}
+STEP_S = "time/train/step_s"  # the step events' step time (trainer/telemetry.py's name)
+
+
+class BadProgram(ValueError):
+    """A program.toml that cannot be used: the message names the file, the problem and the fix."""
+
+
+@dataclass(frozen=True)
+class Program:
+    name: str
+    folder: Path
+    command: list[str]
+    python: str | None = None
+    truth: re.Pattern[str] | None = None
+    step_time: re.Pattern[str] | None = None
+    loss: re.Pattern[str] | None = None
+    steps: int | None = None
+    package: str | None = None
+    about: str = ""
+
+
+def _pattern(path: Path, key: str, text: object, groups: Sequence[str]) -> re.Pattern[str]:
+    if not isinstance(text, str):
+        raise BadProgram(f"{path}: `{key}` must be a string (a regular expression)")
+    try:
+        pattern = re.compile(text)
+    except re.error as exc:
+        raise BadProgram(f"{path}: `{key}` {text!r} does not compile ({exc})") from None
+    if not set(groups) & set(pattern.groupindex):
+        named = " or ".join(f"`(?P<{g}>...)`" for g in groups)
+        raise BadProgram(f"{path}: `{key}` {text!r} has no named group {named}; add one")
+    return pattern
+
+
+def load_program(folder: Path) -> Program:
+    """The program of a folder, from its program.toml; BadProgram where the file cannot be used."""
+    path = folder / "program.toml"
+    try:
+        spec = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise BadProgram(f"{path}: cannot be read as TOML ({exc})") from None
+    unknown = sorted(set(spec) - KEYS)
+    if unknown:
+        raise BadProgram(f"{path}: unknown key {unknown[0]!r}; the keys are {', '.join(sorted(KEYS))}")
+    command = spec.get("command")
+    if not (isinstance(command, list) and command and all(isinstance(a, str) for a in command)):
+        raise BadProgram(f'{path}: `command` must be a list of strings, e.g. ["python", "train.py"]')
+    steps = spec.get("steps")
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 0):
+        raise BadProgram(f"{path}: `steps` must be a whole number of steps")
+    if "truth" not in spec and steps is None:
+        raise BadProgram(f"{path}: neither `truth` nor `steps`: say how the steps the program makes are "
+                         "counted")
+    python = spec.get("python")
+    if python is not None and not re.fullmatch(r"3\.\d+", str(python)):
+        raise BadProgram(f'{path}: `python` must be a version such as "3.12"')
+    return Program(
+        name=folder.name,
+        folder=folder,
+        command=command,
+        python=python,
+        truth=_pattern(path, "truth", spec["truth"], ["step"]) if "truth" in spec else None,
+        step_time=(_pattern(path, "step_time", spec["step_time"], list(STEP_TIME_UNITS))
+                   if "step_time" in spec else None),
+        loss=_pattern(path, "loss", spec["loss"], ["loss"]) if "loss" in spec else None,
+        steps=steps,
+        package=spec.get("package"),
+        about=spec.get("about", ""),
+    )
+
+
+def first_requirement(folder: Path) -> str | None:
+    """The distribution a requirements.txt names first (its version names the program where program.toml
+    names no `package`)."""
+    try:
+        lines = (folder / "requirements.txt").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if line and not line.startswith("-"):
+            found = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", line)
+            if found:
+                return found.group(0)
+    return None
+
+
+# --- what the program made ---------------------------------------------------------------------------
+
+def made_steps(text: str, truth: re.Pattern[str]) -> list[tuple[int, int]]:
+    """(step, offset in text) of each step truth matches, in order; a match of the step just before it is
+    a redraw of the same line, not another step."""
+    steps: list[tuple[int, int]] = []
+    for found in truth.finditer(text):
+        step = int(found.group("step"))
+        if steps and steps[-1][0] == step:
+            continue
+        steps.append((step, found.start()))
+    return steps
+
+
+def printed_step_times(text: str, step_time: re.Pattern[str]) -> list[float]:
+    """Every step time the program printed, in seconds, whichever unit group matched."""
+    times = []
+    for found in step_time.finditer(text):
+        for unit, scale in STEP_TIME_UNITS.items():
+            if unit in step_time.groupindex and found.group(unit) is not None:
+                times.append(float(found.group(unit)) * scale)
+                break
+    return times
+
+
+def arrival(growth: Sequence[tuple[float, int]], offset: int) -> float | None:
+    """When the byte at offset reached the file: growth is (seconds, file size) at each time it grew."""
+    return next((t for t, size in growth if size > offset), None)
+
+
+def measured_step_s(steps: Sequence[tuple[int, int]], growth: Sequence[tuple[float, int]]) -> float | None:
+    """Wall time per step from when the first and the last step lines reached the file; None with fewer
+    than two steps or no times."""
+    if len(steps) < 2:
+        return None
+    (first, first_at), (last, last_at) = steps[0], steps[-1]
+    start, end = arrival(growth, first_at), arrival(growth, last_at)
+    if start is None or end is None or last <= first:
+        return None
+    return (end - start) / (last - first)
+
+
+def parse_number(text: str) -> float:
+    return float(text) if text.lower() not in ("nan", "-nan") else math.nan
+
+
+@dataclass
+class Made:
+    """One worker's run as the program tells it."""
+
+    steps: list[int] | None  # the step numbers truth matched; None without truth
+    count: int
+    step_s: float | None
+    step_s_measured: bool  # the program printed no step time: it was measured here
+    losses: list[float]  # every loss it printed (NaN where it printed one)
+
+    @property
+    def last(self) -> int | None:
+        return self.steps[-1] if self.steps else None
+
+
+def made(program: Program, text: str, growth: Sequence[tuple[float, int]]) -> Made:
+    steps = made_steps(text, program.truth) if program.truth is not None else None
+    printed = printed_step_times(text, program.step_time) if program.step_time is not None else []
+    measured = measured_step_s(steps, growth) if steps is not None and not printed else None
+    losses = [parse_number(m.group("loss")) for m in program.loss.finditer(text)] if program.loss else []
+    return Made(
+        steps=[s for s, _ in steps] if steps is not None else None,
+        count=len(steps) if steps is not None else program.steps or 0,
+        step_s=statistics.median(printed) if printed else measured,
+        step_s_measured=not printed and measured is not None,
+        losses=losses,
+    )
+
+
+# --- what the console saw ----------------------------------------------------------------------------
+
+@dataclass
+class Seen:
+    """One worker's run as the console shows it."""
+
+    steps: list[int]  # every step event, in order
+    last: int | None  # the step `status --json` shows
+    step_s: float | None  # the median of the step events' step times
+    loss: float | None  # the loss `status --json` shows at its last step
+    losses: int  # step events with a loss
+    formats: list[str] = field(default_factory=list)  # the formats the step events name, in order seen
+
+
+def step_events(events_text: str) -> list[dict]:
+    """The step events of an events.jsonl; a line that is not JSON is skipped (a torn last line)."""
+    events = []
+    for line in events_text.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and event.get("kind") == "step":
+            events.append(event)
+    return events
+
+
+def seen(events_text: str, status_worker: dict | None) -> Seen:
+    events = step_events(events_text)
+    times = [e[STEP_S] for e in events if isinstance(e.get(STEP_S), int | float)]
+    last = (status_worker or {}).get("last_step") or {}
+    formats: list[str] = []
+    for event in events:
+        if isinstance(event.get("format"), str) and event["format"] not in formats:
+            formats.append(event["format"])
+    return Seen(
+        steps=[int(e.get("step", 0) or 0) for e in events],
+        last=last.get("step"),
+        step_s=statistics.median(times) if times else None,
+        loss=last.get("loss"),
+        losses=sum(isinstance(e.get("loss"), int | float) for e in events),
+        formats=formats,
+    )
+
+
+# --- the verdict -------------------------------------------------------------------------------------
+
+def relative_error(seen_value: float, own: float) -> float:
+    """|seen / own - 1|; a program that printed 0 (its step time rounded away) agrees only with 0."""
+    if own == 0:
+        return 0.0 if seen_value == 0 else math.inf
+    return abs(seen_value / own - 1)
+
+
+def judge(program_made: Made, console_seen: Seen) -> list[str]:
+    """What misses a target on one worker, one phrase each; none: it passes."""
+    m, s = program_made, console_seen
+    problems = []
+    if len(s.steps) != m.count:
+        problems.append(f"steps seen {len(s.steps)} != made {m.count}")
+    if m.steps is not None:
+        extra = Counter(s.steps) - Counter(m.steps)
+        if extra:
+            shown = ", ".join(str(step) for step in sorted(extra)[:5]) + (", ..." if len(extra) > 5 else "")
+            problems.append(f"{sum(extra.values())} spurious step(s) seen ({shown})")
+        if m.last is not None and s.last != m.last:
+            shown = s.last if s.last is not None else "-"
+            problems.append(f"status shows step {shown}, the last made is {m.last}")
+    if m.count > 0:
+        if m.step_s is None:
+            problems.append("no step time of the program's own to compare with (one step, no step_time)")
+        elif s.step_s is None:
+            problems.append("no step time seen")
+        elif (off := relative_error(s.step_s, m.step_s)) > STEP_TIME_TOLERANCE:
+            problems.append(f"step time seen {s.step_s:.4g} s is {off:.0%} off the program's "
+                            f"{m.step_s:.4g} s")
+    if m.losses:
+        own = m.losses[-1]
+        if math.isnan(own):
+            if s.loss is not None and not math.isnan(s.loss):
+                problems.append(f"loss seen {s.loss:.6g} where the program's last is nan")
+        elif s.loss is None:
+            problems.append(f"no loss seen (the program's last: {own:.6g})")
+        elif relative_error(s.loss, own) > LOSS_TOLERANCE:
+            problems.append(f"loss seen {s.loss:.6g} != the program's last {own:.6g}")
+    return problems
+
+
+@dataclass
+class WorkerResult:
+    made: Made
+    seen: Seen
+    problems: list[str]
+
+
+@dataclass
+class Row:
+    """One program's run on the pod."""
+
+    program: str
+    version: str = "-"
+    workers: dict[int, WorkerResult] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # the run's own: setup failed, the program failed
+    format: str = "-"  # the formats the console found (else what `runs show` says of its steps)
+    goodput_pct: float | None = None
+    phases_s: dict[str, float] = field(default_factory=dict)  # sync, setup, run: wall seconds
+    run_id: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return not self.all_problems()
+
+    def all_problems(self) -> list[str]:
+        if not self.workers and not self.problems:
+            return ["nothing was run"]
+        by_worker = [f"worker {w}: {p}" for w, r in sorted(self.workers.items()) for p in r.problems]
+        return self.problems + by_worker
+
+    def to_json(self) -> dict:
+        return {
+            "program": self.program, "version": self.version, "run_id": self.run_id, "passed": self.passed,
+            "problems": self.all_problems(), "format": self.format, "goodput_pct": self.goodput_pct,
+            "phases_s": self.phases_s,
+            "workers": {str(w): asdict(r) for w, r in sorted(self.workers.items())},
+        }
+
+
+# --- the table ---------------------------------------------------------------------------------------
+
+COLUMNS = ("PROGRAM", "VERSION", "MADE", "SEEN", "OWN_S", "SEEN_S", "LOSS", "LOSS_SEEN", "FORMAT",
+           "GOODPUT", "SYNC", "SETUP", "RUN", "VERDICT")
+
+
+def _each(row: Row, value) -> str:
+    """A figure of every worker: one value where they agree, else each worker's, `/` between."""
+    texts = [value(r) for _, r in sorted(row.workers.items())]
+    if not texts:
+        return "-"
+    return texts[0] if len(set(texts)) == 1 else "/".join(texts)
+
+
+def _number(value: float | None, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    return "nan" if math.isnan(value) else f"{value:.{digits}g}"
+
+
+def cells(row: Row) -> list[str]:
+    def own_s(r: WorkerResult) -> str:
+        return ("~" if r.made.step_s_measured else "") + _number(r.made.step_s)
+
+    def phase(name: str) -> str:
+        return f"{row.phases_s[name]:.0f}s" if name in row.phases_s else "-"
+
+    return [
+        row.program,
+        row.version,
+        _each(row, lambda r: str(r.made.count)),
+        _each(row, lambda r: str(len(r.seen.steps))),
+        _each(row, own_s),
+        _each(row, lambda r: _number(r.seen.step_s)),
+        _each(row, lambda r: _number(r.made.losses[-1]) if r.made.losses else "-"),
+        _each(row, lambda r: _number(r.seen.loss)),
+        row.format,
+        "-" if row.goodput_pct is None else f"{row.goodput_pct:.1f}%",
+        phase("sync"),
+        phase("setup"),
+        phase("run"),
+        "PASS" if row.passed else "FAIL",
+    ]
+
+
+def table(rows: Sequence[Row]) -> str:
+    """The rows as a table, then each failing row's reasons, then what the columns mean."""
+    grid = [list(COLUMNS), *(cells(r) for r in rows)]
+    widths = [max(len(line[i]) for line in grid) for i in range(len(COLUMNS))]
+    lines = ["  ".join(text.ljust(width) for text, width in zip(line, widths, strict=True)).rstrip()
+             for line in grid]
+    failing = [(r.program, p) for r in rows if not r.passed for p in r.all_problems()]
+    if failing:
+        lines.append("")
+        lines.extend(f"{name}: {problem}" for name, problem in failing)
+    lines.append("")
+    lines.append("MADE/SEEN: steps the program made (its own output) / step events the console recorded; "
+                 "OWN_S/SEEN_S: median step time, the program's own (~: measured from its lines' arrival) / "
+                 "the console's; LOSS: the last the program printed / the console's at its last step; "
+                 "a/b: workers differ; SYNC, SETUP, RUN: wall time of sync --dir, setup, launch to the end")
+    return "\n".join(lines)

@@ -1,0 +1,178 @@
+r"""benchmarks/program_rows.py, the rules benchmarks/programs.py judges each program by: steps made counted
+from a program's own output (a \r redraw once), its step time printed or measured, and the verdict on
+what the console saw. No pod and no timing here: the harness itself runs by hand (its docstring)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# benchmarks/ is no package (its scripts run by hand and import their siblings): the module by its path
+_spec = importlib.util.spec_from_file_location("program_rows", ROOT / "benchmarks" / "program_rows.py")
+rows = sys.modules.setdefault("program_rows", importlib.util.module_from_spec(_spec))
+_spec.loader.exec_module(rows)
+
+LOOP = r"""
+command = ["python", "train.py"]
+truth = '(?m)^step (?P<step>\d+) \|'
+step_time = '\| (?P<s>[\d.]+) s/step'
+loss = '\| loss (?P<loss>[\d.na]+) \|'
+"""
+OUTPUT = ("config: {'step': 100, 'lr': 0.1}\n"  # a config dump is not a step
+          "step 1 | loss 0.9000 | 0.50 s/step\n"
+          "step 2 | loss 0.8000 | 0.20 s/step\n"
+          "step 3 | loss 0.7000 | 0.22 s/step\n"
+          "eval loss 0.6500\n"  # an eval line is neither a step nor the training loss
+          "done\n")
+
+
+def program(tmp_path: Path, text: str = LOOP, name: str = "loop") -> rows.Program:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "program.toml").write_text(text)
+    return rows.load_program(folder)
+
+
+def events(*steps: dict) -> str:
+    lines = [json.dumps({"t": 1.0, "kind": "start"})]
+    lines += [json.dumps({"t": 2.0, "kind": "step", "format": "loop", **s}) for s in steps]
+    return "\n".join(lines) + "\n"
+
+
+def status(step: int | None, loss: float | None = None) -> dict:
+    return {"worker": 0, "last_step": None if step is None else {"step": step, "loss": loss}}
+
+
+def test_steps_made_count_each_step_once_a_redrawn_bar_included():
+    bar = re.compile(r"(?P<step>\d+)/4 \[")
+    text = "0/4 [\r1/4 [\r1/4 [\r2/4 [\r3/4 [\r3/4 [\r4/4 [\n"
+    assert [s for s, _ in rows.made_steps(text, bar)] == [0, 1, 2, 3, 4]
+
+
+def test_a_program_that_prints_its_step_time_and_loss(tmp_path):
+    made = rows.made(program(tmp_path), OUTPUT, growth=[])
+    assert (made.steps, made.count, made.last) == ([1, 2, 3], 3, 3)
+    assert made.step_s == pytest.approx(0.22) and not made.step_s_measured  # the median of 0.50, 0.20, 0.22
+    assert made.losses == [0.9, 0.8, 0.7]
+
+
+def test_its_step_time_in_ms_and_measured_where_it_prints_none(tmp_path):
+    in_ms = program(tmp_path, LOOP.replace(r"(?P<s>[\d.]+) s/step", r"(?P<ms>[\d.]+)ms/step"), "ms")
+    assert rows.made(in_ms, "step 1 | 5ms/step\nstep 2 | 7ms/step\n", []).step_s == pytest.approx(0.006)
+    silent = program(tmp_path, LOOP.replace("step_time", "#"), "silent")
+    text = "step 1 | a\nstep 2 | b\nstep 3 | c\n"
+    first, last = text.index("step 1"), text.index("step 3")
+    growth = [(1.0, first + 5), (2.5, last), (4.0, len(text))]  # step 1 arrived at 1.0 s, step 3 at 4.0 s
+    made = rows.made(silent, text, growth)
+    assert made.step_s == pytest.approx(1.5) and made.step_s_measured
+
+
+def test_what_the_console_saw_from_its_events_and_status():
+    seen = rows.seen(events({"step": 1, "time/train/step_s": 0.5, "loss": 0.9},
+                            {"step": 2, "time/train/step_s": 0.2},
+                            {"step": 3, "time/train/step_s": 0.22, "loss": 0.7}) + '{"kind": "st',
+                     status(3, 0.7))
+    assert (seen.steps, seen.last, seen.loss, seen.losses, seen.formats) == ([1, 2, 3], 3, 0.7, 2, ["loop"])
+    assert seen.step_s == pytest.approx(0.22)
+
+
+def test_a_console_that_saw_every_step_right_passes(tmp_path):
+    made = rows.made(program(tmp_path), OUTPUT, [])
+    seen = rows.seen(events(*({"step": s, "time/train/step_s": t, "loss": 1 - s / 10}
+                              for s, t in ((1, 0.5), (2, 0.2), (3, 0.23)))), status(3, 0.7))
+    assert rows.judge(made, seen) == []
+
+
+@pytest.mark.parametrize(
+    ("steps", "last", "step_s", "loss", "problem"),
+    [
+        ([1, 2], 2, 0.22, 0.7, "steps seen 2 != made 3"),
+        ([100, 1, 2, 3], 3, 0.22, 0.7, "1 spurious step(s) seen (100)"),  # the config dump taken for a step
+        ([1, 2, 2, 3], 3, 0.22, 0.7, "1 spurious step(s) seen (2)"),  # a redraw counted twice
+        ([1, 2, 3], None, 0.22, 0.7, "status shows step -, the last made is 3"),
+        ([1, 2, 3], 3, 0.25, 0.7, "step time seen 0.25 s is 14% off the program's 0.22 s"),
+        ([1, 2, 3], 3, None, 0.7, "no step time seen"),
+        ([1, 2, 3], 3, 0.22, None, "no loss seen (the program's last: 0.7)"),
+        ([1, 2, 3], 3, 0.22, 0.65, "loss seen 0.65 != the program's last 0.7"),  # the eval line's taken
+    ],
+)
+def test_each_target_missed_is_named(tmp_path, steps, last, step_s, loss, problem):
+    made = rows.made(program(tmp_path), OUTPUT, [])
+    seen = rows.seen(events(*({"step": s, "time/train/step_s": step_s} for s in steps)), status(last, loss))
+    assert problem in rows.judge(made, seen)
+
+
+def test_step_time_within_ten_percent_passes_and_a_silent_worker_is_judged_on_its_steps_alone(tmp_path):
+    made = rows.made(program(tmp_path), OUTPUT, [])
+    seen = rows.seen(events(*({"step": s, "time/train/step_s": 0.24} for s in (1, 2, 3))), status(3, 0.7))
+    assert rows.judge(made, seen) == []  # 0.24 against 0.22: +9%
+    silent = rows.made(program(tmp_path, name="rank1"), "rank 1 waits\n", [])  # prints nothing of its steps
+    assert rows.judge(silent, rows.seen("", status(None))) == []
+    assert rows.judge(silent, rows.seen(events({"step": 1}), status(1))) == [
+        "steps seen 1 != made 0", "1 spurious step(s) seen (1)"]
+
+
+def test_a_program_whose_loss_is_nan_wants_none_seen(tmp_path):
+    nan = OUTPUT.replace("loss 0.7000", "loss nan")
+    made = rows.made(program(tmp_path), nan, [])
+    assert math.isnan(made.losses[-1])
+    seen = rows.seen(events(*({"step": s, "time/train/step_s": 0.22} for s in (1, 2, 3))), status(3, None))
+    assert rows.judge(made, seen) == []
+
+
+def test_steps_from_program_toml_where_it_has_no_truth(tmp_path):
+    counted = program(tmp_path, 'command = ["python", "t.py"]\nsteps = 4\nstep_time = "(?P<s>[.0-9]+)s"\n')
+    made = rows.made(counted, "0.5s\n0.5s\n0.5s\n0.5s\n", [])
+    assert (made.steps, made.count, made.step_s) == (None, 4, 0.5)
+    seen = rows.seen(events(*({"step": s, "time/train/step_s": 0.5} for s in range(4))), status(3))
+    assert rows.judge(made, seen) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ('command = "python train.py"\ntruth = "step (?P<step>\\\\d+)"\n', "`command` must be a list"),
+        ('command = ["python"]\ntruth = "step (\\\\d+)"\n', "has no named group `(?P<step>...)`"),
+        ('command = ["python"]\ntruth = "step (?P<step>"\n', "does not compile"),
+        ('command = ["python"]\n', "neither `truth` nor `steps`"),
+        ('command = ["python"]\nsteps = 3\nstep_time = "(?P<sec>1)"\n', "`(?P<s>...)` or `(?P<ms>...)`"),
+        ('command = ["python"]\nsteps = 3\nthruth = "x"\n', "unknown key 'thruth'"),
+        ('command = ["python"]\nsteps = 3\npython = "3"\n', "`python` must be a version"),
+        ("command = [", "cannot be read as TOML"),
+    ],
+)
+def test_a_program_toml_that_cannot_be_used_is_refused_by_name(tmp_path, text, problem):
+    with pytest.raises(rows.BadProgram, match=re.escape(problem)):
+        program(tmp_path, text)
+
+
+def test_the_table_has_a_row_a_program_and_names_each_failure(tmp_path):
+    made = rows.made(program(tmp_path), OUTPUT, [])
+    good = rows.Row("loop", "jax 0.10.2", format="loop", goodput_pct=41.26,
+                    phases_s={"sync": 0.4, "setup": 30.2, "run": 20.0})
+    good.workers = {w: rows.WorkerResult(made, rows.seen("", status(None)), []) for w in (0, 1)}
+    bad = rows.Row("keras", problems=["setup failed: no matching distribution"])
+    assert good.passed and not bad.passed and not rows.Row("empty").passed
+    text = rows.table([good, bad])
+    lines = text.splitlines()
+    assert lines[0].split() == list(rows.COLUMNS)
+    assert lines[1].split() == ["loop", "jax", "0.10.2", "3", "0", "0.22", "-", "0.7", "-", "loop", "41.3%",
+                                "0s", "30s", "20s", "PASS"]
+    assert lines[2].split()[-1] == "FAIL"
+    assert "keras: setup failed: no matching distribution" in lines
+    assert json.loads(json.dumps([good.to_json(), bad.to_json()]))[1]["problems"] == [
+        "setup failed: no matching distribution"]
+
+
+def test_the_version_comes_from_the_first_requirement(tmp_path):
+    (tmp_path / "requirements.txt").write_text("# pinned\n--extra-index-url https://x\ntorch==2.13.0\nnumpy\n")
+    assert rows.first_requirement(tmp_path) == "torch"
+    assert rows.first_requirement(tmp_path / "none") is None
+
