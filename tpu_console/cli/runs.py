@@ -127,6 +127,12 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
     )
     launch.add_argument("--max-restarts", metavar="N",
                         help="with --restart-on: restarts allowed per failure class (default 3)")
+    launch.add_argument(
+        "--metrics", metavar="FORMAT|REGEX",
+        help="how a command's output gives its steps, over the job file's [metrics]: a format (auto, seeds, "
+        "maxtext, jsonl, loop, tqdm, keras, none) or a regex with a named group step, e.g. "
+        "'iter (?P<step>\\d+) loss (?P<loss>[\\d.]+)' (default auto: found from the output)",
+    )
 
     runs = verbs.add_parser(
         "runs", help="list launched runs; show one; compare several",
@@ -293,28 +299,34 @@ async def _launch_with_recovery(
         print(f"{result.run_id}: started on {len(result.workers)} worker(s); watching {result.node.name} for "
               "preemption", file=sys.stderr, flush=True)
 
-    log = await launch_with_recovery(
+    managed = await launch_with_recovery(
         providers, args.node, args.config, args.overrides, args.env_file, zones=settings.gcp.zones,
         max_recoveries=args.max_recoveries, watch_every_s=args.watch_every, python=args.python,
         progress=output.progress, on_launch=launched, before_send=plan_check(args.check_plan),
         notify=Notifier.from_settings(settings, output.progress).notify,
         policy=policy, webhook_url=webhook.get_secret_value() if webhook else None,
     )
+    if managed is None:
+        print("error: the job did not start on every worker; nothing is left running", file=sys.stderr)
+        return 1
     if args.json:
-        output.print_json(log.to_json())
+        output.print_json(managed.to_json())
     else:
-        table = output.recovery_table(log)
+        table = output.recovery_table(managed)
         if table:
             print(table, file=sys.stderr)
-        gave_up = f" ({log.gave_up})" if log.gave_up else ""
-        print(f"{log.runs[-1]}: {log.final_state}{gave_up}", file=sys.stderr)
-    return 0 if log.final_state == "succeeded" else 1
+        note = f" ({managed.note})" if managed.note else ""
+        print(f"{managed.current.run_id}: {managed.status.lower()}{note}", file=sys.stderr)
+    return 0 if managed.status == "SUCCEEDED" else 1
 
 
 def job_from_args(args: argparse.Namespace) -> JobSpec | None:
     """The command launch runs (`-- CMD`, `--job FILE`), or None for the bundled trainer (`--config`)."""
     command = args.command  # None without `--`; [] for a `--` with nothing after it
     if args.config is not None:
+        if args.metrics is not None:
+            raise UserError("--metrics says how a command's output gives its steps; the trainer (--config) "
+                            "writes its own")
         if command is not None:
             raise UserError("--config launches the bundled trainer and -- COMMAND a program of your own; "
                             "give one of them")
@@ -324,11 +336,13 @@ def job_from_args(args: argparse.Namespace) -> JobSpec | None:
     if args.overrides:
         raise UserError("--set overrides a key of the trainer's config; it goes with --config FILE")
     if args.job is not None:
-        return load_job_file(args.job, command)
-    if command is None:
+        job = load_job_file(args.job, command)
+    elif command is None:
         raise UserError("nothing to launch: give --config FILE (the bundled trainer), --job FILE.toml, or "
                         "-- COMMAND ...")
-    return JobSpec.from_command(command)
+    else:
+        job = JobSpec.from_command(command)
+    return job.with_metrics(args.metrics) if args.metrics is not None else job
 
 
 def supervision_policy(args: argparse.Namespace, job: JobSpec | None = None) -> SupervisionPolicy:

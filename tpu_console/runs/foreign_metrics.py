@@ -13,8 +13,9 @@ here, console-side, from the places launch.json's `job.metrics` names (relative 
   peak_bytes_in_use_max_gib`). They carry the trainer's metric names, so they fill the run's summary
   (`runs show`, `runs compare`) where its events say nothing.
 
-`steps_note` says where a run's steps come from, or that none of its output matched: shown instead of an
-empty table or plot.
+`steps_note` says where a run's steps come from, or that none of its output matched (yet, while it runs;
+after the end, that none was recognised and how to give the program's with `--metrics`): shown instead of
+an empty table or plot.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from tpu_console.fleet.fleet import Fleet
 from tpu_console.runs.archive import archived_last_steps_in
 from tpu_console.runs.events import Event, StepMetrics
 from tpu_console.runs.reach import reach_node
+from tpu_console.worker import step_lines
 from trainer import telemetry as tm
 
 WANDB_DEFAULT = "wandb"
@@ -43,7 +45,7 @@ WANDB_SUMMARY = "latest-run/files/wandb-summary.json"
 WANDB_KEYS = (tm.STEP_AVG_LAST10, tm.VALID_TOKENS_PER_S, tm.MEM_IN_USE, tm.MEM_PEAK)
 TB_PATTERN = "events.out.tfevents.*"
 MAX_TB_FILE = 256 << 20  # a larger event file holds images or histograms: not what a scalar view needs
-BUILT_IN = "seeds, maxtext, jsonl"
+BUILT_IN = ", ".join(step_lines.BUILT_IN)  # what the worker reads with format auto
 
 
 def command_job(record: Any) -> dict[str, Any] | None:
@@ -97,8 +99,12 @@ def steps_note(record: Any, last_steps: Mapping[int, StepMetrics | None] | None)
     if found:
         return f"steps: from output.log ({', '.join(found)} format)"
     expected = {"auto": f"auto: {BUILT_IN}", "regex": f"regex {metrics.get('regex')!r}"}.get(wanted, wanted)
-    return (f"steps: no line of the output matched ({expected}) yet: set [metrics] format or regex in the "
-            "job file to the program's step line")
+    if getattr(record, "finished", False):
+        return (f"steps: no step line was recognised in the output ({expected}); to read the program's, "
+                "launch with --metrics 'REGEX' (a named group step, e.g. 'iter (?P<step>\\d+)') or set "
+                "[metrics] regex in the job file")
+    return (f"steps: no line of the output matched ({expected}) yet: launch with --metrics FORMAT|REGEX, or "
+            "set [metrics] format or regex in the job file, to the program's step line")
 
 
 def archived_last_steps(record: Any) -> dict[int, StepMetrics | None] | None:

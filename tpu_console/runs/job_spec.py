@@ -27,7 +27,7 @@ from tpu_console.errors import UserError
 from tpu_console.runs.supervision import SupervisionPolicy, policy_from_options
 
 # Where a command's steps are read from (worker/step_lines.py parses each); the app's launch form lists them.
-MetricFormat = Literal["auto", "seeds", "maxtext", "jsonl", "regex", "none"]
+MetricFormat = Literal["auto", "seeds", "maxtext", "jsonl", "loop", "tqdm", "keras", "regex", "none"]
 METRIC_FORMATS: tuple[str, ...] = get_args(MetricFormat)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")  # a shell's NAME=VALUE before a command
@@ -170,6 +170,28 @@ class JobSpec(_Strict):
     def with_command(self, argv: list[str]) -> JobSpec:
         """This job with another command (`launch --job F -- CMD`: the command line wins over the file)."""
         return self.model_copy(update={"command": list(JobSpec.from_command(argv).command)})
+
+    def with_metrics(self, given: str) -> JobSpec:
+        """This job with its steps read as `launch --metrics` says (over the job file's [metrics] format and
+        regex): a format's name, or a regular expression with a named group `step`."""
+        formats = ", ".join(f for f in METRIC_FORMATS if f != "regex")
+        if given == "regex":
+            raise UserError("--metrics regex: give the regular expression itself, e.g. --metrics "
+                            "'iter (?P<step>\\d+) loss (?P<loss>[\\d.]+)'")
+        if given in METRIC_FORMATS:
+            return self.model_copy(update={"metrics": self.metrics.model_copy(
+                update={"format": given, "regex": None})})
+        try:
+            pattern = re.compile(given)
+        except re.error as exc:
+            raise UserError(f"--metrics {given!r} is neither a format ({formats}) nor a regular expression "
+                            f"({exc}); give a format, or a regex with (?P<step>\\d+) where the step "
+                            "is") from None
+        if "step" not in pattern.groupindex:
+            raise UserError(f"--metrics {given!r} has no named group `step`; write (?P<step>\\d+) where the "
+                            f"step number is, or give a format ({formats})")
+        return self.model_copy(update={"metrics": self.metrics.model_copy(
+            update={"format": "regex", "regex": given})})
 
     def policy(self, **overrides: Any) -> SupervisionPolicy:
         """The supervision this job asks for; `overrides` (launch's flags, None when not given) win."""

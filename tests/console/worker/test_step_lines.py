@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tpu_console.worker import step_lines
-from tpu_console.worker.step_lines import BadStepRegex, StepLines, check_step_regex
+from tpu_console.worker.step_lines import BadStepRegex, StepLines, check_step_regex, complete_lines
 from trainer import telemetry as tm
 
 # The bundled trainer's own human line (trainer/telemetry.py human_step_line), which the seeds' program
@@ -110,3 +110,207 @@ def test_none_reads_nothing_and_an_unknown_format_is_refused():
     assert StepLines("none").event(SEEDS) is None
     with pytest.raises(ValueError, match="unknown metrics format"):
         StepLines("csv")
+
+
+# ---- the lines real programs print, and the lines that are no step -------------------------------------
+
+
+def read(lines, parser=None):
+    """Every event of `lines` through one StepLines (format auto), the job's end included."""
+    parser = parser or StepLines("auto")
+    events = [e for line in lines for e in parser.feed(line, now=1.0)]
+    return events + parser.finish()
+
+
+@pytest.mark.parametrize(
+    ("line", "metrics"),
+    [
+        ("step 5 | loss 0.123 | 0.21 s/step", {"step": 5, tm.LOSS: 0.123, tm.phase_key("step"): 0.21}),
+        ("iter 10: loss 3.2100, time 120.50ms, mfu 12.34%",  # nanoGPT
+         {"step": 10, tm.LOSS: 3.21, tm.phase_key("step"): pytest.approx(0.1205), "mfu": 12.34}),
+        ("Step 100/1000, loss=0.5012, lr=1.00e-04", {"step": 100, tm.LOSS: 0.5012, "lr": 1e-4}),
+        ("[rank0]: step 7 | loss 0.5 | lr 3e-4 | data 5ms", {"step": 7, tm.LOSS: 0.5, "lr": 3e-4,
+                                                             tm.phase_key("data"): 0.005}),
+    ],
+)
+def test_hand_written_loop_lines(line, metrics):
+    assert step_lines.parse_loop(line) == metrics
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "step 0: train loss 4.1746, val loss 4.1719",  # nanoGPT's evaluation
+        "Eval at step 10: val_loss=1.2345, val_acc=0.500",
+        "resuming from step 40 (checkpoints/step_40.npz, val_loss=2.3000)",
+        "saving checkpoint at step 20, loss 0.5",
+        "Restored step 100",
+        "step 5",
+        "global_step 3 loss 1",
+        "tokens per iteration will be: 8,192",
+    ],
+)
+def test_lines_about_something_else_are_no_loop_step(line):
+    assert step_lines.parse_loop(line) is None
+
+
+def test_a_line_without_its_own_step_time_waits_for_a_second_of_its_kind():
+    parser = StepLines("auto")
+    assert parser.feed("Step 41/100, loss=2.1000, lr=4.98e-01") == []  # one line: no evidence yet
+    assert parser.format_found is None
+    events = parser.feed("Step 42/100, loss=2.0500, lr=4.97e-01")  # rising, same shape: both are steps
+    assert [(e["step"], e[tm.LOSS], e["format"]) for e in events] == [(41, 2.1, "loop"), (42, 2.05, "loop")]
+    assert parser.format_found == "loop" and parser.steps_found == 2
+
+
+def test_a_json_config_dump_with_a_step_before_maxtext_lines_is_no_step():
+    lines = ['{"model": "tiny", "step": 0, "steps": 10, "learning_rate": 0.001}', "Config param steps: 10"]
+    lines += [f"I0804 metric_logger.py:196] completed step: {i}, seconds: 0.5, loss: {9 - i}.0"
+              for i in range(3)]
+    events = read(lines)
+    assert [(e["step"], e["format"]) for e in events] == [(0, "maxtext"), (1, "maxtext"), (2, "maxtext")]
+    assert "learning_rate" not in events[0]
+
+
+def test_a_restore_message_before_seeds_lines_records_no_step():
+    lines = ["restoring checkpoint", "step=100 lr=0.0003 restored=1"]
+    lines += [f"step={i} loss=0.5 entropy=1.0 dt=0.25s" for i in (101, 102)]
+    lines += ["step=100 lr=0.0003 restored=1"]  # said again later: still not a step
+    events = read(lines)
+    assert [e["step"] for e in events] == [101, 102] and all(e["format"] == "seeds" for e in events)
+
+
+def test_an_eval_line_between_steps_is_no_step_and_the_steps_stay_exact():
+    lines = []
+    for i in range(1, 7):
+        lines.append(f"step={i} loss={1 / i:.3f} dt=0.10s")
+        if i % 3 == 0:
+            lines.append(f"step={i} eval_accuracy=0.5 eval_loss=0.9")  # MaxText-like eval, seeds-shaped
+    events = read(lines)
+    assert [e["step"] for e in events] == [1, 2, 3, 4, 5, 6]
+    assert all("eval_accuracy" not in e for e in events)
+
+
+def test_a_steps_last_line_with_fewer_fields_is_still_a_step():
+    events = read(["step=1 loss=1.0 entropy=1.5 dt=0.30s", "step=2 loss=0.5 entropy=1.4 dt=0.30s",
+                   "step=3 loss=0.2 dt=0.30s"])
+    assert [e["step"] for e in events] == [1, 2, 3]
+
+
+def test_a_later_kind_with_more_support_replaces_an_early_guess_once_that_has_gone_quiet():
+    lines = ['{"step": 1, "warmup_lr": 0.1}', '{"step": 2, "warmup_lr": 0.2}']  # an early guess: jsonl
+    lines += [f"iter {i}: loss {1 / i:.3f}" for i in range(1, 7)]  # the real steps, numbered afresh
+    events = read(lines)
+    # what the guess emitted stays (an event is never taken back); the loop takes over past its last step
+    assert [(e["step"], e["format"]) for e in events] == [
+        (1, "jsonl"), (2, "jsonl"), (3, "loop"), (4, "loop"), (5, "loop"), (6, "loop")]
+
+
+def test_a_regex_or_a_named_format_reads_only_its_lines():
+    events = read(["step 1 | loss 0.5 | 0.2 s/step", "completed step: 1, seconds: 0.5", "step 2 | loss 0.4"],
+                  StepLines("loop"))
+    assert [(e["step"], e["format"]) for e in events] == [(1, "loop"), (2, "loop")]
+    assert read(["step 1 | loss 0.5 | 0.2 s/step"], StepLines("keras")) == []
+
+
+def test_a_restarted_job_counts_its_steps_afresh():
+    parser = StepLines("auto")
+    first = read([f"step {i} | loss 0.5 | 0.2 s/step" for i in (1, 2, 3)], parser)
+    again = read([f"step {i} | loss 0.4 | 0.2 s/step" for i in (3, 4)], parser)  # resumed from step 2
+    assert [e["step"] for e in first] == [1, 2, 3] and [e["step"] for e in again] == [3, 4]
+
+
+# ---- progress bars: \r and \b redraws, each step once ----------------------------------------------------
+
+
+def split(data: bytes) -> list[str]:
+    return complete_lines(data, final=True)[0]
+
+
+def test_complete_lines_ends_a_line_at_newline_carriage_return_and_backspaces():
+    data = b"a\r\nb\rc\x08\x08\x08d\ne"
+    assert complete_lines(data) == (["a", "b", "c", "d"], len(data) - 1)  # `e` waits for its end
+    assert complete_lines(data, final=True) == (["a", "b", "c", "d", "e"], len(data))
+    assert complete_lines(b"x" * (step_lines.MAX_LINE + 1)) == (["x" * (step_lines.MAX_LINE + 1)],
+                                                                 step_lines.MAX_LINE + 1)
+
+
+def bar(n, total, rate="4.50it/s", desc="", post=""):
+    percent = 100 * n // total
+    return f"\r{desc}{percent:3d}%|{'#' * (percent // 10):10s}| {n}/{total} [00:01<00:03, {rate}{post}]"
+
+
+def test_a_bare_tqdm_bar_redrawn_with_carriage_returns_counts_each_step_once():
+    data = bar(0, 5, "?it/s") + bar(2, 5) + bar(2, 5) + bar(4, 5, "2.00s/it") + bar(5, 5) + bar(5, 5) + "\n"
+    events = read(split(data.encode()))
+    assert [e["step"] for e in events] == [2, 4, 5]  # a bar redrawn every 0.1 s skips counts it made
+    assert step_lines.steps_counted(events) == 5
+    assert events[1][tm.phase_key("step")] == 2.0  # s/it
+    assert events[0][tm.phase_key("step")] == pytest.approx(1 / 4.5)  # it/s
+
+
+def test_bars_of_data_loading_validation_and_sanity_checks_are_no_steps():
+    descriptions = ("Loading checkpoint shards: ", "Sanity Checking DataLoader 0: ", "Validation: ")
+    out = "".join(bar(n, 2, desc=desc) for desc in descriptions for n in (1, 2))
+    out += "\rMap: 100%|##########| 1000/1000 [00:00<00:00, 5000.00 examples/s]\n"
+    lines = split(out.encode())
+    assert read(lines) == []
+
+
+def test_lightning_epochs_continue_the_count_and_its_validation_bar_is_no_step():
+    out, loss = "", "nan"
+    for epoch in range(2):
+        desc = f"Epoch {epoch}: "
+        out += bar(0, 3, "?it/s", desc, f", v_num=1, train_loss={loss}")
+        for n in range(1, 4):
+            out += bar(n, 3, desc=desc, post=f", v_num=1, train_loss={loss}")  # drawn, then its loss
+            loss = f"{epoch}.{n}"
+            out += bar(n, 3, desc=desc, post=f", v_num=1, train_loss={loss}")
+        out += "\n" + "".join(bar(n, 2, desc="Validation DataLoader 0: ") for n in (1, 2))
+        out += bar(3, 3, desc=desc, post=f", v_num=1, train_loss={loss}, val_loss=0.5")
+        out += bar(0, 3, "?it/s", desc) + bar(0, 3, "?it/s", f"Epoch {epoch + 1}: ")  # the bar reset
+    events = read(split(out.encode()))
+    assert [e["step"] for e in events] == [1, 2, 3, 4, 5, 6]
+    assert [e[tm.LOSS] for e in events] == [0.1, 0.2, 0.3, 1.1, 1.2, 1.3]  # train_loss, the last redraw's
+    assert events[2]["val_loss"] == 0.5 and "v_num" not in events[2]
+
+
+def test_hugging_faces_log_dict_goes_to_the_step_its_bar_shows_next_and_its_summary_ends_training():
+    out = bar(0, 3, "?it/s") + "[transformers] loss_type=None\n"
+    out += bar(1, 3, "2.00s/it") + "\n{'loss': '4.7', 'grad_norm': '1.3', 'learning_rate': '0.001', "
+    out += "'epoch': '0.3'}\n" + bar(1, 3, "2.00s/it")  # tqdm.write: the line, then the bar again
+    out += bar(2, 3, "2.00s/it") + "\n{'loss': 4.6, 'epoch': 0.6}\n" + bar(2, 3, "2.00s/it")
+    out += "\n{'loss': '4.5', 'epoch': '1.0'}\n"  # before the bar showed 3 (tqdm throttles its redraws)
+    out += bar(3, 3, "1.90s/it") + "\n{'train_runtime': '6.1', 'train_loss': '4.6', 'epoch': '1.0'}\n"
+    out += bar(3, 3, "1.90s/it") + "\n" + bar(1, 3) + bar(2, 3) + bar(3, 3) + "\n"  # evaluate()'s bar, after
+    events = read(split(out.encode()))
+    assert [(e["step"], e[tm.LOSS]) for e in events] == [(1, 4.7), (2, 4.6), (3, 4.5)]
+    assert events[0]["learning_rate"] == 0.001 and events[0]["epoch"] == 0.3
+    assert all("train_runtime" not in e and "train_loss" not in e for e in events)
+
+
+def test_an_evaluation_bar_nested_in_an_unfinished_training_bar_is_no_step():
+    out = "".join(bar(n, 20) for n in range(1, 4)) + "\n"
+    out += "".join(bar(n, 40) for n in range(1, 41)) + "\n"  # evaluation, more batches than steps so far
+    out += "".join(bar(n, 20) for n in range(3, 6)) + "\n"
+    events = read(split(out.encode()))
+    assert [e["step"] for e in events] == [1, 2, 3, 4, 5]
+
+
+KERAS_BAR = ("\x1b[1m{n:2d}/10\x1b[0m \x1b[32m━━━━\x1b[0m\x1b[37m━━━━\x1b[0m \x1b[1m0s\x1b[0m {ms}ms/step - "
+             "loss: {loss}")
+
+
+def test_keras_counts_the_steps_of_finished_epochs_and_reads_its_backspace_redraws():
+    out = ""
+    for epoch in (1, 2):
+        out += f"Epoch {epoch}/2\n"
+        for n in (1, 2, 3, 5, 10, 10):  # redraws skip counts, and the last is drawn twice
+            out += KERAS_BAR.format(n=n, ms=5, loss=f"0.{epoch}{n:02d}") + "\x08" * 70 + "\r"
+        out += "\n"
+    out += "".join(KERAS_BAR.format(n=n, ms=2, loss="0.5") + "\n" for n in (1, 10))  # evaluate, after fit
+    events = read(split(out.encode()))
+    assert [e["step"] for e in events] == [1, 2, 3, 5, 10, 11, 12, 13, 15, 20]
+    assert step_lines.steps_counted(events) == 20
+    assert events[-1][tm.LOSS] == 0.21 and events[-1][tm.phase_key("step")] == 0.005
+    assert all(e["format"] == "keras" for e in events)

@@ -1,0 +1,80 @@
+"""Real programs' recorded output read as the job runner reads it (worker/step_lines.py): for every
+`program_outputs/<name>.log` (the raw bytes a real run wrote, `\\r` and `\\b` kept) and its `<name>.json`
+(what the program itself made: `steps`, `step_time_s`, its last `loss`; benchmarks/programs/record.py),
+the log is split as job_runner.StepFeed splits it and read with format auto, and the steps seen must be
+the steps made exactly, none twice, the step time within 10% of the program's own, and the last loss the
+program printed the last loss seen."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from tpu_console.worker import step_lines
+from tpu_console.worker.step_lines import STEP_S, StepLines, complete_lines, steps_counted
+from trainer import telemetry as tm
+
+FOLDER = Path(__file__).resolve().parent / "program_outputs"
+RECORDINGS = sorted(path.stem for path in FOLDER.glob("*.log"))
+READ_BYTES = 4096  # the log arrives in pieces, as the runner reads a growing file every half second
+
+
+def test_the_corpus_holds_recordings_each_with_what_its_program_made():
+    assert RECORDINGS, f"no recorded program output in {FOLDER}"
+    descriptions = sorted(path.stem for path in FOLDER.glob("*.json"))
+    assert descriptions == RECORDINGS, "each <name>.log needs its <name>.json and each .json its .log"
+
+
+def read_as_the_runner_does(data: bytes) -> tuple[list[dict], StepLines]:
+    """The events of a log fed in pieces (a line cut at a piece's end waits for the rest), then the end."""
+    parser = StepLines("auto")
+    events: list[dict] = []
+    pending, clock = b"", 0.0
+    for start in range(0, len(data), READ_BYTES):
+        pending += data[start:start + READ_BYTES]
+        lines, used = complete_lines(pending)
+        pending = pending[used:]
+        for line in lines:
+            clock += 1.0
+            events += parser.feed(line, now=clock)
+    lines, _ = complete_lines(pending, final=True)
+    for line in lines:
+        events += parser.feed(line)
+    return events + parser.finish(), parser
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_a_recorded_programs_steps_step_time_and_loss(name):
+    made = json.loads((FOLDER / f"{name}.json").read_text())
+    events, parser = read_as_the_runner_does((FOLDER / f"{name}.log").read_bytes())
+    steps = [e["step"] for e in events]
+    assert steps == sorted(set(steps)), f"{name}: a step seen twice or out of order: {steps}"
+    seen = steps_counted(events)
+    found = parser.format_found
+    assert seen == made["steps"], f"{name}: {seen} steps seen ({found} format), {made['steps']} made"
+    if made.get("last_step") is not None:
+        assert steps[-1] == made["last_step"]
+    if made.get("step_time_s"):
+        times = [e[STEP_S] for e in events if e.get(STEP_S) is not None]
+        assert times, f"{name}: no step time seen; the program's is {made['step_time_s']}"
+        assert statistics.median(times) == pytest.approx(made["step_time_s"], rel=0.10)
+    losses = [e[tm.LOSS] for e in events if e.get(tm.LOSS) is not None]
+    if made["has_loss"]:
+        assert losses and losses[-1] == pytest.approx(made["loss"], rel=1e-9, abs=1e-12), (name, losses[-3:])
+    else:
+        assert not losses, f"{name} prints no loss, yet {losses[:3]} was read"
+
+
+def test_the_pieces_do_not_change_what_is_read():
+    """A whole log read at once gives the same steps as the same log read in pieces (a redraw cut in two
+    is one line once its end arrives)."""
+    for name in RECORDINGS:
+        data = (FOLDER / f"{name}.log").read_bytes()
+        whole = StepLines("auto")
+        lines, _ = complete_lines(data, final=True)
+        events = [e for line in lines for e in whole.feed(line)] + whole.finish()
+        assert [e["step"] for e in events] == [e["step"] for e in read_as_the_runner_does(data)[0]], name
+        assert step_lines.steps_counted(events) == json.loads((FOLDER / f"{name}.json").read_text())["steps"]
