@@ -7,25 +7,27 @@ Each program's folder, benchmarks/programs/<name>/, holds program.toml:
     command = ["python", "train.py"]         # argv, run in the project folder on every worker
     python = "3.12"                          # optional: the Python its setup needs (setup --python-version)
     truth = '(?m)^step (?P<step>\d+) \|'     # its own step lines: a named group `step`
-    step_time = '\| (?P<s>[\d.]+) s/step'    # optional: its own step time, a named group `s`, `ms` or `us`
+    step_time = '\| (?P<s>[\d.]+) s/step'    # optional: its own step time: a group `s`, `ms`, `us`, `per_s`
     loss = '\| loss (?P<loss>[\d.]+)'        # optional: its own loss, a named group `loss`
-    steps = 30                               # optional: the steps it makes, where it has no `truth`
+    steps = 30                               # optional, where it has no `truth`: its steps, counted 1..N
     package = "jax"                          # optional: whose version names it (else requirements.txt's)
     about = "..."
 
 On each worker, from the program's own output (output.log):
 - steps made: `truth`'s matches, in order; a match that repeats the step just before it (a progress bar
-  redrawn with \r) is the same step; without `truth`, program.toml's `steps`;
-- its step time: the median of what `step_time` matches; where it prints none, the wall time per step
-  measured here: from when the first step's line reached the file to when the last one's did, over the
-  steps between them;
+  redrawn with \r) is the same step. Without `truth`, program.toml's `steps` N, the last of them N (a bar
+  such as tqdm's counts 1..N, but draws only some of them);
+- its step time: the median of what `step_time` matches (`per_s`: steps a second, as tqdm's `it/s`); where
+  it prints none, the wall time per step measured here: from when the first step's line reached the file
+  to when the last one's did, over the steps between them;
 - its loss: the last value `loss` matches.
 From the console: its step events (events.jsonl, as the run's archive keeps it), the last step `status`
 shows, the median of its events' step times, the loss of its last step.
 
-The targets: steps seen = steps made, exactly (as many step events as steps, and `status` at the last
-step); no step seen that the program did not make, nor one seen twice; the step time seen within 10% of
-the program's own; the loss seen at the last step equal to the program's last, wherever it prints one.
+The targets, on every worker: steps seen = steps made, exactly: `status` at the last step made, and, where
+`truth` tells each step, one step event a step; no spurious step: none the program did not make (with
+`steps` only: none past N, none that does not rise), none seen twice; the step time seen within 10% of the
+program's own; the loss seen at the last step equal to the program's last, wherever it prints one.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 STEP_TIME_TOLERANCE = 0.10
-STEP_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+STEP_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}  # seconds per unit; `per_s` is steps a second
 LOSS_TOLERANCE = 1e-3  # relative: the console reads the very text the program printed
 KEYS = {"command", "python", "truth", "step_time", "loss", "steps", "package", "about"}
 STEP_S = "time/train/step_s"  # the step events' step time (trainer/telemetry.py's name)
@@ -106,7 +108,7 @@ def load_program(folder: Path) -> Program:
         command=command,
         python=python,
         truth=_pattern(path, "truth", spec["truth"], ["step"]) if "truth" in spec else None,
-        step_time=(_pattern(path, "step_time", spec["step_time"], list(STEP_TIME_UNITS))
+        step_time=(_pattern(path, "step_time", spec["step_time"], [*STEP_TIME_UNITS, "per_s"])
                    if "step_time" in spec else None),
         loss=_pattern(path, "loss", spec["loss"], ["loss"]) if "loss" in spec else None,
         steps=steps,
@@ -149,10 +151,13 @@ def printed_step_times(text: str, step_time: re.Pattern[str]) -> list[float]:
     """Every step time the program printed, in seconds, whichever unit group matched."""
     times = []
     for found in step_time.finditer(text):
-        for unit, scale in STEP_TIME_UNITS.items():
-            if unit in step_time.groupindex and found.group(unit) is not None:
-                times.append(float(found.group(unit)) * scale)
-                break
+        groups = found.groupdict()
+        if groups.get("per_s") is not None and float(groups["per_s"]) > 0:
+            times.append(1 / float(groups["per_s"]))
+            continue
+        unit = next((u for u in STEP_TIME_UNITS if groups.get(u) is not None), None)
+        if unit is not None:
+            times.append(float(groups[unit]) * STEP_TIME_UNITS[unit])
     return times
 
 
@@ -183,13 +188,10 @@ class Made:
 
     steps: list[int] | None  # the step numbers truth matched; None without truth
     count: int
+    last: int | None  # the last step made: truth's last, else program.toml's `steps`
     step_s: float | None
     step_s_measured: bool  # the program printed no step time: it was measured here
     losses: list[float]  # every loss it printed (NaN where it printed one)
-
-    @property
-    def last(self) -> int | None:
-        return self.steps[-1] if self.steps else None
 
 
 def made(program: Program, text: str, growth: Sequence[tuple[float, int]]) -> Made:
@@ -200,6 +202,7 @@ def made(program: Program, text: str, growth: Sequence[tuple[float, int]]) -> Ma
     return Made(
         steps=[s for s, _ in steps] if steps is not None else None,
         count=len(steps) if steps is not None else program.steps or 0,
+        last=(steps[-1][0] if steps else None) if steps is not None else program.steps,
         step_s=statistics.median(printed) if printed else measured,
         step_s_measured=not printed and measured is not None,
         losses=losses,
@@ -264,16 +267,19 @@ def judge(program_made: Made, console_seen: Seen) -> list[str]:
     """What misses a target on one worker, one phrase each; none: it passes."""
     m, s = program_made, console_seen
     problems = []
-    if len(s.steps) != m.count:
-        problems.append(f"steps seen {len(s.steps)} != made {m.count}")
+    if m.last is not None and s.last != m.last:
+        shown = s.last if s.last is not None else "-"
+        problems.append(f"status shows step {shown}, the last made is {m.last}")
     if m.steps is not None:
-        extra = Counter(s.steps) - Counter(m.steps)
-        if extra:
-            shown = ", ".join(str(step) for step in sorted(extra)[:5]) + (", ..." if len(extra) > 5 else "")
-            problems.append(f"{sum(extra.values())} spurious step(s) seen ({shown})")
-        if m.last is not None and s.last != m.last:
-            shown = s.last if s.last is not None else "-"
-            problems.append(f"status shows step {shown}, the last made is {m.last}")
+        if len(s.steps) != m.count:
+            problems.append(f"{len(s.steps)} step(s) seen, {m.count} made")
+        spurious = sorted((Counter(s.steps) - Counter(m.steps)).elements())
+    else:  # a bar draws some of its steps: any it shows is one made, if it rises and stays within N
+        spurious = [step for i, step in enumerate(s.steps)
+                    if step > m.count or (i > 0 and step <= s.steps[i - 1])]
+    if spurious:
+        shown = ", ".join(str(step) for step in spurious[:5]) + (", ..." if len(spurious) > 5 else "")
+        problems.append(f"{len(spurious)} spurious step(s) seen ({shown})")
     if m.count > 0:
         if m.step_s is None:
             problems.append("no step time of the program's own to compare with (one step, no step_time)")
@@ -335,8 +341,8 @@ class Row:
 
 # --- the table ---------------------------------------------------------------------------------------
 
-COLUMNS = ("PROGRAM", "VERSION", "MADE", "SEEN", "OWN_S", "SEEN_S", "LOSS", "LOSS_SEEN", "FORMAT",
-           "GOODPUT", "SYNC", "SETUP", "RUN", "VERDICT")
+COLUMNS = ("PROGRAM", "VERSION", "MADE", "LAST", "SEEN", "SHOWN", "OWN_S", "SEEN_S", "LOSS", "LOSS_SEEN",
+           "FORMAT", "GOODPUT", "SYNC", "SETUP", "RUN", "VERDICT")
 
 
 def _each(row: Row, value) -> str:
@@ -364,7 +370,9 @@ def cells(row: Row) -> list[str]:
         row.program,
         row.version,
         _each(row, lambda r: str(r.made.count)),
+        _each(row, lambda r: "-" if r.made.last is None else str(r.made.last)),
         _each(row, lambda r: str(len(r.seen.steps))),
+        _each(row, lambda r: "-" if r.seen.last is None else str(r.seen.last)),
         _each(row, own_s),
         _each(row, lambda r: _number(r.seen.step_s)),
         _each(row, lambda r: _number(r.made.losses[-1]) if r.made.losses else "-"),
@@ -389,8 +397,10 @@ def table(rows: Sequence[Row]) -> str:
         lines.append("")
         lines.extend(f"{name}: {problem}" for name, problem in failing)
     lines.append("")
-    lines.append("MADE/SEEN: steps the program made (its own output) / step events the console recorded; "
-                 "OWN_S/SEEN_S: median step time, the program's own (~: measured from its lines' arrival) / "
-                 "the console's; LOSS: the last the program printed / the console's at its last step; "
-                 "a/b: workers differ; SYNC, SETUP, RUN: wall time of sync --dir, setup, launch to the end")
+    lines.append("MADE, LAST: the steps the program made and its last (its own output, or program.toml's "
+                 "`steps`); SEEN: the console's step events; SHOWN: the step `status` shows; OWN_S, SEEN_S: "
+                 "median step time, the program's (~: measured from when its lines arrived) and the "
+                 "console's; LOSS, LOSS_SEEN: the program's last and the console's at its last step; a/b: "
+                 "worker 0's and 1's where they differ; SYNC, SETUP, RUN: wall time of sync --dir, setup, "
+                 "launch to the run's end")
     return "\n".join(lines)

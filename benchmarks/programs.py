@@ -15,7 +15,7 @@ program's package. The pod is deleted at the end, on Ctrl-C too (`--keep` keeps 
 Prints, as it goes, how long each phase took (sync, setup, the run from launch to its end), then one row
 per program: its version, the steps it made and the steps the console saw, the step time the program
 printed (or, where it prints none, measured here from when its step lines reached output.log, polled every
-10 ms) against the console's, the last loss of each, the format the console found, the run's goodput from
+5 ms) against the console's, the last loss of each, the format the console found, the run's goodput from
 `runs show`, and PASS or FAIL by the targets, each failure's reasons below the table. Exits 1 when a row
 fails. `--json OUT` writes the rows.
 
@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "benchmarks" / "programs"
 CONSOLE = str(Path(sys.executable).parent / "tpu-console")
 POD = "programs"
-POLL_S = 0.01
+POLL_S = 0.005
 
 
 class Console:

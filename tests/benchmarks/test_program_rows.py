@@ -93,7 +93,7 @@ def test_a_console_that_saw_every_step_right_passes(tmp_path):
 @pytest.mark.parametrize(
     ("steps", "last", "step_s", "loss", "problem"),
     [
-        ([1, 2], 2, 0.22, 0.7, "steps seen 2 != made 3"),
+        ([1, 2], 2, 0.22, 0.7, "2 step(s) seen, 3 made"),
         ([100, 1, 2, 3], 3, 0.22, 0.7, "1 spurious step(s) seen (100)"),  # the config dump taken for a step
         ([1, 2, 2, 3], 3, 0.22, 0.7, "1 spurious step(s) seen (2)"),  # a redraw counted twice
         ([1, 2, 3], None, 0.22, 0.7, "status shows step -, the last made is 3"),
@@ -116,7 +116,7 @@ def test_step_time_within_ten_percent_passes_and_a_silent_worker_is_judged_on_it
     silent = rows.made(program(tmp_path, name="rank1"), "rank 1 waits\n", [])  # prints nothing of its steps
     assert rows.judge(silent, rows.seen("", status(None))) == []
     assert rows.judge(silent, rows.seen(events({"step": 1}), status(1))) == [
-        "steps seen 1 != made 0", "1 spurious step(s) seen (1)"]
+        "1 step(s) seen, 0 made", "1 spurious step(s) seen (1)"]
 
 
 def test_a_program_whose_loss_is_nan_wants_none_seen(tmp_path):
@@ -127,12 +127,24 @@ def test_a_program_whose_loss_is_nan_wants_none_seen(tmp_path):
     assert rows.judge(made, seen) == []
 
 
-def test_steps_from_program_toml_where_it_has_no_truth(tmp_path):
-    counted = program(tmp_path, 'command = ["python", "t.py"]\nsteps = 4\nstep_time = "(?P<s>[.0-9]+)s"\n')
-    made = rows.made(counted, "0.5s\n0.5s\n0.5s\n0.5s\n", [])
-    assert (made.steps, made.count, made.step_s) == (None, 4, 0.5)
-    seen = rows.seen(events(*({"step": s, "time/train/step_s": 0.5} for s in range(4))), status(3))
-    assert rows.judge(made, seen) == []
+BAR = r"""
+command = ["python", "t.py"]
+steps = 200
+step_time = '(?:(?P<s>[\d.]+)s/it|(?P<per_s>[\d.]+)it/s)\]'
+"""
+
+
+def test_a_bar_that_draws_some_of_its_steps_is_judged_by_the_last_step_and_their_order(tmp_path):
+    bar = program(tmp_path, BAR)
+    text = "\r 37/200 [00:00, 370.00it/s]\r100/200 [00:00, 1.00s/it]\r200/200 [00:01, 400.00it/s]\n"
+    made = rows.made(bar, text, [])
+    assert (made.steps, made.count, made.last) == (None, 200, 200)
+    assert made.step_s == pytest.approx(1 / 370) and not made.step_s_measured  # the median of 1/370, 1, 1/400
+    drawn = events(*({"step": s, "time/train/step_s": 0.0025} for s in (37, 100, 200)))
+    assert rows.judge(made, rows.seen(drawn, status(200))) == []
+    shown_twice = events(*({"step": s, "time/train/step_s": 0.0025} for s in (37, 100, 100, 201)))
+    assert rows.judge(made, rows.seen(shown_twice, status(201))) == [
+        "status shows step 201, the last made is 200", "2 spurious step(s) seen (100, 201)"]
 
 
 @pytest.mark.parametrize(
@@ -142,7 +154,7 @@ def test_steps_from_program_toml_where_it_has_no_truth(tmp_path):
         ('command = ["python"]\ntruth = "step (\\\\d+)"\n', "has no named group `(?P<step>...)`"),
         ('command = ["python"]\ntruth = "step (?P<step>"\n', "does not compile"),
         ('command = ["python"]\n', "neither `truth` nor `steps`"),
-        ('command = ["python"]\nsteps = 3\nstep_time = "(?P<sec>1)"\n', "`(?P<s>...)` or `(?P<ms>...)`"),
+        ('command = ["python"]\nsteps = 3\nstep_time = "(?P<sec>1)"\n', "`(?P<us>...)` or `(?P<per_s>...)`"),
         ('command = ["python"]\nsteps = 3\nthruth = "x"\n', "unknown key 'thruth'"),
         ('command = ["python"]\nsteps = 3\npython = "3"\n', "`python` must be a version"),
         ("command = [", "cannot be read as TOML"),
@@ -163,8 +175,8 @@ def test_the_table_has_a_row_a_program_and_names_each_failure(tmp_path):
     text = rows.table([good, bad])
     lines = text.splitlines()
     assert lines[0].split() == list(rows.COLUMNS)
-    assert lines[1].split() == ["loop", "jax", "0.10.2", "3", "0", "0.22", "-", "0.7", "-", "loop", "41.3%",
-                                "0s", "30s", "20s", "PASS"]
+    assert lines[1].split() == ["loop", "jax", "0.10.2", "3", "3", "0", "-", "0.22", "-", "0.7", "-", "loop",
+                                "41.3%", "0s", "30s", "20s", "PASS"]
     assert lines[2].split()[-1] == "FAIL"
     assert "keras: setup failed: no matching distribution" in lines
     assert json.loads(json.dumps([good.to_json(), bad.to_json()]))[1]["problems"] == [
