@@ -64,10 +64,11 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
         "-- CMD...",
         description="Run CMD (pip install -r requirements-tpu.txt, uv sync, pip install -e ., anything) on "
         "every worker at once, in the current project's folder (sync --dir/--git), inside a venv "
-        "~/tpu-console/envs/<digest>/ made from the Python bootstrap chose. The digest is that of CMD, the "
-        "requirement files' contents and the Python version: CMD runs again only when they change (else "
-        "\"already in place\"). setup.json records a setup that succeeded; launch runs jobs in it. A worker "
-        "that fails is named with its last line (exit 2).",
+        "~/tpu-console/envs/<digest>/ made from the Python bootstrap chose, which sees bootstrap's packages "
+        "(JAX for the machine). The digest is that of CMD, the requirement files' contents, the Python "
+        "version and bootstrap's environment: CMD runs again only when they change, or when it installed "
+        "the project and another was synced since (else \"already in place\"). setup.json records a setup "
+        "that succeeded; launch runs jobs in it. A worker that fails is named with its last line (exit 2).",
     )
     setup.add_argument("node")
     flags.add_worker(setup)
@@ -150,23 +151,31 @@ async def setup(args: argparse.Namespace, settings: Settings, providers: dict[st
         python_version=args.python_version, workers=args.worker, progress=output.progress,
         on_worker=output.worker_progress,
     )
-    print_project_steps(result, "setup", args.json)
     failure = setup_failure(result)
-    if failure:
-        raise UserError(f"setup failed on {failure}; fix it and run setup again (launch refuses a mixed pod)")
+    error = (f"setup failed on {failure}; fix it and run setup again (launch refuses a mixed pod)"
+             if failure else None)
+    print_project_steps(result, "setup", args.json, error)
+    if error:
+        # the error is part of the one JSON document printed above: only its line goes to stderr
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 
-def print_project_steps(result: Any, what: str, json_mode: bool) -> int:
-    """Per worker: ok or FAILED, the project (or setup) it now has, how it got there; exit 1 on a failure."""
+def print_project_steps(result: Any, what: str, json_mode: bool, error: str | None = None) -> int:
+    """Per worker: ok or FAILED, the project (or setup) it now has, how it got there; exit 1 on a failure.
+    With --json, one document, `error` in it when given."""
     def record(w: Any) -> dict[str, Any] | None:
         return w.report.project if what == "project" else w.report.setup
 
     if json_mode:
-        output.print_json({"node": result.node.name, "ok": result.ok, "workers": [
+        document: dict[str, Any] = {"node": result.node.name, "ok": result.ok, "workers": [
             {"worker": w.worker, "ok": w.ok, "error": w.error, "seconds": round(w.seconds, 2),
              "ready": w.report.ready, what: record(w), "versions": w.versions, "code": w.report.code}
-            for w in result.workers]})
+            for w in result.workers]}
+        if error is not None:
+            document["error"] = error
+        output.print_json(document)
     else:
         rows = []
         for w in result.workers:

@@ -3,9 +3,11 @@ environment on every worker, in parallel.
 
 CMD (`pip install -r requirements-tpu.txt`, `uv sync`, `pip install -e .`, anything) runs in the current
 project's folder (`sync --dir` / `--git`) inside a venv `~/tpu-console/envs/<digest>/` made from the
-Python bootstrap chose, the digest being that of CMD, the requirement files' contents and the Python
-version: it runs again only when one of them changes. The worker's side is worker_setup.py; `setup.json`
-records a setup that succeeded, and launch reads it. A worker that fails is named with its last line.
+Python bootstrap chose and seeing bootstrap's packages, the digest being that of CMD, the requirement
+files' contents, the Python version and bootstrap's environment: it runs again only when one of them
+changes, or when CMD installed the project and another has been synced since. The worker's side is
+worker_setup.py; `setup.json` records a setup that succeeded, and launch reads it (`stale_setup`). A
+worker that fails is named with its last line.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 from importlib import resources
+from typing import Any
 
 from tpu_console.errors import UserError
 from tpu_console.fleet.fleet import Fleet
@@ -106,4 +109,20 @@ async def setup_project(
 
 def _bad_input(error: str) -> bool:
     refusals = ("no project on", "no Python", "no python.json")
-    return error.startswith(refusals) or " is not in the project " in error
+    return error.startswith(refusals) or " is not in the project " in error or " still runs in ~/" in error
+
+
+def stale_setup(node_name: str, project: dict[str, Any] | None, setup: dict[str, Any] | None) -> str | None:
+    """Why a command may not run in the workers' setup environment now, or None: its command installed
+    the project (setup.json's holds_project) and the project synced since is another one, whose code the
+    job would not run. Launch refuses rather than run the setup itself: a setup runs any command, for
+    minutes, and `launch -- CMD` changes no environment on its own (a job file's [setup] is how to ask)."""
+    if not project or not setup or not setup.get("holds_project"):
+        return None
+    installed, synced = str(setup.get("project_digest"))[:16], str(project.get("digest"))[:16]
+    if installed == synced:
+        return None
+    command = setup.get("command")
+    return (f"the setup environment on {node_name} holds the project {installed} that `{command}` installed, "
+            f"not {project.get('name')} {synced} synced since; run `tpu-console setup {node_name} -- "
+            f"{command}` again to install it, then launch")

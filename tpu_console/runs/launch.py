@@ -40,6 +40,7 @@ from tpu_console.providers.base import Provider, no_progress
 from tpu_console.provision import recipes as provision_recipes
 from tpu_console.provision.code_sync import ENV_FILE as SYNCED_ENV_FILE
 from tpu_console.provision.code_sync import code_version
+from tpu_console.provision.project_setup import stale_setup
 from tpu_console.provision.recipes import ENV_DIR, ENV_PYTHON
 from tpu_console.provision.report import WorkerReport, mismatches
 from tpu_console.provision.steps import ignore_worker, run_on_workers
@@ -290,6 +291,8 @@ def command_job(job: JobSpec, node: Node, reports: list[WorkerReport], check_cod
         worker = next(r.worker for r in reports if not r.setup)
         raise UserError(f"worker {worker} of {node.name} holds no setup after the setup ran; nothing was "
                         "launched")
+    if (stale := stale_setup(node.name, project, setup)) is not None:
+        raise UserError(stale)
     env_dir = (setup or {}).get("env") or (ENV_DIR if all(r.env_present for r in reports) else None)
     return PreparedJob(
         kind="command",

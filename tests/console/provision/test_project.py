@@ -143,7 +143,11 @@ def test_setup_runs_once_per_command_requirements_and_python_and_names_a_failed_
     command = 'echo "$VIRTUAL_ENV $PWD" > ~/where; python -c "import sys; print(sys.prefix)" >> ~/where'
     status, first, err = json_run(capsys, "setup", pod, "--", command)
     assert status == 0, err
+    # said before the command ran: no bootstrap environment here to start from
+    assert ("does not see bootstrap's packages: there is none (`tpu-console bootstrap pod` makes it); the "
+            "command must install everything the job imports, jax included") in err
     setup = first["workers"][0]["setup"]
+    assert setup["sees_bootstrap"] is False and setup["holds_project"] is False  # the command installed none
     assert [w["ready"] for w in first["workers"]] == ["installed", "installed"]
     env = worker_home(0) / setup["env"]
     current = json.loads((worker_home(0) / "tpu-console" / "project.json").read_text())
@@ -165,6 +169,11 @@ def test_setup_runs_once_per_command_requirements_and_python_and_names_a_failed_
     assert status == 2
     assert err.strip().splitlines()[-1].startswith(
         "error: setup failed on worker 1: `if") and "exited 3: ERROR: No matching distribution for six" in err
+    # --json: one document, the error in it (and its line on stderr)
+    status, failed, err = json_run(capsys, "setup", pod, "--requirements", "requirements.txt", "--", failing)
+    assert status == 2 and failed["ok"] is False and [w["ok"] for w in failed["workers"]] == [True, False]
+    assert failed["error"].startswith("setup failed on worker 1: `if")
+    assert err.count("error: setup failed") == 1
     setups = [json.loads((worker_home(w) / "tpu-console" / "setup.json").read_text()) for w in (0, 1)]
     assert setups[0]["digest"] != setup["digest"] and setups[1]["digest"] == setup["digest"]
     reports = [WorkerReport(w, setup=s) for w, s in enumerate(setups)]
@@ -179,3 +188,107 @@ def test_setup_runs_once_per_command_requirements_and_python_and_names_a_failed_
     status, out, err = run(capsys, "setup", pod, "--python-version", "3.99", "--", "true")
     assert status == 2
     assert "no Python 3.99 on this worker; `tpu-console bootstrap pod --python-version 3.99`" in err
+
+
+PYPROJECT = """\
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "who-runs"
+version = "0.1"
+
+[project.scripts]
+who-runs = "who_runs:main"
+
+[tool.hatch.build.targets.wheel]
+packages = ["src/who_runs"]
+dev-mode-dirs = ["src"]
+"""
+# A src layout with a console script: neither is found through the project folder on PYTHONPATH, only
+# through what the setup installed. It imports the JAX that bootstrap installed (the project names none).
+WHO_RUNS = """\
+import sys, time
+import jax
+
+WHO = {who!r}
+
+def main():
+    print(WHO, "jax", jax.__version__, flush=True)
+    time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 0)
+"""
+
+
+def who_runs_project(folder: Path, who: str) -> Path:
+    (folder / "src" / "who_runs").mkdir(parents=True, exist_ok=True)
+    (folder / "pyproject.toml").write_text(PYPROJECT)
+    (folder / "src" / "who_runs" / "__init__.py").write_text(WHO_RUNS.format(who=who))
+    return folder
+
+
+def launched_lines(capsys, *command: str) -> list[str]:
+    status, out, err = run(capsys, "launch", "pod", "--json", "--", *command)
+    assert status == 0, err
+    run_id = json.loads(out)["run_id"]
+    status, out, _ = run(capsys, "logs", run_id, "--follow", "--lines", "all")
+    assert status == 0, out
+    return sorted(out.splitlines())
+
+
+@pytest.mark.timeout(600)
+def test_a_setup_that_installs_the_project_follows_each_sync_and_starts_from_bootstraps_jax(
+    capsys, tmp_path, pod
+):
+    import jax
+
+    assert run(capsys, "bootstrap", pod)[0] == 0  # a local pod's: this machine's packages, JAX among them
+    project = who_runs_project(tmp_path / "proj", "first")
+    assert run(capsys, "sync", pod, "--dir", str(project))[0] == 0
+    # offline: the build uses the hatchling bootstrap's environment has (this machine's), and no index
+    editable = "pip install --no-index --no-build-isolation -e ."
+    status, first, err = json_run(capsys, "setup", pod, "--", editable)
+    assert status == 0, err
+    assert f"sees bootstrap's packages (~/tpu-console/env, jax {jax.__version__}) after its own" in err
+    setup = first["workers"][0]["setup"]
+    assert setup["holds_project"] is True and setup["sees_bootstrap"] is True
+    expected = [f"[{w}] first jax {jax.__version__}" for w in (0, 1)]
+    assert launched_lines(capsys, "who-runs") == expected
+
+    # A change synced, not set up: the environment still links the first sync's folder; launch refuses.
+    who_runs_project(project, "second")
+    status, synced, err = json_run(capsys, "sync", pod, "--dir", str(project))
+    assert status == 0, err
+    digest = synced["workers"][0]["project"]["digest"]
+    status, out, err = run(capsys, "launch", "pod", "--", "who-runs")
+    assert status == 2 and err.count("\n") == 1, err
+    assert err == (f"error: the setup environment on pod holds the project {setup['project_digest']} that "
+                   f"`{editable}` installed, not proj {digest} synced since; run `tpu-console setup pod -- "
+                   f"{editable}` again to install it, then launch\n")
+    # The same setup again: the same environment, the command run again for the new project.
+    status, again, err = json_run(capsys, "setup", pod, "--", editable)
+    assert status == 0 and [w["ready"] for w in again["workers"]] == ["installed", "installed"], err
+    assert f"holds the project {setup['project_digest']}; running the command again for {digest}" in err
+    assert again["workers"][0]["setup"]["digest"] == setup["digest"]
+    assert launched_lines(capsys, "who-runs") == [line.replace("first", "second") for line in expected]
+    status, same, err = json_run(capsys, "setup", pod, "--", editable)
+    assert [w["ready"] for w in same["workers"]] == ["already", "already"], err
+
+    # Not editable (the code copied into site-packages): the same, in an environment of its own; and not
+    # while a run still works in it.
+    copied = "pip install --no-index --no-build-isolation ."
+    status, out, err = run(capsys, "setup", pod, "--", copied)
+    assert status == 0, err
+    status, out, err = run(capsys, "launch", "pod", "--json", "--", "who-runs", "60")
+    assert status == 0, err
+    long_run = json.loads(out)["run_id"]
+    who_runs_project(project, "third")
+    assert run(capsys, "sync", pod, "--dir", str(project))[0] == 0
+    status, out, err = run(capsys, "setup", pod, "--", copied)
+    assert status == 2
+    assert err.splitlines()[-1].startswith(f"error: worker 0: run {long_run} still runs in ~/")
+    assert f"stop it first (`tpu-console stop pod {long_run}`), then run setup again" in err
+    assert run(capsys, "stop", long_run, "--yes", "--grace", "3")[0] == 0
+    status, out, err = run(capsys, "setup", pod, "--", copied)
+    assert status == 0, err
+    assert launched_lines(capsys, "who-runs") == [line.replace("first", "third") for line in expected]
