@@ -1,5 +1,8 @@
 """Errors a person can meet. Each carries a one-line message that names the problem and the fix."""
 
+import difflib
+from collections.abc import Iterable
+
 
 class UserError(Exception):
     """Bad input or an unmet precondition. The CLI prints `error: <message>` and exits with status 2.
@@ -12,6 +15,30 @@ class UserError(Exception):
 
 class NotFound(UserError):
     """An unknown node, type or worker."""
+
+
+class UnknownNode(NotFound):
+    """A node name no provider has; `close` are the names of existing nodes it may be a typo of."""
+
+    def __init__(self, name: str, close: list[str]) -> None:
+        super().__init__(f"unknown node {name!r}{did_you_mean(close)}: `tpu-console ls` lists the nodes")
+        self.name = name
+        self.close = close
+
+
+def close_names(name: str, names: Iterable[str]) -> list[str]:
+    """The names `name` may be a typo of, the closest first, equally close ones by name (at most 3)."""
+    scored = [(difflib.SequenceMatcher(None, name, other).ratio(), other) for other in set(names)]
+    return [other for score, other in sorted(scored, key=lambda s: (-s[0], s[1])) if score >= 0.6][:3]
+
+
+def did_you_mean(close: list[str]) -> str:
+    """` (did you mean 'pod'?)`, ` (did you mean 'pod' or 'pod-2'?)`, or nothing."""
+    if not close:
+        return ""
+    quoted = [repr(name) for name in close]
+    listed = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+    return f" (did you mean {listed}?)"
 
 
 class AlreadyExists(UserError):

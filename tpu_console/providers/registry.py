@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 
-from tpu_console.errors import NotFound, UserError
+from tpu_console.errors import NotFound, UnknownNode, UserError, close_names
 from tpu_console.model import Node
-from tpu_console.providers.base import Provider
+from tpu_console.providers.base import NodeListing, Provider
 from tpu_console.settings import Settings
 
 # Every provider tpu-console knows, in the order listings show them.
 KNOWN_PROVIDERS = ("local", "ssh", "gcp")
+SUGGEST_TIMEOUT_S = 15.0  # the listing a "did you mean" is drawn from; none past it
 
 
 def build_providers(settings: Settings) -> dict[str, Provider]:
@@ -92,7 +93,19 @@ async def find_node(providers: dict[str, Provider], name: str) -> tuple[Provider
         raise NotFound(
             f"node {name!r} not found, and could not ask {'; '.join(failures)}; fix that and retry"
         )
-    raise NotFound(f"unknown node {name!r}: `tpu-console ls` lists the nodes")
+    raise UnknownNode(name, close_names(name, await _node_names(providers)))
+
+
+async def _node_names(providers: dict[str, Provider]) -> list[str]:
+    """Every provider's node names, for a "did you mean" (none from a provider that cannot list in time)."""
+    try:
+        listings = await asyncio.wait_for(
+            asyncio.gather(*(p.list_nodes() for p in providers.values()), return_exceptions=True),
+            SUGGEST_TIMEOUT_S,
+        )
+    except TimeoutError:
+        return []
+    return [node.name for listing in listings if isinstance(listing, NodeListing) for node in listing.nodes]
 
 
 async def close_providers(providers: dict[str, Provider]) -> None:

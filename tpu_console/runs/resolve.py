@@ -6,7 +6,7 @@ one whose node is gone), then on every node. Nothing is done on a node for a nam
 
 from __future__ import annotations
 
-from tpu_console.errors import NotFound, UserError
+from tpu_console.errors import NotFound, UnknownNode, UserError, did_you_mean
 from tpu_console.providers.base import Provider
 from tpu_console.runs import bucket_record, discovery
 from tpu_console.runs.run_id import check_run_id, is_run_id
@@ -31,14 +31,14 @@ async def resolve_run(
         return record
     if is_run_id(first):
         return await _get(store, providers, first)
-    node_exists = await _discover(providers, store, first)
+    unknown = await _discover(providers, store, first)
     latest = store.list(first, 1)
     if latest:
         return latest[0]
-    if not node_exists:
+    if unknown is not None:
         raise NotFound(
-            f"{first!r} is neither a run id (YYYYmmdd-HHMMSS-xxxx) nor a node; list them with "
-            "`tpu-console runs` and `tpu-console ls`"
+            f"{first!r} is neither a run id (YYYYmmdd-HHMMSS-xxxx) nor a node{did_you_mean(unknown.close)}; "
+            "list them with `tpu-console runs` and `tpu-console ls`"
         )
     raise NotFound(f"node {first} has no runs yet; start one with `tpu-console launch {first} --config FILE`")
 
@@ -51,13 +51,16 @@ def _known(store: RunStore, run_id: str) -> bool:
     return True
 
 
-async def _discover(providers: dict[str, Provider], store: RunStore, node: str) -> bool:
-    """The node's runs into the history; False when there is no such node (the history may still know it)."""
+async def _discover(providers: dict[str, Provider], store: RunStore, node: str) -> UnknownNode | None:
+    """The node's runs into the history; the error when there is no such node (the history may still
+    know it)."""
     try:
         await discovery.discover(providers, store, node)
-    except NotFound:
-        return False
-    return True
+    except UnknownNode as exc:
+        return exc
+    except NotFound:  # a provider could not be asked: no names to offer
+        return UnknownNode(node, [])
+    return None
 
 
 async def _get(store: RunStore, providers: dict[str, Provider], run_id: str) -> RunRecord:

@@ -290,6 +290,18 @@ async def test_slash_filters_the_table_and_escape_clears_it():
         assert table.row_count == 3 and screen.filter_text == ""
 
 
+async def test_a_filter_that_matches_no_node_names_the_nodes_it_may_be_a_typo_of():
+    app = app_with(FakeProvider([make_node("grpo-a"), make_node("bench-b")]))
+    async with app.run_test() as pilot:
+        screen = await started(pilot, app)
+        await pilot.press("slash", *"grop-a")
+        assert screen.query_one("#nodes", DataTable).row_count == 0
+        status = screen.query_one("#status", Static)
+        assert "(0 match /grop-a (did you mean 'grpo-a'?))" in str(status.render())
+        await pilot.press("backspace", "backspace", *"zz")
+        assert "(0 match /gropzz)" in str(status.render())  # like no node: no guess
+
+
 async def test_two_nodes_of_one_name_in_two_zones_are_two_rows():
     # a race's losers left behind (say the app was killed mid-race): gcp names are unique per zone only
     provider = FakeProvider()

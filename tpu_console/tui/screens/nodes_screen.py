@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import ClassVar
 
+from rich.markup import escape
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -21,7 +22,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 from textual.worker import Worker
 
-from tpu_console.errors import CreateInterrupted, UserError, one_line
+from tpu_console.errors import CreateInterrupted, UserError, close_names, did_you_mean, one_line
 from tpu_console.model import Node, QueuedRequest
 from tpu_console.node_table import HOLDS_QUOTA, format_cost
 from tpu_console.pricing import price_per_hour
@@ -201,7 +202,11 @@ class NodesScreen(Screen[None]):
         if count:
             summary = f"{count} node{'s' if count != 1 else ''}"
             if self.filter_text:  # queued requests' rows are no filter's doing
-                summary += f" ({shown} match /{self.filter_text})"
+                summary += f" ({shown} match /{escape(self.filter_text)}"
+                if not shown:  # a mistyped name
+                    names = [node.name for node in self.listing.nodes]
+                    summary += escape(did_you_mean(close_names(self.filter_text, names)))
+                summary += ")"
         else:
             summary = "no nodes: press c to create one"
         text = f"{summary} · updated {now:%H:%M:%S}"
