@@ -37,12 +37,14 @@ bootstrap_venv() {
   fi
 }
 
-# Debian packages some tests need (a real OpenSSH server and client, tmux, and chromium for the browser
-# test of `serve`). Installed only when missing. Outside CI a package that cannot be had is a note and its
-# tests skip, naming it; under CI=true it is an error, so a CI run never passes by skipping them.
+# Debian packages some tests need (a real OpenSSH server and client, sudo for the OpenSSH test's login user,
+# tmux, and chromium for the browser test of `serve`). Installed only when missing. Outside CI a package
+# that cannot be had is a note and its tests skip, naming it; under CI=true it is an error, so a CI run
+# never passes by skipping them.
 missing_apt_packages() {
   command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || echo openssh-server
   command -v ssh >/dev/null 2>&1 || echo openssh-client
+  command -v sudo >/dev/null 2>&1 || echo sudo
   command -v tmux >/dev/null 2>&1 || echo tmux
   command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || echo chromium
 }

@@ -120,9 +120,10 @@ if [ ! -x "$env/bin/python" ]; then
     if command -v apt-get >/dev/null 2>&1 && { [ "$(id -u)" = 0 ] || sudo -n true 2>/dev/null; }; then
       minor=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
       echo "@@ step installing python$minor-venv with apt-get"
+      # A fresh Ubuntu VM's unattended-upgrades may hold dpkg's lock for minutes after boot: wait for it.
       s=""; [ "$(id -u)" = 0 ] || s="sudo -n"
-      { $s env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "python$minor-venv" >/dev/null 2>&1 \
-        || $s env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null; } \
+      apt=(env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq)
+      { $s "${apt[@]}" "python$minor-venv" >/dev/null 2>&1 || $s "${apt[@]}" python3-venv >/dev/null; } \
         && rm -rf "$env" && "$py" -m venv "$env" || exit 12
     else
       echo "@@ error python -m venv failed; install python3-venv on the worker (or uv)"; exit 12
