@@ -9,6 +9,12 @@
 
 Both write `project.json`, the current project, which `setup` and `launch` read. The bundled trainer's
 own sync (a wheel into ~/tpu-console/env, code.json) is tpu_console/provision/code_sync.py.
+
+A `--dir` sync is also remembered here (`$TPU_CONSOLE_HOME/synced/<node>.json`: the folder, its digest and
+each file's size, mtime and hash), so that `launch` can say when the folder has changed since
+(`changed_since_sync`): the folder's digest is computed again the way sync computes it, reading only the
+files whose size, mtime or mode moved. `project_path_in` finds the file a command names by a relative
+path, which only a synced project holds (launch refuses such a command where nothing is synced).
 """
 
 from __future__ import annotations
@@ -18,15 +24,18 @@ import hashlib
 import io
 import json
 import os
+import shlex
+import stat
 import subprocess
 import tarfile
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tpu_console import secrets
+from tpu_console import locations, secrets
 from tpu_console.errors import UserError
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.preflight import open_node, require_all_reachable
@@ -49,6 +58,7 @@ class PackedProject:
     digest: str
     git_sha: str | None
     dirty: bool | None
+    states: dict[str, list[Any]] = field(default_factory=dict)  # file_states: what the digest adds up
 
     def project_json(self) -> str:
         return json.dumps(
@@ -127,15 +137,39 @@ def project_files(root: Path) -> tuple[list[str], str | None, bool | None]:
 def content_digest(root: Path, files: list[str]) -> str:
     """The digest of what the workers will hold: each file's path, executable bit and content (a
     symlink: its target), in order. Equal trees, equal digests, whatever their mtimes."""
-    total = hashlib.sha256()
+    return digest_of(file_states(root, files))
+
+
+def file_states(
+    root: Path, files: list[str], known: dict[str, list[Any]] | None = None
+) -> dict[str, list[Any]]:
+    """Each file's `[size, mtime_ns, mode, kind, data]`, kind `x` or `f` (executable or not) with data the
+    content's sha256, or `l` with data a symlink's target. An entry of `known` whose size, mtime and mode
+    are those on disk is taken as it is, without reading the file (a stat cache, as git's index is)."""
+    known = known or {}
+    states: dict[str, list[Any]] = {}
     for relative in files:
         path = root / relative
-        if path.is_symlink():
-            kind, data = "l", os.readlink(path).encode()
+        seen = path.lstat()
+        was = known.get(relative)
+        if was and was[:3] == [seen.st_size, seen.st_mtime_ns, seen.st_mode]:
+            states[relative] = was
+            continue
+        if stat.S_ISLNK(seen.st_mode):
+            kind, data = "l", os.readlink(path)
         else:
             kind = "x" if os.access(path, os.X_OK) else "f"
-            data = hashlib.sha256(path.read_bytes()).digest()
-        total.update(f"{relative}\0{kind}\0".encode() + data + b"\0")
+            data = hashlib.sha256(path.read_bytes()).hexdigest()
+        states[relative] = [seen.st_size, seen.st_mtime_ns, seen.st_mode, kind, data]
+    return states
+
+
+def digest_of(states: dict[str, list[Any]]) -> str:
+    """content_digest of the files `states` describes, in their order."""
+    total = hashlib.sha256()
+    for relative, (*_, kind, data) in states.items():
+        raw = data.encode() if kind == "l" else bytes.fromhex(data)
+        total.update(f"{relative}\0{kind}\0".encode() + raw + b"\0")
     return total.hexdigest()[:16]
 
 
@@ -149,7 +183,8 @@ def pack_project(directory: str | Path) -> PackedProject:
     files, sha, dirty = project_files(root)
     if not files:
         raise UserError(f"--dir {directory} has no files to sync (all ignored, or empty)")
-    return PackedProject(root, files, content_digest(root, files), sha, dirty)
+    states = file_states(root, files)
+    return PackedProject(root, files, digest_of(states), sha, dirty, states)
 
 
 def repository_name(url: str) -> str:
@@ -201,6 +236,8 @@ async def sync_project(
                 raise UserError(f"worker {first.worker}: {first.report.error}; give one the repository has")
         else:
             setups = await _sync_packed(fleet, packed, ready, node.name, progress, on_worker, masker)
+            if any(s.ok for s in setups):
+                await asyncio.to_thread(remember_sync, node.name, packed)
     setups += [WorkerSetup(w, False, error, WorkerReport(w), 0.0) for w, error in failed.items()]
     return SetupResult(node, sorted(setups, key=lambda s: s.worker))
 
@@ -253,3 +290,73 @@ def project_summary(project: dict[str, Any] | None) -> str:
     if not project:
         return "-"
     return f"{project.get('name') or '?'} {str(project.get('digest') or '')[:16]}"
+
+
+def _sync_record(node_name: str) -> Path:
+    return locations.home() / "synced" / f"{node_name}.json"
+
+
+def remember_sync(node_name: str, packed: PackedProject) -> None:
+    """Note which folder was synced to the node, as what digest, with its files' states."""
+    record = {"dir": str(packed.root), "digest": packed.digest, "files": packed.states}
+    path = _sync_record(node_name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".tmp")
+    partial.write_text(json.dumps(record))
+    partial.replace(path)
+
+
+def changed_since_sync(node_name: str, project: dict[str, Any] | None) -> str | None:
+    """A warning when the folder the workers' current project was synced from (by this console) differs
+    from it now: which files changed, and the sync that sends them. None when it has not changed, or when
+    this console did not sync that project (another console, `--git`: nothing here to compare)."""
+    path = _sync_record(node_name)
+    if not project or project.get("source") != "dir" or not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    root = Path(record.get("dir") or "")
+    if record.get("digest") != project.get("digest") or not root.is_dir():
+        return None
+    try:
+        files, _, _ = project_files(root)
+        states = file_states(root, files, record.get("files"))
+    except (UserError, OSError):
+        return None
+    before: dict[str, list[Any]] = record.get("files") or {}
+    if digest_of(states) == record["digest"]:
+        if states != before:  # touched, not changed: keep the new mtimes so the next look reads nothing
+            remember_sync(node_name, PackedProject(root, files, record["digest"], None, None, states))
+        return None
+    changed = sorted(set(states) ^ set(before)) + sorted(
+        name for name in set(states) & set(before) if states[name][3:] != before[name][3:])
+    named = changed[0] + (f" and {len(changed) - 1} more" if len(changed) > 1 else "") if changed else "?"
+    return (f"{root} has changed since it was synced to {node_name} ({named}); this run uses the synced copy "
+            f"{record['digest']}: `tpu-console sync {node_name} --dir {shlex.quote(str(root))}` sends the "
+            "changes")
+
+
+# Endings of the files a command names that belong to a project (scripts, configs, data lists).
+PROJECT_FILE_SUFFIXES = (".py", ".sh", ".ipynb", ".yaml", ".yml", ".toml", ".json", ".jsonl", ".cfg", ".txt")
+
+
+def project_path_in(command: Sequence[str]) -> str | None:
+    """The first word of `command` (of a `bash -c` script too) that names a file by a path relative to
+    the folder it runs in (`train.py`, `scripts/run.sh`, `--config=configs/a.yaml`), or None. Absolute
+    paths, `~`, `$VARIABLES`, URLs and options are not such words."""
+    for argument in command:
+        try:
+            words = shlex.split(argument) if any(c.isspace() for c in argument) else [argument]
+        except ValueError:
+            words = argument.split()
+        for word in words:
+            if word.startswith("-"):
+                word = word.partition("=")[2]
+            word = word.rstrip(";")
+            if not word or word[0] in "/~$" or word[0].isdigit() or "://" in word or "=" in word:
+                continue
+            if "/" in word or word.endswith(PROJECT_FILE_SUFFIXES):
+                return word
+    return None

@@ -41,6 +41,7 @@ from tpu_console.provision import recipes as provision_recipes
 from tpu_console.provision.code_sync import ENV_FILE as SYNCED_ENV_FILE
 from tpu_console.provision.code_sync import code_version
 from tpu_console.provision.project_setup import stale_setup
+from tpu_console.provision.project_sync import changed_since_sync, project_path_in
 from tpu_console.provision.recipes import ENV_DIR, ENV_PYTHON
 from tpu_console.provision.report import WorkerReport, mismatches
 from tpu_console.provision.steps import ignore_worker, run_on_workers
@@ -291,6 +292,10 @@ def command_job(job: JobSpec, node: Node, reports: list[WorkerReport], check_cod
         worker = next(r.worker for r in reports if not r.setup)
         raise UserError(f"worker {worker} of {node.name} holds no setup after the setup ran; nothing was "
                         "launched")
+    if project is None and (named := project_path_in(job.command)) is not None:
+        raise UserError(f"no project is synced to {node.name}, so `{named}` is not on its workers (a command "
+                        f"without one runs in its run folder); run `tpu-console sync {node.name} --dir PATH` "
+                        "first, or give absolute paths")
     if (stale := stale_setup(node.name, project, setup)) is not None:
         raise UserError(stale)
     env_dir = (setup or {}).get("env") or (ENV_DIR if all(r.env_present for r in reports) else None)
@@ -548,6 +553,8 @@ async def _launch_command(
                 reports = await inspect_workers(fleet, selected)
                 refuse_live_runs(node, reports)
             prepared = command_job(job, node, reports, check_code)
+            if changed := await asyncio.to_thread(changed_since_sync, node.name, prepared.project):
+                progress(f"warning: {changed}")  # not refused: the run is the synced copy, and says which
             if kill_stale:
                 await clear_stale_holders(fleet, selected, on_worker)
             if check_ports:

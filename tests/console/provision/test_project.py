@@ -6,6 +6,7 @@ that fails on one worker named, and the bad input refused before any worker chan
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,13 @@ import pytest
 from tests.console.runs.test_local import run, worker_home
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tpu_console import cli
-from tpu_console.provision.project_sync import content_digest, project_files
+from tpu_console.provision.project_sync import (
+    content_digest,
+    digest_of,
+    file_states,
+    project_files,
+    project_path_in,
+)
 from tpu_console.provision.report import WorkerReport, mismatches
 
 pytestmark = pytest.mark.usefixtures("console_home")
@@ -70,6 +77,33 @@ def test_the_files_sent_are_what_git_would_keep_and_their_digest_is_their_conten
     (plain / "pkg" / "train.py").write_text("print('changed')\n")
     assert content_digest(repo, files) != content_digest(plain, files)
     assert not (plain / ".git").exists()  # the listing left the folder as it was
+
+
+def test_a_folder_is_digested_again_reading_only_the_files_whose_size_mtime_or_mode_moved(tmp_path):
+    repo = a_project(tmp_path / "repo", repository=False)
+    files = project_files(repo)[0]
+    states = file_states(repo, files)
+    assert digest_of(states) == content_digest(repo, files)
+    train = repo / "pkg" / "train.py"
+    seen = train.stat()
+    train.write_text("print('step=2 loss=0.5')\n")  # same size; its mtime put back: taken as it was, unread
+    os.utime(train, ns=(seen.st_atime_ns, seen.st_mtime_ns))
+    assert file_states(repo, files, states) == states
+    assert content_digest(repo, files) != digest_of(states)  # read afresh, the change shows
+    os.utime(train, ns=(seen.st_atime_ns, seen.st_mtime_ns + 1))
+    assert digest_of(file_states(repo, files, states)) == content_digest(repo, files)
+
+
+def test_the_file_a_command_names_by_a_relative_path_is_found():
+    assert project_path_in(["python", "train.py", "--steps", "3"]) == "train.py"
+    assert project_path_in(["bash", "-c", "cd src && ./run.sh"]) == "./run.sh"
+    assert project_path_in(["python", "-m", "pkg.main", "--config=configs/a.yaml"]) == "configs/a.yaml"
+    for command in (
+        ["python", "-m", "pkg.train"], [sys.executable, "/abs/train.py"], ["python", "-c", "print(1)"],
+        ["bash", "-c", 'if [ "$A/$B" = 1/3 ]; then exit 1; fi'], ["curl", "https://example.org/a.json"],
+        ["env", "DATA=data/x", "ls"], ["~/bin/train.py"], ["no-such-program-here", "--flag"],
+    ):
+        assert project_path_in(command) is None, command
 
 
 def test_sync_dir_unpacks_once_per_content_and_resync_sends_nothing(capsys, tmp_path, pod):

@@ -1,10 +1,12 @@
 """A job file's project and setup made current before its launch, on a local pod: the project synced
 (provision/project_sync.py) and the command run in it; a setup that fails (provision/project_setup.py)
-named, and nothing launched."""
+named, and nothing launched. `launch -- CMD` naming a project's file where nothing is synced is refused,
+and one whose synced folder changed since is launched with a warning saying so."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -61,3 +63,52 @@ def test_a_setup_that_fails_on_one_worker_is_named_and_nothing_is_launched(capsy
     for worker in (0, 1):
         assert not (worker_home(worker) / "tpu-console" / "runs").exists()
     assert json.loads(run(capsys, "runs", "--json")[1])["runs"] == []
+
+
+def test_a_command_naming_a_project_file_is_refused_where_no_project_is_synced(capsys):
+    status, _, err = run(capsys, "launch", "pod", "--", "python", "train.py", "--steps", "3")
+    assert status == 2
+    assert err == ("error: no project is synced to pod, so `train.py` is not on its workers (a command "
+                   "without one runs in its run folder); run `tpu-console sync pod --dir PATH` first, or "
+                   "give absolute paths\n")
+    for worker in (0, 1):
+        assert not (worker_home(worker) / "tpu-console" / "runs").exists()
+    assert json.loads(run(capsys, "runs", "--json")[1])["runs"] == []
+
+
+def launched(capsys, *command: str) -> tuple[list[str], str]:
+    """Launch the command on `pod`, follow it to its end: worker 0's lines and launch's stderr."""
+    status, out, err = run(capsys, "launch", "pod", "--json", "--", *command)
+    assert status == 0, err
+    status, lines = follow(capsys, json.loads(out)["run_id"])
+    assert status == 0, lines
+    return lines[0], err
+
+
+def test_launch_says_when_the_synced_folder_has_changed_since_the_sync(capsys, tmp_path):
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text("print('as synced')\n")
+    (project / "notes.txt").write_text("notes\n")
+    status, out, err = run(capsys, "sync", "pod", "--dir", str(project), "--json")
+    assert status == 0, err
+    digest = json.loads(out)["workers"][0]["project"]["digest"]
+    lines, err = launched(capsys, "python", "train.py")
+    assert lines == ["as synced"] and "warning" not in err
+
+    seen = (project / "notes.txt").stat()  # touched, not changed: nothing to say
+    os.utime(project / "notes.txt", ns=(seen.st_atime_ns, seen.st_mtime_ns + 5_000_000_000))
+    assert "warning" not in launched(capsys, "python", "train.py")[1]
+
+    (project / "train.py").write_text("print('edited')\n")
+    lines, err = launched(capsys, "python", "train.py")
+    assert lines == ["as synced"]  # the synced copy runs, and launch said so
+    assert (f"warning: {project} has changed since it was synced to pod (train.py); this run uses the synced "
+            f"copy {digest}: `tpu-console sync pod --dir {project}` sends the changes") in err
+    (project / "notes.txt").unlink()
+    (project / "eval.py").write_text("")
+    assert "(eval.py and 2 more)" in launched(capsys, "python", "train.py")[1]
+
+    assert run(capsys, "sync", "pod", "--dir", str(project))[0] == 0
+    lines, err = launched(capsys, "python", "train.py")
+    assert lines == ["edited"] and "warning" not in err
