@@ -11,8 +11,8 @@ the first of requirements.txt), the command, `steps` (the steps `truth` matches,
 before it being a redraw of the same step, as benchmarks/program_rows.py counts them; else program.toml's
 `steps`), `last_step` (the last of them), the program's own step time (the median of what `step_time`
 matches; its named group `s`, `ms` or `us` gives the unit, `per_s` a rate), the wall time per step measured
-here from when the first and last steps' lines reached the file (its size is polled every 5 ms), and the
-last loss `loss` matches.
+here from when the first and last steps' lines reached the file (its size is polled every 5 ms), which is
+the step time where the program prints none (`step_time_measured`), and the last loss `loss` matches.
 """
 
 import argparse
@@ -99,6 +99,10 @@ def summarize(program, text, growth):
     if "step_time" in program:
         times = [seconds(m) for m in re.finditer(program["step_time"], text)]
         figures["step_time_s"] = round(statistics.median(times), 6) if times else None
+    # where the program prints no step time of its own, its measured one stands for it (as in program_rows.py)
+    figures["step_time_measured"] = figures["step_time_s"] is None and figures["wall_step_time_s"] is not None
+    if figures["step_time_measured"]:
+        figures["step_time_s"] = figures["wall_step_time_s"]
     if "loss" in program:
         losses = [float(m.group("loss")) for m in re.finditer(program["loss"], text)]
         figures["loss"] = losses[-1] if losses else None
