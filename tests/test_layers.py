@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("experiments", ("tpu_console.experiments",)),
+    ("controller", ("tpu_console.controller",)),
     ("runs", ("tpu_console.runs",)),
     ("provision", ("tpu_console.provision",)),
     ("fleet", ("tpu_console.fleet",)),

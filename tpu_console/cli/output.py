@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from tpu_console.node_table import format_age, format_table
@@ -113,13 +113,20 @@ def launch_table(result: Any) -> str:
     return format_table(("WORKER", "START", "PGID", ""), rows)
 
 
-def recovery_table(log: Any) -> str | None:
-    rows = [(r.at, r.reason, r.old_run_id, r.new_run_id or "-", str(r.last_step_before or "-"),
+def recovery_table(managed: Any) -> str | None:
+    """A managed run's recoveries: why, the runs before and after, the steps lost, the seconds from the
+    loss to the first new step (controller/state.py)."""
+    runs = {i.n: i.run_id for i in managed.incarnations}
+    rows = [(datetime.fromtimestamp(r.detected_at, UTC).strftime("%H:%M:%S"), r.reason,
+             runs.get(r.n - 1) or "-", runs.get(r.n) or "-", r.zone or "-",
+             str(r.last_step_before if r.last_step_before is not None else "-"),
              str(r.resumed_step if r.resumed_step is not None else "-"),
-             str(r.steps_lost if r.steps_lost is not None else "-")) for r in log.recoveries]
+             str(r.steps_lost if r.steps_lost is not None else "-"),
+             f"{r.seconds:.0f}" if r.seconds is not None else "-") for r in managed.recoveries]
     if not rows:
         return None
-    return format_table(("AT", "WHY", "RUN", "NEW RUN", "LAST STEP", "RESUMED AFTER", "LOST"), rows)
+    return format_table(("AT", "WHY", "RUN", "NEW RUN", "ZONE", "LAST STEP", "RESUMED AFTER", "LOST",
+                         "SECONDS"), rows)
 
 
 def stop_table(stops: list[Any]) -> str:

@@ -9,8 +9,10 @@ import pytest
 
 from tests.console.runs.test_local import CONFIG, fake_trainer, run, worker_home
 from tests.fixtures_cli import console_home, stand_in_tiny_inputs  # noqa: F401 - fixture
+from tpu_console.controller import state as st
+from tpu_console.controller.handover import Budgets
+from tpu_console.controller.store import open_store
 from tpu_console.experiments.recovery import launch_with_recovery
-from tpu_console.locations import home
 from tpu_console.model import CreateRequest
 from tpu_console.providers.nodes import create_node
 from tpu_console.providers.registry import build_providers, close_providers
@@ -130,6 +132,7 @@ async def test_a_preempted_spot_run_is_recreated_bootstrapped_synced_and_resumed
                 python=fake_trainer(tmp_path, CHECKPOINTING),
                 watch_every_s=0.3,
                 policy=SupervisionPolicy(fail_fast=True),
+                budgets=Budgets(max_recoveries=3, confirm_s=0.5),
             )
         )
         for _ in range(300):
@@ -137,22 +140,22 @@ async def test_a_preempted_spot_run_is_recreated_bootstrapped_synced_and_resumed
                 break
             await asyncio.sleep(0.05)
         await providers["local"].preempt("spot")
-        log = await asyncio.wait_for(task, timeout=240)
+        managed = await asyncio.wait_for(task, timeout=240)
     finally:
         await close_providers(providers)
-    assert log.final_state == "succeeded" and log.gave_up is None, log
-    (recovery,) = log.recoveries
-    assert recovery.reason == "the node is PREEMPTED" and recovery.new_run_id == log.runs[1]
+    assert managed is not None and managed.status == "SUCCEEDED", managed
+    (recovery,) = managed.recoveries
+    first, second = managed.incarnations
+    assert recovery.reason == "preempted" and first.ended == "preempted" and second.ended == "succeeded"
     # resumed from the checkpoint, not from the start; the last step the console saw may lag behind the
     # checkpoint on a busy machine (it polls), so it bounds nothing here
     assert 3 <= recovery.resumed_step <= 8 and recovery.last_step_before is not None
     assert recovery.steps_lost == max(0, recovery.last_step_before - recovery.resumed_step)
-    saved = json.loads((home() / "recoveries" / f"{log.first_run_id}.json").read_text())
-    assert (
-        saved["recoveries"][0]["resumed_step"] == recovery.resumed_step
-        and saved["final_state"] == "succeeded"
-    )
-    events_file = worker_home(0, "spot") / "tpu-console" / "runs" / log.runs[1] / "events.jsonl"
+    assert recovery.seconds is not None and recovery.seconds > 0
+    assert all(v is not None and v >= 0 for v in recovery.parts().values()), recovery.parts()
+    saved = st.load(open_store(load_settings({})), managed.id)  # the controller's store: any console reads it
+    assert saved.run.status == "SUCCEEDED" and saved.run.recoveries[0].resumed_step == recovery.resumed_step
+    events_file = worker_home(0, "spot") / "tpu-console" / "runs" / second.run_id / "events.jsonl"
     events = [json.loads(line) for line in events_file.read_text().splitlines()]
     assert [e["step"] for e in events if e["kind"] == "step"] == list(range(recovery.resumed_step + 1, 9))
     # the relaunch is supervised as the first launch was asked to be

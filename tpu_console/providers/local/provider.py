@@ -55,7 +55,7 @@ class LocalProvider(Provider):
         progress(f"{request.name}: creating {slices}{shape.workers} local worker(s) x "
                  f"{shape.devices_per_worker} devices")
         node = await asyncio.to_thread(self.store.create, request.name, request.accelerator_type,
-                                       request.slices)
+                                       request.slices, request.labels)
         progress(f"{request.name}: ready at {self.store.node_dir(request.name)}")
         return node
 

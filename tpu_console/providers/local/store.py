@@ -1,6 +1,6 @@
 """The local provider's pods on disk. A node is a folder; each worker is a sub-folder that acts as its disk.
 
-<local_pods_dir>/<name>/node.json            type, shape, slices, created_at, state
+<local_pods_dir>/<name>/node.json            type, shape, slices, created_at, state, labels
 A multislice pod (`slices` > 1) is one node whose workers are numbered slice by slice: `workers` counts
 them all, worker w is in slice w // (workers / slices).
 <local_pods_dir>/<name>/host_keys/worker-<i>  the worker's SSH host key (made once, pinned by the client)
@@ -69,9 +69,11 @@ class PodStore:
             runtime_version="local",
             created_at=datetime.fromisoformat(meta["created_at"]),
             slices=meta.get("slices", 1),
+            labels=dict(meta.get("labels") or {}),
         )
 
-    def create(self, name: str, accelerator_type: str, slices: int = 1) -> Node:
+    def create(self, name: str, accelerator_type: str, slices: int = 1,
+               labels: dict[str, str] | None = None) -> Node:
         one_slice = parse_local_type(accelerator_type)
         shape = replace(one_slice, workers=one_slice.workers * slices, chips=one_slice.chips * slices)
         node_dir = self.node_dir(name)
@@ -90,6 +92,7 @@ class PodStore:
             "slices": slices,
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "state": NodeState.CREATING.value,
+            "labels": dict(labels or {}),  # as a cloud node's: who made it (a managed run's controller)
         }
         self._write_meta(name, meta)
         (node_dir / "host_keys").mkdir(mode=0o700)

@@ -1,0 +1,123 @@
+"""The controller's judgement over made-up readings: a node is lost only when two reads some seconds apart
+say so; a failed or slow read says nothing either way; jobs killed on a node still READY are a preemption
+not reported yet, for a few looks; a host unreachable past lost_after_s is lost; and a node is touched only
+when it is this run's, of its incarnation or older."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime
+
+from tpu_console.controller.judge import KILLED_READS, judge, lost_slices, not_ours
+from tpu_console.controller.observe import NodeReading, RunReading
+from tpu_console.controller.state import INCARNATION_LABEL, MANAGED_LABEL, Incarnation, ManagedRun, Recovery
+from tpu_console.model import AcceleratorShape, Node, NodeState
+
+MADE = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def node(state: NodeState = NodeState.READY, labels: dict | None = None, made: datetime = MADE) -> Node:
+    return Node("spot", "gcp", AcceleratorShape("v6e-8", 1, 8, 8), state, labels=labels or {},
+                created_at=made)
+
+
+def managed(**kw) -> ManagedRun:
+    run = ManagedRun(id="m1", provider="gcp", node="spot", accelerator_type="v6e-8", job={}, confirm_s=5,
+                     lost_after_s=60, incarnations=[Incarnation(0, "spot", created_at=MADE.timestamp(),
+                                                                run_id="r0")])
+    for key, value in kw.items():
+        setattr(run, key, value)
+    return run
+
+
+def seen(at: float, state: NodeState | None = NodeState.READY, error: str | None = None) -> NodeReading:
+    if error:
+        return NodeReading(at, error=error)
+    return NodeReading(at, absent=True) if state is None else NodeReading(at, node=node(state))
+
+
+RUNNING = RunReading(0, state="running", last_step=3)
+
+
+def test_a_lost_node_is_confirmed_only_by_two_reads_some_seconds_apart():
+    run = managed()
+    assert judge(run, seen(100, NodeState.PREEMPTED), None).action == "wait"
+    assert judge(run, seen(102, NodeState.PREEMPTED), None).action == "wait"  # too soon after the first
+    verdict = judge(run, seen(105, NodeState.PREEMPTED), None)
+    assert verdict.action == "recover" and verdict.reason == "preempted"
+    run = managed()
+    assert judge(run, seen(100, None), None).action == "wait"
+    assert judge(run, seen(106, None), None).reason == "vanished"
+    run = managed()
+    judge(run, seen(100, NodeState.TERMINATED), None)
+    assert judge(run, seen(106, NodeState.TERMINATED), None).reason == "terminated"
+
+
+def test_a_failed_or_slow_read_neither_confirms_nor_clears_and_a_usable_read_clears():
+    run = managed()
+    judge(run, seen(100, NodeState.PREEMPTED), None)
+    for at in (103, 110, 200):  # failing and timing-out reads: nothing is decided on them
+        assert judge(run, seen(at, error="503 Service Unavailable"), None).action == "wait"
+    assert run.suspect["first_at"] == 100
+    assert judge(run, seen(201, NodeState.READY), RUNNING).action == "wait" and run.suspect is None
+    assert judge(run, seen(202, NodeState.PREEMPTED), None).action == "wait"  # a new suspicion starts
+    run = managed()
+    judge(run, seen(100, NodeState.PREEMPTED), None)
+    assert judge(run, seen(106, None), None).action == "wait"  # preempted then absent: two different words
+
+
+def test_a_run_that_ends_on_a_ready_node_ends_the_managed_run():
+    for state, status in (("succeeded", "SUCCEEDED"), ("failed", "FAILED"), ("stopped", "STOPPED")):
+        verdict = judge(managed(), seen(1), RunReading(1, state=state))
+        assert verdict.action == "end" and verdict.status == status
+    assert judge(managed(), seen(1), RunReading(1, state="failed", stop_requested=True)).status == "STOPPED"
+
+
+def test_jobs_killed_unasked_on_a_ready_node_are_looked_at_a_few_times_before_the_end_is_final():
+    run = managed()
+    killed = RunReading(1, state="failed", killed_unasked=True)
+    for _ in range(KILLED_READS):
+        assert judge(run, seen(1), killed).action == "wait"
+    assert judge(run, seen(1), killed).status == "FAILED"
+    run = managed()
+    judge(run, seen(1), killed)  # then the provider reports it: a preemption, recovered
+    judge(run, seen(2, NodeState.PREEMPTED), None)
+    assert judge(run, seen(8, NodeState.PREEMPTED), None).action == "recover"
+
+
+def test_a_host_unreachable_past_lost_after_s_is_lost():
+    run = managed()
+    lost = RunReading(10, state="running", lost_workers=True)
+    assert judge(run, seen(10), lost).action == "wait"
+    assert judge(run, seen(40), replace(lost, at=40)).action == "wait"
+    assert judge(run, seen(45), replace(RUNNING, at=45)).action == "wait" and run.lost_since is None
+    judge(run, seen(50), replace(lost, at=50))
+    verdict = judge(run, seen(111), replace(lost, at=111))
+    assert verdict.action == "recover" and verdict.reason == "host lost"
+    assert judge(managed(), seen(1), RunReading(1, error="timeout")).action == "wait"
+
+
+def test_a_node_is_touched_only_when_it_is_this_runs_of_its_incarnation_or_older():
+    run = managed()
+    assert not_ours(run, node(), 0) is None  # the first incarnation, made by hand: by its creation time
+    assert "made by someone else" in not_ours(run, node(made=MADE.replace(hour=3)), 0)
+    mine = {MANAGED_LABEL: "m1", INCARNATION_LABEL: "2"}
+    assert not_ours(run, node(labels=mine), 2) is None and not_ours(run, node(labels=mine), 5) is None
+    assert "newer than 1" in not_ours(run, node(labels=mine), 1)
+    assert "belongs to managed run m2" in not_ours(run, node(labels={MANAGED_LABEL: "m2"}), 9)
+
+
+def test_lost_slices_name_the_slices_lost_while_others_run():
+    two = replace(node(), slices=2, slice_states=(NodeState.READY, NodeState.PREEMPTED))
+    assert lost_slices(two) == [1]
+    assert lost_slices(replace(two, slice_states=(NodeState.PREEMPTED, NodeState.PREEMPTED))) == []
+
+
+def test_budgets_stop_recoveries():
+    run = managed(max_recoveries=1, recoveries=[Recovery(1, "preempted", 0.0)])
+    assert "1 recoveries already made" in run.budget_left(10)
+    run = managed(max_cost=10.0, price_per_hour=20.0)
+    assert run.budget_left(MADE.timestamp() + 1200) is None
+    assert "cost $20.00" in run.budget_left(MADE.timestamp() + 3600)
+    run = managed(deadline=100.0)
+    assert run.budget_left(99) is None and "deadline" in run.budget_left(101)

@@ -1,0 +1,108 @@
+"""The controller's judgement over what it reads (observe.py), pure: no I/O, so every rule is tested with
+made-up readings.
+
+- A node is lost (PREEMPTED, TERMINATED, or absent: the provider said NotFound) only when two reads at least
+  `confirm_s` apart both say so; a read that failed or timed out says nothing, neither confirming nor
+  clearing a suspicion; a read of a usable node clears it.
+- A host is lost when the run's workers stayed unreachable for `lost_after_s` on a node that reads READY.
+- A run that ended on a READY node ends the managed run (succeeded, failed, stopped), but for jobs all
+  killed by a signal nobody sent: a spot VM's shutdown and a local pod's preemption end the jobs before the
+  provider reports the node lost, so that end is looked at KILLED_READS more times first.
+- Ownership: a node is touched only if it is this managed run's, of its current incarnation or older
+  (its labels; the first incarnation, made by hand, by its creation time) and nobody else's.
+
+The one hook for slices that shrink and grow: a multislice node with some slices lost reads as lost here
+(`lost_slices` names them); a run that may continue on the others would be judged `shrink` instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpu_console.controller.observe import NodeReading, RunReading
+from tpu_console.controller.state import INCARNATION_LABEL, MANAGED_LABEL, ManagedRun, Status
+from tpu_console.model import Node, NodeState
+
+KILLED_READS = 5
+
+
+@dataclass(frozen=True)
+class Verdict:
+    action: str  # wait | recover | end
+    reason: str | None = None
+    status: Status | None = None  # the end's
+
+
+WAIT = Verdict("wait")
+
+
+def judge(run: ManagedRun, node: NodeReading, reading: RunReading | None) -> Verdict:
+    """What to do after one look at the node and (when it is usable) the run; updates the run's
+    suspicion, `lost_since` and `killed_reads`, which the caller saves."""
+    if not node.known:
+        return WAIT
+    lost = node.lost
+    if lost is not None:
+        return _confirm(run, lost, node.at)
+    run.suspect = None
+    if node.node is None or node.node.state is not NodeState.READY or reading is None:
+        return WAIT
+    if reading.error is not None or reading.state is None:
+        return WAIT
+    if reading.ended:
+        if reading.stop_requested or reading.state == "stopped":
+            return Verdict("end", "stopped", Status.STOPPED)
+        if reading.state == "succeeded":
+            return Verdict("end", "succeeded", Status.SUCCEEDED)
+        if reading.killed_unasked and run.killed_reads < KILLED_READS:
+            run.killed_reads += 1  # the provider may not have noticed the preemption yet: look again
+            return WAIT
+        return Verdict("end", "failed", Status.FAILED)
+    run.killed_reads = 0
+    if reading.lost_workers:
+        run.lost_since = run.lost_since or reading.at
+        if reading.at - run.lost_since >= run.lost_after_s:
+            return Verdict("recover", "host lost")
+        return WAIT
+    run.lost_since = None
+    return WAIT
+
+
+def _confirm(run: ManagedRun, reason: str, at: float) -> Verdict:
+    suspect = run.suspect
+    if suspect is None or suspect.get("reason") != reason:
+        run.suspect = {"reason": reason, "first_at": at, "reads": 1}
+        return WAIT
+    suspect["reads"] = int(suspect.get("reads", 1)) + 1
+    if at - float(suspect["first_at"]) >= run.confirm_s:
+        return Verdict("recover", reason)
+    return WAIT
+
+
+def lost_slices(node: Node) -> list[int]:
+    """The slices of a multislice node that read lost (PREEMPTED, TERMINATED) while others do not."""
+    lost = [i for i, s in enumerate(node.slice_states) if s in (NodeState.PREEMPTED, NodeState.TERMINATED)]
+    return lost if len(lost) < len(node.slice_states) else []
+
+
+def not_ours(run: ManagedRun, node: Node, incarnation: int) -> str | None:
+    """Why `node` (by the run's node name) must not be touched as incarnation `incarnation` of `run`, or
+    None when it may: another managed run's node, a newer incarnation's, or someone else's."""
+    managed = node.labels.get(MANAGED_LABEL)
+    if managed is not None and managed != run.id:
+        return f"{node.name} belongs to managed run {managed}"
+    if managed is not None:
+        try:
+            its = int(node.labels.get(INCARNATION_LABEL, "0"))
+        except ValueError:
+            return f"{node.name} has an unreadable {INCARNATION_LABEL} label"
+        if its > incarnation:
+            return f"{node.name} holds incarnation {its}, newer than {incarnation}"
+        return None
+    first = run.incarnations[0] if run.incarnations else None
+    made = node.created_at.timestamp() if node.created_at else None
+    if first is None or first.created_at is None or made is None:
+        return f"{node.name} carries no {MANAGED_LABEL} label of this run"
+    if abs(made - first.created_at) > 2:  # the first incarnation, made by hand, known by its creation
+        return f"{node.name} was made by someone else (created at another time than the run's)"
+    return None

@@ -1,0 +1,481 @@
+"""The controller's reconcile loop: every pass, for each managed run in the store, one idempotent step
+toward "the run is running on a node of its shape", taken only while this controller holds the lease.
+
+The loop is a journal: each run's `intent` (state.py) names the action about to be taken, and is written
+(compare-and-swap on the run's generation) before the action is. A controller killed between any two of
+its actions and started again (here or elsewhere) finds the intent and takes it again; every action first
+looks at what is there, so taking it twice changes nothing:
+
+- watch: read the node and the run (observe.py) and judge (judge.py): wait, end, or recover;
+- delete (incarnation n): delete the node if it is this run's (labels) and still lost, and its queued
+  requests; done once the node reads absent;
+- create (incarnation n): adopt a node already labelled with incarnation n (READY; wait while it is being
+  made or its queued request waits), else create it: its zone first, then the configured zones ordered by
+  the capacity record, raced when queued;
+- prepare: bootstrap, sync the same code, run the same setup (relaunch.py);
+- launch: adopt a run already started on the node since the incarnation began, else launch the job again;
+- sweep (after a give-up or a cancel): delete every node and queued request of the run that holds no live
+  run, for `sweep_s` (a request filled late is deleted when it appears).
+
+Nothing is deleted on a read that failed or timed out, and a node is touched only when it is this run's
+(judge.not_ours). `launch --recover` runs this same loop in the foreground for one run (`only`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Collection
+from datetime import UTC, datetime
+from typing import Any
+
+from tpu_console.controller import relaunch
+from tpu_console.controller import state as st
+from tpu_console.controller.judge import judge, not_ours
+from tpu_console.controller.lease import TTL_S, Lease
+from tpu_console.controller.observe import (
+    LOST_STATES,
+    NodeReading,
+    read_node,
+    read_requests,
+    read_run,
+    read_start,
+    runs_since,
+)
+from tpu_console.controller.state import Action, Incarnation, Recovery, Status, Stored
+from tpu_console.controller.store import Conflict, StateStore
+from tpu_console.errors import NotFound, one_line
+from tpu_console.model import CreateRequest, NodeState
+from tpu_console.providers import capacity
+from tpu_console.providers.base import Progress, Provider, no_progress
+from tpu_console.providers.nodes import create_node
+from tpu_console.runs import control as run_control
+from tpu_console.runs.store import RunStore
+
+STEPS_PER_PASS = 8  # actions one run may take in a row before the next look at the others
+PREPARE_TRIES = 3
+LAUNCH_TRIES = 3
+
+
+class Controller:
+    def __init__(
+        self,
+        providers: dict[str, Provider],
+        store: StateStore,
+        *,
+        poll_s: float = 10.0,
+        read_timeout_s: float = 30.0,
+        lease_ttl_s: float = TTL_S,
+        sweep_s: float = 3600.0,
+        where: str | None = None,
+        webhook_url: str | None = None,
+        notify: Callable[[str, str], None] = lambda _event, _text: None,
+        progress: Progress = no_progress,
+        only: Collection[str] | None = None,
+        run_store: RunStore | None = None,
+    ) -> None:
+        self.providers, self.store = providers, store
+        self.poll_s, self.read_timeout_s, self.sweep_s = poll_s, read_timeout_s, sweep_s
+        self.lease = Lease(store, lease_ttl_s, where)
+        self.webhook_url, self.notify, self.progress = webhook_url, notify, progress
+        self.only = set(only) if only is not None else None
+        self.run_store = run_store or RunStore()
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.actions: list[tuple[str, str, int]] = []  # (run, action, incarnation) taken, in order
+
+    @property
+    def id(self) -> str:
+        return self.lease.holder["id"]
+
+    # ---- the loop --------------------------------------------------------------------------------------
+
+    async def serve(self, until: Callable[[], bool] | None = None) -> None:
+        """Pass after pass, every `poll_s`, until `until()` says so (forever without it)."""
+        try:
+            while True:
+                await self.run_pass()
+                if until is not None and until():
+                    return
+                await asyncio.sleep(self.poll_s)
+        finally:
+            await self.stop()
+
+    async def run_pass(self) -> None:
+        """Renew the lease; while held, start a step for each run that wants one and has none under way."""
+        held = await asyncio.to_thread(self.lease.acquire)
+        for run_id, task in list(self._tasks.items()):
+            if task.done():
+                del self._tasks[run_id]
+                if not task.cancelled() and task.exception() is not None:
+                    self.progress(f"{run_id}: {one_line(task.exception())}")
+        if not held:
+            await self._cancel_all()
+            return
+        for stored in await asyncio.to_thread(st.all_runs, self.store):
+            run = stored.run
+            if self.only is not None and run.id not in self.only:
+                continue
+            if run.state.terminal and not run.intent:
+                continue
+            if run.id not in self._tasks:
+                self._tasks[run.id] = asyncio.create_task(self._advance(run.id))
+
+    async def wait_idle(self) -> None:
+        """Until every step under way has finished (the foreground loop, and tests)."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+            self._tasks = {k: t for k, t in self._tasks.items() if not t.done()}
+
+    async def stop(self) -> None:
+        await self._cancel_all()
+        await asyncio.to_thread(self.lease.release)
+
+    async def _cancel_all(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        self._tasks.clear()
+
+    async def _advance(self, run_id: str) -> None:
+        for _ in range(STEPS_PER_PASS):
+            if not self.lease.held:
+                return
+            stored = await asyncio.to_thread(st.load, self.store, run_id)
+            if stored is None:
+                return
+            try:
+                if await self.step(stored):
+                    return
+            except Conflict:
+                return  # written by someone else since it was read: the next pass reads it again
+
+    async def step(self, stored: Stored) -> bool:
+        """Take the run's next action; True when it waits for the next pass."""
+        run = stored.run
+        if run.stop_requested and not run.state.terminal:
+            await self._cancel(stored)
+            return False
+        if not run.intent:
+            if run.state.terminal:
+                return True
+            await self._intend(stored, Action.WATCH, run.current.n)
+        action = Action(run.intent["action"])
+        handler = {Action.WATCH: self._watch, Action.DELETE: self._delete, Action.CREATE: self._create,
+                   Action.PREPARE: self._prepare, Action.LAUNCH: self._launch, Action.SWEEP: self._sweep}
+        return await handler[action](stored)
+
+    # ---- journal ---------------------------------------------------------------------------------------
+
+    async def _save(self, stored: Stored) -> None:
+        await asyncio.to_thread(st.save, self.store, stored)
+
+    async def _intend(self, stored: Stored, action: Action, n: int, **extra: Any) -> None:
+        """Write the next action before it is taken (the journal); Conflict if someone wrote meanwhile."""
+        stored.run.intent = {"action": action.value, "n": n, "at": time.time(), "by": self.id, **extra}
+        await self._save(stored)
+        self.actions.append((stored.run.id, action.value, n))
+
+    async def _give_up(self, stored: Stored, why: str) -> None:
+        run = stored.run
+        run.status, run.note = Status.GAVE_UP.value, why
+        run.sweep_until = time.time() + self.sweep_s
+        await self._intend(stored, Action.SWEEP, len(run.incarnations))
+        self.progress(f"{run.id}: gave up: {why}")
+        self.notify("gave-up", f"managed run {run.id} on {run.node}: gave up: {why}")
+
+    def _provider(self, stored: Stored) -> Provider:
+        return self.providers[stored.run.provider]
+
+    async def _read_node(self, stored: Stored) -> NodeReading:
+        return await read_node(self._provider(stored), stored.run.node, self.read_timeout_s)
+
+    # ---- actions ---------------------------------------------------------------------------------------
+
+    async def _watch(self, stored: Stored) -> bool:
+        run, inc = stored.run, stored.run.current
+        node = await self._read_node(stored)
+        reading = None
+        if node.node is not None and node.node.state is NodeState.READY and inc.run_id:
+            if (why := not_ours(run, node.node, inc.n)) is not None:
+                await self._give_up(stored, f"{why}; it is left alone")
+                return False
+            reading = await read_run(self.providers, inc.run_id, self.read_timeout_s, self.run_store)
+            if reading.last_step is not None:
+                inc.last_step = max(inc.last_step or 0, reading.last_step)
+                if inc.first_step_at is None:
+                    await self._first_step(stored, node, reading.at)
+        verdict = judge(run, node, reading)
+        run.heartbeat = {"at": time.time(), "by": self.id}
+        if verdict.action == "wait":
+            await self._save(stored)
+            return True
+        inc.ended, inc.ended_at = verdict.reason, (run.suspect or {}).get("first_at") or time.time()
+        if verdict.action == "end":
+            run.status, run.note, run.intent = verdict.status.value, verdict.reason, None
+            await self._save(stored)
+            self.progress(f"{run.id}: {inc.run_id} {verdict.reason} on {run.node}")
+            return True
+        suspect = run.suspect or {"first_at": node.at}
+        if (why := run.budget_left(time.time())) is not None:
+            await self._give_up(stored, f"the node was {verdict.reason}; {why}")
+            return False
+        run.recoveries.append(Recovery(
+            n=len(run.incarnations), reason=str(verdict.reason), detected_at=float(suspect["first_at"]),
+            confirmed_at=time.time(), last_step_before=inc.last_step))
+        run.status, run.suspect, run.lost_since, run.killed_reads = Status.RECOVERING.value, None, None, 0
+        await self._intend(stored, Action.DELETE, inc.n)
+        self.progress(f"{run.id}: {run.node} {verdict.reason}: recovering ({len(run.recoveries)} of at most "
+                      f"{run.max_recoveries})")
+        self.notify("preempted", f"managed run {run.id}: {run.node} {verdict.reason} during run "
+                    f"{inc.run_id}; recreating it and relaunching")
+        return False
+
+    async def _first_step(self, stored: Stored, node: NodeReading, seen_at: float) -> None:
+        run, inc = stored.run, stored.run.current
+        assert node.node is not None and inc.run_id is not None
+        marks = await read_start(self._provider(stored), node.node, inc.run_id, self.read_timeout_s)
+        if marks.first_step is None:
+            return
+        at = marks.first_step_at
+        plausible = at is not None and (inc.started_at or 0) - 60 <= at <= seen_at + 60  # the job's clock
+        inc.first_step_at, inc.resumed_step = at if plausible else seen_at, marks.resumed_step
+        recovery = next((r for r in run.recoveries if r.n == inc.n), None)
+        if recovery is not None:
+            recovery.first_step_at, recovery.resumed_step = inc.first_step_at, inc.resumed_step
+            seconds = recovery.seconds
+            self.notify("recovered", f"managed run {run.id}: {inc.run_id} on {run.node} ({inc.zone or '-'}) "
+                        f"resumed after step {inc.resumed_step}, {recovery.steps_lost} step(s) lost, "
+                        f"{seconds:.0f} s from the loss to its first step")
+
+    async def _delete(self, stored: Stored) -> bool:
+        run = stored.run
+        provider = self._provider(stored)
+        node = await self._read_node(stored)
+        if not node.known:
+            return True
+        recovery = run.recoveries[-1] if run.recoveries else None
+        if node.node is not None:
+            if (why := not_ours(run, node.node, len(run.incarnations))) is not None:
+                await self._give_up(stored, f"{why}; it is left alone")
+                return False
+            lost = node.node.state in (*LOST_STATES, NodeState.DELETING)
+            host_lost = recovery is not None and recovery.reason == "host lost"
+            if not lost and not host_lost and node.node.state is not NodeState.CREATING:
+                # the loss was confirmed, yet the node reads usable: a stale journal; look again instead
+                run.status = Status.RUNNING.value
+                if recovery is not None and recovery.n == len(run.incarnations):
+                    run.recoveries.pop()
+                await self._intend(stored, Action.WATCH, run.current.n)
+                return False
+            if node.node.state is not NodeState.DELETING:
+                try:
+                    await provider.delete(run.node, progress=self.progress)
+                except NotFound:
+                    pass
+                except Exception as exc:  # noqa: BLE001 - tried again next pass
+                    run.note = f"delete failed: {one_line(exc)}"
+                    await self._save(stored)
+                    return True
+        await self._delete_requests(stored, keep_zone=None)
+        again = await self._read_node(stored)
+        if not again.absent:
+            return True
+        if recovery is not None and recovery.deleted_at is None:
+            recovery.deleted_at = time.time()
+        if run.state.terminal:
+            await self._intend(stored, Action.SWEEP, len(run.incarnations))
+        else:
+            await self._intend(stored, Action.CREATE, len(run.incarnations))
+        return False
+
+    async def _delete_requests(self, stored: Stored, keep_zone: str | None) -> bool:
+        """Delete the queued requests of this run (its labels) but the one in `keep_zone`; False when they
+        could not be listed."""
+        run = stored.run
+        provider = self._provider(stored)
+        requests = await read_requests(provider, run.node, self.read_timeout_s)
+        if requests is None:
+            return False
+        for request in requests:
+            if request.labels.get(st.MANAGED_LABEL) != run.id or request.zone == keep_zone:
+                continue
+            with contextlib.suppress(NotFound):
+                await provider.delete_queued(request, self.progress)
+        return True
+
+    def _zones(self, stored: Stored) -> tuple[str, ...]:
+        """Its last zone first, then the configured zones as the capacity record orders them."""
+        run = stored.run
+        last = next((i.zone for i in reversed(run.incarnations) if i.zone), None)
+        configured = [z for z in run.zones if z]
+        try:
+            records = capacity.summarize(capacity.CapacityStore().attempts(run.accelerator_type),
+                                         datetime.now(UTC))
+            ordered = [z for z in capacity.order_zones(configured, records, run.accelerator_type)
+                       if z in configured]
+        except Exception:  # noqa: BLE001 - no record to read: the configured order
+            ordered = configured
+        return tuple(dict.fromkeys(z for z in (last, *ordered) if z and z != "local"))
+
+    async def _create(self, stored: Stored) -> bool:
+        run = stored.run
+        n = len(run.incarnations)
+        provider = self._provider(stored)
+        node = await self._read_node(stored)
+        if not node.known:
+            return True
+        if node.node is not None:
+            labels = node.node.labels
+            if labels.get(st.MANAGED_LABEL) == run.id and labels.get(st.INCARNATION_LABEL) == str(n):
+                if node.node.state is NodeState.READY:
+                    return await self._created(stored, node.node.zone)
+                if node.node.state in LOST_STATES:
+                    await self._intend(stored, Action.DELETE, n)  # lost before it was used
+                    return False
+                return True  # being made
+            if (why := not_ours(run, node.node, n)) is not None:
+                await self._give_up(stored, f"{why}; its name is taken")
+                return False
+            await self._intend(stored, Action.DELETE, n)  # an older incarnation's, still there
+            return False
+        requests = await read_requests(provider, run.node, self.read_timeout_s)
+        if requests is None:
+            return True
+        for request in requests:
+            if request.labels.get(st.MANAGED_LABEL) != run.id:
+                await self._give_up(stored, f"a queued request {request.name} in {request.zone} is not this "
+                                    "run's; it is left alone")
+                return False
+            if request.labels.get(st.INCARNATION_LABEL) == str(n) and request.state.waiting:
+                run.note = f"waiting for the queued request in {request.zone} ({request.state})"
+                await self._save(stored)
+                return True  # made before a crash: it fills, or fails, and is looked at again
+            with contextlib.suppress(NotFound):
+                await provider.delete_queued(request, self.progress)
+        zones = self._zones(stored)
+        request = CreateRequest(
+            name=run.node, accelerator_type=run.accelerator_type, zones=zones, spot=run.spot,
+            runtime_version=run.runtime_version, labels=run.labels, queued=run.queued,
+            race=run.queued and len(zones) > 1, valid_for_s=run.valid_for_s, slices=run.slices)
+        self.progress(f"{run.id}: creating {run.node} (incarnation {n}) in {', '.join(zones) or 'local'}")
+        try:
+            made = await create_node(self.providers, run.provider, request, progress=self.progress)
+        except Exception as exc:  # noqa: BLE001 - no capacity anywhere, an API failure: tried next pass
+            run.note = f"create failed: {one_line(exc)}"
+            await self._save(stored)
+            return True
+        return await self._created(stored, made.zone)
+
+    async def _created(self, stored: Stored, zone: str | None) -> bool:
+        run = stored.run
+        now = time.time()
+        run.incarnations.append(Incarnation(len(run.incarnations), run.node, zone, created_at=now))
+        if run.recoveries and run.recoveries[-1].n == run.current.n:
+            run.recoveries[-1].created_at, run.recoveries[-1].zone = now, zone
+        run.note = None
+        await self._intend(stored, Action.PREPARE, run.current.n)
+        return False
+
+    async def _prepare(self, stored: Stored) -> bool:
+        run = stored.run
+        try:
+            await relaunch.prepare(self.providers, run.node, run.job, run.project, run.setup, self.progress)
+        except Exception as exc:  # noqa: BLE001 - a worker not up yet, a network error: a few tries
+            tries = int(run.intent.get("tries", 0)) + 1
+            if tries >= PREPARE_TRIES:
+                await self._give_up(stored, f"preparing {run.node} failed {tries} times: {one_line(exc)}")
+                return False
+            run.note = f"prepare failed ({tries} of {PREPARE_TRIES}): {one_line(exc)}"
+            await self._intend(stored, Action.PREPARE, run.current.n, tries=tries)
+            return True
+        if run.recoveries and run.recoveries[-1].n == run.current.n:
+            run.recoveries[-1].prepared_at = time.time()
+        await self._intend(stored, Action.LAUNCH, run.current.n)
+        return False
+
+    async def _launch(self, stored: Stored) -> bool:
+        run, inc = stored.run, stored.run.current
+        node = await self._read_node(stored)
+        if not node.known or (node.node is not None and node.node.state is not NodeState.READY
+                              and node.lost is None):
+            return True
+        if node.lost is not None:
+            await self._intend(stored, Action.WATCH, inc.n)  # the watch confirms the loss
+            return False
+        assert node.node is not None
+        if (why := not_ours(run, node.node, inc.n)) is not None:
+            await self._give_up(stored, f"{why}; it is left alone")
+            return False
+        since = inc.created_at or float(run.intent.get("at") or time.time())
+        found = await runs_since(self.providers, run.node, since, self.run_store)
+        if found:
+            run_id = found[0]  # launched before a crash, not journaled: the same run, adopted
+        else:
+            try:
+                result = await relaunch.launch_again(self.providers, run.id, run.node, run.job,
+                                                     self.webhook_url, self.run_store, self.progress)
+            except Exception as exc:  # noqa: BLE001 - refused (UserError) or failed: a few tries
+                return await self._launch_failed(stored, one_line(exc))
+            if not result.ok:
+                problem = next((s.error for s in result.starts if not s.ok), "a worker did not start")
+                return await self._launch_failed(stored, str(problem))
+            run_id = result.run_id
+        inc.run_id, inc.started_at = run_id, time.time()
+        run.status, run.note = Status.RUNNING.value, None
+        if run.recoveries and run.recoveries[-1].n == inc.n:
+            run.recoveries[-1].started_at = inc.started_at
+        await self._intend(stored, Action.WATCH, inc.n)
+        self.progress(f"{run.id}: launched {run_id} on {run.node} (incarnation {inc.n})")
+        return False
+
+    async def _launch_failed(self, stored: Stored, problem: str) -> bool:
+        run = stored.run
+        tries = int(run.intent.get("tries", 0)) + 1
+        if tries >= LAUNCH_TRIES:
+            await self._give_up(stored, f"launching on {run.node} failed {tries} times: {problem}")
+            return False
+        run.note = f"launch failed ({tries} of {LAUNCH_TRIES}): {problem}"
+        await self._intend(stored, Action.LAUNCH, run.current.n, tries=tries)
+        return True
+
+    async def _cancel(self, stored: Stored) -> None:
+        """A managed run cancelled (`controller cancel`): its live run stopped, its status STOPPED, and
+        whatever the controller made for it swept."""
+        run = stored.run
+        inc = run.current if run.incarnations else None
+        if inc is not None and inc.run_id and not run.state.terminal:
+            with contextlib.suppress(Exception):
+                await run_control.stop(self.providers, inc.run_id)
+        if inc is not None and inc.ended is None:
+            inc.ended, inc.ended_at = "stopped", time.time()
+        run.status, run.note = Status.STOPPED.value, "cancelled"
+        run.sweep_until = time.time() + self.sweep_s
+        await self._intend(stored, Action.SWEEP, len(run.incarnations))
+
+    async def _sweep(self, stored: Stored) -> bool:
+        """After a give-up or a cancel: delete what is the run's and holds no live run, until sweep_until."""
+        run = stored.run
+        if run.sweep_until is not None and time.time() > run.sweep_until:
+            run.intent = None
+            await self._save(stored)
+            return True
+        provider = self._provider(stored)
+        node = await self._read_node(stored)
+        if node.node is not None and not_ours(run, node.node, 1 << 30) is None:
+            labelled = node.node.labels.get(st.MANAGED_LABEL) == run.id
+            # the controller's own nodes go; the first one, made by hand, only once it is lost
+            if labelled or node.node.state in LOST_STATES:
+                with contextlib.suppress(NotFound):
+                    try:
+                        await provider.delete(run.node, progress=self.progress)
+                    except Exception as exc:  # noqa: BLE001 - tried again next pass
+                        run.note = f"{run.note}; sweep: delete failed: {one_line(exc)}"
+                        await self._save(stored)
+                        return True
+                if run.incarnations and run.current.ended is None:
+                    run.current.ended, run.current.ended_at = "swept", time.time()
+        await self._delete_requests(stored, keep_zone=None)
+        run.heartbeat = {"at": time.time(), "by": self.id}
+        await self._save(stored)
+        return True
