@@ -18,11 +18,13 @@ if TYPE_CHECKING:
 
 
 class NodesRefreshed(Message):
-    """A fresh listing: every provider's nodes, their problems, each node's latest run and the idle ones."""
+    """A fresh listing: every provider's nodes, their problems, each node's latest run and the idle ones.
+    `history_only`: only the runs were read again (the history changed), the nodes are as listed before."""
 
-    def __init__(self, listing: NodesListing) -> None:
+    def __init__(self, listing: NodesListing, history_only: bool = False) -> None:
         super().__init__()
         self.listing = listing
+        self.history_only = history_only
 
 
 class OperationProgress(Message):

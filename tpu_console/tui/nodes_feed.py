@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
+from tpu_console import locations
 from tpu_console.errors import one_line
 from tpu_console.model import Node, NodeState, QueuedRequest
 from tpu_console.providers.base import NodeListing, Provider
@@ -63,6 +64,32 @@ async def gather_listing(
         latest = {key: probed.get(r.run_id, r) for key, r in latest.items()}
     idle = {node_key(i.node): i for i in find_idle(listing.nodes, runs, now, idle_after)}
     return NodesListing(listing.nodes, listing.problems, latest, idle, listing.requests)
+
+
+def with_history(listing: NodesListing, store: RunStore | None, now: datetime,
+                 idle_after: timedelta) -> NodesListing:
+    """The listing with each node's latest run and the idle nodes read from the history again, no provider
+    asked: what a run launched elsewhere (the CLI, another console) changes."""
+    runs = _history(store)
+    latest = {node_key(node): record for node in listing.nodes if (record := _latest_run(node, runs))}
+    idle = {node_key(i.node): i for i in find_idle(listing.nodes, runs, now, idle_after)}
+    return replace(listing, latest_runs=latest, idle=idle)
+
+
+def latest_run_now(node: Node, store: RunStore | None) -> RunRecord | None:
+    """The node's latest run as the history has it at this moment (a launch from the CLI included)."""
+    try:
+        return _latest_run(node, (store or RunStore()).list(node.name, 20))
+    except Exception:  # noqa: BLE001 - as _history: the caller falls back to what it listed
+        return None
+
+
+def history_version(store: RunStore | None) -> int | None:
+    """Changes whenever the history is written (by this console or another process): its file's mtime."""
+    try:
+        return (store.path if store is not None else locations.database_file()).stat().st_mtime_ns
+    except OSError:
+        return None
 
 
 def _latest_run(node: Node, runs: Sequence[RunRecord]) -> RunRecord | None:

@@ -24,6 +24,7 @@ from tpu_console.tui.modals.sync import SyncModal
 from tpu_console.tui.options import ConsoleOptions
 from tpu_console.tui.screens.nodes_screen import NodesScreen
 from tpu_console.tui.screens.runs_screen import RunsScreen
+from tpu_console.tui.widgets.node_table import NodeTable
 from tpu_console.tui.widgets.operations_log import OperationsLog
 
 pytestmark = pytest.mark.usefixtures("console_home", "planner")
@@ -276,6 +277,41 @@ async def test_enter_opens_the_nodes_latest_run_and_says_when_there_is_none():
         await pilot.press("down", "enter")
         await until(pilot, lambda: isinstance(app.screen, RunScreen), "the run dashboard")
         assert app.screen.run_id == "20250314-113000-bbbb"
+
+
+async def test_a_run_launched_elsewhere_shows_without_r_and_enter_opens_it():
+    """The CLI (another process) launches on a node the app shows: the table names the new run within a
+    second or two, with no listing of the nodes, and `enter` opens the latest run even before that."""
+    from tpu_console.tui.screens.run_screen import RunScreen
+
+    add_run("pod-a", "20250314-113000-aaaa", finished=True, state="succeeded")
+    provider = FakeProvider([make_node("pod-a")])
+    app = app_with(provider)  # refresh_every: an hour, so no timed listing comes to the rescue
+    async with app.run_test(size=(160, 30)) as pilot:
+        screen = await started(pilot, app)
+        table = screen.query_one(NodeTable)
+
+        def run_cell() -> str:
+            row = table.get_row_at(0)
+            return " ".join(str(cell) for cell in row)
+
+        assert "succeeded 5m ago" in run_cell()
+        listings = provider.list_calls
+        add_run("pod-a", "20250314-114500-bbbb", finished=False, state="running")  # as `launch` records it
+        await pilot.press("enter")  # at once, before the screen has looked at the history
+        await until(pilot, lambda: isinstance(app.screen, RunScreen), "the run dashboard")
+        assert app.screen.run_id == "20250314-114500-bbbb"
+        await pilot.press("escape")
+        await until(pilot, lambda: "running" in run_cell(), "the history read again")  # bbbb, in the table
+
+        add_run("pod-a", "20250314-115000-cccc", finished=False, state="running")
+        await until(pilot, lambda: screen.listing.latest_run(make_node("pod-a")).run_id.endswith("cccc"),
+                    "the history read again")
+        assert "running" in run_cell()
+        assert provider.list_calls == listings  # the history alone, no listing of the nodes
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, RunScreen), "the run dashboard")
+        assert app.screen.run_id == "20250314-115000-cccc"
 
 
 async def test_slash_filters_the_table_and_escape_clears_it():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import datetime
 from typing import ClassVar
 
@@ -37,7 +38,13 @@ from tpu_console.tui.modals.create_node import CreateNodeModal, CreateOrder
 from tpu_console.tui.modals.delete_node import DeleteNodeModal
 from tpu_console.tui.modals.launch import LaunchModal, LaunchOrder
 from tpu_console.tui.modals.sync import SyncModal, SyncOrder
-from tpu_console.tui.nodes_feed import NodesListing, gather_listing
+from tpu_console.tui.nodes_feed import (
+    NodesListing,
+    gather_listing,
+    history_version,
+    latest_run_now,
+    with_history,
+)
 from tpu_console.tui.options import ConsoleOptions
 from tpu_console.tui.widgets.node_table import NodeTable
 from tpu_console.tui.widgets.operations_log import OperationsLog
@@ -45,6 +52,7 @@ from tpu_console.tui.widgets.operations_log import OperationsLog
 # What an operation's body is given to report a line: `say(text)` or `say(text, style)`.
 Say = Callable[..., None]
 PROBE_EVERY_S = 60.0
+HISTORY_CHECK_S = 1.0  # how often the history's file is looked at for runs written by another process
 
 
 class NodesScreen(Screen[None]):
@@ -130,6 +138,7 @@ class NodesScreen(Screen[None]):
         self._probed_at = float("-inf")
         self._probe_wanted = True
         self._listings_under_way = 0
+        self._history_version: int | None = None
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -144,6 +153,8 @@ class NodesScreen(Screen[None]):
     def on_mount(self) -> None:
         self.action_refresh()
         self.set_interval(self.refresh_every, self._tick)
+        # A run launched elsewhere (the CLI, another console) shows within a second, not at the next listing.
+        self.set_interval(HISTORY_CHECK_S, self._check_history)
         self.query_one(NodeTable).focus()
         self.query_one(OperationsLog).say("operations", "long work (c d b s l x) reports here as it goes")
 
@@ -159,6 +170,19 @@ class NodesScreen(Screen[None]):
         # interval; cancelling it each tick would never show anything). `r` does cancel and start again.
         if not self._listings_under_way:
             self.refresh_nodes()
+
+    def _check_history(self) -> None:
+        version = history_version(self.store)
+        if version != self._history_version and self.refreshes:
+            self._history_version = version
+            self.reread_history()
+
+    @work(exclusive=True, group="history", exit_on_error=False)
+    async def reread_history(self) -> None:
+        listing = await asyncio.to_thread(
+            with_history, self.listing, self.store, self.clock(), self.options.idle_after
+        )
+        self.post_message(NodesRefreshed(listing, history_only=True))
 
     @work(exclusive=True, group="refresh", exit_on_error=False)
     async def refresh_nodes(self) -> None:
@@ -183,6 +207,11 @@ class NodesScreen(Screen[None]):
         self.post_message(NodesRefreshed(listing))
 
     def on_nodes_refreshed(self, message: NodesRefreshed) -> None:
+        if message.history_only:  # the history changed: the latest runs again, on the nodes as listed
+            self.listing = replace(self.listing, latest_runs=message.listing.latest_runs,
+                                   idle=message.listing.idle)
+            self._show()
+            return
         self.refreshes += 1
         self.listing = message.listing
         self._show()
@@ -501,7 +530,7 @@ class NodesScreen(Screen[None]):
         node = self._require_node("stop the run of")
         if node is None:
             return
-        record = self.listing.latest_run(node)
+        record = latest_run_now(node, self.store) or self.listing.latest_run(node)
         launched = self.launched.get(node.name)
         if launched and (record is None or launched > record.run_id):
             record = (self.store or RunStore()).get(launched)  # launched here since the last listing
@@ -528,8 +557,9 @@ class NodesScreen(Screen[None]):
         node = self._require_node("open the run of")
         if node is None:
             return
-        record = self.listing.latest_run(node)
-        # Run ids sort by their start: a run launched here since the last listing is the latest.
+        # The history now, not the last listing: a run launched since, from here or the CLI, is the latest.
+        record = latest_run_now(node, self.store) or self.listing.latest_run(node)
+        # Run ids sort by their start: a run launched here that the history lacks yet is the latest.
         known = [record.run_id] if record is not None else []
         run_id = max([*known, self.launched.get(node.name, "")]) or None
         if run_id is None:
