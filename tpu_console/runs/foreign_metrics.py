@@ -7,11 +7,16 @@ here, console-side, from the places launch.json's `job.metrics` names (relative 
 - `tensorboard`: a folder of TensorBoard event files (tunix writes its metrics only there). The files are
   copied (SFTP, only those that grew since the last copy) into `$TPU_CONSOLE_HOME/tensorboard/<run>/
   worker-<i>/` and read with tbparse, a maintained reader, into the last value of every scalar tag;
-- `wandb`: the folder holding W&B's `latest-run/` (default `wandb`, where wandb puts it):
-  `latest-run/files/wandb-summary.json`, the numbers the seeds read back by hand after each run
+- `wandb`: the folder holding W&B's run folders (default `wandb`, where wandb puts them):
+  `<run folder>/files/wandb-summary.json`, the numbers the seeds read back by hand after each run
   (`time/train/step_avg_last10_s`, `throughput/train/valid_tokens_per_s`, `memory/train/
   peak_bytes_in_use_max_gib`). They carry the trainer's metric names, so they fill the run's summary
   (`runs show`, `runs compare`) where its events say nothing.
+
+Both folders live in the project's folder, which every run of that project shares, so a run reads only
+what it wrote: the files modified after its launch.json was put in its run folder (before its job started)
+and, once it has ended, not after its `exit` file (find's `-newer`, on the worker's own clock); of the W&B
+summaries so written, the latest, never `latest-run` as such (a link to whichever run wrote last).
 
 `steps_note` says where a run's steps come from, or that none of its output matched (yet, while it runs;
 after the end, that none was recognised and how to give the program's with `--metrics`): shown instead of
@@ -32,6 +37,7 @@ from typing import Any
 
 from tpu_console import locations
 from tpu_console.errors import Unreachable, one_line
+from tpu_console.fleet import recipes
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.runs.archive import archived_last_steps_in
 from tpu_console.runs.events import Event, StepMetrics
@@ -40,7 +46,7 @@ from tpu_console.worker import step_lines
 from trainer import telemetry as tm
 
 WANDB_DEFAULT = "wandb"
-WANDB_SUMMARY = "latest-run/files/wandb-summary.json"
+WANDB_SUMMARY = "files/wandb-summary.json"  # in each run folder (run-<time>-<id>/, offline-run-.../)
 # What the seeds read from the summary by hand; shown first, in this order.
 WANDB_KEYS = (tm.STEP_AVG_LAST10, tm.VALID_TOKENS_PER_S, tm.MEM_IN_USE, tm.MEM_PEAK)
 TB_PATTERN = "events.out.tfevents.*"
@@ -68,8 +74,20 @@ def _in_job_folder(job: Mapping[str, Any], path: str) -> str:
     return posixpath.normpath(posixpath.join(job.get("cwd") or ".", path))
 
 
-def wandb_summary_path(job: Mapping[str, Any]) -> str:
-    return posixpath.join(_in_job_folder(job, _metrics(job).get("wandb") or WANDB_DEFAULT), WANDB_SUMMARY)
+def wandb_dir(job: Mapping[str, Any]) -> str:
+    return _in_job_folder(job, _metrics(job).get("wandb") or WANDB_DEFAULT)
+
+
+def written_by_run(run_id: str, folder: str, tests: str, action: str) -> str:
+    """A command that runs `find . TESTS ACTION` in `folder` (home-relative, or absolute) over the files the
+    run wrote: modified after its launch.json, and not after its `exit` once there is one. Prints nothing
+    where the folder or the run's folder is missing."""
+    where = '"$HOME"/' + shlex.quote(folder) if not folder.startswith("/") else shlex.quote(folder)
+    find = f'find . {tests} -newer "$run/launch.json"'
+    return (f'( run="$HOME"/{shlex.quote(recipes.run_dir(run_id))}; [ -e "$run/launch.json" ] || exit 0; '
+            f"cd {where} 2>/dev/null || exit 0; "
+            f'if [ -e "$run/exit" ]; then {find} ! -newer "$run/exit" {action}; else {find} {action}; fi '
+            "2>/dev/null; exit 0 )")
 
 
 def tensorboard_dir(job: Mapping[str, Any]) -> str | None:
@@ -167,7 +185,7 @@ async def read_foreign(
     if job is None:
         return readings
     workers = list(record.workers if workers is None else workers)
-    summaries = await asyncio.gather(*(_wandb_summary(fleet, job, w) for w in workers))
+    summaries = await asyncio.gather(*(_wandb_summary(fleet, job, record.run_id, w) for w in workers))
     for worker, (values, problem) in zip(workers, summaries, strict=True):
         if values:
             readings.wandb[worker] = values
@@ -189,13 +207,25 @@ async def read_foreign(
     return readings
 
 
-async def _wandb_summary(fleet: Fleet, job: Mapping[str, Any], worker: int) -> tuple[dict, str | None]:
-    path = wandb_summary_path(job)
+async def _wandb_summary(
+    fleet: Fleet, job: Mapping[str, Any], run_id: str, worker: int
+) -> tuple[dict, str | None]:
+    """The W&B summary this run wrote last on the worker (of the run folders' summaries it modified)."""
+    folder = wandb_dir(job)
+    listing = written_by_run(run_id, folder, f"-mindepth 3 -maxdepth 3 -path './*/{WANDB_SUMMARY}'",
+                             "-printf '%T@ %P\\n'")
     try:
+        (result,) = await fleet.run(listing, [worker], timeout=30)
+        if not result.ok:
+            raise Unreachable(result.error or result.stderr.strip() or f"exit {result.exit_status}")
+        written = sorted((float(t), name) for t, _, name in (line.partition(" ") for line in
+                         result.stdout.splitlines()) if name and ".." not in name.split("/"))
+        if not written:
+            # wandb was not used, or has not written its summary yet: only worth a word when it was asked for
+            return {}, (f"no {folder}/*/{WANDB_SUMMARY} written by this run yet" if _metrics(job).get("wandb")
+                        else None)
+        path = posixpath.join(folder, written[-1][1])
         data = json.loads(await fleet.get(path, worker))
-    except FileNotFoundError:
-        # wandb was not used, or has not written its summary yet: only worth a word when it was asked for
-        return {}, (f"no {path} yet" if _metrics(job).get("wandb") else None)
     except (Unreachable, OSError, ValueError) as exc:
         return {}, one_line(exc)
     if not isinstance(data, dict):
@@ -220,11 +250,9 @@ def tensorboard_cache(run_id: str, worker: int) -> Path:
 
 
 async def fetch_tensorboard(fleet: Fleet, run_id: str, folder: str, worker: int) -> Path | None:
-    """Copy the worker's event files under `folder` that changed since the last copy; the local folder,
-    or None when the worker has none."""
-    where = '"$HOME"/' + shlex.quote(folder) if not folder.startswith("/") else shlex.quote(folder)
-    listing = (f"( cd {where} 2>/dev/null || exit 0; find . -type f -name '{TB_PATTERN}' "
-               "-printf '%s %P\\n' 2>/dev/null; exit 0 )")
+    """Copy the worker's event files under `folder` that this run wrote and that changed since the last
+    copy; the local folder, or None when the worker has none."""
+    listing = written_by_run(run_id, folder, f"-type f -name '{TB_PATTERN}'", "-printf '%s %P\\n'")
     (result,) = await fleet.run(listing, [worker], timeout=30)
     if not result.ok:
         raise Unreachable(result.error or result.stderr.strip() or f"exit {result.exit_status}")

@@ -69,7 +69,7 @@ class MetricsSpec(_Strict):
     format: MetricFormat = "auto"
     regex: str | None = None
     tensorboard: str | None = None  # relative to the job's working folder
-    wandb: str | None = None  # the folder holding latest-run/
+    wandb: str | None = None  # the folder holding W&B's run folders (run-<time>-<id>/, latest-run)
 
     @model_validator(mode="after")
     def _regex_fits(self) -> MetricsSpec:
