@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
+from functools import cached_property
 from typing import ClassVar, Protocol
 
 from textual import work
@@ -37,6 +38,7 @@ from tpu_console.tui.modals.confirm import ConfirmModal
 from tpu_console.tui.modals.full_text import FullTextModal
 from tpu_console.tui.modals.stacks import StacksModal
 from tpu_console.tui.modals.stop_theirs import StopTheirsModal
+from tpu_console.tui.notices import Notices
 from tpu_console.tui.run_feed import Post, RunFeed, local_now
 from tpu_console.tui.run_snapshot import DeviceReadings, RunSnapshot, StepHistory
 from tpu_console.tui.widgets.hbm_panel import HbmPanel
@@ -173,7 +175,15 @@ class RunScreen(Screen[None]):
     async def _follow_devices(self) -> None:
         await self.feed.follow_devices(self.post_message)
 
+    @cached_property
+    def notices(self) -> Notices:
+        """The dashboard's notices: one per subject (the run's state, a log signature, the supervisor, a
+        stop, a key's answer), at most three at once, taken down when what they say no longer holds."""
+        return Notices(self.app)
+
     async def on_unmount(self) -> None:
+        if "notices" in self.__dict__:  # about this run: they do not follow the person back to the nodes
+            self.notices.withdraw_all()
         await self.feed.close()  # the workers' jobs keep running; only the watching stops
 
     def on_run_updated(self, message: RunUpdated) -> None:
@@ -184,27 +194,40 @@ class RunScreen(Screen[None]):
         steps_shown = self.query_one(TabbedContent).active == TABS["steps"]
         if self._stragglers() != self._stragglers_drawn and steps_shown:
             self._show_steps()
-        if self.snapshot.hung and not self.hung_shown and not self.snapshot.ended:
-            self.hung_shown = True
-            self.notify(
-                f"worker(s) {', '.join(map(str, self.snapshot.hung))} still running after worker "
-                f"{self.snapshot.first_failure} failed, likely hung in a collective and holding the "
-                "TPU: x stops the run, t shows where each one waits",
-                title="run hung",
-                severity="error",
-                timeout=30,
-            )
-        stuck = self.snapshot.all_silent  # every running worker stalled: the run as a whole
-        if stuck and not self.stuck_shown and not self.snapshot.ended:
-            self.stuck_shown = True
-            self.notify("the run looks stuck: t shows every worker's Python stacks (where each one waits)",
-                        title="run stalled", severity="warning", timeout=30)
-        if self.snapshot.ended and not self.verdict_shown:
-            self.verdict_shown = True
-            detail = f": {self.snapshot.failure}" if self.snapshot.failure else ""
-            severity = "information" if self.snapshot.state == "succeeded" else "error"
-            self.notify(f"{self.run_id} {self.snapshot.state}{detail}", title="run ended", severity=severity)
-            self._desktop(self.snapshot.state, f"run {self.run_id} {self.snapshot.state}{detail}")
+        self._notice_run_state()
+
+    def _notice_run_state(self) -> None:
+        """One notice about the run's state at a time: a hang or a stall while it lasts, then the end
+        (which takes the place of both; the header keeps saying what still holds)."""
+        snapshot = self.snapshot
+        if snapshot is None:
+            return
+        if snapshot.ended:
+            if not self.verdict_shown:
+                self.verdict_shown = True
+                detail = f": {snapshot.failure}" if snapshot.failure else ""
+                severity = "information" if snapshot.state == "succeeded" else "error"
+                self.notices.show("run", f"{self.run_id} {snapshot.state}{detail}", title="run ended",
+                                  severity=severity)
+                self._desktop(snapshot.state, f"run {self.run_id} {snapshot.state}{detail}")
+            return
+        if snapshot.hung:
+            if not self.hung_shown:
+                self.hung_shown = True
+                self.notices.show(
+                    "run",
+                    f"worker(s) {', '.join(map(str, snapshot.hung))} still running after worker "
+                    f"{snapshot.first_failure} failed, likely hung in a collective and holding the TPU: "
+                    "x stops the run, t shows where each one waits",
+                    title="run hung", severity="error", timeout=60)
+        elif snapshot.all_silent:  # every running worker stalled: the run as a whole
+            if not self.stuck_shown:
+                self.stuck_shown = True
+                self.notices.show("run", "the run looks stuck: t shows every worker's Python stacks (where "
+                                  "each one waits)", title="run stalled", severity="warning", timeout=60)
+        elif self.hung_shown or self.stuck_shown:  # it moved on: what the notice said no longer holds
+            self.hung_shown = self.stuck_shown = False
+            self.notices.withdraw("run")
 
     def _desktop(self, event: str, text: str) -> None:
         """The desktop notification of `[notify] desktop` (the pod's supervisor tells the webhook)."""
@@ -218,11 +241,12 @@ class RunScreen(Screen[None]):
         # Once per kind: on a pod the same problem (TPU in use ...) shows on every worker at once.
         if message.kind not in self.signatures_shown:
             self.signatures_shown.add(message.kind)
-            self.notify(message.message, title=f"worker {message.worker}'s log", severity="error", timeout=20)
+            self.notices.show(f"log:{message.kind}", message.message, title=f"worker {message.worker}'s log",
+                              severity="error")
 
     def on_run_supervisor_decided(self, message: RunSupervisorDecided) -> None:
-        for decision in message.decisions:
-            self.notify(decision, title="supervisor on the pod", timeout=20)
+        if message.decisions:  # the latest, in place of the one before (the header and status keep them all)
+            self.notices.show("supervisor", "\n".join(message.decisions[-3:]), title="supervisor on the pod")
 
     def on_run_devices_read(self, message: RunDevicesRead) -> None:
         by_worker = {m.worker: m for m in message.workers}
@@ -253,9 +277,8 @@ class RunScreen(Screen[None]):
 
     def action_follow_worker(self, worker: int) -> None:
         if worker not in self.run_workers():
-            self.notify(
-                f"no worker {worker} in this run (workers {self._worker_range()})", severity="warning"
-            )
+            self.notices.show("key", f"no worker {worker} in this run (workers {self._worker_range()})",
+                              severity="warning")
             return
         self._follow(worker)
 
@@ -279,7 +302,7 @@ class RunScreen(Screen[None]):
     def action_first_failure(self) -> None:
         text = first_failure_text(self.snapshot)
         if text is None:
-            self.notify("nothing has failed in this run", severity="information")
+            self.notices.show("key", "nothing has failed in this run")
             return
         self.app.push_screen(FullTextModal(f"run {self.run_id}: first failure", text))
 
@@ -289,7 +312,8 @@ class RunScreen(Screen[None]):
         worker = self.worker if self.worker is not None else self.snapshot.first_failure
         row = self.snapshot.row(worker) if worker is not None else None
         if row is None:
-            self.notify("follow a worker first (0-9, tab): enter shows its last error", severity="warning")
+            self.notices.show("key", "follow a worker first (0-9, tab): enter shows its last error",
+                              severity="warning")
             return
         self.app.push_screen(FullTextModal(f"worker {row.worker} of {self.run_id}", worker_text(row)))
 
@@ -308,7 +332,8 @@ class RunScreen(Screen[None]):
 
     def action_stop_run(self) -> None:
         if self.snapshot is not None and self.snapshot.ended:
-            self.notify(f"{self.run_id} has ended already ({self.snapshot.state})", severity="warning")
+            self.notices.show("key", f"{self.run_id} has ended already ({self.snapshot.state})",
+                              severity="warning")
             return
         hung = self.snapshot.hung if self.snapshot is not None else ()
         why = (
@@ -326,17 +351,19 @@ class RunScreen(Screen[None]):
 
     @work(exclusive=True, group="run-stop", exit_on_error=False)
     async def _stop_run(self) -> None:
-        self.notify(f"stopping {self.run_id}...", title="stop")
+        self.notices.show("stop", f"stopping {self.run_id}...", title="stop", timeout=60)
         try:
             outcome = await self.feed.stop_run()
         except Exception as exc:  # noqa: BLE001 - shown; the run is as it was
-            self.notify(f"could not stop {self.run_id}: {one_line(exc)}", title="stop", severity="error")
+            self.notices.show("stop", f"could not stop {self.run_id}: {one_line(exc)}", title="stop",
+                              severity="error")
         else:
-            self.notify(outcome, title="stop")
+            self.notices.show("stop", outcome, title="stop")
 
     def action_stacks(self) -> None:
         if self.snapshot is not None and self.snapshot.ended:
-            self.notify(f"{self.run_id} has ended: no job to ask for its stacks", severity="warning")
+            self.notices.show("key", f"{self.run_id} has ended: no job to ask for its stacks",
+                              severity="warning")
             return
         self.app.push_screen(StacksModal(self.run_id, self.feed.stacks))
 
