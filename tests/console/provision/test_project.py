@@ -280,6 +280,7 @@ def test_a_setup_that_installs_the_project_follows_each_sync_and_starts_from_boo
     project = who_runs_project(tmp_path / "proj", "first")
     assert run(capsys, "sync", pod, "--dir", str(project))[0] == 0
     # offline: the build uses the hatchling bootstrap's environment has (this machine's), and no index
+    # (pip sees it through the .pth file; uv runs the build backend with the environment's Python)
     editable = "pip install --no-index --no-build-isolation -e ."
     status, first, err = json_run(capsys, "setup", pod, "--", editable)
     assert status == 0, err
@@ -326,3 +327,15 @@ def test_a_setup_that_installs_the_project_follows_each_sync_and_starts_from_boo
     status, out, err = run(capsys, "setup", pod, "--", copied)
     assert status == 0, err
     assert launched_lines(capsys, "who-runs") == [line.replace("first", "third") for line in expected]
+
+    # uv sync (the project editable, in the setup's environment through UV_PROJECT_ENVIRONMENT): the same.
+    uv_sync = f"{Path(sys.prefix) / 'bin' / 'uv'} sync --offline --no-build-isolation"
+    assert run(capsys, "setup", pod, "--", uv_sync)[0] == 0
+    assert launched_lines(capsys, "who-runs") == [line.replace("first", "third") for line in expected]
+    who_runs_project(project, "fourth")
+    assert run(capsys, "sync", pod, "--dir", str(project))[0] == 0
+    status, out, err = run(capsys, "launch", "pod", "--", "who-runs")
+    assert status == 2 and f"run `tpu-console setup pod -- {uv_sync}` again" in err
+    status, out, err = run(capsys, "setup", pod, "--", uv_sync)
+    assert status == 0, err
+    assert launched_lines(capsys, "who-runs") == [line.replace("first", "fourth") for line in expected]
