@@ -198,6 +198,7 @@ def test_a_job_file_is_launched_and_recorded_with_the_run(capsys, tmp_path):
         ([], 'command = "ls"\n[env]\nHF_TOKEN = "x"\n', "HF_TOKEN looks like a secret"),
         ([], 'command = "ls"\n[supervisor]\nrestart_on = ["oom"]\n', "a oom failure fails the same way"),
         (["--max-hang", "30m"], 'command = "ls"\n[metrics]\nformat = "none"\n', "format none reads no step"),
+        (["--max-hang", "30m", "--metrics", "none", "--", "ls"], None, "format none reads no step"),
         ([], 'command = "ls"\n[metrics]\nformat = "none"\n[supervisor]\nmax_hang = 60\n', "--max-hang stops"),
     ],
 )
