@@ -123,6 +123,7 @@ def stale_setup(node_name: str, project: dict[str, Any] | None, setup: dict[str,
     if installed == synced:
         return None
     command = setup.get("command")
+    named = f"{project['name']} {synced}" if project.get("name") else synced
     return (f"the setup environment on {node_name} holds the project {installed} that `{command}` installed, "
-            f"not {project.get('name')} {synced} synced since; run `tpu-console setup {node_name} -- "
-            f"{command}` again to install it, then launch")
+            f"not {named} synced since; run `tpu-console setup {node_name} -- {command}` again to install "
+            "it, then launch")

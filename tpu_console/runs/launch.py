@@ -292,7 +292,7 @@ def command_job(job: JobSpec, node: Node, reports: list[WorkerReport], check_cod
         worker = next(r.worker for r in reports if not r.setup)
         raise UserError(f"worker {worker} of {node.name} holds no setup after the setup ran; nothing was "
                         "launched")
-    if project is None and (named := project_path_in(job.command)) is not None:
+    if not any(r.project for r in reports) and (named := project_path_in(job.command)) is not None:
         raise UserError(f"no project is synced to {node.name}, so `{named}` is not on its workers (a command "
                         f"without one runs in its run folder); run `tpu-console sync {node.name} --dir PATH` "
                         "first, or give absolute paths")

@@ -163,6 +163,25 @@ def test_a_command_runs_in_the_project_with_its_setups_environment():
     assert bare.record("RUN")["cwd"] == "tpu-console/runs/RUN" and bare.env_dir == "tpu-console/env"
 
 
+def test_a_setup_that_installed_an_earlier_sync_of_the_project_is_refused_and_one_that_did_not_is_not():
+    def synced_since(holds: bool) -> list[WorkerReport]:
+        reports = [worker(w, "p2", "s1") for w in (0, 1)]
+        for report in reports:  # set up with the sync p1, then p2 synced
+            report.setup.update(project_digest="p1", holds_project=holds, command="pip install -e .")
+        return reports
+
+    spec = JobSpec.from_command(["my-console-script"])
+    with pytest.raises(UserError) as refused:
+        command_job(spec, make_node("pod"), synced_since(True), False)
+    assert str(refused.value) == (
+        "the setup environment on pod holds the project p1 that `pip install -e .` installed, not p2 synced "
+        "since; run `tpu-console setup pod -- pip install -e .` again to install it, then launch")
+    assert command_job(spec, make_node("pod"), synced_since(False), True).cwd == "tpu-console/projects/p2"
+    # where no worker holds a project, a file the command names by a relative path is not there
+    with pytest.raises(UserError, match="no project is synced to pod, so `train.py` is not on its workers"):
+        command_job(JobSpec.from_command(["python", "train.py"]), make_node("pod"), [worker(0, None)], True)
+
+
 @pytest.mark.parametrize(
     ("reports", "message"),
     [
