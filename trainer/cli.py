@@ -12,7 +12,8 @@
                                    trainer/plan.py)
 
 Exit status: 0 when the run finished, 2 for a config or launch problem (one line naming the key and the fix),
-128+N when stopped by signal N (SIGTERM, SIGINT), 1 for anything else. Every failure also lands in
+128+N when stopped by signal N (SIGTERM, SIGINT; with checkpoints on, after saving the last finished step:
+trainer/stop.py), 1 for anything else. Every failure also lands in
 events.jsonl as an `error` event.
 """
 
@@ -26,6 +27,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
+from trainer import stop
 from trainer.config import ConfigError, check_environment, dump_yaml, load_config
 from trainer.distributed import LaunchError, Terminated, process_id_hint, read_launch_env
 from trainer.telemetry import KIND_ERROR, EventLog
@@ -34,16 +36,6 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 OOM_HINT = ("out of device memory: reduce rollout.batch_size or rollout.n (local_batch), shorten "
             "rollout.max_length_sample, lower train.micro_batch_size_per_device, or shard the model wider "
             "(a larger fsdp axis in mesh_shape)")
-
-
-def _stop_handler(progress: dict):
-    def handler(signum: int, frame: object) -> None:
-        # Raise now; and since library code may swallow an exception raised in the middle of it, leave a
-        # flag the train loop checks at every step boundary.
-        progress["stop_signal"] = signum
-        raise Terminated(signum)
-
-    return handler
 
 
 def _train_parser() -> argparse.ArgumentParser:
@@ -153,9 +145,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_OK
         check_environment(cfg)
         launch = read_launch_env()
-        # From here a stop becomes an exception, so the run still writes its `error` event on the way out.
-        signal.signal(signal.SIGTERM, _stop_handler(progress))
-        signal.signal(signal.SIGINT, _stop_handler(progress))
+        # From here a stop becomes an exception (after a checkpoint when checkpoints are on: trainer/stop.py),
+        # so the run still writes its `error` event on the way out.
+        signal.signal(signal.SIGTERM, stop.handler(progress))
+        signal.signal(signal.SIGINT, stop.handler(progress))
         from trainer import compilation_cache
         from trainer.train import run  # imports JAX; only after the config passed
 

@@ -35,6 +35,7 @@ from trainer.mesh import (
 )
 from trainer.programs import build_programs
 from trainer.rollout_sharding import RolloutLayout, resolve_rollout_layout
+from trainer.stop import StopGate, notice
 
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 
@@ -156,6 +157,8 @@ class Trainer:
                                   cfg.model_dump(mode="json"), topo.process_index, run_dir)
         self.timer = tm.PhaseTimer()
         self.key = jax.random.key(cfg.seed)
+        self.gate = StopGate(self.progress, topo.process_count, self.checkpointer is not None)
+        self.done_step = 0  # the last step whose update finished: the state a stop saves
         self._warned_truncation = False
 
     # ---- helpers ----------------------------------------------------------------------------------------
@@ -208,8 +211,9 @@ class Trainer:
         with timer.phase("shard"):
             batch = self._train_batch(rollout, advantages)
             timer.fence(batch)
-        with timer.phase("update"):
+        with timer.phase("update"), self.gate.deferred():  # a stop waits: the update donates the weights
             update_metrics = self._update(batch)
+            self.done_step = step
         step_s = time.perf_counter() - start
         timer.seconds["step"] = step_s
         return self._step_metrics(step, step_s, rewards, per_fn, mask, update_metrics)
@@ -304,19 +308,40 @@ class Trainer:
                          resumed_step=latest)
         return latest
 
+    def _save_on_stop(self, first: int) -> None:
+        """The checkpoint of a stop: the last finished step, complete on disk before the process ends; its
+        event says how long it took, from the signal and from the preemption notice when there was one."""
+        if self.checkpointer is None or self.done_step <= first:
+            return  # nothing done since the checkpoint this run resumed from
+        self.progress["defer_stop"] = True  # a second SIGTERM (the VM's shutdown after the notice) waits too
+        signalled_at = self.progress.get("stop_at") or time.time()
+        started = time.time()
+        self.checkpointer.save_now(self.done_step, {"params": self.params, "opt_state": self.opt_state})
+        done = time.time()
+        fields = {"checkpoint_step": self.done_step, "checkpoint_save_s": round(done - started, 3),
+                  "signal_to_checkpoint_s": round(done - signalled_at, 3)}
+        if (seen := notice()) is not None and isinstance(seen.get("seen_at"), int | float):
+            fields.update(notice_source=seen.get("source"),
+                          notice_to_checkpoint_s=round(done - float(seen["seen_at"]), 3),
+                          seconds_left=round(float(seen.get("deadline", done)) - done, 1))
+        self.events.emit(tm.KIND_WARNING, message=f"stopped: checkpoint of step {self.done_step} saved "
+                         f"{fields['signal_to_checkpoint_s']:.1f}s after the signal", **fields)
+        print(f"checkpoint of step {self.done_step} saved on stop in {fields['checkpoint_save_s']:.1f}s",
+              flush=True)
+
     def train(self) -> None:
         from trainer.data import prompt_batches
 
         cfg = self.cfg
-        first = self._resume()
+        first = self.done_step = self._resume()
         batches = prompt_batches(self.train_problems, prompts_per_process(cfg, self.topo.process_count),
                                  cfg.seed, cfg.data.shuffle, start_step=first)
         started = time.perf_counter()
         metrics: dict = {}
         try:
             for step in range(first + 1, cfg.steps + 1):
-                if self.progress.get("stop_signal"):
-                    raise Terminated(self.progress["stop_signal"])
+                if self.gate.agreed():
+                    raise Terminated(self.gate.signum())
                 metrics = self._step(step, next(batches))
                 self.events.emit(tm.KIND_STEP, **metrics)
                 print(tm.human_step_line(metrics), flush=True)
@@ -328,13 +353,18 @@ class Trainer:
                           f"reward_mean={eval_metrics[tm.EVAL_REWARD_MEAN]:.4f}", flush=True)
                     self.wandb.log(eval_metrics, step)
                 if self.checkpointer is not None and self.checkpointer.should_save(step, cfg.steps):
-                    self.checkpointer.save(step, {"params": self.params, "opt_state": self.opt_state})
+                    with self.gate.deferred():
+                        self.checkpointer.save(step, {"params": self.params, "opt_state": self.opt_state})
                 if (fault := armed_step_fault(step, first)) is not None:  # tests only (fault_injection.py)
                     if self.checkpointer is not None:
                         self.checkpointer.close()  # the checkpoint of this step is written, then it fails
                     raise fault
             if self.checkpointer is not None:
                 self.checkpointer.close()
+        except Terminated:
+            self._save_on_stop(first)
+            self.wandb.finish(exit_code=1)
+            raise
         except BaseException:
             self.wandb.finish(exit_code=1)
             raise
