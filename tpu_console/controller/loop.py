@@ -11,7 +11,7 @@ looks at what is there, so taking it twice changes nothing:
   requests; done once the node reads absent;
 - create (incarnation n): adopt a node already labelled with incarnation n (READY; wait while it is being
   made or its queued request waits), else create it: its zone first, then the configured zones ordered by
-  the capacity record, raced when queued;
+  the capacity record, one at a time (a queued request in one zone at a time: never two out at once);
 - prepare: bootstrap, sync the same code, run the same setup (relaunch.py);
 - launch: adopt a run already started on the node since the incarnation began, else launch the job again;
 - sweep (after a give-up or a cancel): delete every node and queued request of the run that holds no live
@@ -300,6 +300,9 @@ class Controller:
         for request in requests:
             if request.labels.get(st.MANAGED_LABEL) != run.id or request.zone == keep_zone:
                 continue
+            if request.labels.get(st.INCARNATION_LABEL, "0").isdigit() and int(
+                    request.labels.get(st.INCARNATION_LABEL, "0")) > len(run.incarnations):
+                continue  # a newer incarnation's, made by a controller that knows more than this record
             with contextlib.suppress(NotFound):
                 await provider.delete_queued(request, self.progress)
         return True
@@ -321,6 +324,9 @@ class Controller:
     async def _create(self, stored: Stored) -> bool:
         run = stored.run
         n = len(run.incarnations)
+        if run.deadline is not None and time.time() >= run.deadline:
+            await self._give_up(stored, "its deadline passed while its node was being made again")
+            return False
         provider = self._provider(stored)
         node = await self._read_node(stored)
         if not node.known:
@@ -357,7 +363,9 @@ class Controller:
         request = CreateRequest(
             name=run.node, accelerator_type=run.accelerator_type, zones=zones, spot=run.spot,
             runtime_version=run.runtime_version, labels=run.labels, queued=run.queued,
-            race=run.queued and len(zones) > 1, valid_for_s=run.valid_for_s, slices=run.slices)
+            # one zone at a time, never raced: a race has a request out in every zone, and two of them can
+            # fill at once, which would make two live nodes of one run
+            race=False, valid_for_s=run.valid_for_s, slices=run.slices)
         self.progress(f"{run.id}: creating {run.node} (incarnation {n}) in {', '.join(zones) or 'local'}")
         try:
             made = await create_node(self.providers, run.provider, request, progress=self.progress)
@@ -462,7 +470,8 @@ class Controller:
             return True
         provider = self._provider(stored)
         node = await self._read_node(stored)
-        if node.node is not None and not_ours(run, node.node, 1 << 30) is None:
+        # a node of a newer incarnation than this run ever made is not its to sweep (a stale record)
+        if node.node is not None and not_ours(run, node.node, len(run.incarnations)) is None:
             labelled = node.node.labels.get(st.MANAGED_LABEL) == run.id
             # the controller's own nodes go; the first one, made by hand, only once it is lost
             if labelled or node.node.state in LOST_STATES:
