@@ -280,8 +280,7 @@ def main(argv: list[str]) -> int:
             "name a file the project holds, relative to its folder")
         return NO_REQUIREMENT
     named = args.requirement or [r for r in USUAL_REQUIREMENTS if os.path.isfile(os.path.join(folder, r))]
-    base = (read_json(f"{ROOT}/python.json") or {}).get("python")
-    python = pick_python(base, args.python_version)
+    python = pick_python((read_json(f"{ROOT}/python.json") or {}).get("python"), args.python_version)
     if python is None:
         wanted = args.python_version or "3.11"
         say("error", f"no Python {wanted} on this worker; `tpu-console bootstrap {args.node} "
