@@ -24,6 +24,7 @@ from tpu_console.fleet.selection import parse_worker_selection
 from tpu_console.providers.base import Progress, Provider, no_progress
 from tpu_console.provision import worker_setup
 from tpu_console.provision.bootstrap import checked_python_version
+from tpu_console.provision.project_sync import synced_file_hashes
 from tpu_console.provision.recipes import PYTHON_FILE, _home
 from tpu_console.provision.steps import OnWorker, SetupResult, ignore_worker, run_on_workers
 
@@ -110,6 +111,28 @@ async def setup_project(
 def _bad_input(error: str) -> bool:
     refusals = ("no project on", "no Python", "no python.json")
     return error.startswith(refusals) or " is not in the project " in error or " still runs in ~/" in error
+
+
+def stale_requirements(
+    node_name: str, project: dict[str, Any] | None, setup: dict[str, Any] | None
+) -> str | None:
+    """Why a command may not run in the workers' setup environment now, or None: a requirement file it was
+    made from (setup.json's requirements, by sha256) differs in the project synced since, as this console
+    synced it (`--dir`; nothing is known here of a project another console or `--git` put there)."""
+    if not project or not setup or setup.get("project_digest") == project.get("digest"):
+        return None
+    hashes = synced_file_hashes(node_name, project.get("digest"))
+    made_from = setup.get("requirements") or {}
+    if hashes is None:
+        return None
+    # gone from the project, or another content (a symlink's content is not known here: taken as it is)
+    changed = [name for name, sha in made_from.items()
+               if name not in hashes or hashes[name] not in (sha, None)]
+    if not changed:
+        return None
+    return (f"the setup environment on {node_name} was made from {changed[0]} as it was before the project "
+            f"synced since changed it; run `tpu-console setup {node_name} -- {setup.get('command')}` again, "
+            "then launch")
 
 
 def stale_setup(node_name: str, project: dict[str, Any] | None, setup: dict[str, Any] | None) -> str | None:

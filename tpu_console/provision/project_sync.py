@@ -306,6 +306,19 @@ def remember_sync(node_name: str, packed: PackedProject) -> None:
     partial.replace(path)
 
 
+def synced_file_hashes(node_name: str, digest: str | None) -> dict[str, str | None] | None:
+    """Each file's sha256 (None for a symlink) of the project this console synced to the node as `digest`,
+    or None when it did not (another console, `--git`)."""
+    try:
+        record = json.loads(_sync_record(node_name).read_text())
+    except (OSError, ValueError):
+        return None
+    if not digest or record.get("digest") != digest:
+        return None
+    files = record.get("files") or {}
+    return {name: None if state[3] == "l" else state[4] for name, state in files.items()}
+
+
 def changed_since_sync(node_name: str, project: dict[str, Any] | None) -> str | None:
     """A warning when the folder the workers' current project was synced from (by this console) differs
     from it now: which files changed, and the sync that sends them. None when it has not changed, or when

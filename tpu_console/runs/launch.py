@@ -40,7 +40,7 @@ from tpu_console.providers.base import Provider, no_progress
 from tpu_console.provision import recipes as provision_recipes
 from tpu_console.provision.code_sync import ENV_FILE as SYNCED_ENV_FILE
 from tpu_console.provision.code_sync import code_version
-from tpu_console.provision.project_setup import stale_setup
+from tpu_console.provision.project_setup import stale_requirements, stale_setup
 from tpu_console.provision.project_sync import changed_since_sync, project_path_in
 from tpu_console.provision.recipes import ENV_DIR, ENV_PYTHON
 from tpu_console.provision.report import WorkerReport, mismatches
@@ -553,6 +553,9 @@ async def _launch_command(
                 reports = await inspect_workers(fleet, selected)
                 refuse_live_runs(node, reports)
             prepared = command_job(job, node, reports, check_code)
+            stale = await asyncio.to_thread(stale_requirements, node.name, prepared.project, prepared.setup)
+            if stale is not None:
+                raise UserError(stale)
             if changed := await asyncio.to_thread(changed_since_sync, node.name, prepared.project):
                 progress(f"warning: {changed}")  # not refused: the run is the synced copy, and says which
             if kill_stale:

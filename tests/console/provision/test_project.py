@@ -194,10 +194,23 @@ def test_setup_runs_once_per_command_requirements_and_python_and_names_a_failed_
     assert status == 0 and [w["ready"] for w in again["workers"]] == ["already", "already"]
     assert again["workers"][1]["setup"]["digest"] == setup["digest"]
 
-    # A requirement file that changed: a new environment (the command runs again); one that fails on
-    # worker 1 is named with its last line, exit 2, and worker 1 keeps its last good setup.json.
+    # The code changed and synced: the environment (which holds no project) still serves.
+    (repo / "pkg" / "train.py").write_text("print('step=1 loss=0.25')\n")
+    assert run(capsys, "sync", pod, "--dir", str(repo))[0] == 0
+    status, out, err = run(capsys, "launch", pod, "--json", "--", "true")
+    assert status == 0, err
+    assert run(capsys, "logs", json.loads(out)["run_id"], "--follow")[0] == 0
+
+    # A requirement file that changed and synced: launch refuses the environment made from the old one.
     (repo / "requirements.txt").write_text("six==1.16.0\n")
     assert run(capsys, "sync", pod, "--dir", str(repo))[0] == 0
+    status, out, err = run(capsys, "launch", pod, "--", "true")
+    assert status == 2 and err == (
+        "error: the setup environment on pod was made from requirements.txt as it was before the project "
+        f"synced since changed it; run `tpu-console setup pod -- {command}` again, then launch\n")
+
+    # The setup again: a new environment (the command runs again); one that fails on worker 1 is named
+    # with its last line, exit 2, and worker 1 keeps its last good setup.json.
     failing = 'if [ "$TPU_WORKER_ID" = 1 ]; then echo "ERROR: No matching distribution for six"; exit 3; fi'
     status, out, err = run(capsys, "setup", pod, "--requirements", "requirements.txt", "--", failing)
     assert status == 2
