@@ -62,6 +62,7 @@ BUILT_IN = ("seeds", "maxtext", "jsonl", "keras", "tqdm", "loop")  # what "auto"
 COUNTING = ("tqdm", "keras")  # formats whose step is a count of steps done (a bar), not a line a step
 SOURCE = "output.log"  # the `source` of the step events made here
 MAX_LINE = 1 << 20  # a longer run of bytes without a line end is passed over, not read again every round
+MAX_STEP_LINE = 1 << 16  # what of a line is read for a step (a step line is far shorter)
 
 STEP_S = "time/train/step_s"
 STEP_AVG_LAST10 = "time/train/step_avg_last10_s"
@@ -88,31 +89,35 @@ MAXTEXT_NAMES = {
 }
 # A loop's names for the time of one step (with a unit: `time 120.5ms`, `dt 0.3s`).
 LOOP_STEP_TIMES = ("time", "dt", "step_time", "iter_time", "batch_time", "time/step", "time/iter")
-# Names a progress bar's postfix or a log dict gives the training loss.
-LOSS_NAMES = ("loss", "train_loss", "train_loss_step", "loss_step")
+# Names a loop's line, a progress bar's postfix or a log dict gives the training loss (`Train step 1
+# training loss: 5.53`, tunix).
+LOSS_NAMES = ("loss", "train_loss", "training_loss", "train_loss_step", "loss_step")
 UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
 
-_NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|NaN|inf|-inf|null|None"
+_NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|NaN|inf|-inf|null|None"
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _LINE_END = re.compile(rb"\r\n|[\r\n]|\x08+")
 _SEEDS_STEP = re.compile(r"(?:^|[\s\]|:,])step=(\d+)\s")
-_SEEDS_FIELD = re.compile(r"([A-Za-z_][\w/.-]*)=(" + _NUMBER + r")(s?)(?=[\s,;]|$)")
+# Names start where a word does (not inside one): a long run of letters is then read once, not once a letter.
+_SEEDS_FIELD = re.compile(r"(?<![\w/.-])([A-Za-z_][\w/.-]*)=(" + _NUMBER + r")(s?)(?=[\s,;]|$)")
 _MAXTEXT_STEP = re.compile(r"completed step: (\d+)")
-_MAXTEXT_FIELD = re.compile(r"([^,:]+?): (" + _NUMBER + r")\s*(?:,|$)")
-_LOOP_STEP = re.compile(r"(?<![\w./-])(step|iter|iteration)\s*[:=#]?\s*(\d+)(?:\s*/\s*(\d+))?(?![\w.])",
+_MAXTEXT_VALUE = re.compile(_NUMBER)
+_LOOP_STEP = re.compile(r"(?<![\w./-])(step|iter|iteration)(?:\s*[:=#])?\s*(\d+)(?:\s*/\s*(\d+))?(?![\w.])",
                         re.IGNORECASE)
 _LOOP_FIELD = re.compile(
-    r"(?:(?P<name>[A-Za-z][\w/.-]*(?: [A-Za-z][\w/.-]*)?)\s*[:=]?\s*)?"
-    r"(?P<value>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)(?P<unit>\s*(?:ms|us|µs|s|%)(?![\w]))?"
+    r"(?<![\w/.-])(?:(?P<name>[A-Za-z][\w/.-]*(?: [A-Za-z][\w/.-]*)?)(?:\s*[:=]\s*|\s+))?"
+    r"(?P<value>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)(?P<unit>\s*(?:ms|us|µs|s|%)(?![\w]))?"
     r"(?P<per>\s*/\s*(?:step|it|iter)\b)?(?![\w.])"
 )
 # Words of a line that is about something else than a training step.
 _NOT_A_STEP = re.compile(
     r"(?<![\w-])(eval\w*|validat\w*|val|valid|test\w*|sav(?:e|ed|ing)|load\w*|resum\w*|restor\w*)(?!\w)",
     re.IGNORECASE)
-_BAR = re.compile(r"(\d+)%\|[^|]*\|\s*(\d+)/(\d+)\s*\[[^\]<]*<[^,\]]*,\s*([\d.]+|\?)\s*([^\s,\]]+)([^\]]*)\]")
+# tqdm's `{desc}: {percent}%|{bar}| {n}/{total} [{elapsed}<{remaining}, {rate}{unit}{postfix}]`
+_BAR = re.compile(r"(?<!\d)(\d+)%\|[^|]*\|\s*(\d+)/(\d+)\s*\[[^\]<]*<[^,\]]*,\s*"
+                  r"(\d+(?:\.\d+)?|\?)\s?([A-Za-z]+/[A-Za-z]+)(?=[\s,\]])([^\]]*)\]")
 _BAR_TRAINING = re.compile(r"(?:epoch|train|step|iter)", re.IGNORECASE)
-_POSTFIX_FIELD = re.compile(r"([A-Za-z_][\w/.-]*)=(" + _NUMBER + r")(?=[\s,]|$)")
+_POSTFIX_FIELD = re.compile(r"(?<![\w/.-])([A-Za-z_][\w/.-]*)=(" + _NUMBER + r")(?=[\s,]|$)")
 _KERAS_EPOCH = re.compile(r"^\s*Epoch (\d+)/(\d+)\s*$")
 _KERAS_BAR = re.compile(r"(?<![\w/])(\d+)/(\d+) +(?:\[[=>.]*\]|[━─]+)\s*(?:-\s*)?(?:\S+\s+)?"
                         r"([\d.]+)(s|ms|us)/step(.*)$")
@@ -205,10 +210,11 @@ def parse_maxtext(line):
     if found is None:
         return None
     metrics = {"step": int(found.group(1))}
-    rest = line[found.end():].lstrip(", ")
-    for name, value in _MAXTEXT_FIELD.findall(rest):
-        name = name.strip()
-        metrics[MAXTEXT_NAMES.get(name, name)] = _number(value)
+    for field in line[found.end():].split(","):
+        name, _, value = field.rpartition(": ")
+        name, value = name.rsplit(":", 1)[-1].strip(), value.strip()
+        if name and _MAXTEXT_VALUE.fullmatch(value):
+            metrics[MAXTEXT_NAMES.get(name, name)] = _number(value)
     return metrics
 
 
@@ -261,7 +267,7 @@ def parse_loop(line):
             metrics[f"time/train/{name}_s"] = seconds
         else:
             metrics[_renamed(name)] = _number(value)
-    return metrics if len(metrics) > 1 else None
+    return _with_loss(metrics) if len(metrics) > 1 else None
 
 
 def parse_log_dict(line):
@@ -486,6 +492,7 @@ class StepLines:
     # ---- reading -------------------------------------------------------------------------------------
 
     def _read(self, line):
+        line = line[:MAX_STEP_LINE]
         line = _ANSI.sub("", line) if "\x1b" in line else line
         for reader in self._readers:
             reading = reader(line)

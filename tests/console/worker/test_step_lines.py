@@ -3,6 +3,8 @@ add, JSON lines, a job file's regex, "auto" keeping to the format it found, and 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tpu_console.worker import step_lines
@@ -131,6 +133,8 @@ def read(lines, parser=None):
         ("Step 100/1000, loss=0.5012, lr=1.00e-04", {"step": 100, tm.LOSS: 0.5012, "lr": 1e-4}),
         ("[rank0]: step 7 | loss 0.5 | lr 3e-4 | data 5ms", {"step": 7, tm.LOSS: 0.5, "lr": 3e-4,
                                                              tm.phase_key("data"): 0.005}),
+        ("I1127 peft_trainer.py:488] Train step 3 training loss: 5.301113  - training perplexity: 200.559921",
+         {"step": 3, "training_loss": 5.301113, tm.LOSS: 5.301113, "training_perplexity": 200.559921}),
     ],
 )
 def test_hand_written_loop_lines(line, metrics):
@@ -148,6 +152,8 @@ def test_hand_written_loop_lines(line, metrics):
         "step 5",
         "global_step 3 loss 1",
         "tokens per iteration will be: 8,192",
+        "Train step 10 eval loss: 5.032121 - eval perplexity: 153.257751",  # tunix
+        "Running evaluation on train step 10.",
     ],
 )
 def test_lines_about_something_else_are_no_loop_step(line):
@@ -314,3 +320,18 @@ def test_keras_counts_the_steps_of_finished_epochs_and_reads_its_backspace_redra
     assert step_lines.steps_counted(events) == 20
     assert events[-1][tm.LOSS] == 0.21 and events[-1][tm.phase_key("step")] == 0.005
     assert all(e["format"] == "keras" for e in events)
+
+
+@pytest.mark.parametrize(
+    "head", ["step 5 loss ", "step=5 ", "completed step: 5, ", '{"step": 1, ', "iter 3: ",
+             " 5%|#| 1/2 [00:00<00:00, 1.0it/s", "Epoch 0:  5%|#| 1/2 [00:00<00:00, 1.0it/s, loss=",
+             " 1/2 ━━ 0s 5ms/step - loss: "],
+)
+@pytest.mark.parametrize("body", [" ", "a", "1", "a1 ", "a=1 ", "a: ", "5%|", "1."])
+def test_a_long_line_is_read_in_time_proportional_to_its_length(head, body):
+    """No pattern backtracks over a long run of one kind of character (40 kB read in far under a second; a
+    quadratic pattern takes minutes)."""
+    line = head + body * (40000 // len(body)) + "x"
+    started = time.monotonic()
+    StepLines("auto").feed(line)
+    assert time.monotonic() - started < 3.0
