@@ -15,7 +15,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 
-from tpu_console.cli import app, experiments, flags, nodes, output, provision, runs
+from tpu_console.cli import app, controller, experiments, flags, nodes, output, provision, runs
 from tpu_console.errors import Unreachable, UserError
 from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import build_providers, close_providers
@@ -24,7 +24,7 @@ from tpu_console.settings import Settings, load_settings
 
 Handler = Callable[[argparse.Namespace, Settings, dict[str, Provider]], Awaitable[int]]
 HANDLERS: dict[str, Handler] = {
-    **nodes.HANDLERS, **provision.HANDLERS, **runs.HANDLERS, **experiments.HANDLERS
+    **nodes.HANDLERS, **provision.HANDLERS, **runs.HANDLERS, **experiments.HANDLERS, **controller.HANDLERS
 }
 
 EXAMPLES = """\
@@ -44,6 +44,8 @@ examples:
   tpu-console logs RUN_ID --follow              every worker's output, prefixed [i], until the run ends
   tpu-console status RUN_ID                     per-worker state, exit status, latest step metrics
   tpu-console stop RUN_ID --yes
+  tpu-console launch pod-a --managed --config F  the controller brings it back after a preemption
+  tpu-console controller start                  that controller, as a service on this machine
   tpu-console delete pod-a --yes
 
 exit status: 0 success; 2 bad input or unmet precondition (nothing was changed);
@@ -72,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tpu-console {_version()}")
     flags.add_settings_flags(parser, default=argparse.SUPPRESS)
     verbs = parser.add_subparsers(dest="verb", metavar="COMMAND")
-    for group in (nodes, provision, runs, experiments, app):
+    for group in (nodes, provision, runs, experiments, controller, app):
         group.add_verbs(verbs, common)
     return parser
 

@@ -4,6 +4,7 @@ the data comes from the runs layer; the sub-commands themselves are declared in 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from collections.abc import Sequence
@@ -71,8 +72,10 @@ async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Pro
     goodput = await run_goodput(providers, record, store, decisions)
     summary.update(summary_fields(goodput))
     layout = rollout_layout(view)
+    managed = await _managed_run(record.run_id)  # handed to the controller: its incarnations, recoveries
     if json_mode:
         document = {**run_table.run_record(view), "summary": summary, "archive_path": record.archive_path,
+                    "managed": managed.to_json() if managed is not None else None,
                     "rollout_layout": layout,
                     "goodput": goodput.to_json() if goodput is not None else None,
                     "steps_source": steps_note,
@@ -127,9 +130,22 @@ async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Pro
     if decisions:
         print()
         print(masker.mask("\n".join(f"supervisor  {d.message}" for d in decisions)))
+    if managed is not None:
+        from tpu_console.cli.controller import incarnation_lines
+
+        print()
+        print("\n".join(incarnation_lines(managed)))
     if view.problem:
         print(f"note: {view.problem}", file=sys.stderr)
     return 0
+
+
+async def _managed_run(run_id: str) -> Any:
+    """The managed run that ran `run_id` in one of its incarnations, or None (controller's store)."""
+    from tpu_console.cli.controller import managed_run_of
+    from tpu_console.settings import load_settings
+
+    return await asyncio.to_thread(managed_run_of, run_id, load_settings())
 
 
 async def compare(targets: Sequence[str], json_mode: bool, providers: dict[str, Provider]) -> int:

@@ -91,8 +91,18 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
         "relaunch from the latest checkpoint (needs checkpoint.dir outside the node and "
         "checkpoint.every_steps)",
     )
-    launch.add_argument("--max-recoveries", type=int, default=3, metavar="N",
-                        help="with --recover (default 3)")
+    launch.add_argument(
+        "--managed", action="store_true",
+        help="hand the run to the controller (`tpu-console controller start`), which recreates a lost node, "
+        "bootstraps, syncs and relaunches it with every option given here; the program resumes from its own "
+        "checkpoint (docs/managed-runs.md)",
+    )
+    launch.add_argument("--max-recoveries", type=int, default=None, metavar="N",
+                        help="with --recover or --managed (default 3)")
+    launch.add_argument("--max-total-cost", metavar="USD",
+                        help="with --managed: no recovery once all its nodes together cost this much")
+    launch.add_argument("--deadline", metavar="DURATION",
+                        help="with --managed: no recovery begins this long after the launch (e.g. 12h)")
     launch.add_argument("--watch-every", type=float, default=30.0, metavar="S",
                         help="with --recover: seconds between two looks at the node and the run (default 30)")
     launch.add_argument(
@@ -260,6 +270,9 @@ async def launch(args: argparse.Namespace, settings: Settings, providers: dict[s
                             "use --restart-on transient (the program resumes from its own checkpoints)")
         return await _launch_with_recovery(args, settings, providers)
     policy = supervision_policy(args, job)
+    managed = args.managed or (job is not None and job.recovery is not None)
+    if managed:
+        budgets = await _check_managed(args, job, policy, providers)
     webhook = settings.notify.webhook_url
     result = await launch_run(
         providers, args.node, args.config, args.overrides, args.env_file, args.worker,
@@ -272,6 +285,8 @@ async def launch(args: argparse.Namespace, settings: Settings, providers: dict[s
     if result.ok:
         print(f"{result.run_id}: supervised on worker {result.workers[0]}: {describe_policy(policy)}",
               file=sys.stderr)
+    if result.ok and managed:
+        await asyncio.to_thread(_hand_over, args, job, policy, result, settings, budgets)
     if args.json:
         output.print_json(run_table.launch_record(result))
     else:
@@ -301,7 +316,8 @@ async def _launch_with_recovery(
 
     managed = await launch_with_recovery(
         providers, args.node, args.config, args.overrides, args.env_file, zones=settings.gcp.zones,
-        max_recoveries=args.max_recoveries, watch_every_s=args.watch_every, python=args.python,
+        max_recoveries=3 if args.max_recoveries is None else args.max_recoveries,
+        watch_every_s=args.watch_every, python=args.python,
         progress=output.progress, on_launch=launched, before_send=plan_check(args.check_plan),
         notify=Notifier.from_settings(settings, output.progress).notify,
         policy=policy, webhook_url=webhook.get_secret_value() if webhook else None,
@@ -318,6 +334,45 @@ async def _launch_with_recovery(
         note = f" ({managed.note})" if managed.note else ""
         print(f"{managed.current.run_id}: {managed.status.lower()}{note}", file=sys.stderr)
     return 0 if managed.status == "SUCCEEDED" else 1
+
+
+async def _check_managed(args: argparse.Namespace, job: JobSpec | None, policy: SupervisionPolicy,
+                         providers: dict[str, Provider]) -> Any:
+    """The budgets of a managed launch; refused before anything is launched: a policy that deletes the
+    node, a worker subset, the trainer without checkpoints a new node can read, a bad budget."""
+    from tpu_console.controller.handover import budgets_of, refuse_unmanageable
+    from tpu_console.experiments.recovery import require_durable_checkpoints
+    from tpu_console.providers.registry import find_node
+
+    refuse_unmanageable(policy)
+    if args.worker != "all":
+        raise UserError("a managed run is relaunched on every worker; leave out --worker")
+    if job is None:
+        provider, _ = await find_node(providers, args.node)
+        require_durable_checkpoints(args.config, args.overrides, provider.name)
+    return budgets_of(job.recovery if job is not None else None, max_recoveries=args.max_recoveries,
+                      max_cost=args.max_total_cost, deadline=args.deadline)
+
+
+def _hand_over(args: argparse.Namespace, job: JobSpec | None, policy: SupervisionPolicy, result: Any,
+               settings: Settings, budgets: Any) -> None:
+    from tpu_console.controller import relaunch
+    from tpu_console.controller.handover import hand_over
+    from tpu_console.controller.lease import read_lease
+    from tpu_console.controller.store import open_store
+    from tpu_console.runs.launch import validate_config
+
+    spec = (relaunch.job_of_command(job, args.env_file, policy, args.check_code, args.check_ports)
+            if job is not None else
+            relaunch.job_of_trainer(validate_config(args.config, args.overrides), args.env_file, args.python,
+                                    policy, args.check_code, args.check_ports))
+    store = open_store(settings)
+    run = hand_over(store, result, spec, list(settings.gcp.zones), budgets)
+    print(f"{result.run_id}: managed as {run.id} (state in {store.place}); up to {budgets.max_recoveries} "
+          "recoveries", file=sys.stderr)
+    if read_lease(store) is None:
+        print("warning: no controller serves this project yet: start one with `tpu-console controller "
+              "start`", file=sys.stderr)
 
 
 def job_from_args(args: argparse.Namespace) -> JobSpec | None:

@@ -14,6 +14,7 @@ from tpu_console.controller import relaunch
 from tpu_console.controller import state as st
 from tpu_console.controller.state import Action, Incarnation, ManagedRun
 from tpu_console.controller.store import StateStore
+from tpu_console.errors import UserError
 from tpu_console.runs import ownership
 from tpu_console.runs.launch import LaunchResult
 
@@ -55,3 +56,39 @@ def hand_over(store: StateStore, result: LaunchResult, job: dict[str, Any], zone
     )
     st.add(store, run)
     return run
+
+
+def budgets_of(recovery: Any = None, *, max_recoveries: int | None = None, max_cost: str | None = None,
+               deadline: str | None = None, lost_after: str | None = None, queued: bool | None = None,
+               now: float | None = None) -> Budgets:
+    """The budgets from a job file's `[recovery]` with launch's flags over it (None: not given); a
+    one-line UserError naming the flag for a bad value."""
+    from tpu_console.runs.supervision import parse_amount, parse_duration
+
+    def pick(flag: Any, key: str, default: Any) -> Any:
+        if flag is not None:
+            return flag
+        return getattr(recovery, key) if recovery is not None else default
+
+    count = pick(max_recoveries, "max_recoveries", 3)
+    if int(count) < 0:
+        raise UserError(f"--max-recoveries {count} is negative; give a count such as 3")
+    cost = pick(max_cost, "max_cost", None)
+    wait = pick(deadline, "deadline", None)
+    lost = pick(lost_after, "lost_after", "10m")
+    return Budgets(
+        max_recoveries=int(count),
+        max_cost=parse_amount(cost, "--max-total-cost") if cost is not None else None,
+        deadline=(time.time() if now is None else now) + parse_duration(str(wait), "--deadline")
+        if wait is not None else None,
+        lost_after_s=parse_duration(str(lost), "--lost-after"),
+        queued=bool(pick(queued, "queued", False)),
+    )
+
+
+def refuse_unmanageable(policy: Any) -> None:
+    """A managed run's node is the controller's to delete and make again: a supervisor that deletes it
+    when the run ends, costs too much or hangs would fight it."""
+    if policy.deletes:
+        raise UserError("a managed run's node is recreated by the controller, and --on-end delete, "
+                        "--max-cost and --max-hang delete it: use --max-total-cost and --deadline instead")

@@ -90,14 +90,17 @@ class Controller:
 
     # ---- the loop --------------------------------------------------------------------------------------
 
-    async def serve(self, until: Callable[[], bool] | None = None) -> None:
-        """Pass after pass, every `poll_s`, until `until()` says so (forever without it)."""
+    async def serve(self, until: Callable[[], bool] | None = None, wake: asyncio.Event | None = None) -> None:
+        """Pass after pass, every `poll_s`, until `until()` says so (forever without it); `wake` set ends
+        the wait between two passes at once (a daemon's SIGTERM)."""
+        wake = wake or asyncio.Event()
         try:
             while True:
                 await self.run_pass()
                 if until is not None and until():
                     return
-                await asyncio.sleep(self.poll_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), self.poll_s)
         finally:
             await self.stop()
 

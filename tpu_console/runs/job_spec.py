@@ -99,6 +99,17 @@ class SupervisorSpec(_Strict):
     max_hang: str | float | None = None
 
 
+class RecoverySpec(_Strict):
+    """`[recovery]`: the run is handed to the controller, which brings it back after a preemption
+    (docs/managed-runs.md); the program resumes from its own checkpoint. The budgets, as launch's flags."""
+
+    max_recoveries: int = Field(default=3, ge=0)
+    max_cost: float | None = Field(default=None, gt=0)  # USD over every incarnation's node
+    deadline: str | float | None = None  # no recovery begins this long after the launch ("12h")
+    lost_after: str | float = "10m"  # a host unreachable this long on a READY node is lost
+    queued: bool = False  # a new node through a queued request (gcp), one zone at a time
+
+
 class JobSpec(_Strict):
     """A job that is a command, as a job file or a command line describes it."""
 
@@ -108,6 +119,7 @@ class JobSpec(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
     supervisor: SupervisorSpec = Field(default_factory=SupervisorSpec)
+    recovery: RecoverySpec | None = None
     # Where it came from (not keys of the file): the job file's path and its text as given.
     job_file: str | None = Field(default=None, exclude=True)
     job_file_text: str | None = Field(default=None, exclude=True)
