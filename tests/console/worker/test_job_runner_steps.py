@@ -131,3 +131,33 @@ def test_a_failures_class_comes_from_the_log_alone(tmp_path, stand_in, job, prin
     assert run_job(folder, stand_in, status=status) == status
     exit_report = next(r for r in stand_in.reports if r["event"] == "exit")
     assert (exit_report["status"], exit_report["cause"]) == (status, cause)
+
+
+BAR = """\
+import sys, time
+def draw(n, tail="]"):
+    sys.stdout.write(f"\\r{100 * n // 6:3d}%|{'#' * n:6s}| {n}/6 [00:0{n}<00:0{6 - n}, 5.00it/s{tail}")
+    sys.stdout.flush()
+draw(0, "]")
+for n in range(1, 7):
+    time.sleep(0.15)
+    sys.stdout.write(f"\\r{100 * n // 6:3d}%|{'#' * n:6s}| {n}/6 [00:0")  # half a redraw: the runner waits
+    sys.stdout.flush()
+    time.sleep(0.6 if n == 3 else 0.05)
+    sys.stdout.write(f"{n}<00:0{6 - n}, 5.00it/s, loss={1 / n:.3f}]")
+    if n != 3:  # step 3 is drawn only in two halves
+        draw(n, f", loss={1 / n:.3f}]")  # the same step drawn again
+    sys.stdout.write("\\x08" * 3 + "\\r")  # and rubbed out, as Keras does
+print()
+"""
+
+
+def test_a_bar_redrawn_with_carriage_returns_and_backspaces_counts_each_step_once(tmp_path, stand_in):
+    job = {"kind": "command", "command": ["python", "foreign.py"], "metrics": {"format": "auto"}}
+    folder = run_folder(tmp_path, job)
+    (folder / "foreign.py").write_text(BAR)
+    assert run_job(folder, stand_in) == 0
+    events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in events] == [1, 2, 3, 4, 5, 6]  # the last one once the job ended
+    assert all(e["format"] == "tqdm" and e[tm.phase_key("step")] == 0.2 for e in events)
+    assert [e[tm.LOSS] for e in events] == [1.0, 0.5, 0.333, 0.25, 0.2, 0.167]
