@@ -225,3 +225,20 @@ def test_the_runs_table_names_what_each_run_ran():
     from_file = record("c", {"kind": "command", "command": ["x"], "job_file": "/home/me/grpo.toml"})
     from_file.config_path = "/home/me/grpo.toml"
     assert job_label(from_file) == "grpo.toml" and job_label(record("d", None)) == "job.toml"
+
+
+def test_launch_metrics_overrides_the_files_format_and_regex_and_keeps_where_else_progress_is(tmp_path):
+    spec = load_job_file(write(tmp_path, 'command = "x"\n[metrics]\nformat = "none"\ntensorboard = "tb"\n'))
+    keras = spec.with_metrics("keras")
+    assert (keras.metrics.format, keras.metrics.regex, keras.metrics.tensorboard) == ("keras", None, "tb")
+    regex = spec.with_metrics(r"it (?P<step>\d+)")
+    assert (regex.metrics.format, regex.metrics.regex) == ("regex", r"it (?P<step>\d+)")
+    assert regex.record()["metrics"]["regex"] == r"it (?P<step>\d+)" and regex.digest() != spec.digest()
+    assert regex.with_metrics("auto").metrics.regex is None
+    for given, says in [("(", "is neither a format"), (r"it (\d+)", "no named group `step`"),
+                        ("kears", "no named group `step`; write (?P<step>\\d+) where the step number is, or "
+                         "give a format (auto, seeds, maxtext, jsonl, loop, tqdm, keras, none)"),
+                        ("regex", "give the regular expression itself")]:
+        with pytest.raises(UserError) as refused:
+            spec.with_metrics(given)
+        assert says in str(refused.value) and "\n" not in str(refused.value)
