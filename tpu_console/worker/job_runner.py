@@ -29,6 +29,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -36,6 +37,10 @@ try:  # shipped beside this file into the run folder (runs/launch.py)
     import step_lines
 except ImportError:  # a run folder without it: a command job's steps are not read
     step_lines = None
+try:  # shipped beside this file too: the VM's preemption notice, passed to the job
+    import preemption_notice
+except ImportError:
+    preemption_notice = None
 
 PLAN_FILE = "supervision.json"
 ADDRESS_ENV = "TPU_CONSOLE_SUPERVISOR"
@@ -48,6 +53,8 @@ EXIT_BAD_INPUT = 2  # the trainer's status for a config it refuses
 TRACEBACK_START = "Traceback (most recent call last):"
 READ_STEPS_S = 0.5  # how often a command job's new output is read for step lines
 NO_ANSWER_S = 5.0  # after its job ended, how long the runner waits for a supervisor that does not answer
+PREEMPTED = "preempted"  # the failure class (and `stopped`) of a job ended by a preemption notice
+KILL_AFTER_DEADLINE_S = 5.0
 
 
 class Classifier:
@@ -86,7 +93,7 @@ class Classifier:
 
 
 class Runner:
-    def __init__(self, command, plan, worker, address, env=None, job=None):
+    def __init__(self, command, plan, worker, address, env=None, job=None, watch_metadata=False):
         self.command = command
         self.plan = plan
         self.worker = worker
@@ -106,6 +113,16 @@ class Runner:
         # a command runs in its project's folder (launch.json's job "cwd", under the home); the trainer here
         command_job = isinstance(job, dict) and job.get("kind") == "command" and job.get("cwd")
         self.cwd = os.path.join(os.path.expanduser("~"), job["cwd"]) if command_job else None
+        self.notice = None  # the preemption notice passed to the job (preemption_notice.Notice)
+        self.notice_lock = threading.Lock()
+        self.watch = None
+        if preemption_notice is not None:
+            # where the job reads the notice: named at start, since a running process's environment is fixed
+            self.notice_file = os.path.abspath(preemption_notice.PREEMPTION_FILE)
+            self.env[preemption_notice.PREEMPTION_FILE_ENV] = self.notice_file
+            if watch_metadata or self.env.get(preemption_notice.METADATA_HOST_ENV):
+                self.watch = preemption_notice.NoticeWatch(self.pass_notice,
+                                                           preemption_notice.metadata_base(self.env))
 
     # ---- talking to the supervisor -----------------------------------------------------------------
 
@@ -128,6 +145,8 @@ class Runner:
     def start(self):
         self.stopped, self.ordered_stop = None, False
         self.log_offset = _size("output.log")
+        if preemption_notice is not None and self.notice is None and os.path.exists(self.notice_file):
+            os.remove(self.notice_file)  # an earlier run's notice in a reused folder is not this job's
         try:
             self.job = subprocess.Popen(self.command, env=self.env, cwd=self.cwd)
         except OSError as exc:  # no such program (or folder): one line and a shell's status, no traceback
@@ -156,12 +175,41 @@ class Runner:
             self.job.kill()
 
     def on_term(self, signum, frame):
-        if not self.ordered_stop:
-            self.stopped = "outside"  # `tpu-console stop`, or the VM going down: the job got it too
+        if self.ordered_stop or self.notice is not None:
+            return  # our own group signal
+        if preemption_notice is not None and preemption_notice.system_going_down():
+            self.pass_notice(preemption_notice.Notice("shutdown", "SIGTERM"))  # the VM's shutdown
+        else:
+            self.stopped = "outside"  # `tpu-console stop`: the job got it too
+
+    def pass_notice(self, notice):
+        """The VM is going away: tell the job at once (the notice file, then SIGTERM to the job's group, so
+        it checkpoints), add a `preemption` event to events.jsonl, and tell the supervisor, which passes it
+        to the other workers. Once per job; called from the watch's thread, a signal handler or a report."""
+        with self.notice_lock:
+            if self.notice is not None or self.job is None or self.job.poll() is not None:
+                return
+            self.notice, self.stopped = notice, PREEMPTED
+        notice.write(self.notice_file)
+        event = {"t": round(time.time(), 3), "kind": "preemption", "process": self.worker, **notice.to_json()}
+        with open("events.jsonl", "a") as out:
+            out.write(json.dumps(event) + "\n")
+        print(f"tpu-console: preemption notice: {notice.describe()}; SIGTERM to worker {self.worker}'s job "
+              "so it checkpoints", flush=True)
+        try:
+            if os.getpgrp() != os.getpid():
+                raise OSError("not the group's leader")  # started by hand: the job alone, never our parent's
+            os.killpg(os.getpgrp(), signal.SIGTERM)
+        except OSError:
+            self.job.terminate()
+        if notice.worker is None:  # seen here: the supervisor passes it on
+            self.report("notice", notice=notice.to_json())
 
     def react(self, answer):
         if answer and answer.get("order") == "stop":
             self.stop()
+        elif answer and answer.get("order") == "preempt" and preemption_notice is not None:
+            self.pass_notice(preemption_notice.Notice.from_json(answer.get("notice") or {}))
 
     def read_step(self):
         """The last step number in events.jsonl's new lines."""
@@ -192,6 +240,8 @@ class Runner:
         next_read = time.monotonic() + READ_STEPS_S
         while self.job.poll() is None:
             time.sleep(min(0.1, heartbeat))
+            if self.notice is not None and time.time() > self.notice.deadline + KILL_AFTER_DEADLINE_S:
+                self.job.kill()  # the VM would be gone by now (a pod that stays, as a local one, goes on)
             if self.steps is not None and time.monotonic() >= next_read:
                 self.steps.read()
                 next_read = time.monotonic() + READ_STEPS_S
@@ -205,10 +255,14 @@ class Runner:
         return 128 - code if code < 0 else code
 
     def run(self):
+        if self.watch is not None:
+            self.watch.start()
         while True:
             self.start()
             status = self.wait_job()
             cause = self.classifier.classify("output.log", self.log_offset, status) if status else None
+            if self.notice is not None:
+                cause = PREEMPTED  # whatever the job printed on its way out
             self.read_step()
             tail_lines = (self.plan.get("record") or {}).get("tail_lines", 0)  # for the run's record
             answer = self.report("exit", status=status, cause=cause, stopped=self.stopped,
@@ -279,6 +333,8 @@ class StepFeed:
             events += self.parser.feed(line)
         if final:  # the attempt ended: a bar's open step is done, and a restart counts afresh
             events += self.parser.finish()
+        else:  # a bar that stopped moving: its step is not held back longer
+            events += self.parser.idle()
         if events:
             with open(self.events, "a") as out:
                 out.write("".join(json.dumps(event) + "\n" for event in events))
@@ -319,8 +375,10 @@ def main(argv):
             manifest = json.load(f)
         worker, job = int(manifest["worker"]), manifest.get("job")
     except (OSError, ValueError, KeyError, TypeError):
-        worker, job = 0, None
-    runner = Runner(command, plan, worker, os.environ.get(ADDRESS_ENV), job=job)
+        manifest, worker, job = {}, 0, None
+    # a Cloud TPU VM has a metadata server to watch for its preemption; elsewhere only $GCE_METADATA_HOST
+    runner = Runner(command, plan, worker, os.environ.get(ADDRESS_ENV), job=job,
+                    watch_metadata=manifest.get("provider") == "gcp")
     signal.signal(signal.SIGTERM, runner.on_term)
     signal.signal(signal.SIGINT, runner.on_term)
     # `stacks` signals the job, not the runner; a stray SIGUSR1 sent to the group must not end the runner.

@@ -27,19 +27,19 @@ Formats (`FORMATS`; "auto" reads every built-in one and weighs the evidence, bel
 - regex:   a regular expression with named groups given in the job file; a `step` group is required.
 
 Evidence. A line of a format is a step only once its kind of line has support: two lines of the same shape
-(format, and what it reports: the names of its fields, a bar's description and total) with rising steps,
-or one line that names its own step time (seeds' `dt=`, MaxText's `seconds:`, a loop's `time 12ms` or
-`s/step`, Keras's `ms/step`), which nothing but a step prints. Until then its lines wait, and the kind of
-line that gets support first is the program's: the lines of other kinds that waited (a JSON config dump
-with a "step", a restore message `step=100 lr=...`) are dropped, never emitted. From then on a line of the
-same format and shape that shares a field with that kind is a step when its step rises past the last one;
-a redraw of the same step adds to it, a lower step is no step. A progress bar's newest step stays open
-until the bar moves on or the job ends (`finish`), so its redraws add to it, and a log dict goes to the
-step the bar shows next (tqdm redraws the bar right after a line written under it). Another kind of line
-replaces the program's only with more support than it had, on steps past its last, once the program's
+(format, and what it reports: the names of its fields, a bar's description and total) with rising steps, or
+one line that names its own step time (seeds' `dt=`, MaxText's `seconds:`, a loop's `time 12ms` or `s/step`,
+Keras's `ms/step`), which nothing but a step prints. Until then its lines wait, and the kind of line that gets
+support first is the program's: the lines of other kinds that waited (a JSON config dump with a "step", a
+restore message `step=100 lr=...`) are dropped, never emitted. From then on a line of the same format and
+shape that shares a field with that kind is a step when its step rises past the last one; a redraw of the same
+step adds to it, a lower step is no step. A progress bar's newest step stays open until the bar moves on, the
+job ends (`finish`) or nothing has added to it for OPEN_S (`idle`), so its redraws add to it, and a log dict
+goes to the step the bar shows next (tqdm redraws the bar right after a line written under it). Another kind
+of line replaces the program's only with more support than it had, on steps past its last, once the program's
 has gone quiet (a bar short of its total has not: an evaluation bar nested in it is no replacement); the
-events already made stay. A format given by name is the only one read, by the same rule; a regex needs
-no support: each line it matches with a rising step is a step.
+events already made stay. A format given by name is the only one read, by the same rule; a regex needs no
+support: each line it matches with a rising step is a step.
 
 Values land under the trainer's metric names (trainer/telemetry.py) where they mean the same: a step's time
 is `time/train/step_s`, a phase's `time/train/<name>_s`, the seeds' `tokens_per_s` (the trainer's valid
@@ -63,6 +63,7 @@ COUNTING = ("tqdm", "keras")  # formats whose step is a count of steps done (a b
 SOURCE = "output.log"  # the `source` of the step events made here
 MAX_LINE = 1 << 20  # a longer run of bytes without a line end is passed over, not read again every round
 MAX_STEP_LINE = 1 << 16  # what of a line is read for a step (a step line is far shorter)
+OPEN_S = 10.0  # a bar's open step that nothing added to for this long is written (`idle`)
 
 STEP_S = "time/train/step_s"
 STEP_AVG_LAST10 = "time/train/step_avg_last10_s"
@@ -479,6 +480,7 @@ class StepLines:
     def _restart(self):
         self._top = None  # the last step taken this attempt (emitted or open)
         self._open = None  # a bar's newest step, not yet emitted
+        self._open_at = 0.0  # when a line last added to it
         self._kinds = {}  # other kinds of lines, waiting for support
         self._held = {}  # a log dict's metrics, for the step the bar shows next
         self._ended = False  # the program said training ended (Hugging Face's summary)
@@ -528,6 +530,12 @@ class StepLines:
         events = self.feed(line, now)
         return events[-1] if events else None
 
+    def idle(self, now=None):
+        """The open step, once no line has added to it for OPEN_S: a bar that stopped (its last step, an
+        evaluation after it) shows its step without waiting for the next or for the job's end."""
+        now = time.time() if now is None else now
+        return self._close() if self._open is not None and now - self._open_at >= OPEN_S else []
+
     def finish(self):
         """The events held at the job's end (a bar's open step); then the next attempt starts afresh,
         with the program's kind of step line known."""
@@ -550,6 +558,7 @@ class StepLines:
         if self._open is not None and reading.step == self._open["step"]:
             self._open.update(reading.metrics)  # a redraw of the open step: its newest values
             self._open.update(self._take_held())
+            self._open_at = event["t"]
             return []
         if reading.counts and reading.step == 0 or self._top is not None and reading.step <= self._top:
             return []  # a bar with nothing counted yet, an earlier state redrawn, a step that does not fit
@@ -601,7 +610,7 @@ class StepLines:
         self._top = event["step"]
         event.update(self._take_held())
         if counts:
-            self._open = event
+            self._open, self._open_at = event, event["t"]
             return events
         return events + self._emit(event)
 

@@ -335,3 +335,15 @@ def test_a_long_line_is_read_in_time_proportional_to_its_length(head, body):
     started = time.monotonic()
     StepLines("auto").feed(line)
     assert time.monotonic() - started < 3.0
+
+
+def test_a_bars_open_step_is_written_once_nothing_has_added_to_it_for_a_while():
+    parser = StepLines("auto")
+    for n, now in ((1, 0.0), (2, 1.0)):
+        parser.feed(bar(n, 5), now=now)
+    assert parser.idle(now=1.0 + step_lines.OPEN_S - 0.5) == []  # step 2 may still get its redraws
+    parser.feed(bar(2, 5, post=", loss=0.5"), now=2.0)  # a redraw adds to it and restarts the wait
+    assert parser.idle(now=1.0 + step_lines.OPEN_S) == []
+    [written] = parser.idle(now=2.0 + step_lines.OPEN_S)
+    assert (written["step"], written[tm.LOSS], written["t"]) == (2, 0.5, 1.0)  # when its line came
+    assert parser.feed(bar(2, 5, post=", loss=0.4"), now=30.0) == [] and parser.finish() == []  # once
