@@ -66,8 +66,8 @@ class LocalProvider(Provider):
         if groups:
             progress(f"{name}: stopping {len(groups)} running job(s)")
             await asyncio.to_thread(stop_groups, groups)
-        await asyncio.to_thread(self.store.remove, name)
-        progress(f"{name}: deleted")
+        aside = await asyncio.to_thread(self.store.remove, name)
+        progress(f"{name}: deleted; its files are being removed in the background ({aside})")
 
     async def preempt(self, name: str) -> None:
         """Rehearse a spot preemption: the workers vanish (servers stopped, jobs killed without a word, as

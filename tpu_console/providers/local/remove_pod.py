@@ -27,7 +27,8 @@ def command(root: Path, name: str) -> list[str]:
 
 
 def remove(store: PodStore, name: str, grace_s: float = 3.0) -> None:
-    """Mark the pod DELETING, stop its jobs (TERM, then KILL after `grace_s`), remove its folder."""
+    """Mark the pod DELETING, stop its jobs (TERM, then KILL after `grace_s`), move its folder aside and
+    remove it in the background (PodStore.remove)."""
     store.set_state(name, NodeState.DELETING)
     stop_groups(job_groups(store, name), grace_s)
     store.remove(name)

@@ -80,6 +80,33 @@ async def test_create_list_get_delete():
         await provider.get("rehearsal")
 
 
+async def test_delete_moves_a_big_pod_aside_at_once_and_removes_its_files_in_the_background():
+    """A pod whose workers hold a project's environment (thousands of files): `delete` answers at once,
+    says where the files went, frees the name, and the files are gone soon after (with what a removal the
+    machine lost half-way left behind)."""
+    provider = LocalProvider()
+    await provider.create(CreateRequest(name="big", accelerator_type="local-2x1"))
+    for worker in range(2):
+        env = provider.store.worker_dir("big", worker) / "tpu-console" / "envs" / "s1"
+        for package in range(20):
+            (env / f"pkg{package}").mkdir(parents=True)
+            for module in range(100):
+                (env / f"pkg{package}" / f"m{module}.py").write_text("x = 1\n" * 50)
+    left_over = provider.store.root / ".trash" / "old-1"  # a removal cut short earlier
+    (left_over / "workers").mkdir(parents=True)
+    lines: list[str] = []
+    started = time.monotonic()
+    await provider.delete("big", lines.append)
+    took = time.monotonic() - started
+    assert took < 2.0, took  # a rename, not a walk of 4,000 files
+    assert lines[-1].startswith("big: deleted; its files are being removed in the background (")
+    assert (await provider.list_nodes()).nodes == [] and not provider.store.node_dir("big").exists()
+    await provider.create(CreateRequest(name="big", accelerator_type="local-2x1"))  # the name is free
+    assert await _wait_for(lambda: not any((provider.store.root / ".trash").iterdir()), timeout=60)
+    assert [n.name for n in (await provider.list_nodes()).nodes] == ["big"]
+    await provider.delete("big")
+
+
 async def test_create_refuses_bad_input_before_making_anything():
     provider = LocalProvider()
     with pytest.raises(UserError, match="unknown local accelerator type 'v6e-8'"):
