@@ -306,14 +306,21 @@ def remember_sync(node_name: str, packed: PackedProject) -> None:
     partial.replace(path)
 
 
-def synced_file_hashes(node_name: str, digest: str | None) -> dict[str, str | None] | None:
-    """Each file's sha256 (None for a symlink) of the project this console synced to the node as `digest`,
-    or None when it did not (another console, `--git`)."""
+def _synced(node_name: str, digest: str | None) -> dict[str, Any] | None:
+    """What remember_sync noted for the node, when it is the project `digest`; else None (another console
+    or `--git` put that project there: nothing is known of it here)."""
     try:
         record = json.loads(_sync_record(node_name).read_text())
     except (OSError, ValueError):
         return None
-    if not digest or record.get("digest") != digest:
+    return record if digest and isinstance(record, dict) and record.get("digest") == digest else None
+
+
+def synced_file_hashes(node_name: str, digest: str | None) -> dict[str, str | None] | None:
+    """Each file's sha256 (None for a symlink) of the project this console synced to the node as `digest`,
+    or None when it did not."""
+    record = _synced(node_name, digest)
+    if record is None:
         return None
     files = record.get("files") or {}
     return {name: None if state[3] == "l" else state[4] for name, state in files.items()}
@@ -322,16 +329,10 @@ def synced_file_hashes(node_name: str, digest: str | None) -> dict[str, str | No
 def changed_since_sync(node_name: str, project: dict[str, Any] | None) -> str | None:
     """A warning when the folder the workers' current project was synced from (by this console) differs
     from it now: which files changed, and the sync that sends them. None when it has not changed, or when
-    this console did not sync that project (another console, `--git`: nothing here to compare)."""
-    path = _sync_record(node_name)
-    if not project or project.get("source") != "dir" or not path.is_file():
-        return None
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    root = Path(record.get("dir") or "")
-    if record.get("digest") != project.get("digest") or not root.is_dir():
+    this console did not sync that project (nothing here to compare)."""
+    record = _synced(node_name, (project or {}).get("digest"))
+    root = Path(record["dir"]) if record and record.get("dir") else None
+    if record is None or root is None or not root.is_dir():
         return None
     try:
         files, _, _ = project_files(root)
