@@ -64,6 +64,8 @@ SOURCE = "output.log"  # the `source` of the step events made here
 MAX_LINE = 1 << 20  # a longer run of bytes without a line end is passed over, not read again every round
 MAX_STEP_LINE = 1 << 16  # what of a line is read for a step (a step line is far shorter)
 OPEN_S = 10.0  # a bar's open step that nothing added to for this long is written (`idle`)
+MAX_KINDS = 64  # kinds of line waiting for support at once
+MAX_WAITING = 10000  # lines one kind keeps while it waits
 
 STEP_S = "time/train/step_s"
 STEP_AVG_LAST10 = "time/train/step_avg_last10_s"
@@ -568,6 +570,8 @@ class StepLines:
     def _other_line(self, reading, event):
         kind = self._kinds.get(reading.shape + (reading.fields,))
         if kind is None:
+            if len(self._kinds) >= MAX_KINDS:  # lines of ever new shapes: the oldest kind is forgotten
+                del self._kinds[min(self._kinds, key=lambda key: self._kinds[key].since)]
             kind = self._kinds[reading.shape + (reading.fields,)] = _Kind(reading, self.lines_read)
         if kind.last is not None and reading.step <= kind.last:
             if reading.step == kind.last and kind.waiting and kind.waiting[-1]["step"] == reading.step:
@@ -580,8 +584,10 @@ class StepLines:
         if not (reading.counts and reading.step == 0):
             if not kind.waiting:
                 kind.since = self.lines_read
-            event.update(self._take_held())
+            if self._chosen is None:  # once the program's kind is known, a log dict is for its steps
+                event.update(self._take_held())
             kind.waiting.append(event)
+            del kind.waiting[:-MAX_WAITING]
         kind.support += 1
         if self._chosen is None:
             enough = kind.support >= 2 or reading.sure or self.format == "regex"

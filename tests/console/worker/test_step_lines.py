@@ -347,3 +347,11 @@ def test_a_bars_open_step_is_written_once_nothing_has_added_to_it_for_a_while():
     [written] = parser.idle(now=2.0 + step_lines.OPEN_S)
     assert (written["step"], written[tm.LOSS], written["t"]) == (2, 0.5, 1.0)  # when its line came
     assert parser.feed(bar(2, 5, post=", loss=0.4"), now=30.0) == [] and parser.finish() == []  # once
+
+
+def test_lines_of_ever_new_shapes_are_no_steps_and_are_not_all_kept():
+    parser = StepLines("auto")
+    lines = [f'{{"step": {i}, "field_{i}": 1}}' for i in range(3 * step_lines.MAX_KINDS)]  # no shape twice
+    assert [e for line in lines for e in parser.feed(line)] == []
+    assert len(parser._kinds) == step_lines.MAX_KINDS  # what waits for support is bounded
+    assert parser.finish() == []
