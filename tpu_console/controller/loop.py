@@ -14,8 +14,9 @@ looks at what is there, so taking it twice changes nothing:
   the capacity record, one at a time (a queued request in one zone at a time: never two out at once);
 - prepare: bootstrap, sync the same code, run the same setup (relaunch.py);
 - launch: adopt a run already started on the node since the incarnation began, else launch the job again;
-- sweep (after a give-up or a cancel): delete every node and queued request of the run that holds no live
-  run, for `sweep_s` (a request filled late is deleted when it appears).
+- sweep (after a give-up or a cancel, for `sweep_s`: a request filled late is deleted when it appears;
+  once after a success): delete the nodes the controller made for the run and its queued requests, and
+  what is left of a lost node.
 
 Nothing is deleted on a read that failed or timed out, and a node is touched only when it is this run's
 (judge.not_ours). `launch --recover` runs this same loop in the foreground for one run (`only`).
@@ -216,6 +217,11 @@ class Controller:
         inc.ended, inc.ended_at = verdict.reason, (run.suspect or {}).get("first_at") or time.time()
         if verdict.action == "end":
             run.status, run.note, run.intent = verdict.status.value, verdict.reason, None
+            if verdict.status is Status.SUCCEEDED and inc.n > 0:
+                # the node the controller made goes with the run, in one sweep (a failed run's stays)
+                run.sweep_until = time.time()
+                await self._intend(stored, Action.SWEEP, len(run.incarnations))
+                return False
             await self._save(stored)
             self.progress(f"{run.id}: {inc.run_id} {verdict.reason} on {run.node}")
             return True
@@ -390,8 +396,15 @@ class Controller:
 
     async def _prepare(self, stored: Stored) -> bool:
         run = stored.run
+        recovery = run.recoveries[-1] if run.recoveries and run.recoveries[-1].n == run.current.n else None
+
+        def bootstrapped() -> None:
+            if recovery is not None:
+                recovery.bootstrapped_at = time.time()
+
         try:
-            await relaunch.prepare(self.providers, run.node, run.job, run.project, run.setup, self.progress)
+            await relaunch.prepare(self.providers, run.node, run.job, run.project, run.setup, self.progress,
+                                   bootstrapped)
         except Exception as exc:  # noqa: BLE001 - a worker not up yet, a network error: a few tries
             tries = int(run.intent.get("tries", 0)) + 1
             if tries >= PREPARE_TRIES:
@@ -467,10 +480,6 @@ class Controller:
     async def _sweep(self, stored: Stored) -> bool:
         """After a give-up or a cancel: delete what is the run's and holds no live run, until sweep_until."""
         run = stored.run
-        if run.sweep_until is not None and time.time() > run.sweep_until:
-            run.intent = None
-            await self._save(stored)
-            return True
         provider = self._provider(stored)
         node = await self._read_node(stored)
         # a node of a newer incarnation than this run ever made is not its to sweep (a stale record)
@@ -489,5 +498,7 @@ class Controller:
                     run.current.ended, run.current.ended_at = "swept", time.time()
         await self._delete_requests(stored, keep_zone=None)
         run.heartbeat = {"at": time.time(), "by": self.id}
+        if run.sweep_until is None or time.time() >= run.sweep_until:
+            run.intent = None  # swept for as long as a late request could still fill
         await self._save(stored)
         return True

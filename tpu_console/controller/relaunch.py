@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,17 +87,21 @@ def _config_path(run_id: str, job: dict[str, Any]) -> tuple[str, list[str]]:
 
 async def prepare(providers: dict[str, Provider], node: str, job: dict[str, Any],
                   project: dict[str, Any] | None, setup: dict[str, Any] | None,
-                  progress: Progress = no_progress) -> None:
-    """Bootstrap the new node and sync the same code: the checkout wheel for the trainer, the project (by
-    its digest: a folder changed since is refused) and its setup for a command. Raises UserError."""
+                  progress: Progress = no_progress,
+                  bootstrapped: Callable[[], None] = lambda: None) -> None:
+    """Bootstrap the new node (then `bootstrapped()`) and sync the same code: the checkout wheel for the
+    trainer, the project (by its digest: a folder changed since is refused) and its setup for a command.
+    Raises UserError."""
     from tpu_console.provision.bootstrap import bootstrap_node
     from tpu_console.provision.code_sync import sync_node
 
     if job["kind"] == "trainer":
         _checked(await bootstrap_node(providers, node, progress=progress, **job.get("bootstrap", {})),
                  "bootstrap")
+        bootstrapped()
         _checked(await sync_node(providers, node, progress=progress), "sync")
         return
+    bootstrapped()  # a command runs in its project's setup, or the environment the node already has
     if project is not None and not job["spec"].get("project"):
         from tpu_console.provision.project_sync import sync_project
 

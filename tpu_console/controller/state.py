@@ -72,6 +72,7 @@ class Recovery:
     confirmed_at: float | None = None  # the second, some seconds later
     deleted_at: float | None = None
     created_at: float | None = None  # the new node READY
+    bootstrapped_at: float | None = None
     prepared_at: float | None = None  # bootstrapped, synced, set up
     started_at: float | None = None  # the run launched
     first_step_at: float | None = None
@@ -91,11 +92,11 @@ class Recovery:
         return None if self.first_step_at is None else self.first_step_at - self.detected_at
 
     def parts(self) -> dict[str, float | None]:
-        """What the seconds were made of: detect (to the confirming read), delete, create, prepare
-        (bootstrap, sync, setup), start (launch to the first step)."""
-        marks = [self.detected_at, self.confirmed_at, self.deleted_at, self.created_at, self.prepared_at,
-                 self.first_step_at]
-        names = ("detect", "delete", "create", "prepare", "start")
+        """What the seconds were made of: detect (to the confirming read), delete, create, bootstrap, sync
+        (the code, the project and its setup), start (the launch, the program's start, to its first step)."""
+        marks = [self.detected_at, self.confirmed_at, self.deleted_at, self.created_at,
+                 self.bootstrapped_at or self.created_at, self.prepared_at, self.first_step_at]
+        names = ("detect", "delete", "create", "bootstrap", "sync", "start")
         return {name: (b - a if a is not None and b is not None else None)
                 for name, a, b in zip(names, marks, marks[1:], strict=False)}
 
