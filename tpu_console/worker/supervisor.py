@@ -17,7 +17,11 @@ It reads `supervision.json` (the plan `launch` wrote, 0600) and, when webhook no
 - `max_cost` (price x time since launch) and `max_hang_s` (every worker without a new step that long):
   stop the jobs (SIGTERM first, so the trainer checkpoints), then delete the node;
 - `on_end: delete`: once every job has ended and `grace_s` has passed, delete the node, unless a newer run
-  started on it.
+  started on it;
+- a preemption notice: a job runner that sees its VM going (the metadata server, the VM's shutdown;
+  preemption_notice.py) tells its job at once and reports it here; the notice is passed to every other
+  worker's runner in its next answer, so all jobs checkpoint together; failures that follow (peers gone
+  from a collective) are not restarted, and the run ends `preempted`.
 
 Deleting a node: on Cloud TPU, with the VM's own service account (a token from the metadata server), the
 TPU API's DELETE on the node (and on its queued resource when it has one). On a local pod, the command the
@@ -56,7 +60,7 @@ TPU_API = "https://tpu.googleapis.com"
 TICK_S = 0.25
 
 # Orders in the answers to a job runner.
-RUN, STOP, RESTART, WAIT, DONE = "run", "stop", "restart", "wait", "done"
+RUN, STOP, RESTART, WAIT, DONE, PREEMPT = "run", "stop", "restart", "wait", "done", "preempt"
 
 
 def now():
@@ -101,6 +105,8 @@ class Supervisor:
         self.delete_reason = None
         self.coordinator_port = None
         self.silent_told = False  # the run was said to look hung, and has not stepped since
+        self.preemption = None  # the first preemption notice a runner reported (its JSON), passed to all
+        self.told_notice = set()  # the workers whose runners were given it
         # a command job whose output is not read for steps (metrics format none) never reports one: its
         # silence says nothing, so it is judged neither hung nor past max_hang
         self.steps_read = _steps_read(folder)
@@ -124,6 +130,8 @@ class Supervisor:
                 return self._on_heartbeat(worker, attempt, message.get("step"), message.get("step_s"))
             if event == "exit":
                 return self._on_exit(worker, attempt, message)
+            if event == "notice":
+                return self._on_notice(worker, message.get("notice") or {})
             if event == "poll":
                 return self._order_after_exit(worker)
             return {"order": RUN}
@@ -131,6 +139,8 @@ class Supervisor:
     def _on_start(self, worker, attempt):
         if attempt == self.attempt and worker.state in ("pending", "lost"):
             worker.state, worker.attempt, worker.progress_at = "running", attempt, self.clock()
+        if self.preemption is not None and worker.index not in self.told_notice:
+            return self._preempt(worker)
         if self.stopping or self.restart_pending:
             return {"order": STOP}
         return {"order": RUN}
@@ -144,6 +154,8 @@ class Supervisor:
             if worker.step is not None:
                 worker.step_interval = self.clock() - worker.progress_at
             worker.step, worker.progress_at = step, self.clock()
+        if self.preemption is not None and worker.index not in self.told_notice:
+            return self._preempt(worker)
         if self.stopping or self.restart_pending:
             return {"order": STOP}
         return {"order": RUN}
@@ -156,9 +168,31 @@ class Supervisor:
         worker.stopped = message.get("stopped")
         worker.tail = message.get("tail") or worker.tail
         worker.last_event = message.get("last_event") or worker.last_event
-        if worker.status != 0 and not worker.stopped and not self.stopping and not self.restart_pending:
+        if (worker.status != 0 and not worker.stopped and not self.stopping and not self.restart_pending
+                and self.preemption is None):  # a peer gone with its VM is no failure of the job's
             self._on_failure(worker)
         return self._order_after_exit(worker)
+
+    def _on_notice(self, worker, notice):
+        """A runner saw its VM going: every job is to checkpoint now, and the run ends preempted."""
+        self.told_notice.add(worker.index)
+        if self.preemption is not None:
+            return {"order": RUN}
+        self.preemption = {**notice, "worker": worker.index}
+        others = [w.index for w in self.workers.values()
+                  if w.index != worker.index and w.state in ("pending", "running")]
+        left = notice.get("seconds_left")
+        self.decide("preemption-notice", f"worker {worker.index}: {notice.get('source', 'preempted')} "
+                    f"({notice.get('value')}), {left if left is not None else '?'}s left: its job has "
+                    "SIGTERM to checkpoint" + (f"; passing the notice to worker(s) {_join(others)}"
+                                               if others else ""), notice=self.preemption)
+        self.notify("preempted", f"preemption notice on worker {worker.index} "
+                    f"({notice.get('source', 'preempted')}): every job checkpoints and stops")
+        return {"order": RUN}
+
+    def _preempt(self, worker):
+        self.told_notice.add(worker.index)
+        return {"order": PREEMPT, "notice": self.preemption}
 
     def _order_after_exit(self, worker):
         if worker.state == "done":
@@ -225,7 +259,7 @@ class Supervisor:
                     w.state, w.exited_at = "lost", t
                     self.decide("worker-lost", f"worker {w.index}'s job runner has not reported for "
                                 f"{t - w.last_seen:.0f}s: the worker is lost")
-                    if not self.stopping and not self.restart_pending:
+                    if not self.stopping and not self.restart_pending and self.preemption is None:
                         others = [o.index for o in self.workers.values() if o.state in ("pending", "running")]
                         if others and (self.plan.get("fail_fast") or self.plan.get("restart_on")):
                             self.stopping = "fail-fast"
@@ -246,7 +280,7 @@ class Supervisor:
                     if self.plan.get("coordinator_host"):
                         self.coordinator_port = _free_port(self.plan["coordinator_host"])
                     self.notify("restarted", f"restarted ({cause}, attempt {self.attempt + 1})")
-            if self.ended is None and not self.stopping and not self.restart_pending:
+            if self.ended is None and not self.stopping and not self.restart_pending and not self.preemption:
                 self._check_budget(t)
                 self._check_hang(t)
             if self.ended is None and all(w.state in ("done", "lost") for w in self.workers.values()):
@@ -297,6 +331,8 @@ class Supervisor:
         workers = self.workers.values()
         if self.stopping in ("max-cost", "max-hang"):
             outcome = "stopped"
+        elif self.preemption is not None:
+            outcome = "preempted"  # whatever the jobs' statuses: told to stop, they did not finish
         elif all(w.status == 0 for w in workers):
             outcome = "succeeded"
         elif any(w.stopped == "outside" for w in workers) and not any(
