@@ -51,7 +51,7 @@ COORDINATOR_ENVS = (COORDINATOR_ENV, "JAX_COORDINATOR_ADDRESS", "TPU_CONSOLE_COO
 PORT_ENV = "MASTER_PORT"
 EXIT_BAD_INPUT = 2  # the trainer's status for a config it refuses
 TRACEBACK_START = "Traceback (most recent call last):"
-READ_STEPS_S = 0.5  # how often a command job's new output is read for step lines
+READ_STEPS_S = 0.1  # how often a command job's new output is read for step lines (and so when each came)
 NO_ANSWER_S = 5.0  # after its job ended, how long the runner waits for a supervisor that does not answer
 PREEMPTED = "preempted"  # the failure class (and `stopped`) of a job ended by a preemption notice
 KILL_AFTER_DEADLINE_S = 5.0
@@ -110,6 +110,7 @@ class Runner:
         self.last_event = None  # the last step event: the metric summary of the supervisor's run record
         self.events_offset = _size("events.jsonl")
         self.steps = StepFeed.for_job(job, worker)
+        self.log_times = LogTimes()
         # a command runs in its project's folder (launch.json's job "cwd", under the home); the trainer here
         command_job = isinstance(job, dict) and job.get("kind") == "command" and job.get("cwd")
         self.cwd = os.path.join(os.path.expanduser("~"), job["cwd"]) if command_job else None
@@ -242,8 +243,10 @@ class Runner:
             time.sleep(min(0.1, heartbeat))
             if self.notice is not None and time.time() > self.notice.deadline + KILL_AFTER_DEADLINE_S:
                 self.job.kill()  # the VM would be gone by now (a pod that stays, as a local one, goes on)
-            if self.steps is not None and time.monotonic() >= next_read:
-                self.steps.read()
+            if time.monotonic() >= next_read:
+                if self.steps is not None:
+                    self.steps.read()
+                self.log_times.note()
                 next_read = time.monotonic() + READ_STEPS_S
             if time.monotonic() >= next_beat:
                 self.read_step()
@@ -251,6 +254,7 @@ class Runner:
                 next_beat = time.monotonic() + heartbeat
         if self.steps is not None:
             self.steps.read(final=True)
+        self.log_times.note()
         code = self.job.returncode
         return 128 - code if code < 0 else code
 
@@ -292,6 +296,24 @@ class Runner:
             self.env[PORT_ENV] = str(port)
         print(f"tpu-console supervisor: starting worker {self.worker}'s job again (attempt "
               f"{self.attempt + 1})", flush=True)
+
+
+class LogTimes:
+    """When output.log grew: `output.times` gets a line `<size> <unix time>` each time the log is longer than
+    at the last look (every READ_STEPS_S), so a reader knows when each line was written, to within that
+    (the dashboard interleaves the workers' lines by it). output.log itself holds the program's bytes only."""
+
+    def __init__(self, log="output.log", path="output.times"):
+        self.log = log
+        self.path = path
+        self.size = _size(log)
+
+    def note(self):
+        size = _size(self.log)
+        if size > self.size:
+            self.size = size
+            with open(self.path, "a") as out:
+                out.write(f"{size} {time.time():.3f}\n")
 
 
 class StepFeed:

@@ -45,8 +45,9 @@ Values land under the trainer's metric names (trainer/telemetry.py) where they m
 is `time/train/step_s`, a phase's `time/train/<name>_s`, the seeds' `tokens_per_s` (the trainer's valid
 tokens per second) `throughput/train/valid_tokens_per_s`, `reward_mean` `train-reward/total/mean`, a loss
 `loss` (Lightning's `train_loss` too); MaxText's per-device figures keep MaxText's own names
-(`perf/per_device_tokens_per_sec`): they mean something else. Every event also gets
-`time/train/step_avg_last10_s` over the step times seen so far, as the trainer does.
+(`perf/per_device_tokens_per_sec`): they mean something else. A step whose line gives no step time gets the
+time per step since the oldest of the last ten steps' lines came (each event's `t`: when its line was read).
+Every event also gets `time/train/step_avg_last10_s` over the step times seen so far, as the trainer does.
 
 Python 3.8+ and the standard library only; it imports nothing of the console (it runs on the workers).
 """
@@ -481,6 +482,7 @@ class StepLines:
 
     def _restart(self):
         self._top = None  # the last step taken this attempt (emitted or open)
+        self._arrived = deque(maxlen=10)  # (step, when its line came) of the last steps emitted
         self._open = None  # a bar's newest step, not yet emitted
         self._open_at = 0.0  # when a line last added to it
         self._kinds = {}  # other kinds of lines, waiting for support
@@ -632,6 +634,12 @@ class StepLines:
 
     def _emit(self, event):
         self.steps_found += 1
+        if event.get(STEP_S) is None and self._arrived:
+            # no step time printed: the time per step since the oldest of the last ten steps' lines came
+            step, t = self._arrived[0]
+            if event["step"] > step and event["t"] > t:
+                event[STEP_S] = (event["t"] - t) / (event["step"] - step)
+        self._arrived.append((event["step"], event["t"]))
         step_s = event.get(STEP_S)
         if isinstance(step_s, (int, float)):
             self._recent.append(step_s)

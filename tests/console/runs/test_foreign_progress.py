@@ -172,13 +172,14 @@ def test_a_new_users_loop_is_read_with_nothing_set_and_launch_metrics_overrides_
     assert [e["step"] for e in events] == [1, 2, 3]
     assert (events[-1][tm.LOSS], events[-1][tm.phase_key("step")]) == (0.3333, 0.15)
 
-    regex = r"step (?P<step>\d+) \| loss (?P<loss>[\d.]+)"  # the loss alone: no step time
+    regex = r"step (?P<step>\d+) \| loss (?P<loss>[\d.]+)"  # the loss alone: the step time from arrivals
     run_id = launch(capsys, "--metrics", regex, "--", sys.executable, foreign(tmp_path), "loop")
     document = ended_status(capsys, run_id)
     assert document["steps_source"] == "steps: from output.log (regex format)"
     assert json.loads((run_folder(0, run_id) / "launch.json").read_text())["job"]["metrics"]["regex"] == regex
     events = [json.loads(line) for line in (run_folder(0, run_id) / "events.jsonl").open()]
-    assert [e["step"] for e in events] == [1, 2, 3] and tm.phase_key("step") not in events[-1]
+    assert [e["step"] for e in events] == [1, 2, 3] and events[-1][tm.LOSS] == 0.3333
+    assert tm.phase_key("step") not in events[0]  # the first step's line alone says nothing of its time
 
     for given, says in [("step (\\d+", "is neither a format"), ("step (\\d+)", "no named group `step`"),
                         ("regex", "give the regular expression itself")]:

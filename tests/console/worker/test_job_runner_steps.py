@@ -161,3 +161,16 @@ def test_a_bar_redrawn_with_carriage_returns_and_backspaces_counts_each_step_onc
     assert [e["step"] for e in events] == [1, 2, 3, 4, 5, 6]  # the last one once the job ended
     assert all(e["format"] == "tqdm" and e[tm.phase_key("step")] == 0.2 for e in events)
     assert [e[tm.LOSS] for e in events] == [1.0, 0.5, 0.333, 0.25, 0.2, 0.167]
+
+
+def test_a_program_that_prints_no_step_time_gets_the_time_between_its_step_lines(tmp_path, stand_in):
+    job = {"kind": "command", "command": ["python", "foreign.py"], "metrics": {"format": "auto"}}
+    folder = run_folder(tmp_path, job)
+    (folder / "foreign.py").write_text(
+        "import time\nfor step in range(1, 9):\n    time.sleep(0.25)\n"
+        "    print(f'Step {step}/8, loss={1 / step:.3f}, lr=1e-3', flush=True)\n")
+    assert run_job(folder, stand_in) == 0
+    events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in events] == list(range(1, 9)) and tm.phase_key("step") not in events[0]
+    # read every 0.1 s: over the last seven steps' 1.75 s, within a read or two
+    assert events[-1][tm.phase_key("step")] == pytest.approx(0.25, rel=0.2)

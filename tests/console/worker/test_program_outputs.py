@@ -29,20 +29,20 @@ def test_the_corpus_holds_recordings_each_with_what_its_program_made():
 
 
 def read_as_the_runner_does(data: bytes) -> tuple[list[dict], StepLines]:
-    """The events of a log fed in pieces (a line cut at a piece's end waits for the rest), then the end."""
+    """The events of a log fed in pieces (a line cut at a piece's end waits for the rest), then the end.
+    A recording keeps no time of arrival: every line is read at the same moment."""
     parser = StepLines("auto")
     events: list[dict] = []
-    pending, clock = b"", 0.0
+    pending = b""
     for start in range(0, len(data), READ_BYTES):
         pending += data[start:start + READ_BYTES]
         lines, used = complete_lines(pending)
         pending = pending[used:]
         for line in lines:
-            clock += 1.0
-            events += parser.feed(line, now=clock)
+            events += parser.feed(line, now=0.0)
     lines, _ = complete_lines(pending, final=True)
     for line in lines:
-        events += parser.feed(line)
+        events += parser.feed(line, now=0.0)
     return events + parser.finish(), parser
 
 
@@ -60,7 +60,8 @@ def test_a_recorded_programs_steps_step_time_and_loss(name):
     times = [e[STEP_S] for e in events if e.get(STEP_S) is not None]
     if made.get("step_time_measured"):
         # the program prints no step time (the recorder measured the lines' arrival): none is made up from
-        # its text; the console's comes from when the step lines arrive (goodput's typical step)
+        # its text; the console's comes from when the step lines arrive, which a recording does not keep
+        # (tests/console/worker/test_job_runner_steps.py has a live one)
         assert not times, f"{name} prints no step time, yet {times[:3]} was read"
     elif made.get("step_time_s"):
         assert times, f"{name}: no step time seen; the program's is {made['step_time_s']}"
@@ -79,6 +80,6 @@ def test_the_pieces_do_not_change_what_is_read():
         data = (FOLDER / f"{name}.log").read_bytes()
         whole = StepLines("auto")
         lines, _ = complete_lines(data, final=True)
-        events = [e for line in lines for e in whole.feed(line)] + whole.finish()
+        events = [e for line in lines for e in whole.feed(line, now=0.0)] + whole.finish()
         assert [e["step"] for e in events] == [e["step"] for e in read_as_the_runner_does(data)[0]], name
         assert step_lines.steps_counted(events) == json.loads((FOLDER / f"{name}.json").read_text())["steps"]

@@ -355,3 +355,17 @@ def test_lines_of_ever_new_shapes_are_no_steps_and_are_not_all_kept():
     assert [e for line in lines for e in parser.feed(line)] == []
     assert len(parser._kinds) == step_lines.MAX_KINDS  # what waits for support is bounded
     assert parser.finish() == []
+
+
+def test_a_step_whose_line_gives_no_time_gets_the_time_per_step_since_the_lines_before_it():
+    parser = StepLines("auto")
+    events = [e for step, now in ((41, 10.0), (42, 10.5), (43, 11.0), (45, 12.0))
+              for e in parser.feed(f"Step {step}/100, loss=0.5, lr=1e-3", now=now)]
+    assert [e["step"] for e in events] == [41, 42, 43, 45]
+    assert tm.phase_key("step") not in events[0]  # nothing before it
+    assert [e[tm.phase_key("step")] for e in events[1:]] == [0.5, 0.5, 0.5]  # (12 - 10) / (45 - 41)
+    assert events[-1][tm.STEP_AVG_LAST10] == 0.5
+    parser = StepLines("auto")
+    same_read = [e for step in (1, 2) for e in parser.feed(f"Step {step}/9, loss=1", now=3.0)]
+    assert [e["step"] for e in same_read] == [1, 2]
+    assert all(tm.phase_key("step") not in e for e in same_read)  # read at once: no time to tell
