@@ -102,10 +102,12 @@ def steps_read(record: Any) -> bool:
     return job is None or _metrics(job).get("format") != "none"
 
 
-def steps_note(record: Any, last_steps: Mapping[int, StepMetrics | None] | None) -> str | None:
+def steps_note(record: Any, last_steps: Mapping[int, StepMetrics | None] | None,
+               ended: bool = False) -> str | None:
     """Where the run's steps come from, for a command job: `steps from output.log (maxtext format)`, or
-    that no line matched (so a view says so instead of drawing nothing). None for the trainer, and when
-    the workers' events are not known (`last_steps` None)."""
+    that no line matched (so a view says so instead of drawing nothing): "yet" while it runs, how to give
+    the step line once it ended (`ended`, or the record finished). None for the trainer, and when the
+    workers' events are not known (`last_steps` None)."""
     job = command_job(record)
     if job is None or last_steps is None:
         return None
@@ -117,7 +119,7 @@ def steps_note(record: Any, last_steps: Mapping[int, StepMetrics | None] | None)
     if found:
         return f"steps: from output.log ({', '.join(found)} format)"
     expected = {"auto": f"auto: {BUILT_IN}", "regex": f"regex {metrics.get('regex')!r}"}.get(wanted, wanted)
-    if getattr(record, "finished", False):
+    if ended or getattr(record, "finished", False):
         return (f"steps: no step line was recognised in the output ({expected}); to read the program's, "
                 "launch with --metrics 'REGEX' (a named group step, e.g. 'iter (?P<step>\\d+)') or set "
                 "[metrics] regex in the job file")

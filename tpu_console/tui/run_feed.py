@@ -363,7 +363,8 @@ class RunFeed:
         if self._tensorboard_shown and self.record is not None:
             job = command_job(self.record) or {}
             return f"steps: from TensorBoard event files in {tensorboard_dir(job)}"
-        return steps_note(self.record, {w: s.events.last_step for w, s in self.seen.items()})
+        last_steps = {w: s.events.last_step for w, s in self.seen.items()}
+        return steps_note(self.record, last_steps, ended=self.ended)
 
     def _row(self, health: WorkerHealth, slice_index: int | None = None) -> WorkerRow:
         seen = self.seen.get(health.worker) or WorkerSeen()

@@ -163,6 +163,8 @@ def test_steps_note_says_where_the_steps_come_from_or_that_none_matched():
         "steps: no step line was recognised in the output (auto: seeds, maxtext, jsonl, keras, tqdm, loop); "
         "to read the program's, launch with --metrics 'REGEX' (a named group step, e.g. 'iter "
         "(?P<step>\\d+)') or set [metrics] regex in the job file")
+    watched_to_the_end = fm.steps_note(record_of({"format": "auto"}), {0: None}, ended=True)  # the app's feed
+    assert watched_to_the_end == fm.steps_note(ended, {0: None})
     assert "regex 'it (?P<step>\\\\d+)'" in fm.steps_note(
         record_of({"format": "regex", "regex": r"it (?P<step>\d+)"}), {})
     assert fm.steps_note(record_of({"format": "none"}), {}) == (
