@@ -168,12 +168,13 @@ def arrival(growth: Sequence[tuple[float, int]], offset: int) -> float | None:
 
 def measured_step_s(steps: Sequence[tuple[int, int]], growth: Sequence[tuple[float, int]]) -> float | None:
     """Wall time per step from when the first and the last step lines reached the file; None with fewer
-    than two steps or no times."""
+    than two steps, no times, or lines that arrived together (the output was buffered: no time between
+    them to measure)."""
     if len(steps) < 2:
         return None
     (first, first_at), (last, last_at) = steps[0], steps[-1]
     start, end = arrival(growth, first_at), arrival(growth, last_at)
-    if start is None or end is None or last <= first:
+    if start is None or end is None or last <= first or end <= start:
         return None
     return (end - start) / (last - first)
 
@@ -192,6 +193,7 @@ class Made:
     step_s: float | None
     step_s_measured: bool  # the program printed no step time: it was measured here
     losses: list[float]  # every loss it printed (NaN where it printed one)
+    no_step_s: str | None = None  # why step_s is None
 
 
 def made(program: Program, text: str, growth: Sequence[tuple[float, int]]) -> Made:
@@ -199,6 +201,15 @@ def made(program: Program, text: str, growth: Sequence[tuple[float, int]]) -> Ma
     printed = printed_step_times(text, program.step_time) if program.step_time is not None else []
     measured = measured_step_s(steps, growth) if steps is not None and not printed else None
     losses = [parse_number(m.group("loss")) for m in program.loss.finditer(text)] if program.loss else []
+    if printed or measured is not None:
+        no_step_s = None
+    elif steps is None:
+        no_step_s = ("its step_time matched nothing in its output" if program.step_time is not None
+                     else "program.toml has no step_time, and no truth to time its steps by")
+    elif len(steps) < 2:
+        no_step_s = "it prints no step time, and fewer than two steps to time"
+    else:
+        no_step_s = "it prints no step time, and its step lines reached output.log all at once"
     return Made(
         steps=[s for s, _ in steps] if steps is not None else None,
         count=len(steps) if steps is not None else program.steps or 0,
@@ -206,6 +217,7 @@ def made(program: Program, text: str, growth: Sequence[tuple[float, int]]) -> Ma
         step_s=statistics.median(printed) if printed else measured,
         step_s_measured=not printed and measured is not None,
         losses=losses,
+        no_step_s=no_step_s,
     )
 
 
@@ -282,7 +294,7 @@ def judge(program_made: Made, console_seen: Seen) -> list[str]:
         problems.append(f"{len(spurious)} spurious step(s) seen ({shown})")
     if m.count > 0:
         if m.step_s is None:
-            problems.append("no step time of the program's own to compare with (one step, no step_time)")
+            problems.append(f"no step time of the program's own to compare with: {m.no_step_s}")
         elif s.step_s is None:
             problems.append("no step time seen")
         elif (off := relative_error(s.step_s, m.step_s)) > STEP_TIME_TOLERANCE:

@@ -316,6 +316,8 @@ def main(programs: list[Program], workers: int, keep: bool, json_out: Path | Non
             rows.append(row)
             phases = ", ".join(f"{k} {v:.1f} s" for k, v in row.phases_s.items())
             say(f"{program.name}: {phases}: {'PASS' if row.passed else 'FAIL'}")
+            for problem in row.all_problems() if not row.passed else []:
+                say(f"    {problem}")
     finally:
         if bench is not None and bench.live_run:
             console("stop", bench.live_run, "--yes")

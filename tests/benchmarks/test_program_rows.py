@@ -188,3 +188,22 @@ def test_the_version_comes_from_the_first_requirement(tmp_path):
     assert rows.first_requirement(tmp_path) == "torch"
     assert rows.first_requirement(tmp_path / "none") is None
 
+
+
+@pytest.mark.parametrize(
+    ("toml", "text", "why"),
+    [
+        (BAR, "37/200 [00:00, ?it/s]\n", "its step_time matched nothing in its output"),
+        ('command = ["python"]\nsteps = 2\n', "",
+         "program.toml has no step_time, and no truth to time its steps by"),
+        (LOOP.replace("step_time", "#"), "step 1 | loss 1 |\n",
+         "it prints no step time, and fewer than two steps to time"),
+        (LOOP.replace("step_time", "#"), "step 1 | loss 1 |\nstep 2 | loss 1 |\n",
+         "it prints no step time, and its step lines reached output.log all at once"),  # buffered
+    ],
+)
+def test_why_there_is_no_step_time_of_the_programs_own_is_said(tmp_path, toml, text, why):
+    made = rows.made(program(tmp_path, toml), text, [(0.0, len(text))])
+    assert made.step_s is None
+    said = rows.judge(made, rows.seen("", None))
+    assert f"no step time of the program's own to compare with: {why}" in said
