@@ -53,6 +53,7 @@ from tpu_console.providers.base import Provider
 from tpu_console.runs.events import Event, EventSummary, parse_event_line
 from tpu_console.runs.foreign_metrics import steps_read
 from tpu_console.runs.health import Progress, RunHealth, Thresholds, assess
+from tpu_console.runs.log_times import TIMES, LogTimes, line_ends
 from tpu_console.runs.monitor import RunMonitor
 from tpu_console.runs.probe import probe_from_status
 from tpu_console.runs.reach import reach_node
@@ -82,6 +83,9 @@ GIVE_UP_AFTER_S = 120.0  # a worker unreachable this long, every other one over:
 class LogLines:
     worker: int
     lines: list[str]  # complete lines of output.log, masked, in order
+    # when each was written (unix s, the worker's clock), from the job runner's output.times; None for a
+    # line newer than its last mark, and () from a job that writes no times
+    times: tuple[float | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,8 @@ class WorkerStream:
     log: TailCursor = field(default_factory=TailCursor)
     events_cursor: TailCursor = field(default_factory=TailCursor)
     decisions_cursor: TailCursor = field(default_factory=TailCursor)
+    times_cursor: TailCursor = field(default_factory=TailCursor)
+    log_times: LogTimes = field(default_factory=LogTimes)  # when its log's lines were written
     scanner: SignatureScanner = field(default_factory=SignatureScanner)
     lines: deque[str] = field(init=False)
     events: deque[Event] = field(init=False)
@@ -305,9 +311,12 @@ class RunWatch:
         offsets = {EVENTS: stream.events_cursor.offset}
         last_lines = {}
         if streamed and not stream.log_placed and self.first_log_lines is not None:
-            # the follower starts at the log's last lines and says where: no command of its own to find it
+            # the follower starts at the log's last lines and says where: no command of its own to find it;
+            # the times first, so that the lines find their marks (a mark covers one line or more)
+            last_lines[TIMES] = 4 * self.first_log_lines + 8
             last_lines[LOG] = self.first_log_lines
         elif streamed:  # a worker whose log is not streamed still has its events read (health covers all)
+            offsets[TIMES] = stream.times_cursor.offset
             offsets[LOG] = stream.log.offset
         if stream.worker == self.record.workers[0]:  # where the run's supervisor writes
             offsets[SUPERVISOR] = stream.decisions_cursor.offset
@@ -366,6 +375,8 @@ class RunWatch:
                 if name == LOG:
                     stream.log_placed = True
                     self._take_log_lines(stream, stream.log.take(chunk))
+                elif name == TIMES:
+                    stream.log_times.add(stream.times_cursor.take(chunk))
                 elif name == EVENTS:
                     self._take_event_lines(stream, stream.events_cursor.take(chunk))
                 elif name == SUPERVISOR:
@@ -377,6 +388,7 @@ class RunWatch:
             self.monitor.observe(stream.worker, probe_from_status(self.record.run_id, fields))
         elif kind == "E":
             follow.ended = True
+            stream.log_times.add(stream.times_cursor.finish())
             self._take_log_lines(stream, stream.log.finish())
             self._take_event_lines(stream, stream.events_cursor.finish())
             self._take_decisions(stream.decisions_cursor.finish())
@@ -395,6 +407,7 @@ class RunWatch:
     def _take_log_lines(self, stream: WorkerStream, lines: list[str]) -> None:
         if not lines:
             return
+        times = tuple(stream.log_times.time_of(end) for end in line_ends(stream.log.offset, lines))
         if self.masker:
             lines = [self.masker.mask(line) for line in lines]
         stream.lines.extend(lines)
@@ -402,7 +415,7 @@ class RunWatch:
         # the failure's detail, as a probe's log tail gives it to `status` (RunMonitor.failure_message)
         status = self.monitor.workers[stream.worker]
         status.log_tail = (status.log_tail + lines)[-3:]
-        self._emit(LogLines(stream.worker, lines))
+        self._emit(LogLines(stream.worker, lines, times))
         scan = stream.scanner.scan
         for line in lines:
             if (finding := scan(line)) is not None:

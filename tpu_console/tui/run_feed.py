@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -88,6 +89,7 @@ OpenWatch = Callable[[int | None], AbstractAsyncContextManager[RunWatch]]
 
 RETRY_FIRST_S, RETRY_MAX_S = 2.0, 30.0
 NODE_CHECK_S = 300.0  # how often the node's announced maintenance is looked at again
+BACKLOG_WAIT_S = 1.0  # how long the workers' first lines wait for each other's, to interleave by time
 TENSORBOARD_EVERY_S = 15.0  # how often a command job's TensorBoard files are copied again (when they grew)
 # Run states that are final: every worker's job is over (runs.monitor.RunState).
 # The supervisor's bookkeeping, not worth a toast.
@@ -156,7 +158,12 @@ class RunFeed:
         self.seen: dict[int, WorkerSeen] = {}
         self.wandb_url: str | None = None
         self.ended = False  # the watch has read every worker's files to the end after its job ended
-        self._pending_lines: list[tuple[int, str]] = []
+        # (worker, line, when it was written: its mark on the worker, else when it arrived here)
+        self._pending_lines: list[tuple[int, str, float]] = []
+        # The first lines of each worker (its last lines so far) come at once, a worker after another:
+        # held until every worker's have come (or BACKLOG_WAIT_S passed), so they interleave by time.
+        self._backlog_from: set[int] = set()
+        self._backlog_until = 0.0
         self._watching = asyncio.Event()  # a watch is open (device metrics ride on its connections)
         self._probe_python: str | None = None
         self._last_turning_point: tuple | None = None
@@ -181,6 +188,9 @@ class RunFeed:
                     if failed is not None:
                         carry_over(failed, watch)
                     self.watch, self.record = watch, watch.record
+                    if failed is None:
+                        self._backlog_from = set(watch.streamed)
+                        self._backlog_until = time.monotonic() + BACKLOG_WAIT_S
                     self._watching.set()
                     post(RunFeedProblem(None))
                     await self._consume(watch, post)
@@ -217,7 +227,7 @@ class RunFeed:
                 await ticker
             with contextlib.suppress(asyncio.CancelledError):
                 await tensorboard
-            self.flush(post)
+            self.flush(post, force=True)
         await self._read_tensorboard(watch, post)  # what was written last, before the job ended
 
     async def _follow_tensorboard(self, watch: RunWatch, post: Post) -> None:
@@ -247,9 +257,13 @@ class RunFeed:
     def take(self, update: Update, post: Post) -> None:
         """One update of the watch: what it adds to the dashboard."""
         match update:
-            case LogLines(worker, lines):
-                self._pending_lines.extend((worker, line) for line in lines)
+            case LogLines(worker, lines, times):
+                arrived = time.time()
+                written = times or (None,) * len(lines)
+                self._pending_lines.extend((worker, line, arrived if at is None else at)
+                                           for line, at in zip(lines, written, strict=True))
                 self._seen(worker).last_line = lines[-1]
+                self._backlog_from.discard(worker)
             case NewEvents(worker, events):
                 self._seen(worker).events.add(events)
                 if (tracker := self._goodput_tracker()) is not None:
@@ -275,7 +289,7 @@ class RunFeed:
                 # waits for the next tick; a change of state, exit, hang or verdict is shown at once.
                 if self.ended or _turning_point(health) != self._last_turning_point:
                     self._last_turning_point = _turning_point(health)
-                    self.flush(post)  # the lines first, then the state they led to
+                    self.flush(post, force=self.ended)  # the lines first, then the state they led to
                     post(RunUpdated(self.snapshot()))
 
     async def _tick(self, watch: RunWatch, post: Post) -> None:
@@ -290,10 +304,15 @@ class RunFeed:
                 self.health = watch.health()
                 post(RunUpdated(self.snapshot()))
 
-    def flush(self, post: Post) -> None:
+    def flush(self, post: Post, force: bool = False) -> None:
+        """Post the lines gathered so far, in the order they were written (while the workers' first lines
+        still wait for each other's, only with `force`)."""
+        if self._backlog_from and time.monotonic() < self._backlog_until and not force:
+            return
         if self._pending_lines:
             lines, self._pending_lines = self._pending_lines, []
-            post(RunLogLines(lines))
+            self._backlog_from.clear()
+            post(RunLogLines(in_time_order(lines)))
 
     def _seen(self, worker: int) -> WorkerSeen:
         seen = self.seen.get(worker)
@@ -491,6 +510,16 @@ def _turning_point(health: RunHealth) -> tuple:
     run's state and failure (not the step numbers, which the periodic snapshot brings)."""
     workers = tuple((h.activity, h.exit_status, h.hung) for _, h in sorted(health.workers.items()))
     return health.state, health.failure, workers
+
+
+def in_time_order(lines: list[tuple[int, str, float]]) -> list[tuple[int, str]]:
+    """(worker, line, when written) as (worker, line), the workers' lines merged by when each was written
+    (ties by worker); a worker's own lines keep their order whatever the times say."""
+    by_worker: dict[int, list[tuple[int, str, float]]] = {}
+    for entry in lines:
+        by_worker.setdefault(entry[0], []).append(entry)
+    merged = heapq.merge(*by_worker.values(), key=lambda entry: (entry[2], entry[0]))
+    return [(worker, text) for worker, text, _ in merged]
 
 
 def carry_over(failed: RunWatch, watch: RunWatch) -> None:

@@ -41,15 +41,22 @@ if __name__ == "__main__":
 
 def launch_new_user_job(capsys, tmp_path: Path, steps: int, *failing: str) -> str:
     """Launch train.py STEPS [WORKER=SECONDS ...] on `pod` from a project folder; its run id."""
+    return launch_in_project(capsys, tmp_path, {"train.py": TRAIN_PY}, ["train.py", str(steps), *failing],
+                             metrics=f"[metrics]\nformat = \"regex\"\nregex = '{STEP_REGEX}'\n")
+
+
+def launch_in_project(
+    capsys, tmp_path: Path, files: dict[str, str], argv: list[str], metrics: str = ""
+) -> str:
+    """Launch `python ARGV...` on `pod` from a project folder holding `files`, through a job file (its
+    project synced first); its run id."""
     project = tmp_path / "my-project"
     project.mkdir(exist_ok=True)
-    (project / "train.py").write_text(TRAIN_PY)
+    for name, text in files.items():
+        (project / name).write_text(text)
     job_file = tmp_path / "job.toml"
-    job_file.write_text(
-        f"command = {json.dumps(' '.join([sys.executable, 'train.py', str(steps), *failing]))}\n"
-        '[project]\ndir = "my-project"\n'
-        f"[metrics]\nformat = \"regex\"\nregex = '{STEP_REGEX}'\n"
-    )
+    job_file.write_text(f"command = {json.dumps(' '.join([sys.executable, *argv]))}\n"
+                        '[project]\ndir = "my-project"\n' + metrics)
     status, out, err = run(capsys, "launch", "pod", "--json", "--job", str(job_file))
     assert status == 0, err
     result = json.loads(out)
