@@ -52,6 +52,7 @@ PORT_ENV = "MASTER_PORT"
 EXIT_BAD_INPUT = 2  # the trainer's status for a config it refuses
 TRACEBACK_START = "Traceback (most recent call last):"
 READ_STEPS_S = 0.1  # how often a command job's new output is read for step lines (and so when each came)
+LOG_TIMES_S = 0.5  # how often output.log's growth is noted in output.times (a line a look, at most)
 NO_ANSWER_S = 5.0  # after its job ended, how long the runner waits for a supervisor that does not answer
 PREEMPTED = "preempted"  # the failure class (and `stopped`) of a job ended by a preemption notice
 KILL_AFTER_DEADLINE_S = 5.0
@@ -254,7 +255,7 @@ class Runner:
                 next_beat = time.monotonic() + heartbeat
         if self.steps is not None:
             self.steps.read(final=True)
-        self.log_times.note()
+        self.log_times.note(final=True)
         code = self.job.returncode
         return 128 - code if code < 0 else code
 
@@ -299,16 +300,20 @@ class Runner:
 
 
 class LogTimes:
-    """When output.log grew: `output.times` gets a line `<size> <unix time>` each time the log is longer than
-    at the last look (every READ_STEPS_S), so a reader knows when each line was written, to within that
+    """When output.log grew: `output.times` gets a line `<size> <unix time>` when the log is longer than at
+    the last look, every LOG_TIMES_S at most, so a reader knows when each line was written, to within that
     (the dashboard interleaves the workers' lines by it). output.log itself holds the program's bytes only."""
 
     def __init__(self, log="output.log", path="output.times"):
         self.log = log
         self.path = path
         self.size = _size(log)
+        self.next_look = 0.0
 
-    def note(self):
+    def note(self, final=False):
+        if time.monotonic() < self.next_look and not final:
+            return
+        self.next_look = time.monotonic() + LOG_TIMES_S
         size = _size(self.log)
         if size > self.size:
             self.size = size
