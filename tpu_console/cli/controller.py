@@ -19,6 +19,7 @@ from tpu_console.controller.store import Conflict, open_store
 from tpu_console.errors import UserError
 from tpu_console.node_table import format_table
 from tpu_console.providers.base import Provider
+from tpu_console.runs.goodput import goodput
 from tpu_console.settings import Settings
 
 
@@ -136,6 +137,9 @@ def incarnation_lines(run: ManagedRun) -> list[str]:
             for i in run.incarnations]
     lines = [f"managed run {run.id}: {run.status}" + (f" ({run.note})" if run.note else ""),
              format_table(("#", "NODE", "ZONE", "RUN", "FROM", "TO", "ENDED"), rows)]
+    share = goodput(st.timeline(run, time.time()))
+    if share.total_s > 0:
+        lines.append(f"{share.line()} (over every incarnation)")
     for r in run.recoveries:
         parts = ", ".join(f"{k} {v:.0f}s" for k, v in r.parts().items() if v is not None)
         seconds = f"{r.seconds:.0f} s to the first new step" if r.seconds is not None else "no new step yet"

@@ -206,7 +206,8 @@ class Controller:
                 return False
             reading = await read_run(self.providers, inc.run_id, self.read_timeout_s, self.run_store)
             if reading.last_step is not None:
-                inc.last_step = max(inc.last_step or 0, reading.last_step)
+                if inc.last_step is None or reading.last_step > inc.last_step:
+                    inc.last_step, inc.last_step_at = reading.last_step, reading.at
                 if inc.first_step_at is None:
                     await self._first_step(stored, node, reading.at)
         verdict = judge(run, node, reading)

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tpu_console.controller.store import Conflict, StateStore
+from tpu_console.runs.goodput import StepMark, Timeline
 
 PREFIX = "run-"
 MANAGED_LABEL = "tpu-console-managed"  # on every node the controller creates: the managed run's id
@@ -60,6 +61,7 @@ class Incarnation:
     first_step_at: float | None = None  # when the controller first saw a step of this run
     resumed_step: int | None = None  # the step the run resumed after (0: from the start)
     last_step: int | None = None
+    last_step_at: float | None = None  # when the controller first saw last_step
     ended_at: float | None = None
     ended: str | None = None  # how: preempted, terminated, vanished, host lost, succeeded, failed, stopped
 
@@ -187,6 +189,28 @@ class ManagedRun:
             at = datetime.fromtimestamp(self.deadline, UTC).strftime("%Y-%m-%d %H:%M UTC")
             return f"its deadline {at} has passed"
         return None
+
+
+def timeline(run: ManagedRun, now: float) -> Timeline:
+    """The managed run's time as one run with a restart at each relaunch (runs/goodput.py): the steps
+    each incarnation made, spread evenly from its first step (the controller's reading of its events) to
+    the last it saw, so that a preemption's cost (the steps done again, the time until the relaunch) is
+    counted in its own bucket."""
+    marks: list[StepMark] = []
+    for inc in run.incarnations:
+        if inc.first_step_at is None or inc.last_step is None:
+            continue
+        first = (inc.resumed_step or 0) + 1
+        count = max(1, inc.last_step - first + 1)
+        end = inc.last_step_at if inc.last_step_at is not None else inc.first_step_at
+        every = (end - inc.first_step_at) / max(1, count - 1)
+        marks += [StepMark(first + i, inc.first_step_at + i * every) for i in range(count)]
+    relaunches = [i.started_at for i in run.incarnations[1:] if i.started_at is not None]
+    first = run.incarnations[0]
+    ended = run.current.ended_at if run.state.terminal else None
+    launched = next((t for t in (first.started_at, first.created_at) if t is not None), run.created)
+    return Timeline(launched_at=launched, steps=marks,
+                    restarts=relaunches, recovered=relaunches, ended_at=ended, now=now)
 
 
 def new_id() -> str:

@@ -30,15 +30,17 @@ PROVISIONING = "provisioning"
 SETUP = "setup"
 STARTUP = "startup"
 LOST = "lost_to_restarts"
+PREEMPTED = "lost_to_preemptions"
 IDLE = "idle"
 OTHER = "other"
-BADPUT = (PROVISIONING, SETUP, STARTUP, LOST, IDLE, OTHER)  # in the order a run lives them
+BADPUT = (PROVISIONING, SETUP, STARTUP, LOST, PREEMPTED, IDLE, OTHER)  # in the order a run lives them
 LABELS = {
     PRODUCTIVE: "productive steps",
     PROVISIONING: "provisioning",
     SETUP: "setup (bootstrap, sync, setup)",
     STARTUP: "program start-up",
     LOST: "lost to restarts",
+    PREEMPTED: "lost to preemptions (steps redone, node made again)",
     IDLE: "idle",
     OTHER: "other (after the last step)",
 }
@@ -69,6 +71,7 @@ class Timeline:
     launched_at: float
     steps: Sequence[StepMark] = ()  # one worker's steps, in the order reported
     restarts: Sequence[float] = ()  # when the supervisor started the job again
+    recovered: Sequence[float] = ()  # those of `restarts` that relaunched a managed run after a preemption
     prep: Sequence[Span] = ()  # the node's preparation that belongs to this run
     ended_at: float | None = None  # None: the run is still going (then `now` ends it)
     now: float | None = None
@@ -133,10 +136,13 @@ def goodput(timeline: Timeline) -> Goodput:
     marks = _by_attempt(timeline.steps, attempts)
     typical = _typical_step(marks, timeline.steps)
     kept_steps = 0
+    recovered = set(timeline.recovered)
     for index, ((begin, finish), steps) in enumerate(zip(attempts, marks, strict=True)):
         last_attempt = index == len(attempts) - 1
-        if not steps:  # it never made a step: all of it was starting up
-            seconds[STARTUP] += finish - begin
+        # what a preemption cost (the steps done again, the time until the relaunch) has its own bucket
+        lost = PREEMPTED if not last_attempt and attempts[index + 1][0] in recovered else LOST
+        if not steps:  # it never made a step: all of it was starting up (or lost to a preemption)
+            seconds[PREEMPTED if lost == PREEMPTED else STARTUP] += finish - begin
             continue
         redone = min((s.step for later in marks[index + 1:] for s in later), default=None)
         previous_t = begin
@@ -148,12 +154,12 @@ def goodput(timeline: Timeline) -> Goodput:
                 seconds[STARTUP] += startup
                 span -= startup
             kept = redone is None or mark.step < redone
-            seconds[PRODUCTIVE if kept else LOST] += span
+            seconds[PRODUCTIVE if kept else lost] += span
             kept_steps += kept
             previous_t = t
         tail = finish - previous_t
         if not last_attempt:
-            seconds[LOST] += tail  # the job was failing or waiting for the restart
+            seconds[lost] += tail  # the job was failing or waiting for the restart
         elif timeline.ended_at is None:  # a step under way, then waiting for it
             in_progress = min(tail, typical or 0.0)
             seconds[PRODUCTIVE] += in_progress

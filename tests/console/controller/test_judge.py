@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime
 
+import pytest
+
 from tpu_console.controller.judge import KILLED_READS, judge, lost_slices, not_ours
 from tpu_console.controller.observe import NodeReading, RunReading
 from tpu_console.controller.state import INCARNATION_LABEL, MANAGED_LABEL, Incarnation, ManagedRun, Recovery
@@ -121,3 +123,19 @@ def test_budgets_stop_recoveries():
     assert "cost $20.00" in run.budget_left(MADE.timestamp() + 3600)
     run = managed(deadline=100.0)
     assert run.budget_left(99) is None and "deadline" in run.budget_left(101)
+
+
+def test_a_managed_runs_goodput_counts_what_its_preemptions_cost_in_their_own_bucket():
+    from tpu_console.controller.state import timeline
+    from tpu_console.runs.goodput import goodput
+
+    # incarnation 0: steps 1-10 from t=10 to t=28, preempted; incarnation 1 relaunched at t=60, resumed
+    # after step 8, steps 9-20 from t=70 to t=92, succeeded at t=93
+    run = managed(status="SUCCEEDED", incarnations=[
+        Incarnation(0, "spot", started_at=0.0, first_step_at=10.0, resumed_step=0, last_step=10,
+                    last_step_at=28.0, ended_at=30.0, ended="preempted"),
+        Incarnation(1, "spot", started_at=60.0, first_step_at=70.0, resumed_step=8, last_step=20,
+                    last_step_at=92.0, ended_at=93.0, ended="succeeded")])
+    result = goodput(timeline(run, now=100.0))
+    assert result.seconds["lost_to_preemptions"] == pytest.approx(4.0 + 32.0)  # steps 9-10, 28 s to 60 s
+    assert result.seconds["lost_to_restarts"] == 0 and result.steps == 20 and result.total_s == 93.0

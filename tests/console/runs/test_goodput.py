@@ -130,7 +130,7 @@ def test_the_json_and_the_line():
     assert document["goodput_pct"] == 25.0
     assert document["badput_pct"]["startup"] == 72.5
     assert set(document["badput_s"]) == {
-        "provisioning", "setup", "startup", "lost_to_restarts", "idle", "other"}
+        "provisioning", "setup", "startup", "lost_to_restarts", "lost_to_preemptions", "idle", "other"}
     assert result.line() == "goodput 25.0% of 1m20s · program start-up 72.5% · other 2.5%"
     assert summary_fields(result)["badput_startup_pct"] == 72.5
 
@@ -170,3 +170,16 @@ def test_the_preparation_log_keeps_failed_setups_but_not_failed_creates(tmp_path
     assert asyncio.run(timed("pod", "setup", asyncio.sleep(0, result=1), ok=lambda status: status == 0)) == 1
     kinds = [s.kind for s in PrepLog().spans("pod")]  # timed keeps to the console's own store
     assert kinds == ["sync", "setup"]
+
+
+def test_what_a_preemption_cost_a_managed_run_is_its_own_bucket():
+    """Steps 1-10 every 2 s from t=10, preempted after step 10 (t=28); the relaunch at t=60 resumed after
+    step 8 (steps 9-10 done again) and made steps 9-12 from t=70: the steps done again and the time to the
+    relaunch are lost to the preemption, not to a restart."""
+    marks = [*steps(1, 10, 8, 2.0), *steps(9, 4, 68, 2.0)]
+    result = goodput(Timeline(launched_at=0, steps=marks, restarts=[60.0], recovered=[60.0], ended_at=76))
+    assert result.seconds["lost_to_restarts"] == 0
+    assert result.seconds["lost_to_preemptions"] == 4.0 + 32.0  # steps 9-10, then 28 s to 60 s
+    assert result.steps == 12 and result.restarts == 1
+    plain = goodput(Timeline(launched_at=0, steps=marks, restarts=[60.0], ended_at=76))
+    assert plain.seconds["lost_to_restarts"] == result.seconds["lost_to_preemptions"]
