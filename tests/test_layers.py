@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("experiments", ("tpu_console.experiments",)),
     ("controller", ("tpu_console.controller",)),
+    ("doctor", ("tpu_console.doctor",)),
     ("runs", ("tpu_console.runs",)),
     ("provision", ("tpu_console.provision",)),
     ("fleet", ("tpu_console.fleet",)),
@@ -48,8 +49,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 PACKAGE_ROOT = "tpu_console"  # `tpu_console/__init__.py`: empty, in no layer
 WORKER = "tpu_console.worker"
-# The code that ships worker/ to hosts (fleet/, provision/) and the local pods' hosts (providers/local/).
-WORKER_USERS = ("tpu_console.fleet", "tpu_console.provision", "tpu_console.providers.local")
+# The code that ships worker/ to hosts (fleet/, provision/, doctor/) and the local pods' hosts
+# (providers/local/).
+WORKER_USERS = ("tpu_console.fleet", "tpu_console.provision", "tpu_console.providers.local",
+                "tpu_console.doctor")
 HEAVY = ("jax", "jaxlib", "flax", "optax", "orbax", "transformers", "torch", "numpy")
 
 

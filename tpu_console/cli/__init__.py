@@ -15,7 +15,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 
-from tpu_console.cli import app, controller, experiments, flags, nodes, output, provision, runs
+from tpu_console.cli import app, controller, doctor, experiments, flags, nodes, output, provision, runs
 from tpu_console.errors import Unreachable, UserError
 from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import build_providers, close_providers
@@ -24,7 +24,8 @@ from tpu_console.settings import Settings, load_settings
 
 Handler = Callable[[argparse.Namespace, Settings, dict[str, Provider]], Awaitable[int]]
 HANDLERS: dict[str, Handler] = {
-    **nodes.HANDLERS, **provision.HANDLERS, **runs.HANDLERS, **experiments.HANDLERS, **controller.HANDLERS
+    **nodes.HANDLERS, **provision.HANDLERS, **runs.HANDLERS, **experiments.HANDLERS, **controller.HANDLERS,
+    **doctor.HANDLERS,
 }
 
 EXAMPLES = """\
@@ -36,6 +37,7 @@ examples:
   tpu-console create run-1 --type v6e-16 --zones auto --race --wait-for 2h
   tpu-console capacity --type v6e-16            what past creates say about each zone
   tpu-console exec pod-a -- hostname            run on every worker
+  tpu-console doctor pod-a                      every chip, link and port checked; a fault named with its fix
   tpu-console exec pod-a --worker 1-3 -- 'nvidia-smi || true'
   tpu-console plan --type v6e-16 --config trainer/configs/qwen25_3b_v6e16_bench.yaml
   tpu-console launch pod-a --config trainer/configs/tiny_local.yaml --set steps=2 --env-file .env
@@ -74,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tpu-console {_version()}")
     flags.add_settings_flags(parser, default=argparse.SUPPRESS)
     verbs = parser.add_subparsers(dest="verb", metavar="COMMAND")
-    for group in (nodes, provision, runs, experiments, controller, app):
+    for group in (nodes, provision, runs, doctor, experiments, controller, app):
         group.add_verbs(verbs, common)
     return parser
 

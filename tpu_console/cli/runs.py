@@ -82,6 +82,11 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
         "a multislice, megascale's): for a job that uses neither, on a network that opens only its own ports",
     )
     launch.add_argument(
+        "--check", action="store_true",
+        help="first run `tpu-console doctor NODE` (every chip, link and port, docs/doctor.md) and launch "
+        "nothing when it names a fault",
+    )
+    launch.add_argument(
         "--no-plan-check", dest="check_plan", action="store_false",
         help="launch even if the TPU compiler's plan says the config does not fit the node's type",
     )
@@ -270,6 +275,8 @@ async def launch(args: argparse.Namespace, settings: Settings, providers: dict[s
                             "use --restart-on transient (the program resumes from its own checkpoints)")
         return await _launch_with_recovery(args, settings, providers)
     policy = supervision_policy(args, job)
+    if args.check:
+        await check_before_launch(args, providers, job)
     managed = args.managed or (job is not None and job.recovery is not None)
     if managed:
         budgets = await _check_managed(args, job, policy, providers)
@@ -297,6 +304,20 @@ async def launch(args: argparse.Namespace, settings: Settings, providers: dict[s
         else:
             print("error: the job did not start on every worker; nothing is left running", file=sys.stderr)
     return 0 if result.ok else 1
+
+
+async def check_before_launch(args: argparse.Namespace, providers: dict[str, Provider],
+                              job: JobSpec | None) -> None:
+    """launch --check: the doctor on the node first; UserError with its first finding (nothing launched)."""
+    from tpu_console.doctor import check_node
+
+    python = args.python if job is None else None  # a command's interpreter may have no JAX: bootstrap's
+    report = await check_node(providers, args.node, python=python, progress=output.progress)
+    if not report.ok:
+        more = f" (and {len(report.findings) - 1} more: `tpu-console doctor {args.node}`)" \
+            if len(report.findings) > 1 else ""
+        raise UserError(f"{report.findings[0].line}{more}; nothing was launched")
+    output.progress(report.lines()[0])
 
 
 async def _launch_with_recovery(
