@@ -476,9 +476,30 @@ async def runs(args: argparse.Namespace, settings: Settings, providers: dict[str
     elif views:
         now = datetime.now(UTC)
         print(format_table(run_table.RUN_COLUMNS, [run_table.run_row(v, now) for v in views]))
+        print("\n".join(await asyncio.to_thread(_managed_lines, settings, {v.record.run_id for v in views})))
     else:
         print("no runs yet; start one with `tpu-console launch NODE --config FILE`", file=sys.stderr)
     return 0
+
+
+def _managed_lines(settings: Settings, listed: set[str]) -> list[str]:
+    """Under the runs: the managed runs among them (the controller's), and the acting controller."""
+    from tpu_console.cli.controller import describe_lease
+    from tpu_console.controller import state as st
+    from tpu_console.controller.lease import read_lease
+    from tpu_console.controller.store import open_store
+
+    try:
+        store = open_store(settings)
+        managed = [s.run for s in st.all_runs(store)
+                   if any(i.run_id in listed for i in s.run.incarnations)]
+        lease = read_lease(store) if managed else None
+    except Exception:  # noqa: BLE001 - the controller's state unreadable: the runs alone
+        return []
+    lines = [f"managed {r.id}: {r.status.lower()}, run {r.current.run_id} on {r.node}, incarnation "
+             f"{r.current.n}, {len(r.recoveries)} recoveries" + (f" ({r.note})" if r.note else "")
+             for r in managed]
+    return lines + ([f"controller: {describe_lease(lease)}"] if managed else [])
 
 
 # ---- one run -----------------------------------------------------------------------------------------------

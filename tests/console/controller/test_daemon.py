@@ -69,9 +69,11 @@ def test_a_managed_run_is_brought_back_by_the_daemon_after_its_pod_is_preempted(
         assert recovery.resumed_step >= 3 and recovery.seconds > 0
         status, out, err = run(capsys, "controller", "status")
         assert status == 0 and "acting controller:" in out and done.id in out and "SUCCEEDED" in out, out
+        status, out, err = run(capsys, "runs")
+        assert status == 0 and f"managed {done.id}: succeeded" in out and "controller: " in out, out
         status, out, err = run(capsys, "runs", "show", done.incarnations[1].run_id)
         assert status == 0 and f"managed run {done.id}: SUCCEEDED" in out and "preempted" in out, out
-        assert "to the first new step" in out, out
+        assert "to the first new step" in out and "lost to preemptions" in out, out
         status, out, err = run(capsys, "controller", "cancel", done.id)
         assert status == 2 and "add --yes" in err
     finally:
