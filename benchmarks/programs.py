@@ -169,6 +169,15 @@ def cache_dirs() -> list[tuple[str, str]]:
     return found
 
 
+def code_version() -> str:
+    """This checkout's commit, `+dirty` with uncommitted changes (the console's code the workers run)."""
+    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                         check=False).stdout.strip() or "unknown"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                           capture_output=True, text=True, check=False).stdout.strip()
+    return sha + ("+dirty" if dirty else "")
+
+
 def say(text: str) -> None:
     print(text, flush=True)
 
@@ -303,7 +312,8 @@ def main(programs: list[Program], workers: int, keep: bool, json_out: Path | Non
     bin_dir = home / "bin"
     bin_dir.mkdir()
     console = Console(home, bin_dir)
-    say(f"TPU_CONSOLE_HOME={home}; {len(programs)} program(s) on a local pod of {workers} worker(s)")
+    say(f"TPU_CONSOLE_HOME={home}; {len(programs)} program(s) on a local pod of {workers} worker(s); the "
+        f"console at {code_version()}")
     rows: list[Row] = []
     bench: Bench | None = None
     try:
