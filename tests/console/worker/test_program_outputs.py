@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.console.worker.test_job_runner_steps import run_folder, run_job, stand_in  # noqa: F401 - fixture
 from tpu_console.worker import step_lines
 from tpu_console.worker.step_lines import STEP_S, StepLines, complete_lines, steps_counted
 from trainer import telemetry as tm
@@ -83,3 +84,30 @@ def test_the_pieces_do_not_change_what_is_read():
         events = [e for line in lines for e in whole.feed(line, now=0.0)] + whole.finish()
         assert [e["step"] for e in events] == [e["step"] for e in read_as_the_runner_does(data)[0]], name
         assert step_lines.steps_counted(events) == json.loads((FOLDER / f"{name}.json").read_text())["steps"]
+
+
+# Writes a recording to its output a piece at a time (each line end its own write), as the program did.
+REPLAY = """\
+import re, sys, time
+data = open("recording.log", "rb").read()
+for piece in re.split(rb"(?<=[\\r\\n])", data):
+    sys.stdout.buffer.write(piece)
+    sys.stdout.buffer.flush()
+    time.sleep(0.001)
+"""
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_the_job_runner_reads_each_recording_as_it_is_written(tmp_path, stand_in, name):  # noqa: F811
+    """The job runner itself (worker/job_runner.py, run as on a worker) over a program that writes the
+    recording as it was written: the same steps and losses as above."""
+    folder = run_folder(tmp_path, {"kind": "command", "command": ["python", "foreign.py"],
+                                   "metrics": {"format": "auto"}})
+    (folder / "foreign.py").write_text(REPLAY)
+    (folder / "recording.log").write_bytes((FOLDER / f"{name}.log").read_bytes())
+    assert run_job(folder, stand_in) == 0
+    events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
+    expected, _ = read_as_the_runner_does((FOLDER / f"{name}.log").read_bytes())
+    assert [e["step"] for e in events] == [e["step"] for e in expected]
+    assert [e.get(tm.LOSS) for e in events] == [e.get(tm.LOSS) for e in expected]
+    assert steps_counted(events) == json.loads((FOLDER / f"{name}.json").read_text())["steps"]
