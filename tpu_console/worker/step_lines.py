@@ -330,17 +330,18 @@ class RegexParser:
 class Reading:
     """What a line says. A step: `step`, its `metrics`, its `shape` (lines of one kind share it; `fields`
     are the names that kind reports), `sure` when the line alone is evidence (it names its own step
-    time), `counts` for a bar's count of steps done (0: none yet; the newest step stays open), and
-    `unfinished` for a bar short of its total. Or metrics for the step under way (`step` None), or the end
-    of training (`end`)."""
+    time), `counts` for a bar's count of steps done (the newest step stays open), `unfinished` for a bar
+    short of its total, `empty` for one that has counted nothing yet this round (support, but no step). Or
+    metrics for the step under way (`step` None), or the end of training (`end`)."""
 
-    __slots__ = ("format", "step", "metrics", "shape", "fields", "sure", "counts", "unfinished", "end")
+    __slots__ = ("format", "step", "metrics", "shape", "fields", "sure", "counts", "unfinished", "empty",
+                 "end")
 
     def __init__(self, format, step, metrics, shape=None, fields=(), sure=False, counts=False,
-                 unfinished=False, end=False):
+                 unfinished=False, empty=False, end=False):
         self.format, self.step, self.metrics, self.shape = format, step, metrics, shape or (format,)
         self.fields, self.sure, self.counts = frozenset(fields), sure, counts
-        self.unfinished, self.end = unfinished, end
+        self.unfinished, self.empty, self.end = unfinished, empty, end
 
 
 def _line_reader(name, parse, shaped=True):
@@ -364,7 +365,7 @@ class _Bars:
         self.restart()
 
     def restart(self):
-        self.counted = {}  # a bar's shape: [steps of its earlier rounds, its last count]
+        self.counted = {}  # a bar's shape: [steps of its earlier rounds, its last count, its description]
 
     def __call__(self, line):
         found = _BAR.search(line)
@@ -382,13 +383,15 @@ class _Bars:
         if description and (not _BAR_TRAINING.match(description) or _NOT_A_STEP.search(description)):
             return None  # `Validation DataLoader 0`, `Sanity Checking`, `Loading checkpoint shards`
         shape = ("tqdm", re.sub(r"\d+", "#", description), total)
-        before, last = self.counted.setdefault(shape, [0, 0])
+        before, last, drawn_as = self.counted.setdefault(shape, [0, 0, description])
         if n < last:
-            if last < total:
+            if last < total and description == drawn_as:
                 return None  # a bar drawn below its own unfinished count: another bar of the same look
-            before += last  # it reached its total and starts over: the next epoch, counted on
+            # it starts over, the next epoch: counted on from the last round's total (`Epoch 3` after
+            # `Epoch 2` says that round is over, also where its last redraw was not written)
+            before += total
             self.counted[shape][0] = before
-        self.counted[shape][1] = n
+        self.counted[shape][1:] = [n, description]
         metrics = {}
         if rate != "?" and float(rate) > 0:
             metrics[STEP_S] = 1.0 / float(rate) if unit == "it/s" else float(rate)
@@ -396,7 +399,7 @@ class _Bars:
             if name != "v_num":
                 metrics[_renamed(name)] = _number(value)
         return Reading("tqdm", before + n, _with_loss(metrics), shape=shape, counts=True,
-                       unfinished=n < total)
+                       unfinished=n < total, empty=n == 0)
 
 
 class _Keras:
@@ -564,7 +567,7 @@ class StepLines:
             self._open.update(self._take_held())
             self._open_at = event["t"]
             return []
-        if reading.counts and reading.step == 0 or self._top is not None and reading.step <= self._top:
+        if reading.empty or self._top is not None and reading.step <= self._top:
             return []  # a bar with nothing counted yet, an earlier state redrawn, a step that does not fit
         self._chosen_support += 1
         return self._take(event, reading.counts)
@@ -583,7 +586,7 @@ class StepLines:
         kind.last = reading.step
         if self._top is not None and reading.step <= self._top:
             return []  # no support: it does not go past the program's last step
-        if not (reading.counts and reading.step == 0):
+        if not reading.empty:
             if not kind.waiting:
                 kind.since = self.lines_read
             if self._chosen is None:  # once the program's kind is known, a log dict is for its steps

@@ -369,3 +369,12 @@ def test_a_step_whose_line_gives_no_time_gets_the_time_per_step_since_the_lines_
     same_read = [e for step in (1, 2) for e in parser.feed(f"Step {step}/9, loss=1", now=3.0)]
     assert [e["step"] for e in same_read] == [1, 2]
     assert all(tm.phase_key("step") not in e for e in same_read)  # read at once: no time to tell
+
+
+def test_an_epoch_bar_whose_last_redraw_was_not_written_still_counts_its_round():
+    # tqdm(leave=False) clears its bar at the end instead of drawing the last count
+    out = "".join(bar(n, 10, desc="Epoch 0: ") for n in (0, 4, 8)) + "\r" + " " * 40 + "\r"
+    out += "".join(bar(n, 10, desc="Epoch 1: ") for n in (0, 3, 7, 10)) + "\n"
+    events = read(split(out.encode()))
+    assert [e["step"] for e in events] == [4, 8, 13, 17, 20]
+    assert step_lines.steps_counted(events) == 20
