@@ -11,9 +11,9 @@ Pure (no I/O), so every judgement is tested without a pod. The judgements, in th
 - speed, by bisection over the per-host timings. Hosts first: a host whose own work (its chips' checks,
   every repetition, timed whole so that a host stopped in bursts shows) took SLOW_FACTOR times the median
   host's and SLOW_FLOOR_S more is slow. Then the groups the all-reduce was split into, halving down to two
-  hosts: a group SLOW_FACTOR times slower than the fastest group of its size (and SLOW_FLOOR_S more) with
-  no slow host in it, and no slower group inside it, names its hosts' links (two hosts: the link between
-  them);
+  hosts: a group SLOW_FACTOR times slower than the fastest group of its size (and, where nothing is priced,
+  SLOW_FLOOR_S more) with no slow host in it, and no slower group inside it, names its hosts' links (two
+  hosts: the link between them);
 - on a TPU, each ring against what the chips' interconnect should give (expected.py, from the planner's
   figures): RING_TOLERANCE times the high end of its estimate is slow; between slices the same with the data
   center network's figure.
@@ -26,8 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-SLOW_FACTOR = 3.0  # a host or group this many times the reference is slow ...
-SLOW_FLOOR_S = 0.5  # ... and at least this many seconds slower (a loaded machine's jitter is not a fault)
+SLOW_FACTOR = 2.0  # a host or group this many times the reference is slow ...
+SLOW_FLOOR_S = 1.0  # ... and at least this many seconds slower (a loaded machine's jitter is not a fault)
 RING_TOLERANCE = 4.0  # a ring or transfer slower than this many times its estimate's high end is slow
 
 
@@ -122,7 +122,9 @@ def judge(pod: Pod, figures: Sequence[WorkerFigures], expected: Expected = Expec
     findings += never_entered(pod, figures, name)
     if any(f.kind in ("unreachable", "error", "devices", "collective") for f in findings):
         return findings  # the timings of a check that did not run whole name nobody
-    findings += slow_hosts_and_links(pod, figures, name)
+    # the groups' floor: a loaded machine's jitter where nothing is priced (CPU devices); none on a TPU, whose
+    # all-reduces take milliseconds
+    findings += slow_hosts_and_links(pod, figures, name, 0.0 if expected.seconds else SLOW_FLOOR_S)
     findings += slow_rings(pod, figures, expected, name)
     return findings
 
@@ -187,7 +189,8 @@ def never_entered(pod: Pod, figures: Sequence[WorkerFigures], name) -> list[Find
     return []
 
 
-def slow_hosts_and_links(pod: Pod, figures: Sequence[WorkerFigures], name) -> list[Finding]:
+def slow_hosts_and_links(pod: Pod, figures: Sequence[WorkerFigures], name,
+                         group_floor_s: float = SLOW_FLOOR_S) -> list[Finding]:
     """The bisection: hosts by their own work, then the halving groups of the all-reduce."""
     local = {f.worker: f.local_s for f in figures if f.local_s is not None}
     if len(local) < 2:
@@ -204,7 +207,7 @@ def slow_hosts_and_links(pod: Pod, figures: Sequence[WorkerFigures], name) -> li
             continue
         fastest = min(groups[size].values())
         for members, seconds in sorted(groups[size].items()):
-            if (_slow(seconds, fastest) and not set(members) & set(slow)
+            if (_slow(seconds, fastest, group_floor_s) and not set(members) & set(slow)
                     and not any(set(inner) <= set(members) for inner in found)):
                 found.append(members)
                 between = (f"the link between {name(members[0])} and {name(members[1])}" if len(members) == 2
@@ -248,8 +251,8 @@ def _group_times(figures: Sequence[WorkerFigures]) -> dict[int, dict[tuple[int, 
     return out
 
 
-def _slow(seconds: float, reference: float) -> bool:
-    return seconds >= SLOW_FACTOR * reference and seconds - reference >= SLOW_FLOOR_S
+def _slow(seconds: float, reference: float, floor_s: float = SLOW_FLOOR_S) -> bool:
+    return seconds >= SLOW_FACTOR * reference and seconds - reference >= floor_s
 
 
 def _names(workers: Sequence[int], name) -> str:

@@ -41,6 +41,7 @@ try:
     import jax
     import jax.numpy as jnp
     import numpy as np
+    from jax._src import distributed  # its coordination service's barrier (leave): not public API
     from jax.experimental import multihost_utils
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -205,8 +206,7 @@ def main(argv):
     check_chips(worker, injected["wrong-result"], reps)
     if len(set(counts.values())) > 1:
         say("done", skipped="hosts expose different chip counts: no even mesh")
-        sys.stdout.flush()
-        os._exit(0)  # no collective can run: nothing to wait for
+        leave(even=False)
     hosts_per_slice = options.hosts_per_slice or jax.process_count() // slices
     devices = slice_meshes(hosts_per_slice, slices)
     chips = devices.shape[2]
@@ -234,10 +234,14 @@ def main(argv):
     leave()
 
 
-def leave():
+def leave(even=True):
     """Exit once every host is here, without jax.distributed's shutdown (it takes seconds more); the
-    coordinator's host last, so no peer loses it while finishing."""
-    multihost_utils.sync_global_devices("doctor done")
+    coordinator's host last, so no peer loses it while finishing. Hosts with different chip counts meet at
+    the coordination service's barrier instead of a collective (none can run over them)."""
+    if even:
+        multihost_utils.sync_global_devices("doctor done")
+    elif jax.process_count() > 1:
+        distributed.global_state.client.wait_at_barrier("doctor done", 120_000)
     sys.stdout.flush()
     if jax.process_index() == 0:
         time.sleep(1.0)

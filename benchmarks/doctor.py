@@ -1,0 +1,188 @@
+"""The pod doctor's measure: on a local pod, each fault put in one at a time, then clean runs for false
+alarms, then the doctor's time as the pod grows.
+
+    .venv/bin/python benchmarks/doctor.py [--workers 8] [--clean 20] [--scale 4,8,16,32] [--out FILE]
+
+Faults (tests/console/doctor/faults.py puts them in; docs/doctor.md says how each is found):
+  slow host        the victim's check stopped in bursts (SIGSTOP 0.4 s, SIGCONT 0.1 s) for the whole check
+  fewer devices    the victim's worker restarted with 1 CPU device where its peers have 2
+  blocked port     the coordinator named at an address no worker reaches (packets dropped, as by a firewall)
+  wrong chip       the check's test hook: the victim's chip 1 returns a matmul off by one
+  never enters     the check's test hook: the victim never enters the first collective (--stall 10)
+For each: found (a finding of that kind), the host named right (its workers are exactly the victim; the chip
+too for a chip; the coordinator's worker 0 for the port), and the seconds from the doctor's start to its
+report. Then --clean runs with no fault: any finding is a false alarm. Precision: right findings over all
+findings; recall: faults found with the right host over faults put in.
+
+--scale times a clean doctor on pods of 1 CPU device a worker at each size, as long as each takes under
+--scale-limit seconds (the target at 256 workers is 60 s); every worker is a JAX process on this machine's
+cores, so the size reached says what this machine allows, not what a pod of real hosts needs.
+
+Prints the table and saves it, the command on top, to --out (benchmarks/results/doctor_DATE.txt).
+Uses a throwaway TPU_CONSOLE_HOME; nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+FAULT_ENV = "TPU_CONSOLE_DOCTOR_FAULT"
+
+
+async def one_check(provider, name: str, **options):
+    from tpu_console.doctor import check_node
+
+    return await check_node({"local": provider}, name, **options)
+
+
+async def run_fault(provider, pod, kind: str, victim: int) -> dict:
+    """Put the fault in, run the doctor, take the fault out; what it found."""
+    from tests.console.doctor.faults import StopInBursts, block_coordinator, expose_devices
+
+    options: dict = {}
+    want_kind, want_workers, want_chip = kind, (victim,), None
+    if kind == "wrong chip":
+        os.environ[FAULT_ENV] = f"wrong-result:{victim}:1"
+        want_kind, want_chip = "chip", 1
+    elif kind == "never enters":
+        os.environ[FAULT_ENV] = f"never-enters:{victim}"
+        want_kind, options = "collective", {"stall_s": 10.0}
+    elif kind == "fewer devices":
+        await expose_devices(provider, pod.name, victim, 1)
+        want_kind = "devices"
+    elif kind == "blocked port":
+        block_coordinator(provider, 45999)
+        want_kind, want_workers = "port", (0,)
+    try:
+        if kind == "slow host":
+            want_kind = "host"
+            with StopInBursts(provider.store.worker_dir(pod.name, victim)):
+                report = await one_check(provider, pod.name, **options)
+        else:
+            report = await one_check(provider, pod.name, **options)
+    finally:
+        os.environ.pop(FAULT_ENV, None)
+        if kind == "fewer devices":
+            await expose_devices(provider, pod.name, victim, pod.shape.devices_per_worker)
+        if kind == "blocked port":
+            del provider.coordinator_env  # the class's own again
+    right = [f for f in report.findings if f.kind == want_kind and f.workers == want_workers
+             and (want_chip is None or f.chip == want_chip)]
+    found = any(f.kind == want_kind for f in report.findings)
+    return {"fault": kind, "victim": victim, "found": found, "named_right": bool(right),
+            "seconds": report.seconds, "findings": len(report.findings), "right": len(right),
+            "line": report.findings[0].line if report.findings else "(no finding)"}
+
+
+async def measure(workers: int, clean: int, scale: list[int], scale_limit: float) -> list[str]:
+    from tpu_console.model import CreateRequest
+    from tpu_console.providers.local import LocalProvider
+
+    lines: list[str] = []
+
+    def say(text: str = "") -> None:
+        print(text, flush=True)
+        lines.append(text)
+
+    provider = LocalProvider()
+    pod = await provider.create(CreateRequest(name="doc", accelerator_type=f"local-{workers}x2"))
+    await provider.ssh_targets(pod)
+    victim = workers // 2 + 1
+    say(f"faults on a {workers}-worker local pod (2 CPU devices a worker), victim worker {victim}")
+    say(f"{'FAULT':<14} {'FOUND':<6} {'HOST RIGHT':<11} {'SECONDS':>8}  FINDING")
+    rows = []
+    try:
+        for kind in ("slow host", "fewer devices", "blocked port", "wrong chip", "never enters"):
+            row = await run_fault(provider, pod, kind, victim)
+            rows.append(row)
+            found, named = ("yes" if row[k] else "NO" for k in ("found", "named_right"))
+            say(f"{kind:<14} {found:<6} {named:<11} {row['seconds']:>8.1f}  {row['line'][:150]}")
+        alarms, clean_seconds = [], []
+        for i in range(clean):
+            report = await one_check(provider, pod.name)
+            clean_seconds.append(report.seconds)
+            if report.findings:
+                alarms.append(report.findings)
+                say(f"clean run {i + 1}: FALSE ALARM: {report.findings[0].line[:160]}")
+        findings = sum(r["findings"] for r in rows) + sum(len(a) for a in alarms)
+        right = sum(r["right"] for r in rows)
+        recall = sum(r["named_right"] for r in rows) / len(rows)
+        precision = right / findings if findings else 1.0
+        say()
+        say(f"clean runs: {clean}, false alarms: {len(alarms)} (target 0); seconds per clean run: median "
+            f"{sorted(clean_seconds)[len(clean_seconds) // 2]:.1f}, max {max(clean_seconds):.1f}"
+            if clean_seconds else "clean runs: 0")
+        say(f"precision {precision:.0%} ({right} right of {findings} findings), recall {recall:.0%} "
+            f"({sum(r['named_right'] for r in rows)} of {len(rows)} faults found with the right host); "
+            "target 100% both")
+    finally:
+        await provider.delete(pod.name)
+        await provider.close()
+    if scale:
+        say()
+        say(f"doctor on N simulated workers (1 CPU device each, every worker a JAX process on this "
+            f"machine's {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start); "
+            "target 256 within 60 s")
+        say(f"{'WORKERS':>8} {'SECONDS':>8}  OUTCOME")
+        for size in scale:
+            provider = LocalProvider()
+            request = CreateRequest(name=f"scale{size}", accelerator_type=f"local-{size}x1")
+            pod = await provider.create(request)
+            await provider.ssh_targets(pod)
+            try:
+                started = time.monotonic()
+                report = await one_check(provider, pod.name, deadline_s=scale_limit, stall_s=scale_limit)
+                seconds = time.monotonic() - started
+            finally:
+                await provider.delete(pod.name)
+                await provider.close()
+            outcome = "healthy" if report.ok else f"finding: {report.findings[0].line[:100]}"
+            say(f"{size:>8} {seconds:>8.1f}  {outcome}")
+            if seconds > scale_limit or not report.ok:
+                say(f"stopped at {size}: past {scale_limit:g}s or not healthy on this machine")
+                break
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=8, help="the fault pod's workers, 4-16 (8)")
+    parser.add_argument("--clean", type=int, default=20, help="clean runs for false alarms (20)")
+    parser.add_argument("--scale", default="4,8,16,32", help="pod sizes for the timing, comma list ('' none)")
+    parser.add_argument("--scale-limit", type=float, default=180.0, help="stop growing past this (180 s)")
+    parser.add_argument("--out", default=None,
+                        help="where the table goes (benchmarks/results/doctor_DATE.txt)")
+    args = parser.parse_args()
+    if not 4 <= args.workers <= 16:
+        print("error: --workers is 4 to 16", file=sys.stderr)
+        return 2
+    scale = [int(s) for s in args.scale.split(",") if s.strip()]
+    home = tempfile.mkdtemp(prefix="tpu-console-doctor-")
+    os.environ["TPU_CONSOLE_HOME"] = home
+    started = datetime.now(UTC)
+    try:
+        lines = asyncio.run(measure(args.workers, args.clean, scale, args.scale_limit))
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    out = Path(args.out or ROOT / "benchmarks" / "results" / f"doctor_{started:%Y-%m-%d}.txt")
+    command = " ".join([".venv/bin/python benchmarks/doctor.py", *map(shlex.quote, sys.argv[1:])])
+    out.write_text(f"$ {command}\n# {started:%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores\n\n"
+                   + "\n".join(lines) + "\n")
+    print(f"saved {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
