@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -129,17 +129,19 @@ def _checked(result: Any, what: str) -> None:
 
 async def launch_again(providers: dict[str, Provider], run_id: str, node: str, job: dict[str, Any],
                        webhook_url: str | None = None, store: RunStore | None = None,
-                       progress: Progress = no_progress) -> LaunchResult:
-    """Launch the job as first launched (every supervisor option), on every worker of `node`."""
+                       progress: Progress = no_progress, slices: Sequence[int] | None = None) -> LaunchResult:
+    """Launch the job as first launched (every supervisor option), on every worker of `node`, or of its
+    `slices` alone (a multislice that shrank or grew: controller/elastic.py)."""
     policy = policy_of(job)
     if job["kind"] == "trainer":
         config_path, overrides = _config_path(run_id, job)
         return await launch(providers, node, config_path, overrides, job.get("env_file"),
                             python=job.get("python"), check_code=job.get("check_code", True),
                             check_ports=job.get("check_ports", True), store=store, progress=progress,
-                            policy=policy, webhook_url=webhook_url)
+                            policy=policy, webhook_url=webhook_url, slices=slices)
     spec = JobSpec.model_validate({**job["spec"], "job_file": job.get("job_file"),
                                    "job_file_text": job.get("job_file_text")})
     return await launch(providers, node, None, (), job.get("env_file"),
                         check_code=job.get("check_code", True), check_ports=job.get("check_ports", True),
-                        store=store, progress=progress, policy=policy, webhook_url=webhook_url, job=spec)
+                        store=store, progress=progress, policy=policy, webhook_url=webhook_url, job=spec,
+                        slices=slices)

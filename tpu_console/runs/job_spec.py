@@ -120,6 +120,9 @@ class JobSpec(_Strict):
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
     supervisor: SupervisorSpec = Field(default_factory=SupervisorSpec)
     recovery: RecoverySpec | None = None
+    # It can go on with fewer slices of a multislice, and back (it reads TPU_CONSOLE_NUM_SLICES, and
+    # resumes from its own checkpoint with the same global batch): launch's `slices` is refused without it.
+    elastic: bool = False
     # Where it came from (not keys of the file): the job file's path and its text as given.
     job_file: str | None = Field(default=None, exclude=True)
     job_file_text: str | None = Field(default=None, exclude=True)

@@ -124,7 +124,7 @@ def validate_config(config_path: str | Path, overrides: Sequence[str] = ()) -> V
     )
 
 
-def check_shape(config: ValidatedConfig, node: Node, process_count: int) -> None:
+def check_shape(config: ValidatedConfig, node: Node, process_count: int) -> None:  # node: as the run sees it
     """The checks the trainer makes after jax.distributed starts (prompts per process, local batch
     divisible by the local devices, the mesh fits), made here from the node's shape, so a batch that
     does not divide costs no TPU time."""
@@ -155,19 +155,28 @@ def worker_python(provider: Provider, reports: list[WorkerReport]) -> str:
 
 
 def launch_env(
-    provider: Provider, node: Node, fleet: Fleet, workers: list[int], command: bool = False
+    provider: Provider, node: Node, fleet: Fleet, workers: list[int], command: bool = False,
+    slices: Sequence[int] | None = None,
 ) -> dict[int, dict[str, str]]:
     """The non-secret environment of each worker's job: for the trainer, the process-count guard and the
     coordinator where JAX cannot find its peers by itself (local and ssh pods); for a command, that
-    coordinator under the common names (`coordinator_env`)."""
+    coordinator under the common names (`coordinator_env`). On some of a multislice's `slices`, every
+    MEGASCALE variable is set for those slices alone (multislice.slices_env), on any provider."""
     targets = [fleet.targets[w] for w in workers]
     shared = provider.coordinator_env(node, targets)
     # Multislice: slice 0's first host coordinates megascale, at jax.distributed's coordinator address.
     coordinator_host = shared["TRAINER_COORDINATOR_ADDRESS"].rpartition(":")[0] if shared else ""
     port = multislice.megascale_port(node, coordinator_host) if shared and node.slices > 1 else 0
+    if slices is not None:  # the first remaining host coordinates
+        coordinator_host = coordinator_host or targets[0].host
+        port = multislice.megascale_port(node, coordinator_host)
     envs: dict[int, dict[str, str]] = {}
     for position, worker in enumerate(workers):
         megascale = multislice.megascale_env(node, coordinator_host, worker, port) if shared else {}
+        if slices is not None:
+            megascale = multislice.slices_env(node, slices, coordinator_host, worker, port)
+        elif node.slices > 1:  # where the runtime sets MEGASCALE_* itself, a program is still told its count
+            megascale = {multislice.SLICE_COUNT: str(node.slices), **megascale}
         if command:
             envs[worker] = {**coordinator_env(shared, position), **megascale} if shared else {}
             continue
@@ -176,6 +185,16 @@ def launch_env(
             env["TRAINER_PROCESS_ID"] = str(position)
         envs[worker] = env
     return envs
+
+
+def _selection(node: Node, workers: str, slices: Sequence[int] | None
+               ) -> tuple[list[int], Node, tuple[int, ...] | None]:
+    """The workers a launch runs on, the node as the run sees it, and the slices checked: every host of
+    `slices` as a node of that many slices (multislice.on_slices), else the `--worker` selection."""
+    if slices is None:
+        return parse_worker_selection(workers, node.shape.workers), node, None
+    chosen = multislice.check_slices(node, slices)
+    return multislice.workers_of_slices(node, chosen), multislice.on_slices(node, chosen), chosen
 
 
 def refuse_partial(node: Node, selected: list[int], envs: dict[int, dict[str, str]]) -> None:
@@ -437,6 +456,7 @@ async def launch(
     policy: SupervisionPolicy | None = None,
     webhook_url: str | None = None,
     job: JobSpec | None = None,
+    slices: Sequence[int] | None = None,
 ) -> LaunchResult:
     """Start a job on the selected workers of `node_name` (all by default) and record the run: the bundled
     trainer with `config_path` (the built-in job), or the command `job` describes; exactly one of them.
@@ -453,6 +473,9 @@ async def launch(
     supervisor's worker only).
     `before_send` runs once the config and the node's shape are checked, before any worker is reached:
     a check of the caller's (the plan's fit, experiments/plan.py) that refuses by raising UserError.
+    `slices` (a multislice node's slice indices, in order): run on every host of those slices only, as a
+    run of that many slices (multislice.slices_env; the shape checks and `before_send` see that node), in
+    place of `workers`; a command only when its job is `elastic`.
     """
     if (config_path is None) == (job is None):
         raise UserError("give one job: a trainer config (--config FILE), or a command (-- CMD ... or "
@@ -462,6 +485,7 @@ async def launch(
             providers, node_name, job, env_file, workers, python=python, kill_stale=kill_stale,
             check_code=check_code, check_ports=check_ports, store=store, progress=progress,
             on_worker=on_worker, stop_grace_s=stop_grace_s, policy=policy, webhook_url=webhook_url,
+            slices=slices,
         )
     config = validate_config(config_path, overrides)
     needed = job_inputs(config.config)  # a malformed hub id or gs:// path is refused here
@@ -469,18 +493,18 @@ async def launch(
     if python is not None and not python.strip():
         raise UserError("--python is empty; give an interpreter, e.g. --python python3")
     provider, node = await open_node(providers, node_name)
-    selected = parse_worker_selection(workers, node.shape.workers)
-    check_shape(config, node, len(selected))
+    selected, seen, slices = _selection(node, workers, slices)
+    check_shape(config, seen, len(selected))
     policy = policy or SupervisionPolicy(fail_fast=fail_fast)
     estimate = check_supervision(provider, node, policy)
     if before_send is not None:
-        await before_send(config, node)
+        await before_send(config, seen)
     targets = await provider.ssh_targets(node)
     store = store or RunStore()
 
     async with Fleet(targets) as fleet:
-        envs = launch_env(provider, node, fleet, selected)
-        refuse_partial(node, selected, envs)
+        envs = launch_env(provider, node, fleet, selected, slices=slices)
+        refuse_partial(seen, selected, envs)
         await require_all_reachable(fleet, node, selected, "nothing was launched")
         # exclusive across consoles: of two launches at once on this node, one goes on (launch_lock.py)
         async with LaunchLock(fleet, node.name, selected[0]) as lock:
@@ -497,7 +521,7 @@ async def launch(
                 await job_ports.refuse_unreachable_ports(fleet, node, envs, selected)
             result = await _start_run(
                 provider, node, fleet, targets, selected, envs, prepared, env_data, policy, estimate, store,
-                progress, stop_grace_s, webhook_url,
+                progress, stop_grace_s, webhook_url, slice_count=seen.slices,
             )
             if result.ok:  # the run holds the node now; its end or a stop releases it
                 await lock.keep(result.run_id)
@@ -524,6 +548,7 @@ async def _launch_command(
     stop_grace_s: float,
     policy: SupervisionPolicy | None,
     webhook_url: str | None,
+    slices: Sequence[int] | None = None,
 ) -> LaunchResult:
     """`launch` for a command: in the project's folder on every worker, with its setup's environment."""
     if python is not None:
@@ -532,16 +557,20 @@ async def _launch_command(
     policy = policy or job.policy()
     refuse_unseen_hang(job, policy)
     env_data = read_env_file(env_file)
+    if slices is not None and not job.elastic:
+        raise UserError("this command is not elastic: it runs on some of a node's slices only when its job "
+                        "file says `elastic = true` (it then reads its slice count, TPU_CONSOLE_NUM_SLICES)")
     provider, node = await open_node(providers, node_name)
-    selected = parse_worker_selection(workers, node.shape.workers)
+    selected, seen, slices = _selection(node, workers, slices)
     estimate = check_supervision(provider, node, policy)
     targets = await provider.ssh_targets(node)
     store = store or RunStore()
 
     async with Fleet(targets) as fleet:
         # the job file's [env] first: the names the console sets win over it
-        envs = {w: {**job.env, **env} for w, env in launch_env(provider, node, fleet, selected, True).items()}
-        refuse_partial(node, selected, envs)
+        envs = {w: {**job.env, **env}
+                for w, env in launch_env(provider, node, fleet, selected, True, slices=slices).items()}
+        refuse_partial(seen, selected, envs)
         await require_all_reachable(fleet, node, selected, "nothing was launched")
         # exclusive across consoles: of two launches at once on this node, one goes on (launch_lock.py)
         async with LaunchLock(fleet, node.name, selected[0]) as lock:
@@ -565,7 +594,7 @@ async def _launch_command(
                 await job_ports.refuse_unreachable_ports(fleet, node, envs, selected)
             result = await _start_run(
                 provider, node, fleet, targets, selected, envs, prepared, env_data, policy, estimate, store,
-                progress, stop_grace_s, webhook_url,
+                progress, stop_grace_s, webhook_url, slice_count=seen.slices,
             )
             if result.ok:  # the run holds the node now; its end or a stop releases it
                 await lock.keep(result.run_id)
@@ -589,6 +618,7 @@ async def _start_run(
     progress: Callable[[str], None],
     stop_grace_s: float,
     webhook_url: str | None,
+    slice_count: int | None = None,
 ) -> LaunchResult:
     """The two phases every job shares, once the checks passed: the run folders, then the supervisor and
     the job on every worker (the workers that started are stopped again when one did not); the record."""
@@ -613,7 +643,7 @@ async def _start_run(
         price_per_hour=estimate.per_hour if estimate is not None else None,
         job=job_record,
         launched_by=ownership.me(),
-        slices=node.slices,
+        slices=slice_count or node.slices,  # the slices it runs on (some of the node's, after a shrink)
     )
     bind, supervisor_host = provider.supervisor_address(node, targets)
     plan = supervision.plan(
