@@ -211,6 +211,12 @@ class Controller:
                 if inc.first_step_at is None:
                     await self._first_step(stored, node, reading.at)
         verdict = judge(run, node, reading)
+        if verdict.action == "end":
+            # the node is read again after the run: a preemption between the two reads ends the jobs on a
+            # node that read READY a moment before, and is no end of the run
+            again = await self._read_node(stored)
+            if again.node is None or again.node.state is not NodeState.READY:
+                verdict = judge(run, again, None)
         run.heartbeat = {"at": time.time(), "by": self.id}
         if verdict.action == "wait":
             await self._save(stored)

@@ -33,16 +33,16 @@ class Killed(BaseException):
 class Watch:
     """Counts the run's live nodes and queued requests in the emulator every few milliseconds."""
 
-    def __init__(self, api) -> None:
-        self.api, self.most, self._stop = api, 0, threading.Event()
+    def __init__(self, api, name: str = NAME) -> None:
+        self.api, self.name, self.most, self._stop = api, name, 0, threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
     def live(self) -> int:
         with self.api._lock:
-            nodes = [n for n in self.api._nodes.values() if n.node_id == NAME
+            nodes = [n for n in self.api._nodes.values() if n.node_id == self.name
                      and n.body.get("state") not in ("PREEMPTED", "TERMINATED", "DELETING")]
-            waiting = [q for q in self.api._queued.values() if q.qr_id == NAME
+            waiting = [q for q in self.api._queued.values() if q.qr_id == self.name
                        and q.body.get("state", {}).get("state") not in ("FAILED", "DELETING", "ACTIVE")]
             return len(nodes) + len(waiting)
 
