@@ -27,6 +27,7 @@ from tpu_console.runs.multislice import worker_slices
 from tpu_console.runs.notifications import Notifier
 from tpu_console.runs.resolve import resolve_run
 from tpu_console.runs.store import RunStore
+from tpu_console.runs.stragglers import paces, stragglers
 from tpu_console.runs.supervision import SupervisionPolicy, policy_from_options
 from tpu_console.secrets import SecretMasker
 from tpu_console.settings import Settings
@@ -139,6 +140,11 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
         "--restart-on", metavar="CLASSES",
         help="restart every job from its latest checkpoint when the run fails with one of these failure "
         "classes: transient (lost_worker, distributed_timeout, tpu_in_use, preempted), or a comma list",
+    )
+    launch.add_argument(
+        "--on-straggler", choices=("report", "restart"), default=None,
+        help="the supervisor names a worker whose step time over its last 20 steps is 1.5x the others' "
+        "median (report), or restarts every job from its checkpoint (restart, up to --max-restarts)",
     )
     launch.add_argument("--max-restarts", metavar="N",
                         help="with --restart-on: restarts allowed per failure class (default 3)")
@@ -427,7 +433,7 @@ def supervision_policy(args: argparse.Namespace, job: JobSpec | None = None) -> 
     flags_given = dict(
         fail_fast=args.fail_fast or None, on_end=args.on_end, grace=args.grace, max_cost=args.max_cost,
         price_per_hour=args.price_per_hour, max_hang=args.max_hang, restart_on=args.restart_on,
-        max_restarts=args.max_restarts,
+        max_restarts=args.max_restarts, on_straggler=args.on_straggler,
     )
     if job is not None:
         return job.policy(**flags_given)
@@ -445,6 +451,8 @@ def describe_policy(policy: SupervisionPolicy) -> str:
         parts.append(f"max cost ${policy.max_cost:g}")
     if policy.max_hang_s is not None:
         parts.append(f"max hang {policy.max_hang_s:g}s")
+    if policy.on_straggler:
+        parts.append(f"on a straggler: {policy.on_straggler}")
     return ", ".join(parts)
 
 
@@ -514,8 +522,12 @@ async def status(args: argparse.Namespace, settings: Settings, providers: dict[s
     # a command job's progress: where its steps come from, its W&B summary and TensorBoard scalars
     steps_note = foreign_metrics.steps_note(view.record, {s.worker: s.events.last_step for s in view.workers})
     foreign = await foreign_metrics.look(providers, view.record)
+    pace = paces({s.worker: s.events.recent_steps for s in view.workers if s.events.recent_steps})
+    slow_lines = [line for _, line in sorted(stragglers(pace).items())] if not view.record.finished else []
     if args.json:
         document = run_table.run_record(view)
+        document["pace"] = [p.to_json() for _, p in sorted(pace.items())]  # runs/stragglers.py, last 20 steps
+        document["stragglers"] = slow_lines
         document["steps_source"] = steps_note
         document["launched_by"] = view.record.launched_by
         document["foreign_metrics"] = foreign.to_json() if foreign is not None else None
@@ -542,6 +554,8 @@ async def status(args: argparse.Namespace, settings: Settings, providers: dict[s
         print(f"({len(view.workers) - len(listed)} workers are in the counts only; --json lists them all)")
     for line in ([steps_note] if steps_note else []) + (foreign.lines() if foreign is not None else []):
         print(masker.mask(line))
+    for line in slow_lines:
+        print(f"straggler: {line}")
     if view.failure:
         print(masker.mask(f"failed first: {view.failure}"))
     if view.state == "partially-dead":

@@ -24,6 +24,7 @@ MEM_LIMIT_GIB = tm.MEM_LIMIT
 REWARD_MEAN = tm.REWARD_MEAN
 LOSS = tm.LOSS
 _PHASE_PREFIX, _PHASE_SUFFIX = "time/train/", "_s"
+RECENT_STEPS = 64
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,8 @@ class EventSummary:
     error: Event | None = None  # the last error event
     end: Event | None = None
     warnings: int = 0
+    # the last RECENT_STEPS steps: step -> (its event's time, its step time), for runs/stragglers.py
+    recent_steps: dict[int, tuple[float, float | None]] = field(default_factory=dict)
 
     @property
     def error_message(self) -> str | None:
@@ -130,6 +133,10 @@ class EventSummary:
                 self.start = event
             elif event.kind == "step":
                 self.last_step = StepMetrics.from_event(event)
+                if event.t is not None:
+                    self.recent_steps[self.last_step.step] = (event.t, self.last_step.step_s)
+                    while len(self.recent_steps) > RECENT_STEPS:
+                        del self.recent_steps[min(self.recent_steps)]
             elif event.kind == "eval":
                 self.last_eval = event
             elif event.kind == "error":

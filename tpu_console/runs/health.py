@@ -27,6 +27,8 @@ import enum
 from dataclasses import dataclass, field
 
 from tpu_console.runs.monitor import RunMonitor, WorkerState, WorkerStatus
+from tpu_console.runs.stragglers import paces
+from tpu_console.runs.stragglers import stragglers as stragglers_by_pace
 
 
 class Activity(enum.StrEnum):
@@ -192,7 +194,8 @@ def _activity(status: WorkerStatus, p: Progress, now: float, t: Thresholds) -> t
 
 
 def _stragglers(statuses: dict[int, WorkerStatus], t: Thresholds) -> dict[int, str]:
-    """Workers whose step time, or one phase's time, is `straggler_factor` x the others' median."""
+    """Workers whose pace over their last steps names them (runs/stragglers.py), then those whose last
+    step time, or one phase's time, is `straggler_factor` x the others' median."""
     steps = {
         w: s.events.last_step
         for w, s in statuses.items()
@@ -200,7 +203,7 @@ def _stragglers(statuses: dict[int, WorkerStatus], t: Thresholds) -> dict[int, s
     }
     if len(steps) < 2:
         return {}
-    found: dict[int, str] = {}
+    found = pace_stragglers({w: statuses[w].events.recent_steps for w in steps})
     timings: dict[str, dict[int, float]] = {"step": {}}
     for worker, last in steps.items():
         if last.step_s is not None:
@@ -217,6 +220,11 @@ def _stragglers(statuses: dict[int, WorkerStatus], t: Thresholds) -> dict[int, s
             if median > 0 and seconds >= t.straggler_factor * median:
                 found[worker] = f"{name} {seconds:.2f}s vs median {median:.2f}s ({seconds / median:.1f}x)"
     return found
+
+
+def pace_stragglers(recent: dict[int, dict[int, tuple[float, float | None]]]) -> dict[int, str]:
+    """runs/stragglers.py's lines over the workers' recent steps ("worker 13: 1.8x the median step ...")."""
+    return stragglers_by_pace(paces(recent))
 
 
 def medians_of_the_others(values: dict[int, float]) -> dict[int, float]:

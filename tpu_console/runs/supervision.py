@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpu_console.errors import UserError
-from tpu_console.runs import signatures
+from tpu_console.runs import signatures, stragglers
 from tpu_console.runs.health import Thresholds
 
 DECISIONS_FILE = "supervisor.jsonl"
@@ -37,6 +37,7 @@ TRANSIENT = (signatures.LOST_WORKER, signatures.DISTRIBUTED_TIMEOUT, signatures.
 NEVER = (signatures.OOM, signatures.EXCEPTION, signatures.WRONG_PROCESS_COUNT, signatures.WANDB_AUTH,
          signatures.WANDB_INIT, "config")
 ON_END = ("keep", "delete")
+ON_STRAGGLER = ("report", "restart")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
 
 
@@ -50,6 +51,7 @@ class SupervisionPolicy:
     max_hang_s: float | None = None
     restart_on: tuple[str, ...] = ()
     max_restarts: int = 3
+    on_straggler: str | None = None  # report | restart: what the supervisor does about a straggler
     heartbeat_s: float = 2.0
     lost_after_s: float = 60.0
     stop_grace_s: float = 10.0
@@ -122,6 +124,7 @@ def policy_from_options(
     max_hang: str | None = None,
     restart_on: str | None = None,
     max_restarts: str | int | None = None,
+    on_straggler: str | None = None,
 ) -> SupervisionPolicy:
     """The policy from launch's options as the user gave them (the CLI's flags, the app's launch form);
     None (or blank) is "off", and every bad value is a one-line UserError naming its flag."""
@@ -134,8 +137,11 @@ def policy_from_options(
         raise UserError(f"--on-end {on_end!r}: choose keep or delete")
     if on_end != "delete" and grace is not None:
         raise UserError("--grace is how long after the run the node is deleted; add --on-end delete")
-    if max_restarts is not None and not restart_on:
+    if max_restarts is not None and not restart_on and on_straggler != "restart":
         raise UserError("--max-restarts counts restarts; add --restart-on transient")
+    on_straggler = given(on_straggler)
+    if on_straggler is not None and on_straggler not in ON_STRAGGLER:
+        raise UserError(f"--on-straggler {on_straggler!r}: choose report or restart")
     return SupervisionPolicy(
         fail_fast=fail_fast,
         on_end=on_end,
@@ -147,6 +153,7 @@ def policy_from_options(
         restart_on=parse_restart_on(restart_on) if restart_on else (),
         max_restarts=(parse_count(max_restarts, "--max-restarts") if max_restarts is not None
                       else SupervisionPolicy.max_restarts),
+        on_straggler=on_straggler,
     )
 
 
@@ -203,6 +210,10 @@ def plan(
         "max_hang_s": policy.max_hang_s,
         "restart_on": list(policy.restart_on),
         "max_restarts": policy.max_restarts,
+        "on_straggler": policy.on_straggler,
+        # runs/stragglers.py's rule, as the supervisor applies it to the steps its runners report
+        "pace": {"window": stragglers.WINDOW, "min_steps": stragglers.MIN_STEPS, "factor": stragglers.FACTOR,
+                 "min_excess_s": stragglers.MIN_EXCESS_S},
         "heartbeat_s": policy.heartbeat_s,
         "lost_after_s": policy.lost_after_s,
         "stop_grace_s": policy.stop_grace_s,

@@ -16,6 +16,10 @@ It reads `supervision.json` (the plan `launch` wrote, 0600) and, when webhook no
   from their latest checkpoint), up to `max_restarts` per class;
 - `max_cost` (price x time since launch) and `max_hang_s` (every worker without a new step that long):
   stop the jobs (SIGTERM first, so the trainer checkpoints), then delete the node;
+- `on_straggler` (report, restart): a worker whose step time over its last steps is the plan's `pace`
+  factor times the others' median (runs/stragglers.py's rule, applied to the steps the runners report) is
+  named in a decision; with restart, every job is started again from its latest checkpoint, up to
+  `max_restarts` times;
 - `on_end: delete`: once every job has ended and `grace_s` has passed, delete the node, unless a newer run
   started on it;
 - a preemption notice: a job runner that sees its VM going (the metadata server, the VM's shutdown;
@@ -85,6 +89,7 @@ class WorkerView:
         self.exited_at = None
         self.tail = []  # the last lines of its output, from its exit report (for the run's record)
         self.last_event = None  # its last step event (the metric summary in the run's record)
+        self.paced = {}  # step -> (when it was seen here, its step time): its pace, for on_straggler
 
 
 class Supervisor:
@@ -107,6 +112,7 @@ class Supervisor:
         self.silent_told = False  # the run was said to look hung, and has not stepped since
         self.preemption = None  # the first preemption notice a runner reported (its JSON), passed to all
         self.told_notice = set()  # the workers whose runners were given it
+        self.stragglers_told = set()  # (worker, attempt): each straggler is named once an attempt
         # a command job whose output is not read for steps (metrics format none) never reports one: its
         # silence says nothing, so it is judged neither hung nor past max_hang
         self.steps_read = _steps_read(folder)
@@ -154,6 +160,9 @@ class Supervisor:
             if worker.step is not None:
                 worker.step_interval = self.clock() - worker.progress_at
             worker.step, worker.progress_at = step, self.clock()
+            worker.paced[step] = (self.clock(), worker.step_s)
+            while len(worker.paced) > 2 * int((self.plan.get("pace") or {}).get("window", 20)):
+                del worker.paced[min(worker.paced)]
         if self.preemption is not None and worker.index not in self.told_notice:
             return self._preempt(worker)
         if self.stopping or self.restart_pending:
@@ -202,6 +211,7 @@ class Supervisor:
         if self.attempt > worker.attempt and worker.state == "exited":
             worker.attempt, worker.state, worker.progress_at = self.attempt, "running", self.clock()
             worker.status = worker.cause = worker.stopped = None
+            worker.paced = {}  # a new attempt's pace starts afresh
             order = {"order": RESTART, "attempt": self.attempt}
             if self.coordinator_port:
                 order["coordinator_port"] = self.coordinator_port
@@ -283,6 +293,7 @@ class Supervisor:
             if self.ended is None and not self.stopping and not self.restart_pending and not self.preemption:
                 self._check_budget(t)
                 self._check_hang(t)
+                self._check_stragglers()
             if self.ended is None and all(w.state in ("done", "lost") for w in self.workers.values()):
                 self._end()
 
@@ -322,6 +333,39 @@ class Supervisor:
             self.notify("hung", f"hung: no worker made a step for {_duration(limit)}")
             self._stop_and_delete("max-hang", f"no worker made a step for {_duration(limit)} (worker@step: "
                                   f"{steps}): stopping the run and deleting the node")
+
+    def _check_stragglers(self):
+        """on_straggler: name a worker whose recent step time is `factor` x the others' median; restart."""
+        action, rule = self.plan.get("on_straggler"), self.plan.get("pace") or {}
+        if action not in ("report", "restart"):
+            return
+        window, factor = int(rule.get("window", 20)), float(rule.get("factor", 1.5))
+        times = {w.index: _step_time(w.paced, window) for w in self.workers.values()
+                 if w.state == "running" and len(w.paced) >= int(rule.get("min_steps", 5))}
+        times = {w: s for w, s in times.items() if s is not None}
+        excess = float(rule.get("min_excess_s", 0))
+        for index, seconds in sorted(times.items()):
+            median = _median([s for w, s in times.items() if w != index])
+            if median is None or (index, self.attempt) in self.stragglers_told:
+                continue
+            if median <= 0 or seconds < factor * median or seconds - median < excess:
+                continue
+            self.stragglers_told.add((index, self.attempt))
+            steps = min(window, len(self.workers[index].paced))
+            what = (f"worker {index}: {seconds / median:.1f}x the median step for the last {steps} steps "
+                    f"({seconds:.2f}s vs {median:.2f}s)")
+            used, allowed = self.restarts.get("straggler", 0), int(self.plan.get("max_restarts", 0))
+            if action == "restart" and used < allowed:
+                self.restarts["straggler"] = used + 1
+                self.restart_pending = "straggler"
+                self.decide("straggler", f"{what}: restarting every job from its latest checkpoint "
+                            f"(straggler restart {used + 1} of {allowed})", worker=index, action="restart")
+                self.notify("straggler", f"straggler: {what}; restarting the run")
+                return
+            note = (f"no straggler restart left ({used} of {allowed} used)" if action == "restart"
+                    else "reported")
+            self.decide("straggler", f"{what}: {note}", worker=index, action="report")
+            self.notify("straggler", f"straggler: {what}")
 
     def _stop_and_delete(self, why, message):
         self.stopping, self.delete_reason = why, why
@@ -683,6 +727,25 @@ def _free_port(host):
 
 def _join(workers):
     return ",".join(str(w) for w in workers)
+
+
+def _step_time(paced, window):
+    """The median step time of a worker's last `window` steps seen: the runner's figure, else the time between
+    two steps seen here (over the steps between them)."""
+    steps = sorted(paced.items())[-window:]
+    times = []
+    for i in range(1, len(steps)):
+        (step0, (t0, _)), (step, (t, s)) = steps[i - 1], steps[i]
+        times.append(s if s is not None else (t - t0) / max(1, step - step0))
+    return _median(times)
+
+
+def _median(values):
+    if not values:
+        return None
+    values = sorted(values)
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
 
 
 def _duration(seconds):

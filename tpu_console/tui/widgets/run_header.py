@@ -110,7 +110,11 @@ def attention(snapshot: RunSnapshot) -> list[tuple[str, str]]:
     elif snapshot.stalled:
         notes.append((f"stalled: {_workers(snapshot.stalled)}", "bold yellow"))
     if snapshot.stragglers:
-        notes.append((f"stragglers: {_workers(snapshot.stragglers)}", "yellow"))
+        # a pace over the last steps (runs/stragglers.py) is said whole: "worker 13: 1.8x the median step ..."
+        paced = [row.straggler for w in snapshot.stragglers
+                 if (row := snapshot.row(w)) is not None and (row.straggler or "").startswith("worker ")]
+        said = f" ({paced[0]})" if paced else ""
+        notes.append((f"stragglers: {_workers(snapshot.stragglers)}{said}", "yellow"))
     if snapshot.node_warning:
         notes.append((snapshot.node_warning, "bold yellow"))
     return notes

@@ -1,0 +1,104 @@
+"""Which host slows the run: each worker's pace over its last steps, read from the step events every worker
+writes (the trainer's own, or a foreign program's step lines turned into events by worker/step_lines.py).
+
+Pure (no I/O). Per worker, over its last WINDOW steps (medians, so one checkpoint or eval step does not
+count):
+
+    step_s        the step time: the event's own figure (`time/train/step_s`), else the time between two
+                  step events
+    input_wait_s  the time between two step events that the step itself did not take (event gap minus its
+                  step time): waiting for input, logging, anything outside the step; None without a step time
+    lag_s         how long after the first worker it reaches each step (its event's time minus the earliest
+                  worker's, for each step at least two workers reached)
+
+A worker is named as a straggler when, with at least MIN_STEPS steps, its step time is FACTOR times the
+median of the other workers' (and MIN_EXCESS_S more), or its input wait is, or it reaches steps later than
+the others by half a median step and FACTOR times the others' median lag. The times are the workers' own
+clocks (the events' `t`): on a pod, hosts kept within milliseconds by NTP.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+WINDOW = 20
+MIN_STEPS = 5
+FACTOR = 1.5
+MIN_EXCESS_S = 0.05  # below this a difference is noise, whatever the ratio
+LAG_SHARE = 0.5  # of the median step: a worker this far behind the first holds every collective up
+
+# a worker's recent steps: step -> (the event's time, its step time or None)
+Steps = Mapping[int, tuple[float, float | None]]
+
+
+@dataclass(frozen=True)
+class Pace:
+    worker: int
+    steps: int  # steps in its window
+    step_s: float | None
+    input_wait_s: float | None
+    lag_s: float | None
+
+    def to_json(self) -> dict:
+        return {"worker": self.worker, "steps": self.steps, "step_s": self.step_s,
+                "input_wait_s": self.input_wait_s, "lag_s": self.lag_s}
+
+
+def paces(recent: Mapping[int, Steps], window: int = WINDOW) -> dict[int, Pace]:
+    """Each worker's pace over its last `window` steps."""
+    windows = {w: sorted(steps.items())[-window:] for w, steps in recent.items() if steps}
+    first_at: dict[int, list[float]] = {}
+    for steps in windows.values():
+        for step, (t, _) in steps:
+            first_at.setdefault(step, []).append(t)
+    out = {}
+    for worker, steps in windows.items():
+        times, waits, lags = [], [], []
+        for (prev_step, (prev_t, _)), (step, (t, step_s)) in zip(steps, steps[1:], strict=False):
+            gap = (t - prev_t) / max(1, step - prev_step)
+            times.append(step_s if step_s is not None else gap)
+            if step_s is not None and step == prev_step + 1:
+                waits.append(max(0.0, gap - step_s))
+        for step, (t, _) in steps:
+            if len(first_at[step]) > 1:
+                lags.append(t - min(first_at[step]))
+        out[worker] = Pace(worker, len(steps), _median(times), _median(waits), _median(lags))
+    return out
+
+
+def stragglers(found: Mapping[int, Pace], window: int = WINDOW) -> dict[int, str]:
+    """The workers that slow the run, each with one line: `worker 13: 1.8x the median step for the last 20
+    steps (2.10s vs 1.17s)`."""
+    ready = {w: p for w, p in found.items() if p.steps >= MIN_STEPS}
+    if len(ready) < 2:
+        return {}
+    lines: dict[int, str] = {}
+    step_median = _median([p.step_s for p in ready.values() if p.step_s is not None]) or 0.0
+    for worker, pace in sorted(ready.items()):
+        others = [p for w, p in ready.items() if w != worker]
+        last = f"the last {min(window, pace.steps)} steps"
+        step_ref = _median([p.step_s for p in others if p.step_s is not None])
+        wait_ref = _median([p.input_wait_s for p in others if p.input_wait_s is not None])
+        lag_ref = _median([p.lag_s for p in others if p.lag_s is not None])
+        if _beyond(pace.step_s, step_ref):
+            lines[worker] = (f"worker {worker}: {pace.step_s / step_ref:.1f}x the median step for {last} "
+                             f"({pace.step_s:.2f}s vs {step_ref:.2f}s)")
+        elif _beyond(pace.input_wait_s, wait_ref):
+            lines[worker] = (f"worker {worker}: waits {pace.input_wait_s:.2f}s a step outside it (input) vs "
+                             f"{wait_ref:.2f}s for the others over {last}")
+        elif (pace.lag_s is not None and lag_ref is not None and pace.lag_s >= LAG_SHARE * step_median
+              and pace.lag_s >= FACTOR * lag_ref and pace.lag_s - lag_ref >= MIN_EXCESS_S):
+            lines[worker] = (f"worker {worker}: reaches each step {pace.lag_s:.2f}s after the first worker "
+                             f"(the others {lag_ref:.2f}s) over {last}")
+    return lines
+
+
+def _beyond(value: float | None, reference: float | None) -> bool:
+    return (value is not None and reference is not None and reference > 0 and value >= FACTOR * reference
+            and value - reference >= MIN_EXCESS_S)
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
