@@ -534,6 +534,7 @@ async def status(args: argparse.Namespace, settings: Settings, providers: dict[s
         decisions = await run_control.supervisor_decisions(providers, view.record)
         document["supervisor"] = None if decisions is None else [
             {"t": d.t, "decision": d.decision, "message": d.message, **d.fields} for d in decisions]
+        document["hang"] = await hang_report(providers, view, decisions)
         print(masker.mask(json.dumps(document, indent=2)))
         return 0
     record = view.record
@@ -565,9 +566,25 @@ async def status(args: argparse.Namespace, settings: Settings, providers: dict[s
     decisions = await run_control.supervisor_decisions(providers, view.record)
     for decision in decisions or []:
         print(masker.mask(f"supervisor: {decision.message}"))
+    if hang := await hang_report(providers, view, decisions):
+        print(masker.mask(f"hang: {hang}"))
     if view.problem:
         print(f"note: {view.problem}", file=sys.stderr)
     return 0
+
+
+async def hang_report(providers: dict[str, Provider], view: Any, decisions: list | None) -> str | None:
+    """While the supervisor's last word is that no worker steps (the hang budget) and none has stepped
+    since: every worker's stacks, read as who waits where and who never reached it (runs/hang_report.py)."""
+    from tpu_console.runs.hang_report import hang_line
+    from tpu_console.runs.stacks import collect_stacks
+
+    if view.record.finished or not decisions or decisions[-1].decision != "silent":
+        return None
+    stepped = max((t for s in view.workers for t, _ in s.events.recent_steps.values()), default=0.0)
+    if stepped > decisions[-1].t:
+        return None  # it stepped again since
+    return hang_line(await collect_stacks(providers, view.record))
 
 
 async def logs(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
@@ -627,6 +644,7 @@ async def stop(args: argparse.Namespace, settings: Settings, providers: dict[str
 
 
 async def stacks(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
+    from tpu_console.runs.hang_report import hang_line
     from tpu_console.runs.stacks import collect_stacks
 
     if args.wait <= 0:
@@ -634,10 +652,13 @@ async def stacks(args: argparse.Namespace, settings: Settings, providers: dict[s
     record = await resolve_run(RunStore(), providers, args.target, args.run_id)
     found = await collect_stacks(providers, record, wait_s=args.wait, address=args.address)
     masker = SecretMasker.for_node(record.node)
+    hang = hang_line(found)
     if args.json:
-        print(masker.mask(json.dumps(found.to_json(), indent=2)))
+        print(masker.mask(json.dumps({**found.to_json(), "hang": hang}, indent=2)))
         return 0
     print(masker.mask(f"{record.run_id} on {record.node}: {found.summary()}"))
+    if hang and len(found.groups) + len(found.silent) > 1:
+        print(masker.mask(f"hang: {hang}"))
     if chips := found.device_line():
         print(masker.mask(chips))
     for stack_group in found.groups:
