@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -127,11 +128,13 @@ class PodStore:
         trash.mkdir(exist_ok=True)
         aside = trash / f"{name}-{time.time_ns()}"
         self.node_dir(name).rename(aside)
-        subprocess.Popen(  # noqa: S603 - a fixed argv; detached, so it outlives a CLI command
+        removal = subprocess.Popen(  # noqa: S603 - a fixed argv; detached, so it outlives a CLI command
             ["rm", "-rf", "--", *sorted(str(p) for p in trash.iterdir())],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
+        # reaped when it ends, so a long-lived console (the app) leaves no zombie per delete
+        threading.Thread(target=removal.wait, daemon=True).start()
         return aside
 
     def _write_meta(self, name: str, meta: dict) -> None:
