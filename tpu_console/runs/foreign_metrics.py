@@ -41,8 +41,8 @@ from tpu_console.fleet import recipes
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.runs.archive import archived_last_steps_in
 from tpu_console.runs.events import Event, StepMetrics
+from tpu_console.runs.job_spec import METRIC_FORMATS
 from tpu_console.runs.reach import reach_node
-from tpu_console.worker import step_lines
 from trainer import telemetry as tm
 
 WANDB_DEFAULT = "wandb"
@@ -51,7 +51,7 @@ WANDB_SUMMARY = "files/wandb-summary.json"  # in each run folder (run-<time>-<id
 WANDB_KEYS = (tm.STEP_AVG_LAST10, tm.VALID_TOKENS_PER_S, tm.MEM_IN_USE, tm.MEM_PEAK)
 TB_PATTERN = "events.out.tfevents.*"
 MAX_TB_FILE = 256 << 20  # a larger event file holds images or histograms: not what a scalar view needs
-BUILT_IN = ", ".join(step_lines.BUILT_IN)  # what the worker reads with format auto
+BUILT_IN = ", ".join(f for f in METRIC_FORMATS if f not in ("auto", "regex", "none"))  # what auto reads
 
 
 def command_job(record: Any) -> dict[str, Any] | None:

@@ -242,3 +242,10 @@ def test_launch_metrics_overrides_the_files_format_and_regex_and_keeps_where_els
         with pytest.raises(UserError) as refused:
             spec.with_metrics(given)
         assert says in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_the_formats_a_job_may_name_are_the_ones_the_worker_reads():
+    from tpu_console.runs.job_spec import METRIC_FORMATS
+    from tpu_console.worker import step_lines
+
+    assert set(METRIC_FORMATS) == set(step_lines.FORMATS)
