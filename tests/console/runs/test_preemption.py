@@ -122,5 +122,5 @@ def test_a_foreign_program_gets_the_same_signal_and_notice_and_checkpoints(capsy
             checkpoint = json.loads((run_folder(worker, run_id) / "checkpoint.json").read_text())
             assert checkpoint["source"] == "preempted" and 20 < checkpoint["seconds_left"] <= 30
             assert checkpoint["step"] >= 3
-            assert exit_status(run_id, worker) == "0"  # its own status: it ended well
+            assert exit_status(run_id, worker) == "143"  # its own status: stopped by the SIGTERM
             assert [e["kind"] for e in events(worker, run_id)].count("preemption") == 1
