@@ -132,6 +132,14 @@ def test_relative_links_lead_to_files():
     assert not broken, f"links to files that do not exist: {broken}"
 
 
+README_LIMIT = 12 * 1024  # bytes: the README is a front door; detail lives on the page that owns it
+
+
+def test_readme_is_a_front_door():
+    size = len((ROOT / "README.md").read_bytes())
+    assert size <= README_LIMIT, f"README.md is {size} bytes, over {README_LIMIT}: move detail to a docs page"
+
+
 def test_relative_links_are_found():
     text = "see [a](docs/a.md#x), [b](https://x.org), [c](#here), ![img](p.png)\n```\n[d](nope.md)\n```\n"
     assert relative_links(text) == ["docs/a.md#x"]
