@@ -44,6 +44,7 @@ Python 3.8+ and the standard library only; it imports nothing of the console.
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -53,6 +54,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+try:  # shipped into the run folder beside this file (runs/launch.py)
+    import preemption_notice
+except ImportError:
+    preemption_notice = None
 
 PLAN_FILE = "supervision.json"
 NOTIFY_FILE = ".notify"
@@ -202,6 +208,22 @@ class Supervisor:
     def _preempt(self, worker):
         self.told_notice.add(worker.index)
         return {"order": PREEMPT, "notice": self.preemption}
+
+    def on_sigterm(self):
+        """SIGTERM to the supervisor. The VM going down (after a preemption notice, or systemd stopping
+        everything) ends the run `preempted`, recorded before the VM goes; True then. Any other SIGTERM
+        stops the supervisor alone: False."""
+        going = self.preemption is not None or (
+            preemption_notice is not None and preemption_notice.system_going_down())
+        if not going:
+            return False
+        with self.lock:
+            if self.ended is None:
+                self.preemption = self.preemption or {"source": "shutdown", "value": "SIGTERM"}
+                self.ended = "preempted"
+                self.decide("ended", "the run preempted: the VM is shutting down", outcome="preempted")
+        self.save_record()
+        return True
 
     def _order_after_exit(self, worker):
         if worker.state == "done":
@@ -695,6 +717,12 @@ def main(argv):
         with open(notify_path) as f:
             webhook = json.load(f).get("webhook_url")
     supervisor = Supervisor(folder, plan, webhook)
+
+    def on_sigterm(signum, frame):
+        supervisor.on_sigterm()
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     server = serve(folder, supervisor, plan.get("bind", "127.0.0.1"))
     supervisor.decide("started", f"supervising {len(plan['workers'])} worker(s): " + describe(plan))
     try:

@@ -22,6 +22,7 @@ from tests.processes import wait_for
 from tpu_console.runs import signatures, supervision
 from tpu_console.worker import HERE as WORKER_DIR
 from tpu_console.worker import preemption_notice as pn
+from tpu_console.worker import supervisor as sv
 
 
 @pytest.fixture
@@ -167,3 +168,15 @@ def _decisions(s) -> list[dict]:
     path = Path(s.folder) / "supervisor.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()]
 
+
+
+def test_the_supervisor_records_the_run_preempted_when_the_vm_goes_down(tmp_path, monkeypatch):
+    s, _ = make(tmp_path)
+    start_all(s)
+    monkeypatch.setattr(sv, "preemption_notice", pn)  # as on the pod, where it sits beside supervisor.py
+    monkeypatch.setattr(pn, "system_going_down", lambda: False)
+    assert s.on_sigterm() is False and s.ended is None  # a SIGTERM to the supervisor alone: no end of the run
+    monkeypatch.setattr(pn, "system_going_down", lambda: True)  # systemd stopping everything
+    assert s.on_sigterm() is True and s.ended == "preempted"
+    [ended] = [d for d in _decisions(s) if d["decision"] == "ended"]
+    assert ended["outcome"] == "preempted" and "the VM is shutting down" in ended["message"]
