@@ -86,15 +86,25 @@ async def run_fault(provider, pod, kind: str, victim: int) -> dict:
             "line": report.findings[0].line if report.findings else "(no finding)"}
 
 
-async def measure(workers: int, clean: int, scale: list[int], scale_limit: float) -> list[str]:
-    from tpu_console.model import CreateRequest
-    from tpu_console.providers.local import LocalProvider
+async def measure(workers: int, clean: int, scale: list[int], scale_limit: float, faults: bool = True
+                  ) -> list[str]:
 
     lines: list[str] = []
 
     def say(text: str = "") -> None:
         print(text, flush=True)
         lines.append(text)
+
+    if faults:
+        await fault_table(workers, clean, say)
+    if scale:
+        await scale_table(scale, scale_limit, say)
+    return lines
+
+
+async def fault_table(workers: int, clean: int, say) -> None:
+    from tpu_console.model import CreateRequest
+    from tpu_console.providers.local import LocalProvider
 
     provider = LocalProvider()
     pod = await provider.create(CreateRequest(name="doc", accelerator_type=f"local-{workers}x2"))
@@ -130,6 +140,12 @@ async def measure(workers: int, clean: int, scale: list[int], scale_limit: float
     finally:
         await provider.delete(pod.name)
         await provider.close()
+
+
+async def scale_table(scale: list[int], scale_limit: float, say) -> None:
+    from tpu_console.model import CreateRequest
+    from tpu_console.providers.local import LocalProvider
+
     if scale:
         say()
         say(f"doctor on N simulated workers (1 CPU device each, every worker a JAX process on this "
@@ -153,7 +169,6 @@ async def measure(workers: int, clean: int, scale: list[int], scale_limit: float
             if seconds > scale_limit or not report.ok:
                 say(f"stopped at {size}: past {scale_limit:g}s or not healthy on this machine")
                 break
-    return lines
 
 
 def main() -> int:
@@ -161,6 +176,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=8, help="the fault pod's workers, 4-16 (8)")
     parser.add_argument("--clean", type=int, default=20, help="clean runs for false alarms (20)")
     parser.add_argument("--scale", default="4,8,16,32", help="pod sizes for the timing, comma list ('' none)")
+    parser.add_argument("--skip-faults", action="store_true", help="only the timing (--scale)")
     parser.add_argument("--scale-limit", type=float, default=180.0, help="stop growing past this (180 s)")
     parser.add_argument("--out", default=None,
                         help="where the table goes (benchmarks/results/doctor_DATE.txt)")
@@ -173,7 +189,7 @@ def main() -> int:
     os.environ["TPU_CONSOLE_HOME"] = home
     started = datetime.now(UTC)
     try:
-        lines = asyncio.run(measure(args.workers, args.clean, scale, args.scale_limit))
+        lines = asyncio.run(measure(args.workers, args.clean, scale, args.scale_limit, not args.skip_faults))
     finally:
         shutil.rmtree(home, ignore_errors=True)
     out = Path(args.out or ROOT / "benchmarks" / "results" / f"doctor_{started:%Y-%m-%d}.txt")

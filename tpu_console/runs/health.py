@@ -223,8 +223,9 @@ def _stragglers(statuses: dict[int, WorkerStatus], t: Thresholds) -> dict[int, s
 
 
 def pace_stragglers(recent: dict[int, dict[int, tuple[float, float | None]]]) -> dict[int, str]:
-    """runs/stragglers.py's lines over the workers' recent steps ("worker 13: 1.8x the median step ...")."""
-    return stragglers_by_pace(paces(recent))
+    """runs/stragglers.py's lines over the workers' recent steps, without their "worker N: " (a worker's
+    finding is shown beside it): "1.8x the median step for the last 20 steps (2.10s vs 1.17s)"."""
+    return {w: line.partition(": ")[2] for w, line in stragglers_by_pace(paces(recent)).items()}
 
 
 def medians_of_the_others(values: dict[int, float]) -> dict[int, float]:

@@ -110,10 +110,11 @@ def attention(snapshot: RunSnapshot) -> list[tuple[str, str]]:
     elif snapshot.stalled:
         notes.append((f"stalled: {_workers(snapshot.stalled)}", "bold yellow"))
     if snapshot.stragglers:
-        # a pace over the last steps (runs/stragglers.py) is said whole: "worker 13: 1.8x the median step ..."
-        paced = [row.straggler for w in snapshot.stragglers
-                 if (row := snapshot.row(w)) is not None and (row.straggler or "").startswith("worker ")]
-        said = f" ({paced[0]})" if paced else ""
+        # a pace over the last steps (runs/stragglers.py), short: "W13 1.8x" (its median step); whole in the
+        # step breakdown
+        rows = [row for w in snapshot.stragglers if (row := snapshot.row(w)) is not None and row.straggler]
+        paced = [row.straggler.partition(" ")[0] for row in rows if "x the median step for" in row.straggler]
+        said = f" {paced[0]}" if paced and len(snapshot.stragglers) == 1 else ""
         notes.append((f"stragglers: {_workers(snapshot.stragglers)}{said}", "yellow"))
     if snapshot.node_warning:
         notes.append((snapshot.node_warning, "bold yellow"))
