@@ -88,3 +88,21 @@ def test_status_names_the_slow_worker_of_a_foreign_program_while_it_runs(capsys)
     status, out, _ = run(capsys, "status", run_id)
     assert "straggler: worker 1: " in out
     run(capsys, "stop", run_id, "--yes")
+
+
+@pytest.mark.usefixtures("console_home", "pod")
+def test_the_supervisor_reports_the_straggler_it_was_asked_to_watch_for(capsys):
+    status, out, err = run(capsys, "launch", "pod", "--json", "--on-straggler", "report", "--",
+                           sys.executable, PACED, "100", "0.2", "1", "3")
+    assert status == 0, err
+    assert "on a straggler: report" in err  # said at launch, with the rest of the policy
+    run_id = json.loads(out)["run_id"]
+    deadline, said = time.monotonic() + 90, []
+    while time.monotonic() < deadline and not said:
+        time.sleep(2)
+        status, out, _ = run(capsys, "status", run_id, "--json")
+        said = [d for d in json.loads(out)["supervisor"] or [] if d["decision"] == "straggler"]
+    assert said and said[0]["worker"] == 1 and said[0]["action"] == "report"
+    assert said[0]["message"].startswith("worker 1: ") and said[0]["message"].endswith(": reported")
+    assert "x the median step for the last " in said[0]["message"]
+    run(capsys, "stop", run_id, "--yes")
