@@ -13,6 +13,8 @@ from tests.conftest import LocalPod
 from tests.console.doctor.faults import StopInBursts, block_coordinator, expose_devices
 from tpu_console.doctor import check_node
 from tpu_console.doctor.check import FAULT_ENV, start_command, stop_command
+from tpu_console.model import CreateRequest
+from tpu_console.providers.local import LocalProvider
 
 
 async def check(local_pod: LocalPod, **options):
@@ -64,8 +66,8 @@ async def test_a_host_exposing_fewer_devices_is_named(local_pod: LocalPod):
     await expose_devices(local_pod.provider, "pod", 1, devices=1)
     report = await check(local_pod)
     assert [(f.kind, f.workers) for f in report.findings] == [("devices", (1,))]
-    assert report.findings[0].line.startswith("worker 1 of 'pod' exposes 1 chip(s) where the node's shape and "
-                                              "its peers have 2")
+    assert report.findings[0].line.startswith(
+        "worker 1 of 'pod' exposes 1 chip(s) where the node's shape and its peers have 2")
 
 
 async def test_a_host_stopped_in_bursts_is_named(local_pod: LocalPod):
@@ -93,4 +95,24 @@ def test_the_start_and_stop_commands_quote_what_they_are_given(python):
                               "-s KILL 60 ")
     assert "'--bytes' '1; rm'" in command or "--bytes '1; rm'" in command
     assert stop_command("tpu-console/doctor/x y") == (
-        "p=$(cat \"$HOME\"/'tpu-console/doctor/x y'/pid 2>/dev/null) && kill -KILL -- \"-$p\" 2>/dev/null; true")
+        "p=$(cat \"$HOME\"/'tpu-console/doctor/x y'/pid 2>/dev/null) && kill -KILL -- \"-$p\" 2>/dev/null; "
+        "true")
+
+
+async def test_a_multislice_node_gets_transfers_between_its_slices_and_names_workers_by_slice(monkeypatch):
+    provider = LocalProvider()
+    try:
+        node = await provider.create(CreateRequest(name="ms", accelerator_type="local-2x1", slices=2))
+        await provider.ssh_targets(node)
+        report = await check_node({"local": provider}, "ms")
+        assert report.ok, report.lines()
+        for w in report.workers:
+            assert w.slice == w.worker // 2
+            # the all-reduce across slices and a slice's hosts, the halving groups, one shift between slices
+            assert set(w.collectives) == {"ring:slice", "ring:host", "group:2", "group:1", "dcn:1"}
+        monkeypatch.setenv(FAULT_ENV, "wrong-result:3:0")
+        report = await check_node({"local": provider}, "ms")
+        named = [f.line.split(" returned")[0] for f in report.findings]
+        assert named == ["worker 3 (slice 1) chip 0 of 'ms'"]
+    finally:
+        await provider.close()

@@ -40,8 +40,8 @@ def test_a_host_slow_at_its_own_work_is_named_and_its_groups_are_not_blamed_on_l
     figures = [worker(w, local_s=6.0 if w == 1 else 1.0, groups=slow if w < 2 else None) for w in range(4)]
     findings = judge(POD, figures)
     assert [(f.kind, f.workers) for f in findings] == [("host", (1,))]
-    assert findings[0].line.startswith("worker 1 of 'pod' is slow: its own chips' checks took 6.00s where the "
-                                       "median host took 1.00s")
+    assert findings[0].line.startswith(
+        "worker 1 of 'pod' is slow: its own chips' checks took 6.00s where the median host took 1.00s")
 
 
 def test_the_bisection_names_the_pair_whose_link_is_slow():
