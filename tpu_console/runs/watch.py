@@ -20,7 +20,8 @@ The streaming API the CLI (`logs -f`) and the TUI's run dashboard build on:
 Between updates the watch keeps, per worker (`watch.workers[i]`, a `WorkerStream`): a bounded ring buffer
 of the latest log lines and events (memory stays bounded whatever the log size), the signature scanner
 (first problem, W&B URL), and the byte offsets read up to. `watch.monitor` is the `RunMonitor`;
-`watch.health()` judges it now.
+`watch.health()` judges it now; `watch.latest_health` is the last judgement, at most
+`next_judgement_in` old.
 
 How it reads: one long-lived follower per worker (worker/run_follower.py, started over the worker's
 persistent connection, on the command channel once it is up) streams both files from the offsets read so
@@ -71,9 +72,13 @@ MAX_BACKOFF_S = 8.0
 PROBE_EVERY_S = 1.0  # the follower reports its job's state this often: the watch's heartbeat
 SILENCE_S = 20.0  # a follower not heard from for this long is on a half-dead connection: start over
 HEALTH_EVERY_S = 0.25  # how often the health is judged again
+HEALTH_SHARE = 0.05  # of one core at most: a judgement that takes longer (a large pod) is made less often
 RING_LINES, RING_EVENTS = 5000, 2000  # per worker, the latest log lines and events kept in memory
 LOST_AFTER_UNREACHABLE = 6  # unreachable follows in a row before a worker counts as lost
 GIVE_UP_AFTER_S = 120.0  # a worker unreachable this long, every other one over: nothing more will come
+# How many updates may wait for a consumer of `updates()` before the followers are held: at least this many,
+# and room for a few from every worker at once (a step event reaches every worker's events in one round).
+MAX_QUEUED, QUEUED_PER_WORKER = 1000, 8
 
 
 # -- what a watch reports ------------------------------------------------------------------------------
@@ -157,6 +162,20 @@ class WorkerStream:
         self.events = deque(maxlen=self.ring_events)
 
 
+def next_judgement_in(spent_s: float, every_s: float = HEALTH_EVERY_S) -> float:
+    """Seconds until the health is judged again, after a judgement that took `spent_s` of CPU: every
+    `every_s`, or less often where judging would take more than HEALTH_SHARE of a core (it grows with the
+    workers: a judgement looks at every one)."""
+    return max(every_s, spent_s / HEALTH_SHARE)
+
+
+async def _until_silent(follow: _Follow, loop: asyncio.AbstractEventLoop) -> None:
+    """Returns once the follower has sent nothing for SILENCE_S: it sleeps until then, and again as long
+    as records keep moving the deadline (a wake-up per worker every SILENCE_S, not per record)."""
+    while (left := follow.heard + SILENCE_S - loop.time()) > 0:
+        await asyncio.sleep(left)
+
+
 # -- the watch -----------------------------------------------------------------------------------------
 
 
@@ -201,11 +220,13 @@ class RunWatch:
         self.progress: dict[int, Progress] = {}
         self._on_update: Callable[[Update], object] | None = None
         self._queue: asyncio.Queue[Update] | None = None
-        self._max_queued = 1000
+        self._max_queued = MAX_QUEUED
         self._last_health: tuple | None = None
+        self.latest_health: RunHealth | None = None  # the last judgement (`health()` judges afresh)
         self._saved_state: str | None = None
         self._stopping = asyncio.Event()
         self._behind = asyncio.Event()  # set while the consumer of `updates()` is behind: followers hold
+        self._caught_up = asyncio.Event()  # set once it has caught up again: held followers start again
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -246,21 +267,29 @@ class RunWatch:
         self._emit(WatchEnded(health))
         return health
 
-    async def updates(self, max_queued: int = 1000) -> AsyncIterator[Update]:
+    async def updates(self, max_queued: int | None = None) -> AsyncIterator[Update]:
         """Run the watch and yield its updates; ends after `WatchEnded`. A consumer that falls behind slows
-        the reads (past `max_queued` updates waiting), it never loses lines."""
+        the reads (past `max_queued` updates waiting; by default MAX_QUEUED, or QUEUED_PER_WORKER per
+        worker on a large pod), it never loses lines."""
         queue: asyncio.Queue[Update] = asyncio.Queue()
-        self._queue, self._max_queued = queue, max_queued
+        self._queue = queue
+        self._max_queued = max_queued or max(MAX_QUEUED, QUEUED_PER_WORKER * len(self.record.workers))
         task = asyncio.create_task(self.run())
         try:
             while True:
-                getter = asyncio.ensure_future(queue.get())
-                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-                if not getter.done() and queue.empty():  # the watch ended without WatchEnded: it raised
-                    getter.cancel()
-                    task.result()  # raises the watch's exception here, in the consumer
-                    break
-                update = await getter
+                if queue.empty():  # wait for the next one; the updates already queued are taken as they are
+                    getter = asyncio.ensure_future(queue.get())
+                    await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                    if not getter.done() and queue.empty():  # the watch ended without WatchEnded: it raised
+                        getter.cancel()
+                        task.result()  # raises the watch's exception here, in the consumer
+                        break
+                    update = await getter
+                else:
+                    update = queue.get_nowait()
+                if self._behind.is_set() and queue.qsize() <= self._max_queued:
+                    self._behind.clear()
+                    self._caught_up.set()
                 yield update
                 if isinstance(update, WatchEnded):
                     break
@@ -336,18 +365,18 @@ class RunWatch:
         task = asyncio.ensure_future(self.fleet.follow(follower, stream.worker, on_line))
         stopping = asyncio.ensure_future(self._stopping.wait())
         behind = asyncio.ensure_future(self._behind.wait())
+        silent = asyncio.ensure_future(_until_silent(follow, loop))
         try:
-            while not task.done():
-                await asyncio.wait({task, stopping, behind}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
-                silent = loop.time() - follow.heard > SILENCE_S
-                if not task.done() and (stopping.done() or behind.done() or silent):
-                    stream.held_back += behind.done() and not stopping.done()
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-                    if silent:
-                        follow.problem = f"no answer within {SILENCE_S:g}s"
-                    return follow
+            # No timeout here: a wake-up per worker per second is thousands a second on a large pod.
+            await asyncio.wait({task, stopping, behind, silent}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                stream.held_back += behind.done() and not stopping.done()
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                if silent.done() and not (stopping.done() or behind.done()):
+                    follow.problem = f"no answer within {SILENCE_S:g}s"
+                return follow
             result = task.result()
         except Exception as exc:  # noqa: BLE001 - see the docstring
             follow.problem = f"follow failed: {type(exc).__name__}: {exc}"
@@ -355,6 +384,7 @@ class RunWatch:
         finally:
             stopping.cancel()
             behind.cancel()
+            silent.cancel()
         if not follow.ended:
             follow.problem = (
                 result.error
@@ -443,13 +473,15 @@ class RunWatch:
 
     async def _tick_health(self) -> None:
         while True:
-            health = self.health()
+            started = time.thread_time()
+            health = self.latest_health = self.health()
+            spent = time.thread_time() - started
             key = (health.verdict, tuple(h.label for h in health.workers.values()))
             if key != self._last_health:
                 self._last_health = key
                 self._save(health)
                 self._emit(HealthChanged(health))
-            await asyncio.sleep(self.health_every_s)
+            await asyncio.sleep(next_judgement_in(spent, self.health_every_s))
 
     def _save(self, health: RunHealth, final: bool = False) -> None:
         if self.store is None or (health.state == self._saved_state and not final):
@@ -472,17 +504,19 @@ class RunWatch:
             self._on_update(update)
         if self._queue is not None:
             self._queue.put_nowait(update)  # unbounded, but the followers hold while it is long (_sleep)
-            if self._queue.qsize() > self._max_queued:
+            if self._queue.qsize() > self._max_queued and not self._behind.is_set():
+                self._caught_up.clear()
                 self._behind.set()
 
-    def _backlogged(self) -> bool:
-        return self._queue is not None and self._queue.qsize() > self._max_queued
-
     async def _sleep(self, seconds: float) -> None:
-        # A consumer of `updates()` that falls behind holds the followers here (the one streaming when it
-        # fell behind was stopped, `_follow_once`): nothing is dropped, and memory stays bounded.
-        while self._backlogged() and not self._stopping.is_set():
-            await asyncio.sleep(0.01)
-        self._behind.clear()
+        # A consumer of `updates()` that falls behind holds the followers here (the ones streaming when it
+        # fell behind were stopped, `_follow_once`) until it has caught up (`updates`): nothing is dropped,
+        # and memory stays bounded.
+        if self._behind.is_set() and not self._stopping.is_set():
+            stopping = asyncio.ensure_future(self._stopping.wait())
+            caught_up = asyncio.ensure_future(self._caught_up.wait())
+            await asyncio.wait({stopping, caught_up}, return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+            caught_up.cancel()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)

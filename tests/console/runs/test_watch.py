@@ -5,6 +5,7 @@ worker's SSH server stopped and started again, fail-fast. Jobs are bash scripts 
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import random
 import signal
@@ -15,6 +16,7 @@ import pytest
 from tests.conftest import LocalPod
 from tpu_console.fleet import recipes
 from tpu_console.fleet.fleet import Fleet
+from tpu_console.fleet.results import WorkerLine, WorkerResult
 from tpu_console.runs import watch as watch_module
 from tpu_console.runs.health import Activity
 from tpu_console.runs.run_id import new_run_id
@@ -300,6 +302,35 @@ async def test_a_consumer_that_falls_behind_slows_the_followers_and_loses_nothin
     assert most_queued < 200  # bounded: what was in flight when the followers were held, no more
 
 
+class _BurstFleet:
+    """Every worker's follower sends a burst of log records at once (as when a step reaches every worker of
+    a large pod in one round), stays a moment, then says its job has ended."""
+
+    async def follow(self, command, worker: int, on_line):
+        offset = 0
+        for i in range(5):
+            data = f"line {i}\n".encode()
+            encoded = base64.b64encode(data).decode()
+            on_line(WorkerLine(worker, "stdout", f"C output.log {offset} {offset + len(data)} 0 {encoded}"))
+            offset += len(data)
+        await asyncio.sleep(0.05)  # still streaming while every other worker's burst waits for the consumer
+        on_line(WorkerLine(worker, "stdout", f"P pid=1 alive=0 exit=0 exit_t=1.0 log={offset} events=0"))
+        on_line(WorkerLine(worker, "stdout", "E"))
+        return WorkerResult(worker, 0, "", "", 0.0, None)
+
+
+async def test_a_burst_from_every_worker_of_a_large_pod_holds_no_follower():
+    workers = list(range(300))  # 1,500 updates at once: more than MAX_QUEUED, within QUEUED_PER_WORKER each
+    watch = RunWatch(_BurstFleet(), record_for(new_run_id(), workers))
+    received: dict[int, list[str]] = {w: [] for w in workers}
+    async with asyncio.timeout(60):
+        async for update in watch.updates():
+            if isinstance(update, LogLines):
+                received[update.worker].extend(update.lines)
+    assert all(lines == [f"line {i}" for i in range(5)] for lines in received.values())
+    assert sum(watch.workers[w].held_back for w in workers) == 0  # not stopped and started again
+
+
 class _SilentFleet:
     """A follower whose connection went half-dead: no record, no error, ever."""
 
@@ -334,3 +365,10 @@ async def test_a_worker_without_python3_says_so(local_pod, monkeypatch):
         "(following a run needs python3 on the worker's PATH)"
     )
     assert "\n" not in follow.problem
+
+
+def test_the_health_is_judged_less_often_where_a_judgement_takes_long():
+    assert watch_module.next_judgement_in(0.001, every_s=0.25) == 0.25  # a small pod: every 0.25 s
+    # a judgement taking 50 ms of CPU (thousands of workers) waits 20 times that: 5% of a core at most
+    waited = watch_module.next_judgement_in(0.05, every_s=0.25)
+    assert waited == pytest.approx(0.05 / watch_module.HEALTH_SHARE) and waited > 0.25
