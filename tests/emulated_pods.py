@@ -4,9 +4,10 @@ the node's workers (real SSH servers and jobs on this machine). For the controll
 (benchmarks/chaos.py) and its tests: a managed run of the real trainer recovered through the real gcp
 provider's calls.
 
-`EmulatedPods` is a provider named gcp: create makes the node in the emulator (its zones, its failures),
-then the local pod (`local_type`); get reads the emulator's node (state, zone, labels) with the pod's shape
-and workers; delete deletes both. `preempt` (from the process that owns the emulator) preempts the
+`EmulatedPods` is a provider named gcp: create makes the node in the emulator (its zones, its failures);
+a READY node's local pod (`local_type`) is made the first time it is read, as a VM's hosts come with it;
+get reads the emulator's node (state, zone, labels) with the pod's shape and workers; delete deletes both.
+`preempt` (from the process that owns the emulator) preempts the
 emulator's node and kills the pod's jobs without a word, as a spot VM's end does.
 """
 
@@ -32,7 +33,8 @@ class EmulatedPods(Provider):
     name = "gcp"
 
     def __init__(self, endpoint: str, project: str, zones: list[str], pods_root: Path,
-                 poll_interval: float = 0.1) -> None:
+                 poll_interval: float = 0.1, local_type: str = "local-1x1") -> None:
+        self.local_type = local_type  # the pod a READY node's workers are, made with it
         settings = load_settings({"gcp": {"project": project, "zones": zones, "api_endpoint": endpoint}})
         self.cloud = GcpProvider(settings, poll_interval=poll_interval, create_timeout=600,
                                  delete_timeout=120, host_key_wait=0.2)
@@ -42,7 +44,10 @@ class EmulatedPods(Provider):
         try:
             pod = self.pods.store.read(node.name)
         except NotFound:
-            return node
+            if node.state is not NodeState.READY:
+                return node
+            # a READY node has its hosts, whoever made it (a create killed half-way included)
+            pod = self.pods.store.create(node.name, self.local_type, labels=dict(node.labels))
         pod = self.pods._with_ports(pod)
         return replace(node, shape=pod.shape, workers=pod.workers)
 
@@ -55,11 +60,10 @@ class EmulatedPods(Provider):
         return self._merge(await self.cloud.get(name))
 
     async def create(self, request: CreateRequest, progress: Progress = no_progress) -> Node:
-        local_type = request.accelerator_type
-        node = await self.cloud.create(replace(request, accelerator_type=CLOUD_TYPE), progress)
-        with contextlib.suppress(NotFound):  # a pod left by a killed create: made again
+        self.local_type = request.accelerator_type
+        with contextlib.suppress(NotFound):  # a pod left by a node deleted half-way: its disks go
             await self.pods.delete(request.name)
-        await self.pods.create(CreateRequest(request.name, local_type, labels=request.labels))
+        node = await self.cloud.create(replace(request, accelerator_type=CLOUD_TYPE), progress)
         return self._merge(node)
 
     async def delete(self, name: str, progress: Progress = no_progress) -> None:

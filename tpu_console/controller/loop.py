@@ -19,7 +19,9 @@ looks at what is there, so taking it twice changes nothing:
   what is left of a lost node.
 
 Nothing is deleted on a read that failed or timed out, and a node is touched only when it is this run's
-(judge.not_ours). `launch --recover` runs this same loop in the foreground for one run (`only`).
+(judge.not_ours). Each remote action (delete, create, prepare, launch) is begun only while the lease is
+held, and every state write is a compare-and-swap, so a controller that lost the lease acts no further.
+`launch --recover` runs this same loop in the foreground for one run (`only`).
 """
 
 from __future__ import annotations
@@ -285,6 +287,8 @@ class Controller:
                 await self._intend(stored, Action.WATCH, run.current.n)
                 return False
             if node.node.state is not NodeState.DELETING:
+                if not self.lease.held:
+                    return True  # lost the lease while reading: the one holding it acts now
                 try:
                     await provider.delete(run.node, progress=self.progress)
                 except NotFound:
@@ -383,6 +387,8 @@ class Controller:
             # fill at once, which would make two live nodes of one run
             race=False, valid_for_s=run.valid_for_s, slices=run.slices)
         self.progress(f"{run.id}: creating {run.node} (incarnation {n}) in {', '.join(zones) or 'local'}")
+        if not self.lease.held:
+            return True
         try:
             made = await create_node(self.providers, run.provider, request, progress=self.progress)
         except Exception as exc:  # noqa: BLE001 - no capacity anywhere, an API failure: tried next pass
@@ -409,6 +415,8 @@ class Controller:
             if recovery is not None:
                 recovery.bootstrapped_at = time.time()
 
+        if not self.lease.held:
+            return True
         try:
             await relaunch.prepare(self.providers, run.node, run.job, run.project, run.setup, self.progress,
                                    bootstrapped)
@@ -442,6 +450,8 @@ class Controller:
         found = await runs_since(self.providers, run.node, since, self.run_store)
         if found:
             run_id = found[0]  # launched before a crash, not journaled: the same run, adopted
+        elif not self.lease.held:
+            return True
         else:
             try:
                 result = await relaunch.launch_again(self.providers, run.id, run.node, run.job,

@@ -79,7 +79,7 @@ async def test_a_managed_run_through_preemptions_a_late_request_a_failing_zone_a
     tasks: list[asyncio.Task] = []
 
     def start_controller() -> Controller:
-        controller = Controller(providers, store, poll_s=0.1, read_timeout_s=5, lease_ttl_s=0.6, sweep_s=2)
+        controller = Controller(providers, store, poll_s=0.1, read_timeout_s=5, lease_ttl_s=3.0, sweep_s=2)
         controllers.append(controller)
         tasks.append(asyncio.create_task(controller.serve()))
         return controller
