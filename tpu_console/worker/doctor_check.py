@@ -50,7 +50,9 @@ except ImportError as exc:  # the worker's environment lacks JAX: named, nothing
     sys.exit(3)
 
 FAULT_ENV = "TPU_CONSOLE_DOCTOR_FAULT"
-MATMUL_N = 256  # a 256x256 product of integers below 8: exact in float32, a checksum known in closed form
+# a 256x256 product of integers below 8: exact whatever the matmul precision (the inputs fit bf16 and TF32,
+# every sum of products stays below 2**24 in float32 accumulation), so it is compared entry by entry
+MATMUL_N = 256
 HBM_BYTES = 16 * 1024 * 1024  # per chip: the pattern written and read back
 
 
@@ -79,7 +81,9 @@ def join():
         jax.distributed.initialize(coordinator_address=address,
                                    num_processes=int(os.environ["TPU_CONSOLE_NUM_PROCESSES"]),
                                    process_id=int(os.environ["TPU_CONSOLE_PROCESS_ID"]))
-    elif os.environ.get("TPU_WORKER_HOSTNAMES") or os.environ.get("TPU_ACCELERATOR_TYPE"):
+    # a Cloud TPU VM, told as the trainer tells one (trainer/distributed.py): peers from the VM's metadata
+    elif (os.environ.get("TPU_WORKER_HOSTNAMES") or os.environ.get("TPU_ACCELERATOR_TYPE")
+          or os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")):
         jax.distributed.initialize()
 
 
