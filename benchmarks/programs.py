@@ -316,6 +316,7 @@ def main(programs: list[Program], workers: int, keep: bool, json_out: Path | Non
         f"console at {code_version()}")
     rows: list[Row] = []
     bench: Bench | None = None
+    interrupted = False
     try:
         bench = Bench(console, make_pod(console, workers), bin_dir, run_timeout_s)
         for program in programs:
@@ -328,6 +329,11 @@ def main(programs: list[Program], workers: int, keep: bool, json_out: Path | Non
             say(f"{program.name}: {phases}: {'PASS' if row.passed else 'FAIL'}")
             for problem in row.all_problems() if not row.passed else []:
                 say(f"    {problem}")
+            if json_out is not None:  # the rows so far, should the rest never come
+                json_out.write_text(json.dumps([r.to_json() for r in rows], indent=2) + "\n")
+    except KeyboardInterrupt:
+        interrupted = True
+        say(f"interrupted: the rows of the {len(rows)} program(s) that ended follow")
     finally:
         if bench is not None and bench.live_run:
             console("stop", bench.live_run, "--yes")
@@ -342,8 +348,8 @@ def main(programs: list[Program], workers: int, keep: bool, json_out: Path | Non
                 shutil.rmtree(home, ignore_errors=True)
     print()
     print(table(rows))
-    if json_out is not None:
-        json_out.write_text(json.dumps([r.to_json() for r in rows], indent=2) + "\n")
+    if interrupted:
+        return 130
     return 0 if rows and all(r.passed for r in rows) else 1
 
 
@@ -384,6 +390,6 @@ if __name__ == "__main__":
     except RuntimeError as exc:  # the pod could not be made
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a second Ctrl-C, while the pod was being deleted
         print("interrupted", file=sys.stderr)
         sys.exit(130)
