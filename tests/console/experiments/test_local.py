@@ -13,6 +13,7 @@ from tpu_console.controller import state as st
 from tpu_console.controller.handover import Budgets
 from tpu_console.controller.store import open_store
 from tpu_console.experiments.recovery import launch_with_recovery
+from tpu_console.locations import home
 from tpu_console.model import CreateRequest
 from tpu_console.providers.nodes import create_node
 from tpu_console.providers.registry import build_providers, close_providers
@@ -155,12 +156,14 @@ async def test_a_preempted_spot_run_is_recreated_bootstrapped_synced_and_resumed
     assert all(v is not None and v >= 0 for v in recovery.parts().values()), recovery.parts()
     saved = st.load(open_store(load_settings({})), managed.id)  # the controller's store: any console reads it
     assert saved.run.status == "SUCCEEDED" and saved.run.recoveries[0].resumed_step == recovery.resumed_step
-    events_file = worker_home(0, "spot") / "tpu-console" / "runs" / second.run_id / "events.jsonl"
-    events = [json.loads(line) for line in events_file.read_text().splitlines()]
+    # the node the controller made went with the run's success; the run's files are in its archive
+    assert not (home() / "local" / "spot").exists()
+    archived = home() / "archive" / second.run_id / "worker-0"
+    events = [json.loads(line) for line in (archived / "events.jsonl").read_text().splitlines()]
     assert [e["step"] for e in events if e["kind"] == "step"] == list(range(recovery.resumed_step + 1, 9))
     # the relaunch is supervised as the first launch was asked to be
-    manifest = json.loads((events_file.parent / "launch.json").read_text())
-    assert manifest["fail_fast"] is True and manifest["supervised"] is True
+    assert saved.run.job["policy"]["fail_fast"] is True
+    assert (archived / "supervisor.jsonl").read_text().strip()
 
 
 def test_recover_refuses_checkpoints_a_new_node_cannot_read(capsys, pod2x2):
