@@ -241,3 +241,20 @@ def test_a_command_runs_with_the_setups_environment_first_on_its_path(capsys):
         assert lines[worker] == [f"{env}/bin/python {env}"]  # `python` is the setup's
         job = json.loads((run_folder(worker, run_id) / "launch.json").read_text())["job"]
         assert (job["env_dir"], job["setup"]["digest"]) == ("tpu-console/envs/s1", "s1")
+
+
+def test_launches_on_different_worker_subsets_meet_at_one_lock(capsys):
+    """The node's launch lock lives on worker 0 whichever workers a launch selects: a run on worker 1 holds
+    the node against a launch on worker 0, and the lock goes with the run once it is stopped."""
+    run_id = launch(capsys, "--worker", "1", "--", sys.executable, FOREIGN, "fail", "9", "0")  # never ends
+    status, _, err = run(capsys, "launch", "pod", "--worker", "0", "--", sys.executable, FOREIGN, "exit",
+                         "0=0")
+    assert status == 2 and err.count("\n") == 1
+    assert f"run {run_id} is still running on pod" in err and "tpu-console stop pod" in err
+    assert not (run_folder(0, run_id)).exists()  # the lock is on worker 0, the run only on worker 1
+    assert (worker_home(0) / "tpu-console" / "launch.lock").is_dir()
+    assert run(capsys, "stop", run_id, "--yes")[0] == 0
+    assert not (worker_home(0) / "tpu-console" / "launch.lock").exists()
+    other = launch(capsys, "--worker", "0", "--", sys.executable, FOREIGN, "exit", "0=0")
+    status, out, err = run(capsys, "logs", other, "--follow")
+    assert status == 0, err
