@@ -84,7 +84,7 @@ async def managed(provider, store, confirm_s: float = 0.3, **kw) -> ManagedRun:
 
 
 async def drive(controller: Controller, until: Callable[[ManagedRun], bool], run_id: str, store,
-                timeout: float = 20.0) -> ManagedRun:
+                timeout: float = 60.0) -> ManagedRun:
     """Pass after pass, as `serve` takes them (the lease renewed while a step is under way), until
     `until(run)`; the run as it stands once the steps under way have finished."""
     deadline = time.monotonic() + timeout
@@ -114,7 +114,10 @@ async def test_a_preempted_node_is_deleted_after_two_reads_and_made_again_in_the
     run = await managed(provider, store)
     emulator.preempt(Z1, NAME)
     emulator.stockout(Z1)
-    done = await drive(controller(), recovered, run.id, store)
+    told: list[tuple[str, str]] = []  # what the [notify] webhook is sent
+    one = controller(notify=lambda event, text: told.append((event, text)))
+    done = await drive(one, lambda r: recovered(r) and r.recoveries[0].first_step_at is not None, run.id,
+                       store)
     (recovery,) = done.recoveries
     assert recovery.reason == "preempted" and recovery.confirmed_at - recovery.detected_at >= run.confirm_s
     assert recovery.deleted_at >= recovery.confirmed_at and recovery.zone == Z2
@@ -124,6 +127,8 @@ async def test_a_preempted_node_is_deleted_after_two_reads_and_made_again_in_the
     assert node["labels"][MANAGED_LABEL] == run.id and node["labels"][INCARNATION_LABEL] == "1"
     assert runs.launched == [("run-0", "1")] and runs.prepared == ["1"]
     assert recovery.resumed_step == 8 and recovery.steps_lost == 2  # from the fake run's marks
+    assert [event for event, _ in told] == ["preempted", "recovered"]
+    assert "resumed after step 8, 2 step(s) lost" in told[1][1] and Z2 in told[1][1]
 
 
 async def test_a_failing_or_slow_read_deletes_nothing(world, emulator, monkeypatch):
