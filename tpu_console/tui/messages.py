@@ -72,12 +72,12 @@ class RunUpdated(Message):
 
 
 class RunStepsArrived(Message):
-    """Step metrics of one worker that the dashboard may not have seen yet."""
+    """Step metrics that the dashboard may not have seen yet, by worker (one message for every worker's
+    steps since the last: on a large pod a step reaches every worker at once)."""
 
-    def __init__(self, worker: int, steps: list[StepMetrics]) -> None:
+    def __init__(self, by_worker: dict[int, list[StepMetrics]]) -> None:
         super().__init__()
-        self.worker = worker
-        self.steps = steps
+        self.by_worker = by_worker
 
 
 class RunLogLines(Message):

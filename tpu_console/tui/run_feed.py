@@ -4,9 +4,9 @@ Everything the dashboard shows comes through here, so the widgets stay pure (tes
 messages) and a change in the runs layer is a change in this file only. The screen runs each loop as an
 exclusive Textual worker:
 
-    follow(post)          the watch's updates until the run has ended: log lines (batched every
-                          `flush_every_s` into one message), every step event from step 1 (the watch reads
-                          events.jsonl from offset 0, so the plots have the whole history), log signatures
+    follow(post)          the watch's updates until the run has ended: log lines and every step event from
+                          step 1 (the watch reads events.jsonl from offset 0, so the plots have the whole
+                          history), each batched every `flush_every_s` into one message, log signatures
                           (OOM with its hint, TPU in use, tracebacks ...), the W&B URL, and a `RunSnapshot`
                           whenever the watcher's health changes (and every `snapshot_every_s`, so stall
                           ages move)
@@ -160,6 +160,7 @@ class RunFeed:
         self.ended = False  # the watch has read every worker's files to the end after its job ended
         # (worker, line, when it was written: its mark on the worker, else when it arrived here)
         self._pending_lines: list[tuple[int, str, float]] = []
+        self._pending_steps: dict[int, list[StepMetrics]] = {}  # by worker, since the last flush
         # The first lines of each worker (its last lines so far) come at once, a worker after another:
         # held until every worker's have come (or BACKLOG_WAIT_S passed), so they interleave by time.
         self._backlog_from: set[int] = set()
@@ -252,7 +253,7 @@ class RunFeed:
             new = [s for s in steps if s.step > self._tensorboard_shown.get(worker, -1)]
             if new:
                 self._tensorboard_shown[worker] = new[-1].step
-                post(RunStepsArrived(worker, new))
+                post(RunStepsArrived({worker: new}))
 
     def take(self, update: Update, post: Post) -> None:
         """One update of the watch: what it adds to the dashboard."""
@@ -269,8 +270,8 @@ class RunFeed:
                 if (tracker := self._goodput_tracker()) is not None:
                     tracker.add_events(worker, events)
                 steps = [StepMetrics.from_event(e) for e in events if e.kind == "step"]
-                if steps:
-                    post(RunStepsArrived(worker, steps))
+                if steps:  # posted with the next lines: one message for every worker's
+                    self._pending_steps.setdefault(worker, []).extend(steps)
             case SupervisorDecided(decisions):
                 if (tracker := self._goodput_tracker()) is not None:
                     tracker.add_decisions(decisions)
@@ -301,12 +302,15 @@ class RunFeed:
             self.flush(post)
             if time.monotonic() - judged >= self.snapshot_every_s and not self.ended:
                 judged = time.monotonic()
-                self.health = watch.health()
+                self.health = watch.latest_health or watch.health()  # judged by the watch a moment ago
                 post(RunUpdated(self.snapshot()))
 
     def flush(self, post: Post, force: bool = False) -> None:
-        """Post the lines gathered so far, in the order they were written (while the workers' first lines
-        still wait for each other's, only with `force`)."""
+        """Post the steps and the lines gathered so far, the lines in the order they were written (while the
+        workers' first lines still wait for each other's, only with `force`)."""
+        if self._pending_steps:
+            steps, self._pending_steps = self._pending_steps, {}
+            post(RunStepsArrived(steps))
         if self._backlog_from and time.monotonic() < self._backlog_until and not force:
             return
         if self._pending_lines:
@@ -433,7 +437,7 @@ class RunFeed:
             if status.log_tail:
                 seen.last_line = masker.mask(status.log_tail[-1])
             if status.events.last_step is not None:
-                post(RunStepsArrived(status.worker, [status.events.last_step]))
+                post(RunStepsArrived({status.worker: [status.events.last_step]}))
         health = assess(monitor, {}, time.monotonic())
         self.health = replace(health, failure=masker.mask(health.failure) if health.failure else None)
         post(RunUpdated(self.snapshot()))

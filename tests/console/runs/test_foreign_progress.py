@@ -132,7 +132,8 @@ def test_the_run_feed_and_the_steps_tab_show_a_foreign_programs_phases(capsys, t
     arrived = {}
     for message in posted:
         if type(message).__name__ == "RunStepsArrived":
-            arrived.setdefault(message.worker, []).extend(message.steps)
+            for worker, steps in message.by_worker.items():
+                arrived.setdefault(worker, []).extend(steps)
     assert [s.step for s in arrived[0]] == [1, 2, 3] and [s.step for s in arrived[1]] == [1, 2, 3]
     latest = {w: steps[-1] for w, steps in arrived.items()}
     assert latest[0].phases == {"rollout_generate": 0.2, "update": 0.08, "data_wait": 0.02}
@@ -236,7 +237,8 @@ def test_tensorboard_steps_reach_the_dashboard_and_wandb_fills_the_summary_kept(
     arrived = {}
     for message in posted:
         if type(message).__name__ == "RunStepsArrived":
-            arrived.setdefault(message.worker, []).extend(message.steps)
+            for worker, steps in message.by_worker.items():
+                arrived.setdefault(worker, []).extend(steps)
     assert sorted(arrived) == [0, 1]
     assert [s.step for s in arrived[0]] == [1, 2, 3]  # every event file's step, each once
     assert (arrived[0][-1].step_s, arrived[0][-1].loss) == (0.5, pytest.approx(1 / 3))

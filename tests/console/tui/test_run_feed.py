@@ -78,8 +78,12 @@ def test_feed_posts_every_step_event_from_the_first_and_batches_the_lines():
     feed, posted = new_feed(), []
     events = [Event("start", 1.0, 0, {})] + [step_event(0, s) for s in range(1, 6)]
     feed.take(NewEvents(0, events), posted.append)
+    feed.take(NewEvents(1, [step_event(1, 1)]), posted.append)
+    assert posted == []  # steps wait for the next flush: one message for every worker's
+    feed.flush(posted.append)
     (steps,) = posted
-    assert isinstance(steps, RunStepsArrived) and [m.step for m in steps.steps] == [1, 2, 3, 4, 5]
+    assert isinstance(steps, RunStepsArrived)
+    assert {w: [m.step for m in s] for w, s in steps.by_worker.items()} == {0: [1, 2, 3, 4, 5], 1: [1]}
 
     posted.clear()
     feed.take(LogLines(0, ["a", "b"]), posted.append)

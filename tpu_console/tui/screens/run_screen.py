@@ -256,8 +256,9 @@ class RunScreen(Screen[None]):
         self._show_hbm()
 
     def on_run_steps_arrived(self, message: RunStepsArrived) -> None:
-        # A probe brings one message per worker: redraw once, after the last of them.
-        if self.history.add(message.worker, message.steps) and not self._steps_pending:
+        # Redraw once, after the last of the messages waiting.
+        new = [self.history.add(worker, steps) for worker, steps in message.by_worker.items()]
+        if any(new) and not self._steps_pending:
             self._steps_pending = True
             self.call_later(self._show_steps)
 
