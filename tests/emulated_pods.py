@@ -39,6 +39,7 @@ class EmulatedPods(Provider):
         self.cloud = GcpProvider(settings, poll_interval=poll_interval, create_timeout=600,
                                  delete_timeout=120, host_key_wait=0.2)
         self.pods = LocalProvider(root=pods_root)
+        self._served: dict[str, Any] = {}  # the pod's creation time when this process started its servers
 
     def _merge(self, node: Node) -> Node:
         try:
@@ -82,7 +83,13 @@ class EmulatedPods(Provider):
     async def ssh_targets(self, node: Node) -> list[SshTarget]:
         if node.state is not NodeState.READY:
             raise UserError(f"{node.name} is {node.state.value}, not READY")
-        return await self.pods.ssh_targets(await self.pods.get(node.name))
+        pod = await self.pods.get(node.name)
+        if self._served.get(node.name) != pod.created_at:
+            # the pod was made again (by another controller process): this process's servers for the
+            # old one answer with its host keys, so they go
+            await self.pods._stop_servers(node.name)
+            self._served[node.name] = pod.created_at
+        return await self.pods.ssh_targets(pod)
 
     def coordinator_env(self, node: Node, targets: list[SshTarget]) -> dict[str, str]:
         return self.pods.coordinator_env(node, targets)
