@@ -22,12 +22,11 @@ so clock skew between hosts does not matter.
 
 from __future__ import annotations
 
-import bisect
 import enum
 from dataclasses import dataclass, field
 
 from tpu_console.runs.monitor import RunMonitor, WorkerState, WorkerStatus
-from tpu_console.runs.stragglers import paces
+from tpu_console.runs.stragglers import medians_of_the_others, paces
 from tpu_console.runs.stragglers import stragglers as stragglers_by_pace
 
 
@@ -226,26 +225,6 @@ def pace_stragglers(recent: dict[int, dict[int, tuple[float, float | None]]]) ->
     """runs/stragglers.py's lines over the workers' recent steps, without their "worker N: " (a worker's
     finding is shown beside it): "1.8x the median step for the last 20 steps (2.10s vs 1.17s)"."""
     return {w: line.partition(": ")[2] for w, line in stragglers_by_pace(paces(recent)).items()}
-
-
-def medians_of_the_others(values: dict[int, float]) -> dict[int, float]:
-    """For each worker, the median of every other worker's value (statistics.median of the rest), from one
-    sort: O(n log n) rather than a sort per worker, which at 256 workers four times a second was most of
-    the dashboard's time."""
-    if len(values) < 2:
-        return {}
-    ordered = sorted(values.values())
-    rest = len(ordered) - 1
-    mid = rest // 2
-    result = {}
-    for worker, value in values.items():
-        at = bisect.bisect_left(ordered, value)  # removing any copy of the value leaves the same rest
-
-        def kept(k: int, at: int = at) -> float:  # the k-th of the rest, in order
-            return ordered[k] if k < at else ordered[k + 1]
-
-        result[worker] = kept(mid) if rest % 2 else (kept(mid - 1) + kept(mid)) / 2
-    return result
 
 
 def _join(workers: tuple[int, ...]) -> str:
