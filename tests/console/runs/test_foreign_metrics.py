@@ -154,13 +154,13 @@ def test_steps_note_says_where_the_steps_come_from_or_that_none_matched():
     assert fm.steps_note(record_of({"format": "auto"}), {0: step("maxtext"), 1: None}) == (
         "steps: from output.log (maxtext format)")
     assert fm.steps_note(record_of({"format": "auto"}), {0: None}) == (
-        "steps: no line of the output matched (auto: seeds, maxtext, jsonl, keras, tqdm, loop) yet: launch "
+        "steps: no line of the output matched (auto: seeds, maxtext, jsonl, loop, tqdm, keras) yet: launch "
         "with --metrics FORMAT|REGEX, or set [metrics] format or regex in the job file, to the program's "
         "step line")
     ended = record_of({"format": "auto"})
     ended.finished = True  # after the end, no "yet": what was not recognised, and how to say it
     assert fm.steps_note(ended, {0: None}) == (
-        "steps: no step line was recognised in the output (auto: seeds, maxtext, jsonl, keras, tqdm, loop); "
+        "steps: no step line was recognised in the output (auto: seeds, maxtext, jsonl, loop, tqdm, keras); "
         "to read the program's, launch with --metrics 'REGEX' (a named group step, e.g. 'iter "
         "(?P<step>\\d+)') or set [metrics] regex in the job file")
     watched_to_the_end = fm.steps_note(record_of({"format": "auto"}), {0: None}, ended=True)  # the app's feed
