@@ -6,8 +6,9 @@ in the middle of whatever runs; the loop then saves the state of the last step w
 (the rollout of the step under way is simply done again after the resume). Two places defer the stop to
 the end of the step instead:
 
-- the update and the periodic save (`StopGate.deferred`): the update donates the old weights, so a stop
-  inside it could leave none whole to save;
+- the update and the periodic save (`StopGate.hold` until the step's event is written, `StopGate.deferred`
+  around the save): the update donates the old weights, so a stop inside it could leave none whole to
+  save, and a step whose update finished is recorded before the stop saves it;
 - every step of a multi-process run with checkpoints: a save is a collective of every process, so they
   must stop at the same step; at each step's end they agree (`StopGate.agreed`: one small all-gather of
   "was I signalled") and all stop there when any was.
@@ -65,6 +66,15 @@ class StopGate:
         try:
             yield
         finally:
+            self.progress["defer_stop"] = False
+
+    def hold(self) -> None:
+        """From the update on, a stop waits for `release()`: the step is finished and recorded first."""
+        if not self.together:
+            self.progress["defer_stop"] = True
+
+    def release(self) -> None:
+        if not self.together:
             self.progress["defer_stop"] = False
 
     def agreed(self) -> bool:

@@ -211,7 +211,8 @@ class Trainer:
         with timer.phase("shard"):
             batch = self._train_batch(rollout, advantages)
             timer.fence(batch)
-        with timer.phase("update"), self.gate.deferred():  # a stop waits: the update donates the weights
+        with timer.phase("update"):
+            self.gate.hold()  # a stop waits (the update donates the weights) until the loop records the step
             update_metrics = self._update(batch)
             self.done_step = step
         step_s = time.perf_counter() - start
@@ -342,9 +343,12 @@ class Trainer:
             for step in range(first + 1, cfg.steps + 1):
                 if self.gate.agreed():
                     raise Terminated(self.gate.signum())
-                metrics = self._step(step, next(batches))
-                self.events.emit(tm.KIND_STEP, **metrics)
-                print(tm.human_step_line(metrics), flush=True)
+                try:
+                    metrics = self._step(step, next(batches))
+                    self.events.emit(tm.KIND_STEP, **metrics)
+                    print(tm.human_step_line(metrics), flush=True)
+                finally:
+                    self.gate.release()  # a stop that came meanwhile is taken at the next step's start
                 self.wandb.log(metrics, step)
                 if cfg.eval_every_steps and (step % cfg.eval_every_steps == 0 or step == cfg.steps):
                     eval_metrics = self._eval(step)
