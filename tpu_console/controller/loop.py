@@ -421,13 +421,8 @@ class Controller:
             await relaunch.prepare(self.providers, run.node, run.job, run.project, run.setup, self.progress,
                                    bootstrapped)
         except Exception as exc:  # noqa: BLE001 - a worker not up yet, a network error: a few tries
-            tries = int(run.intent.get("tries", 0)) + 1
-            if tries >= PREPARE_TRIES:
-                await self._give_up(stored, f"preparing {run.node} failed {tries} times: {one_line(exc)}")
-                return False
-            run.note = f"prepare failed ({tries} of {PREPARE_TRIES}): {one_line(exc)}"
-            await self._intend(stored, Action.PREPARE, run.current.n, tries=tries)
-            return True
+            return await self._failed(stored, Action.PREPARE, PREPARE_TRIES, f"preparing {run.node}",
+                                      "prepare", one_line(exc))
         if run.recoveries and run.recoveries[-1].n == run.current.n:
             run.recoveries[-1].prepared_at = time.time()
         await self._intend(stored, Action.LAUNCH, run.current.n)
@@ -471,13 +466,19 @@ class Controller:
         return False
 
     async def _launch_failed(self, stored: Stored, problem: str) -> bool:
+        return await self._failed(stored, Action.LAUNCH, LAUNCH_TRIES, f"launching on {stored.run.node}",
+                                  "launch", problem)
+
+    async def _failed(self, stored: Stored, action: Action, limit: int, doing: str, name: str,
+                      problem: str) -> bool:
+        """One more try of ACTION journaled, or the run given up after LIMIT tries."""
         run = stored.run
         tries = int(run.intent.get("tries", 0)) + 1
-        if tries >= LAUNCH_TRIES:
-            await self._give_up(stored, f"launching on {run.node} failed {tries} times: {problem}")
+        if tries >= limit:
+            await self._give_up(stored, f"{doing} failed {tries} times: {problem}")
             return False
-        run.note = f"launch failed ({tries} of {LAUNCH_TRIES}): {problem}"
-        await self._intend(stored, Action.LAUNCH, run.current.n, tries=tries)
+        run.note = f"{name} failed ({tries} of {limit}): {problem}"
+        await self._intend(stored, action, run.current.n, tries=tries)
         return True
 
     async def _cancel(self, stored: Stored) -> None:
