@@ -1,4 +1,4 @@
-"""Rollout decode speed: trainer.rollout.Sampler vs transformers' `generate`, same weights, same run.
+"""Rollout decode speed: trainer.rollout.sampler.Sampler vs transformers' `generate`, same weights, same run.
 
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/decode.py [--batch 32] [--new-tokens 64] [--repeats 5]
         [--dtype bfloat16|float32] [--temperature 1.0] [--top-k 0] [--top-p 1.0]
@@ -28,7 +28,7 @@ import torch
 from transformers import Qwen2ForCausalLM as TorchQwen2
 
 from trainer.config import RolloutConfig
-from trainer.rollout import Sampler
+from trainer.rollout.sampler import Sampler
 from trainer.synthetic_gsm8k import generate_problems
 from trainer.tiny_model import TinySpec, make_tiny_model
 from trainer.tokenizer import load_tokenizer

@@ -9,7 +9,7 @@ run cut short by its budget still has each kind:
 
 1. `env`: JAX, jaxlib, flax, torch and transformers versions, the device.
 2. `hbm`: achieved HBM read bandwidth, a jitted sum over a 4 GiB bf16 array (median of 10).
-3. `trainer generate` at 8, 32 and 128 rows: the trainer's Sampler (trainer/rollout.py) on the Qwen2.5-3B
+3. `trainer generate` at 8, 32 and 128 rows: the Sampler (trainer/rollout/sampler.py) on the Qwen2.5-3B
    shape with random weights, bf16 compute, 256-token prompts and 256 new tokens (no row ends early):
    prefill and the decode loop compiled ahead of time, their XLA `memory_analysis()` beside the device's
    peak `memory_stats()`; ms a token of the whole generate, against the floor at the measured bandwidth
@@ -210,7 +210,7 @@ def trainer_rollout_section(report: Report, shapes: dict, config: Any, model: An
     import numpy as np
     from flax import nnx
 
-    from trainer.rollout import Sampler
+    from trainer.rollout.sampler import Sampler
 
     rng = np.random.default_rng(rows)
     prompts = rng.integers(3, config.vocab_size, size=(rows, shapes["prompt"])).tolist()
@@ -271,8 +271,8 @@ def update_section(report: Report, shapes: dict, config: Any, model: Any, device
     from flax import nnx
 
     from trainer.config import TrainerConfig
-    from trainer.hlo_loops import cpu_cost_analysis
     from trainer.mesh import make_mesh
+    from trainer.planner.whole_cost import cpu_cost_analysis
     from trainer.programs import training_programs
 
     rows = shapes["update_rows"]

@@ -36,7 +36,7 @@ import numpy as np
 from trainer.config import RolloutConfig
 from trainer.data import SYSTEM_PROMPT
 from trainer.mesh import make_mesh
-from trainer.rollout_sharding import ShardedSampler
+from trainer.rollout.sharded import ShardedSampler
 from trainer.synthetic_gsm8k import generate_problems
 from trainer.tiny_model import make_tiny_model
 from trainer.tokenizer import encode_chat_prompts, load_tokenizer

@@ -7,7 +7,7 @@ RMSNorm, rotary embeddings, attention, MLP, block, model. The model knows two fo
   (training, log-prob recomputation).
 - `model.decode(input_ids, positions, kv_mask, cache, cache_index)`: writes the chunk's keys/values into a
   preallocated KV cache and returns fp32 logits of the chunk's last position [B, V] (prefill and decode). The
-  sampler (trainer/rollout.py) owns the cache and the loop.
+  sampler (trainer/rollout/sampler.py) owns the cache and the loop.
 
 Parameters are stored in `param_dtype` (fp32 by default) and cast to `compute_dtype` (bf16 by default) at use.
 Each parameter carries `out_sharding` metadata naming mesh axes ("dp", "fsdp", "tp"); `nnx.get_partition_spec`
@@ -428,7 +428,7 @@ class DecodeLayout:
     """How a decode step lays out its work across devices: a set of hooks the model calls at fixed points
     of `Qwen2ForCausalLM.decode` instead of its plain code. A hook left None keeps the plain code, with
     layouts left to the partitioner; `DecodeLayout()` is the plain step. The rollout layouts build theirs
-    in trainer/rollout_sharding.py (`megatron_layout`, `head_group_layout`).
+    in trainer/rollout/sharded.py (`megatron_layout`, `head_group_layout`).
 
     Placement hooks (each returns its input, placed):
     - residual(x): the residual stream [B, T, hidden], after the embedding and after each attention and MLP.

@@ -1,14 +1,14 @@
 """Every jitted program a training run executes, built once from a model and a mesh.
 
 The model may hold real weights (the Trainer, trainer/train.py) or only their shapes and shardings (the
-planner, trainer/plan.py, which compiles these same objects for a TPU slice). One builder for both means
-the plan measures the programs the run executes, not a re-creation of them:
+planner, trainer/planner/plan.py, which compiles these same objects for a TPU slice). One builder for both
+means the plan measures the programs the run executes, not a re-creation of them:
 
 - `init_optimizer`: the optimizer state, laid out like the parameters it tracks (AdamW's moments sharded
   as the weights are; left to itself, `jit(optimizer.init)` puts them on one device).
-- `sampler`: prefill and the decode loop (trainer/rollout.py, trainer/rollout_sharding.py); for a scanned
-  model (`train.scan_layers`) a StackedWeightsSampler, whose prefill and decode scan over the stacked
-  weights and a stacked KV cache (trainer/scanned.py).
+- `sampler`: prefill and the decode loop (trainer/rollout/): a ShardedSampler, or for a scanned model
+  (`train.scan_layers`) a StackedWeightsSampler, whose prefill and decode scan over the stacked weights and
+  a stacked KV cache (trainer/rollout/stacked.py).
 - `step_fn.logprobs`: log-prob recomputation (reference / old policy); `step_fn.update`: the update with its
   micro-batches (trainer/grpo.py).
 """
@@ -29,8 +29,12 @@ from trainer.config import TrainerConfig
 from trainer.grpo import GRPOStep, LossSettings, chunked_token_stats, make_optimizer, make_schedule
 from trainer.mesh import train_sharding
 from trainer.model import Qwen2Config, Qwen2ForCausalLM, placed_abstract, project_logits
-from trainer.rollout_sharding import RolloutLayout, ShardedSampler
-from trainer.scanned import ScannedQwen2, StackedWeightsSampler, abstract_scanned_model
+from trainer.rollout.sharded import RolloutLayout, ShardedSampler
+from trainer.rollout.stacked import StackedWeightsSampler
+from trainer.scanned import ScannedQwen2, abstract_scanned_model
+
+# `train.compute_dtype`'s values.
+DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 
 
 def completion_token_stats_fn(graphdef: Any, prompt_len: int, chunk: int) -> Any:
@@ -80,8 +84,6 @@ def abstract_model(cfg: TrainerConfig, model_config: Qwen2Config, mesh: Mesh) ->
     weights (nothing allocated), each carrying the sharding the loader gives it: a ScannedQwen2 with the
     blocks' weights stacked when `train.scan_layers`, else the unrolled Qwen2ForCausalLM. The planner
     compiles the run's programs over it."""
-    from trainer.train import DTYPES
-
     t = cfg.train
     dtype = DTYPES[t.compute_dtype]
     if t.scan_layers:

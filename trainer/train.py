@@ -33,11 +33,9 @@ from trainer.mesh import (
     reshard,
     train_sharding,
 )
-from trainer.programs import build_programs
-from trainer.rollout_sharding import RolloutLayout, resolve_rollout_layout
+from trainer.programs import DTYPES, build_programs
+from trainer.rollout.sharded import RolloutLayout, resolve_rollout_layout
 from trainer.stop import StopGate, notice
-
-DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 
 
 @dataclasses.dataclass

@@ -246,7 +246,7 @@ def test_qwen2_with_remat_through_logprob_pass_and_update(tiny_model_dir):
 
 def test_rollout_layout_keeps_kv_heads_on_tp_unless_rows_use_it():
     from trainer.model import ShardingRules
-    from trainer.rollout_sharding import rollout_axes
+    from trainer.rollout.sharded import rollout_axes
 
     cache = ShardingRules().kv_cache  # [batch, kv_heads, length, head_dim]
     assert rollout_axes(("dp",), cache) == (("dp",), "tp", None, None)  # maxtext: heads stay on tp

@@ -18,7 +18,7 @@ from trainer.grpo import (
     positions_from_mask,
 )
 from trainer.programs import completion_token_stats_fn
-from trainer.rollout import Sampler
+from trainer.rollout.sampler import Sampler
 from trainer.synthetic_gsm8k import generate_problems
 from trainer.tokenizer import encode_chat_prompts, eos_token_ids, load_tokenizer
 from trainer.weights import load_model

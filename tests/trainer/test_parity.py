@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from trainer.rollout import Sampler
+from trainer.rollout.sampler import Sampler
 
 torch = pytest.importorskip("torch")  # test-only dependency, pinned to 2.13.0 by scripts/test
 transformers = pytest.importorskip("transformers")

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from tests.trainer.launch import planning_config
-from trainer import aot
+from trainer.planner import tpu_compile
 
-needs_libtpu = pytest.mark.skipif(aot.libtpu_version() is None, reason="libtpu is not installed")
+needs_libtpu = pytest.mark.skipif(tpu_compile.libtpu_version() is None, reason="libtpu is not installed")
 
 
 def _loss_and_grads(model, batch, prompt_len):
@@ -94,7 +94,7 @@ def test_scanned_rollout_samples_the_unrolled_rollouts_tokens(tiny_model_dir):
     # and sampled tokens, through a shared prefill (repeated prompts) and a cache grown over 3 segments.
     from flax import nnx
 
-    from trainer.rollout import Sampler
+    from trainer.rollout.sampler import Sampler
     from trainer.weights import load_model
 
     unrolled, config = load_model(tiny_model_dir, compute_dtype=jnp.float32)
@@ -126,8 +126,8 @@ def test_scanned_rollout_keeps_the_weights_stacked_in_each_layout(tiny_model_dir
         from flax import nnx
         from jax.sharding import PartitionSpec
         from trainer.mesh import local_rows, make_mesh
-        from trainer.rollout_sharding import ShardedSampler
-        from trainer.scanned import StackedWeightsSampler
+        from trainer.rollout.sharded import ShardedSampler
+        from trainer.rollout.stacked import StackedWeightsSampler
         from trainer.weights import load_model
         mesh = make_mesh("1,4,1")
         unrolled, config = load_model({str(tiny_model_dir)!r}, mesh=mesh, compute_dtype=jnp.float32)
@@ -169,12 +169,12 @@ def test_a_scanned_config_plans_the_programs_it_runs(tmp_path, tiny_model_dir):
     # cast into the rollout's stacked bf16 copy, the scanned rollout (prefill, the decode loop and its step
     # over a stacked KV cache), the scanned update. Against the unrolled config's programs: the same
     # resident weights and cache, arguments and donated buffers to the byte and, with every loop counted as
-    # often as it runs (trainer/hlo_loops.py: the update's 2 micro-batches and 2 blocks forward and
+    # often as it runs (trainer/planner/whole_cost.py: the update's 2 micro-batches and 2 blocks forward and
     # backward, the decode step's 2 blocks), the same flops and collectives, where cost_analysis() alone
     # counts a scanned block once; and the scanned decode loop holds no more memory per chip.
     from trainer.config import load_config
-    from trainer.plan import build_plan
-    from trainer.tpu_specs import parse_accelerator_type
+    from trainer.planner.plan import build_plan
+    from trainer.planner.tpu_specs import parse_accelerator_type
 
     v6e4 = parse_accelerator_type("v6e-4")
     config = planning_config(tmp_path, tiny_model_dir)

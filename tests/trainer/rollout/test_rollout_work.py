@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from trainer.mesh import make_mesh
-from trainer.rollout import Sampler
-from trainer.rollout_sharding import ShardedSampler
+from trainer.rollout.sampler import Sampler
+from trainer.rollout.sharded import ShardedSampler
 
 # Three distinct prompts, each repeated for its samples (a GRPO group's rows are adjacent), one out of order.
 DISTINCT = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20]]

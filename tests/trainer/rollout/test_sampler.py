@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from trainer.rollout import (
+from trainer.rollout.sampler import (
     INVERSE_CDF_BLOCK,
     TOP_P_CANDIDATES,
     Sampler,
@@ -174,7 +174,7 @@ def test_sharded_model_on_a_mesh_generates_the_same_tokens(tiny_model_dir):
     script = textwrap.dedent(f"""
         import jax.numpy as jnp, numpy as np
         from trainer.mesh import make_mesh
-        from trainer.rollout import Sampler
+        from trainer.rollout.sampler import Sampler
         from trainer.weights import load_model
         prompts = {PROMPTS!r} + [[3, 4]]
         mesh = make_mesh("1,2,2")
@@ -204,7 +204,7 @@ def test_rollout_weight_layouts_sample_the_same_tokens(tiny_model_dir):
     script = textwrap.dedent(f"""
         import jax.numpy as jnp, numpy as np
         from trainer.mesh import local_rows, make_mesh
-        from trainer.rollout_sharding import ShardedSampler
+        from trainer.rollout.sharded import ShardedSampler
         from trainer.weights import load_model
         prompts = ({PROMPTS!r} + [[3, 4]]) * 2  # repeated prompts: one prefill each, shared
         mesh = make_mesh("1,4,1")
@@ -250,7 +250,7 @@ def test_explicit_layouts_sample_what_fsdp_weights_sample(tiny_model_dir):
         from flax import nnx
         from trainer.mesh import local_rows, make_mesh
         from trainer.model import create_model
-        from trainer.rollout_sharding import ShardedSampler
+        from trainer.rollout.sharded import ShardedSampler
         from trainer.weights import load_model, save_model
         # Each prompt twice (one prefill each, shared); the cache in two segments (4 new tokens, then 8).
         prompts = ({PROMPTS!r} + [[3, 4], [7], [8, 9, 10], [11, 12], [13, 14, 15, 16, 17]]) * 2
@@ -340,10 +340,10 @@ def test_the_rollout_layout_is_resolved_once_with_its_reason():
 
     from jax.sharding import Mesh
 
-    from trainer import aot
     from trainer.model import Qwen2Config
-    from trainer.rollout_sharding import resolve_rollout_layout
-    from trainer.tpu_specs import parse_accelerator_type
+    from trainer.planner import tpu_compile as aot
+    from trainer.planner.tpu_specs import parse_accelerator_type
+    from trainer.rollout.sharded import resolve_rollout_layout
 
     config = Qwen2Config(vocab_size=1024, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                          num_key_value_heads=2)

@@ -25,8 +25,8 @@ SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from scipy.stats import chisquare
     from trainer.mesh import make_mesh
-    from trainer.rollout import sample_with_uniform
-    from trainer.split_sampling import sample_split_vocab
+    from trainer.rollout.sampler import sample_with_uniform
+    from trainer.rollout.split_sampling import sample_split_vocab
 
     DEVICES, WIDTH = 8, 151936 // 16   # Qwen2.5's vocabulary over a v6e-16: 9,496 tokens a chip
     VOCAB, ROWS, CALLS = DEVICES * WIDTH, 512, 8   # 4,096 draws a case

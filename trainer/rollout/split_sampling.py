@@ -1,6 +1,6 @@
 """Sampling from logits whose vocabulary is split over devices, without gathering the logits.
 
-A decode step of the `megatron` and `head_groups` rollout layouts (trainer/rollout_sharding.py) computes
+A decode step of the `megatron` and `head_groups` rollout layouts (trainer/rollout/sharded.py) computes
 each chip's slice of the vocabulary for every row, from the whole final hidden state and the chip's slice
 of the head (split by vocabulary). Gathering those logits to their rows' chips would move 39 MB a token for
 128 rows of Qwen2.5, so the draw is made where the logits are: every chip shares its slice's max and
@@ -25,7 +25,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from trainer.model import rms_norm
-from trainer.rollout import _draw, _first_argmax, sample_with_uniform
+from trainer.rollout.sampler import _draw, _first_argmax, sample_with_uniform
 
 
 def sample_split_vocab(mesh: Mesh, axes: tuple, x: jax.Array, norm: Any, weight: jax.Array, vocab_major: bool,

@@ -1,4 +1,4 @@
-"""Where each weight lives (trainer/weight_placement.py): training's placement read from the model's rules is
+"""Where each weight lives (weight_placement.py): training's placement read from the model's rules is
 the one its parameters carry, and the rollout layouts' values of the same description split what their
 decode steps expect, exactly or not at all. Shardings only: nothing is compiled or placed."""
 
@@ -11,10 +11,16 @@ import pytest
 from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 
-from trainer import aot
 from trainer.model import Qwen2Config, create_model, param_shardings
-from trainer.tpu_specs import parse_accelerator_type
-from trainer.weight_placement import ALL_AXES, COPY_AXES, placement_shardings, rollout_shardings, weight_kind
+from trainer.planner import tpu_compile as aot
+from trainer.planner.tpu_specs import parse_accelerator_type
+from trainer.rollout.weight_placement import (
+    ALL_AXES,
+    COPY_AXES,
+    placement_shardings,
+    rollout_shardings,
+    weight_kind,
+)
 
 needs_libtpu = pytest.mark.skipif(aot.libtpu_version() is None, reason="libtpu is not installed")
 CONFIG = Qwen2Config(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=1,

@@ -1,11 +1,11 @@
-"""The rollout Sampler (trainer/rollout.py) across processes and devices: the rollout layouts.
+"""The rollout Sampler (trainer/rollout/sampler.py) across processes and devices: the rollout layouts.
 
 Each process passes only its own prompts; they become one global batch (every process pads to the same
 fixed length, so all of them compile the same program). A layout says three things, all chosen once by
 `resolve_rollout_layout` from `rollout.weight_layout` and `rollout.sharding_style` (a `RolloutLayout`, which
 the trainer records in its `start` event):
-- where decode's bf16 weights live (trainer/weight_placement.py has the table; `rollout_weights_program`
-  makes them from the training weights once a step),
+- where decode's bf16 weights live (weight_placement.py has the table; `rollout_weights_program` makes them
+  from the training weights once a step),
 - where the batch's rows live: `legacy` split over every device (dp, fsdp, tp), `maxtext` over dp only,
   replicated over fsdp/tp,
 - how a decode step lays out its work (a model.DecodeLayout, or none: the model's plain code, the layout of
@@ -28,7 +28,7 @@ The weight layouts:
   output, down by input), the embedding and an untied head by vocabulary. Every collective is written out
   (shard_map): the input RMSNorm rides in the all-reduce of q/k/v's partial sums, the MLP gathers the
   residual once and all-reduces its output, and each chip samples from its own slice of the vocabulary
-  (trainer/split_sampling.py) instead of all-reducing the partial logits: four collectives a layer, and
+  (split_sampling.py) instead of all-reducing the partial logits: four collectives a layer, and
   the [rows, intermediate] activations never cross the interconnect.
 - `head_groups` (head_group_layout): attention split by KV head, on a second mesh over the same devices,
   (dp = copies, fsdp = devices / copies / KV heads, tp = KV heads): the slice holds `rollout.weight_copies`
@@ -65,9 +65,9 @@ from trainer.model import (
     matmul_output_dtype,
     rms_norm,
 )
-from trainer.rollout import Sampler
-from trainer.split_sampling import own_rows, sample_split_vocab
-from trainer.weight_placement import ALL_AXES, COPY_AXES, rollout_shardings
+from trainer.rollout.sampler import Sampler
+from trainer.rollout.split_sampling import own_rows, sample_split_vocab
+from trainer.rollout.weight_placement import ALL_AXES, COPY_AXES, rollout_shardings
 
 _BATCH_AXES = {"legacy": ("dp", "fsdp", "tp"), "maxtext": ("dp",)}
 WEIGHT_LAYOUTS = ("fsdp", "replicated", "tensor", "megatron", "head_groups")
@@ -252,7 +252,7 @@ class ShardedSampler(Sampler):
         return super().rollout_weights_program(state)
 
     def rollout_weight_shardings(self, state: nnx.State) -> Any:
-        """Where `rollout_weights_program` puts each of `state`'s weights (trainer/weight_placement.py);
+        """Where `rollout_weights_program` puts each of `state`'s weights (weight_placement.py);
         `fsdp` leaves them where training holds them."""
         if self.weight_layout == "fsdp":
             return jax.tree.map(lambda x: x.sharding, state)
