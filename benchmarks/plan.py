@@ -3,8 +3,9 @@
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/plan.py [--part fit,decode,...] [--json OUT]
 
 Needs libtpu (`pip install "jax[tpu]==<jax>"`; scripts/test installs it). Every figure is the compiler's
-own analysis of the trainer's real programs (trainer/plan.py): memory_analysis() per chip, cost_analysis()
-flops and bytes accessed, the collectives in the compiled HLO. Takes about half an hour on 2 cores.
+own analysis of the trainer's real programs (trainer/planner/plan.py): memory_analysis() per chip,
+cost_analysis() flops and bytes accessed, the collectives in the compiled HLO. Takes about half an hour on
+2 cores.
 
 - fit: `qwen25_3b_v6e8_bench.yaml` on v6e-8 and `qwen25_3b_v6e16_bench.yaml` on v6e-16, every program.
   Target: every program fits with at least 25% of HBM free per chip.
@@ -15,8 +16,8 @@ flops and bytes accessed, the collectives in the compiled HLO. Takes about half 
   lies, four collectives a layer), `head_groups` (attention split by KV head, two collectives a layer)
   with one copy of the weights over all 16 chips and with a copy a host, and the default
   (`weight_layout: auto`, i.e. `head_groups` with two copies of 8 chips on this slice). Per chip: the
-  bytes across HBM (trainer/hbm_traffic.py) and the compiler's bytes accessed, collective bytes and
-  count, the estimated time (trainer/plan.py's method), beside the bandwidth floor (the chip's bf16
+  bytes across HBM (trainer/planner/hbm_traffic.py) and the compiler's bytes accessed, collective bytes and
+  count, the estimated time (trainer/planner/plan.py's method), beside the bandwidth floor (the chip's bf16
   weights plus its KV cache at the chip's HBM bandwidth). Targets (issue 26): the default's upper end
   within 3x of its floor, and the default the fastest layout at both ends of the range; (issue 16)
   today's / default >= 2 by the same method in the same run; the estimated step beside the seeds'
@@ -24,8 +25,8 @@ flops and bytes accessed, the collectives in the compiled HLO. Takes about half 
 - sweep: `qwen25_7b_v4_16.yaml` on v4-16, the largest local batch whose plan fits, found the way
   `tpu-console sweep --compile-only` finds it. Target: >= 8.
 - weight-count (not in the default parts): how the compiler's `bytes accessed` counts a weight one matmul
-  streams, against the weight's bytes and the HBM traffic read from the HLO (trainer/hbm_traffic.py), which
-  prices the estimate's high end (docs/plan.md explains why it matters for comparing layouts).
+  streams, against the weight's bytes and the HBM traffic read from the HLO (trainer/planner/hbm_traffic.py),
+  which prices the estimate's high end (docs/plan.md explains why it matters for comparing layouts).
 - order (not in the default parts): the update on v6e-16 with the hosts' devices in host-major order (what
   the trainer uses) and in mesh_utils' topology-aware order, by the compiler's figures.
 - multislice (not in the default parts): the 3B bench on 2 x v6e-16 (Multislice), every program, with the
@@ -43,9 +44,9 @@ import time
 from pathlib import Path
 
 from trainer.config import load_config
-from trainer.estimate import HIGH, LOW, Range, collectives_seconds, rank
-from trainer.plan import build_plan, format_plan
-from trainer.tpu_specs import parse_accelerator_type
+from trainer.planner.estimate import HIGH, LOW, Range, collectives_seconds, rank
+from trainer.planner.plan import build_plan, format_plan
+from trainer.planner.tpu_specs import parse_accelerator_type
 
 CONFIGS = Path(__file__).resolve().parent.parent / "trainer" / "configs"
 SEEDS_V6E16_STEP_S = 10.0  # seed 000: Qwen2.5-3B, 128 sequences, full-device FSDP on v6e-16
@@ -333,7 +334,7 @@ def weight_count_part(results: dict) -> None:
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from trainer.aot import compile_program, tpu_devices
+    from trainer.planner.tpu_compile import compile_program, tpu_devices
 
     mesh = Mesh(np.array(tpu_devices(parse_accelerator_type("v6e-4"))).reshape(4), ("tp",))
     x = jax.ShapeDtypeStruct((32, 2048), jnp.bfloat16, sharding=NamedSharding(mesh, PartitionSpec()))
@@ -345,7 +346,7 @@ def weight_count_part(results: dict) -> None:
     ratio, traffic = c.bytes_accessed / weight, c.hbm_traffic_bytes / weight
     print(
         f"== one matmul, per chip: the compiler's bytes accessed {c.bytes_accessed / 1e6:.2f} MB = "
-        f"{ratio:.2f}x W's {weight / 1e6:.2f} MB; across HBM (trainer/hbm_traffic.py) "
+        f"{ratio:.2f}x W's {weight / 1e6:.2f} MB; across HBM (trainer/planner/hbm_traffic.py) "
         f"{c.hbm_traffic_bytes / 1e6:.2f} MB = {traffic:.2f}x W (W read once, x and the result)"
     )
     results["weight_count"] = {"bytes_accessed": c.bytes_accessed, "ratio": ratio,
@@ -354,7 +355,8 @@ def weight_count_part(results: dict) -> None:
 
 def multislice_part(results: dict, slices: int = 2) -> None:
     """The 3B bench on `slices` x v6e-16: the trainer's mesh there (data parallel across slices), every
-    program's fit, and what a step sends between slices (trainer/dcn.py) beside what it sends inside one."""
+    program's fit, and what a step sends between slices (trainer/planner/dcn.py) beside what it sends inside
+    one."""
     start = time.perf_counter()
     cfg = load_config(CONFIGS / "qwen25_3b_v6e16_bench.yaml", BASE_SETS)
     plan = build_plan(cfg, parse_accelerator_type("v6e-16"), progress=_say, slices=slices)

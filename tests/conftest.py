@@ -27,9 +27,9 @@ def isolated_console_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pa
     return home
 
 
-# What the planner puts in os.environ for libtpu when it compiles in the test process (trainer/aot.py
-# `tpu_devices`): a trainer that a later test starts would inherit TPU_ACCELERATOR_TYPE and take this
-# machine for a Cloud TPU VM.
+# What the planner puts in os.environ for libtpu when it compiles in the test process
+# (trainer/planner/tpu_compile.py `tpu_devices`): a trainer that a later test starts would inherit
+# TPU_ACCELERATOR_TYPE and take this machine for a Cloud TPU VM.
 PLANNER_ENVIRONMENT = ("TPU_SKIP_MDS_QUERY", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES",
                        "ALLOW_MULTIPLE_LIBTPU_LOAD")
 

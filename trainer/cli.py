@@ -5,11 +5,11 @@
     python -m trainer make-gsm8k-jsonl PATH [--n N] [--seed S]   (synthetic GSM8K-format data)
     python -m trainer bench-memory [--mesh-shape M] [--mode sharded|gather] [--target-bytes-gib X]
                                    (per-device bytes of FSDP-sharded vs gathered weights;
-                                   trainer/bench_memory.py)
+                                   trainer/planner/bench_memory.py)
     python -m trainer plan --config FILE.yaml [--set ...] --topology v6e-16 [--json]
                                    (every program compiled for a TPU slice by libtpu, no TPU needed: per-chip
                                    memory, verdict, cost; exit 0 fits, 1 does not, 3 no libtpu;
-                                   trainer/plan.py)
+                                   trainer/planner/plan.py)
 
 Exit status: 0 when the run finished, 2 for a config or launch problem (one line naming the key and the fix),
 128+N when stopped by signal N (SIGTERM, SIGINT; with checkpoints on, after saving the last finished step:
@@ -66,11 +66,11 @@ def _make_gsm8k_jsonl(argv: Sequence[str]) -> int:
 
 
 def _bench_memory(argv: Sequence[str]) -> int:
-    """The FSDP memory bench (trainer/bench_memory.py), with the same exit statuses and error events as
-    a run."""
+    """The FSDP memory bench (trainer/planner/bench_memory.py), with the same exit statuses and error events
+    as a run."""
     events = EventLog(_run_dir_of(argv), process_id_hint())
     try:
-        from trainer.bench_memory import main as bench_main
+        from trainer.planner.bench_memory import main as bench_main
 
         return bench_main(argv, events)
     except (ConfigError, LaunchError, ValueError) as exc:
@@ -129,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] == "bench-memory":
         return _bench_memory(argv[1:])
     if argv and argv[0] == "plan":
-        from trainer.plan import main as plan_main
+        from trainer.planner.plan import main as plan_main
 
         return plan_main(argv[1:])
 

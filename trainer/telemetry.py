@@ -21,7 +21,7 @@ from typing import Any
 # --- event kinds -------------------------------------------------------------------------------------------
 KIND_START, KIND_STEP, KIND_EVAL = "start", "step", "eval"
 KIND_WARNING, KIND_ERROR, KIND_END = "warning", "error", "end"
-KIND_BENCH = "bench"  # a measurement of `python -m trainer bench-memory` (trainer/bench_memory.py)
+KIND_BENCH = "bench"  # a measurement of `python -m trainer bench-memory` (trainer/planner/bench_memory.py)
 EVENT_KINDS = (KIND_START, KIND_STEP, KIND_EVAL, KIND_WARNING, KIND_ERROR, KIND_END, KIND_BENCH)
 
 # --- step metric keys (the W&B names) ----------------------------------------------------------------------

@@ -193,8 +193,8 @@ def _size(n: float | None) -> str:
 def plan_text(plan: dict[str, Any]) -> str:
     """The planner's JSON (python -m trainer plan --json) as its table: per chip, what is resident, and
     for each program its arguments, outputs, temporaries, aliases, peak held at once, compiler flops,
-    bytes accessed, collectives and estimated time (a range, trainer/estimate.py)."""
-    from trainer.estimate import Range, network_lines, step_lines
+    bytes accessed, collectives and estimated time (a range, trainer/planner/estimate.py)."""
+    from trainer.planner.estimate import Range, network_lines, step_lines
     hbm = plan.get("hbm_bytes") or 0
     slices = plan.get("slices") or 1
     where = f"{slices} x {plan['accelerator_type']}" if slices > 1 else plan["accelerator_type"]
@@ -215,7 +215,8 @@ def plan_text(plan: dict[str, Any]) -> str:
             p["name"], p["runs"], _size(p["argument_bytes"]), _size(p["output_bytes"]),
             _size(p["temp_bytes"]), _size(p["alias_bytes"]), _size(p["peak_bytes"]),
             f"{p['flops'] / 1e9:.1f}",
-            # What crosses HBM (trainer/hbm_traffic.py); a plan cached before that has only bytes accessed.
+            # What crosses HBM (trainer/planner/hbm_traffic.py); a plan cached before that has only bytes
+            # accessed.
             f"{(p.get('hbm_traffic_bytes') or p['bytes_accessed']) / 1e9:.2f}",
             f"{p['collective_bytes'] / 1e6:.1f}", str(p["collectives"]),
             "-" if est is None else est.text(1e3),

@@ -1,5 +1,5 @@
 """What the interconnect should give the doctor's collectives: the planner's own figures and formulas
-(trainer/tpu_specs.py, trainer/estimate.py), priced at their high end.
+(trainer/planner/tpu_specs.py, trainer/planner/estimate.py), priced at their high end.
 
 Inside a slice, an all-reduce of `payload` bytes a chip over a group of n chips costs what
 estimate.collective_seconds says for the slice's generation (ICI bandwidth per chip, hops, fixed cost).
@@ -17,8 +17,8 @@ from tpu_console.doctor.findings import Expected
 def expected(accelerator_type: str, slices: int, hosts_per_slice: int, chips_per_host: int,
              payload_bytes: int) -> Expected:
     """Seconds per collective name (`ring:slice`, `ring:host`, `ring:chip`, `dcn:N`), the high end."""
-    from trainer.estimate import HIGH, collective_seconds
-    from trainer.tpu_specs import DCN_BANDWIDTH, UnknownAcceleratorType, parse_accelerator_type
+    from trainer.planner.estimate import HIGH, collective_seconds
+    from trainer.planner.tpu_specs import DCN_BANDWIDTH, UnknownAcceleratorType, parse_accelerator_type
 
     try:
         tpu = parse_accelerator_type(accelerator_type)

@@ -1,7 +1,7 @@
 """Plans on the console's side: will this config fit this node's TPU type, by the TPU compiler's own analysis?
 
-The trainer's planner (`python -m trainer plan`, trainer/plan.py) compiles every program of a run for a
-TPU slice with libtpu, on this machine and without a TPU. The console runs it as a subprocess (it imports
+The trainer's planner (`python -m trainer plan`, trainer/planner/plan.py) compiles every program of a run for
+a TPU slice with libtpu, on this machine and without a TPU. The console runs it as a subprocess (it imports
 JAX, which the console itself never does), reads its JSON, and keeps each answer in
 `$TPU_CONSOLE_HOME/plans/`, keyed by the config's digest, the slice, the jax and libtpu versions, the
 trainer's source and the measured lengths below: a second launch of the same config on the same type
@@ -32,7 +32,7 @@ from typing import Any
 from tpu_console import locations
 from tpu_console.errors import UserError
 
-# python -m trainer plan's exit statuses (trainer/plan.py).
+# python -m trainer plan's exit statuses (trainer/planner/plan.py).
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT, EXIT_CANNOT_PLAN = 0, 1, 2, 3
 LOCAL_PREFIX = "local-"
 CANNOT_PLAN = "cannot plan here: "  # how the planner's exit 3 begins its one line
@@ -41,7 +41,7 @@ CANNOT_PLAN = "cannot plan here: "  # how the planner's exit 3 begins its one li
 def tpu_type_for(accelerator_type: str) -> str | None:
     """The TPU type a node runs as: its own (v6e-16), a local pod's rehearsed one (local-v6e-16 -> v6e-16),
     or None for shapes no TPU has (local-2x4)."""
-    from trainer.tpu_specs import UnknownAcceleratorType, parse_accelerator_type
+    from trainer.planner.tpu_specs import UnknownAcceleratorType, parse_accelerator_type
 
     name = accelerator_type.removeprefix(LOCAL_PREFIX)
     try:
@@ -300,7 +300,7 @@ def slice_candidates(
 ) -> list[tuple[int, int]]:
     """(value, local batch) of `param` in 1..limit that the trainer accepts on the slices' shape."""
     from trainer.config import ConfigError, check_pod_shape, load_config, prompts_per_process
-    from trainer.tpu_specs import parse_accelerator_type
+    from trainer.planner.tpu_specs import parse_accelerator_type
 
     tpu = parse_accelerator_type(tpu_type)
     hosts, local = tpu.hosts * slices, tpu.chips // tpu.hosts

@@ -12,11 +12,11 @@ import pytest
 from tests.console.runs.test_local import fake_trainer, run, worker_home
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tests.trainer.launch import planning_config
-from trainer import aot
+from trainer.planner import tpu_compile
 
 pytest_plugins = ("tests.trainer.fixtures",)
 pytestmark = pytest.mark.usefixtures("console_home")
-needs_libtpu = pytest.mark.skipif(aot.libtpu_version() is None, reason="libtpu is not installed")
+needs_libtpu = pytest.mark.skipif(tpu_compile.libtpu_version() is None, reason="libtpu is not installed")
 
 
 @pytest.fixture

@@ -1,11 +1,11 @@
-"""trainer/hlo_loops.py: a compiled program's flops with each loop counted as often as it runs."""
+"""trainer/planner/whole_cost.py: a compiled program's flops with each loop counted as often as it runs."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from trainer import hlo_loops
+from trainer.planner import whole_cost
 
 
 def _compiled(fn, *args):
@@ -23,7 +23,7 @@ def test_a_scan_and_a_nested_loop_count_every_trip():
 
     text, cost = _compiled(scan, w, x)
     assert cost["flops"] < 2 * matmul
-    whole = hlo_loops.whole_cost(text, cost["flops"], cost["bytes accessed"])
+    whole = whole_cost.whole_cost(text, cost["flops"], cost["bytes accessed"])
     assert whole.trip_counts == [6]
     assert 6 * matmul <= whole.flops <= 6 * matmul * 1.05
     assert whole.bytes_accessed > 3 * cost["bytes accessed"]
@@ -34,10 +34,10 @@ def test_a_scan_and_a_nested_loop_count_every_trip():
         return jax.lax.scan(outer, x, None, length=3)[0]
 
     text, cost = _compiled(nested, w, x)
-    whole = hlo_loops.whole_cost(text, cost["flops"], cost["bytes accessed"])
+    whole = whole_cost.whole_cost(text, cost["flops"], cost["bytes accessed"])
     assert sorted(whole.trip_counts) == [3, 5]
     assert 15 * matmul <= whole.flops <= 15 * matmul * 1.05
-    runs = hlo_loops.computation_runs(text)
+    runs = whole_cost.computation_runs(text)
     assert sorted(runs[loop.body] for loop in whole.loops) == [3, 15]
 
 
@@ -46,5 +46,5 @@ def test_a_loop_of_unknown_length_stays_counted_once():
         return jax.lax.while_loop(lambda c: jnp.sum(c) < 1e6, lambda c: c @ c + 1.0, x)
 
     text, cost = _compiled(until, jnp.ones((16, 16)))
-    whole = hlo_loops.whole_cost(text, cost["flops"], cost["bytes accessed"])
+    whole = whole_cost.whole_cost(text, cost["flops"], cost["bytes accessed"])
     assert whole.trip_counts == [None] and whole.flops == cost["flops"]

@@ -1,7 +1,7 @@
 """Collectives that cross slices (Multislice): found in a compiled program's HLO, counted in bytes on the
 data-center network (DCN) per chip.
 
-Pure (no JAX), like trainer/estimate.py, which prices what this finds.
+Pure (no JAX), like trainer/planner/estimate.py, which prices what this finds.
 
 What libtpu compiles for N slices (`get_topology_desc(..., num_slices=N)`) is one program per slice: its
 collectives' replica groups name the slice's own chips (ICI), and what must cross slices leaves as a pair of
@@ -32,7 +32,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from trainer.hlo_loops import computation_header, computation_runs, loops
+from trainer.planner.whole_cost import computation_header, computation_runs, loops
 
 # libtpu numbers a multislice topology's devices (slice + 1) * 100000 + chip (tests/trainer/test_dcn.py).
 SLICE_ID_STRIDE = 100000
@@ -114,7 +114,7 @@ def target_slices(target: str, slice_of: Mapping[int, int] | None = None) -> int
 
 def megascale_ops(hlo_text: str, slice_of: Mapping[int, int] | None = None) -> list[DcnOp]:
     """The megascale host transfers of a compiled program, one per rendezvous (its send and recv), as often
-    as it runs (one in a loop body as often as the loop runs, trainer/hlo_loops.py)."""
+    as it runs (one in a loop body as often as the loop runs, trainer/planner/whole_cost.py)."""
     found: dict[str, dict] = {}
     runs, computation = computation_runs(hlo_text), ""
     open_loops = _open_loop_parts(hlo_text)

@@ -1,13 +1,13 @@
-"""The bytes a compiled program moves across HBM (trainer/hbm_traffic.py): on HLO text written as libtpu
-prints it, and on a real compile for v6e, where the compiler's `bytes accessed` counts a prefetched weight
-about five times."""
+"""The bytes a compiled program moves across HBM (trainer/planner/hbm_traffic.py): on HLO text written as
+libtpu prints it, and on a real compile for v6e, where the compiler's `bytes accessed` counts a prefetched
+weight about five times."""
 
 from __future__ import annotations
 
 import pytest
 
-from trainer import aot
-from trainer.hbm_traffic import arrays, hbm_traffic
+from trainer.planner import tpu_compile
+from trainer.planner.hbm_traffic import arrays, hbm_traffic
 
 W = "bf16[2048,2752]{0,1:T(8,128)(2,1)}"  # 11,272,192 bytes in HBM
 W_CHIP = "bf16[2048,2752]{0,1:T(8,128)(2,1)S(1)}"  # the same on chip
@@ -113,7 +113,7 @@ ENTRY %main (a: bf16[16,448,128], b: bf16[16,1,128], k: s32[], s: bf16[36,2048,2
     assert "copy-start" not in traffic.by_op and "slice-done" not in traffic.by_op  # on-chip ends
 
 
-@pytest.mark.skipif(aot.libtpu_version() is None, reason="libtpu is not installed")
+@pytest.mark.skipif(tpu_compile.libtpu_version() is None, reason="libtpu is not installed")
 def test_the_compilers_count_of_a_streamed_weight_against_the_hbm_traffic():
     """x[32, 2048] @ W[2048, 2752] compiled for v6e: the compiler's bytes accessed count W about five times,
     the HBM traffic once (plus x and the result)."""
@@ -122,13 +122,13 @@ def test_the_compilers_count_of_a_streamed_weight_against_the_hbm_traffic():
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from trainer.tpu_specs import parse_accelerator_type
+    from trainer.planner.tpu_specs import parse_accelerator_type
 
-    mesh = Mesh(np.array(aot.tpu_devices(parse_accelerator_type("v6e-4"))).reshape(4), ("tp",))
+    mesh = Mesh(np.array(tpu_compile.tpu_devices(parse_accelerator_type("v6e-4"))).reshape(4), ("tp",))
     x = jax.ShapeDtypeStruct((32, 2048), jnp.bfloat16, sharding=NamedSharding(mesh, PartitionSpec()))
     split = NamedSharding(mesh, PartitionSpec(None, "tp"))
     w = jax.ShapeDtypeStruct((2048, 4 * 2752), jnp.bfloat16, sharding=split)
     matmul = jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32))
-    c = aot.compile_program("matmul", matmul, x, w)
+    c = tpu_compile.compile_program("matmul", matmul, x, w)
     assert c.bytes_accessed / W_BYTES > 4
     assert c.hbm_traffic_bytes == W_BYTES + 32 * 2048 * 2 + 32 * 2752 * 4

@@ -1,9 +1,9 @@
 """The plan as a report: what each program of a run holds and costs per chip, the verdict, the step's time.
 
-trainer/plan.py builds a `Plan` (it compiles the run's programs for a TPU slice); this module holds what
-is read from it: per program its arguments, outputs, temporaries, aliases and the peak held at once; the
+trainer/planner/plan.py builds a `Plan` (it compiles the run's programs for a TPU slice); this module holds
+what is read from it: per program its arguments, outputs, temporaries, aliases and the peak held at once; the
 verdict (fits, or what to change); each program's estimated time and the step's, as ranges
-(trainer/estimate.py has the method); and the plan as text (`format_plan`) or JSON (`plan_to_json`).
+(trainer/planner/estimate.py has the method); and the plan as text (`format_plan`) or JSON (`plan_to_json`).
 
 Peak held at once = the program's own peak (arguments + outputs not aliased to an argument + temporaries +
 code) + the state that stays resident through the step but is not one of its arguments (the fp32 weights
@@ -11,10 +11,10 @@ and optimizer state while the rollout runs, the reference weights during the upd
 
 Estimated time: a range per chip and per program: HBM priced from the floor (what must be read once) at
 the low end and from the bytes the compiled program moves across HBM at the high end
-(trainer/hbm_traffic.py; the compiler's `bytes accessed` is shown beside it), collectives priced by kind
-over the slice's torus with the scaling book's latencies at either end (trainer/estimate.py). The step is
-rollout weights + prefill + the decode loop's expected steps (the longest row of each earlier step of the
-same config when the console has them, `--longest-rows`; else the config's maximum) + the update (+
+(trainer/planner/hbm_traffic.py; the compiler's `bytes accessed` is shown beside it), collectives priced by
+kind over the slice's torus with the scaling book's latencies at either end (trainer/planner/estimate.py). The
+step is rollout weights + prefill + the decode loop's expected steps (the longest row of each earlier step of
+the same config when the console has them, `--longest-rows`; else the config's maximum) + the update (+
 log-prob passes when they run).
 """
 
@@ -23,9 +23,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from trainer import dcn
-from trainer.aot import CompiledProgram
-from trainer.estimate import (
+from trainer.planner import dcn
+from trainer.planner.estimate import (
     ZERO,
     ProgramCost,
     Range,
@@ -37,7 +36,8 @@ from trainer.estimate import (
     price,
     step_lines,
 )
-from trainer.tpu_specs import TpuSlice
+from trainer.planner.tpu_compile import CompiledProgram
+from trainer.planner.tpu_specs import TpuSlice
 
 # Which config key shrinks each kind of memory, for the verdict's fix.
 FIXES = {
@@ -205,7 +205,7 @@ class Plan:
 
     def network_step(self, steps: float | None = None) -> dict | None:
         """Bytes a chip sends in one training step inside its slice (ICI) and between slices (DCN), and
-        their time, low..high (trainer/estimate.py network_step)."""
+        their time, low..high (trainer/planner/estimate.py network_step)."""
         if self.tpu is None:
             return None
         programs = {p.name: (p.compiled.collectives.grouped(), dcn.grouped(p.compiled.dcn))
@@ -223,7 +223,8 @@ class Plan:
             p = by.get(name)
             return (self.estimate(p, steps) or ZERO) if p is not None else ZERO
 
-        # Each token also waits on the other slices in the loop's condition (Multislice; trainer/dcn.py).
+        # Each token also waits on the other slices in the loop's condition (Multislice;
+        # trainer/planner/dcn.py).
         loop = by.get("decode loop")
         waits = ZERO if loop is None or self.tpu is None else dcn_range(
             dcn.per_token(dcn.grouped(loop.compiled.dcn)), self.tpu)

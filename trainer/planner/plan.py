@@ -4,9 +4,9 @@
 objects the Trainer runs: the sampler's public programs, `rollout_weights_program`, `prefill`, `decode`,
 `decode_step_program`, and the update's) over abstract weights (shapes from the model's config.json when it
 can be read here, else the named preset; nothing is downloaded or allocated), compiles each for the slice
-with libtpu (trainer/aot.py; the update on a second thread beside the rollout's programs), and hands the
-figures to the report (trainer/plan_report.py: per chip memory, the verdict, the estimated time, the text
-and JSON).
+with libtpu (trainer/planner/tpu_compile.py; the update on a second thread beside the rollout's programs), and
+hands the figures to the report (trainer/planner/report.py: per chip memory, the verdict, the estimated time,
+the text and JSON).
 """
 
 from __future__ import annotations
@@ -17,11 +17,17 @@ import math
 from pathlib import Path
 from typing import Any
 
-from trainer.aot import CompiledProgram, compile_program, hbm_limit_bytes, libtpu_version, tpu_devices
 from trainer.config import ConfigError, TrainerConfig, check_pod_shape, is_local_path
 from trainer.model import Qwen2Config
-from trainer.plan_report import Plan, ProgramPlan, format_plan, plan_to_json
-from trainer.tpu_specs import TpuSlice
+from trainer.planner.report import Plan, ProgramPlan, format_plan, plan_to_json
+from trainer.planner.tpu_compile import (
+    CompiledProgram,
+    compile_program,
+    hbm_limit_bytes,
+    libtpu_version,
+    tpu_devices,
+)
+from trainer.planner.tpu_specs import TpuSlice
 
 # The programs whose memory grows with the batch: enough for a sweep's fits / does-not-fit.
 MEMORY_PROGRAMS = frozenset(
@@ -107,7 +113,7 @@ def build_plan(
     knobs (benchmarks/plan.py rebuilds the layout before issue 16 with them); only: compile just
     these programs; longest_rows: each earlier step's longest completion (the decode loop's expected
     length); slices: on this many slices of `tpu` (Multislice: the trainer's mesh, data parallel across
-    slices, trainer/mesh.py; what crosses slices is counted on the DCN, trainer/dcn.py)."""
+    slices, trainer/mesh.py; what crosses slices is counted on the DCN, trainer/planner/dcn.py)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -364,9 +370,9 @@ def main(argv: list[str]) -> int:
     import argparse
     import sys
 
-    from trainer.aot import LibtpuUnavailable
     from trainer.config import load_config
-    from trainer.tpu_specs import UnknownAcceleratorType, parse_accelerator_type
+    from trainer.planner.tpu_compile import LibtpuUnavailable
+    from trainer.planner.tpu_specs import UnknownAcceleratorType, parse_accelerator_type
 
     parser = argparse.ArgumentParser(
         prog="python -m trainer plan",

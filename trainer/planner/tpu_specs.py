@@ -2,9 +2,9 @@
 per-chip figures.
 
 Pure (no JAX): the console maps a node's accelerator type (`v6e-16`, `v4-16`) to a slice with it, and the
-planner (trainer/plan.py) asks libtpu for that slice's devices. The figures are Google's published per-chip
-numbers (docs.cloud.google.com/tpu/docs/<generation>); the HBM a program may use is not taken from here but
-from the compiler itself (trainer/aot.py `hbm_limit_bytes`).
+planner (trainer/planner/plan.py) asks libtpu for that slice's devices. The figures are Google's published
+per-chip numbers (docs.cloud.google.com/tpu/docs/<generation>); the HBM a program may use is not taken from
+here but from the compiler itself (trainer/planner/tpu_compile.py `hbm_limit_bytes`).
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ instruction) is charged
 - what moves nothing: parameters, constants, tuples and their elements, bitcasts, the loop and branch
   instructions themselves (their computations are charged).
 
-Each computation is charged as often as it runs (trainer/hlo_loops.py: a loop body by its trip count; a
-loop of unknown length, the decode loop, once). Pure text processing: no JAX.
+Each computation is charged as often as it runs (trainer/planner/whole_cost.py: a loop body by its trip count;
+a loop of unknown length, the decode loop, once). Pure text processing: no JAX.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from trainer.hlo_loops import computation_runs, computations
+from trainer.planner.whole_cost import computation_runs, computations
 
 # `%name = SHAPE opcode(` ; the shape may be a tuple with spaces, never ` word(`.
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.*?)\s(?P<op>[a-z][\w\-]*)\(")

@@ -1,5 +1,5 @@
-"""The planner's time estimate (trainer/estimate.py) and the collectives it prices (trainer/aot.py), on
-synthetic HLO and figures: pure, no compile."""
+"""The planner's time estimate (trainer/planner/estimate.py) and the collectives it prices
+(trainer/planner/tpu_compile.py), on synthetic HLO and figures: pure, no compile."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from trainer import aot
-from trainer.estimate import (
+from trainer.planner import tpu_compile
+from trainer.planner.estimate import (
     HIGH,
     LOW,
     ProgramCost,
@@ -25,7 +25,7 @@ from trainer.estimate import (
     step_lines,
     wire_bytes,
 )
-from trainer.tpu_specs import DCN_BANDWIDTH, GB, GENERATIONS, parse_accelerator_type
+from trainer.planner.tpu_specs import DCN_BANDWIDTH, GB, GENERATIONS, parse_accelerator_type
 
 V6E16 = parse_accelerator_type("v6e-16")
 
@@ -44,14 +44,14 @@ def test_collectives_count_every_array_of_a_tuple_and_their_group():
         "  %collective-permute = s32[4]{0} collective-permute(%e), source_target_pairs={{0,1},{1,0}}",
         "  %fusion = f32[8]{0} fusion(%a), kind=kLoop",
     ])
-    found = aot.collectives_in(hlo, devices=16)
+    found = tpu_compile.collectives_in(hlo, devices=16)
     assert found.count == 5
     ops = {op.kind: op for op in found.ops}
-    assert ops["all-reduce"] == aot.CollectiveOp("all-reduce", 32 * 32 * 2 + 32 * 4, 16)
-    assert ops["all-gather"] == aot.CollectiveOp("all-gather", 128 * 2048 * 2, 4)
+    assert ops["all-reduce"] == tpu_compile.CollectiveOp("all-reduce", 32 * 32 * 2 + 32 * 4, 16)
+    assert ops["all-gather"] == tpu_compile.CollectiveOp("all-gather", 128 * 2048 * 2, 4)
     assert ops["all-to-all"].group == 2
     assert ops["reduce-scatter"].group == 16  # empty groups: every chip
-    assert ops["collective-permute"] == aot.CollectiveOp("collective-permute", 16, 2)
+    assert ops["collective-permute"] == tpu_compile.CollectiveOp("collective-permute", 16, 2)
     assert sorted(found.grouped())[0] == ["all-gather", 128 * 2048 * 2, 4, 1]
 
 
@@ -94,14 +94,15 @@ def test_a_group_is_priced_where_the_compiled_program_puts_it():
     coords = {0: (0, 0), 1: (1, 0), 2: (0, 1), 3: (1, 1), 4: (2, 0), 5: (3, 0), 6: (2, 1), 7: (3, 1),
               8: (0, 2), 9: (1, 2), 10: (0, 3), 11: (1, 3), 12: (2, 2), 13: (3, 2), 14: (2, 3), 15: (3, 3)}
     hosts = "replica_groups={{0,1,2,3},{4,5,6,7},{8,9,10,11},{12,13,14,15}}"
-    assert aot.torus_span(hosts, coords) == (2, 2)
-    assert aot.torus_span("replica_groups=[2,8]<=[16]", coords) == (4, 2)  # two hosts
-    assert aot.torus_span("replica_groups={{0,4},{1,5}}", coords) == (3, 1)  # a ring passes the chip between
-    assert aot.torus_span("replica_groups={}", coords) == (4, 4)  # every chip
-    assert aot.torus_span("replica_groups=mesh['axis_0'=16] {'axis_0'}", coords) == ()  # not read: by size
-    assert aot.torus_span(hosts, {}) == ()
+    torus_span = tpu_compile.torus_span
+    assert torus_span(hosts, coords) == (2, 2)
+    assert torus_span("replica_groups=[2,8]<=[16]", coords) == (4, 2)  # two hosts
+    assert torus_span("replica_groups={{0,4},{1,5}}", coords) == (3, 1)  # a ring passes the chip between
+    assert torus_span("replica_groups={}", coords) == (4, 4)  # every chip
+    assert torus_span("replica_groups=mesh['axis_0'=16] {'axis_0'}", coords) == ()  # not read: by size
+    assert torus_span(hosts, {}) == ()
     hlo = f"  %ar = bf16[64,2048]{{1,0}} all-reduce(%y), {hosts}, to_apply=%add"
-    found = aot.collectives_in(hlo, 16, span=lambda attrs: aot.torus_span(attrs, coords))
+    found = tpu_compile.collectives_in(hlo, 16, span=lambda attrs: tpu_compile.torus_span(attrs, coords))
     assert found.grouped() == [["all-reduce", 64 * 2048 * 2, 4, 1, [2, 2]]]
     # A host's square: one hop a phase on each of two axes (all its links) against an axis of 4's three
     # hops on half of them, which is where a group of 4 is put when its place is not known.
@@ -134,8 +135,8 @@ def test_a_program_is_priced_from_the_floor_at_the_low_end_and_its_hbm_traffic_a
     per_high = collective_seconds("all-reduce", 4096, 16, V6E16, HIGH)
     assert r.low == pytest.approx(0.79e9 / g.hbm_bandwidth + 100 * per_low)
     assert r.high == pytest.approx(2.85e9 / g.hbm_bandwidth + 100 * per_high)
-    # Where the HLO's HBM traffic was counted (trainer/hbm_traffic.py), it prices the high end instead of the
-    # compiler's bytes accessed, which also count on-chip copies.
+    # Where the HLO's HBM traffic was counted (trainer/planner/hbm_traffic.py), it prices the high end instead
+    # of the compiler's bytes accessed, which also count on-chip copies.
     counted = price(ProgramCost(1e9, 2.85e9, 0.79e9, ops, hbm_traffic=0.9e9), V6E16)
     assert counted.low == pytest.approx(r.low)
     assert counted.high == pytest.approx(0.9e9 / g.hbm_bandwidth + 100 * per_high)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tests.trainer.launch import read_events, spawn, wait_all
-from trainer.bench_memory import buffer_shape, join_u64, split_u64
+from trainer.planner.bench_memory import buffer_shape, join_u64, split_u64
 
 
 def test_hi_lo_words_carry_values_beyond_int32_exactly():
@@ -18,7 +18,7 @@ def test_hi_lo_words_carry_values_beyond_int32_exactly():
 
 
 def test_allgather_u64_in_one_process_is_exact():
-    from trainer.bench_memory import allgather_u64
+    from trainer.planner.bench_memory import allgather_u64
 
     gathered = allgather_u64([5 * 2**31 + 7, 3])
     assert gathered.shape == (1, 2) and gathered.tolist() == [[5 * 2**31 + 7, 3]]

@@ -1,11 +1,11 @@
-"""What crosses slices (trainer/dcn.py), on synthetic HLO in the spellings libtpu prints for a multislice
-program: pure, no compile (the compiled programs are in tests/trainer/test_plan.py)."""
+"""What crosses slices (trainer/planner/dcn.py), on synthetic HLO in the spellings libtpu prints for a
+multislice program: pure, no compile (the compiled programs are in tests/trainer/test_plan.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from trainer import aot, dcn
+from trainer.planner import dcn, tpu_compile
 
 # Two slices of v6e 2x2: logical ids 0-3 on slice 0, 4-7 on slice 1 (the device assignment's order).
 TWO_SLICES = {i: i // 4 for i in range(8)}
@@ -55,7 +55,7 @@ def test_a_collective_whose_groups_span_slices_moves_its_share_over_the_dcn():
         crossing.append(op) if op else None
         return op is not None
 
-    ici = aot.collectives_in(hlo, 4, skip)
+    ici = tpu_compile.collectives_in(hlo, 4, skip)
     assert ici.count == 1 and ici.ops[0].group == 4
     assert crossing == [dcn.DcnOp("all-reduce", 4000, 4000, 2)]
 
@@ -96,7 +96,7 @@ def test_megascale_transfers_are_found_with_their_payload_and_slices():
     share = 64 * 8 * 128 * 4  # a chip's 1/16 of the 4 MiB gradient
     assert [op.wire_bytes for op in ops] == [share, 3 / 4 * 128 * 1024 * 4, 1 / 2 * 8 * 8 * 128 * 4]
     # The slice's own all-reduce stays an ICI collective.
-    assert aot.collectives_in(MEGASCALE_HLO, 16).by_kind == {"all-reduce": [1, 1024 * 1024 * 4]}
+    assert tpu_compile.collectives_in(MEGASCALE_HLO, 16).by_kind == {"all-reduce": [1, 1024 * 1024 * 4]}
     assert dcn.ops_wire_bytes(dcn.grouped(ops)) == pytest.approx(sum(op.wire_bytes for op in ops))
     assert dcn.megascale_ops(MEGASCALE_HLO.replace("is_host_transfer=true", "")) == []
 
@@ -112,16 +112,16 @@ def test_bytes_on_the_dcn_by_kind():
 
 # ---- the tiny model planned on 2 slices of v6e 2x2 (libtpu compiles it here) -------------------------------
 
-needs_libtpu = pytest.mark.skipif(aot.libtpu_version() is None, reason="libtpu is not installed")
+needs_libtpu = pytest.mark.skipif(tpu_compile.libtpu_version() is None, reason="libtpu is not installed")
 
 
 @needs_libtpu
 def test_the_update_on_two_slices_all_reduces_its_gradients_across_them(tmp_path, tiny_model_dir):
     from tests.trainer.launch import planning_config
     from trainer.config import load_config
-    from trainer.plan import build_plan
-    from trainer.plan_report import format_plan
-    from trainer.tpu_specs import parse_accelerator_type
+    from trainer.planner.plan import build_plan
+    from trainer.planner.report import format_plan
+    from trainer.planner.tpu_specs import parse_accelerator_type
 
     cfg = load_config(planning_config(tmp_path, tiny_model_dir), [])
     v6e4 = parse_accelerator_type("v6e-4")
@@ -150,9 +150,9 @@ def test_the_update_on_two_slices_all_reduces_its_gradients_across_them(tmp_path
 
 def test_a_mesh_that_cannot_span_the_slices_is_one_line(tmp_path, tiny_model_dir, capsys):
     from tests.trainer.launch import planning_config
-    from trainer.plan import EXIT_BAD_INPUT, main
+    from trainer.planner.plan import EXIT_BAD_INPUT, main
 
-    if aot.libtpu_version() is None:  # the shape check comes after libtpu describes the slices
+    if tpu_compile.libtpu_version() is None:  # the shape check comes after libtpu describes the slices
         pytest.skip("libtpu is not installed")
     config = planning_config(tmp_path, tiny_model_dir)
     args = ["--config", config, "--topology", "v6e-4", "--quiet", "--set", "mesh_shape=1,-1,1"]

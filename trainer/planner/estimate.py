@@ -1,15 +1,16 @@
 """How long a compiled program takes on a TPU slice, as a range (low..high), from the compiler's figures.
 
-Pure (no JAX): the planner (trainer/plan.py) and the console price the same per-chip figures the same way.
+Pure (no JAX): the planner (trainer/planner/plan.py) and the console price the same per-chip figures the
+same way.
 
     time = max(flops / peak bf16 flop/s, HBM bytes / HBM bandwidth) + the sum over collectives of
            (fixed cost + ring steps x per-hop latency + bytes on the wire / the group's link bandwidth)
 
-The two ends differ in what is uncertain, never in the published figures (trainer/tpu_specs.py):
+The two ends differ in what is uncertain, never in the published figures (trainer/planner/tpu_specs.py):
 - HBM bytes. Low: the floor, what must cross HBM once (for a decode step, the chip's weights and its KV
   cache up to the current length; for any other program, its arguments). High: the bytes the compiled
-  program moves across HBM, read from its HLO by memory space (trainer/hbm_traffic.py: every HBM operand
-  and result in full, a prefetch once), an upper bound of the real traffic. The compiler's own `bytes
+  program moves across HBM, read from its HLO by memory space (trainer/planner/hbm_traffic.py: every HBM
+  operand and result in full, a prefetch once), an upper bound of the real traffic. The compiler's own `bytes
   accessed` also counts on-chip copies (a prefetched weight about five times, `--part weight-count`); it
   stands in only where no HLO count was made.
 - Latency. Google's "How to Scale Your Model" (jax-ml.github.io/scaling-book/sharding, "A note on ICI
@@ -21,19 +22,20 @@ Both ends: compute and HBM traffic overlap; collectives do not (decode's are on 
 
 Collectives, on the slice's torus, where the compiled program puts each group: its span, the most chips a
 group reaches along each torus axis, read from the HLO's replica groups and the chips' coordinates
-(trainer/aot.py torus_span; on v6e-16 a host's 4 chips are a 2x2 square, two hosts a 4x2 block). Where no
-span was read (a program compiled before spans were, a spelling not read), a group of n chips is placed on
-whole axes, the longest first (4x4 -> a group of 4 is one axis, of 16 both). A chip receives over the
-links of the axes its group spans, its share of the chip's bidirectional ICI bandwidth (half of it
+(trainer/planner/tpu_compile.py torus_span; on v6e-16 a host's 4 chips are a 2x2 square, two hosts a 4x2
+block). Where no span was read (a program compiled before spans were, a spelling not read), a group of n chips
+is placed on whole axes, the longest first (4x4 -> a group of 4 is one axis, of 16 both). A chip receives over
+the links of the axes its group spans, its share of the chip's bidirectional ICI bandwidth (half of it
 inbound) by axes used. Bytes on the wire per
 chip, by kind, for a result of R bytes (every array of a tuple): all-reduce 2(n-1)/n R (reduce-scatter
 then all-gather), all-gather (n-1)/n R, reduce-scatter (n-1) R (R is one chip's piece), all-to-all
 (n-1)/n R, collective-permute R. Ring steps, one hop each: (a - 1) per axis of length a (no wraparound
 link; an axis that wraps needs about a / 2), twice for an all-reduce; one for a permute.
 
-Across slices (Multislice, trainer/dcn.py finds these in the HLO): each transfer costs a fixed latency plus
-the bytes a chip puts on the data-center network at its share of the host's NICs (trainer/tpu_specs.py
-DCN_BANDWIDTH, published per generation but v4's). No public DCN latency exists: LOW and HIGH assume one.
+Across slices (Multislice, trainer/planner/dcn.py finds these in the HLO): each transfer costs a fixed latency
+plus the bytes a chip puts on the data-center network at its share of the host's NICs
+(trainer/planner/tpu_specs.py DCN_BANDWIDTH, published per generation but v4's). No public DCN latency
+exists: LOW and HIGH assume one.
 """
 
 from __future__ import annotations
@@ -42,9 +44,9 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from trainer.dcn import per_token
-from trainer.dcn import wire_bytes as dcn_wire_bytes
-from trainer.tpu_specs import DCN_BANDWIDTH, TpuSlice
+from trainer.planner.dcn import per_token
+from trainer.planner.dcn import wire_bytes as dcn_wire_bytes
+from trainer.planner.tpu_specs import DCN_BANDWIDTH, TpuSlice
 
 
 @dataclass(frozen=True)
@@ -108,14 +110,14 @@ ZERO = Range(0.0, 0.0)
 @dataclass(frozen=True)
 class ProgramCost:
     """One program's per-chip figures, as the compiler gave them. ops: (kind, result bytes, group size,
-    count) of its collectives (trainer/aot.py `Collectives.grouped`); hbm_traffic: the bytes it moves across
-    HBM (trainer/hbm_traffic.py; 0: not counted, `bytes_accessed` stands in)."""
+    count) of its collectives (trainer/planner/tpu_compile.py `Collectives.grouped`); hbm_traffic: the bytes
+    it moves across HBM (trainer/planner/hbm_traffic.py; 0: not counted, `bytes_accessed` stands in)."""
 
     flops: float
     bytes_accessed: float
     floor_bytes: float
     ops: Sequence[Sequence] = ()
-    dcn_ops: Sequence[Sequence] = ()  # (kind, send bytes, recv bytes, slices, count): trainer/dcn.py grouped
+    dcn_ops: Sequence[Sequence] = ()  # (kind, send bytes, recv bytes, slices, count): dcn.grouped
     hbm_traffic: float = 0.0
 
 
@@ -343,6 +345,6 @@ def step_lines(plan: Mapping) -> list[str]:
         lines.append(f"  at the maximum, {most} tokens: step_s {at_max.text()}")
     lines.append(
         "  low: HBM at the floor (weights and KV cache read once), short collective latencies; high: what "
-        "the compiled program moves across HBM, long latencies (trainer/estimate.py)"
+        "the compiled program moves across HBM, long latencies (trainer/planner/estimate.py)"
     )
     return lines

@@ -9,12 +9,19 @@ import math
 import pytest
 
 from tests.trainer.launch import planning_config
-from trainer import aot
 from trainer.config import load_config
-from trainer.plan import EXIT_BAD_INPUT, EXIT_CANNOT_PLAN, EXIT_DOES_NOT_FIT, EXIT_FITS, build_plan, main
-from trainer.tpu_specs import UnknownAcceleratorType, parse_accelerator_type
+from trainer.planner import tpu_compile
+from trainer.planner.plan import (
+    EXIT_BAD_INPUT,
+    EXIT_CANNOT_PLAN,
+    EXIT_DOES_NOT_FIT,
+    EXIT_FITS,
+    build_plan,
+    main,
+)
+from trainer.planner.tpu_specs import UnknownAcceleratorType, parse_accelerator_type
 
-needs_libtpu = pytest.mark.skipif(aot.libtpu_version() is None, reason="libtpu is not installed")
+needs_libtpu = pytest.mark.skipif(tpu_compile.libtpu_version() is None, reason="libtpu is not installed")
 
 
 def test_accelerator_types_map_to_libtpu_topologies():
@@ -43,18 +50,18 @@ def test_collectives_are_read_from_the_compiled_hlo():
       %all-reduce.3 = f32[8,151936]{1,0} all-reduce(%x), to_apply=%add
       %fusion = f32[8]{0} fusion(%a), kind=kLoop
     """
-    found = aot.collectives_in(hlo)
+    found = tpu_compile.collectives_in(hlo)
     assert found.count == 2
     assert found.by_kind == {"all-gather": [1, 4096 * 2048 * 2], "all-reduce": [1, 8 * 151936 * 4]}
 
 
 def test_without_libtpu_plan_says_so_in_one_line(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(aot, "libtpu_version", lambda: None)
-    with pytest.raises(aot.LibtpuUnavailable, match="libtpu is not installed"):
-        aot.tpu_devices.__wrapped__(parse_accelerator_type("v6e-4"))
-    aot.tpu_devices.cache_clear()
-    monkeypatch.setattr(aot, "tpu_devices", aot.tpu_devices.__wrapped__)
-    monkeypatch.setattr("trainer.plan.tpu_devices", aot.tpu_devices)
+    monkeypatch.setattr(tpu_compile, "libtpu_version", lambda: None)
+    with pytest.raises(tpu_compile.LibtpuUnavailable, match="libtpu is not installed"):
+        tpu_compile.tpu_devices.__wrapped__(parse_accelerator_type("v6e-4"))
+    tpu_compile.tpu_devices.cache_clear()
+    monkeypatch.setattr(tpu_compile, "tpu_devices", tpu_compile.tpu_devices.__wrapped__)
+    monkeypatch.setattr("trainer.planner.plan.tpu_devices", tpu_compile.tpu_devices)
     config = tmp_path / "c.yaml"
     config.write_text("model_path: Qwen/Qwen2.5-0.5B-Instruct\nsteps: 1\n")
     assert main(["--config", str(config), "--topology", "v6e-4", "--quiet"]) == EXIT_CANNOT_PLAN
@@ -114,8 +121,8 @@ def test_tiny_model_plan_on_v6e_2x2_matches_a_hand_computation(tmp_path, tiny_mo
     floor = resident["rollout weights"] + cache * (64 + 32 / 2) / 96
     assert step["floor_bytes"] == pytest.approx(floor)
     assert step["estimated_seconds"][0] <= step["estimated_seconds"][1]
-    # What crosses HBM, read from the HLO (trainer/hbm_traffic.py), is at least the floor and at most the
-    # compiler's bytes accessed, which also counts on-chip copies.
+    # What crosses HBM, read from the HLO (trainer/planner/hbm_traffic.py), is at least the floor and at most
+    # the compiler's bytes accessed, which also counts on-chip copies.
     assert floor <= step["hbm_traffic_bytes"] < step["bytes_accessed"]
     assert plan["expected_new_tokens"] == 32 and plan["longest_rows_known"] == 0
     # One slice: nothing crosses a data-center network (tests/trainer/test_dcn.py plans two).

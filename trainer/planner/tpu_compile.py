@@ -4,8 +4,8 @@ libtpu (the `libtpu` wheel `jax[tpu]` pins) compiles for a TPU topology without 
 a slice's devices to build a mesh on, `compile_program` lowers a jitted function with abstract arguments and
 returns the TPU executable's `memory_analysis()` (per-chip argument, output, temporary and alias bytes),
 `cost_analysis()` (flops, bytes accessed, the compiler's own optimal time; loops counted as often as they
-run, trainer/hlo_loops.py), the bytes that cross HBM (trainer/hbm_traffic.py) and the collectives in the
-compiled HLO, or the compiler's out-of-memory answer.
+run, trainer/planner/whole_cost.py), the bytes that cross HBM (trainer/planner/hbm_traffic.py) and the
+collectives in the compiled HLO, or the compiler's out-of-memory answer.
 MaxText's `train_compile` works the same way.
 """
 
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainer.distributed import has_tpu_chips
-from trainer.hbm_traffic import arrays, hbm_traffic
-from trainer.hlo_loops import computation_header, computation_runs, whole_cost
-from trainer.tpu_specs import TpuSlice
+from trainer.planner.hbm_traffic import arrays, hbm_traffic
+from trainer.planner.tpu_specs import TpuSlice
+from trainer.planner.whole_cost import computation_header, computation_runs, whole_cost
 
 
 class LibtpuUnavailable(RuntimeError):
@@ -136,10 +136,10 @@ class CollectiveOp:
 @dataclass
 class Collectives:
     """Collectives in a compiled program, each counted as often as it runs (one in a loop body as often as the
-    loop runs, trainer/hlo_loops.py; where a loop's trip count cannot be read, once). bytes: the size of
-    each collective's result on one chip (an all-gather's gathered array, an
+    loop runs, trainer/planner/whole_cost.py; where a loop's trip count cannot be read, once). bytes: the size
+    of each collective's result on one chip (an all-gather's gathered array, an
     all-reduce's reduced one, every array of a tuple), the data a chip receives. ops: each one with its
-    group's size, for pricing by kind over the slice's torus (trainer/estimate.py)."""
+    group's size, for pricing by kind over the slice's torus (trainer/planner/estimate.py)."""
 
     count: int = 0
     bytes: int = 0
@@ -168,7 +168,7 @@ def collectives_in(hlo_text: str, devices: int = 0, skip: Callable[[str, int, st
                    span: Callable[[str], tuple[int, ...]] | None = None) -> Collectives:
     """The collectives of a compiled program's HLO text; `devices`: the slice's chip count, the group of a
     collective whose groups are empty; skip(kind, result bytes, attributes): leave one out (one that crosses
-    slices is counted on the DCN, trainer/dcn.py); span(attributes): where its groups lie on the torus
+    slices is counted on the DCN, trainer/planner/dcn.py); span(attributes): where its groups lie on the torus
     (torus_span)."""
     found = Collectives()
     started: dict[str, str] = {}  # an async start's name -> its attributes (the groups are named there)
@@ -198,7 +198,7 @@ def torus_span(attrs: str, coords: Mapping[int, Sequence[int]]) -> tuple[int, ..
     spans there (max - min + 1 of its chips' coordinates; its ring passes every chip between), from the
     replica groups (logical ids) and `coords` (logical id -> the chip's torus coordinates). Empty groups:
     every chip in `coords`. (): a spelling not read, or a chip without coordinates."""
-    from trainer import dcn
+    from trainer.planner import dcn
 
     if not coords:
         return ()
@@ -228,16 +228,18 @@ class CompiledProgram:
     code_bytes: int = 0
     flops: float = 0.0
     bytes_accessed: float = 0.0
-    # What crosses HBM, read from the compiled HLO by memory space (trainer/hbm_traffic.py): an upper bound
-    # of the real traffic, where bytes_accessed also counts on-chip copies (a prefetched weight ~5 times).
+    # What crosses HBM, read from the compiled HLO by memory space (trainer/planner/hbm_traffic.py): an upper
+    # bound of the real traffic, where bytes_accessed also counts on-chip copies (a prefetched weight ~5
+    # times).
     hbm_traffic_bytes: float = 0.0
     compiler_seconds: float | None = None  # the TPU compiler's own 'optimal_seconds' estimate
-    # flops and bytes_accessed count every loop as often as it runs (trainer/hlo_loops.py); counted_flops is
-    # cost_analysis()' own figure (each loop body once), loop_trips each while loop's trips (None: unknown).
+    # flops and bytes_accessed count every loop as often as it runs (trainer/planner/whole_cost.py);
+    # counted_flops is cost_analysis()' own figure (each loop body once), loop_trips each while loop's trips
+    # (None: unknown).
     counted_flops: float = 0.0
     loop_trips: list = field(default_factory=list)
     collectives: Collectives = field(default_factory=Collectives)
-    dcn: list = field(default_factory=list)  # trainer/dcn.py DcnOps: what crosses slices, per chip
+    dcn: list = field(default_factory=list)  # trainer/planner/dcn.py DcnOps: what crosses slices, per chip
     oom: str | None = None  # the compiler's out-of-memory message, when it could not fit the program
     compile_s: float = 0.0
     output_shardings: Any = None  # of the executable's outputs (the next program's inputs are laid out so)
@@ -318,7 +320,7 @@ def _split_by_slice(hlo_text: str, args: Any) -> dict:
     device assignment (the first sharded argument's, as jit takes it)."""
     import jax
 
-    from trainer import dcn
+    from trainer.planner import dcn
 
     assignment: list = []
     for leaf in jax.tree.leaves(args):
