@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shlex
-import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -45,6 +44,7 @@ from tpu_console.provision.project_sync import changed_since_sync, project_path_
 from tpu_console.provision.recipes import ENV_DIR, ENV_PYTHON
 from tpu_console.provision.report import WorkerReport, mismatches
 from tpu_console.provision.steps import ignore_worker, run_on_workers
+from tpu_console.provision.worker_inspection import default_python, inspect_workers, worker_python
 from tpu_console.runs import bucket_record, job_ports, multislice, ownership, supervision
 from tpu_console.runs.inputs import job_inputs, refuse_missing
 from tpu_console.runs.job_spec import JobSpec, MetricsSpec
@@ -63,7 +63,6 @@ STEP_LINES = "step_lines.py"  # imported by the runner: a command job's step lin
 PREEMPTION_NOTICE = "preemption_notice.py"  # imported by the runner: the VM's notice, passed to the job
 # The names under which the console gives a job its coordinator (local and ssh pods only).
 COORDINATOR_NAMES = ("TRAINER_COORDINATOR_ADDRESS", "TPU_CONSOLE_COORDINATOR_ADDRESS")
-
 
 
 @dataclass(frozen=True)
@@ -141,17 +140,6 @@ def check_shape(config: ValidatedConfig, node: Node, process_count: int) -> None
 def read_env_file(env_file: str | Path | None) -> bytes | None:
     """The `.env` content to upload, or None when none was named. The content is never shown."""
     return None if env_file is None else secrets.read_env_file(env_file)
-
-
-def default_python(provider: Provider) -> str:
-    """Local workers share this machine, so they run this very interpreter; elsewhere `python3`."""
-    return sys.executable if provider.name == "local" else "python3"
-
-
-def worker_python(provider: Provider, reports: list[WorkerReport]) -> str:
-    """The interpreter for jobs on these workers: the environment `bootstrap` made when every worker has
-    one, else this console's own on local pods (`python3` elsewhere, which `launch` then refuses)."""
-    return ENV_PYTHON if all(r.env_present for r in reports) else default_python(provider)
 
 
 def launch_env(
@@ -813,21 +801,6 @@ def _record(store: RunStore, record: RunRecord, starts: list[WorkerStart]) -> No
         record.state, record.failure = "failed", f"worker {first.worker} did not start: {first.error}"
         record.finished_at = datetime.now(UTC)
     store.add(record)
-
-
-async def inspect_workers(fleet: Fleet, workers: list[int], also: str = "") -> list[WorkerReport]:
-    """Environment, code, versions and live runs of each worker, and what `also` asks, in one round trip."""
-    command = provision_recipes.inspect_worker() + (f"\n{also}" if also else "")
-    results = await fleet.run(command, workers, timeout=60)
-    reports = []
-    for result in results:
-        if not result.ok:
-            raise UserError(
-                f"worker {result.worker} could not be inspected "
-                f"({result.error or result.stderr.strip() or result.exit_status}); nothing was launched"
-            )
-        reports.append(WorkerReport.parse(result.worker, result.stdout))
-    return reports
 
 
 def refuse_unready(

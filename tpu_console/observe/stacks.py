@@ -27,10 +27,10 @@ from pathlib import Path
 
 from tpu_console.errors import Unreachable, UserError, one_line
 from tpu_console.fleet import recipes
+from tpu_console.model import worker_slices
 from tpu_console.providers.base import Provider
+from tpu_console.provision.worker_inspection import inspect_workers, worker_python
 from tpu_console.runs.device_metrics import WorkerDeviceMetrics, read_device_metrics
-from tpu_console.runs.launch import inspect_workers, worker_python
-from tpu_console.runs.multislice import worker_slices
 from tpu_console.runs.reach import NodeWorkers, reach_node
 from tpu_console.runs.store import RunRecord
 

@@ -41,7 +41,7 @@ from tpu_console.fleet import recipes
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.runs.archive import archived_last_steps_in
 from tpu_console.runs.events import Event, StepMetrics
-from tpu_console.runs.job_spec import METRIC_FORMATS
+from tpu_console.runs.metric_formats import METRIC_FORMATS
 from tpu_console.runs.reach import reach_node
 from trainer import telemetry as tm
 

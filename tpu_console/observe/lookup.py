@@ -1,4 +1,4 @@
-"""Watching and steering launched runs: live status, history, logs (one-shot or followed), stop.
+"""Looking at launched runs: live status, history, logs (one-shot or followed), the supervisor's decisions.
 
 Each call looks the run up in the history (`RunStore`), reaches its node's workers over one Fleet, and
 feeds what the workers say into a `RunMonitor`. What was learnt goes back into the history, so `runs`
@@ -18,7 +18,6 @@ from tpu_console.fleet import recipes
 from tpu_console.fleet.selection import parse_worker_selection
 from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import find_node
-from tpu_console.runs import launch_lock
 from tpu_console.runs.archive import archived_events_in
 from tpu_console.runs.monitor import RunMonitor, RunState, WorkerState, WorkerStatus
 from tpu_console.runs.probe import parse_probe
@@ -44,15 +43,6 @@ class RunView:
     failure: str | None = None
     live: bool = False
     problem: str | None = None  # why it could not be probed now (node gone, unreachable ...)
-
-
-@dataclass
-class WorkerStop:
-    worker: int
-    outcome: str  # stopped, exited, gone, not-started, missing, unreachable
-    signal: str | None = None  # TERM or KILL: what ended it
-    exit_status: int | None = None
-    error: str | None = None
 
 
 # -- status and history --------------------------------------------------------------------------------
@@ -111,10 +101,10 @@ async def observe(
     views: dict[str, RunView] = {}
 
     async def one_node(name: str, node_records: list[RunRecord]) -> None:
-        async with _reach(providers, name) as reach:
+        async with reach_node(providers, name) as reach:
             for record, view in zip(
                 node_records,
-                await _probe(reach, node_records, events_tail_bytes, log_tail_lines),
+                await probe_records(reach, node_records, events_tail_bytes, log_tail_lines),
                 strict=True,
             ):
                 if record.finished and reach.fleet is None:
@@ -124,7 +114,7 @@ async def observe(
                     views[record.run_id] = view
                     continue
                 views[record.run_id] = view
-                _save(store, view)
+                save_view(store, view)
                 if reach.fleet is not None and all(s.done for s in view.workers):
                     # Ended: archive its files and keep its summary (once; a later look skips this).
                     await keep_run_end(reach.fleet, store.get(record.run_id), store)
@@ -133,8 +123,8 @@ async def observe(
     return [views[r.run_id] for r in records]
 
 
-async def _probe(
-    reach: _NodeWorkers, records: list[RunRecord], events_tail_bytes: int, log_tail_lines: int
+async def probe_records(
+    reach: NodeWorkers, records: list[RunRecord], events_tail_bytes: int, log_tail_lines: int
 ) -> list[RunView]:
     monitors = {r.run_id: _monitor(r) for r in records}
     if reach.fleet is None:
@@ -160,7 +150,7 @@ async def _probe(
                 monitor.observe(result.worker, probes[record.run_id])
             else:
                 monitor.observe_unreachable(
-                    result.worker, result.error or _said(result.stderr, "probe failed")
+                    result.worker, result.error or last_line(result.stderr, "probe failed")
                 )
     return [_view(r, monitors[r.run_id], live=True) for r in records]
 
@@ -207,7 +197,7 @@ def _from_history(record: RunRecord) -> RunView:
     return RunView(record, record.state, list(monitor.workers.values()), record.failure, live=False)
 
 
-def _save(store: RunStore, view: RunView) -> None:
+def save_view(store: RunStore, view: RunView) -> None:
     finished = all(s.done for s in view.workers)
     store.update(
         view.record.run_id,
@@ -216,49 +206,6 @@ def _save(store: RunStore, view: RunView) -> None:
          for s in view.workers],
         failure=view.failure,
         finished=finished,
-    )
-
-
-# -- stop ----------------------------------------------------------------------------------------------
-
-
-async def stop(
-    providers: dict[str, Provider], run_id: str, store: RunStore | None = None, grace_s: float = 10.0
-) -> tuple[RunView, list[WorkerStop]]:
-    """SIGTERM the job's process group on every worker, SIGKILL after `grace_s`; the run as it ends up."""
-    store = store or RunStore()
-    record = store.get(check_run_id(run_id))
-    async with _reach(providers, record.node) as reach:
-        if reach.fleet is None:
-            raise UserError(f"cannot stop {run_id}: {reach.problem}")
-        store.mark_stop_requested(record.run_id)
-        record = store.get(record.run_id)
-        workers = [w for w in record.workers if w in reach.fleet.targets]
-        results = await reach.fleet.run(
-            recipes.stop_run(record.run_id, grace_s), workers, timeout=grace_s + 30
-        )
-        stops = [
-            _stop_outcome(r.worker, r.stdout, r.error or (None if r.ok else _said(r.stderr, "failed")))
-            for r in results
-        ]
-        (view,) = await _probe(reach, [record], STATUS_EVENTS_TAIL_BYTES, 3)
-        _save(store, view)
-        lock_worker = launch_lock.LOCK_WORKER
-        if all(s.done for s in view.workers) and lock_worker in reach.fleet.targets:  # free for the next
-            await reach.fleet.run(launch_lock.release_recipe(run_id=record.run_id), [lock_worker], timeout=30)
-    return view, stops
-
-
-def _stop_outcome(worker: int, stdout: str, error: str | None) -> WorkerStop:
-    if error is not None:
-        return WorkerStop(worker, "unreachable", error=error)
-    values = dict(word.partition("=")[::2] for word in stdout.split())
-    exit_text = values.get("exit", "")
-    return WorkerStop(
-        worker,
-        values.get("state", "unknown"),
-        signal=values.get("signal") or None,
-        exit_status=int(exit_text) if exit_text.isdigit() else None,
     )
 
 
@@ -281,7 +228,7 @@ async def logs(
     loses nothing."""
     store = store or RunStore()
     record = store.get(check_run_id(run_id))
-    async with _reach(providers, record.node) as reach:
+    async with reach_node(providers, record.node) as reach:
         if reach.fleet is None:
             raise UserError(f"cannot read the logs of {run_id}: {reach.problem}")
         fleet = reach.fleet
@@ -297,8 +244,8 @@ async def logs(
                         on_line(update.worker, text)
 
             await watch.run(on_update)
-            (view,) = await _probe(reach, [record], STATUS_EVENTS_TAIL_BYTES, 3)
-            _save(store, view)
+            (view,) = await probe_records(reach, [record], STATUS_EVENTS_TAIL_BYTES, 3)
+            save_view(store, view)
             return view
         # One look: each selected log read to its current end.
         cursors = {w: TailCursor() for w in selected}
@@ -317,7 +264,8 @@ async def logs(
             probes = parse_probe(head) if result.ok else {}
             chunk = parse_chunk(tail_out) if result.ok else None
             if record.run_id not in probes or chunk is None:
-                monitor.observe_unreachable(worker, result.error or _said(result.stderr, "log read failed"))
+                reason = result.error or last_line(result.stderr, "log read failed")
+                monitor.observe_unreachable(worker, reason)
                 behind.discard(worker)
                 return
             monitor.observe(worker, probes[record.run_id])
@@ -331,8 +279,8 @@ async def logs(
         while pending := sorted(behind):
             await asyncio.gather(*(read(w, first=False) for w in pending))
         # One probe of the whole run with its events, for the closing state line and the history.
-        (view,) = await _probe(reach, [record], STATUS_EVENTS_TAIL_BYTES, 3)
-        _save(store, view)
+        (view,) = await probe_records(reach, [record], STATUS_EVENTS_TAIL_BYTES, 3)
+        save_view(store, view)
     return view
 
 
@@ -350,16 +298,13 @@ def _run_workers(record: RunRecord, selection: str, worker_count: int) -> list[i
 
 # -- reaching a run's node -----------------------------------------------------------------------------
 
-_reach = reach_node  # the name this module used before reach.py held it
-_NodeWorkers = NodeWorkers
 
-
-def _said(stderr: str, default: str) -> str:
+def last_line(stderr: str, default: str) -> str:
     lines = [line for line in stderr.strip().splitlines() if line.strip()]
     return lines[-1] if lines else default
 
 
-__all__ = ["RunState", "RunView", "WorkerStop", "list_runs", "logs", "observe", "run_status", "stop"]
+__all__ = ["RunState", "RunView", "list_runs", "logs", "observe", "run_status"]
 
 
 async def supervisor_decisions(providers: dict[str, Provider], record: RunRecord) -> list[Decision] | None:

@@ -92,15 +92,6 @@ def megascale_port(node: Node, coordinator_host: str) -> int:
         return sock.getsockname()[1]
 
 
-def worker_slices(slices: int, workers: list[int]) -> dict[int, int]:
-    """Each worker's slice in a run on `slices` slices (every host of every slice ran it, numbered slice by
-    slice); {} for one slice."""
-    if slices < 2 or not workers:
-        return {}
-    per_slice = max(1, (max(workers) + 1) // slices)
-    return {w: w // per_slice for w in workers}
-
-
 def refuse_partial_multislice(node: Node, selected: list[int]) -> None:
     """A multislice job is one program over every host of every slice: a subset would hang at startup."""
     if node.slices > 1 and len(selected) < node.shape.workers:

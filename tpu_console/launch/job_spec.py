@@ -19,16 +19,14 @@ import re
 import shlex
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tpu_console.errors import UserError
+from tpu_console.runs.metric_formats import METRIC_FORMATS, MetricFormat
 from tpu_console.runs.supervision import SupervisionPolicy, policy_from_options
 
-# Where a command's steps are read from (worker/step_lines.py parses each); the app's launch form lists them.
-MetricFormat = Literal["auto", "seeds", "maxtext", "jsonl", "loop", "tqdm", "keras", "regex", "none"]
-METRIC_FORMATS: tuple[str, ...] = get_args(MetricFormat)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")  # a shell's NAME=VALUE before a command
 # [env] names that hold secrets by convention: refused, since [env] is on a command line and in launch.json.

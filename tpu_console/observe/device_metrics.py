@@ -14,7 +14,7 @@ from tpu_console.fleet.recipes import LIBTPU_METRICS_ADDRESS, libtpu_metrics
 from tpu_console.fleet.selection import parse_worker_selection
 from tpu_console.model import Node
 from tpu_console.providers.base import Provider
-from tpu_console.runs.launch import inspect_workers, worker_python
+from tpu_console.provision.worker_inspection import inspect_workers, worker_python
 
 
 @dataclass(frozen=True)

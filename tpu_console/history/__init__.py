@@ -1,0 +1,1 @@
+"""What ran: the run store, runs found on pods, records that outlive a node, archives, summaries and goodput."""

@@ -1,1 +1,0 @@
-"""A launched job on a node's workers: run ids, launch, status probes, monitoring, logs, stop, history."""
