@@ -185,9 +185,9 @@ def trainer_sets(args: argparse.Namespace, model: Path, data: Path, ckpt: Path) 
 
 async def reference_run(args: argparse.Namespace, sets: list[str]) -> dict[str, Any]:
     """The same config uninterrupted, on a local pod of its own: its last step event."""
-    from tpu_console.model import CreateRequest
+    from tpu_console.domain import CreateRequest
+    from tpu_console.launch.start import launch
     from tpu_console.providers.local import LocalProvider
-    from tpu_console.runs.launch import launch
 
     providers = {"local": LocalProvider()}
     try:
@@ -221,7 +221,7 @@ def lock_race(folder: Path, trials: int = 50, launches: int = 8) -> list[int]:
     """Of `launches` launches racing on one node after its run ended, how many won, per trial."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from tpu_console.runs import launch_lock
+    from tpu_console.launch import lock as launch_lock
 
     def sh(command: str) -> str:
         return subprocess.run(["bash", "-c", command], env={**os.environ, "HOME": str(folder)},
@@ -258,10 +258,10 @@ async def measure(args: argparse.Namespace) -> int:
     from tpu_console.controller import state as st
     from tpu_console.controller.handover import Budgets, hand_over
     from tpu_console.controller.store import FolderStore
-    from tpu_console.model import CreateRequest
+    from tpu_console.domain import CreateRequest
+    from tpu_console.launch.start import launch, validate_config
+    from tpu_console.observe.supervision import SupervisionPolicy
     from tpu_console.providers.nodes import create_node
-    from tpu_console.runs.launch import launch, validate_config
-    from tpu_console.runs.supervision import SupervisionPolicy
 
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="chaos-"))
@@ -372,7 +372,7 @@ def print_table(args, rows, run, reference, ckpt, work, nodes_left, requests_lef
                 both) -> None:
     import numpy as np
 
-    from tpu_console.node_table import format_table
+    from tpu_console.views.nodes import format_table
 
     print()
     print(f"managed run {run.id}: {run.status}; {len(run.incarnations)} incarnations, "

@@ -103,7 +103,7 @@ async def measure(workers: int, clean: int, scale: list[int], scale_limit: float
 
 
 async def fault_table(workers: int, clean: int, say) -> None:
-    from tpu_console.model import CreateRequest
+    from tpu_console.domain import CreateRequest
     from tpu_console.providers.local import LocalProvider
 
     provider = LocalProvider()
@@ -143,7 +143,7 @@ async def fault_table(workers: int, clean: int, say) -> None:
 
 
 async def scale_table(scale: list[int], scale_limit: float, say) -> None:
-    from tpu_console.model import CreateRequest
+    from tpu_console.domain import CreateRequest
     from tpu_console.providers.local import LocalProvider
 
     if scale:

@@ -85,9 +85,9 @@ def warm_target(workers: int) -> float:
 
 async def main(workers: int, repeats: int, pause: float, scale: list[int]) -> int:
     # Imported here so TPU_CONSOLE_HOME (set below) is in place before anything reads it.
-    from tpu_console import keys
+    from tpu_console import ssh_identity
+    from tpu_console.domain import CreateRequest
     from tpu_console.fleet.fleet import Fleet
-    from tpu_console.model import CreateRequest
     from tpu_console.providers.local import LocalProvider
     from tpu_console.providers.local.pod_host import start_pod_hosts
 
@@ -125,7 +125,7 @@ async def main(workers: int, repeats: int, pause: float, scale: list[int]) -> in
     known_hosts = Path(os.environ["TPU_CONSOLE_HOME"]) / "bench_known_hosts"
     known_hosts.write_text("".join(f"[127.0.0.1]:{t.port} {t.host_keys[0]}\n" for t in targets))
     ssh_options = [
-        "-F", "/dev/null", "-i", str(keys.client_key_path()), "-o", "IdentitiesOnly=yes",
+        "-F", "/dev/null", "-i", str(ssh_identity.client_key_path()), "-o", "IdentitiesOnly=yes",
         "-o", f"UserKnownHostsFile={known_hosts}", "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
     ]  # fmt: skip
 

@@ -145,7 +145,7 @@ def _p(values: list[float], q: float) -> float:
 
 
 def _record(run_id: str, workers: list[int]):
-    from tpu_console.runs.store import RunRecord
+    from tpu_console.history.store import RunRecord
 
     return RunRecord(run_id, "bench", "local", f"local-{len(workers)}x1", workers, "-", "-", [],
                      sys.executable, datetime.now(UTC))
@@ -153,12 +153,12 @@ def _record(run_id: str, workers: list[int]):
 
 async def main(workers: int, lines: int, latency_s: float, first_lines: int | None) -> int:
     # Imported here so TPU_CONSOLE_HOME (set below) is in place before anything reads it.
+    from tpu_console.domain import CreateRequest
     from tpu_console.fleet.fleet import Fleet
-    from tpu_console.model import CreateRequest
+    from tpu_console.history.run_id import new_run_id
+    from tpu_console.observe.watch import LogLines, RunWatch
     from tpu_console.providers.local import LocalProvider
     from tpu_console.providers.local.pod_host import start_pod_hosts
-    from tpu_console.runs.run_id import new_run_id
-    from tpu_console.runs.watch import LogLines, RunWatch
 
     _stamp_arrivals()
     provider = LocalProvider()

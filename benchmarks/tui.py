@@ -196,8 +196,8 @@ def run_child(workers: int, lines_per_s: int, stats_path: str) -> None:
     sys.path.insert(0, str(ROOT))
     import contextlib
 
-    from tpu_console.runs.store import RunRecord
-    from tpu_console.runs.watch import RunWatch
+    from tpu_console.history.store import RunRecord
+    from tpu_console.observe.watch import RunWatch
     from tpu_console.secrets import SecretMasker
     from tpu_console.tui import app as app_module
     from tpu_console.tui.app import TpuConsoleApp

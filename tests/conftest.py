@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures_cli import stand_in_tiny_inputs
+from tpu_console.domain import CreateRequest, Node, SshTarget
 from tpu_console.fleet.fleet import Fleet
-from tpu_console.model import CreateRequest, Node, SshTarget
 from tpu_console.providers.local import LocalProvider
 from tpu_console.providers.local.jobs import running_job_groups, stop_groups
 

@@ -19,8 +19,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from tpu_console.domain import CreateRequest, Node, NodeState, QueuedRequest, SshTarget
 from tpu_console.errors import NotFound, UserError
-from tpu_console.model import CreateRequest, Node, NodeState, QueuedRequest, SshTarget
 from tpu_console.providers.base import NodeListing, Progress, Provider, no_progress
 from tpu_console.providers.gcp import GcpProvider
 from tpu_console.providers.local import LocalProvider

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from tpu_console.domain import AcceleratorShape, CreateRequest, Node, NodeState, SshTarget, Worker
 from tpu_console.errors import AlreadyExists, NotFound, UserError
-from tpu_console.model import AcceleratorShape, CreateRequest, Node, NodeState, SshTarget, Worker
 from tpu_console.providers.base import NodeListing, Progress, Provider
 
 NOW = datetime(2025, 3, 14, 12, 0, 0, tzinfo=UTC)
@@ -102,7 +102,7 @@ def console_home(tmp_path, monkeypatch):
 def stand_in_tiny_inputs(worker_dirs) -> None:
     """What tiny_local.yaml reads on every worker (~/tiny-qwen2, ~/gsm8k-synthetic.jsonl), as empty stand-ins
     in each worker's home: for launches of fake trainers, which read neither, past launch's check that
-    they are there (runs/inputs.py)."""
+    they are there (launch/inputs.py)."""
     for home in worker_dirs:
         (home / "tiny-qwen2").mkdir(parents=True, exist_ok=True)
         (home / "gsm8k-synthetic.jsonl").touch()

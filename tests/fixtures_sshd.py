@@ -25,7 +25,7 @@ import asyncssh
 import pytest
 
 from tests.absent import absent
-from tpu_console import keys
+from tpu_console import ssh_identity
 
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/local/sbin/sshd")
 SFTP_SERVER_CANDIDATES = (
@@ -105,7 +105,7 @@ def sudo_user() -> Iterator[LoginUser]:
     ssh_dir = home / ".ssh"
     ssh_dir.mkdir(mode=0o700, exist_ok=True)
     authorized = ssh_dir / "authorized_keys"
-    authorized.write_text(keys.public_key_line() + "\n")
+    authorized.write_text(ssh_identity.public_key_line() + "\n")
     for path in (ssh_dir, authorized):
         os.chown(path, account.pw_uid, account.pw_gid)
     try:
@@ -130,7 +130,7 @@ def running_sshd(
     host_key_file = folder / "ssh_host_ed25519_key"
     host_key_file.write_bytes(host_key.export_private_key())
     host_key_file.chmod(0o600)
-    (folder / "authorized_keys").write_text(keys.public_key_line() + "\n")
+    (folder / "authorized_keys").write_text(ssh_identity.public_key_line() + "\n")
     if os.geteuid() == 0:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation folder
     port = _free_port()

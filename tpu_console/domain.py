@@ -225,3 +225,12 @@ class SshTarget:
     @property
     def address(self) -> str:
         return f"{self.username}@{self.host}:{self.port}"
+
+
+def worker_slices(slices: int, workers: list[int]) -> dict[int, int]:
+    """Each worker's slice in a run on `slices` slices (every host of every slice ran it, numbered slice by
+    slice); {} for one slice."""
+    if slices < 2 or not workers:
+        return {}
+    per_slice = max(1, (max(workers) + 1) // slices)
+    return {w: w // per_slice for w in workers}

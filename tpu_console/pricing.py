@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
 
-from tpu_console.model import Node
+from tpu_console.domain import Node
 
 # Accelerator type prefix -> price family (the API calls v5e "v5litepod").
 _FAMILY_OF_PREFIX = {"v4": "v4", "v5litepod": "v5e", "v5e": "v5e", "v5p": "v5p", "v6e": "v6e"}

@@ -42,7 +42,7 @@ def _user() -> str:
 
 def user_name() -> str:
     """The person at this console: the login name ($LOGNAME, $USER ...); "" where none is known. Runs
-    and nodes are marked with it (runs/ownership.py, providers/gcp/labels.py)."""
+    and nodes are marked with it (history/ownership.py, providers/gcp/labels.py)."""
     try:
         return getpass.getuser()
     except OSError:

@@ -2,7 +2,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from tpu_console.model import AcceleratorShape, CreateRequest, Node, NodeState, Worker, validate_node_name
+from tpu_console.domain import AcceleratorShape, CreateRequest, Node, NodeState, Worker, validate_node_name
 
 
 def test_only_ready_is_usable():

@@ -17,9 +17,9 @@ from importlib.metadata import PackageNotFoundError, version
 
 from tpu_console.cli import app, controller, doctor, experiments, flags, nodes, output, provision, runs
 from tpu_console.errors import Unreachable, UserError
+from tpu_console.history import prep_log
 from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import build_providers, close_providers
-from tpu_console.runs import prep_log
 from tpu_console.settings import Settings, load_settings
 
 Handler = Callable[[argparse.Namespace, Settings, dict[str, Provider]], Awaitable[int]]

@@ -17,10 +17,10 @@ from tpu_console.controller.lease import read_lease
 from tpu_console.controller.state import ManagedRun
 from tpu_console.controller.store import Conflict, open_store
 from tpu_console.errors import UserError
-from tpu_console.node_table import format_table
+from tpu_console.history.goodput import goodput
 from tpu_console.providers.base import Provider
-from tpu_console.runs.goodput import goodput
 from tpu_console.settings import Settings
+from tpu_console.views.nodes import format_table
 
 
 def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:

@@ -10,12 +10,18 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tpu_console import keys
+from tpu_console import ssh_identity
 from tpu_console.cli import flags, output, prompts
 from tpu_console.cli.termination import cancel_on_termination
+from tpu_console.domain import CreateRequest, Node, QueuedRequest
 from tpu_console.errors import CreateInterrupted, UserError
-from tpu_console.model import CreateRequest, Node, QueuedRequest
-from tpu_console.node_table import (
+from tpu_console.providers import capacity, create_options
+from tpu_console.providers.base import Provider
+from tpu_console.providers.gcp import labels as node_owners
+from tpu_console.providers.nodes import cancel_queued, create_node, delete_node, list_nodes
+from tpu_console.providers.registry import KNOWN_PROVIDERS, create_provider_name, find_node
+from tpu_console.settings import Settings
+from tpu_console.views.nodes import (
     COLUMNS,
     REQUEST_COLUMNS,
     format_table,
@@ -25,12 +31,6 @@ from tpu_console.node_table import (
     request_record,
     request_row,
 )
-from tpu_console.providers import capacity, create_options
-from tpu_console.providers.base import Provider
-from tpu_console.providers.gcp import labels as node_owners
-from tpu_console.providers.nodes import cancel_queued, create_node, delete_node, list_nodes
-from tpu_console.providers.registry import KNOWN_PROVIDERS, create_provider_name, find_node
-from tpu_console.settings import Settings
 
 
 def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
@@ -151,7 +151,7 @@ async def ls(args: argparse.Namespace, settings: Settings, providers: dict[str, 
     now = datetime.now(UTC)
     for problem in listing.problems:
         print(f"warning: {problem}", file=sys.stderr)
-    wanted = node_owners.sanitise(keys.user_name() if args.mine else args.user or "")
+    wanted = node_owners.sanitise(ssh_identity.user_name() if args.mine else args.user or "")
     if args.mine or args.user is not None:
         if not wanted:
             raise UserError(f"--user {args.user!r} names nobody; give a login name, e.g. --user alice")
@@ -186,7 +186,7 @@ def owner_of(item: Node | QueuedRequest) -> str | None:
     """Who made a node or request: its gcp label; a local pod is this console's (it lives in its home);
     None for a node made elsewhere."""
     if item.provider == "local":
-        return node_owners.sanitise(keys.user_name()) or None
+        return node_owners.sanitise(ssh_identity.user_name()) or None
     return node_owners.owner(item.labels)
 
 
@@ -308,8 +308,8 @@ async def delete(args: argparse.Namespace, settings: Settings, providers: dict[s
 
 
 async def idle(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
-    from tpu_console.runs.idle_watch import watch_idle
-    from tpu_console.runs.notifications import Notifier
+    from tpu_console.observe.idle_watch import watch_idle
+    from tpu_console.observe.notifications import Notifier
 
     minutes = args.after or settings.idle_after_minutes
     if minutes < 1:

@@ -1,5 +1,5 @@
 """What the CLI prints: JSON documents, progress lines on stderr, errors, and the tables of the verbs that
-have one (the node and run tables the app shows too live in node_table.py and run_table.py)."""
+have one (the node and run tables the app shows too live in views/nodes.py and views/runs.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from tpu_console.node_table import format_age, format_table
 from tpu_console.secrets import SecretMasker
+from tpu_console.views.nodes import format_age, format_table
 
 
 def print_json(document: dict[str, Any]) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import sys
 
+from tpu_console.domain import Node, QueuedRequest
 from tpu_console.errors import UserError
-from tpu_console.model import Node, QueuedRequest
-from tpu_console.runs import ownership
-from tpu_console.runs.store import RunRecord
+from tpu_console.history import ownership
+from tpu_console.history.store import RunRecord
 
 
 def can_ask(json_mode: bool, *, stderr_too: bool = True) -> bool:

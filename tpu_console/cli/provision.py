@@ -8,10 +8,10 @@ from typing import Any
 
 from tpu_console.cli import flags, output
 from tpu_console.fleet.node_exec import command_line, exec_on_node
-from tpu_console.node_table import format_table
 from tpu_console.providers.base import Provider
 from tpu_console.secrets import SecretMasker
 from tpu_console.settings import Settings
+from tpu_console.views.nodes import format_table
 
 
 def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
@@ -192,7 +192,7 @@ def print_project_steps(result: Any, what: str, json_mode: bool, error: str | No
 
 
 async def demo(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
-    from tpu_console.runs.demo import make_tiny_inputs
+    from tpu_console.launch.demo import make_tiny_inputs
 
     result = await make_tiny_inputs(
         providers, args.node, args.config, args.overrides, python=args.python, progress=output.progress,

@@ -12,19 +12,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tpu_console import run_table
 from tpu_console.errors import UserError
-from tpu_console.node_table import format_age, format_table
+from tpu_console.history import archive
+from tpu_console.history.goodput import SUMMARY_KEYS, summary_fields
+from tpu_console.history.resolve import resolve_run
+from tpu_console.history.store import RunStore
+from tpu_console.history.summary import METRICS, compare_rows, compare_table, run_summary
+from tpu_console.observe import foreign_metrics, lookup
+from tpu_console.observe.foreign_metrics import ForeignReadings, complete_summary
+from tpu_console.observe.goodput_report import run_goodput
+from tpu_console.observe.lookup import RunView
 from tpu_console.providers.base import Provider
-from tpu_console.runs import archive, control, foreign_metrics
-from tpu_console.runs.control import RunView
-from tpu_console.runs.foreign_metrics import ForeignReadings, complete_summary
-from tpu_console.runs.goodput import SUMMARY_KEYS, summary_fields
-from tpu_console.runs.resolve import resolve_run
-from tpu_console.runs.run_goodput import run_goodput
-from tpu_console.runs.store import RunStore
-from tpu_console.runs.summary import METRICS, compare_rows, compare_table, run_summary
 from tpu_console.secrets import SecretMasker
+from tpu_console.views import runs as run_table
+from tpu_console.views.nodes import format_age, format_table
 
 
 def _summary(view: RunView, foreign: ForeignReadings | None = None) -> dict[str, Any]:
@@ -60,7 +61,7 @@ async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Pro
                         "`tpu-console runs show RUN_ID`")
     store = RunStore()
     record = await resolve_run(store, providers, targets[0], targets[1] if len(targets) > 1 else None)
-    view = await control.show_run(providers, record, store)
+    view = await lookup.show_run(providers, record, store)
     record = view.record
     foreign = await foreign_metrics.look(providers, record) if view.live else None
     last_steps = ({s.worker: s.events.last_step for s in view.workers} if view.live
@@ -68,7 +69,7 @@ async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Pro
     steps_note = foreign_metrics.steps_note(record, last_steps)
     summary = _summary(view, foreign)
     masker = SecretMasker.for_node(record.node)
-    decisions = await control.supervisor_decisions(providers, record)
+    decisions = await lookup.supervisor_decisions(providers, record)
     goodput = await run_goodput(providers, record, store, decisions)
     summary.update(summary_fields(goodput))
     layout = rollout_layout(view)
@@ -118,7 +119,7 @@ async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Pro
             if m.key not in SUMMARY_KEYS and summary.get(m.key) is not None]
     print(format_table(("SUMMARY", ""), rows) if rows else "summary   - (no step metric has been read)")
     print()
-    if goodput is not None:  # runs/goodput.py: the run's time, productive and by cause of badput
+    if goodput is not None:  # history/goodput.py: the run's time, productive and by cause of badput
         print(format_table(("GOODPUT", "TIME", "SHARE"), goodput.rows()))
         print(goodput.line())
     else:
@@ -155,7 +156,7 @@ async def compare(targets: Sequence[str], json_mode: bool, providers: dict[str, 
     views = []
     for target in targets:
         record = await resolve_run(store, providers, target)
-        views.append(await control.show_run(providers, record, store))
+        views.append(await lookup.show_run(providers, record, store))
     run_ids = [v.record.run_id for v in views]
     if len(set(run_ids)) < len(run_ids):
         raise UserError(f"a run is named twice ({', '.join(run_ids)}); compare different runs")

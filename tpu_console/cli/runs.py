@@ -12,25 +12,25 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from tpu_console import run_table
 from tpu_console.cli import flags, output, prompts, run_history
+from tpu_console.domain import Node, worker_slices
 from tpu_console.errors import NotFound, UserError
-from tpu_console.model import Node
-from tpu_console.node_table import format_age, format_table
+from tpu_console.history import bucket_record, discovery, ownership
+from tpu_console.history.resolve import resolve_run
+from tpu_console.history.store import RunStore
+from tpu_console.launch.job_spec import JobSpec, load_job_file
+from tpu_console.launch.start import ValidatedConfig
+from tpu_console.launch.start import launch as launch_run
+from tpu_console.launch.stop import stop as stop_run
+from tpu_console.observe import lookup
+from tpu_console.observe.notifications import Notifier
+from tpu_console.observe.stragglers import paces, stragglers
+from tpu_console.observe.supervision import SupervisionPolicy, policy_from_options
 from tpu_console.providers.base import Provider
-from tpu_console.runs import bucket_record, discovery, ownership
-from tpu_console.runs import control as run_control
-from tpu_console.runs.job_spec import JobSpec, load_job_file
-from tpu_console.runs.launch import ValidatedConfig
-from tpu_console.runs.launch import launch as launch_run
-from tpu_console.runs.multislice import worker_slices
-from tpu_console.runs.notifications import Notifier
-from tpu_console.runs.resolve import resolve_run
-from tpu_console.runs.store import RunStore
-from tpu_console.runs.stragglers import paces, stragglers
-from tpu_console.runs.supervision import SupervisionPolicy, policy_from_options
 from tpu_console.secrets import SecretMasker
 from tpu_console.settings import Settings
+from tpu_console.views import runs as run_table
+from tpu_console.views.nodes import format_age, format_table
 
 RUNS_SUB_COMMANDS = ("ls", "show", "compare")
 # Options that take a value, up to and including the `runs` sub-commands' own (to find the positionals).
@@ -387,7 +387,7 @@ def _hand_over(args: argparse.Namespace, job: JobSpec | None, policy: Supervisio
     from tpu_console.controller.handover import hand_over
     from tpu_console.controller.lease import read_lease
     from tpu_console.controller.store import open_store
-    from tpu_console.runs.launch import validate_config
+    from tpu_console.launch.start import validate_config
 
     spec = (relaunch.job_of_command(job, args.env_file, policy, args.check_code, args.check_ports)
             if job is not None else
@@ -471,13 +471,13 @@ async def runs(args: argparse.Namespace, settings: Settings, providers: dict[str
     # the bucket's run records first (runs whose node is gone, a colleague's): the history is their cache
     if warning := await asyncio.to_thread(bucket_record.merge_into_history, settings, store):
         print(f"warning: {warning}", file=sys.stderr)
-    # the nodes' run folders too: a run launched from another console is on its pod (runs/discovery.py)
+    # the nodes' run folders too: a run launched from another console is on its pod (history/discovery.py)
     if args.node:
         with contextlib.suppress(NotFound):
             await discovery.discover(providers, store, args.node)
     else:
         await discovery.discover_all(providers, store)
-    views = await run_control.list_runs(providers, args.node, store=store, limit=args.limit)
+    views = await lookup.list_runs(providers, args.node, store=store, limit=args.limit)
     if args.json:
         output.print_json({"runs": [{**run_table.run_record(v), "launched_by": v.record.launched_by}
                                     for v in views]})
@@ -514,10 +514,10 @@ def _managed_lines(settings: Settings, listed: set[str]) -> list[str]:
 
 
 async def status(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
-    from tpu_console.runs import foreign_metrics
+    from tpu_console.observe import foreign_metrics
 
     record = await resolve_run(RunStore(), providers, args.target, args.run_id)
-    view = await run_control.run_status(providers, record.run_id)
+    view = await lookup.run_status(providers, record.run_id)
     masker = SecretMasker.for_node(record.node)  # notes quote worker output, which may hold a leaked value
     # a command job's progress: where its steps come from, its W&B summary and TensorBoard scalars
     steps_note = foreign_metrics.steps_note(view.record, {s.worker: s.events.last_step for s in view.workers})
@@ -526,12 +526,13 @@ async def status(args: argparse.Namespace, settings: Settings, providers: dict[s
     slow_lines = [line for _, line in sorted(stragglers(pace).items())] if not view.record.finished else []
     if args.json:
         document = run_table.run_record(view)
-        document["pace"] = [p.to_json() for _, p in sorted(pace.items())]  # runs/stragglers.py, last 20 steps
+        # the pace over the last 20 steps (observe/stragglers.py)
+        document["pace"] = [p.to_json() for _, p in sorted(pace.items())]
         document["stragglers"] = slow_lines
         document["steps_source"] = steps_note
         document["launched_by"] = view.record.launched_by
         document["foreign_metrics"] = foreign.to_json() if foreign is not None else None
-        decisions = await run_control.supervisor_decisions(providers, view.record)
+        decisions = await lookup.supervisor_decisions(providers, view.record)
         document["supervisor"] = None if decisions is None else [
             {"t": d.t, "decision": d.decision, "message": d.message, **d.fields} for d in decisions]
         document["hang"] = await hang_report(providers, view, decisions)
@@ -563,7 +564,7 @@ async def status(args: argparse.Namespace, settings: Settings, providers: dict[s
         alive = run_table.worker_ranges([s.worker for s in view.workers if not s.done])
         print(f"workers {alive} still run after that failure and will likely hang; stop them with "
               f"`tpu-console stop {record.node} {record.run_id}`")
-    decisions = await run_control.supervisor_decisions(providers, view.record)
+    decisions = await lookup.supervisor_decisions(providers, view.record)
     for decision in decisions or []:
         print(masker.mask(f"supervisor: {decision.message}"))
     if hang := await hang_report(providers, view, decisions):
@@ -575,9 +576,10 @@ async def status(args: argparse.Namespace, settings: Settings, providers: dict[s
 
 async def hang_report(providers: dict[str, Provider], view: Any, decisions: list | None) -> str | None:
     """While the supervisor's last word is that no worker steps (the hang budget) and none has stepped
-    since: every worker's stacks, read as who waits where and who never reached it (runs/hang_report.py)."""
-    from tpu_console.runs.hang_report import hang_line
-    from tpu_console.runs.stacks import collect_stacks
+    since: every worker's stacks, read as who waits where and who never reached it
+    (observe/hang_report.py)."""
+    from tpu_console.observe.hang_report import hang_line
+    from tpu_console.observe.stacks import collect_stacks
 
     if view.record.finished or not decisions or decisions[-1].decision != "silent":
         return None
@@ -600,7 +602,7 @@ async def logs(args: argparse.Namespace, settings: Settings, providers: dict[str
 
     record = await resolve_run(RunStore(), providers, args.target, args.run_id)
     masker = SecretMasker.for_node(record.node)  # a value a job printed is shown as ***
-    view = await run_control.logs(
+    view = await lookup.logs(
         providers, record.run_id, on_line, workers=args.worker, lines=lines, follow=args.follow
     )
     if args.json:
@@ -632,7 +634,7 @@ def parse_lines(text: str) -> int | None:
 async def stop(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
     record = await resolve_run(RunStore(), providers, args.target, args.run_id)
     prompts.confirm_stop(record, yes=args.yes, json_mode=args.json)
-    view, stops = await run_control.stop(providers, record.run_id, grace_s=args.grace)
+    view, stops = await stop_run(providers, record.run_id, grace_s=args.grace)
     unreachable = [s for s in stops if s.outcome == "unreachable"]
     if args.json:
         output.print_json({"run_id": record.run_id, "state": view.state,
@@ -644,8 +646,8 @@ async def stop(args: argparse.Namespace, settings: Settings, providers: dict[str
 
 
 async def stacks(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
-    from tpu_console.runs.hang_report import hang_line
-    from tpu_console.runs.stacks import collect_stacks
+    from tpu_console.observe.hang_report import hang_line
+    from tpu_console.observe.stacks import collect_stacks
 
     if args.wait <= 0:
         raise UserError(f"--wait {args.wait:g} must be positive; give seconds, e.g. --wait 5")
@@ -667,7 +669,7 @@ async def stacks(args: argparse.Namespace, settings: Settings, providers: dict[s
 
 
 async def metrics(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
-    from tpu_console.runs.device_metrics import read_node_metrics
+    from tpu_console.observe.device_metrics import read_node_metrics
 
     node, answers = await read_node_metrics(providers, args.node, args.worker, args.address)
     if args.json:

@@ -173,8 +173,8 @@ async def serve(poll_s: float = POLL_S) -> None:
     """The daemon: every managed run of this home's store, until SIGTERM."""
     from tpu_console.controller.loop import Controller
     from tpu_console.controller.store import open_store
+    from tpu_console.observe.notifications import Notifier
     from tpu_console.providers.registry import build_providers, close_providers
-    from tpu_console.runs.notifications import Notifier
     from tpu_console.settings import load_settings
 
     settings = load_settings()

@@ -13,7 +13,7 @@ Pure decisions (tested with made-up nodes) and the one action they lead to:
 - `grown_back(node, on)`: every slice of the node READY while the run is on fewer (`on`): time to grow.
 - `relaunch_on_slices(...)`: stop the run where it still runs (SIGTERM first: the trainer saves the last
   finished step before it ends, trainer/stop.py, so a grow costs at most the step under way), then launch
-  the same job on `slices` alone (runs/launch.py's `slices`: every MEGASCALE variable rewritten for them,
+  the same job on `slices` alone (launch/start.py's `slices`: every MEGASCALE variable rewritten for them,
   the shape checks and the plan made for that many slices).
 
 The loop (loop.py) calls them on each watch of a managed multislice run: `slices_left` before a node with a
@@ -28,12 +28,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from tpu_console.controller import relaunch
+from tpu_console.domain import Node, NodeState
 from tpu_console.errors import UserError
-from tpu_console.model import Node, NodeState
+from tpu_console.history.store import RunStore
+from tpu_console.launch.start import LaunchResult
+from tpu_console.launch.stop import stop
 from tpu_console.providers.base import Progress, Provider, no_progress
-from tpu_console.runs import control as run_control
-from tpu_console.runs.launch import LaunchResult
-from tpu_console.runs.store import RunStore
 
 LOST = (NodeState.PREEMPTED, NodeState.TERMINATED)
 # A stop before a relaunch gives the trainer time to finish its step and save it (SIGKILL after this).
@@ -76,7 +76,7 @@ async def relaunch_on_slices(providers: dict[str, Provider], managed_id: str, no
                         "slice or not at all")
     if running is not None:
         with contextlib.suppress(UserError):  # ended already, or its hosts gone with their slice
-            await run_control.stop(providers, running, store=store, grace_s=stop_grace_s)
+            await stop(providers, running, store=store, grace_s=stop_grace_s)
     progress(f"{managed_id}: launching on slice(s) {', '.join(map(str, slices))} of {node}")
     return await relaunch.launch_again(providers, managed_id, node, job, webhook_url=webhook_url, store=store,
                                        progress=progress, slices=tuple(slices))

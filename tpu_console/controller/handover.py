@@ -15,8 +15,8 @@ from tpu_console.controller import state as st
 from tpu_console.controller.state import Action, Incarnation, ManagedRun
 from tpu_console.controller.store import StateStore
 from tpu_console.errors import UserError
-from tpu_console.runs import ownership
-from tpu_console.runs.launch import LaunchResult
+from tpu_console.history import ownership
+from tpu_console.launch.start import LaunchResult
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def budgets_of(recovery: Any = None, *, max_recoveries: int | None = None, max_c
                now: float | None = None) -> Budgets:
     """The budgets from a job file's `[recovery]` with launch's flags over it (None: not given); a
     one-line UserError naming the flag for a bad value."""
-    from tpu_console.runs.supervision import parse_amount, parse_duration
+    from tpu_console.observe.supervision import parse_amount, parse_duration
 
     def pick(flag: Any, key: str, default: Any) -> Any:
         if flag is not None:

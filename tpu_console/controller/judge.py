@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from tpu_console.controller.observe import NodeReading, RunReading
 from tpu_console.controller.state import INCARNATION_LABEL, MANAGED_LABEL, ManagedRun, Status
-from tpu_console.model import Node, NodeState
+from tpu_console.domain import Node, NodeState
 
 KILLED_READS = 5
 

@@ -48,13 +48,13 @@ from tpu_console.controller.observe import (
 )
 from tpu_console.controller.state import Action, Incarnation, Recovery, Status, Stored
 from tpu_console.controller.store import Conflict, StateStore
+from tpu_console.domain import CreateRequest, NodeState
 from tpu_console.errors import NotFound, one_line
-from tpu_console.model import CreateRequest, NodeState
+from tpu_console.history.store import RunStore
+from tpu_console.launch.stop import stop
 from tpu_console.providers import capacity
 from tpu_console.providers.base import Progress, Provider, no_progress
 from tpu_console.providers.nodes import create_node
-from tpu_console.runs import control as run_control
-from tpu_console.runs.store import RunStore
 
 STEPS_PER_PASS = 8  # actions one run may take in a row before the next look at the others
 PREPARE_TRIES = 3
@@ -488,7 +488,7 @@ class Controller:
         inc = run.current if run.incarnations else None
         if inc is not None and inc.run_id and not run.state.terminal:
             with contextlib.suppress(Exception):
-                await run_control.stop(self.providers, inc.run_id)
+                await stop(self.providers, inc.run_id)
         if inc is not None and inc.ended is None:
             inc.ended, inc.ended_at = "stopped", time.time()
         run.status, run.note = Status.STOPPED.value, "cancelled"

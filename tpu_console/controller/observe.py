@@ -12,14 +12,14 @@ import json
 import time
 from dataclasses import dataclass
 
+from tpu_console.domain import Node, NodeState, QueuedRequest
 from tpu_console.errors import NotFound, one_line
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.recipes import RUNS_DIR
-from tpu_console.model import Node, NodeState, QueuedRequest
+from tpu_console.history import discovery
+from tpu_console.history.store import RunStore
+from tpu_console.observe import lookup
 from tpu_console.providers.base import Provider
-from tpu_console.runs import control as run_control
-from tpu_console.runs import discovery
-from tpu_console.runs.store import RunStore
 
 LOST_STATES = (NodeState.PREEMPTED, NodeState.TERMINATED)
 FINAL_RUN_STATES = ("succeeded", "failed", "stopped")
@@ -73,7 +73,7 @@ async def read_requests(provider: Provider, name: str, timeout_s: float) -> list
 @dataclass(frozen=True)
 class RunReading:
     at: float
-    state: str | None = None  # the run's state (runs/control.py), None when it could not be read
+    state: str | None = None  # the run's state (observe/lookup.py), None when it could not be read
     lost_workers: bool = False  # some worker unreachable, its job's fate unknown
     killed_unasked: bool = False  # every job ended by SIGKILL/SIGTERM and nobody asked for a stop
     stop_requested: bool = False
@@ -89,7 +89,7 @@ async def read_run(providers: dict[str, Provider], run_id: str, timeout_s: float
                    store: RunStore | None = None) -> RunReading:
     at = time.time()
     try:
-        view = await asyncio.wait_for(run_control.run_status(providers, run_id, store), timeout_s)
+        view = await asyncio.wait_for(lookup.run_status(providers, run_id, store), timeout_s)
     except Exception as exc:  # noqa: BLE001 - a run that cannot be read now is read again next pass
         return RunReading(at, error=one_line(exc))
     steps = [s.events.last_step.step for s in view.workers if s.events.last_step is not None]
@@ -140,7 +140,7 @@ async def read_start(provider: Provider, node: Node, run_id: str, timeout_s: flo
 async def runs_since(providers: dict[str, Provider], node: str, since: float, store: RunStore) -> list[str]:
     """Runs on the node started at or after `since` that are not known to have ended, newest first: a
     launch the controller made but had not journaled when it was killed. Runs launched from elsewhere are
-    added to the history first (runs/discovery.py)."""
+    added to the history first (history/discovery.py)."""
     try:
         await discovery.discover(providers, store, node)
     except Exception:  # noqa: BLE001 - the history alone is the answer a failed look gives

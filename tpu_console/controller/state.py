@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tpu_console.controller.store import Conflict, StateStore
-from tpu_console.runs.goodput import StepMark, Timeline
+from tpu_console.history.goodput import StepMark, Timeline
 
 PREFIX = "run-"
 MANAGED_LABEL = "tpu-console-managed"  # on every node the controller creates: the managed run's id
@@ -192,7 +192,7 @@ class ManagedRun:
 
 
 def timeline(run: ManagedRun, now: float) -> Timeline:
-    """The managed run's time as one run with a restart at each relaunch (runs/goodput.py): the steps
+    """The managed run's time as one run with a restart at each relaunch (history/goodput.py): the steps
     each incarnation made, spread evenly from its first step (the controller's reading of its events) to
     the last it saw, so that a preemption's cost (the steps done again, the time until the relaunch) is
     counted in its own bucket."""

@@ -1,5 +1,5 @@
 """Objects with compare-and-swap: the controller's state in the bucket (`[gcp] bucket`), or in the folder
-standing for it on local pods (the same place the run records go: runs/bucket_record.py).
+standing for it on local pods (the same place the run records go: history/bucket_record.py).
 
 Every object carries a generation, as Cloud Storage's do: `read` returns (data, generation) and `write`
 takes the generation the caller read (0: the object must not exist yet) and fails with `Conflict` when the
@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from tpu_console.runs import bucket_record
-from tpu_console.runs.bucket_record import Bucket
+from tpu_console.history import bucket_record
+from tpu_console.history.bucket_record import Bucket
 from tpu_console.settings import Settings
 
 FOLDER = "controller"

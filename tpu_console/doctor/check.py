@@ -4,7 +4,7 @@
 2. The ports a job's hosts reach each other on, as `launch` checks them (fleet/port_check.py): a port that
    does not pass stops the check (JAX could not join).
 3. The check program (worker/doctor_check.py) uploaded to `~/tpu-console/doctor/ID/` and started on every
-   worker with the environment a job gets to join the others (runs/launch.py `launch_env`), under `timeout`;
+   worker with the environment a job gets to join the others (launch/start.py `launch_env`), under `timeout`;
    its `doctor {json}` lines are read as they come.
 4. It ends when every worker's program has ended; or, once one has entered the first collective, when no
    worker printed anything for `stall_s` (a collective some never entered: the others wait there forever);
@@ -32,17 +32,17 @@ from typing import Any
 from tpu_console import worker
 from tpu_console.doctor.expected import expected as expected_times
 from tpu_console.doctor.findings import Expected, Finding, Pod, WorkerFigures, judge
+from tpu_console.domain import Node
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.port_check import problem_line, unreachable_ports
 from tpu_console.fleet.preflight import open_node, unreachable_workers
 from tpu_console.fleet.recipes import python_word
 from tpu_console.fleet.results import WorkerLine
-from tpu_console.model import Node
+from tpu_console.history.run_id import new_run_id
+from tpu_console.launch import job_ports
+from tpu_console.launch.start import launch_env
 from tpu_console.providers.base import Provider
 from tpu_console.provision.recipes import ENV_PYTHON
-from tpu_console.runs import job_ports
-from tpu_console.runs.launch import launch_env
-from tpu_console.runs.run_id import new_run_id
 
 PROGRAM = "doctor_check.py"
 PROGRAM_SOURCE = worker.source(PROGRAM)

@@ -23,9 +23,9 @@ from typing import Any
 from tpu_console import locations
 from tpu_console.errors import UserError
 from tpu_console.fleet.preflight import open_node
+from tpu_console.launch.start import check_shape, launch, validate_config
+from tpu_console.observe import lookup
 from tpu_console.providers.base import Provider, no_progress
-from tpu_console.runs import control as run_control
-from tpu_console.runs.launch import check_shape, launch, validate_config
 
 SWEEP_PARAMS = ("rollout.batch_size", "rollout.n")
 
@@ -164,7 +164,7 @@ async def _trial(
         return Trial(
             value, local_batch, launched.run_id, "failed", detail=f"worker {first.worker} did not start"
         )
-    view = await run_control.logs(providers, launched.run_id, lambda _w, _t: None, lines=0, follow=True)
+    view = await lookup.logs(providers, launched.run_id, lambda _w, _t: None, lines=0, follow=True)
     peaks = [
         s.events.last_step.mem_peak_gib
         for s in view.workers

@@ -21,8 +21,9 @@ from tpu_console.errors import UserError
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.preflight import open_node, require_all_reachable
 from tpu_console.fleet.recipes import python_word
+from tpu_console.launch.start import launch_env
 from tpu_console.providers.base import Provider, no_progress
-from tpu_console.runs.launch import inspect_workers, launch_env, worker_python
+from tpu_console.provision.worker_inspection import inspect_workers, worker_python
 
 MODES = ("sharded", "gather")
 GIB = float(1 << 30)

@@ -123,8 +123,8 @@ def cache_key(config_digest: str, tpu_type: str) -> str:
 def measured_longest_rows(config_digest: str, limit: int = 20) -> list[int]:
     """The longest completion of each step of earlier runs of this config, from their archived events
     (worker 0's: the trainer gathers the lengths over every process before it logs them)."""
-    from tpu_console.runs.events import parse_events
-    from tpu_console.runs.store import RunStore
+    from tpu_console.history.events import parse_events
+    from tpu_console.history.store import RunStore
     from trainer import telemetry as tm
 
     rows: list[int] = []

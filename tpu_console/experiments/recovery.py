@@ -25,12 +25,12 @@ from tpu_console.controller.handover import Budgets, hand_over
 from tpu_console.controller.loop import Controller
 from tpu_console.controller.state import ManagedRun
 from tpu_console.controller.store import StateStore, open_store
+from tpu_console.domain import Node
 from tpu_console.errors import UserError
 from tpu_console.fleet.preflight import open_node
-from tpu_console.model import Node
+from tpu_console.launch.start import LaunchResult, ValidatedConfig, launch, validate_config
+from tpu_console.observe.supervision import SupervisionPolicy
 from tpu_console.providers.base import Provider, no_progress
-from tpu_console.runs.launch import LaunchResult, ValidatedConfig, launch, validate_config
-from tpu_console.runs.supervision import SupervisionPolicy
 from tpu_console.settings import load_settings
 
 

@@ -14,10 +14,10 @@ import socket
 import asyncssh
 
 from tpu_console import asyncssh_tuning
+from tpu_console.domain import SshTarget
 from tpu_console.errors import Unreachable
 from tpu_console.fleet.command_channel import ChannelUnavailable, CommandChannel, open_command_channel
 from tpu_console.fleet.host_keys import HostKeyCheck
-from tpu_console.model import SshTarget
 
 CONNECT_ATTEMPTS = 3
 FIRST_RETRY_DELAY_S = 0.25

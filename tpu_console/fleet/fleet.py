@@ -31,13 +31,13 @@ from typing import Self
 
 import asyncssh
 
+from tpu_console.domain import SshTarget
 from tpu_console.errors import Unreachable, UserError
 from tpu_console.fleet.command import finish_command, open_command
 from tpu_console.fleet.connection import WorkerConnection
 from tpu_console.fleet.output import OnLine
 from tpu_console.fleet.program import PythonProgram
 from tpu_console.fleet.results import WorkerLine, WorkerResult
-from tpu_console.model import SshTarget
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Failures that mean the channel never opened, so the command did not start and may be sent again.

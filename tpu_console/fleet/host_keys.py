@@ -9,7 +9,7 @@ from pathlib import Path
 
 import asyncssh
 
-from tpu_console.model import SshTarget
+from tpu_console.domain import SshTarget
 
 # Appends to one known_hosts file from several connections at once must not interleave.
 _record_lock = threading.Lock()

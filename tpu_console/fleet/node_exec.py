@@ -6,11 +6,11 @@ import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from tpu_console.domain import Node
 from tpu_console.errors import UserError
 from tpu_console.fleet.fleet import Fleet, WorkerLine, WorkerResult
 from tpu_console.fleet.preflight import open_node, require_all_reachable
 from tpu_console.fleet.selection import parse_worker_selection
-from tpu_console.model import Node
 from tpu_console.providers.base import Provider
 
 

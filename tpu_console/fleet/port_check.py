@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tpu_console import worker
+from tpu_console.domain import Node
 from tpu_console.errors import one_line
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.program import PythonProgram
 from tpu_console.fleet.results import WorkerLine
-from tpu_console.model import Node
 
 PROBE_SOURCE = worker.source("port_probe.py")
 CONNECT_TIMEOUT_S = 3.0  # one try per worker and port; a firewall that drops packets shows as this timeout

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from tpu_console.domain import Node, NodeState
 from tpu_console.errors import UserError, one_line
 from tpu_console.fleet.fleet import Fleet
-from tpu_console.model import Node, NodeState
 from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import find_node
 

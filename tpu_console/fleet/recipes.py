@@ -228,7 +228,7 @@ def probe_runs(run_ids: Sequence[str], events_tail_bytes: int = 0, log_tail_line
     """One round trip telling, for each run: is its process group alive, its exit status and when it was
     written, the sizes of output.log and events.jsonl, and optionally the end of both files.
 
-    Output per run (parsed by `tpu_console.runs.probe.parse_probe`):
+    Output per run (parsed by `tpu_console.observe.probe.parse_probe`):
         <MARK>run <id>
         missing=1                         (no such folder)  or
         pid=<pgid> alive=0|1 exit=<n> exit_t=<unix s> log=<bytes> events=<bytes>

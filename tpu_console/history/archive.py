@@ -19,8 +19,8 @@ from pathlib import Path
 from tpu_console import locations
 from tpu_console.fleet import recipes
 from tpu_console.fleet.fleet import Fleet
-from tpu_console.runs.events import Event, EventSummary, StepMetrics, parse_event_line
-from tpu_console.runs.tail import TailCursor, parse_chunk
+from tpu_console.history.events import Event, EventSummary, StepMetrics, parse_event_line
+from tpu_console.history.tail import TailCursor, parse_chunk
 from tpu_console.secrets import SecretMasker
 
 # supervisor.jsonl: what the run's supervisor decided (on its worker only; empty elsewhere)

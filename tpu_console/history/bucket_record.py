@@ -24,10 +24,10 @@ from typing import Any
 
 from tpu_console import locations
 from tpu_console.errors import NotFound, UserError
-from tpu_console.runs.events import StepMetrics, parse_event_line
-from tpu_console.runs.run_id import is_run_id
-from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
-from tpu_console.runs.summary import summarize
+from tpu_console.history.events import StepMetrics, parse_event_line
+from tpu_console.history.run_id import is_run_id
+from tpu_console.history.store import RunRecord, RunStore, WorkerRecord
+from tpu_console.history.summary import summarize
 from tpu_console.secrets import MIN_SECRET_LENGTH
 from tpu_console.settings import Settings
 

@@ -17,10 +17,10 @@ from typing import Any
 from tpu_console.errors import NotFound, UserError
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.recipes import _MARK_PRINTF, MARK, RUNS_DIR
+from tpu_console.history.run_id import is_run_id
+from tpu_console.history.store import RunRecord, RunStore
 from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import find_node
-from tpu_console.runs.run_id import is_run_id
-from tpu_console.runs.store import RunRecord, RunStore
 
 NEWEST = 50  # run folders looked at per node, newest first (run ids sort by their start)
 

@@ -116,7 +116,7 @@ class EventSummary:
     error: Event | None = None  # the last error event
     end: Event | None = None
     warnings: int = 0
-    # the last RECENT_STEPS steps: step -> (its event's time, its step time), for runs/stragglers.py
+    # the last RECENT_STEPS steps: step -> (its event's time, its step time), for observe/stragglers.py
     recent_steps: dict[int, tuple[float, float | None]] = field(default_factory=dict)
 
     @property

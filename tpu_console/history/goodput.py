@@ -250,7 +250,7 @@ def summary_metrics() -> list[tuple[str, str, bool]]:
 
 def steps_from_events(events: Iterable[Any]) -> list[StepMark]:
     """StepMarks from parsed events (runs.events.Event) of kind step with a time."""
-    from tpu_console.runs.events import STEP_S
+    from tpu_console.history.events import STEP_S
 
     marks = []
     for event in events:

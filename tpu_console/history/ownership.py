@@ -11,13 +11,13 @@ import secrets
 import socket
 from typing import Any
 
-from tpu_console import keys, locations
+from tpu_console import locations, ssh_identity
 
 ID_FILE = "console-id"
 
 
 def current_user() -> str:
-    return keys.user_name() or "unknown"
+    return ssh_identity.user_name() or "unknown"
 
 
 def home_id() -> str:
@@ -59,5 +59,5 @@ def describe(launched_by: dict[str, Any] | None) -> str:
 
 
 def new_token() -> str:
-    """An id for one launch's hold on a node's lock (runs/launch_lock.py)."""
+    """An id for one launch's hold on a node's lock (launch/lock.py)."""
     return secrets.token_hex(8)

@@ -1,6 +1,6 @@
 """When each node was created, bootstrapped, synced and set up, in the console's SQLite store
 (`locations.database_file()`, table `node_prep`): the time before a run that its goodput counts
-(runs/goodput.py). Written by whatever did the work (the CLI's verbs, the app's nodes screen); a failure to
+(history/goodput.py). Written by whatever did the work (the CLI's verbs, the app's nodes screen); a failure to
 write it never fails the work itself.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from tpu_console import locations
-from tpu_console.runs.goodput import PREP_CATEGORY, Span
+from tpu_console.history.goodput import PREP_CATEGORY, Span
 
 T = TypeVar("T")
 KINDS = tuple(PREP_CATEGORY)  # create, bootstrap, sync, setup

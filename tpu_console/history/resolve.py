@@ -1,16 +1,16 @@
 """Which run a person means: `RUN_ID`, `NODE` (its latest run) or `NODE RUN_ID`, as `status`, `stop`,
-`logs`, `stacks` and `runs show` take them. The pod is the record of what ran (runs/discovery.py): a
+`logs`, `stacks` and `runs show` take them. The pod is the record of what ran (history/discovery.py): a
 node's runs are read from its first worker into the history first, so its latest run may be a
-colleague's; a run id the history lacks is looked for in the run records' bucket (runs/bucket_record.py:
+colleague's; a run id the history lacks is looked for in the run records' bucket (history/bucket_record.py:
 one whose node is gone), then on every node. Nothing is done on a node for a name that does not resolve."""
 
 from __future__ import annotations
 
 from tpu_console.errors import NotFound, UnknownNode, UserError, did_you_mean
+from tpu_console.history import bucket_record, discovery
+from tpu_console.history.run_id import check_run_id, is_run_id
+from tpu_console.history.store import RunRecord, RunStore
 from tpu_console.providers.base import Provider
-from tpu_console.runs import bucket_record, discovery
-from tpu_console.runs.run_id import check_run_id, is_run_id
-from tpu_console.runs.store import RunRecord, RunStore
 from tpu_console.settings import load_settings
 
 

@@ -53,7 +53,7 @@ _ADDED_COLUMNS = {
     "archive_path": "TEXT",  # local folder holding every worker's output.log and events.jsonl
     "price_per_hour": "REAL",  # the node's approximate USD price per hour when launched (spot or on-demand)
     "job": "TEXT",  # JSON: launch.json's `job` object (what ran, where, from which project and setup)
-    "launched_by": "TEXT",  # JSON: launch.json's `launched_by` ({user, host, home}; runs/ownership.py)
+    "launched_by": "TEXT",  # JSON: launch.json's `launched_by` ({user, host, home}; history/ownership.py)
     "slices": "INTEGER",  # the node's slice count (a multislice); NULL in older rows: one slice
 }
 _ADDED_WORKER_COLUMNS = {

@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tpu_console.history.events import StepMetrics
+from tpu_console.history.goodput import summary_metrics as goodput_metrics
 from tpu_console.pricing import run_cost
-from tpu_console.runs.events import StepMetrics
-from tpu_console.runs.goodput import summary_metrics as goodput_metrics
 from trainer import telemetry as tm
 
 
@@ -39,7 +39,7 @@ METRICS = (
     SummaryMetric(tm.REWARD_MEAN, "reward mean (last step)", lower_is_better=False),
     SummaryMetric(tm.LOSS, "loss (last step)", lower_is_better=True),
     SummaryMetric(COST, "cost, chip-hours x price (USD)", lower_is_better=True),
-    # goodput and each badput in percent of the run's time (runs/goodput.py; added where it was read)
+    # goodput and each badput in percent of the run's time (history/goodput.py; added where it was read)
     *(SummaryMetric(key, label, lower) for key, label, lower in goodput_metrics()),
 )
 

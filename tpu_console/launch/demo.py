@@ -9,16 +9,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpu_console.domain import Node
 from tpu_console.errors import UserError
 from tpu_console.fleet import recipes
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.preflight import open_node, require_all_reachable
-from tpu_console.model import Node
+from tpu_console.launch.inputs import job_inputs
+from tpu_console.launch.start import validate_config
 from tpu_console.providers.base import Provider, no_progress
 from tpu_console.provision.steps import WorkerSetup, ignore_worker, run_on_workers
 from tpu_console.provision.worker_inspection import inspect_workers, worker_python
-from tpu_console.runs.inputs import job_inputs
-from tpu_console.runs.launch import validate_config
 
 TINY_CONFIGS = ("tiny_local.yaml", "tiny_toy_reward.yaml")  # the shipped configs of the offline demo
 

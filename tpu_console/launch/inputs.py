@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tpu_console.domain import Node
 from tpu_console.errors import UserError
-from tpu_console.model import Node
 
 # Hugging Face's rules for a repository id: `name` or `owner/name`, letters, digits, `-`, `_`, `.`,
 # at most 96 characters a part, no `--` or `..`, neither starting nor ending with `-` or `.`.

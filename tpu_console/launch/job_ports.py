@@ -7,11 +7,11 @@ coordinator's default port; a firewall that opened only the old one hangs every 
 
 from __future__ import annotations
 
+from tpu_console.domain import Node
 from tpu_console.errors import UserError
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.port_check import PortNeed, problem_line, unreachable_ports
-from tpu_console.model import Node
-from tpu_console.runs import multislice
+from tpu_console.launch import multislice
 
 # JAX's coordinator port where JAX finds the coordinator itself (Cloud TPU VMs): `coordinator_port` in
 # jax/_src/clusters/cloud_tpu_cluster.py: 8482 in the JAX 0.10.2 of .venv and since 0.8.1, 8476 in older

@@ -4,7 +4,7 @@ progress is read, and how its supervisor looks after it (docs/runs.md, "Your own
 Pure: no I/O but reading the job file. A job comes from a job file (`launch NODE --job grpo.toml`, TOML
 read with tomllib into `JobSpec`, whose models forbid unknown keys so a misspelt key is refused by name) or
 from a command line (`launch NODE -- CMD ...`, `JobSpec.from_command`). The bundled trainer is the
-built-in job (`launch NODE --config F`), launched by runs/launch.py without a JobSpec.
+built-in job (`launch NODE --config F`), launched by launch/start.py without a JobSpec.
 
 A command is an argv: a string in the job file is split as a shell would split words (shlex), but no shell
 runs it; write `bash -c '...'` for one. `[env]` is not secret: it is part of launch.json and of the job's
@@ -24,8 +24,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tpu_console.errors import UserError
-from tpu_console.runs.metric_formats import METRIC_FORMATS, MetricFormat
-from tpu_console.runs.supervision import SupervisionPolicy, policy_from_options
+from tpu_console.observe.metric_formats import METRIC_FORMATS, MetricFormat
+from tpu_console.observe.supervision import SupervisionPolicy, policy_from_options
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")  # a shell's NAME=VALUE before a command

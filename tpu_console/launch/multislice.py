@@ -17,8 +17,8 @@ import socket
 from collections.abc import Sequence
 from dataclasses import replace
 
+from tpu_console.domain import Node
 from tpu_console.errors import UserError
-from tpu_console.model import Node
 
 COORDINATOR = "MEGASCALE_COORDINATOR_ADDRESS"
 NUM_SLICES = "MEGASCALE_NUM_SLICES"

@@ -1,13 +1,13 @@
 """Launching a job on every worker of a node, in one call (by hand: copy .env, nohup on each worker).
 
 A job is the bundled trainer (the built-in job: `launch NODE --config F`) or any command
-(`launch NODE -- CMD ...`, or a job file: runs/job_spec.py), which runs in the project `sync --dir/--git`
+(`launch NODE -- CMD ...`, or a job file: launch/job_spec.py), which runs in the project `sync --dir/--git`
 put on the workers, with the environment its setup made. Everything that can be checked on this machine
 is checked before any worker is touched: the node exists and is READY, the config validates against the
 trainer's schema (or the job file against its own), a named `.env` exists, the worker selection is in
 range, every selected worker answers; then, in one round trip, that no run is alive there, that every
 worker holds the same code and environment, and (the trainer) the model, the data and a writable
-checkpoint folder the config names (runs/inputs.py). Then, in two phases so that a failure leaves no
+checkpoint folder the config names (launch/inputs.py). Then, in two phases so that a failure leaves no
 half-started pod: (1) on every worker, make `~/tpu-console/runs/<run_id>/` and upload launch.json
 (config.yaml for the trainer) and .env (0600); (2) start the detached job on every worker. If a start
 fails, the workers that did start are stopped again.
@@ -28,12 +28,21 @@ from pathlib import Path
 from typing import Any
 
 from tpu_console import secrets
+from tpu_console.domain import Node
 from tpu_console.errors import UserError
 from tpu_console.fleet import recipes
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.preflight import open_node, require_all_reachable
 from tpu_console.fleet.selection import parse_worker_selection
-from tpu_console.model import Node
+from tpu_console.history import bucket_record, ownership
+from tpu_console.history.run_id import new_run_id
+from tpu_console.history.store import RunRecord, RunStore, WorkerRecord
+from tpu_console.launch import job_ports, multislice
+from tpu_console.launch.inputs import job_inputs, refuse_missing
+from tpu_console.launch.job_spec import JobSpec, MetricsSpec
+from tpu_console.launch.lock import LaunchLock
+from tpu_console.observe import supervision
+from tpu_console.observe.supervision import SupervisionPolicy
 from tpu_console.pricing import price_per_hour
 from tpu_console.providers.base import Provider, no_progress
 from tpu_console.provision import recipes as provision_recipes
@@ -45,13 +54,6 @@ from tpu_console.provision.recipes import ENV_DIR, ENV_PYTHON
 from tpu_console.provision.report import WorkerReport, mismatches
 from tpu_console.provision.steps import ignore_worker, run_on_workers
 from tpu_console.provision.worker_inspection import default_python, inspect_workers, worker_python
-from tpu_console.runs import bucket_record, job_ports, multislice, ownership, supervision
-from tpu_console.runs.inputs import job_inputs, refuse_missing
-from tpu_console.runs.job_spec import JobSpec, MetricsSpec
-from tpu_console.runs.launch_lock import LaunchLock
-from tpu_console.runs.run_id import new_run_id
-from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
-from tpu_console.runs.supervision import SupervisionPolicy
 from tpu_console.secrets import parse_env
 from tpu_console.settings import load_settings
 
@@ -453,7 +455,7 @@ async def launch(
     a run still alive on the node, workers without a trainer environment (unless `python` is given, or
     the pod shares this machine), and workers whose code or JAX versions differ (`check_code`); for a
     command, workers whose project, setup or Python differ; with `check_ports`, a worker that cannot reach
-    the ports the job's hosts meet on (the JAX coordinator's, megascale's: runs/job_ports.py).
+    the ports the job's hosts meet on (the JAX coordinator's, megascale's: launch/job_ports.py).
     `kill_stale` first kills processes holding the TPU and removes libtpu's lockfile on every worker.
     `fail_fast` is recorded in launch.json and enforced by the run's supervisor on the pod, which
     `policy` tells what else to do (restart, delete when done, budgets; for a command, the job's own

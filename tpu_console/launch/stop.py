@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 from tpu_console.errors import UserError
 from tpu_console.fleet import recipes
+from tpu_console.history.run_id import check_run_id
+from tpu_console.history.store import RunStore
+from tpu_console.launch import lock as launch_lock
+from tpu_console.observe.lookup import STATUS_EVENTS_TAIL_BYTES, RunView, last_line, probe_records, save_view
+from tpu_console.observe.reach import reach_node
 from tpu_console.providers.base import Provider
-from tpu_console.runs import launch_lock
-from tpu_console.runs.control import STATUS_EVENTS_TAIL_BYTES, RunView, last_line, probe_records, save_view
-from tpu_console.runs.reach import reach_node
-from tpu_console.runs.run_id import check_run_id
-from tpu_console.runs.store import RunStore
 
 
 @dataclass

@@ -1,1 +1,2 @@
-"""Looking at runs while they go: following logs and events, health, stacks, metrics of every kind, the supervisor's policy and decisions, idle nodes."""
+"""Looking at runs while they go: following logs and events, health, stacks, metrics of every kind, the
+supervisor's policy and decisions, idle nodes."""

@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from tpu_console.domain import Node
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.preflight import open_node, require_all_reachable
 from tpu_console.fleet.recipes import LIBTPU_METRICS_ADDRESS, libtpu_metrics
 from tpu_console.fleet.selection import parse_worker_selection
-from tpu_console.model import Node
 from tpu_console.providers.base import Provider
 from tpu_console.provision.worker_inspection import inspect_workers, worker_python
 

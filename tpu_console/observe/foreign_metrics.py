@@ -39,10 +39,10 @@ from tpu_console import locations
 from tpu_console.errors import Unreachable, one_line
 from tpu_console.fleet import recipes
 from tpu_console.fleet.fleet import Fleet
-from tpu_console.runs.archive import archived_last_steps_in
-from tpu_console.runs.events import Event, StepMetrics
-from tpu_console.runs.metric_formats import METRIC_FORMATS
-from tpu_console.runs.reach import reach_node
+from tpu_console.history.archive import archived_last_steps_in
+from tpu_console.history.events import Event, StepMetrics
+from tpu_console.observe.metric_formats import METRIC_FORMATS
+from tpu_console.observe.reach import reach_node
 from trainer import telemetry as tm
 
 WANDB_DEFAULT = "wandb"
@@ -128,7 +128,7 @@ def steps_note(record: Any, last_steps: Mapping[int, StepMetrics | None] | None,
 
 
 def archived_last_steps(record: Any) -> dict[int, StepMetrics | None] | None:
-    """Each worker's last step from the run's archive (runs/archive.py), for a run that has ended; None
+    """Each worker's last step from the run's archive (history/archive.py), for a run that has ended; None
     when there is no archive."""
     folder = Path(record.archive_path) if getattr(record, "archive_path", None) else None
     if folder is None or not folder.is_dir():

@@ -1,5 +1,5 @@
-"""A run's goodput from what was recorded of it (runs/goodput.py computes it): the node's preparation
-(runs/prep_log.py), the launch and end in the history, a worker's step events, the supervisor's restarts.
+"""A run's goodput from what was recorded of it (history/goodput.py computes it): the node's preparation
+(history/prep_log.py), the launch and end in the history, a worker's step events, the supervisor's restarts.
 
 The steps are one worker's: the run's first worker that reported any (in an SPMD job every worker makes
 the same steps together; a program that logs on its first process only is read there). They come from
@@ -13,10 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from tpu_console.fleet import recipes
-from tpu_console.providers.base import Provider
-from tpu_console.runs import control
-from tpu_console.runs.events import Event, parse_events
-from tpu_console.runs.goodput import (
+from tpu_console.history.events import Event, parse_events
+from tpu_console.history.goodput import (
     Goodput,
     Span,
     StepMark,
@@ -26,10 +24,12 @@ from tpu_console.runs.goodput import (
     restarts_from_decisions,
     steps_from_events,
 )
-from tpu_console.runs.prep_log import PrepLog
-from tpu_console.runs.reach import reach_node
-from tpu_console.runs.store import RunRecord, RunStore
-from tpu_console.runs.supervision import DECISIONS_FILE, Decision, parse_decisions
+from tpu_console.history.prep_log import PrepLog
+from tpu_console.history.store import RunRecord, RunStore
+from tpu_console.observe import lookup
+from tpu_console.observe.reach import reach_node
+from tpu_console.observe.supervision import DECISIONS_FILE, Decision, parse_decisions
+from tpu_console.providers.base import Provider
 
 EVENTS = "events.jsonl"
 MAX_EVENTS_BYTES = 64 << 20  # a live run's events read whole up to this (the end of the file past it)
@@ -153,5 +153,5 @@ async def run_goodput(
     if events is None:
         return None
     if decisions is None:
-        decisions = await control.supervisor_decisions(providers, record)
+        decisions = await lookup.supervisor_decisions(providers, record)
     return goodput(build_timeline(record, events, list(decisions or ()), preparation(record, store)))

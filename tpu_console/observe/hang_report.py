@@ -1,5 +1,5 @@
-"""A hang made readable: from every worker's stacks (runs/stacks.py), where the workers wait and which never
-reached that place. Pure.
+"""A hang made readable: from every worker's stacks (observe/stacks.py), where the workers wait and which
+never reached that place. Pure.
 
 The place the others wait in is the largest group of workers whose stacks are the same and stand in a
 collective (a frame named like one: psum, all_reduce, all_gather, ppermute, barrier, block_until_ready ...),
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from tpu_console.runs.stacks import RunStacks, StackGroup
+from tpu_console.observe.stacks import RunStacks, StackGroup
 
 COLLECTIVE_WORDS = ("psum", "all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter",
                     "ppermute", "all_to_all", "collective", "barrier", "block_until_ready",

@@ -25,9 +25,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from tpu_console.runs.monitor import RunMonitor, WorkerState, WorkerStatus
-from tpu_console.runs.stragglers import medians_of_the_others, paces
-from tpu_console.runs.stragglers import stragglers as stragglers_by_pace
+from tpu_console.observe.monitor import RunMonitor, WorkerState, WorkerStatus
+from tpu_console.observe.stragglers import medians_of_the_others, paces
+from tpu_console.observe.stragglers import stragglers as stragglers_by_pace
 
 
 class Activity(enum.StrEnum):
@@ -193,7 +193,7 @@ def _activity(status: WorkerStatus, p: Progress, now: float, t: Thresholds) -> t
 
 
 def _stragglers(statuses: dict[int, WorkerStatus], t: Thresholds) -> dict[int, str]:
-    """Workers whose pace over their last steps names them (runs/stragglers.py), then those whose last
+    """Workers whose pace over their last steps names them (observe/stragglers.py), then those whose last
     step time, or one phase's time, is `straggler_factor` x the others' median."""
     steps = {
         w: s.events.last_step
@@ -222,7 +222,7 @@ def _stragglers(statuses: dict[int, WorkerStatus], t: Thresholds) -> dict[int, s
 
 
 def pace_stragglers(recent: dict[int, dict[int, tuple[float, float | None]]]) -> dict[int, str]:
-    """runs/stragglers.py's lines over the workers' recent steps, without their "worker N: " (a worker's
+    """observe/stragglers.py's lines over the workers' recent steps, without their "worker N: " (a worker's
     finding is shown beside it): "1.8x the median step for the last 20 steps (2.10s vs 1.17s)"."""
     return {w: line.partition(": ")[2] for w, line in stragglers_by_pace(paces(recent)).items()}
 

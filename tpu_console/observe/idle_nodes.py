@@ -11,9 +11,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from tpu_console.model import Node, NodeState
+from tpu_console.domain import Node, NodeState
+from tpu_console.history.store import RunRecord
 from tpu_console.pricing import cost_since_creation, price_per_hour
-from tpu_console.runs.store import RunRecord
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """`tpu-console idle`'s loop: read the nodes and the run history (unfinished runs probed now), judge which
-nodes are idle (runs/idle.py, pure), report them, delete those the caller approves, and with a period look
-again until interrupted: the guard to leave running overnight."""
+nodes are idle (observe/idle_nodes.py, pure), report them, delete those the caller approves, and with a period
+look again until interrupted: the guard to leave running overnight."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+from tpu_console.observe import lookup
+from tpu_console.observe.idle_nodes import IdleNode, find_idle
 from tpu_console.providers.base import Progress, Provider, no_progress
 from tpu_console.providers.nodes import delete_node, list_nodes
-from tpu_console.runs import control
-from tpu_console.runs.idle import IdleNode, find_idle
 
 
 async def idle_nodes(
@@ -19,7 +19,7 @@ async def idle_nodes(
 ) -> tuple[datetime, list[IdleNode]]:
     """The idle nodes now, and the moment they were judged at."""
     listing = await list_nodes(providers)
-    runs = await control.list_runs(providers, limit=500)  # unfinished runs are probed now
+    runs = await lookup.list_runs(providers, limit=500)  # unfinished runs are probed now
     now = datetime.now(UTC)
     return now, find_idle(listing.nodes, [v.record for v in runs], now, idle_after)
 

@@ -16,18 +16,18 @@ from pathlib import Path
 from tpu_console.errors import UserError
 from tpu_console.fleet import recipes
 from tpu_console.fleet.selection import parse_worker_selection
+from tpu_console.history.archive import archived_events_in
+from tpu_console.history.run_id import check_run_id
+from tpu_console.history.store import RunRecord, RunStore, WorkerRecord
+from tpu_console.history.tail import TailCursor, parse_chunk
+from tpu_console.observe.monitor import RunMonitor, RunState, WorkerState, WorkerStatus
+from tpu_console.observe.probe import parse_probe
+from tpu_console.observe.reach import NodeWorkers, reach_node
+from tpu_console.observe.run_end import keep_run_end
+from tpu_console.observe.supervision import DECISIONS_FILE, Decision, parse_decisions
+from tpu_console.observe.watch import LogLines, RunWatch, Update
 from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import find_node
-from tpu_console.runs.archive import archived_events_in
-from tpu_console.runs.monitor import RunMonitor, RunState, WorkerState, WorkerStatus
-from tpu_console.runs.probe import parse_probe
-from tpu_console.runs.reach import NodeWorkers, reach_node
-from tpu_console.runs.run_end import keep_run_end
-from tpu_console.runs.run_id import check_run_id
-from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
-from tpu_console.runs.supervision import DECISIONS_FILE, Decision, parse_decisions
-from tpu_console.runs.tail import TailCursor, parse_chunk
-from tpu_console.runs.watch import LogLines, RunWatch, Update
 
 STATUS_EVENTS_TAIL_BYTES = 64 * 1024
 _TAIL_MARK = f"{recipes.MARK}tail\n"

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from tpu_console.runs.events import EventSummary
-from tpu_console.runs.probe import RunProbe
+from tpu_console.history.events import EventSummary
+from tpu_console.observe.probe import RunProbe
 
 
 class WorkerState(enum.StrEnum):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from tpu_console.fleet.recipes import MARK
-from tpu_console.runs.events import Event, parse_events
+from tpu_console.history.events import Event, parse_events
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 
 from tpu_console.fleet.fleet import Fleet
-from tpu_console.runs.archive import archive_run, archived_last_steps_in
-from tpu_console.runs.foreign_metrics import complete_summary, read_foreign
-from tpu_console.runs.monitor import RunMonitor
-from tpu_console.runs.store import RunRecord, RunStore
-from tpu_console.runs.summary import summarize
+from tpu_console.history.archive import archive_run, archived_last_steps_in
+from tpu_console.history.store import RunRecord, RunStore
+from tpu_console.history.summary import summarize
+from tpu_console.observe.foreign_metrics import complete_summary, read_foreign
+from tpu_console.observe.monitor import RunMonitor
 from tpu_console.secrets import SecretMasker
 
 
@@ -29,6 +29,6 @@ async def keep_run_end(
     if monitor is not None:  # workers whose files could not be copied: what was seen live
         for worker in result.problems:
             last_steps[worker] = monitor.workers[worker].events.last_step
-    # a command job's W&B summaries fill what its step lines did not say (runs/foreign_metrics.py)
+    # a command job's W&B summaries fill what its step lines did not say (observe/foreign_metrics.py)
     wandb = await read_foreign(fleet, record, tensorboard=False)
     store.set_summary(record.run_id, complete_summary(summarize(last_steps), wandb), str(result.path))

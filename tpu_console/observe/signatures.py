@@ -4,7 +4,7 @@ run URL.
 Pure: no I/O. `SignatureScanner.scan(line)` is called for every line of one worker's log, in order, and
 returns a `Finding` when the line matches a known signature (or completes a Python traceback). The
 patterns are the messages JAX, libtpu, the XLA coordination service, wandb and the trainer print, as
-recorded in `tests/console/runs/test_signatures.py`.
+recorded in `tests/console/observe/test_signatures.py`.
 
 Speed matters (the console scans every line of 64 workers): one combined regular expression with a cheap
 substring pre-filter decides in about a microsecond that an ordinary line matches nothing.
@@ -136,7 +136,7 @@ _PREFILTER = (
 
 def patterns() -> list[tuple[str, str]]:
     """(kind, regular expression) of every problem signature, in priority order: what the job runners on
-    the pod classify a failure with (runs/supervision.py ships them). Python 3.8's `re` reads them."""
+    the pod classify a failure with (observe/supervision.py ships them). Python 3.8's `re` reads them."""
     return [(kind, pattern) for kind, pattern in _PATTERNS if kind != WANDB_URL]
 
 

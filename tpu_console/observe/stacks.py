@@ -9,7 +9,7 @@ in trainer/grpo.py:201 (update); worker 1: trainer/data.py:40 (loading)"; on a m
 slice ("slice 0 (workers 0-3): ... | slice 1 (workers 4-7): workers 4,5,7: ...; worker 6: ..."), a stack
 shared across slices still printed once. A job that does not answer
 (stopped, or blocked where Python cannot run a handler) is named with its process state. Beside the stacks,
-libtpu's own view of each worker's chips (runs/device_metrics.py): busy (duty cycle) and idle for how
+libtpu's own view of each worker's chips (observe/device_metrics.py): busy (duty cycle) and idle for how
 long, which tells a wait inside a device program (a collective: busy) from one on the host (idle).
 """
 
@@ -25,14 +25,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tpu_console.domain import worker_slices
 from tpu_console.errors import Unreachable, UserError, one_line
 from tpu_console.fleet import recipes
-from tpu_console.model import worker_slices
+from tpu_console.history.store import RunRecord
+from tpu_console.observe.device_metrics import WorkerDeviceMetrics, read_device_metrics
+from tpu_console.observe.reach import NodeWorkers, reach_node
 from tpu_console.providers.base import Provider
 from tpu_console.provision.worker_inspection import inspect_workers, worker_python
-from tpu_console.runs.device_metrics import WorkerDeviceMetrics, read_device_metrics
-from tpu_console.runs.reach import NodeWorkers, reach_node
-from tpu_console.runs.store import RunRecord
 
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+")
 _FRAME = re.compile(r'^\s+File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>.+)$')

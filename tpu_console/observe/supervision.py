@@ -4,7 +4,7 @@ Pure: no I/O. `launch` turns its flags into a `SupervisionPolicy`, checks it aga
 errors before anything is sent), and writes `plan(...)` as `supervision.json` in every worker's run folder;
 the supervisor writes its decisions to `supervisor.jsonl`, read back here by `parse_decisions`.
 
-The failure classes a restart can name come from the console's log signatures (runs/signatures.py): the
+The failure classes a restart can name come from the console's log signatures (observe/signatures.py): the
 job runner on every worker classifies its job's log with the very patterns `signatures.patterns()` gives,
 shipped in the plan, so there is one source of truth for what a log line means.
 """
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpu_console.errors import UserError
-from tpu_console.runs import signatures, stragglers
-from tpu_console.runs.health import Thresholds
+from tpu_console.observe import signatures, stragglers
+from tpu_console.observe.health import Thresholds
 
 DECISIONS_FILE = "supervisor.jsonl"
 PLAN_FILE = "supervision.json"
@@ -191,7 +191,7 @@ def plan(
 ) -> dict[str, Any]:
     """supervision.json: everything the supervisor and the job runners are told (no secret but the
     run's own token, and the file is 0600). The console's facts the supervisor judges by travel in it
-    (health's thresholds, how a local pod is removed, where the run's record goes: runs/bucket_record.py),
+    (health's thresholds, how a local pod is removed, where the run's record goes: history/bucket_record.py),
     so the supervisor keeps no copy of them."""
     return {
         "run_id": run_id,
@@ -211,7 +211,7 @@ def plan(
         "restart_on": list(policy.restart_on),
         "max_restarts": policy.max_restarts,
         "on_straggler": policy.on_straggler,
-        # runs/stragglers.py's rule, as the supervisor applies it to the steps its runners report
+        # observe/stragglers.py's rule, as the supervisor applies it to the steps its runners report
         "pace": {"window": stragglers.WINDOW, "min_steps": stragglers.MIN_STEPS, "factor": stragglers.FACTOR,
                  "min_excess_s": stragglers.MIN_EXCESS_S},
         "heartbeat_s": policy.heartbeat_s,

@@ -50,20 +50,20 @@ from tpu_console.errors import UserError
 from tpu_console.fleet import recipes
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.results import WorkerLine
+from tpu_console.history.events import Event, EventSummary, parse_event_line
+from tpu_console.history.run_id import check_run_id
+from tpu_console.history.store import RunRecord, RunStore, WorkerRecord
+from tpu_console.history.tail import TailCursor, parse_chunk_record
+from tpu_console.observe.foreign_metrics import steps_read
+from tpu_console.observe.health import Progress, RunHealth, Thresholds, assess
+from tpu_console.observe.log_times import TIMES, LogTimes, line_ends
+from tpu_console.observe.monitor import RunMonitor
+from tpu_console.observe.probe import probe_from_status
+from tpu_console.observe.reach import reach_node
+from tpu_console.observe.run_end import keep_run_end
+from tpu_console.observe.signatures import Finding, SignatureScanner
+from tpu_console.observe.supervision import DECISIONS_FILE, Decision, parse_decisions
 from tpu_console.providers.base import Provider
-from tpu_console.runs.events import Event, EventSummary, parse_event_line
-from tpu_console.runs.foreign_metrics import steps_read
-from tpu_console.runs.health import Progress, RunHealth, Thresholds, assess
-from tpu_console.runs.log_times import TIMES, LogTimes, line_ends
-from tpu_console.runs.monitor import RunMonitor
-from tpu_console.runs.probe import probe_from_status
-from tpu_console.runs.reach import reach_node
-from tpu_console.runs.run_end import keep_run_end
-from tpu_console.runs.run_id import check_run_id
-from tpu_console.runs.signatures import Finding, SignatureScanner
-from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
-from tpu_console.runs.supervision import DECISIONS_FILE, Decision, parse_decisions
-from tpu_console.runs.tail import TailCursor, parse_chunk_record
 from tpu_console.secrets import SecretMasker
 
 LOG, EVENTS = "output.log", "events.jsonl"
@@ -107,7 +107,7 @@ class SignatureFound:
 
 @dataclass(frozen=True)
 class SupervisorDecided:
-    decisions: list[Decision]  # new lines of the supervisor's record (runs/supervision.py)
+    decisions: list[Decision]  # new lines of the supervisor's record (observe/supervision.py)
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,7 @@ class RunWatch:
         in one chunk. `poll_s`: how often a caught-up follower looks at the files again. `store`: where the
         run's state is
         saved as it changes (None: not saved), and where the run's archive and summary go when it has
-        ended (runs/run_end.py)."""
+        ended (observe/run_end.py)."""
         self.fleet = fleet
         self.record = record
         self.streamed = list(workers) if workers is not None else list(record.workers)

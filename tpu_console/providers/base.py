@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from tpu_console.model import CreateRequest, Node, QueuedRequest, SshTarget
+from tpu_console.domain import CreateRequest, Node, QueuedRequest, SshTarget
 
 # Progress callbacks receive one short human line, e.g. "us-east5-b: no capacity, trying next zone".
 Progress = Callable[[str], None]

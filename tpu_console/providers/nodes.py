@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from tpu_console.domain import CreateRequest, Node, QueuedRequest, validate_node_name
 from tpu_console.errors import AlreadyExists, CreateInterrupted, NotFound, UserError, one_line
-from tpu_console.model import CreateRequest, Node, QueuedRequest, validate_node_name
 from tpu_console.providers.base import NodeListing, Progress, Provider, no_progress
 from tpu_console.providers.registry import find_node, pick_provider
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
+from tpu_console.domain import Node
 from tpu_console.errors import NotFound, UnknownNode, UserError, close_names
-from tpu_console.model import Node
 from tpu_console.providers.base import NodeListing, Provider
 from tpu_console.settings import Settings
 

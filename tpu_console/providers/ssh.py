@@ -19,8 +19,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from tpu_console.domain import AcceleratorShape, Node, NodeState, SshTarget, Worker
 from tpu_console.errors import NotFound, UserError
-from tpu_console.model import AcceleratorShape, Node, NodeState, SshTarget, Worker
 from tpu_console.providers.base import NodeListing, Provider
 from tpu_console.settings import Settings, SshNodeSettings
 

@@ -39,7 +39,7 @@ class WorkerReport:
     killed: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     steps: list[str] = field(default_factory=list)
-    inputs: list[str] = field(default_factory=list)  # `missing KEY` / `unwritable KEY` (runs/inputs.py)
+    inputs: list[str] = field(default_factory=list)  # `missing KEY` / `unwritable KEY` (launch/inputs.py)
 
     def add(self, line: str) -> str | None:
         """Take one line of output; returns the progress text it carries for a person, if any."""

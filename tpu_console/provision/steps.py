@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from tpu_console.domain import Node, SshTarget
 from tpu_console.fleet.fleet import Fleet, WorkerLine, WorkerResult
-from tpu_console.model import Node, SshTarget
 from tpu_console.providers.base import Provider
 from tpu_console.provision.report import WorkerReport
 from tpu_console.secrets import SecretMasker

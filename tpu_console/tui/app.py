@@ -19,9 +19,9 @@ from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
 
+from tpu_console.history.store import RunStore
 from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import close_providers
-from tpu_console.runs.store import RunStore
 from tpu_console.tui.modals.confirm import ConfirmModal
 from tpu_console.tui.modals.help import HelpScreen
 from tpu_console.tui.options import ConsoleOptions

@@ -6,12 +6,12 @@ from typing import TYPE_CHECKING
 
 from textual.message import Message
 
-from tpu_console.runs.device_metrics import WorkerDeviceMetrics
-from tpu_console.runs.events import StepMetrics
+from tpu_console.history.events import StepMetrics
+from tpu_console.observe.device_metrics import WorkerDeviceMetrics
 from tpu_console.tui.run_snapshot import RunSnapshot
 
 if TYPE_CHECKING:
-    from tpu_console.runs.control import RunView
+    from tpu_console.observe.lookup import RunView
     from tpu_console.tui.nodes_feed import NodesListing
 
 # -- the nodes screen (its refresh worker and its operations -> NodesScreen) ----------------------------
@@ -98,7 +98,7 @@ class RunFeedProblem(Message):
 
 class RunSupervisorDecided(Message):
     """The run's supervisor on the pod decided something (stopped the others, restarts, deletes the node):
-    one line each, as it wrote them (runs/supervision.py)."""
+    one line each, as it wrote them (observe/supervision.py)."""
 
     def __init__(self, decisions: list[str]) -> None:
         super().__init__()
@@ -106,7 +106,7 @@ class RunSupervisorDecided(Message):
 
 
 class RunSignatureFound(Message):
-    """A worker's log says what went wrong (runs/signatures.py: out of HBM, the wrong process count, TPU in
+    """A worker's log says what went wrong (observe/signatures.py: out of HBM, the wrong process count, TPU in
     use, a jax.distributed timeout, a traceback, a wandb error): its `kind`, and `message` with the fix."""
 
     def __init__(self, worker: int, kind: str, message: str) -> None:

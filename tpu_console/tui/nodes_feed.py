@@ -10,12 +10,12 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from tpu_console import locations
+from tpu_console.domain import Node, NodeState, QueuedRequest
 from tpu_console.errors import one_line
-from tpu_console.model import Node, NodeState, QueuedRequest
+from tpu_console.history.store import RunRecord, RunStore
+from tpu_console.observe.idle_nodes import IdleNode, find_idle
 from tpu_console.providers.base import NodeListing, Provider
 from tpu_console.providers.nodes import list_nodes
-from tpu_console.runs.idle import IdleNode, find_idle
-from tpu_console.runs.store import RunRecord, RunStore
 
 HISTORY_LIMIT = 500
 # A probe that takes longer (an unreachable worker) is given up for this refresh; the next one retries.
@@ -119,11 +119,11 @@ async def _probed(providers: dict[str, Provider], records: Sequence[RunRecord],
     """The records with the state their workers report now (the history is updated as `runs` does)."""
     if not records:
         return []
-    from tpu_console.runs import control
+    from tpu_console.observe import lookup
 
     store = store or RunStore()
     try:
-        views = await asyncio.wait_for(control.observe(providers, records, store), PROBE_TIMEOUT_S)
+        views = await asyncio.wait_for(lookup.observe(providers, records, store), PROBE_TIMEOUT_S)
     except Exception:  # noqa: BLE001 - the recorded state stays; the run dashboard says what is wrong
         return []
     probed = []

@@ -1,4 +1,4 @@
-"""The run dashboard's one source of data: a `RunWatch` on the run (runs/watch.py), turned into messages.
+"""The run dashboard's one source of data: a `RunWatch` on the run (observe/watch.py), turned into messages.
 
 Everything the dashboard shows comes through here, so the widgets stay pure (tests feed them fixed
 messages) and a change in the runs layer is a change in this file only. The screen runs each loop as an
@@ -10,14 +10,14 @@ exclusive Textual worker:
                           (OOM with its hint, TPU in use, tracebacks ...), the W&B URL, and a `RunSnapshot`
                           whenever the watcher's health changes (and every `snapshot_every_s`, so stall
                           ages move)
-    follow_devices(post)  libtpu's live HBM and duty cycle of every device (runs/device_metrics.py), every
+    follow_devices(post)  libtpu's live HBM and duty cycle of every device (observe/device_metrics.py), every
                           `devices_every_s`; the screen runs it while the HBM tab is shown
     (within follow)       a command job's TensorBoard scalars as its steps, every `tensorboard_every_s`, for
-                          workers whose output has no step lines (runs/foreign_metrics.py)
-    stop_run()            stop the run's job on every worker (control.stop), e.g. workers hung after a failure
+                          workers whose output has no step lines (observe/foreign_metrics.py)
+    stop_run()            stop the run's job on every worker (stop.py), e.g. workers hung after a failure
 
 The judgements (a worker stalled, hung after another failed, a straggler; the verdict) are the watcher's
-(runs/health.py), carried into the snapshot as they were made. Lines and events arrive masked by the
+(observe/health.py), carried into the snapshot as they were made. Lines and events arrive masked by the
 watch (the values of the .env files uploaded to the node), before any widget sees them.
 
 When the node cannot be reached (deleted, not READY) the dashboard shows what the run history knows and,
@@ -39,29 +39,26 @@ from datetime import UTC, datetime
 
 from textual.message import Message
 
+from tpu_console.domain import worker_slices
 from tpu_console.errors import NotFound, Unreachable, UserError, one_line
-from tpu_console.node_table import run_node_warning
-from tpu_console.providers.base import Provider
-from tpu_console.providers.nodes import list_nodes
-from tpu_console.providers.registry import find_node
-from tpu_console.runs import control
-from tpu_console.runs.device_metrics import LIBTPU_METRICS_ADDRESS, read_device_metrics
-from tpu_console.runs.events import EventSummary, StepMetrics
-from tpu_console.runs.foreign_metrics import (
+from tpu_console.history.events import EventSummary, StepMetrics
+from tpu_console.history.goodput import Goodput
+from tpu_console.history.store import RunRecord, RunStore
+from tpu_console.launch.stop import stop
+from tpu_console.observe import lookup
+from tpu_console.observe.device_metrics import LIBTPU_METRICS_ADDRESS, read_device_metrics
+from tpu_console.observe.foreign_metrics import (
     command_job,
     fetch_tensorboard,
     steps_note,
     tensorboard_dir,
     tensorboard_steps,
 )
-from tpu_console.runs.goodput import Goodput
-from tpu_console.runs.health import Activity, RunHealth, WorkerHealth, assess
-from tpu_console.runs.monitor import RunMonitor, RunState
-from tpu_console.runs.multislice import worker_slices
-from tpu_console.runs.run_goodput import GoodputTracker, preparation
-from tpu_console.runs.signatures import EXCEPTION, WANDB_URL, Finding
-from tpu_console.runs.store import RunRecord, RunStore
-from tpu_console.runs.watch import (
+from tpu_console.observe.goodput_report import GoodputTracker, preparation
+from tpu_console.observe.health import Activity, RunHealth, WorkerHealth, assess
+from tpu_console.observe.monitor import RunMonitor, RunState
+from tpu_console.observe.signatures import EXCEPTION, WANDB_URL, Finding
+from tpu_console.observe.watch import (
     HealthChanged,
     LogLines,
     NewEvents,
@@ -71,6 +68,9 @@ from tpu_console.runs.watch import (
     Update,
     WatchEnded,
 )
+from tpu_console.providers.base import Provider
+from tpu_console.providers.nodes import list_nodes
+from tpu_console.providers.registry import find_node
 from tpu_console.secrets import SecretMasker
 from tpu_console.tui.messages import (
     RunDevicesRead,
@@ -82,6 +82,7 @@ from tpu_console.tui.messages import (
     RunUpdated,
 )
 from tpu_console.tui.run_snapshot import RunSnapshot, WorkerRow
+from tpu_console.views.nodes import run_node_warning
 
 Post = Callable[[Message], object]
 # Opens a watch on the run; the argument is RunWatch's `first_log_lines` (None: from where it left off).
@@ -366,7 +367,7 @@ class RunFeed:
         )
 
     def _goodput_tracker(self) -> GoodputTracker | None:
-        """The run's goodput as its events arrive (runs/run_goodput.py), once the run is known."""
+        """The run's goodput as its events arrive (observe/goodput_report.py), once the run is known."""
         if self.goodput_tracker is None and self.record is not None:
             try:
                 prep = preparation(self.record, self.store or RunStore())
@@ -421,7 +422,7 @@ class RunFeed:
         """The run as a one-shot look (or the history alone) says it, when no watch can be opened. True
         when the run is over: nothing more can come."""
         try:
-            view = await control.run_status(self.providers, self.run_id, self.store)
+            view = await lookup.run_status(self.providers, self.run_id, self.store)
         except Exception:  # noqa: BLE001 - the problem that brought us here is on screen already
             return False
         masker = await asyncio.to_thread(SecretMasker.for_node, view.record.node)
@@ -470,7 +471,7 @@ class RunFeed:
         """The interpreter that runs the probe, as `tpu-console metrics` picks it: the bootstrapped
         environment (it has tpu-info and grpcio) on every worker, else the provider's default."""
         if self._probe_python is None:
-            from tpu_console.runs.launch import inspect_workers, worker_python
+            from tpu_console.provision.worker_inspection import inspect_workers, worker_python
 
             provider, _ = await find_node(self.providers, watch.record.node)
             reports = await inspect_workers(watch.fleet, list(watch.record.workers))
@@ -484,14 +485,14 @@ class RunFeed:
         if self.watch is not None:
             # so the verdict reads `stopped` once every job is over, and no worker it ends reads failed
             self.watch.monitor.note_stop(datetime.now(UTC))
-        view, stops = await control.stop(self.providers, self.run_id, store=self.store)
+        view, stops = await stop(self.providers, self.run_id, store=self.store)
         outcomes = Counter(s.outcome for s in stops)
         counts = ", ".join(f"{n} {what}" for what, n in sorted(outcomes.items()))
         return f"{self.run_id}: {view.state} ({counts})"
 
     async def stacks(self) -> str:
-        """Where the run is stuck: every worker's Python stacks, grouped (runs/stacks.py), as text."""
-        from tpu_console.runs.stacks import collect_stacks
+        """Where the run is stuck: every worker's Python stacks, grouped (observe/stacks.py), as text."""
+        from tpu_console.observe.stacks import collect_stacks
 
         record = (self.store or RunStore()).get(self.run_id)
         found = await collect_stacks(self.providers, record)

@@ -2,7 +2,7 @@
 
 `RunFeed` fills these from the run's `RunWatch`; the widgets only draw them, so every widget can be tested
 (and snapshotted) with fixed data. The judgements on a worker (stalled, hung after a failure, straggler)
-are the watcher's own (`tpu_console.runs.health`), carried here as they were made; what is left in this
+are the watcher's own (`tpu_console.observe.health`), carried here as they were made; what is left in this
 module is arithmetic for drawing: ratios to the other workers, memory levels, series for the plots. The
 colours are nvitop's habit: a number is green while it is fine, yellow when it deserves a look, red when
 it needs one.
@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from tpu_console.runs.events import StepMetrics
+from tpu_console.history.events import StepMetrics
 
 if TYPE_CHECKING:
-    from tpu_console.runs.device_metrics import WorkerDeviceMetrics
-    from tpu_console.runs.goodput import Goodput
+    from tpu_console.history.goodput import Goodput
+    from tpu_console.observe.device_metrics import WorkerDeviceMetrics
 
 # The phases of a GRPO step, in the order they run (`time/train/<phase>_s`); `step` is their total.
 PHASES = ("rollout_generate", "reward", "advantages", "shard", "update", "step")
@@ -79,7 +79,7 @@ class RunSnapshot:
     all_silent: bool = False  # every running worker is stalled: the whole job looks hung
     stragglers: tuple[int, ...] = ()
     node_warning: str | None = None  # the node is unhealthy, has symptoms, or has maintenance in the run
-    goodput: Goodput | None = None  # the run's time split into productive steps and badput (runs/goodput.py)
+    goodput: Goodput | None = None  # the run's time: productive steps and badput (history/goodput.py)
     steps_note: str | None = None  # a command job's: where its steps come from, or that none matched
 
     def row(self, worker: int) -> WorkerRow | None:
@@ -88,7 +88,7 @@ class RunSnapshot:
 
 @dataclass(frozen=True)
 class DeviceReadings:
-    """libtpu's live metrics of each worker's devices (runs/device_metrics.py), as last read: they come
+    """libtpu's live metrics of each worker's devices (observe/device_metrics.py), as last read: they come
     from the TPU runtime itself, so they show even while the trainer hangs."""
 
     by_worker: dict[int, WorkerDeviceMetrics] = field(default_factory=dict)

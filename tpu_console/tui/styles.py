@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tpu_console.model import NodeState
+from tpu_console.domain import NodeState
 
 NODE_STATE_STYLES = {
     NodeState.READY: "green", NodeState.CREATING: "yellow", NodeState.STARTING: "yellow",

@@ -9,7 +9,7 @@ import shlex
 from datetime import UTC, datetime
 from typing import Any
 
-from tpu_console.model import Maintenance, Node, QueuedRequest, QueueState
+from tpu_console.domain import Maintenance, Node, QueuedRequest, QueueState
 from tpu_console.pricing import cost_since_creation, price_per_hour
 
 COLUMNS = ("NAME", "PROVIDER", "TYPE", "WORKERS", "STATE", "ZONE", "SPOT", "AGE", "PRICE/H", "COST")

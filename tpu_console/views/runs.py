@@ -5,12 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from tpu_console.node_table import format_age
+from tpu_console.launch.start import LaunchResult
+from tpu_console.launch.stop import WorkerStop
+from tpu_console.observe.lookup import RunView
+from tpu_console.observe.monitor import WorkerState, WorkerStatus
 from tpu_console.pricing import run_cost
-from tpu_console.runs.control import RunView
-from tpu_console.runs.launch import LaunchResult
-from tpu_console.runs.monitor import WorkerState, WorkerStatus
-from tpu_console.runs.stop import WorkerStop
+from tpu_console.views.nodes import format_age
 
 RUN_COLUMNS = ("RUN", "NODE", "WORKERS", "STATE", "AGE", "CONFIG", "COST", "NOTE")
 WORKER_COLUMNS = ("WORKER", "STATE", "EXIT", "STEP", "STEP_S", "AVG10_S", "TOKENS/S", "MEM GiB", "NOTE")

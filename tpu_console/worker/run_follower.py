@@ -1,6 +1,6 @@
 """The worker side of a run watch: one long-lived process per worker that streams a run's files and its
 job's state to the console, so a line reaches the console a few tens of milliseconds after it is written,
-with no command per poll (tpu_console/runs/watch.py is the console side).
+with no command per poll (tpu_console/observe/watch.py is the console side).
 
 A PythonProgram (fleet/program.py), with arguments RUN_DIR POLL_S PROBE_S MAX_BYTES FILE=OFFSET|FILE~LINES...:
 the command channel's agent runs it in a fork of itself, the exec path with `python3 -I -S`. Python 3.8+

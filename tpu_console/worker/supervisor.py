@@ -17,7 +17,7 @@ It reads `supervision.json` (the plan `launch` wrote, 0600) and, when webhook no
 - `max_cost` (price x time since launch) and `max_hang_s` (every worker without a new step that long):
   stop the jobs (SIGTERM first, so the trainer checkpoints), then delete the node;
 - `on_straggler` (report, restart): a worker whose step time over its last steps is the plan's `pace`
-  factor times the others' median (runs/stragglers.py's rule, applied to the steps the runners report) is
+  factor times the others' median (observe/stragglers.py's rule, applied to the steps the runners report) is
   named in a decision; with restart, every job is started again from its latest checkpoint, up to
   `max_restarts` times;
 - `on_end: delete`: once every job has ended and `grace_s` has passed, delete the node, unless a newer run
@@ -34,10 +34,10 @@ plan names (the console's providers/local/remove_pod.py, which `LocalProvider.de
 The run's record: when the run has ended, and again just before the node is deleted, the run's summary
 (launch.json, these decisions, each worker's exit status, last step event and last lines of output) goes
 where the plan's `record` says: a Cloud Storage bucket, through its JSON API with the VM's credentials, or
-a local pod's folder standing for one. `runs` on any console reads it back (runs/bucket_record.py).
+a local pod's folder standing for one. `runs` on any console reads it back (history/bucket_record.py).
 
 The console's facts it judges by come in the plan, never as copies here: health's thresholds
-(runs/health.py), the failure signatures, the removal of a local pod, where the record goes.
+(observe/health.py), the failure signatures, the removal of a local pod, where the record goes.
 
 Python 3.8+ and the standard library only; it imports nothing of the console.
 """
@@ -55,7 +55,7 @@ import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-try:  # shipped into the run folder beside this file (runs/launch.py)
+try:  # shipped into the run folder beside this file (launch/start.py)
     import preemption_notice
 except ImportError:
     preemption_notice = None
@@ -122,7 +122,7 @@ class Supervisor:
         # a command job whose output is not read for steps (metrics format none) never reports one: its
         # silence says nothing, so it is judged neither hung nor past max_hang
         self.steps_read = _steps_read(folder)
-        # runs/health.py's Thresholds, shipped in the plan (one home: the console's)
+        # observe/health.py's Thresholds, shipped in the plan (one home: the console's)
         self.thresholds = plan["thresholds"]
 
     # ---- what the job runners say ----------------------------------------------------------------
@@ -332,7 +332,7 @@ class Supervisor:
         running = [w for w in self.workers.values() if w.state == "running"]
         if not running or not self.steps_read:
             return
-        # As runs/health.py judges it, with its thresholds: a stall is no new step for stall_factor step
+        # As observe/health.py judges it, with its thresholds: a stall is no new step for stall_factor step
         # times, and at least stall_floor_s; a job with no step yet is loading or compiling until silent_s.
         limits = self.thresholds
         silent_s, floor_s, factor = (float(limits[k]) for k in ("silent_s", "stall_floor_s", "stall_factor"))
@@ -451,7 +451,7 @@ class Supervisor:
     # ---- the run's record: outlives the node ---------------------------------------------------------
 
     def record(self):
-        """The run's summary for the bucket (runs/bucket_record.py reads it): launch.json, the decisions,
+        """The run's summary for the bucket (history/bucket_record.py reads it): launch.json, the decisions,
         each worker's exit status, last step event and last lines of output."""
         launch = _load_json(os.path.join(self.folder, "launch.json"))
         try:

@@ -12,9 +12,9 @@ import pytest
 
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tpu_console.cli import main
-from tpu_console.keys import user_name
 from tpu_console.locations import home
 from tpu_console.providers.gcp.labels import sanitise
+from tpu_console.ssh_identity import user_name
 
 pytestmark = pytest.mark.usefixtures("console_home")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.console.runs.test_local import pod, run  # noqa: F401 - fixture
+from tests.console.launch.test_local import pod, run  # noqa: F401 - fixture
 from tests.fixtures_cli import FakeProvider, console_home, make_node  # noqa: F401 - fixture
 from tpu_console.errors import UnknownNode, close_names, did_you_mean
 from tpu_console.providers.registry import find_node

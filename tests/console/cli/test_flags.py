@@ -9,8 +9,8 @@ import pytest
 
 from tests.fixtures_cli import FakeProvider, console_home, make_node  # noqa: F401 - fixture
 from tpu_console import cli
+from tpu_console.domain import NodeState
 from tpu_console.locations import home
-from tpu_console.model import NodeState
 
 pytestmark = pytest.mark.usefixtures("console_home")
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.console.runs.test_local import fake_trainer, run, worker_home
+from tests.console.launch.test_local import fake_trainer, run, worker_home
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tests.trainer.launch import planning_config
 from trainer.planner import tpu_compile

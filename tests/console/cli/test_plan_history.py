@@ -10,11 +10,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from tests.console.runs.test_local import fake_trainer, run
+from tests.console.launch.test_local import fake_trainer, run
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tpu_console.experiments.plan import measured_longest_rows
-from tpu_console.runs.launch import validate_config
-from tpu_console.runs.store import RunRecord, RunStore
+from tpu_console.history.store import RunRecord, RunStore
+from tpu_console.launch.start import validate_config
 
 pytestmark = pytest.mark.usefixtures("console_home")
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.console.runs.test_local import fake_trainer, run
+from tests.console.launch.test_local import fake_trainer, run
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.usefixtures("console_home")

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.console.runs.test_local import pod, run  # noqa: F401 - pod is a fixture
+from tests.console.launch.test_local import pod, run  # noqa: F401 - pod is a fixture
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
+from tpu_console.history.store import RunStore
 from tpu_console.providers.local import LocalProvider
-from tpu_console.runs.store import RunStore
 from tpu_console.tui.run_feed import RunFeed
 from tpu_console.tui.widgets.run_header import notes_text
 

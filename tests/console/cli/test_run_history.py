@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.console.runs.test_local import fake_trainer, launch, pod, run  # noqa: F401 - pod is a fixture
+from tests.console.launch.test_local import fake_trainer, launch, pod, run  # noqa: F401 - pod is a fixture
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from trainer import telemetry as tm
 
@@ -107,7 +107,7 @@ while true; do sleep 0.1; done
 
 
 def test_launch_fail_fast_stops_the_other_workers_when_one_fails(capsys, pod, tmp_path):  # noqa: F811
-    from tests.console.runs.test_local import run_folder
+    from tests.console.launch.test_local import run_folder
     from tests.processes import wait_for
 
     run_id = launch(capsys, fake_trainer(tmp_path, ONE_FAILS), "--fail-fast")

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.console.controller.test_invariants import Watch
-from tests.console.runs.test_local import CONFIG, fake_trainer
+from tests.console.launch.test_local import CONFIG, fake_trainer
 from tests.emulated_pods import EmulatedPods
 from tests.fixtures_cli import stand_in_tiny_inputs
 from tests.fixtures_gcp import PROJECT, ZONES, emulator, gcp_home  # noqa: F401 - fixtures
@@ -24,10 +24,10 @@ from tpu_console.controller import state as st
 from tpu_console.controller.handover import Budgets, hand_over
 from tpu_console.controller.loop import Controller
 from tpu_console.controller.store import FolderStore
-from tpu_console.model import CreateRequest
+from tpu_console.domain import CreateRequest
+from tpu_console.launch.start import launch, validate_config
+from tpu_console.observe.supervision import SupervisionPolicy
 from tpu_console.providers.nodes import create_node
-from tpu_console.runs.launch import launch, validate_config
-from tpu_console.runs.supervision import SupervisionPolicy
 
 Z1, Z2, _ = ZONES
 STEPS = 30

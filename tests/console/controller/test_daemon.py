@@ -13,7 +13,7 @@ import time
 import pytest
 
 from tests.console.experiments.test_local import CHECKPOINTING
-from tests.console.runs.test_local import CONFIG, fake_trainer, run
+from tests.console.launch.test_local import CONFIG, fake_trainer, run
 from tests.fixtures_cli import console_home, stand_in_tiny_inputs  # noqa: F401 - fixture
 from tpu_console.controller import daemon
 from tpu_console.controller import state as st

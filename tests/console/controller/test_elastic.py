@@ -10,18 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.console.runs.test_local import worker_home
+from tests.console.launch.test_local import worker_home
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tests.processes import wait_for
 from tpu_console.controller import elastic
 from tpu_console.controller.relaunch import job_of_command
+from tpu_console.domain import AcceleratorShape, CreateRequest, Node, NodeState
 from tpu_console.errors import UserError
-from tpu_console.model import AcceleratorShape, CreateRequest, Node, NodeState
+from tpu_console.launch.job_spec import JobSpec
+from tpu_console.launch.start import launch
+from tpu_console.observe.supervision import SupervisionPolicy
 from tpu_console.providers.local.jobs import running_job_groups, stop_groups
 from tpu_console.providers.local.provider import LocalProvider
-from tpu_console.runs.job_spec import JobSpec
-from tpu_console.runs.launch import launch
-from tpu_console.runs.supervision import SupervisionPolicy
 
 pytestmark = pytest.mark.usefixtures("console_home")
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.console.runs.test_local import CONFIG, run, worker_home
+from tests.console.launch.test_local import CONFIG, run, worker_home
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tpu_console.controller.handover import budgets_of
 from tpu_console.errors import UserError
-from tpu_console.runs.job_spec import load_job_file
+from tpu_console.launch.job_spec import load_job_file
 
 pytestmark = pytest.mark.usefixtures("console_home")
 

@@ -13,7 +13,7 @@ import pytest
 from tpu_console.controller.judge import KILLED_READS, judge, lost_slices, not_ours
 from tpu_console.controller.observe import NodeReading, RunReading
 from tpu_console.controller.state import INCARNATION_LABEL, MANAGED_LABEL, Incarnation, ManagedRun, Recovery
-from tpu_console.model import AcceleratorShape, Node, NodeState
+from tpu_console.domain import AcceleratorShape, Node, NodeState
 
 MADE = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -127,7 +127,7 @@ def test_budgets_stop_recoveries():
 
 def test_a_managed_runs_goodput_counts_what_its_preemptions_cost_in_their_own_bucket():
     from tpu_console.controller.state import timeline
-    from tpu_console.runs.goodput import goodput
+    from tpu_console.history.goodput import goodput
 
     # incarnation 0: steps 1-10 from t=10 to t=28, preempted; incarnation 1 relaunched at t=60, resumed
     # after step 8, steps 9-20 from t=70 to t=92, succeeded at t=93

@@ -14,7 +14,7 @@ from tests.gcs_api_emulator import GcsApiEmulator
 from tpu_console.controller import store as store_module
 from tpu_console.controller.lease import LEASE, Lease, read_lease
 from tpu_console.controller.store import Conflict, FolderStore, GcsStore, open_store
-from tpu_console.runs import bucket_record
+from tpu_console.history import bucket_record
 from tpu_console.settings import load_settings
 
 BUCKET = "team-runs"

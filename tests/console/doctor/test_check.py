@@ -13,7 +13,7 @@ from tests.conftest import LocalPod
 from tests.console.doctor.faults import StopInBursts, block_coordinator, expose_devices
 from tpu_console.doctor import check_node
 from tpu_console.doctor.check import FAULT_ENV, start_command, stop_command
-from tpu_console.model import CreateRequest
+from tpu_console.domain import CreateRequest
 from tpu_console.providers.local import LocalProvider
 
 

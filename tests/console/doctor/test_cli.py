@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from tests.console.runs.test_launch_command import FOREIGN
-from tests.console.runs.test_local import pod, run  # noqa: F401 - fixture
+from tests.console.launch.test_launch_command import FOREIGN
+from tests.console.launch.test_local import pod, run  # noqa: F401 - fixture
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tpu_console.doctor.check import FAULT_ENV
-from tpu_console.runs.store import RunStore
+from tpu_console.history.store import RunStore
 
 pytestmark = pytest.mark.usefixtures("console_home", "pod")
 

@@ -7,17 +7,17 @@ import json
 
 import pytest
 
-from tests.console.runs.test_local import CONFIG, fake_trainer, run, worker_home
+from tests.console.launch.test_local import CONFIG, fake_trainer, run, worker_home
 from tests.fixtures_cli import console_home, stand_in_tiny_inputs  # noqa: F401 - fixture
 from tpu_console.controller import state as st
 from tpu_console.controller.handover import Budgets
 from tpu_console.controller.store import open_store
+from tpu_console.domain import CreateRequest
 from tpu_console.experiments.recovery import launch_with_recovery
 from tpu_console.locations import home
-from tpu_console.model import CreateRequest
+from tpu_console.observe.supervision import SupervisionPolicy
 from tpu_console.providers.nodes import create_node
 from tpu_console.providers.registry import build_providers, close_providers
-from tpu_console.runs.supervision import SupervisionPolicy
 from tpu_console.settings import load_settings
 from trainer.synthetic_gsm8k import write_jsonl
 

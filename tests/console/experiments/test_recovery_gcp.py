@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.console.runs.test_local import CONFIG
+from tests.console.launch.test_local import CONFIG
 from tpu_console.errors import UserError
 from tpu_console.experiments.recovery import require_durable_checkpoints
 

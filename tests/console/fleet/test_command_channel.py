@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import LocalPod
 from tests.fixtures_sshd import Sshd
 from tests.processes import pid_alive
-from tpu_console import asyncssh_tuning, keys
+from tpu_console import asyncssh_tuning, ssh_identity
 from tpu_console.fleet import command_channel
 from tpu_console.fleet.fleet import CHANNEL_AFTER_COMMANDS, Fleet, WorkerLine
 from tpu_console.providers.ssh import SshProvider
@@ -158,7 +158,7 @@ async def _sshd_targets(sshd: Sshd, tmp_path: Path, workers: int = 2):
         name="lab",
         hosts=[f"127.0.0.1:{sshd.port}"] * workers,
         user=getpass.getuser(),
-        key=str(keys.client_key_path()),
+        key=str(ssh_identity.client_key_path()),
         known_hosts=str(known_hosts),
     )
     provider = SshProvider(Settings(ssh=SshSettings(nodes=[node])))

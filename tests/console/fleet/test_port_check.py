@@ -10,9 +10,9 @@ import socket
 import pytest
 
 from tests.conftest import LocalPod
+from tpu_console.domain import AcceleratorShape, Node, NodeState, Worker
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.port_check import PortNeed, PortProblem, problem_line, unreachable_ports
-from tpu_console.model import AcceleratorShape, Node, NodeState, Worker
 
 JAX = "the JAX coordinator's"
 

@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from tests.console.runs.test_local import run
-from tests.console.runs.test_supervision import (  # noqa: F401 - pod2 is a fixture
+from tests.console.launch.test_local import run
+from tests.console.observe.test_supervision import (  # noqa: F401 - pod2 is a fixture
     fake_trainer,
     launch_then_kill_console,
     node_dir,
@@ -21,8 +21,8 @@ from tests.console.worker.test_supervisor import make, metadata_server  # noqa: 
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tests.processes import wait_for
 from tpu_console.errors import UserError
-from tpu_console.runs import bucket_record
-from tpu_console.runs.store import RunRecord, RunStore
+from tpu_console.history import bucket_record
+from tpu_console.history.store import RunRecord, RunStore
 from tpu_console.settings import Settings, load_settings
 from tpu_console.worker import supervisor as sv
 

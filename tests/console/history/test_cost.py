@@ -8,9 +8,9 @@ from datetime import timedelta
 import pytest
 
 from tests.fixtures_cli import NOW, console_home, make_node  # noqa: F401 - fixture
+from tpu_console.history.store import RunRecord, RunStore
+from tpu_console.history.summary import COST, compare_rows
 from tpu_console.pricing import price_per_hour, run_cost
-from tpu_console.runs.store import RunRecord, RunStore
-from tpu_console.runs.summary import COST, compare_rows
 
 
 def test_run_cost_is_price_times_hours_to_the_end_or_to_now():

@@ -7,7 +7,7 @@ import json
 import os
 import subprocess
 
-from tpu_console.runs import discovery
+from tpu_console.history import discovery
 
 
 def test_the_recipe_prints_the_launch_json_of_the_runs_the_history_lacks(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpu_console.runs.goodput import (
+from tpu_console.history.goodput import (
     IDLE,
     LOST,
     OTHER,
@@ -136,7 +136,7 @@ def test_the_json_and_the_line():
 
 
 def test_compare_shows_goodput_rows_only_where_a_run_has_goodput():
-    from tpu_console.runs.summary import compare_table
+    from tpu_console.history.summary import compare_table
 
     result = goodput(Timeline(launched_at=0, steps=steps(1, 10, 0, 2.0, first_s=60), ended_at=80))
     _, cells = compare_table(["a", "b"], [summary_fields(result), summary_fields(None)])
@@ -150,7 +150,7 @@ def test_compare_shows_goodput_rows_only_where_a_run_has_goodput():
 def test_the_preparation_log_keeps_failed_setups_but_not_failed_creates(tmp_path):
     import asyncio
 
-    from tpu_console.runs.prep_log import PrepLog, timed
+    from tpu_console.history.prep_log import PrepLog, timed
 
     log = PrepLog(tmp_path / "console.sqlite")
     log.add("pod", "create", 10, 20, ok=False)  # no node came of it

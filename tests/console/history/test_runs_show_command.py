@@ -1,4 +1,4 @@
-"""`runs show` of a new user's command job on a local pod, once it has ended (tests/console/runs/
+"""`runs show` of a new user's command job on a local pod, once it has ended (tests/console/launch/
 new_user_job.py): each worker's last step as `status` saw it (read from the run's archive), the code as
 the project it ran (its digest), and only the metrics the run has: its step time and loss, no reward."""
 
@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from tests.console.runs.new_user_job import launch_new_user_job
-from tests.console.runs.test_launch_command import follow
-from tests.console.runs.test_local import pod, run  # noqa: F401 - fixture
+from tests.console.launch.new_user_job import launch_new_user_job
+from tests.console.launch.test_launch_command import follow
+from tests.console.launch.test_local import pod, run  # noqa: F401 - fixture
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
-from tpu_console.runs.store import RunStore
+from tpu_console.history.store import RunStore
 
 pytestmark = pytest.mark.usefixtures("console_home", "pod")
 

@@ -17,12 +17,12 @@ import pytest
 from tests.processes import pid_alive, wait_for
 from tpu_console.errors import NotFound, UserError
 from tpu_console.fleet import recipes
-from tpu_console.runs.events import EventSummary, parse_event_line, parse_events
-from tpu_console.runs.monitor import RunMonitor, RunState, WorkerState
-from tpu_console.runs.probe import RunProbe, parse_probe
-from tpu_console.runs.run_id import check_run_id, is_run_id, new_run_id, started_at
-from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
-from tpu_console.runs.tail import LogChunk, TailCursor, parse_chunk
+from tpu_console.history.events import EventSummary, parse_event_line, parse_events
+from tpu_console.history.run_id import check_run_id, is_run_id, new_run_id, started_at
+from tpu_console.history.store import RunRecord, RunStore, WorkerRecord
+from tpu_console.history.tail import LogChunk, TailCursor, parse_chunk
+from tpu_console.observe.monitor import RunMonitor, RunState, WorkerState
+from tpu_console.observe.probe import RunProbe, parse_probe
 
 RUN = "20250314-120000-beef"
 HOSTILE = "a'b\"c $(touch PWNED) `touch PWNED2`; rm -rf / & \\ \n*"
@@ -60,7 +60,7 @@ def test_config_validation_does_not_import_jax():
     code = (
         "import sys\n"
         "from tpu_console import cli\n"
-        "from tpu_console.runs.launch import validate_config\n"
+        "from tpu_console.launch.start import validate_config\n"
         f"assert validate_config({str(config)!r}, ['steps=3']).data['steps'] == 3\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'flax', 'optax', 'numpy'))\n"
         "assert not heavy, heavy\n"
@@ -356,7 +356,7 @@ def test_a_stop_asked_for_is_no_failure_unless_a_worker_failed_before_it():
 
 
 def test_a_stopped_worker_reads_stopped_in_health():
-    from tpu_console.runs.health import Activity, assess
+    from tpu_console.observe.health import Activity, assess
 
     monitor = RunMonitor(RUN, [0, 1])
     monitor.note_stop(datetime.fromtimestamp(100.0, UTC))
@@ -378,7 +378,7 @@ def tiny(**sets: str):
 
 
 def test_job_inputs_lists_local_paths_and_refuses_what_cannot_be_right_anywhere():
-    from tpu_console.runs.inputs import JobInput, job_inputs
+    from tpu_console.launch.inputs import JobInput, job_inputs
 
     assert job_inputs(tiny()) == [
         JobInput("model_path", "~/tiny-qwen2", "exists"),

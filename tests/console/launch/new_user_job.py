@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from tests.console.runs.test_local import run
+from tests.console.launch.test_local import run
 
 STEP_REGEX = r"step (?P<step>\d+) \| loss (?P<loss>[\d.]+) \| (?P<step_s>[\d.]+) s/step"
 

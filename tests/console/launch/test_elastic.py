@@ -11,15 +11,15 @@ import sys
 
 import pytest
 
-from tests.console.runs.test_local import CONFIG, worker_home
+from tests.console.launch.test_local import CONFIG, worker_home
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tests.processes import wait_for
+from tpu_console.domain import CreateRequest
 from tpu_console.errors import UserError
-from tpu_console.model import CreateRequest
+from tpu_console.history.store import RunStore
+from tpu_console.launch.job_spec import JobSpec
+from tpu_console.launch.start import launch
 from tpu_console.providers.local.provider import LocalProvider
-from tpu_console.runs.job_spec import JobSpec
-from tpu_console.runs.launch import launch
-from tpu_console.runs.store import RunStore
 from trainer.synthetic_gsm8k import write_jsonl
 
 pytest_plugins = ("tests.trainer.fixtures",)

@@ -9,13 +9,13 @@ import json
 
 import pytest
 
-from tests.console.runs.new_user_job import launch_new_user_job
-from tests.console.runs.test_launch_command import follow
-from tests.console.runs.test_local import pod, run  # noqa: F401 - fixture
+from tests.console.launch.new_user_job import launch_new_user_job
+from tests.console.launch.test_launch_command import follow
+from tests.console.launch.test_local import pod, run  # noqa: F401 - fixture
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
+from tpu_console.history.store import RunStore
+from tpu_console.observe.watch import RunWatch
 from tpu_console.providers.registry import build_providers, close_providers
-from tpu_console.runs.store import RunStore
-from tpu_console.runs.watch import RunWatch
 from tpu_console.settings import load_settings
 
 pytestmark = pytest.mark.usefixtures("console_home", "pod")

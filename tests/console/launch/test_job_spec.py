@@ -1,4 +1,4 @@
-"""The job file and the command as data (runs/job_spec.py), and the run history's `job` column, also in a
+"""The job file and the command as data (launch/job_spec.py), and the run history's `job` column, also in a
 database made before it existed. Pure and fast: no pod."""
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.console.runs.test_units import bash, write_fake
+from tests.console.history.test_units import bash, write_fake
 from tests.fixtures_cli import make_node
 from tests.processes import wait_for
 from tpu_console.errors import UserError
 from tpu_console.fleet import recipes
+from tpu_console.history.store import RunRecord, RunStore
+from tpu_console.launch.job_spec import JobSpec, load_job_file
+from tpu_console.launch.start import command_job
 from tpu_console.provision.report import WorkerReport
-from tpu_console.run_table import job_label
-from tpu_console.runs.job_spec import JobSpec, load_job_file
-from tpu_console.runs.launch import command_job
-from tpu_console.runs.store import RunRecord, RunStore
+from tpu_console.views.runs import job_label
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -245,7 +245,7 @@ def test_launch_metrics_overrides_the_files_format_and_regex_and_keeps_where_els
 
 
 def test_the_formats_a_job_may_name_are_the_ones_the_worker_reads():
-    from tpu_console.runs.job_spec import METRIC_FORMATS
+    from tpu_console.observe.metric_formats import METRIC_FORMATS
     from tpu_console.worker import step_lines
 
     assert set(METRIC_FORMATS) == set(step_lines.FORMATS)

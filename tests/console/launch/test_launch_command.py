@@ -1,5 +1,5 @@
 """`launch NODE -- COMMAND` and `launch NODE --job FILE` end to end through the CLI, on a local pod, with a
-program that knows nothing of tpu-console (tests/console/runs/foreign_job.py): the environment every
+program that knows nothing of tpu-console (tests/console/launch/foreign_job.py): the environment every
 job gets, exit codes per worker, fail-fast, a restart after a transient failure (the same command again,
 on the coordinator's new port), a job file recorded with the run, and bad input that starts nothing."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.console.runs.test_local import (  # noqa: F401 - fixture
+from tests.console.launch.test_local import (  # noqa: F401 - fixture
     CONFIG,
     fake_trainer,
     pod,
@@ -20,7 +20,7 @@ from tests.console.runs.test_local import (  # noqa: F401 - fixture
     worker_home,
 )
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
-from tpu_console.runs.store import RunStore
+from tpu_console.history.store import RunStore
 
 pytestmark = pytest.mark.usefixtures("console_home", "pod")
 

@@ -10,7 +10,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tpu_console.runs import launch_lock
+from tpu_console.launch import lock as launch_lock
 
 
 def sh(home: Path, command: str) -> str:

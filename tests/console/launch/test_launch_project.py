@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.console.runs.test_launch_command import bootstrapped, follow, launch
-from tests.console.runs.test_local import pod, run, run_folder, worker_home  # noqa: F401 - fixture
+from tests.console.launch.test_launch_command import bootstrapped, follow, launch
+from tests.console.launch.test_local import pod, run, run_folder, worker_home  # noqa: F401 - fixture
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.usefixtures("console_home", "pod")

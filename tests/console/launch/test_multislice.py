@@ -13,17 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.console.runs.test_local import run, worker_home
+from tests.console.launch.test_local import run, worker_home
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tests.processes import wait_for
+from tpu_console.domain import AcceleratorShape, CreateRequest, Node, NodeState, Worker, worker_slices
 from tpu_console.errors import UserError
-from tpu_console.model import AcceleratorShape, CreateRequest, Node, NodeState, Worker
+from tpu_console.history.store import RunStore
+from tpu_console.launch import job_ports, multislice
+from tpu_console.launch.job_spec import JobSpec
+from tpu_console.launch.start import launch
+from tpu_console.observe import stacks
 from tpu_console.providers.local.jobs import running_job_groups, stop_groups
 from tpu_console.providers.local.provider import LocalProvider
-from tpu_console.runs import job_ports, multislice, stacks
-from tpu_console.runs.job_spec import JobSpec
-from tpu_console.runs.launch import launch
-from tpu_console.runs.store import RunStore
 from tpu_console.tui.run_snapshot import WorkerRow
 from tpu_console.tui.widgets.worker_grid import row_cells
 from trainer.synthetic_gsm8k import write_jsonl
@@ -244,7 +245,7 @@ def test_one_stack_everywhere_is_said_once_and_a_silent_worker_in_its_slice():
                '  File "/p/waits.py", line 9 in <module>\n'
 
     same = stacks.group([stacks.WorkerStacks(w, dump=dump("wait")) for w in range(4)], "r", "ms")
-    same.slice_of = multislice.worker_slices(2, [0, 1, 2, 3])
+    same.slice_of = worker_slices(2, [0, 1, 2, 3])
     assert same.summary() == "slices 0-1 (workers 0-3): waits.py:4 (wait)"
     one_silent = stacks.group([stacks.WorkerStacks(w, dump=dump("wait")) for w in range(3)]
                               + [stacks.WorkerStacks(3, silent="its job is stopped (SIGSTOP)")], "r", "ms")

@@ -15,7 +15,7 @@ import pytest
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tests.fixtures_sshd import sshd  # noqa: F401 - fixture
 from tpu_console import cli
-from tpu_console.keys import client_key_path
+from tpu_console.ssh_identity import client_key_path
 from trainer.synthetic_gsm8k import write_jsonl
 
 pytest_plugins = ("tests.trainer.fixtures",)

@@ -1,6 +1,6 @@
 """Two console homes (two people) against one pod: home A launches on its local pod; home B reaches the
 same workers over loopback SSH as an `[[ssh.nodes]]` entry, and lists, follows, stacks and stops A's run,
-which it never launched (found in the run folders on the pod, runs/discovery.py)."""
+which it never launched (found in the run folders on the pod, history/discovery.py)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ import pytest
 from tests.processes import wait_for
 from tpu_console import cli
 from tpu_console.errors import UserError
+from tpu_console.history import store
+from tpu_console.history.store import RunStore
+from tpu_console.launch.job_spec import JobSpec
+from tpu_console.launch.start import launch
 from tpu_console.providers.local import LocalProvider
-from tpu_console.runs import store
-from tpu_console.runs.job_spec import JobSpec
-from tpu_console.runs.launch import launch
-from tpu_console.runs.store import RunStore
 
 SLEEPER = ("import time\nprint('hello from the pod', flush=True)\ndef wait_for_the_others():\n"
            "    time.sleep(60)\nwait_for_the_others()\n")
@@ -50,7 +50,7 @@ async def _as_b(monkeypatch, capsys, home_b: Path, *argv: str) -> tuple[int, str
 @pytest.fixture
 async def two_worker_pod():
     provider = LocalProvider()
-    from tpu_console.model import CreateRequest
+    from tpu_console.domain import CreateRequest
 
     node = await provider.create(CreateRequest(name="pod", accelerator_type="local-2x1"))
     targets = await provider.ssh_targets(node)
@@ -185,7 +185,7 @@ def test_stopping_another_persons_run_asks_for_its_id_typed_back(monkeypatch):
     from datetime import UTC, datetime
 
     from tpu_console.cli import prompts
-    from tpu_console.runs.store import RunRecord
+    from tpu_console.history.store import RunRecord
 
     monkeypatch.setenv("USER", "bob")
     monkeypatch.setenv("LOGNAME", "bob")

@@ -13,7 +13,7 @@ import pytest
 from tpu_info.proto import tpu_metric_service_pb2 as metrics
 from tpu_info.proto import tpu_metric_service_pb2_grpc as metrics_grpc
 
-from tests.console.runs.test_local import run
+from tests.console.launch.test_local import run
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tpu_console.worker.libtpu_probe import DUTY_CYCLE, HBM_TOTAL, HBM_USAGE, IDLE
 

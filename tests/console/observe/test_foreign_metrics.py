@@ -1,5 +1,5 @@
 """A command job's TensorBoard event files and W&B summary, read from a local pod's workers
-(runs/foreign_metrics.py): real event files written with tensorboard's own writer and read back with
+(observe/foreign_metrics.py): real event files written with tensorboard's own writer and read back with
 tbparse; copied again only when they grew; the summary filled where the events say nothing; and of two
 runs in the same project folder, each reads only the files it wrote."""
 
@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tpu_console.runs import foreign_metrics as fm
-from tpu_console.runs.events import Event, StepMetrics
+from tpu_console.history.events import Event, StepMetrics
+from tpu_console.observe import foreign_metrics as fm
 from trainer import telemetry as tm
 
 event_pb2 = pytest.importorskip("tensorboard.compat.proto.event_pb2")
@@ -172,7 +172,7 @@ def test_steps_note_says_where_the_steps_come_from_or_that_none_matched():
 
 
 def test_the_watch_never_calls_a_job_whose_steps_are_not_read_silent():
-    from tpu_console.runs.watch import RunWatch
+    from tpu_console.observe.watch import RunWatch
 
     def watch_of(job):
         return RunWatch(None, SimpleNamespace(run_id="r", workers=[0], stop_requested_at=None, job=job))

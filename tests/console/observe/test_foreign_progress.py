@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests.absent import PTRACE_FIX, absent
-from tests.console.runs.test_local import pod, run, run_folder  # noqa: F401 - fixture
+from tests.console.launch.test_local import pod, run, run_folder  # noqa: F401 - fixture
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
+from tpu_console.history.store import RunStore
 from tpu_console.providers.local import LocalProvider
-from tpu_console.runs.store import RunStore
 from tpu_console.tui.run_feed import RunFeed
 from tpu_console.tui.widgets.step_breakdown import breakdown
 from trainer import telemetry as tm

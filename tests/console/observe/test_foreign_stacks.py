@@ -1,4 +1,4 @@
-"""`stacks` of a program that knows nothing of tpu-console (runs/stacks.py): py-spy reads a foreign Python
+"""`stacks` of a program that knows nothing of tpu-console (observe/stacks.py): py-spy reads a foreign Python
 program from the outside, through the same shell command a worker runs, and its dump groups as the
 trainer's faulthandler dump does."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests.absent import PTRACE_FIX, absent
 from tests.processes import wait_for
-from tpu_console.runs import stacks
+from tpu_console.observe import stacks
 
 PY_SPY = Path(sys.prefix) / "bin" / "py-spy"
 FOREIGN = """\

@@ -1,5 +1,5 @@
-"""A hang made readable (runs/hang_report.py): the workers grouped by where their stacks stand, the ones that
-never reached the collective the others wait in named; pure over faulthandler's dumps, then end to end: a
+"""A hang made readable (observe/hang_report.py): the workers grouped by where their stacks stand, the ones
+that never reached the collective the others wait in named; pure over faulthandler's dumps, then end to end: a
 foreign program that hangs on a local pod, the supervisor's hang budget passed, `status` and `stacks` say who
 never reached the collective."""
 
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from tests.absent import PTRACE_FIX, absent
-from tests.console.runs.test_local import pod, run  # noqa: F401 - fixture
+from tests.console.launch.test_local import pod, run  # noqa: F401 - fixture
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
-from tpu_console.runs import health, supervision
-from tpu_console.runs.hang_report import hang_line
-from tpu_console.runs.stacks import WorkerStacks, group
+from tpu_console.observe import health, supervision
+from tpu_console.observe.hang_report import hang_line
+from tpu_console.observe.stacks import WorkerStacks, group
 
 HANG = str(Path(__file__).resolve().parent / "hang_job.py")
 PY_SPY = Path(sys.prefix) / "bin" / "py-spy"

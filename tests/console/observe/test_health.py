@@ -6,12 +6,12 @@ from __future__ import annotations
 import sqlite3
 from datetime import UTC, datetime
 
-from tpu_console.runs.events import Event, StepMetrics
-from tpu_console.runs.health import Activity, Progress, Thresholds, assess
-from tpu_console.runs.monitor import RunMonitor
-from tpu_console.runs.probe import RunProbe
-from tpu_console.runs.store import RunRecord, RunStore
-from tpu_console.runs.summary import compare_rows, compare_table, summarize
+from tpu_console.history.events import Event, StepMetrics
+from tpu_console.history.store import RunRecord, RunStore
+from tpu_console.history.summary import compare_rows, compare_table, summarize
+from tpu_console.observe.health import Activity, Progress, Thresholds, assess
+from tpu_console.observe.monitor import RunMonitor
+from tpu_console.observe.probe import RunProbe
 from trainer import telemetry as tm
 
 RUN = "20250101-000000-abcd"

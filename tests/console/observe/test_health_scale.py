@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import statistics
 
-from tpu_console.runs.health import medians_of_the_others
+from tpu_console.observe.health import medians_of_the_others
 
 
 def test_medians_of_the_others_match_the_median_of_the_rest():

@@ -7,12 +7,12 @@ from datetime import timedelta
 
 import pytest
 
-from tests.console.runs.test_local import run
+from tests.console.launch.test_local import run
 from tests.fixtures_cli import NOW, console_home, make_node  # noqa: F401 - fixture
+from tpu_console.domain import NodeState
+from tpu_console.history.store import RunRecord
 from tpu_console.locations import home
-from tpu_console.model import NodeState
-from tpu_console.runs.idle import find_idle
-from tpu_console.runs.store import RunRecord
+from tpu_console.observe.idle_nodes import find_idle
 
 
 def record(node: str, started: timedelta, finished: timedelta | None, provider: str = "gcp") -> RunRecord:

@@ -1,9 +1,9 @@
-"""When each log line was written, from the job runner's marks (runs/log_times.py), and the workers' lines
+"""When each log line was written, from the job runner's marks (observe/log_times.py), and the workers' lines
 merged by it (tui/run_feed.py, in_time_order)."""
 
 from __future__ import annotations
 
-from tpu_console.runs.log_times import LogTimes, line_ends
+from tpu_console.observe.log_times import LogTimes, line_ends
 from tpu_console.tui.run_feed import in_time_order
 
 

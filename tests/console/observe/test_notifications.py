@@ -1,4 +1,4 @@
-"""Notifications from the console (runs/notifications.py): the webhook only for what the pod cannot send
+"""Notifications from the console (observe/notifications.py): the webhook only for what the pod cannot send
 (a node idle or preempted), the desktop for everything, and the webhook URL nowhere in what is printed."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import socket
 
 from pydantic import SecretStr
 
-from tests.console.runs.test_supervision import WEBHOOK_SECRET_PATH, Webhook
+from tests.console.observe.test_supervision import WEBHOOK_SECRET_PATH, Webhook
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tpu_console import cli
-from tpu_console.runs.notifications import Notifier
+from tpu_console.observe.notifications import Notifier
 from tpu_console.secrets import SecretMasker
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.console.runs.test_local import CONFIG, run, run_folder, worker_home
-from tests.console.runs.test_supervision import decided, decisions, exit_status
+from tests.console.launch.test_local import CONFIG, run, run_folder, worker_home
+from tests.console.observe.test_supervision import decided, decisions, exit_status
 from tests.fake_metadata import FakeMetadata
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tests.processes import wait_for

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tpu_console.runs import signatures as sig
-from tpu_console.runs.signatures import SignatureScanner
+from tpu_console.observe import signatures as sig
+from tpu_console.observe.signatures import SignatureScanner
 
 OOM_LINE = (
     "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of "

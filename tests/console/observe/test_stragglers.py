@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.console.runs.test_local import pod, run  # noqa: F401 - fixture
+from tests.console.launch.test_local import pod, run  # noqa: F401 - fixture
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
-from tpu_console.runs.events import EventSummary, parse_events
-from tpu_console.runs.stragglers import Pace, paces, stragglers
+from tpu_console.history.events import EventSummary, parse_events
+from tpu_console.observe.stragglers import Pace, paces, stragglers
 
 PACED = str(Path(__file__).resolve().parent / "paced_job.py")
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.console.runs.test_device_metrics import libtpu_server  # noqa: F401 - fixture
-from tests.console.runs.test_local import CONFIG, fake_trainer, run, run_folder, worker_home
+from tests.console.launch.test_local import CONFIG, fake_trainer, run, run_folder, worker_home
+from tests.console.observe.test_device_metrics import libtpu_server  # noqa: F401 - fixture
 from tests.fixtures_cli import console_home, stand_in_tiny_inputs  # noqa: F401 - fixture
 from tests.processes import wait_for
 from tpu_console import cli

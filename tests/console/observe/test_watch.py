@@ -17,11 +17,11 @@ from tests.conftest import LocalPod
 from tpu_console.fleet import recipes
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.results import WorkerLine, WorkerResult
-from tpu_console.runs import watch as watch_module
-from tpu_console.runs.health import Activity
-from tpu_console.runs.run_id import new_run_id
-from tpu_console.runs.store import RunRecord
-from tpu_console.runs.watch import HealthChanged, LogLines, NewEvents, RunWatch, SignatureFound, WatchEnded
+from tpu_console.history.run_id import new_run_id
+from tpu_console.history.store import RunRecord
+from tpu_console.observe import watch as watch_module
+from tpu_console.observe.health import Activity
+from tpu_console.observe.watch import HealthChanged, LogLines, NewEvents, RunWatch, SignatureFound, WatchEnded
 from tpu_console.secrets import SecretMasker
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tpu_console.run_table import MAX_LISTED, worker_ranges, worker_summary
-from tpu_console.runs.monitor import WorkerState, WorkerStatus
+from tpu_console.observe.monitor import WorkerState, WorkerStatus
+from tpu_console.views.runs import MAX_LISTED, worker_ranges, worker_summary
 
 
 def running(worker: int) -> WorkerStatus:

@@ -11,10 +11,10 @@ import asyncssh
 import pytest
 
 from tests.fixtures_sshd import Sshd
-from tpu_console import keys
+from tpu_console import ssh_identity
+from tpu_console.domain import NodeState
 from tpu_console.errors import NotFound, UserError
 from tpu_console.fleet.fleet import Fleet
-from tpu_console.model import NodeState
 from tpu_console.providers.ssh import SshProvider, parse_host
 from tpu_console.settings import Settings, SshNodeSettings, SshSettings
 
@@ -24,7 +24,7 @@ def _provider(hosts: list[str], known_hosts: Path, accept_new: bool = False, **e
         name="lab",
         hosts=hosts,
         user=getpass.getuser(),
-        key=str(keys.client_key_path()),
+        key=str(ssh_identity.client_key_path()),
         known_hosts=str(known_hosts),
         accept_new=accept_new,
         **extra,

@@ -23,8 +23,8 @@ from tests.absent import absent
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tests.fixtures_sshd import LoginUser, running_sshd
 from tpu_console import cli
-from tpu_console.keys import client_key_path
 from tpu_console.provision import bootstrap
+from tpu_console.ssh_identity import client_key_path
 
 IMAGE_PYTHON = Path("/usr/bin/python3")
 APT = ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "-o", "DPkg::Lock::Timeout=300", "-qq"]

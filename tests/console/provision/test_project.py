@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.console.runs.test_local import run, worker_home
+from tests.console.launch.test_local import run, worker_home
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tpu_console import cli
 from tpu_console.provision.project_sync import (

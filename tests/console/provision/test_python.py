@@ -38,8 +38,8 @@ from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tests.fixtures_sshd import Sshd, running_sshd
 from tests.python310 import INSTALL, find_python310
 from tpu_console import cli
-from tpu_console.keys import client_key_path
 from tpu_console.provision import recipes
+from tpu_console.ssh_identity import client_key_path
 from trainer.synthetic_gsm8k import write_jsonl
 
 pytest_plugins = ("tests.trainer.fixtures",)
@@ -92,7 +92,7 @@ def sshd_with_python311(tmp_path: Path, old_python: Path) -> Iterator[Sshd]:
 
 
 # The ssh provider derives the trainer's coordinator port from the node name, "lab" here and in
-# tests/console/runs/test_trainer.py: one xdist worker runs both trainer tests, so they never race
+# tests/console/launch/test_trainer.py: one xdist worker runs both trainer tests, so they never race
 # for that port.
 @pytest.mark.xdist_group("openssh-lab")
 @pytest.mark.slow

@@ -113,8 +113,8 @@ def test_kill_stale_kills_device_holders_and_removes_the_lockfile(tmp_path):
 async def test_resolve_run_takes_a_run_id_a_node_or_both():
     from datetime import UTC, datetime
 
-    from tpu_console.runs.resolve import resolve_run
-    from tpu_console.runs.store import RunRecord, RunStore
+    from tpu_console.history.resolve import resolve_run
+    from tpu_console.history.store import RunRecord, RunStore
 
     store = RunStore()
     for run_id in ("20250101-000000-aaaa", "20250102-000000-bbbb"):

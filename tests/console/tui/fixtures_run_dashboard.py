@@ -20,14 +20,14 @@ from datetime import UTC, datetime
 from textual.message import Message
 
 from tests.fixtures_cli import NOW
-from tpu_console.runs.device_metrics import DeviceMetrics, WorkerDeviceMetrics
-from tpu_console.runs.events import Event, StepMetrics
-from tpu_console.runs.health import Progress, assess
-from tpu_console.runs.monitor import RunMonitor
-from tpu_console.runs.probe import RunProbe
-from tpu_console.runs.signatures import SignatureScanner
-from tpu_console.runs.store import RunRecord
-from tpu_console.runs.watch import HealthChanged, LogLines, NewEvents, SignatureFound
+from tpu_console.history.events import Event, StepMetrics
+from tpu_console.history.store import RunRecord
+from tpu_console.observe.device_metrics import DeviceMetrics, WorkerDeviceMetrics
+from tpu_console.observe.health import Progress, assess
+from tpu_console.observe.monitor import RunMonitor
+from tpu_console.observe.probe import RunProbe
+from tpu_console.observe.signatures import SignatureScanner
+from tpu_console.observe.watch import HealthChanged, LogLines, NewEvents, SignatureFound
 from tpu_console.tui.messages import RunDevicesRead, RunLogLines
 from tpu_console.tui.run_feed import RunFeed
 from trainer import telemetry as tm

@@ -9,8 +9,8 @@ import pytest
 from textual.widgets import DataTable, Static
 
 from tests.fixtures_cli import NOW, FakeProvider, console_home, make_node  # noqa: F401 - fixture
+from tpu_console.domain import NodeState
 from tpu_console.locations import config_file
-from tpu_console.model import NodeState
 from tpu_console.tui.app import TpuConsoleApp
 from tpu_console.tui.modals.help import HelpScreen
 from tpu_console.tui.screens.nodes_screen import NodesScreen

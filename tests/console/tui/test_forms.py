@@ -182,7 +182,7 @@ def modal_value(app, selector: str):
 async def test_launch_form_refuses_bad_configs_before_anything_is_sent(
     monkeypatch, tmp_path, path, overrides, env, problem
 ):
-    from tpu_console.runs import launch as launch_module
+    from tpu_console.launch import start as launch_module
 
     async def must_not_launch(*args, **kwargs):
         raise AssertionError("launch was called with a config the form should have refused")
@@ -361,8 +361,8 @@ async def test_create_form_type_follows_the_provider_until_one_is_typed():
 
 
 async def test_launch_form_enter_on_its_first_field_launches_and_ctrl_s_works_from_a_checkbox(monkeypatch):
-    from tpu_console.runs import demo
-    from tpu_console.runs import launch as launch_module
+    from tpu_console.launch import demo
+    from tpu_console.launch import start as launch_module
 
     launched, made = [], []
 
@@ -430,9 +430,9 @@ def fill_supervisor(modal, **fields: str) -> None:
 
 
 async def test_launch_form_sends_the_supervisors_options_to_launch(monkeypatch):
-    from tpu_console.runs import demo
-    from tpu_console.runs import launch as launch_module
-    from tpu_console.runs.supervision import TRANSIENT, SupervisionPolicy
+    from tpu_console.launch import demo
+    from tpu_console.launch import start as launch_module
+    from tpu_console.observe.supervision import TRANSIENT, SupervisionPolicy
 
     policies = []
 
@@ -471,7 +471,7 @@ async def test_launch_form_sends_the_supervisors_options_to_launch(monkeypatch):
 
 
 async def test_launch_form_refuses_bad_supervisor_options_with_the_clis_message(monkeypatch):
-    from tpu_console.runs import launch as launch_module
+    from tpu_console.launch import start as launch_module
 
     async def must_not_launch(*args, **kwargs):
         raise AssertionError("launch was called with options the form should have refused")

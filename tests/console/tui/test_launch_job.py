@@ -24,7 +24,7 @@ class DeletableFake(FakeProvider):
 async def launch_with(monkeypatch, *forms: dict[str, str]) -> tuple[list[dict], list[str]]:
     """Fill the launch form and submit it, once per `forms` in one app; what reached launch (its keyword
     arguments) and the error each form named ("" when it launched)."""
-    from tpu_console.runs import launch as launch_module
+    from tpu_console.launch import start as launch_module
 
     launched: list[dict] = []
     errors: list[str] = []

@@ -8,10 +8,10 @@ from datetime import timedelta
 import pytest
 
 from tests.fixtures_cli import NOW, FakeProvider, console_home, make_node  # noqa: F401 - fixture
-from tpu_console.node_table import what_ran
-from tpu_console.runs.store import RunRecord, RunStore
+from tpu_console.history.store import RunRecord, RunStore
 from tpu_console.tui.app import TpuConsoleApp
 from tpu_console.tui.widgets.node_table import NodeTable
+from tpu_console.views.nodes import what_ran
 
 pytestmark = pytest.mark.usefixtures("console_home")
 

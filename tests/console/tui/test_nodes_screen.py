@@ -12,8 +12,8 @@ import pytest
 from textual.widgets import Checkbox, DataTable, Input, Static
 
 from tests.fixtures_cli import NOW, FakeProvider, console_home, make_node  # noqa: F401 - fixture
-from tpu_console.model import NodeState
-from tpu_console.runs.store import RunRecord, RunStore
+from tpu_console.domain import NodeState
+from tpu_console.history.store import RunRecord, RunStore
 from tpu_console.tui.app import TpuConsoleApp
 from tpu_console.tui.modals.compare import CompareModal
 from tpu_console.tui.modals.confirm import ConfirmModal
@@ -34,18 +34,18 @@ pytestmark = pytest.mark.usefixtures("console_home", "planner")
 def probes(monkeypatch) -> list[list[str]]:
     """The nodes screen probes the latest unfinished run of each READY node; here the probe learns
     nothing (the fake nodes have no workers), and the run ids probed are recorded."""
-    from tpu_console.runs import control
+    from tpu_console.observe import lookup
 
     seen: list[list[str]] = []
 
     async def observe(providers, records, store, *args, **kwargs):
         seen.append([r.run_id for r in records])
         return [
-            control.RunView(record=r, state=r.state, workers=[], live=False, problem="no workers")
+            lookup.RunView(record=r, state=r.state, workers=[], live=False, problem="no workers")
             for r in records
         ]
 
-    monkeypatch.setattr(control, "observe", observe)
+    monkeypatch.setattr(lookup, "observe", observe)
     return seen
 
 
@@ -187,7 +187,7 @@ async def test_b_and_s_run_bootstrap_and_sync_with_per_worker_progress(monkeypat
 
 
 async def test_l_validates_the_config_in_the_form_before_anything_is_sent(monkeypatch, tmp_path):
-    from tpu_console.runs import launch as launch_module
+    from tpu_console.launch import start as launch_module
 
     launched = []
 
@@ -230,7 +230,7 @@ async def test_l_validates_the_config_in_the_form_before_anything_is_sent(monkey
 
 
 async def test_x_stops_the_nodes_run_after_confirming(monkeypatch):
-    from tpu_console.runs import control
+    from tpu_console.launch import stop
 
     stopped = []
 
@@ -243,7 +243,7 @@ async def test_x_stops_the_nodes_run_after_confirming(monkeypatch):
             ),
         ]
 
-    monkeypatch.setattr(control, "stop", fake_stop)
+    monkeypatch.setattr(stop, "stop", fake_stop)
     add_run("pod-a", "20250314-113000-aaaa", finished=False, state="running")
     app = app_with(FakeProvider([make_node("pod-a")]))
     async with app.run_test() as pilot:
@@ -390,15 +390,15 @@ async def test_runs_screen_marks_runs_and_compares_them():
 
 async def test_the_run_column_shows_what_the_workers_say_not_a_stale_record(monkeypatch, probes):
     """A run recorded `running` that ended while nobody looked: the refresh probes it and shows the end."""
-    from tpu_console.runs import control
+    from tpu_console.observe import lookup
 
     async def observe(providers, records, store, *args, **kwargs):
         probes.append([r.run_id for r in records])
         for record in records:
             store.update(record.run_id, "succeeded", finished=True)
-        return [control.RunView(record=r, state="succeeded", workers=[], live=True) for r in records]
+        return [lookup.RunView(record=r, state="succeeded", workers=[], live=True) for r in records]
 
-    monkeypatch.setattr(control, "observe", observe)
+    monkeypatch.setattr(lookup, "observe", observe)
     add_run("pod-a", "20250314-113000-aaaa", finished=False, state="running")
     add_run("pod-p", "20250314-113000-pppp", finished=False, state="running")
     add_run("pod-b", "20250314-110000-bbbb", finished=True, state="failed")
@@ -519,8 +519,8 @@ async def test_sync_uploads_the_env_file_and_masks_its_values_in_the_panel(monke
 
 
 async def test_launch_passes_kill_stale_and_fail_fast_from_the_form(monkeypatch):
-    from tpu_console.runs import demo
-    from tpu_console.runs import launch as launch_module
+    from tpu_console.launch import demo
+    from tpu_console.launch import start as launch_module
 
     launched, done = [], []
 
@@ -611,13 +611,13 @@ async def test_timed_refreshes_probe_runs_at_most_once_a_minute_and_r_always(mon
 
 
 async def test_escape_leaves_every_dialog_of_the_nodes_screen_without_doing_anything(monkeypatch):
-    from tpu_console.runs import control
+    from tpu_console.launch import stop
     from tpu_console.tui.modals.help import HelpScreen
 
     async def must_not_stop(*args, **kwargs):
         raise AssertionError("stop was called after escape")
 
-    monkeypatch.setattr(control, "stop", must_not_stop)
+    monkeypatch.setattr(stop, "stop", must_not_stop)
     add_run("pod-a", "20250314-113000-aaaa", finished=False, state="running")
     provider = FakeProvider([make_node("pod-a")])
     app = app_with(provider)
@@ -720,7 +720,7 @@ async def test_q_asks_first_while_operations_are_under_way(monkeypatch):
 
 async def test_a_launch_refused_for_a_missing_model_reads_whole_in_the_operations_panel(monkeypatch):
     from tpu_console.errors import UserError
-    from tpu_console.runs import launch as launch_module
+    from tpu_console.launch import start as launch_module
 
     refusal = (
         "model_path ~/tiny-qwen2 does not exist on worker 1 of pod-a: make the tiny model there with "
@@ -750,7 +750,7 @@ async def test_a_launch_refused_for_a_missing_model_reads_whole_in_the_operation
 
 
 async def test_enter_right_after_a_launch_opens_the_new_run_not_the_last_listed(monkeypatch):
-    from tpu_console.runs import launch as launch_module
+    from tpu_console.launch import start as launch_module
     from tpu_console.tui.screens.run_screen import RunScreen
 
     add_run("pod-a", "20250314-113000-bbbb", finished=True, state="succeeded")

@@ -1,4 +1,4 @@
-"""The real dashboard on a new user's job that fails on a local pod (tests/console/runs/new_user_job.py):
+"""The real dashboard on a new user's job that fails on a local pod (tests/console/launch/new_user_job.py):
 `e` names the same first failure as `status`, and `enter` on a worker shows its error whole, the
 traceback's frames and all, not only its last line."""
 
@@ -9,14 +9,14 @@ import json
 
 import pytest
 
-from tests.console.runs.new_user_job import launch_new_user_job
-from tests.console.runs.test_launch_command import follow
-from tests.console.runs.test_local import pod, run  # noqa: F401 - fixture
+from tests.console.launch.new_user_job import launch_new_user_job
+from tests.console.launch.test_launch_command import follow
+from tests.console.launch.test_local import pod, run  # noqa: F401 - fixture
 from tests.console.tui.test_run_local import wait_until
 from tests.console.tui.test_run_screen import DashboardApp
 from tests.fixtures_cli import NOW, console_home  # noqa: F401 - fixture
+from tpu_console.history.store import RunStore
 from tpu_console.providers.registry import build_providers, close_providers
-from tpu_console.runs.store import RunStore
 from tpu_console.settings import load_settings
 from tpu_console.tui.modals.full_text import FullTextModal
 from tpu_console.tui.run_feed import RunFeed

@@ -10,12 +10,12 @@ import pytest
 
 from tests.console.tui.fixtures_run_dashboard import OOM_LINE, failed_run, hung_run, step_event, step_metrics
 from tests.fixtures_cli import NOW
-from tpu_console.runs.events import Event
-from tpu_console.runs.health import assess
-from tpu_console.runs.monitor import RunMonitor
-from tpu_console.runs.signatures import SignatureScanner
-from tpu_console.runs.store import RunRecord, RunStore, WorkerRecord
-from tpu_console.runs.watch import HealthChanged, LogLines, NewEvents, RunWatch, SignatureFound, WatchEnded
+from tpu_console.history.events import Event
+from tpu_console.history.store import RunRecord, RunStore, WorkerRecord
+from tpu_console.observe.health import assess
+from tpu_console.observe.monitor import RunMonitor
+from tpu_console.observe.signatures import SignatureScanner
+from tpu_console.observe.watch import HealthChanged, LogLines, NewEvents, RunWatch, SignatureFound, WatchEnded
 from tpu_console.tui import run_feed
 from tpu_console.tui.messages import RunFeedProblem, RunLogLines, RunStepsArrived, RunUpdated
 from tpu_console.tui.run_feed import RunFeed

@@ -8,14 +8,14 @@ import asyncio
 
 import pytest
 
-from tests.console.runs.new_user_job import launch_in_project
-from tests.console.runs.test_launch_command import follow
-from tests.console.runs.test_local import pod, run_folder  # noqa: F401 - fixture
+from tests.console.launch.new_user_job import launch_in_project
+from tests.console.launch.test_launch_command import follow
+from tests.console.launch.test_local import pod, run_folder  # noqa: F401 - fixture
 from tests.console.tui.test_run_local import wait_until
 from tests.console.tui.test_run_screen import DashboardApp
 from tests.fixtures_cli import NOW, console_home  # noqa: F401 - fixture
+from tpu_console.history.store import RunStore
 from tpu_console.providers.registry import build_providers, close_providers
-from tpu_console.runs.store import RunStore
 from tpu_console.settings import load_settings
 from tpu_console.tui.run_feed import RunFeed
 from tpu_console.tui.screens.run_screen import RunScreen

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.console.runs.test_device_metrics import libtpu_server  # noqa: F401 - fixture
+from tests.console.observe.test_device_metrics import libtpu_server  # noqa: F401 - fixture
 from tests.console.tui.test_run_screen import DashboardApp, text_of
 from tests.fixtures_cli import NOW
 from tpu_console import secrets
-from tpu_console.runs.launch import launch
-from tpu_console.runs.store import RunStore
+from tpu_console.history.store import RunStore
+from tpu_console.launch.start import launch
 from tpu_console.tui.run_feed import RunFeed
 from tpu_console.tui.screens.run_screen import RunScreen
 from tpu_console.tui.widgets.hbm_panel import HbmPanel

@@ -7,8 +7,8 @@ from dataclasses import replace
 from datetime import timedelta
 
 from tests.fixtures_cli import NOW, FakeProvider, make_node
-from tpu_console.model import Maintenance
-from tpu_console.runs.store import RunRecord
+from tpu_console.domain import Maintenance
+from tpu_console.history.store import RunRecord
 from tpu_console.tui.run_feed import RunFeed
 from tpu_console.tui.run_snapshot import RunSnapshot
 from tpu_console.tui.widgets.node_table import state_text

@@ -224,7 +224,7 @@ async def test_letters_switch_tabs():
         assert "near the limit (>= 90%): W1" in text_of(screen.query_one("#hbm", Static))
         await pilot.press("s")
         breakdown = text_of(screen.query_one("#breakdown", Static))
-        # W2's pace over its last steps (runs/stragglers.py)
+        # W2's pace over its last steps (observe/stragglers.py)
         assert ("stragglers (vs the other workers' median): W2 1.6x the median step for the last 12 steps "
                 "(5.27s vs 3.26s)") in breakdown
         assert "W2 1.9x" in breakdown  # the slowest rollout, against the other workers' median

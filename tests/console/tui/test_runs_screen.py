@@ -8,7 +8,7 @@ import pytest
 from textual.widgets import DataTable, Static
 
 from tests.fixtures_cli import NOW, FakeProvider, console_home, make_node  # noqa: F401 - fixture
-from tpu_console.runs.store import RunRecord, RunStore
+from tpu_console.history.store import RunRecord, RunStore
 from tpu_console.tui.app import TpuConsoleApp
 from tpu_console.tui.modals.compare import CompareModal
 from tpu_console.tui.modals.help import HelpScreen
@@ -21,18 +21,18 @@ pytestmark = pytest.mark.usefixtures("console_home")
 @pytest.fixture(autouse=True)
 def probes(monkeypatch) -> list[list[str]]:
     """Unfinished runs are probed when listed; the fake nodes have no workers, so the probe learns nothing."""
-    from tpu_console.runs import control
+    from tpu_console.observe import lookup
 
     seen: list[list[str]] = []
 
     async def observe(providers, records, store, *args, **kwargs):
         seen.append([r.run_id for r in records])
         return [
-            control.RunView(record=r, state=r.state, workers=[], live=False, problem="no workers")
+            lookup.RunView(record=r, state=r.state, workers=[], live=False, problem="no workers")
             for r in records
         ]
 
-    monkeypatch.setattr(control, "observe", observe)
+    monkeypatch.setattr(lookup, "observe", observe)
     return seen
 
 
@@ -169,12 +169,12 @@ async def test_question_mark_lists_the_runs_keys_and_escape_goes_back():
 
 
 async def test_a_history_that_cannot_be_read_is_said_on_the_status_line(monkeypatch):
-    from tpu_console.runs import control
+    from tpu_console.observe import lookup
 
     async def broken(*args, **kwargs):
         raise OSError("database is locked")
 
-    monkeypatch.setattr(control, "list_runs", broken)
+    monkeypatch.setattr(lookup, "list_runs", broken)
     the_app = app()
     async with the_app.run_test(size=(100, 30)) as pilot:
         screen = await open_runs(pilot)
@@ -210,7 +210,7 @@ async def test_a_run_only_the_bucket_knows_is_listed_and_a_bucket_out_of_reach_i
         console_home, monkeypatch):  # noqa: F811
     import json
 
-    from tpu_console.runs import bucket_record
+    from tpu_console.history import bucket_record
 
     shared = console_home.parent / "team-bucket"  # a file:// bucket: a folder standing for gs://
     (shared / "runs").mkdir(parents=True)
@@ -239,7 +239,7 @@ async def test_a_run_only_the_bucket_knows_is_listed_and_a_bucket_out_of_reach_i
 async def test_a_colleagues_run_found_on_the_pod_is_listed_and_its_dashboard_marked_as_theirs(monkeypatch):
     from textual.widgets import Input
 
-    from tpu_console.runs import discovery
+    from tpu_console.history import discovery
     from tpu_console.tui.modals.stop_theirs import StopTheirsModal
     from tpu_console.tui.screens.run_screen import RunScreen
     from tpu_console.tui.widgets.run_header import RunHeader

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from tests.fixtures_cli import NOW, FakeProvider, console_home, make_node  # noqa: F401 - fixture
-from tpu_console.model import NodeState
-from tpu_console.runs.store import RunRecord, RunStore
+from tpu_console.domain import NodeState
+from tpu_console.history.store import RunRecord, RunStore
 from tpu_console.tui.app import TpuConsoleApp
 from tpu_console.tui.options import ConsoleOptions
 from tpu_console.tui.widgets.node_table import NodeTable
@@ -28,12 +28,12 @@ pytestmark = pytest.mark.usefixtures("console_home", "planner")
 @pytest.fixture(autouse=True)
 def no_probes(monkeypatch) -> None:
     """Runs keep their recorded state: the fake nodes have no workers to probe."""
-    from tpu_console.runs import control
+    from tpu_console.observe import lookup
 
     async def observe(providers, records, store, *args, **kwargs):
-        return [control.RunView(record=r, state=r.state, workers=[], live=False) for r in records]
+        return [lookup.RunView(record=r, state=r.state, workers=[], live=False) for r in records]
 
-    monkeypatch.setattr(control, "observe", observe)
+    monkeypatch.setattr(lookup, "observe", observe)
 
 
 def add_run(run_id: str, node: str, state: str, started_h: float, ended_h: float | None = None,

@@ -17,8 +17,8 @@ import pytest
 from tpu_console.fleet import recipes
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.output import CommandOutput
-from tpu_console.runs.probe import probe_from_status
-from tpu_console.runs.tail import LogChunk, TailCursor, parse_chunk_record
+from tpu_console.history.tail import LogChunk, TailCursor, parse_chunk_record
+from tpu_console.observe.probe import probe_from_status
 
 RUN = "20250314-120000-0000"
 

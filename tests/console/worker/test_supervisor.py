@@ -19,11 +19,11 @@ import pytest
 
 from tests.fixtures_gcp import PROJECT, ZONES, emulator, gcp_home, make_provider  # noqa: F401 - fixtures
 from tests.processes import wait_for
+from tpu_console.domain import CreateRequest
 from tpu_console.fleet import recipes
-from tpu_console.model import CreateRequest
-from tpu_console.runs import supervision
-from tpu_console.runs.health import Thresholds
-from tpu_console.runs.supervision import SupervisionPolicy
+from tpu_console.observe import supervision
+from tpu_console.observe.health import Thresholds
+from tpu_console.observe.supervision import SupervisionPolicy
 from tpu_console.worker import job_runner
 from tpu_console.worker import supervisor as sv
 
@@ -170,7 +170,7 @@ def test_a_run_that_stops_stepping_is_said_to_look_hung_once_per_silence(tmp_pat
 
 
 def test_the_supervisor_judges_a_hang_by_the_thresholds_the_console_ships(tmp_path, monkeypatch):
-    # one home, runs/health.py: the plan carries its Thresholds and the supervisor keeps no copy
+    # one home, observe/health.py: the plan carries its Thresholds and the supervisor keeps no copy
     s, _ = make(tmp_path)
     assert s.plan["thresholds"] == dataclasses.asdict(Thresholds())
     assert not any(name.startswith(("STALL", "SILENT")) for name in vars(sv))

@@ -10,7 +10,7 @@ import pytest
 
 from tests.console.worker.test_supervisor import Clock, make, start_all, stopped
 from tpu_console.errors import UserError
-from tpu_console.runs import supervision
+from tpu_console.observe import supervision
 from tpu_console.worker import supervisor as sv
 
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from tpu_console.domain import AcceleratorShape
 from tpu_console.errors import UserError
-from tpu_console.model import AcceleratorShape
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from tpu_console import keys
+from tpu_console import ssh_identity
 
 CREATED_BY = "created-by"
 CONSOLE = "tpu-console"
@@ -26,7 +26,7 @@ def sanitise(value: str) -> str:
 def console_marks(user: str | None = None, project: str | None = None) -> dict[str, str]:
     """The labels of a node this console makes: made by tpu-console, by this user, for the project."""
     marks = {CREATED_BY: CONSOLE}
-    if who := sanitise(keys.user_name() if user is None else user):
+    if who := sanitise(ssh_identity.user_name() if user is None else user):
         marks[USER] = who
     if project and (name := sanitise(project)):
         marks[PROJECT] = name

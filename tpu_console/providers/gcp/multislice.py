@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from tpu_console.model import AcceleratorShape, Node, NodeState
+from tpu_console.domain import AcceleratorShape, Node, NodeState
 
 # Slices in these states will not come back by waiting: the group must be deleted and created again.
 DEAD = (NodeState.PREEMPTED, NodeState.TERMINATED, NodeState.STOPPED, NodeState.HIDDEN, NodeState.UNKNOWN)

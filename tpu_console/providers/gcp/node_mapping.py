@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
-from tpu_console.model import Maintenance, Node, NodeState, Worker
+from tpu_console.domain import Maintenance, Node, NodeState, Worker
 from tpu_console.providers.gcp import multislice
 from tpu_console.providers.gcp.accelerators import shape_of_listed_node
 

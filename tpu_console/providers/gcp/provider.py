@@ -15,9 +15,9 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from tpu_console import keys
+from tpu_console import ssh_identity
+from tpu_console.domain import CreateRequest, Node, NodeState, QueuedRequest, SshTarget, validate_node_name
 from tpu_console.errors import AlreadyExists, NotFound, UserError
-from tpu_console.model import CreateRequest, Node, NodeState, QueuedRequest, SshTarget, validate_node_name
 from tpu_console.providers import capacity
 from tpu_console.providers.base import NodeListing, Progress, Provider, no_progress
 from tpu_console.providers.gcp import accelerators, labels, multislice, ssh_access
@@ -658,7 +658,7 @@ class GcpProvider(Provider):
                 + (f"; {hint}" if hint else "")
             )
         username = await self._login(api_nodes)
-        client_key = keys.client_key_path()
+        client_key = ssh_identity.client_key_path()
         targets: list[SshTarget] = []
         for api_node in api_nodes:  # in slice order: worker indexes go on from the slice before
             one = self._model(api_node)
@@ -685,7 +685,7 @@ class GcpProvider(Provider):
         """Install the console's key (OS Login, once; or each node's ssh-keys metadata) and return the
         user the console logs in as."""
         api = await self._client()
-        public_key = keys.public_key_line()
+        public_key = ssh_identity.public_key_line()
         metadata = dict(api_nodes[0].metadata)
         if self._settings.oslogin_user or ssh_access.oslogin_enabled(metadata):
             if not self._settings.oslogin_user:

@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from tpu_console.domain import CreateRequest, Node, NodeState, QueueState
 from tpu_console.errors import AlreadyExists, CreateInterrupted, UserError
-from tpu_console.model import CreateRequest, Node, NodeState, QueueState
 from tpu_console.providers import capacity
 from tpu_console.providers.base import Progress
 from tpu_console.providers.gcp import multislice

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
-from tpu_console.model import CreateRequest, QueuedRequest, QueueState
+from tpu_console.domain import CreateRequest, QueuedRequest, QueueState
 from tpu_console.providers.gcp.multislice import slice_ids
 
 _PATH = re.compile(r"^projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)/queuedResources/(?P<name>[^/]+)$")

@@ -14,9 +14,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tpu_console import keys, locations
+from tpu_console import locations, ssh_identity
+from tpu_console.domain import CreateRequest, Node, NodeState, SshTarget, Worker, validate_node_name
 from tpu_console.errors import UserError
-from tpu_console.model import CreateRequest, Node, NodeState, SshTarget, Worker, validate_node_name
 from tpu_console.providers.base import NodeListing, Progress, Provider, no_progress
 from tpu_console.providers.local import remove_pod
 from tpu_console.providers.local.jobs import stop_groups
@@ -89,7 +89,7 @@ class LocalProvider(Provider):
     def targets_at(self, node: Node, ports: list[int]) -> list[SshTarget]:
         """SSH targets for a node whose workers listen on `ports` (worker order), each pinned to the
         worker's own host key: for servers run here or by a pod_host process."""
-        client_key = keys.client_key_path()
+        client_key = ssh_identity.client_key_path()
         user = _user()
         return [
             SshTarget(
@@ -133,7 +133,7 @@ class LocalProvider(Provider):
         async with lock:  # two callers asking at once must not start two sets of servers
             if node.name in self._servers:
                 return self._servers[node.name]
-            authorized = keys.public_key_line()
+            authorized = ssh_identity.public_key_line()
             servers = [
                 WorkerServer(
                     WorkerSpec(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tpu_console.model import NodeState
+from tpu_console.domain import NodeState
 from tpu_console.providers.local.jobs import running_job_groups, stop_groups
 from tpu_console.providers.local.store import PodStore
 

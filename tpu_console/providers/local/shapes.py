@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
+from tpu_console.domain import AcceleratorShape
 from tpu_console.errors import UserError
-from tpu_console.model import AcceleratorShape
 
 # Aliases keep the real type's worker count and devices per worker, so a run rehearsed locally
 # meets the same multi-host layout (and the same mesh arithmetic) as on the pod.

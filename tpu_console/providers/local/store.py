@@ -23,8 +23,8 @@ from pathlib import Path
 
 import asyncssh
 
+from tpu_console.domain import AcceleratorShape, Node, NodeState, Worker
 from tpu_console.errors import AlreadyExists, NotFound
-from tpu_console.model import AcceleratorShape, Node, NodeState, Worker
 from tpu_console.providers.local.shapes import parse_local_type
 
 LOOPBACK = "127.0.0.1"

@@ -11,8 +11,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Checkbox, Input, Label, Static
 
+from tpu_console.domain import CreateRequest, validate_node_name
 from tpu_console.errors import UserError
-from tpu_console.model import CreateRequest, validate_node_name
 from tpu_console.providers import create_options
 from tpu_console.tui.modals.form import KEYS_HINT, FormModal, FormSelect, TickBox
 

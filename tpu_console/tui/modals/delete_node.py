@@ -10,8 +10,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Static
 
-from tpu_console.model import Node
-from tpu_console.node_table import type_text
+from tpu_console.domain import Node
+from tpu_console.views.nodes import type_text
 
 
 class DeleteNodeModal(ModalScreen[bool]):

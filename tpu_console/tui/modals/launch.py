@@ -1,7 +1,7 @@
 """`l`: the launch form. The config (a shipped one or a file), its `--set` overrides and the env file are
 checked here with the trainer's own schema and against the node's shape, and any problem is shown in the
 form; only a config that passes closes it, and only then does anything reach a worker. Instead of the
-trainer, the form runs a job of your own: a job file (`.toml`, runs/job_spec.py) or a command typed as one
+trainer, the form runs a job of your own: a job file (`.toml`, launch/job_spec.py) or a command typed as one
 line (split into words as a shell would, no shell runs it), as `launch --job` and `launch -- CMD` do.
 
 On a node of a TPU type (and local pods that rehearse one, local-v6e-16), the form also shows the planned
@@ -17,15 +17,15 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 
+from tpu_console.domain import Node
 from tpu_console.errors import UserError
 from tpu_console.experiments import plan as planning
 from tpu_console.experiments.plan import PlanOutcome, tpu_type_for
-from tpu_console.model import Node
+from tpu_console.launch.demo import is_tiny_config
+from tpu_console.launch.job_spec import JobSpec, load_job_file
+from tpu_console.launch.start import check_shape, check_supervision, refuse_unseen_hang, validate_config
+from tpu_console.observe.supervision import SupervisionPolicy, policy_from_options
 from tpu_console.providers.base import Provider
-from tpu_console.runs.demo import is_tiny_config
-from tpu_console.runs.job_spec import JobSpec, load_job_file
-from tpu_console.runs.launch import check_shape, check_supervision, refuse_unseen_hang, validate_config
-from tpu_console.runs.supervision import SupervisionPolicy, policy_from_options
 from tpu_console.secrets import read_env_file
 from tpu_console.tui.modals.form import KEYS_HINT, FormModal, FormSelect, TickBox
 

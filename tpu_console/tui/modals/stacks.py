@@ -1,4 +1,4 @@
-"""`t` on the run dashboard: where the run is stuck, every worker's Python stacks grouped (runs/stacks.py);
+"""`t` on the run dashboard: where the run is stuck, every worker's Python stacks grouped (observe/stacks.py);
 `escape` closes it, `r` asks again."""
 
 from __future__ import annotations

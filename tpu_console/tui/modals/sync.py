@@ -10,8 +10,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Input, Label, Static
 
+from tpu_console.domain import Node
 from tpu_console.errors import UserError
-from tpu_console.model import Node
 from tpu_console.secrets import read_env_file
 from tpu_console.tui.modals.form import KEYS_HINT, FormModal
 

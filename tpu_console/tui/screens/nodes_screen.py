@@ -23,14 +23,13 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 from textual.worker import Worker
 
+from tpu_console.domain import Node, QueuedRequest
 from tpu_console.errors import CreateInterrupted, UserError, close_names, did_you_mean, one_line
-from tpu_console.model import Node, QueuedRequest
-from tpu_console.node_table import HOLDS_QUOTA, format_cost
+from tpu_console.history import prep_log
+from tpu_console.history.store import RunRecord, RunStore
 from tpu_console.pricing import price_per_hour
 from tpu_console.providers.base import Provider
 from tpu_console.providers.nodes import cancel_queued, create_node, delete_node, delete_request
-from tpu_console.runs import prep_log
-from tpu_console.runs.store import RunRecord, RunStore
 from tpu_console.secrets import SecretMasker
 from tpu_console.tui.messages import NodesRefreshed, OperationEnded, OperationProgress
 from tpu_console.tui.modals.confirm import ConfirmModal
@@ -48,6 +47,7 @@ from tpu_console.tui.nodes_feed import (
 from tpu_console.tui.options import ConsoleOptions
 from tpu_console.tui.widgets.node_table import NodeTable
 from tpu_console.tui.widgets.operations_log import OperationsLog
+from tpu_console.views.nodes import HOLDS_QUOTA, format_cost
 
 # What an operation's body is given to report a line: `say(text)` or `say(text, style)`.
 Say = Callable[..., None]
@@ -472,7 +472,7 @@ class NodesScreen(Screen[None]):
 
         async def launch(say: Say) -> str:
             from tpu_console.experiments.plan import launch_check
-            from tpu_console.runs.launch import launch as launch_run
+            from tpu_console.launch.start import launch as launch_run
 
             if order.make_inputs:
                 await self._make_tiny_inputs(node, order, say)
@@ -509,7 +509,7 @@ class NodesScreen(Screen[None]):
 
     async def _make_tiny_inputs(self, node: Node, order: LaunchOrder, say: Say) -> None:
         """The launch form's offer for the tiny configs: `tpu-console demo` before the launch."""
-        from tpu_console.runs.demo import make_tiny_inputs
+        from tpu_console.launch.demo import make_tiny_inputs
 
         made = await make_tiny_inputs(
             self.providers,
@@ -542,9 +542,9 @@ class NodesScreen(Screen[None]):
 
     def _stop(self, record: RunRecord) -> None:
         async def stop(say: Say) -> str:
-            from tpu_console.runs import control
+            from tpu_console.launch.stop import stop as stop_run
 
-            view, stops = await control.stop(self.providers, record.run_id, store=self.store)
+            view, stops = await stop_run(self.providers, record.run_id, store=self.store)
             for s in stops:
                 signal = f" by {s.signal}" if s.signal else ""
                 status = "" if s.exit_status is None else f", exit {s.exit_status}"
@@ -601,7 +601,7 @@ Operation = Callable[[Say], Awaitable[str]]
 
 
 def timed(node: str, kind: str, operation: Operation) -> Operation:
-    """The operation, keeping when it ran on the node (runs/prep_log.py): a run's goodput counts it."""
+    """The operation, keeping when it ran on the node (history/prep_log.py): a run's goodput counts it."""
 
     async def run(say: Say) -> str:
         return await prep_log.timed(node, kind, operation(say))

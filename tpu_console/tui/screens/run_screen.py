@@ -22,9 +22,9 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, TabbedContent, TabPane
 
 from tpu_console.errors import NotFound, one_line
+from tpu_console.history import ownership
+from tpu_console.history.store import RunStore
 from tpu_console.providers.base import Provider
-from tpu_console.runs import ownership
-from tpu_console.runs.store import RunStore
 from tpu_console.tui.messages import (
     RunDevicesRead,
     RunFeedProblem,
@@ -233,7 +233,7 @@ class RunScreen(Screen[None]):
         """The desktop notification of `[notify] desktop` (the pod's supervisor tells the webhook)."""
         options = getattr(self.app, "options", None)
         if options is not None and options.desktop_notify:
-            from tpu_console.runs.notifications import Notifier
+            from tpu_console.observe.notifications import Notifier
 
             Notifier(desktop=True).notify(event, text)
 

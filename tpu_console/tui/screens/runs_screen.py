@@ -15,13 +15,14 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
 from tpu_console.errors import one_line
+from tpu_console.history import bucket_record, discovery
+from tpu_console.history.goodput import summary_fields
+from tpu_console.history.store import RunStore
+from tpu_console.history.summary import compare_rows, compare_table, run_summary
+from tpu_console.observe import lookup
+from tpu_console.observe.goodput_report import archived_goodput
+from tpu_console.observe.lookup import RunView
 from tpu_console.providers.base import Provider
-from tpu_console.runs import bucket_record, control, discovery
-from tpu_console.runs.control import RunView
-from tpu_console.runs.goodput import summary_fields
-from tpu_console.runs.run_goodput import archived_goodput
-from tpu_console.runs.store import RunStore
-from tpu_console.runs.summary import compare_rows, compare_table, run_summary
 from tpu_console.settings import load_settings
 from tpu_console.tui.messages import RunsListed
 from tpu_console.tui.modals.compare import CompareModal
@@ -86,11 +87,11 @@ class RunsScreen(Screen[None]):
         # exclusive: `r` pressed again while unfinished runs are probed starts over instead of piling up.
         try:
             store = self.store or RunStore()
-            # the bucket's run records first, as `runs` does (runs/bucket_record.py); out of reach: a note
+            # the bucket's run records first, as `runs` does (history/bucket_record.py); out of reach: a note
             warning = await asyncio.to_thread(bucket_record.merge_into_history, load_settings(), store)
-            # and the nodes' run folders: a colleague's run is listed too (runs/discovery.py)
+            # and the nodes' run folders: a colleague's run is listed too (history/discovery.py)
             await discovery.discover_all(self.providers, store)
-            views = await control.list_runs(self.providers, store=store, limit=HISTORY_LIMIT)
+            views = await lookup.list_runs(self.providers, store=store, limit=HISTORY_LIMIT)
         except Exception as exc:  # noqa: BLE001 - shown on screen; r tries again
             self.post_message(RunsListed([], f"could not read the history: {one_line(exc)}; r tries again"))
             return

@@ -1,7 +1,7 @@
 """Device memory (HBM) per worker, from two sources side by side, as bars and numbers.
 
 The trainer reports, per worker, the fullest of its devices at its last step (`memory/train/*_max_gib`):
-in use and peak against the limit, drawn as a bar. libtpu's runtime metrics (runs/device_metrics.py) are
+in use and peak against the limit, drawn as a bar. libtpu's runtime metrics (observe/device_metrics.py) are
 read live from the TPU runtime, independent of the trainer (so they show even while it hangs): HBM in use
 of the fullest device and the mean duty cycle per worker, and every device of the followed worker below
 the table. Where a platform reports nothing (CPU pods give null; libtpu answers nothing there) a cell says
@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from tpu_console.runs.device_metrics import DeviceMetrics, WorkerDeviceMetrics
+from tpu_console.observe.device_metrics import DeviceMetrics, WorkerDeviceMetrics
 from tpu_console.tui.run_snapshot import (
     HBM_NEAR_LIMIT,
     DeviceReadings,

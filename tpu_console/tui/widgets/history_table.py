@@ -12,10 +12,10 @@ from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import DataTable
 
-from tpu_console import run_table
-from tpu_console.runs import ownership
-from tpu_console.runs.control import RunView
+from tpu_console.history import ownership
+from tpu_console.observe.lookup import RunView
 from tpu_console.tui.styles import RUN_STATE_STYLES
+from tpu_console.views import runs as run_table
 
 
 class HistoryTable(DataTable):

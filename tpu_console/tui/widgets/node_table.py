@@ -11,8 +11,10 @@ from rich.text import Text
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable
 
-from tpu_console.model import Node, QueuedRequest
-from tpu_console.node_table import (
+from tpu_console.domain import Node, QueuedRequest
+from tpu_console.tui.nodes_feed import NodesListing, node_key
+from tpu_console.tui.styles import NODE_STATE_STYLES, RUN_STATE_STYLES
+from tpu_console.views.nodes import (
     HOLDS_QUOTA,
     format_age,
     format_price,
@@ -23,8 +25,6 @@ from tpu_console.node_table import (
     type_text,
     what_ran,
 )
-from tpu_console.tui.nodes_feed import NodesListing, node_key
-from tpu_console.tui.styles import NODE_STATE_STYLES, RUN_STATE_STYLES
 
 # Every column of `ls` and the run, in 100 columns: the provider shows as the zone it is in (zones are gcp's;
 # a local or ssh node has none), health follows the state, spot follows the price.

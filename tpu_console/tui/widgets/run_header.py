@@ -1,7 +1,7 @@
 """The dashboard's top lines: which run, where, its state (the verdict once it ended); then what needs
 attention first: workers hung after a failure (with the key that stops them), the first failure, the log
 signature that explains it (out of HBM with the hint, TPU in use ...), a hung or stalled job, stragglers;
-then the W&B URL, the run's goodput (runs/goodput.py), and why the run could not be read when it could
+then the W&B URL, the run's goodput (history/goodput.py), and why the run could not be read when it could
 not. What does not fit its line opens whole: `e` the first failure, `enter` the followed worker's last
 error (first_failure_text, worker_text)."""
 
@@ -110,8 +110,8 @@ def attention(snapshot: RunSnapshot) -> list[tuple[str, str]]:
     elif snapshot.stalled:
         notes.append((f"stalled: {_workers(snapshot.stalled)}", "bold yellow"))
     if snapshot.stragglers:
-        # a pace over the last steps (runs/stragglers.py), short: "W13 1.8x" (its median step); whole in the
-        # step breakdown
+        # a pace over the last steps (observe/stragglers.py), short: "W13 1.8x" (its median step); whole in
+        # the step breakdown
         rows = [row for w in snapshot.stragglers if (row := snapshot.row(w)) is not None and row.straggler]
         paced = [row.straggler.partition(" ")[0] for row in rows if "x the median step for" in row.straggler]
         said = f" {paced[0]}" if paced and len(snapshot.stragglers) == 1 else ""

@@ -2,7 +2,7 @@
 
 Each phase shows the slowest worker with how many times the others' median it took. Which workers are
 stragglers (on a pod every worker waits for the slowest one at the next collective) is the watcher's
-judgement (runs/health.py: step or phase time 1.5x the others' median), shown in red and listed below.
+judgement (observe/health.py: step or phase time 1.5x the others' median), shown in red and listed below.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from tpu_console.runs.events import StepMetrics
+from tpu_console.history.events import StepMetrics
 from tpu_console.tui.run_snapshot import PHASES, phase_seconds, slowness
 
 STRAGGLER_STYLE = "bold red"

@@ -1,6 +1,6 @@
 """The run's workers, one row each: state, step, last step time, exit status, last line of output.
 
-The state is the watcher's judgement of the worker (runs/health.py): starting, compiling, running,
+The state is the watcher's judgement of the worker (observe/health.py): starting, compiling, running,
 stalled, exited, stopped (by a stop asked for), lost, unreachable, and HUNG for a worker still running
 after another one failed. The first failure is marked, a stall and a straggler are coloured like nvitop
 colours a busy GPU, a worker whose log matched a known problem (out of HBM, TPU in use ...) shows it in
@@ -22,9 +22,9 @@ import statistics
 from rich.text import Text
 from textual.widgets import DataTable
 
-from tpu_console.run_table import worker_ranges
-from tpu_console.runs.signatures import EXCEPTION
+from tpu_console.observe.signatures import EXCEPTION
 from tpu_console.tui.run_snapshot import RunSnapshot, WorkerRow, slowness
+from tpu_console.views.runs import worker_ranges
 
 HUNG_STYLE = "bold white on red"
 COLUMNS = ("W", "STATE", "STEP", "STEP TIME", "EXIT", "LAST LINE")

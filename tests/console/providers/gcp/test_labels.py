@@ -12,8 +12,8 @@ import pytest
 
 from tests.fixtures_gcp import PROJECT, ZONES, emulator, gcp_home, make_provider  # noqa: F401 - fixtures
 from tpu_console.cli import nodes
+from tpu_console.domain import CreateRequest
 from tpu_console.errors import UserError
-from tpu_console.model import CreateRequest
 from tpu_console.providers.gcp import labels
 
 Z1 = ZONES[0]

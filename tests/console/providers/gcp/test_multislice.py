@@ -19,12 +19,12 @@ from tests.fixtures_gcp import (  # noqa: F401 - fixtures
     gcp_home,
     make_provider,
 )
-from tpu_console import cli, keys
+from tpu_console import cli, ssh_identity
+from tpu_console.domain import AcceleratorShape, CreateRequest, Node, NodeState, Worker
 from tpu_console.errors import CreateInterrupted, UserError
-from tpu_console.model import AcceleratorShape, CreateRequest, Node, NodeState, Worker
-from tpu_console.node_table import state_cell
 from tpu_console.providers import capacity, create_options
 from tpu_console.providers.gcp import multislice
+from tpu_console.views.nodes import state_cell
 
 Z1, Z2, Z3 = ZONES
 
@@ -86,7 +86,7 @@ async def test_two_slices_are_one_request_one_node_every_worker_and_one_delete(e
     expected_keys = emulator.host_key_lines(Z1, "grpo-0") + emulator.host_key_lines(Z1, "grpo-1")
     assert [list(t.host_keys) for t in targets] == expected_keys
     for name in ("grpo-0", "grpo-1"):  # the console's key reaches each slice's metadata
-        assert keys.public_key_line() in emulator.node_json(Z1, name)["metadata"]["ssh-keys"]
+        assert ssh_identity.public_key_line() in emulator.node_json(Z1, name)["metadata"]["ssh-keys"]
     (attempt,) = capacity.CapacityStore().attempts()
     assert (attempt.accelerator_type, attempt.outcome, attempt.node) == ("2x v6e-16", "ready", "grpo")
     # a run's supervisor deletes the group through its request, which takes every slice with it

@@ -9,9 +9,9 @@ import pytest
 
 from tests.fixtures_gcp import PROJECT, ZONES, emulator, gcp_home, make_provider  # noqa: F401 - fixtures
 from tests.tpu_api_emulator import fake_host_key
-from tpu_console import keys
+from tpu_console import ssh_identity
+from tpu_console.domain import CreateRequest, NodeState
 from tpu_console.errors import AlreadyExists, NotFound, UserError
-from tpu_console.model import CreateRequest, NodeState
 from tpu_console.providers.gcp.node_mapping import state_hint
 
 Z1, Z2, Z3 = ZONES
@@ -222,7 +222,7 @@ async def test_ssh_key_is_appended_keeping_other_keys_and_retried_on_409(emulato
     metadata = emulator.node_json(Z1, "pod")["metadata"]
     lines = metadata["ssh-keys"].splitlines()
     assert lines[:2] == EXISTING_KEYS.splitlines()
-    assert lines[2] == f"root:{keys.public_key_line()}"
+    assert lines[2] == f"root:{ssh_identity.public_key_line()}"
     assert metadata["startup-script"] == "echo hi"
     patches = [r for r in emulator.requests if r[0] == "PATCH"]
     assert len(patches) == 3  # two 409s, then the update that went through
@@ -231,7 +231,8 @@ async def test_ssh_key_is_appended_keeping_other_keys_and_retried_on_409(emulato
     assert [t.worker for t in targets] == [0, 1, 2, 3]
     assert [t.host_keys for t in targets] == [tuple(k) for k in published]
     assert all(
-        t.username == "root" and t.port == 22 and t.client_key == keys.client_key_path() for t in targets
+        t.username == "root" and t.port == 22 and t.client_key == ssh_identity.client_key_path()
+        for t in targets
     )
     assert [t.host for t in targets] == [w.external_ip for w in node.workers]
 
@@ -272,7 +273,7 @@ async def test_os_login_node_imports_the_key_instead_of_editing_metadata(emulato
     targets = await make_provider(oslogin_user="Ada@example.com").ssh_targets(node)
 
     assert [t.username for t in targets] == ["ada_example_com"]
-    assert emulator.oslogin_keys["Ada@example.com"] == [keys.public_key_line()]
+    assert emulator.oslogin_keys["Ada@example.com"] == [ssh_identity.public_key_line()]
     assert not any(r[0] == "PATCH" for r in emulator.requests)
 
 

@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 import pytest
 
 from tests.fixtures_gcp import PROJECT, ZONES, emulator, gcp_home, make_provider  # noqa: F401 - fixtures
+from tpu_console.domain import CreateRequest, NodeState, QueueState
 from tpu_console.errors import CreateInterrupted, UserError
-from tpu_console.model import CreateRequest, NodeState, QueueState
 from tpu_console.providers import capacity
 
 Z1, Z2, Z3 = ZONES

@@ -11,8 +11,8 @@ import pytest
 
 from tests.fixtures_gcp import gcp_home  # noqa: F401 - fixture
 from tests.tpu_api_emulator import fake_host_key
+from tpu_console.domain import AcceleratorShape, Node, NodeState
 from tpu_console.errors import UserError
-from tpu_console.model import AcceleratorShape, Node, NodeState
 from tpu_console.pricing import cost_since_creation, load_table, price_per_hour
 from tpu_console.providers.gcp import accelerators
 from tpu_console.providers.gcp.errors import FailureKind, classify, classify_operation_error

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from tpu_console.domain import CreateRequest
 from tpu_console.fleet.fleet import Fleet
-from tpu_console.model import CreateRequest
 from tpu_console.providers.local import LocalProvider
 from tpu_console.providers.local.pod_host import start_pod_hosts
 

@@ -12,9 +12,9 @@ import pytest
 
 from tests.conftest import LocalPod
 from tests.processes import pid_alive
+from tpu_console.domain import CreateRequest, NodeState
 from tpu_console.errors import AlreadyExists, NotFound, UserError
 from tpu_console.fleet.fleet import Fleet
-from tpu_console.model import CreateRequest, NodeState
 from tpu_console.providers.local import LocalProvider, parse_local_type
 
 # A minimal launch wrapper, as the run launcher writes it: a job in its own session that records its
