@@ -95,6 +95,7 @@ class SupervisorSpec(_Strict):
     max_cost: float | None = None
     price_per_hour: float | None = None
     max_hang: str | float | None = None
+    on_straggler: Literal["report", "restart"] | None = None
 
 
 class RecoverySpec(_Strict):

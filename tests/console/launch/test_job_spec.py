@@ -51,6 +51,7 @@ max_restarts = 3
 on_end = "delete"
 grace = "10m"
 max_hang = "30m"
+on_straggler = "restart"
 """
     spec = load_job_file(write(tmp_path, text))
     # split as a shell splits words, but no shell will run it
@@ -62,6 +63,7 @@ max_hang = "30m"
     policy = spec.policy()
     assert policy.fail_fast and policy.on_end == "delete" and policy.grace_s == 600
     assert policy.max_hang_s == 1800 and "distributed_timeout" in policy.restart_on
+    assert policy.on_straggler == "restart" and spec.policy(on_straggler="report").on_straggler == "report"
     # the flags given on the command line win over the file
     assert spec.policy(max_restarts=1, grace="1m").max_restarts == 1
     assert spec.policy(grace="1m").grace_s == 60
@@ -96,6 +98,7 @@ def test_flags_over_a_file_without_supervisor_options(tmp_path):
         ('command = "x"\n[metrics]\nformat = "csv"\n', "metrics.format"),
         ('command = "x"\n[env]\n"BAD NAME" = "1"\n', "'BAD NAME' is not an environment variable name"),
         ('command = "x"\n[env]\nWANDB_API_KEY = "k"\n', "WANDB_API_KEY looks like a secret"),
+        ('command = "x"\n[supervisor]\non_straggler = "kill"\n', "supervisor.on_straggler: Input should be"),
     ],
 )
 def test_a_bad_job_file_is_one_line_naming_the_file(tmp_path, text, message):

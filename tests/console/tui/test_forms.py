@@ -409,10 +409,10 @@ async def test_launch_form_tab_order_and_no_demo_offer_for_a_real_model():
         modal = app.screen
         assert Path(str(modal.query_one("#shipped", Select).value)).name.startswith("qwen25")
         assert not modal.query_one("#make-inputs", Checkbox).display  # a real model is no one's to make
-        assert await tab_through(pilot, 17) == [
+        assert await tab_through(pilot, 18) == [
             "shipped", "path", "job", "overrides", "env", "kill-stale", "fail-fast", "no-plan-check",
             "on-end", "grace", "max-cost", "price-per-hour", "max-hang", "restart-on", "max-restarts",
-            "launch", "cancel", "shipped",
+            "on-straggler", "launch", "cancel", "shipped",
         ]
 
 
@@ -450,7 +450,8 @@ async def test_launch_form_sends_the_supervisors_options_to_launch(monkeypatch):
     async with app.run_test(size=(100, 30)) as pilot:
         await listed(pilot)
         for fields in ({}, dict(on_end="delete", grace="5m", max_cost="20", price_per_hour="3.6",
-                                max_hang="30m", restart_on="transient", max_restarts="2")):
+                                max_hang="30m", restart_on="transient", max_restarts="2",
+                                on_straggler="restart")):
             await pilot.press("l")
             modal = app.screen
             assert isinstance(modal, LaunchModal)
@@ -466,7 +467,7 @@ async def test_launch_form_sends_the_supervisors_options_to_launch(monkeypatch):
     assert policies == [
         SupervisionPolicy(fail_fast=True),
         SupervisionPolicy(fail_fast=True, on_end="delete", grace_s=300.0, max_cost=20.0, price_per_hour=3.6,
-                          max_hang_s=1800.0, restart_on=TRANSIENT, max_restarts=2),
+                          max_hang_s=1800.0, restart_on=TRANSIENT, max_restarts=2, on_straggler="restart"),
     ]
 
 

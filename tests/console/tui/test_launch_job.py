@@ -77,12 +77,13 @@ async def test_a_command_typed_in_the_form_is_launched_as_a_job(monkeypatch):
 async def test_a_job_file_brings_its_supervisor_options_and_the_form_adds_to_them(monkeypatch, tmp_path):
     job = tmp_path / "grpo.toml"
     job.write_text('command = "python train.py"\n'
-                   '[supervisor]\nmax_restarts = 5\nrestart_on = ["transient"]\n')
+                   '[supervisor]\nmax_restarts = 5\nrestart_on = ["transient"]\non_straggler = "report"\n')
     launched, errors = await launch_with(monkeypatch, {"job": str(job), "max-hang": "30m"})
     assert errors == [""]
     (call,) = launched
     assert call["job"].command == ["python", "train.py"] and call["job"].job_file == str(job.resolve())
     assert call["policy"].max_restarts == 5 and call["policy"].max_hang_s == 1800.0
+    assert call["policy"].on_straggler == "report"  # the form's "off" leaves the file's choice
 
 
 async def test_bad_job_input_is_named_in_the_form_and_nothing_is_launched(monkeypatch):

@@ -78,6 +78,7 @@ class LaunchModal(FormModal[LaunchOrder]):
     LaunchModal .options Input { width: 10; margin-right: 2; }
     LaunchModal .options #restart-on { width: 16; }
     LaunchModal .options Select { width: 11; margin-right: 2; }
+    LaunchModal .options #on-straggler { width: 13; }
     """
 
     def __init__(self, node: Node, provider: Provider | None = None) -> None:
@@ -125,7 +126,7 @@ class LaunchModal(FormModal[LaunchOrder]):
                 compact=True,
             )
             # The run's supervisor (docs/supervisor.md): the CLI's launch flags, blank meaning off.
-            yield Label("Supervisor (blank: off): delete the node when done, budgets, restarts")
+            yield Label("Supervisor (blank: off): delete the node when done, budgets, restarts, stragglers")
             with Horizontal(classes="options"):
                 yield Static("On end")
                 yield FormSelect([("keep", "keep"), ("delete", "delete")], value="keep", id="on-end",
@@ -143,6 +144,13 @@ class LaunchModal(FormModal[LaunchOrder]):
                 yield Input(placeholder="e.g. transient", id="restart-on", compact=True)
                 yield Static("max restarts")
                 yield Input(placeholder="e.g. 3", id="max-restarts", compact=True)
+            with Horizontal(classes="options"):
+                yield Static("On a straggler")
+                straggler = FormSelect([("off", ""), ("report", "report"), ("restart", "restart")], value="",
+                                       id="on-straggler", allow_blank=False, compact=True)
+                straggler.tooltip = ("a worker 1.5x the others' median step over its last 20 steps: name it, "
+                                     "or restart every job from its checkpoint (up to max restarts)")
+                yield straggler
             yield Static(self._plan_hint(), id="plan")
             yield Static("", id="error")
             with Horizontal(id="buttons"):
@@ -253,6 +261,7 @@ class LaunchModal(FormModal[LaunchOrder]):
             max_hang=text("max-hang"),
             restart_on=text("restart-on"),
             max_restarts=text("max-restarts"),
+            on_straggler=str(self.query_one("#on-straggler", Select).value),
         )
         if job is not None:
             given = {k: v for k, v in options.items() if v not in (False, "", "keep")}
