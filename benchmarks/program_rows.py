@@ -18,8 +18,10 @@ On each worker, from the program's own output (output.log):
   redrawn with \r) is the same step. Without `truth`, program.toml's `steps` N, the last of them N (a bar
   such as tqdm's counts 1..N, but draws only some of them);
 - its step time: the median of what `step_time` matches (`per_s`: steps a second, as tqdm's `it/s`); where
-  it prints none, the wall time per step measured here: from when the first step's line reached the file
-  to when the last one's did, over the steps between them;
+  it prints none, the median time per step between its consecutive step lines by the times those lines
+  give themselves, where they give one (absl's `I1127 21:44:59.518823 ...`, Python logging's asctime, ISO
+  8601: tpu_console/worker/log_timestamps.py), else the wall time per step from when its first step line
+  reached the file to when its last one did, over the steps between them, measured here;
 - its loss: the last value `loss` matches.
 From the console: its step events (events.jsonl, as the run's archive keeps it), the last step `status`
 shows, the median of its events' step times, the loss of its last step.
@@ -41,6 +43,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from tpu_console.worker.log_timestamps import timestamp
 
 STEP_TIME_TOLERANCE = 0.10
 STEP_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}  # seconds per unit; `per_s` is steps a second
@@ -179,6 +183,23 @@ def measured_step_s(steps: Sequence[tuple[int, int]], growth: Sequence[tuple[flo
     return (end - start) / (last - first)
 
 
+def stamped_step_s(text: str, steps: Sequence[tuple[int, int]]) -> float | None:
+    """The median time per step between consecutive step lines, by the times the lines give themselves
+    (each step's own figure, as a printed step time is); None where no two consecutive lines both give one
+    (or give rising times)."""
+    times = [(step, timestamp(line_at(text, at))) for step, at in steps]
+    gaps = [(end - start) / (step - before)
+            for (before, start), (step, end) in zip(times[:-1], times[1:], strict=True)
+            if start is not None and end is not None and end > start and step > before]
+    return statistics.median(gaps) if gaps else None
+
+
+def line_at(text: str, offset: int) -> str:
+    """The line the character at offset is in (a line ends at \n or \r)."""
+    start = max(text.rfind("\n", 0, offset), text.rfind("\r", 0, offset)) + 1
+    return text[start:]  # what follows its end is no matter: a time is read at a line's start
+
+
 def parse_number(text: str) -> float:
     return float(text) if text.lower() not in ("nan", "-nan") else math.nan
 
@@ -192,6 +213,7 @@ class Made:
     last: int | None  # the last step made: truth's last, else program.toml's `steps`
     step_s: float | None
     step_s_measured: bool  # the program printed no step time: it was measured here
+    step_s_stamped: bool  # measured by the times its step lines give themselves
     losses: list[float]  # every loss it printed (NaN where it printed one)
     no_step_s: str | None = None  # why step_s is None
 
@@ -199,7 +221,9 @@ class Made:
 def made(program: Program, text: str, growth: Sequence[tuple[float, int]]) -> Made:
     steps = made_steps(text, program.truth) if program.truth is not None else None
     printed = printed_step_times(text, program.step_time) if program.step_time is not None else []
-    measured = measured_step_s(steps, growth) if steps is not None and not printed else None
+    untimed = steps is not None and not printed  # its step time is measured here
+    stamped = stamped_step_s(text, steps) if untimed else None
+    measured = stamped if stamped is not None else measured_step_s(steps, growth) if untimed else None
     losses = [parse_number(m.group("loss")) for m in program.loss.finditer(text)] if program.loss else []
     if printed or measured is not None:
         no_step_s = None
@@ -216,6 +240,7 @@ def made(program: Program, text: str, growth: Sequence[tuple[float, int]]) -> Ma
         last=(steps[-1][0] if steps else None) if steps is not None else program.steps,
         step_s=statistics.median(printed) if printed else measured,
         step_s_measured=not printed and measured is not None,
+        step_s_stamped=not printed and stamped is not None,
         losses=losses,
         no_step_s=no_step_s,
     )
@@ -373,7 +398,8 @@ def _number(value: float | None, digits: int = 4) -> str:
 
 def cells(row: Row) -> list[str]:
     def own_s(r: WorkerResult) -> str:
-        return ("~" if r.made.step_s_measured else "") + _number(r.made.step_s)
+        mark = "" if not r.made.step_s_measured else "@" if r.made.step_s_stamped else "~"
+        return mark + _number(r.made.step_s)
 
     def phase(name: str) -> str:
         return f"{row.phases_s[name]:.0f}s" if name in row.phases_s else "-"
@@ -411,7 +437,8 @@ def table(rows: Sequence[Row]) -> str:
     lines.append("")
     lines.append("MADE, LAST: the steps the program made and its last (its own output, or program.toml's "
                  "`steps`); SEEN: the console's step events; SHOWN: the step `status` shows; OWN_S, SEEN_S: "
-                 "median step time, the program's (~: measured from when its lines arrived) and the "
+                 "median step time, the program's (@: measured by its step lines' own times, ~: by when they "
+                 "arrived) and the "
                  "console's; LOSS, LOSS_SEEN: the program's last and the console's at its last step; a/b: "
                  "worker 0's and 1's where they differ; SYNC, SETUP, RUN: wall time of sync --dir, setup, "
                  "launch to the run's end")

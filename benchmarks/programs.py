@@ -14,10 +14,10 @@ program's package. The pod is deleted at the end, on Ctrl-C too (`--keep` keeps 
 
 Prints, as it goes, how long each phase took (sync, setup, the run from launch to its end), then one row
 per program: its version, the steps it made and the steps the console saw, the step time the program
-printed (or, where it prints none, measured here from when its step lines reached output.log, polled every
-5 ms) against the console's, the last loss of each, the format the console found, the run's goodput from
-`runs show`, and PASS or FAIL by the targets, each failure's reasons below the table. Exits 1 when a row
-fails. `--json OUT` writes the rows.
+printed (or, where it prints none, the one its step lines' own timestamps give, else measured here from when
+they reached output.log, polled every 5 ms) against the console's, the last loss of each, the format the
+console found, the run's goodput from `runs show`, and PASS or FAIL by the targets, each failure's reasons
+below the table. Exits 1 when a row fails. `--json OUT` writes the rows.
 
 Only for local pods, whose workers are folders on this machine: each worker's pip (and uv) cache is this
 machine's, so a second worker or a second session downloads nothing again; and where program.toml's

@@ -11,8 +11,12 @@ the first of requirements.txt), the command, `steps` (the steps `truth` matches,
 before it being a redraw of the same step, as benchmarks/program_rows.py counts them; else program.toml's
 `steps`), `last_step` (the last of them), the program's own step time (the median of what `step_time`
 matches; its named group `s`, `ms` or `us` gives the unit, `per_s` a rate), the wall time per step measured
-here from when the first and last steps' lines reached the file (its size is polled every 5 ms), which is
-the step time where the program prints none (`step_time_measured`), and the last loss `loss` matches.
+here from when the first and last steps' lines reached the file (its size is polled every 5 ms), the
+median time per step between consecutive step lines by the times they give themselves
+(`stamped_step_time_s`, where they give one: absl's prefix, Python logging's asctime, ISO 8601, as
+benchmarks/program_rows.py reads them), and the last loss `loss` matches. Where the program prints no step
+time (`step_time_measured`), its step time is the stamped one where there is one (`step_time_stamped`),
+else the wall one measured here.
 """
 
 import argparse
@@ -27,6 +31,10 @@ import tempfile
 import threading
 import time
 import tomllib
+
+BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [BENCHMARKS, os.path.dirname(BENCHMARKS)]  # program_rows.py, and the checkout it reads with
+from program_rows import stamped_step_s  # noqa: E402 - after the path that finds it
 
 UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}  # a step_time group's name: its value's unit
 RATE = "per_s"  # a step_time group of steps per second (tqdm's `it/s`)
@@ -86,7 +94,7 @@ def made_steps(program, text):
 def summarize(program, text, growth):
     """The figures of one recording, from program.toml's regexes over the output."""
     figures = {"steps": program.get("steps"), "last_step": None, "step_time_s": None,
-               "wall_step_time_s": None, "loss": None}
+               "wall_step_time_s": None, "stamped_step_time_s": None, "loss": None}
     if "truth" in program:
         steps = made_steps(program, text)
         figures["steps"] = len(steps)
@@ -96,13 +104,19 @@ def summarize(program, text, growth):
             if last > first:
                 wall = (arrival(growth, last_at) - arrival(growth, first_at)) / (last - first)
                 figures["wall_step_time_s"] = round(wall, 4)
+            stamped = stamped_step_s(text, steps)
+            figures["stamped_step_time_s"] = round(stamped, 6) if stamped is not None else None
     if "step_time" in program:
         times = [seconds(m) for m in re.finditer(program["step_time"], text)]
         figures["step_time_s"] = round(statistics.median(times), 6) if times else None
-    # where the program prints no step time of its own, its measured one stands for it (as in program_rows.py)
-    figures["step_time_measured"] = figures["step_time_s"] is None and figures["wall_step_time_s"] is not None
+    # where the program prints no step time of its own, its measured one stands for it (as program_rows.py
+    # has it): by its step lines' own times where they give them, else by when they reached the file
+    untimed = figures["step_time_s"] is None
+    figures["step_time_stamped"] = untimed and figures["stamped_step_time_s"] is not None
+    figures["step_time_measured"] = figures["step_time_stamped"] or (
+        untimed and figures["wall_step_time_s"] is not None)
     if figures["step_time_measured"]:
-        figures["step_time_s"] = figures["wall_step_time_s"]
+        figures["step_time_s"] = figures["stamped_step_time_s"] or figures["wall_step_time_s"]
     if "loss" in program:
         losses = [float(m.group("loss")) for m in re.finditer(program["loss"], text)]
         figures["loss"] = losses[-1] if losses else None

@@ -71,7 +71,22 @@ def test_its_step_time_in_ms_and_measured_where_it_prints_none(tmp_path):
     first, last = text.index("step 1"), text.index("step 3")
     growth = [(1.0, first + 5), (2.5, last), (4.0, len(text))]  # step 1 arrived at 1.0 s, step 3 at 4.0 s
     made = rows.made(silent, text, growth)
-    assert made.step_s == pytest.approx(1.5) and made.step_s_measured
+    assert made.step_s == pytest.approx(1.5) and made.step_s_measured and not made.step_s_stamped
+
+
+def test_measured_by_the_times_its_step_lines_give_themselves_where_they_give_one(tmp_path):
+    absl = program(tmp_path, 'command = ["python"]\ntruth = \'Train step (?P<step>\\d+) training\'\n', "absl")
+    text = ("I1127 21:44:59.000000 140 peft_trainer.py:802] Train step 0 eval loss: 5.5\n"
+            "I1127 21:44:59.500000 140 peft_trainer.py:488] Train step 1 training loss: 5.4\n"
+            "I1127 21:45:00.100000 140 peft_trainer.py:488] Train step 2 training loss: 5.3\n"
+            "I1127 21:45:00.700000 140 peft_trainer.py:488] Train step 3 training loss: 5.2\n"
+            "I1127 21:45:00.900000 140 peft_trainer.py:802] Running evaluation on train step 4.\n"
+            "I1127 21:45:03.700000 140 peft_trainer.py:488] Train step 4 training loss: 5.1\n")
+    made = rows.made(absl, text, [(9.0, len(text))])  # it all reached the file at once
+    # each step's own time, 0.6, 0.6 and 3.0 s (an evaluation in it): their median, as printed ones'
+    assert made.step_s == pytest.approx(0.6) and made.step_s_measured and made.step_s_stamped
+    row = rows.Row("absl", workers={0: rows.WorkerResult(made, rows.seen("", None), [])})
+    assert "@0.6" in rows.table([row])
 
 
 def test_what_the_console_saw_from_its_events_and_status():

@@ -62,6 +62,7 @@ TRAINER_ARGS = ("-m", "trainer", "--config", "config.yaml", "--run-dir", ".")
 # reports it to the run's supervisor.
 RUNNER, SUPERVISOR = "job_runner.py", "supervisor.py"
 STEP_LINES = "step_lines.py"  # imported by the runner: a command job's step lines into events.jsonl
+LOG_TIMESTAMPS = "log_timestamps.py"  # imported by the runner: the time a step line gives itself
 PREEMPTION_NOTICE = "preemption_notice.py"  # imported by the runner: the VM's notice, passed to the job
 # The names under which the console gives a job its coordinator (local and ssh pods only).
 COORDINATOR_NAMES = ("TRAINER_COORDINATOR_ADDRESS", "TPU_CONSOLE_COORDINATOR_ADDRESS")
@@ -733,6 +734,8 @@ async def _prepare(
                                  f"{folder}/{supervision.PLAN_FILE}", workers, mode=0o600))
         uploads.append(fleet.put(recipes.RUNNER_SOURCE, f"{folder}/{RUNNER}", workers, mode=0o644))
         uploads.append(fleet.put(recipes.STEP_LINES_SOURCE, f"{folder}/{STEP_LINES}", workers, mode=0o644))
+        uploads.append(fleet.put(recipes.LOG_TIMESTAMPS_SOURCE, f"{folder}/{LOG_TIMESTAMPS}", workers,
+                                 mode=0o644))
         uploads.append(fleet.put(recipes.PREEMPTION_NOTICE_SOURCE, f"{folder}/{PREEMPTION_NOTICE}", workers,
                                  mode=0o644))
         first = workers[:1]  # the supervisor's worker

@@ -41,6 +41,10 @@ try:  # shipped beside this file too: the VM's preemption notice, passed to the 
     import preemption_notice
 except ImportError:
     preemption_notice = None
+try:  # shipped beside this file too: the time a log line gives itself, which times steps exactly
+    import log_timestamps
+except ImportError:  # steps are timed by when their lines are read
+    log_timestamps = None
 
 PLAN_FILE = "supervision.json"
 ADDRESS_ENV = "TPU_CONSOLE_SUPERVISOR"
@@ -323,7 +327,9 @@ class LogTimes:
 
 class StepFeed:
     """A command job's step lines, from its output.log into events.jsonl (complete lines only; a line cut
-    off at the end waits for the rest, unless the job has ended, when StepLines also gives what it held)."""
+    off at the end waits for the rest, unless the job has ended, when StepLines also gives what it held).
+    A step is timed by the time its line gives itself where it gives one (log_timestamps.py), since lines
+    read together every READ_STEPS_S came at once."""
 
     def __init__(self, parser, log="output.log", events="events.jsonl"):
         self.parser = parser
@@ -357,7 +363,8 @@ class StepFeed:
         self.offset += used
         events = []
         for line in lines:
-            events += self.parser.feed(line)
+            written = log_timestamps.timestamp(line) if log_timestamps else None  # its own, where it says
+            events += self.parser.feed(line, written=written)
         if final:  # the attempt ended: a bar's open step is done, and a restart counts afresh
             events += self.parser.finish()
         else:  # a bar that stopped moving: its step is not held back longer

@@ -46,7 +46,10 @@ is `time/train/step_s`, a phase's `time/train/<name>_s`, the seeds' `tokens_per_
 tokens per second) `throughput/train/valid_tokens_per_s`, `reward_mean` `train-reward/total/mean`, a loss
 `loss` (Lightning's `train_loss` too); MaxText's per-device figures keep MaxText's own names
 (`perf/per_device_tokens_per_sec`): they mean something else. A step whose line gives no step time gets the
-time per step since the oldest of the last ten steps' lines came (each event's `t`: when its line was read).
+time since the step before it, by the times the two lines give themselves where both give one (`feed`'s
+`written`: absl's `I1127 21:44:59.518823 ...`, Python logging's `2026-11-27 21:44:59,518`, ISO 8601; read by
+log_timestamps.py), else the time per step since the oldest of the last ten steps' lines came (each event's
+`t`: when its line was read; lines read together, every 0.1 s, came at once, hence the ten).
 Every event also gets `time/train/step_avg_last10_s` over the step times seen so far, as the trainer does.
 
 Python 3.8+ and the standard library only; it imports nothing of the console (it runs on the workers).
@@ -73,6 +76,7 @@ STEP_AVG_LAST10 = "time/train/step_avg_last10_s"
 VALID_TOKENS_PER_S = "throughput/train/valid_tokens_per_s"
 REWARD_MEAN = "train-reward/total/mean"
 LOSS = "loss"
+_WRITTEN = "_written"  # a step event's line's own time while the event waits (never written out)
 
 # Names a program commonly uses for a value the trainer has under another name.
 ALIASES = {
@@ -485,7 +489,7 @@ class StepLines:
 
     def _restart(self):
         self._top = None  # the last step taken this attempt (emitted or open)
-        self._arrived = deque(maxlen=10)  # (step, when its line came) of the last steps emitted
+        self._arrived = deque(maxlen=10)  # (step, when its line came, its own time) of the last steps emitted
         self._open = None  # a bar's newest step, not yet emitted
         self._open_at = 0.0  # when a line last added to it
         self._kinds = {}  # other kinds of lines, waiting for support
@@ -509,8 +513,10 @@ class StepLines:
                 return reading
         return None
 
-    def feed(self, line, now=None):
-        """The step events this line releases (none, its own, or those of its kind that waited for it)."""
+    def feed(self, line, now=None, written=None):
+        """The step events this line releases (none, its own, or those of its kind that waited for it).
+        `now`: when the line came (the events' `t`); `written`: the time the line itself gives, in seconds
+        (log_timestamps.timestamp), or None."""
         self.lines_read += 1
         reading = self._read(line)
         if reading is None:
@@ -527,14 +533,16 @@ class StepLines:
         event = {"t": time.time() if now is None else now, "kind": "step", "process": self.process,
                  "source": SOURCE, "format": reading.format, "step": reading.step}
         event.update(reading.metrics)
+        if written is not None:
+            event[_WRITTEN] = written  # taken off again when the event is emitted
         if self._is_chosen(reading):
             return self._chosen_line(reading, event)
         return self._other_line(reading, event)
 
-    def event(self, line, now=None):
+    def event(self, line, now=None, written=None):
         """The newest step event this line releases, or None (`feed` gives all of them: a line that gives
         its kind support releases the lines that waited too)."""
-        events = self.feed(line, now)
+        events = self.feed(line, now, written)
         return events[-1] if events else None
 
     def idle(self, now=None):
@@ -637,12 +645,19 @@ class StepLines:
 
     def _emit(self, event):
         self.steps_found += 1
+        written = event.pop(_WRITTEN, None)
         if event.get(STEP_S) is None and self._arrived:
-            # no step time printed: the time per step since the oldest of the last ten steps' lines came
-            step, t = self._arrived[0]
-            if event["step"] > step and event["t"] > t:
+            # no step time printed: the time per step since the last step's line by the times both lines
+            # give (exact; not one that goes back: over New Year's, a clock set back), else since the
+            # oldest of the last ten steps' lines came (lines read together came at once)
+            last_step, _, last_written = self._arrived[-1]
+            step, t, _ = self._arrived[0]
+            exact = written is not None and last_written is not None and written > last_written
+            if exact and event["step"] > last_step:
+                event[STEP_S] = (written - last_written) / (event["step"] - last_step)
+            elif event["step"] > step and event["t"] > t:
                 event[STEP_S] = (event["t"] - t) / (event["step"] - step)
-        self._arrived.append((event["step"], event["t"]))
+        self._arrived.append((event["step"], event["t"], written))
         step_s = event.get(STEP_S)
         if isinstance(step_s, (int, float)):
             self._recent.append(step_s)

@@ -67,7 +67,7 @@ def stand_in() -> Iterator[StandInSupervisor]:
 def run_folder(tmp_path: Path, job: dict | None) -> Path:
     folder = tmp_path / "run"
     folder.mkdir()
-    for name in ("job_runner.py", "step_lines.py"):  # as runs/launch.py ships them
+    for name in ("job_runner.py", "step_lines.py", "log_timestamps.py"):  # as launch/start.py ships them
         shutil.copy(WORKER_DIR / name, folder / name)
     (folder / "launch.json").write_text(json.dumps({"worker": 1, "job": job}))
     plan = {"heartbeat_s": 0.2, "signatures": signatures.patterns()}  # as runs/supervision.py plans it
@@ -174,3 +174,16 @@ def test_a_program_that_prints_no_step_time_gets_the_time_between_its_step_lines
     assert [e["step"] for e in events] == list(range(1, 9)) and tm.phase_key("step") not in events[0]
     # read every 0.1 s: over the last seven steps' 1.75 s, within a read or two
     assert events[-1][tm.phase_key("step")] == pytest.approx(0.25, rel=0.2)
+
+
+def test_a_program_whose_lines_give_their_own_time_is_timed_by_it(tmp_path, stand_in):
+    job = {"kind": "command", "command": ["python", "foreign.py"], "metrics": {"format": "auto"}}
+    folder = run_folder(tmp_path, job)
+    (folder / "foreign.py").write_text(  # absl's prefix, two seconds apart, printed at once (as tunix's)
+        "for step in range(1, 6):\n"
+        "    print(f'I1127 21:44:{2 * step:02d}.250000 140 peft_trainer.py:488] Train step {step} training "
+        "loss: {1 / step:.3f}')\n")
+    assert run_job(folder, stand_in) == 0
+    events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in events] == [1, 2, 3, 4, 5]
+    assert [e.get(tm.phase_key("step")) for e in events] == [None, 2.0, 2.0, 2.0, 2.0]

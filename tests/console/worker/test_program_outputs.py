@@ -2,8 +2,9 @@
 `program_outputs/<name>.log` (the raw bytes a real run wrote, `\\r` and `\\b` kept) and its `<name>.json`
 (what the program itself made: `steps`, `step_time_s`, its last `loss`; benchmarks/programs/record.py),
 the log is split as job_runner.StepFeed splits it and read with format auto, and the steps seen must be
-the steps made exactly, none twice, the step time within 10% of the program's own (none, where it prints
-none), and the last loss the program printed the last loss seen."""
+the steps made exactly, none twice, the step time within 10% of the program's own (where it prints none: of
+the one its step lines' own times give, or none where they give none), and the last loss the program
+printed the last loss seen."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 
 from tests.console.worker.test_job_runner_steps import run_folder, run_job, stand_in  # noqa: F401 - fixture
 from tpu_console.worker import step_lines
+from tpu_console.worker.log_timestamps import timestamp
 from tpu_console.worker.step_lines import STEP_S, StepLines, complete_lines, steps_counted
 from trainer import telemetry as tm
 
@@ -31,7 +33,8 @@ def test_the_corpus_holds_recordings_each_with_what_its_program_made():
 
 def read_as_the_runner_does(data: bytes) -> tuple[list[dict], StepLines]:
     """The events of a log fed in pieces (a line cut at a piece's end waits for the rest), then the end.
-    A recording keeps no time of arrival: every line is read at the same moment."""
+    A recording keeps no time of arrival: every line is read at the same moment, with the time it gives
+    itself where it gives one."""
     parser = StepLines("auto")
     events: list[dict] = []
     pending = b""
@@ -40,10 +43,10 @@ def read_as_the_runner_does(data: bytes) -> tuple[list[dict], StepLines]:
         lines, used = complete_lines(pending)
         pending = pending[used:]
         for line in lines:
-            events += parser.feed(line, now=0.0)
+            events += parser.feed(line, now=0.0, written=timestamp(line))
     lines, _ = complete_lines(pending, final=True)
     for line in lines:
-        events += parser.feed(line, now=0.0)
+        events += parser.feed(line, now=0.0, written=timestamp(line))
     return events + parser.finish(), parser
 
 
@@ -59,7 +62,7 @@ def test_a_recorded_programs_steps_step_time_and_loss(name):
     if made.get("last_step") is not None:
         assert steps[-1] == made["last_step"]
     times = [e[STEP_S] for e in events if e.get(STEP_S) is not None]
-    if made.get("step_time_measured"):
+    if made.get("step_time_measured") and not made.get("step_time_stamped"):
         # the program prints no step time (the recorder measured the lines' arrival): none is made up from
         # its text; the console's comes from when the step lines arrive, which a recording does not keep
         # (tests/console/worker/test_job_runner_steps.py has a live one)
@@ -81,7 +84,8 @@ def test_the_pieces_do_not_change_what_is_read():
         data = (FOLDER / f"{name}.log").read_bytes()
         whole = StepLines("auto")
         lines, _ = complete_lines(data, final=True)
-        events = [e for line in lines for e in whole.feed(line, now=0.0)] + whole.finish()
+        events = [e for line in lines for e in whole.feed(line, now=0.0, written=timestamp(line))]
+        events += whole.finish()
         assert [e["step"] for e in events] == [e["step"] for e in read_as_the_runner_does(data)[0]], name
         assert step_lines.steps_counted(events) == json.loads((FOLDER / f"{name}.json").read_text())["steps"]
 
@@ -110,4 +114,6 @@ def test_the_job_runner_reads_each_recording_as_it_is_written(tmp_path, stand_in
     expected, _ = read_as_the_runner_does((FOLDER / f"{name}.log").read_bytes())
     assert [e["step"] for e in events] == [e["step"] for e in expected]
     assert [e.get(tm.LOSS) for e in events] == [e.get(tm.LOSS) for e in expected]
+    if json.loads((FOLDER / f"{name}.json").read_text()).get("step_time_stamped"):  # timed as its lines say
+        assert [e.get(STEP_S) for e in events] == [e.get(STEP_S) for e in expected]
     assert steps_counted(events) == json.loads((FOLDER / f"{name}.json").read_text())["steps"]

@@ -371,6 +371,18 @@ def test_a_step_whose_line_gives_no_time_gets_the_time_per_step_since_the_lines_
     assert all(tm.phase_key("step") not in e for e in same_read)  # read at once: no time to tell
 
 
+def test_lines_that_give_their_own_time_are_timed_by_it_step_by_step():
+    parser = StepLines("auto")
+    read_at_once = [(40, 100.0), (41, 100.02), (42, 100.03), (44, 100.07), (45, 100.05), (46, None)]
+    events = [e for step, written in read_at_once
+              for e in parser.feed(f"Step {step}/100, loss=0.5, lr=1e-3", now=5.0, written=written)]
+    assert [e["step"] for e in events] == [40, 41, 42, 44, 45, 46]
+    times = [e.get(tm.phase_key("step")) for e in events]
+    # each since the step line before it; where one gives none or an earlier one, when they came (at once)
+    assert times == [None, pytest.approx(0.02), pytest.approx(0.01), pytest.approx(0.02), None, None]
+    assert all("_written" not in e for e in events)  # the line's own time is not written out
+
+
 def test_an_epoch_bar_whose_last_redraw_was_not_written_still_counts_its_round():
     # tqdm(leave=False) clears its bar at the end instead of drawing the last count
     out = "".join(bar(n, 10, desc="Epoch 0: ") for n in (0, 4, 8)) + "\r" + " " * 40 + "\r"
