@@ -19,8 +19,10 @@ root="$HOME/tpu-console"; env="$root/env"; stamp="$env/.tpu-console-bootstrap"
 # versions() (python, jax, jaxlib, libtpu, flax of $env, and the code there) is defined by the console
 # ahead of this script: tpu_console/provision/recipes.py, VERSIONS_FUNCTION.
 
+# A linked environment is in place only while it hides the console's libtpu (below).
 if [ "$force" != 1 ] && [ -x "$env/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] \
-   && "$env/bin/python" -c "" 2>/dev/null; then
+   && "$env/bin/python" -c "" 2>/dev/null \
+   && { [ -z "$link" ] || ! "$env/bin/python" -c "import libtpu" 2>/dev/null; }; then
   echo "@@ ready already"; versions; exit 0
 fi
 
@@ -137,6 +139,13 @@ print(json.dumps({"python": sys.executable, "version": platform.python_version()
 if [ -n "$link" ]; then
   site=$("$env/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") || exit 13
   echo "$link" > "$site/_tpu_console_linked.pth" || exit 13
+  # The console's libtpu (its planner compiles for TPU topologies with it) is of no use to a worker on this
+  # machine, which has no TPU, and JAX 0.4.20 and older take an importable libtpu for a Cloud TPU VM: their
+  # jax.distributed.initialize() then asks the GCE metadata server for the slice's peers. A package of that
+  # name in front of the link hides it; a libtpu a project's setup installs comes before both.
+  mkdir -p "$site/libtpu" && printf '%s\n' \
+    'raise ImportError("no libtpu on this worker: it has no TPU (tpu-console bootstrap --link hides the console'"'"'s)")' \
+    > "$site/libtpu/__init__.py" || exit 13
   # Executables of linked packages (py-spy is a binary) are not on the .pth path: link them into env/bin.
   old_ifs=$IFS; IFS=:
   for tool in $tools; do [ -x "$tool" ] && ln -sf "$tool" "$env/bin/$(basename "$tool")"; done

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.console.runs.test_local import CONFIG, LONG_RUNNING, fake_trainer, run, run_folder, worker_home
+from tests.console.launch.test_local import CONFIG, LONG_RUNNING, fake_trainer, run, run_folder, worker_home
 from tests.fixtures_cli import console_home, stand_in_tiny_inputs  # noqa: F401 - fixture
 from tests.processes import wait_for
 from tpu_console import cli
@@ -95,6 +95,10 @@ def test_bootstrap_is_idempotent_and_sync_installs_the_checkout_with_its_env(
     assert status == 0
     for worker in (0, 1):
         assert f"[{worker}] {worker_home(worker)}/tpu-console/env/lib/" in out
+    # The linked environment hides the console's libtpu: these workers have no TPU, and JAX 0.4.20 (a
+    # project's pin, in front of this environment) takes an importable libtpu for a Cloud TPU VM.
+    status, out, err = run(capsys, "exec", "pod", "--", 'tpu-console/env/bin/python -c "import libtpu"')
+    assert status != 0 and (out + err).count("ImportError: no libtpu on this worker") == 2, out + err
 
     # The whole loop a new user tries first: the real trainer, launched from the synced environment; every
     # worker runs to the end, writes its `end` event and exits 0.
