@@ -5,7 +5,8 @@
 Runs the folder's program.toml `command` in a fresh copy of the folder (as `sync --dir` leaves it: nothing
 from an earlier run) the way a job runs under the console (tpu_console/worker/job_wrapper.sh):
 PYTHONUNBUFFERED=1, stdin from /dev/null, stdout and stderr both into one regular file, no terminal (TERM,
-COLUMNS and LINES unset), the venv's bin first on PATH as `setup` puts it. Writes `<name>.log`, the raw
+COLUMNS and LINES unset), the job runner's TERMINAL_ENV (Rich redraws as it goes), the venv's bin first on
+PATH as `setup` puts it. Writes `<name>.log`, the raw
 bytes (\\r and \\b kept), and `<name>.json`: the program and its version (program.toml's `package`, else
 the first of requirements.txt), the command, `steps` (the steps `truth` matches, a match repeating the one
 before it being a redraw of the same step, as benchmarks/program_rows.py counts them; else program.toml's
@@ -35,6 +36,8 @@ import tomllib
 BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [BENCHMARKS, os.path.dirname(BENCHMARKS)]  # program_rows.py, and the checkout it reads with
 from program_rows import stamped_step_s  # noqa: E402 - after the path that finds it
+
+from tpu_console.worker.job_runner import TERMINAL_ENV  # noqa: E402 - found by the path above
 
 UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}  # a step_time group's name: its value's unit
 RATE = "per_s"  # a step_time group of steps per second (tqdm's `it/s`)
@@ -143,6 +146,7 @@ def main():
     with open(os.path.join(folder, "program.toml"), "rb") as f:
         program = tomllib.load(f)
     env = {k: v for k, v in os.environ.items() if k not in ("TERM", "COLUMNS", "LINES")}
+    env.update(TERMINAL_ENV)
     env.update(PYTHONUNBUFFERED="1", PATH=os.path.join(args.venv, "bin") + os.pathsep + env["PATH"])
     package = package_of(program, folder)
     version = subprocess.run(
@@ -157,12 +161,14 @@ def main():
     with open(log_path, "rb") as f:
         text = f.read().decode("utf-8", errors="replace")
     figures = summarize(program, text, growth)
+    terminal = " ".join(f"{k}={v}" for k, v in TERMINAL_ENV.items())
     record = {
         "program": name,
         "version": f"{package} {version}",
         "command": (f"{' '.join(program['command'])} in a copy of benchmarks/programs/{name}, recorded by "
                     f"benchmarks/programs/record.py (PYTHONUNBUFFERED=1, stdin /dev/null, stdout+stderr into "
-                    f"one file, no terminal; Python {sys.version.split()[0]}, a venv from requirements.txt)"),
+                    f"one file, no terminal, {terminal}; Python {sys.version.split()[0]}, a venv from "
+                    "requirements.txt)"),
         "exit_status": status,
         **figures,
         "has_loss": figures["loss"] is not None,

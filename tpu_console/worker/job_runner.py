@@ -53,6 +53,10 @@ COORDINATOR_ENV = "TRAINER_COORDINATOR_ADDRESS"
 # A command job's coordinator (runs/launch.py, coordinator_env): each moves to the restart's new port.
 COORDINATOR_ENVS = (COORDINATOR_ENV, "JAX_COORDINATOR_ADDRESS", "TPU_CONSOLE_COORDINATOR_ADDRESS")
 PORT_ENV = "MASTER_PORT"
+# Rich (Lightning's progress bar, any program's live display) draws into a file only once, at its end: these
+# tell it the output takes a terminal's escape sequences, so it redraws as it goes, each redraw a line that
+# step_lines.py reads (tqdm redraws into a file anyway). The job's own setting of them wins.
+TERMINAL_ENV = {"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1"}
 EXIT_BAD_INPUT = 2  # the trainer's status for a config it refuses
 TRACEBACK_START = "Traceback (most recent call last):"
 READ_STEPS_S = 0.1  # how often a command job's new output is read for step lines (and so when each came)
@@ -104,6 +108,7 @@ class Runner:
         self.worker = worker
         self.address = address
         self.env = dict(os.environ if env is None else env)
+        self.env = {**TERMINAL_ENV, **self.env}
         self.attempt = 0
         self.job = None
         self.stopped = None  # "supervisor" when ordered to stop, "outside" when signalled by someone else

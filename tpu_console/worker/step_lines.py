@@ -19,7 +19,9 @@ Formats (`FORMATS`; "auto" reads every built-in one and weighs the evidence, bel
 - tqdm:    a tqdm bar counting steps (`it/s` or `s/it`): a bare one, Hugging Face Trainer's (whose log
            dicts `{'loss': ..., 'epoch': ...}` give the loss of the step the bar shows next, and whose
            `{'train_runtime': ...}` ends training), PyTorch Lightning's `Epoch 0: 50%|...| 5/10 [...,
-           train_loss=0.123]` (a bar that starts over after reaching its total continues the count); bars
+           train_loss=0.123]` and its Rich bar, `Epoch 0/2 ━━━╸━━━ 5/10 0:00:03 • 0:00:20 3.52it/s v_num: 0
+           train_loss: 0.123`, with the rows its metrics wrap onto (Rich redraws live under the job runner's
+           TERMINAL_ENV); a bar that starts over after reaching its total continues the count; bars
            described as anything but training (`Validation DataLoader 0`, `Loading checkpoint shards`, `Map`)
            are not steps;
 - keras:   Keras's `Epoch 2/3` then `10/10 ━━━━ 0s 5ms/step - loss: 0.1234` (the step is the steps of the
@@ -68,6 +70,9 @@ SOURCE = "output.log"  # the `source` of the step events made here
 MAX_LINE = 1 << 20  # a longer run of bytes without a line end is passed over, not read again every round
 MAX_STEP_LINE = 1 << 16  # what of a line is read for a step (a step line is far shorter)
 OPEN_S = 10.0  # a bar's open step that nothing added to for this long is written (`idle`)
+# A bar's rate rounded coarser than this is no step time (Lightning's Rich bar prints two decimals: `0.05it/s`
+# is 18 to 22 s a step); the step is then timed by when its lines came
+RATE_PRECISION = 0.02
 MAX_KINDS = 64  # kinds of line waiting for support at once
 MAX_WAITING = 10000  # lines one kind keeps while it waits
 
@@ -103,7 +108,9 @@ LOSS_NAMES = ("loss", "train_loss", "training_loss", "train_loss_step", "loss_st
 UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
 
 _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|NaN|inf|-inf|null|None"
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# ECMA-48 escape sequences: CSI (colours, `ESC[1A` cursor up, `ESC[2K` erase line, `ESC[?25l`), OSC up to
+# BEL or ST (hyperlinks, window titles), and the two-character ones (`ESC(B`, `ESC7`)
+_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[ -/]*[0-~])")
 _LINE_END = re.compile(rb"\r\n|[\r\n]|\x08+")
 _SEEDS_STEP = re.compile(r"(?:^|[\s\]|:,])step=(\d+)\s")
 # Names start where a word does (not inside one): a long run of letters is then read once, not once a letter.
@@ -126,8 +133,15 @@ _BAR = re.compile(r"(?<!\d)(\d+)%\|[^|]*\|\s*(\d+)/(\d+)\s*\[[^\]<]*<[^,\]]*,\s*
                   r"(\d+(?:\.\d+)?|\?)\s?([A-Za-z]+/[A-Za-z]+)(?=[\s,\]])([^\]]*)\]")
 _BAR_TRAINING = re.compile(r"(?:epoch|train|step|iter)", re.IGNORECASE)
 _POSTFIX_FIELD = re.compile(r"(?<![\w/.-])([A-Za-z_][\w/.-]*)=(" + _NUMBER + r")(?=[\s,]|$)")
+# Lightning's Rich bar: `Epoch 0/2 ━━━━╸━━━ 12/100 0:00:03 • 0:00:20 3.52it/s v_num: 0 train_loss: 0.693`
+# (`--` for an unknown total, `-:--:--` for a time not known yet); its metrics wrap onto indented rows
+_RICH_TIME = r"(?:\d+ days?, )?[\d:]+|-:--:--"
+_RICH_BAR = re.compile(r"(?<![━╸╺-])[━╸╺-]+ +(\d+)/(\d+|--) +(?:" + _RICH_TIME + ") • (?:" + _RICH_TIME
+                       + r") +(\d+(?:\.\d+)?)it/s(?= |$)(.*)$")
+_RICH_FIELD = re.compile(r"(?<![\w/.-])([A-Za-z_][\w/.-]*): (" + _NUMBER + r")(?=\s|$)")
+_RICH_WRAPPED = re.compile(r"\s{2,}(?:(?:[A-Za-z_][\w/.-]*:|" + _NUMBER + r")(?:\s+|$))+")
 _KERAS_EPOCH = re.compile(r"^\s*Epoch (\d+)/(\d+)\s*$")
-_KERAS_BAR = re.compile(r"(?<![\w/])(\d+)/(\d+) +(?:\[[=>.]*\]|[━─]+)\s*(?:-\s*)?(?:\S+\s+)?"
+_KERAS_BAR = re.compile(r"(?<![\w/])(\d+)/(\d+) +(?:\[[=>.]*\]|[━─]+(?![━─]))\s*(?:-\s*)?(?:\S+\s+)?"
                         r"([\d.]+)(s|ms|us)/step(.*)$")
 _KERAS_FIELD = re.compile(r"-\s+([A-Za-z_][\w/.]*):\s+(" + _NUMBER + r")(?=\s|$)")
 
@@ -167,6 +181,12 @@ def complete_lines(data, final=False):
     if start < used:
         lines.append(data[start:used])
     return [raw.decode("utf-8", "replace") for raw in lines if raw], used
+
+
+def without_escapes(line):
+    """The line without its terminal escape sequences: colours, and the cursor movements and erasures with
+    which Rich redraws its live display (each redraw starts with `\\r`, so its rows are lines already)."""
+    return _ESCAPE.sub("", line) if "\x1b" in line else line
 
 
 def _number(text):
@@ -363,47 +383,83 @@ def _line_reader(name, parse, shaped=True):
 
 
 class _Bars:
-    """tqdm bars counting training steps, and the log dicts Hugging Face's Trainer writes between them."""
+    """Progress bars counting training steps: tqdm's, and Lightning's Rich bar with the rows its metrics wrap
+    onto; and the log dicts Hugging Face's Trainer writes between them."""
 
     def __init__(self):
         self.restart()
 
     def restart(self):
         self.counted = {}  # a bar's shape: [steps of its earlier rounds, its last count, its description]
+        self.wrapping = None  # (the last Rich bar's reading, its metrics' text): the rows after it add to it
 
     def __call__(self, line):
+        wrapping, self.wrapping = self.wrapping, None
         found = _BAR.search(line)
-        if found is None:
+        rich = None if found else _RICH_BAR.search(line)
+        if found:
+            n, total, rate, unit, postfix = found.group(2, 3, 4, 5, 6)
+            if unit not in ("it/s", "s/it"):
+                return None  # bytes, examples, batches of a data pipeline: not training steps
+        elif rich:
+            n, total, rate, postfix = rich.groups()
+            unit = "it/s"
+        elif wrapping and _RICH_WRAPPED.fullmatch(line):
+            return self._wrapped(*wrapping, line)
+        else:
             logged = parse_log_dict(line)
             if logged is None:
                 return None
             kind, metrics = logged
             return Reading("tqdm", None, metrics, end=kind == "end")
-        n, total = int(found.group(2)), int(found.group(3))
-        rate, unit, postfix = found.group(4), found.group(5), found.group(6)
-        if unit not in ("it/s", "s/it"):
-            return None  # bytes, examples, batches of a data pipeline: not training steps
-        description = line[:found.start()].strip().rstrip(":").strip()
+        n, total = int(n), int(total) if total.isdigit() else None  # Rich's `--`: a total not known
+        description = line[:(found or rich).start()].strip().rstrip(":").strip()
         if description and (not _BAR_TRAINING.match(description) or _NOT_A_STEP.search(description)):
             return None  # `Validation DataLoader 0`, `Sanity Checking`, `Loading checkpoint shards`
         shape = ("tqdm", re.sub(r"\d+", "#", description), total)
         before, last, drawn_as = self.counted.setdefault(shape, [0, 0, description])
         if n < last:
-            if last < total and description == drawn_as:
+            if (total is None or last < total) and description == drawn_as:
                 return None  # a bar drawn below its own unfinished count: another bar of the same look
             # it starts over, the next epoch: counted on from the last round's total (`Epoch 3` after
             # `Epoch 2` says that round is over, also where its last redraw was not written)
-            before += total
+            before += last if total is None else total
             self.counted[shape][0] = before
         self.counted[shape][1:] = [n, description]
-        metrics = {}
-        if rate != "?" and float(rate) > 0:
-            metrics[STEP_S] = 1.0 / float(rate) if unit == "it/s" else float(rate)
-        for name, value in _POSTFIX_FIELD.findall(postfix):
-            if name != "v_num":
-                metrics[_renamed(name)] = _number(value)
-        return Reading("tqdm", before + n, _with_loss(metrics), shape=shape, counts=True,
-                       unfinished=n < total, empty=n == 0)
+        metrics, rate = _bar_fields(_POSTFIX_FIELD if found else _RICH_FIELD, postfix), _rate(rate)
+        if rate:
+            metrics[STEP_S] = 1.0 / rate if unit == "it/s" else rate
+        reading = Reading("tqdm", before + n, _with_loss(metrics), shape=shape, counts=True,
+                          unfinished=total is None or n < total, empty=n == 0)
+        if rich and n:
+            self.wrapping = reading, postfix
+        return reading
+
+    def _wrapped(self, bar, text, row):
+        """A row that Rich's table wrapped the bar's metrics onto: the bar's step again, with all its metrics
+        (a name and its value can fall on two rows)."""
+        text += " " + row.strip()
+        metrics = _bar_fields(_RICH_FIELD, text)
+        if STEP_S in bar.metrics:
+            metrics[STEP_S] = bar.metrics[STEP_S]
+        reading = Reading("tqdm", bar.step, _with_loss(metrics), shape=bar.shape, counts=True,
+                          unfinished=bar.unfinished)
+        self.wrapping = reading, text
+        return reading
+
+
+def _bar_fields(pattern, text):
+    """The metrics a bar shows after its count (Lightning's `v_num`, the logger's version, is none)."""
+    return {_renamed(name): _number(value) for name, value in pattern.findall(text) if name != "v_num"}
+
+
+def _rate(text):
+    """A bar's rate as drawn; None where it is not known (`?`, 0) or too rounded to time a step
+    (RATE_PRECISION)."""
+    if text == "?" or float(text) <= 0:
+        return None
+    decimals = len(text.partition(".")[2])
+    return float(text) if 0.5 * 10 ** -decimals <= RATE_PRECISION * float(text) else None
 
 
 class _Keras:
@@ -506,7 +562,7 @@ class StepLines:
 
     def _read(self, line):
         line = line[:MAX_STEP_LINE]
-        line = _ANSI.sub("", line) if "\x1b" in line else line
+        line = without_escapes(line)
         for reader in self._readers:
             reading = reader(line)
             if reading is not None:

@@ -17,6 +17,7 @@ import pytest
 
 from tpu_console.runs import signatures, supervision
 from tpu_console.worker import HERE as WORKER_DIR
+from tpu_console.worker import job_runner
 from trainer import telemetry as tm
 
 FOREIGN = """\
@@ -187,3 +188,36 @@ def test_a_program_whose_lines_give_their_own_time_is_timed_by_it(tmp_path, stan
     events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
     assert [e["step"] for e in events] == [1, 2, 3, 4, 5]
     assert [e.get(tm.phase_key("step")) for e in events] == [None, 2.0, 2.0, 2.0, 2.0]
+
+
+# Rich's live display with the columns of Lightning's bar, refreshed once a step, as in a terminal.
+RICH_BAR = """\
+import time
+from rich.progress import BarColumn, Progress, TextColumn
+columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+           TextColumn("0:00:00 • 0:00:01"), TextColumn("4.00it/s"),
+           TextColumn("train_loss: {task.fields[loss]}"))
+with Progress(*columns, auto_refresh=False) as progress:
+    task = progress.add_task("Epoch 0/0", total=4, loss="nan")
+    for n in range(1, 5):
+        time.sleep(0.25)
+        progress.update(task, completed=n, loss=f"{1 / n:.3f}", refresh=True)
+"""
+
+
+def test_rich_redraws_its_live_display_under_the_runner_and_each_step_is_read_as_it_comes(tmp_path, stand_in):
+    job = {"kind": "command", "command": ["python", "foreign.py"], "metrics": {"format": "auto"}}
+    folder = run_folder(tmp_path, job)
+    (folder / "foreign.py").write_text(RICH_BAR)
+    assert run_job(folder, stand_in) == 0
+    events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
+    # into a file, Rich would draw once, at its end (step 4 alone): the job's TERMINAL_ENV has it redraw
+    assert [(e["step"], e[tm.LOSS]) for e in events] == [(1, 1.0), (2, 0.5), (3, 0.333), (4, 0.25)]
+    assert events[-1]["t"] - events[0]["t"] > 0.4  # each read while the job ran
+    assert all(e[tm.phase_key("step")] == 0.25 for e in events)
+
+
+def test_a_jobs_own_setting_of_the_terminal_env_wins(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    runner = job_runner.Runner(["true"], {}, 0, None, env={"TTY_INTERACTIVE": "0", "PATH": "/bin"})
+    assert runner.env == {**job_runner.TERMINAL_ENV, "TTY_INTERACTIVE": "0", "PATH": "/bin"}

@@ -8,7 +8,13 @@ import time
 import pytest
 
 from tpu_console.worker import step_lines
-from tpu_console.worker.step_lines import BadStepRegex, StepLines, check_step_regex, complete_lines
+from tpu_console.worker.step_lines import (
+    BadStepRegex,
+    StepLines,
+    check_step_regex,
+    complete_lines,
+    without_escapes,
+)
 from trainer import telemetry as tm
 
 # The bundled trainer's own human line (trainer/telemetry.py human_step_line), which the seeds' program
@@ -281,6 +287,57 @@ def test_lightning_epochs_continue_the_count_and_its_validation_bar_is_no_step()
     assert events[2]["val_loss"] == 0.5 and "v_num" not in events[2]
 
 
+
+def rich_row(epoch, n, total, rate="100.00", desc=None, metrics="v_num: 0.000"):
+    """A row of Lightning's Rich bar as Rich draws it into a terminal (its colours kept)."""
+    desc = f"Epoch {epoch}/1 " if desc is None else desc
+    return (f"{desc} \x1b[35m━━━━━━\x1b[0m\x1b[90m╺━━━━\x1b[0m {n}/{total} \x1b[2m0:00:00 • 0:00:01\x1b[0m "
+            f"\x1b[2;4m{rate}it/s\x1b[0m \x1b[3m{metrics}\x1b[0m")
+
+
+def redraw(*rows, above=2):
+    """One redraw of Rich's live display: back up over the `above` rows drawn before, erasing each, then
+    the rows (metrics that do not fit its 80 columns wrap onto indented rows)."""
+    return "\r\x1b[2K" + "\x1b[1A\x1b[2K" * (above - 1) + "\n".join(rows)
+
+
+def wrapped(text):
+    return " " * 50 + f"\x1b[3m{text}\x1b[0m"
+
+
+def test_without_escapes_removes_colours_cursor_movements_erasures_and_hyperlinks():
+    assert without_escapes("\x1b[2K\x1b[1A\x1b[2KEpoch \x1b[2;4m3.52it/s\x1b[0m\x1b[?25l") == "Epoch 3.52it/s"
+    link = "\x1b]8;id=1;https://x.org\x1b\\docs\x1b]8;;\x1b\\"
+    assert without_escapes(f"{link} \x1b]0;title\x07\x1b(B\x1b[mok") == "docs ok"
+
+
+def test_lightnings_rich_bar_redrawn_live_counts_each_step_once_and_reads_its_wrapped_metrics():
+    out = "\x1b[?25l" + rich_row(0, 1, 2, "0.00", desc="Sanity Checking") + redraw(
+        rich_row(0, 0, 3, "0.00"), wrapped("val_loss: 3.380"), above=1)  # the sanity check's loss
+    out += redraw(rich_row(0, 1, 3), wrapped("train_loss: 0.9"))
+    out += redraw(rich_row(0, 3, 3), wrapped("train_loss: 0.7"))  # 2 was never drawn
+    out += redraw(rich_row(0, 3, 3), wrapped("train_loss: 0.7"),
+                  rich_row(0, 1, 2, "50.00", desc="Validation DataLoader 0"))
+    out += redraw(rich_row(1, 2, 3, metrics="v_num: 0.000 train_loss:"), wrapped("0.4"), above=3)
+    out += redraw(rich_row(1, 3, 3), wrapped("train_loss: 0.3"), wrapped("val_loss: 0.2"))
+    out += "\n\x1b[?25h"
+    events = read(split(out.encode()))
+    assert [(e["step"], e[tm.LOSS]) for e in events] == [(1, 0.9), (3, 0.7), (5, 0.4), (6, 0.3)]
+    assert step_lines.steps_counted(events) == 6
+    assert all(e[tm.phase_key("step")] == 0.01 for e in events)  # 100.00it/s
+    assert events[-1]["val_loss"] == 0.2 and "v_num" not in events[-1]
+
+
+def test_a_bar_rate_too_rounded_to_time_a_step_gives_way_to_when_its_lines_came():
+    parser = StepLines("auto")
+    events = [e for n, now in ((1, 0.0), (2, 20.0), (3, 40.0)) for e in parser.feed(
+        without_escapes(rich_row(0, n, 5, "0.05")), now=now)] + parser.finish()  # 18 to 22 s a step
+    assert [e["step"] for e in events] == [1, 2, 3]
+    assert [e.get(tm.phase_key("step")) for e in events] == [None, 20.0, 20.0]
+    events = read([without_escapes(rich_row(0, n, 2, "0.50")) for n in (1, 2)])  # 1.98 to 2.02 s: its own
+    assert [e[tm.phase_key("step")] for e in events] == [2.0, 2.0]
+
+
 def test_hugging_faces_log_dict_goes_to_the_step_its_bar_shows_next_and_its_summary_ends_training():
     out = bar(0, 3, "?it/s") + "[transformers] loss_type=None\n"
     out += bar(1, 3, "2.00s/it") + "\n{'loss': '4.7', 'grad_norm': '1.3', 'learning_rate': '0.001', "
@@ -325,7 +382,8 @@ def test_keras_counts_the_steps_of_finished_epochs_and_reads_its_backspace_redra
 @pytest.mark.parametrize(
     "head", ["step 5 loss ", "step=5 ", "completed step: 5, ", '{"step": 1, ', "iter 3: ",
              " 5%|#| 1/2 [00:00<00:00, 1.0it/s", "Epoch 0:  5%|#| 1/2 [00:00<00:00, 1.0it/s, loss=",
-             " 1/2 ━━ 0s 5ms/step - loss: "],
+             " 1/2 ━━ 0s 5ms/step - loss: ", "Epoch 0/1 ━", "Epoch 0/1 ━ 1/2 0:00:00 • ",
+             "Epoch 0/1 ━ 1/2 0:00:00 • 0:00:00 1.00it/s v_num: "],
 )
 @pytest.mark.parametrize("body", [" ", "a", "1", "a1 ", "a=1 ", "a: ", "5%|", "1."])
 def test_a_long_line_is_read_in_time_proportional_to_its_length(head, body):
