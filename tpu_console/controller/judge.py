@@ -8,6 +8,10 @@ made-up readings.
 - A run that ended on a READY node ends the managed run (succeeded, failed, stopped), but for jobs all
   killed by a signal nobody sent: a spot VM's shutdown and a local pod's preemption end the jobs before the
   provider reports the node lost, so that end is looked at KILLED_READS more times first.
+- A run whose supervisor passed on a preemption notice did not finish, whatever its jobs' exit statuses (a
+  program that catches the notice's SIGTERM, checkpoints and exits 0 reads "succeeded"): the node is
+  expected to read lost once the VM stops; should it still read READY `NOTICE_GRACE_S` after the notice's
+  deadline (a maintenance the VM lived through), the run is relaunched on it (`in_place`).
 - Ownership: a node is touched only if it is this managed run's, of its current incarnation or older
   (its labels; the first incarnation, made by hand, by its creation time) and nobody else's.
 
@@ -24,6 +28,7 @@ from tpu_console.controller.state import INCARNATION_LABEL, MANAGED_LABEL, Manag
 from tpu_console.domain import Node, NodeState
 
 KILLED_READS = 5
+NOTICE_GRACE_S = 60.0  # past the notice's deadline, a node still READY is taken to have stayed
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,7 @@ class Verdict:
     action: str  # wait | recover | end
     reason: str | None = None
     status: Status | None = None  # the end's
+    in_place: bool = False  # recover on the same node, which stayed READY: no delete, no create
 
 
 WAIT = Verdict("wait")
@@ -52,6 +58,10 @@ def judge(run: ManagedRun, node: NodeReading, reading: RunReading | None) -> Ver
     if reading.ended:
         if reading.stop_requested or reading.state == "stopped":
             return Verdict("end", "stopped", Status.STOPPED)
+        if reading.preempted_by is not None:
+            if reading.at < reading.preempted_by + NOTICE_GRACE_S:
+                return WAIT  # the VM is going: the node reads lost soon
+            return Verdict("recover", "preempted (notice; the node stayed READY)", in_place=True)
         if reading.state == "succeeded":
             return Verdict("end", "succeeded", Status.SUCCEEDED)
         if reading.killed_unasked and run.killed_reads < KILLED_READS:

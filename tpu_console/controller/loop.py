@@ -242,11 +242,15 @@ class Controller:
             n=len(run.incarnations), reason=str(verdict.reason), detected_at=float(suspect["first_at"]),
             confirmed_at=time.time(), last_step_before=inc.last_step))
         run.status, run.suspect, run.lost_since, run.killed_reads = Status.RECOVERING.value, None, None, 0
-        await self._intend(stored, Action.DELETE, inc.n)
         self.progress(f"{run.id}: {run.node} {verdict.reason}: recovering ({len(run.recoveries)} of at most "
                       f"{run.max_recoveries})")
         self.notify("preempted", f"managed run {run.id}: {run.node} {verdict.reason} during run "
-                    f"{inc.run_id}; recreating it and relaunching")
+                    f"{inc.run_id}; " + ("relaunching on it" if verdict.in_place else
+                                         "recreating it and relaunching"))
+        if verdict.in_place:  # the node stayed: its next incarnation is itself, nothing deleted or made
+            run.recoveries[-1].deleted_at = run.recoveries[-1].confirmed_at
+            return await self._created(stored, inc.zone)
+        await self._intend(stored, Action.DELETE, inc.n)
         return False
 
     async def _first_step(self, stored: Stored, node: NodeReading, seen_at: float) -> None:

@@ -19,10 +19,12 @@ from tpu_console.fleet.recipes import RUNS_DIR
 from tpu_console.history import discovery
 from tpu_console.history.store import RunStore
 from tpu_console.observe import lookup
+from tpu_console.observe.supervision import Decision
 from tpu_console.providers.base import Provider
 
 LOST_STATES = (NodeState.PREEMPTED, NodeState.TERMINATED)
 FINAL_RUN_STATES = ("succeeded", "failed", "stopped")
+SHUTDOWN_NOTICE_S = 30.0  # a VM's shutdown gives its processes this long (Compute Engine's preemption)
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ class RunReading:
     stop_requested: bool = False
     last_step: int | None = None
     error: str | None = None
+    # the run's supervisor passed on a preemption notice (or the VM's shutdown): when the VM is to stop
+    preempted_by: float | None = None
 
     @property
     def ended(self) -> bool:
@@ -95,11 +99,35 @@ async def read_run(providers: dict[str, Provider], run_id: str, timeout_s: float
     steps = [s.events.last_step.step for s in view.workers if s.events.last_step is not None]
     statuses = [w.exit_status for w in view.workers]
     stop_requested = view.record.stop_requested_at is not None
+    preempted_by = None
+    if view.state in FINAL_RUN_STATES and not stop_requested:
+        # a job that caught the notice's SIGTERM and exited 0 reads "succeeded": its supervisor knows better
+        try:
+            said = await asyncio.wait_for(lookup.supervisor_decisions(providers, view.record), timeout_s)
+        except Exception as exc:  # noqa: BLE001 - not known yet: read again next pass
+            return RunReading(at, error=f"the supervisor's decisions: {one_line(exc)}")
+        if said is None:
+            return RunReading(at, error="the supervisor's decisions could not be read")
+        preempted_by = preemption_deadline(said)
     return RunReading(
         at, state=view.state, lost_workers=any(w.state == "lost" for w in view.workers),
         killed_unasked=(bool(statuses) and all(s in (137, 143) for s in statuses) and not stop_requested),
-        stop_requested=stop_requested, last_step=max(steps) if steps else None,
+        stop_requested=stop_requested, last_step=max(steps) if steps else None, preempted_by=preempted_by,
     )
+
+
+def preemption_deadline(decisions: list[Decision]) -> float | None:
+    """When the VM was to stop, by the run's supervisor (worker/supervisor.py): the deadline of the
+    preemption notice it passed on, or, for a run it ended `preempted` on the VM's shutdown alone, that
+    moment plus the notice's 30 s. None when it saw no preemption."""
+    for decision in decisions:
+        notice = decision.fields.get("notice")
+        if decision.decision == "preemption-notice" and isinstance(notice, dict):
+            deadline = notice.get("deadline")
+            return float(deadline) if isinstance(deadline, int | float) else decision.t + SHUTDOWN_NOTICE_S
+    ended = next((d for d in decisions if d.decision == "ended" and d.fields.get("outcome") == "preempted"),
+                 None)
+    return None if ended is None else ended.t + SHUTDOWN_NOTICE_S
 
 
 @dataclass(frozen=True)

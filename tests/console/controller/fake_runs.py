@@ -18,7 +18,8 @@ class FakeRuns:
         self.provider = provider
         self.launched: list[tuple[str, str]] = []  # (run id, the node's incarnation label)
         self.prepared: list[str] = []
-        self.state = "running"
+        self.state = "running"  # the run's state as read; a launch makes a running one
+        self.preempted_by: float | None = None  # its supervisor passed on a preemption notice
 
     def install(self, monkeypatch: Any) -> None:
         monkeypatch.setattr(relaunch, "prepare", self.prepare)
@@ -36,10 +37,11 @@ class FakeRuns:
     async def launch_again(self, providers, run_id, node, *_a, **_k):
         run = f"run-{len(self.launched)}"
         self.launched.append((run, await self._incarnation(node)))
+        self.state, self.preempted_by = "running", None
         return SimpleNamespace(ok=True, run_id=run, starts=[])
 
     async def read_run(self, providers, run_id, *_a, **_k) -> RunReading:
-        return RunReading(time.time(), state=self.state, last_step=10)
+        return RunReading(time.time(), state=self.state, last_step=10, preempted_by=self.preempted_by)
 
     async def read_start(self, *_a, **_k) -> StartMarks:
         return StartMarks(8, 9, time.time())

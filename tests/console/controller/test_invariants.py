@@ -18,6 +18,7 @@ import pytest
 from tests.console.controller.fake_runs import FakeRuns
 from tests.fixtures_gcp import PROJECT, ZONES, emulator, gcp_home, make_provider  # noqa: F401 - fixtures
 from tpu_console.controller import state as st
+from tpu_console.controller.judge import NOTICE_GRACE_S
 from tpu_console.controller.loop import Controller
 from tpu_console.controller.state import INCARNATION_LABEL, MANAGED_LABEL, Incarnation, ManagedRun
 from tpu_console.controller.store import FolderStore
@@ -154,6 +155,24 @@ async def test_a_failing_or_slow_read_deletes_nothing(world, emulator, monkeypat
     assert [n["state"] for n in nodes(emulator)] == ["PREEMPTED"] and runs.launched == []
     monkeypatch.setattr(provider, "get", real_get)
     await drive(one, recovered, run.id, store)
+
+
+async def test_a_run_that_exited_0_after_a_preemption_notice_is_recovered_not_finished(world, emulator):
+    provider, runs, store, controller = world
+    emulator.add_node(PROJECT, Z1, NAME, "v6e-8")
+    run = await managed(provider, store)
+    one = controller()
+    # it caught the notice's SIGTERM and exited 0; the VM is to stop in 30 s: wait for the node to go
+    runs.state, runs.preempted_by = "succeeded", time.time() + 30
+    with pytest.raises(AssertionError, match="not reached"):
+        await drive(one, lambda r: r.status != "RUNNING" or len(r.incarnations) > 1, run.id, store,
+                    timeout=1.0)
+    # the node stayed READY long past the notice's deadline: the run is relaunched on it, nothing deleted
+    runs.preempted_by = time.time() - NOTICE_GRACE_S - 1
+    done = await drive(one, recovered, run.id, store)
+    assert done.recoveries[0].reason.startswith("preempted (notice")
+    assert done.incarnations[0].ended.startswith("preempted") and runs.launched == [("run-0", "0")]
+    assert not any(verb == "DELETE" for verb, _ in emulator.requests) and len(nodes(emulator)) == 1
 
 
 async def test_a_node_of_a_newer_incarnation_is_left_alone(world, emulator):

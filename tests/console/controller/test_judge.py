@@ -11,9 +11,10 @@ from datetime import UTC, datetime
 import pytest
 
 from tpu_console.controller.judge import KILLED_READS, judge, lost_slices, not_ours
-from tpu_console.controller.observe import NodeReading, RunReading
+from tpu_console.controller.observe import SHUTDOWN_NOTICE_S, NodeReading, RunReading, preemption_deadline
 from tpu_console.controller.state import INCARNATION_LABEL, MANAGED_LABEL, Incarnation, ManagedRun, Recovery
 from tpu_console.domain import AcceleratorShape, Node, NodeState
+from tpu_console.observe.supervision import Decision
 
 MADE = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -73,6 +74,27 @@ def test_a_run_that_ends_on_a_ready_node_ends_the_managed_run():
         verdict = judge(managed(), seen(1), RunReading(1, state=state))
         assert verdict.action == "end" and verdict.status == status
     assert judge(managed(), seen(1), RunReading(1, state="failed", stop_requested=True)).status == "STOPPED"
+
+
+def test_a_run_ended_after_a_preemption_notice_did_not_finish_whatever_its_exit_status():
+    run = managed()
+    for state in ("succeeded", "failed"):  # exited 0 on the notice's SIGTERM, or 143
+        noticed = RunReading(100, state=state, preempted_by=130)
+        assert judge(run, seen(100), noticed).action == "wait"  # the VM is going: wait for the node
+        assert judge(run, seen(189), replace(noticed, at=189)).action == "wait"
+        verdict = judge(run, seen(191), replace(noticed, at=191))  # still READY well past the deadline
+        assert verdict.action == "recover" and verdict.in_place and verdict.reason.startswith("preempted")
+    stopped = RunReading(100, state="succeeded", preempted_by=130, stop_requested=True)
+    assert judge(run, seen(100), stopped).status == "STOPPED"
+
+
+def test_the_supervisors_decisions_say_when_the_vm_was_to_stop():
+    notice = Decision(10.0, "preemption-notice", "worker 0: preempted", {"notice": {"deadline": 40.0}})
+    shutdown = Decision(12.0, "ended", "the run preempted", {"outcome": "preempted"})
+    assert preemption_deadline([Decision(5.0, "started", "")]) is None
+    assert preemption_deadline([notice, shutdown]) == 40.0
+    assert preemption_deadline([shutdown]) == 12.0 + SHUTDOWN_NOTICE_S
+    assert preemption_deadline([Decision(12.0, "ended", "", {"outcome": "succeeded"})]) is None
 
 
 def test_jobs_killed_unasked_on_a_ready_node_are_looked_at_a_few_times_before_the_end_is_final():
