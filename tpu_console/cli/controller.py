@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import time
-from datetime import UTC, datetime
 from typing import Any
 
 from tpu_console.cli import flags, output
@@ -15,11 +13,11 @@ from tpu_console.controller import daemon
 from tpu_console.controller import state as st
 from tpu_console.controller.lease import read_lease
 from tpu_console.controller.state import ManagedRun
-from tpu_console.controller.store import Conflict, open_store
+from tpu_console.controller.store import open_store
 from tpu_console.errors import UserError
-from tpu_console.history.goodput import goodput
 from tpu_console.providers.base import Provider
 from tpu_console.settings import Settings
+from tpu_console.views.managed import MANAGED_COLUMNS, describe_lease, managed_row
 from tpu_console.views.nodes import format_table
 
 
@@ -79,7 +77,7 @@ async def controller(args: argparse.Namespace, settings: Settings, providers: di
     print(f"this machine: {here.why if here else 'no controller runs here'}")
     print(f"acting controller: {describe_lease(lease)}; state in {store.place}")
     if runs:
-        print(format_table(RUN_COLUMNS, [run_row(r) for r in runs]))
+        print(format_table(MANAGED_COLUMNS, [managed_row(r) for r in runs]))
     else:
         print("no managed runs yet; hand one over with `tpu-console launch NODE --managed ...`")
     return 0
@@ -92,60 +90,9 @@ def _cancel(store: Any, managed_id: str, yes: bool, json_mode: bool) -> int:
     if not yes:
         raise UserError(f"cancelling {managed_id} stops run {stored.run.current.run_id} and deletes what the "
                         "controller made for it; add --yes")
-    for _ in range(10):  # the controller may write it meanwhile: read it again and ask again
-        if stored.run.state.terminal:
-            break
-        stored.run.stop_requested = True
-        try:
-            st.save(store, stored)
-            break
-        except Conflict:
-            stored = st.load(store, managed_id)
+    st.request_cancel(store, managed_id)
     print(f"{managed_id}: cancel asked; the controller stops it at its next pass", file=sys.stderr)
     return 0
-
-
-def describe_lease(lease: dict[str, Any] | None) -> str:
-    if lease is None:
-        return "none (start one with `tpu-console controller start`)"
-    holder = lease.get("holder") or {}
-    age = time.time() - float(lease.get("renewed_at") or 0)
-    stale = " (stale: it stopped renewing)" if age > float(lease.get("ttl_s") or 60) else ""
-    return (f"{holder.get('where', '?')} on {holder.get('host', '?')} (pid {holder.get('pid', '?')}), last "
-            f"heartbeat {age:.0f} s ago{stale}")
-
-
-RUN_COLUMNS = ("MANAGED", "NODE", "STATUS", "RUN", "INCARNATIONS", "RECOVERIES", "LAST LOOK", "NOTE")
-
-
-def run_row(run: ManagedRun) -> tuple[str, ...]:
-    seen = run.heartbeat.get("at") if run.heartbeat else None
-    return (run.id, run.node, run.status, run.current.run_id or "-", str(len(run.incarnations)),
-            f"{len(run.recoveries)}/{run.max_recoveries}",
-            f"{time.time() - seen:.0f}s ago" if seen else "-", run.note or "")
-
-
-def _moment(at: float | None) -> str:
-    return datetime.fromtimestamp(at, UTC).strftime("%m-%d %H:%M:%S") if at else "-"
-
-
-def incarnation_lines(run: ManagedRun) -> list[str]:
-    """A managed run at a glance: each incarnation (node, zone, from-to, how it ended) and each recovery's
-    seconds from the loss to the first new step, what they were made of, and the steps lost."""
-    rows = [(str(i.n), i.node, i.zone or "-", i.run_id or "-", _moment(i.created_at), _moment(i.ended_at),
-             i.ended or ("running" if not run.state.terminal else run.status.lower()))
-            for i in run.incarnations]
-    lines = [f"managed run {run.id}: {run.status}" + (f" ({run.note})" if run.note else ""),
-             format_table(("#", "NODE", "ZONE", "RUN", "FROM", "TO", "ENDED"), rows)]
-    share = goodput(st.timeline(run, time.time()))
-    if share.total_s > 0:
-        lines.append(f"{share.line()} (over every incarnation)")
-    for r in run.recoveries:
-        parts = ", ".join(f"{k} {v:.0f}s" for k, v in r.parts().items() if v is not None)
-        seconds = f"{r.seconds:.0f} s to the first new step" if r.seconds is not None else "no new step yet"
-        lost = f", {r.steps_lost} step(s) lost" if r.steps_lost is not None else ""
-        lines.append(f"recovery {r.n} ({r.reason}): {seconds}{lost}" + (f" ({parts})" if parts else ""))
-    return lines
 
 
 def managed_run_of(run_id: str, settings: Settings) -> ManagedRun | None:

@@ -49,10 +49,12 @@ def rollout_layout(view: RunView) -> dict[str, Any] | None:
 
 def rollout_layout_line(layout: dict[str, Any]) -> str:
     """`runs show`'s line for the layout: what decode ran (how many copies of its weights, where more than
-    one), where the rows lived, and why."""
+    one) and why; where the rows lived for a trainer that recorded it (one that split them every way it
+    could; today's split them over every device)."""
     copies = layout.get("copies") or 1
     weights = f"{layout.get('weight_layout')} weights" + (f" ({copies} copies)" if copies > 1 else "")
-    return f"rollout   {weights}, rows {layout.get('rows')} ({layout.get('why')})"
+    rows = f", rows {layout['rows']}" if layout.get("rows") else ""
+    return f"rollout   {weights}{rows} ({layout.get('why')})"
 
 
 async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Provider]) -> int:
@@ -132,7 +134,7 @@ async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Pro
         print()
         print(masker.mask("\n".join(f"supervisor  {d.message}" for d in decisions)))
     if managed is not None:
-        from tpu_console.cli.controller import incarnation_lines
+        from tpu_console.views.managed import incarnation_lines
 
         print()
         print("\n".join(incarnation_lines(managed)))

@@ -492,10 +492,10 @@ async def runs(args: argparse.Namespace, settings: Settings, providers: dict[str
 
 def _managed_lines(settings: Settings, listed: set[str]) -> list[str]:
     """Under the runs: the managed runs among them (the controller's), and the acting controller."""
-    from tpu_console.cli.controller import describe_lease
     from tpu_console.controller import state as st
     from tpu_console.controller.lease import read_lease
     from tpu_console.controller.store import open_store
+    from tpu_console.views.managed import describe_lease
 
     try:
         store = open_store(settings)

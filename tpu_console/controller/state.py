@@ -76,6 +76,7 @@ class Recovery:
     created_at: float | None = None  # the new node READY
     bootstrapped_at: float | None = None
     prepared_at: float | None = None  # bootstrapped, synced, set up
+    checked_at: float | None = None  # the pod doctor found nothing (when it is on)
     started_at: float | None = None  # the run launched
     first_step_at: float | None = None
     last_step_before: int | None = None
@@ -95,10 +96,12 @@ class Recovery:
 
     def parts(self) -> dict[str, float | None]:
         """What the seconds were made of: detect (to the confirming read), delete, create, bootstrap, sync
-        (the code, the project and its setup), start (the launch, the program's start, to its first step)."""
+        (the code, the project and its setup), doctor (the pod doctor's check; 0 when it is off), start
+        (the launch, the program's start, to its first step)."""
         marks = [self.detected_at, self.confirmed_at, self.deleted_at, self.created_at,
-                 self.bootstrapped_at or self.created_at, self.prepared_at, self.first_step_at]
-        names = ("detect", "delete", "create", "bootstrap", "sync", "start")
+                 self.bootstrapped_at or self.created_at, self.prepared_at,
+                 self.checked_at or self.prepared_at, self.first_step_at]
+        names = ("detect", "delete", "create", "bootstrap", "sync", "doctor", "start")
         return {name: (b - a if a is not None and b is not None else None)
                 for name, a, b in zip(names, marks, marks[1:], strict=False)}
 
@@ -124,6 +127,7 @@ class ManagedRun:
     deadline: float | None = None  # epoch seconds: no recovery begins after it
     confirm_s: float = 5.0  # two reads of a lost node at least this far apart before it is deleted
     lost_after_s: float = 600.0  # a run's workers unreachable this long on a READY node: the host is lost
+    doctor: bool = True  # the pod doctor checks each new node before the relaunch (a finding: made again)
     status: str = Status.RUNNING.value
     incarnations: list[Incarnation] = field(default_factory=list)
     recoveries: list[Recovery] = field(default_factory=list)
@@ -253,3 +257,20 @@ def all_runs(store: StateStore) -> list[Stored]:
             if stored is not None:
                 found.append(stored)
     return found
+
+
+def request_cancel(store: StateStore, run_id: str, attempts: int = 10) -> ManagedRun | None:
+    """Ask the controller to stop a managed run and delete what it made for it (it acts at its next pass):
+    `stop_requested`, written back with the generation read, read again and asked again while the
+    controller writes it meanwhile. None: no such run. An ended run is returned as it is."""
+    for _ in range(attempts):
+        stored = load(store, run_id)
+        if stored is None or stored.run.state.terminal:
+            return None if stored is None else stored.run
+        stored.run.stop_requested = True
+        try:
+            save(store, stored)
+        except Conflict:
+            continue
+        return stored.run
+    raise Conflict(f"{run_id} was written {attempts} times while its cancel was asked; ask again")

@@ -1,6 +1,7 @@
 """The Textual app: owns the providers and opens the nodes screen. Screens hold the behaviour.
 
-    screens/   nodes_screen (the first screen), runs_screen (history, compare), run_screen (one run live)
+    screens/   nodes_screen (the first screen), runs_screen (history, compare), run_screen (one run live),
+               managed_screen (managed runs: the controller, incarnations, recoveries)
     modals/    help, create_node, delete_node, sync, launch, confirm, compare (form: what the forms share)
     widgets/   node_table, operations_log, history_table, and the run dashboard's panels
     nodes_feed.py, run_feed.py   what the screens show, gathered by their background workers
@@ -41,6 +42,8 @@ class TpuConsoleApp(App[None]):
                 tooltip="the keys of this screen"),
         Binding("R", "runs", "Runs", key_display="R", id="app.runs",
                 tooltip="the run history: mark runs and compare them"),
+        Binding("M", "managed", "Managed", key_display="M", id="app.managed", show=False,
+                tooltip="managed runs: the controller, each run's incarnations and recoveries"),
         Binding("q", "quit", "Quit", id="app.quit", tooltip="leave (running jobs and nodes carry on)"),
     ]
 
@@ -94,6 +97,12 @@ class TpuConsoleApp(App[None]):
 
         if not isinstance(self.screen, RunsScreen):
             self.push_screen(RunsScreen(self.providers, store=self.store, clock=self.clock))
+
+    def action_managed(self) -> None:
+        from tpu_console.tui.screens.managed_screen import ManagedScreen
+
+        if not isinstance(self.screen, ManagedScreen):
+            self.push_screen(ManagedScreen())
 
     async def action_quit(self) -> None:
         # Quitting cancels the operations under way where they stand (a create half done, a sync on some
