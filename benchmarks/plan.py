@@ -9,19 +9,18 @@ cost_analysis() flops and bytes accessed, the collectives in the compiled HLO. T
 
 - fit: `qwen25_3b_v6e8_bench.yaml` on v6e-8 and `qwen25_3b_v6e16_bench.yaml` on v6e-16, every program.
   Target: every program fits with at least 25% of HBM free per chip.
-- decode: one generated token on v6e-16 (3B bench) in eight rollout layouts: today's (before issue 16:
-  FSDP weights, the logits and sampling left to the partitioner, fp32 partial sums), replicated bf16
-  weights, tensor parallel inside each host, FSDP weights with logits kept on their rows and bf16 partial
-  sums (`fsdp`), `megatron` (the MLP split by its intermediate columns, the vocabulary sampled where it
-  lies, four collectives a layer), `head_groups` (attention split by KV head, two collectives a layer)
+- decode: one generated token on v6e-16 (3B bench) in five rollout layouts: FSDP weights with logits
+  kept on their rows and bf16 partial sums (`fsdp`), `megatron` (the MLP split by its intermediate
+  columns, the vocabulary sampled where it lies, four collectives a layer), `head_groups` (attention
+  split by KV head, two collectives a layer)
   with one copy of the weights over all 16 chips and with a copy a host, and the default
   (`weight_layout: auto`, i.e. `head_groups` with two copies of 8 chips on this slice). Per chip: the
   bytes across HBM (trainer/planner/hbm_traffic.py) and the compiler's bytes accessed, collective bytes and
   count, the estimated time (trainer/planner/plan.py's method), beside the bandwidth floor (the chip's bf16
   weights plus its KV cache at the chip's HBM bandwidth). Targets (issue 26): the default's upper end
-  within 3x of its floor, and the default the fastest layout at both ends of the range; (issue 16)
-  today's / default >= 2 by the same method in the same run; the estimated step beside the seeds'
-  measured 10.0 s/step.
+  within 3x of its floor, and the default the fastest layout at both ends of the range; the estimated
+  step beside the seeds' measured 10.0 s/step. (The retired layouts, `replicated`, `tensor` and the
+  partitioner's own FSDP step, are priced in docs/plan.md.)
 - sweep: `qwen25_7b_v4_16.yaml` on v4-16, the largest local batch whose plan fits, found the way
   `tpu-console sweep --compile-only` finds it. Target: >= 8.
 - weight-count (not in the default parts): how the compiler's `bytes accessed` counts a weight one matmul
@@ -53,7 +52,9 @@ SEEDS_V6E16_STEP_S = 10.0  # seed 000: Qwen2.5-3B, 128 sequences, full-device FS
 SEEDS_V6E8_STEP_S = 15.1  # seed 000: the same on v6e-8 (15.1143 s, W&B run potc8br6)
 # seed 000: 4,144.3 valid tokens/s at 10.04 s a step on v6e-16, 128 sequences: 325 tokens a sequence.
 SEEDS_V6E16_MEAN_COMPLETION = 4144.308 * 10.0358 / 128
-SEEDS_LAYOUT = "replicated"  # MLLM-JAX's: FSDP weights gathered into one bf16 copy on every chip for decode
+# MLLM-JAX keeps FSDP weights and gathers a bf16 copy on every chip for decode (the retired `replicated`);
+# of the layouts kept, fsdp is the nearest.
+SEEDS_LAYOUT = "fsdp"
 BASE_SETS = ["wandb_mode=disabled"]
 # Rollout layouts compared per generated token: rollout config keys, and the sampler's internal knobs.
 # The default first: its row and the step estimate come out first on a slow machine.
@@ -65,24 +66,7 @@ LAYOUTS = {
     "head_groups x4": {"weight_layout": "head_groups", "weight_copies": 4},
     "megatron": {"weight_layout": "megatron"},  # auto's choice where the KV heads do not divide the chips
     "fsdp": {"weight_layout": "fsdp"},  # the default before `megatron`: FSDP weights, rows, bf16 partial sums
-    "replicated": {"weight_layout": "replicated"},
-    "tensor": {"weight_layout": "tensor"},
-    "today": {"weight_layout": "fsdp"},  # with before_issue16_sampler_options(): not a layout a user chooses
 }
-
-
-def before_issue16_sampler_options() -> dict:
-    """The Sampler's knobs that rebuild the rollout layout from before issue 16 with FSDP weights: the
-    logits and sampling left to the partitioner (which gave every device every row), fp32 partial sums,
-    the CPU's bitcast cache write. Only this benchmark (and a check of the same tokens) builds it: these
-    were config keys once (rollout.activation_layout, partial_sums, cache_write), kept for no user."""
-    import jax.numpy as jnp
-
-    return {"constrain_rows": False, "matmul_dtype": jnp.float32, "cache_write_as_bits": True}
-
-
-def sampler_options(layout: str) -> dict | None:
-    return before_issue16_sampler_options() if layout == "today" else None
 
 
 # What a step's estimate needs (the default and the seeds' layout): the rest of the plan is the fit part's.
@@ -158,8 +142,7 @@ def decode_part(results: dict, default_plan=None, layouts: list[str] | None = No
         plan = (
             default_plan
             if layout == "default" and default_plan is not None
-            else build_plan(cfg, tpu, layout=overrides, sampler_options=sampler_options(layout), only=only,
-                            progress=_say)
+            else build_plan(cfg, tpu, layout=overrides, only=only, progress=_say)
         )
         plans[layout] = plan
         rows.append(_decode_row(layout, plan))
@@ -193,18 +176,10 @@ def decode_part(results: dict, default_plan=None, layouts: list[str] | None = No
     if "default" not in by:  # a subset of layouts (--layouts): their rows only
         return
     default = Range.from_json(by["default"]["estimate_s"])
-    if "today" in by:
-        today = Range.from_json(by["today"]["estimate_s"])
-        print(
-            f"== decode: today's layout / default = {today.low / default.low:.2f}x at the low end, "
-            f"{today.high / default.high:.2f}x at the high end"
-        )
-    # The layouts a user can choose (the reproduction of the layout before issue 16 is not one).
     choosable = {
         ("default (" + by["default"]["weight_layout"] + ")" if r["layout"] == "default" else r["layout"]):
         Range.from_json(r["estimate_s"])
         for r in rows
-        if r["layout"] != "today"
     }
     ranking = rank(choosable)
     upper = default.high / by["default"]["floor_s"]
@@ -245,8 +220,9 @@ def decode_part(results: dict, default_plan=None, layouts: list[str] | None = No
 
 
 def calibrate_part(results: dict, slices: list[str]) -> None:
-    """The layout closest to the seeds' (MLLM-JAX: FSDP weights, gathered into a bf16 copy for decode) with
-    their batch (128 sequences, up to 1024 new tokens), priced as a whole step beside what they measured."""
+    """The kept layout closest to the seeds' (MLLM-JAX: FSDP weights, gathered into a bf16 copy for decode;
+    here fsdp, without the gather) with their batch (128 sequences, up to 1024 new tokens), priced as a
+    whole step beside what they measured."""
     print("calibration against the seeds (Qwen2.5-3B, 128 sequences a step, up to 1024 new tokens):")
     for tpu_type, config, measured in (
         ("v6e-16", "qwen25_3b_v6e16_bench.yaml", SEEDS_V6E16_STEP_S),
@@ -328,7 +304,7 @@ def order_part(results: dict) -> None:
 
 def weight_count_part(results: dict) -> None:
     """How the compiler's `bytes accessed` counts a weight a matmul streams: x[32, 2048] @ W[2048, 2752]
-    (one chip's share of an MLP matrix in the tensor layout) compiled alone for v6e, against W's bytes."""
+    (one chip's share of an MLP matrix split 4 ways) compiled alone for v6e, against W's bytes."""
     import jax
     import jax.numpy as jnp
     import numpy as np

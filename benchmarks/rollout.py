@@ -91,7 +91,7 @@ def main() -> None:
 
     def sampler(kind: type[ShardedSampler], eos: list[int], new_tokens: int) -> ShardedSampler:
         return kind(model, tokenizer.pad_token_id, eos, prompt_len=args.prompt_length,
-                    max_new_tokens=new_tokens, mesh=mesh, style="legacy")
+                    max_new_tokens=new_tokens, mesh=mesh)
 
     paths = {"before": BeforeSampler, "now": ShardedSampler}
     sampled = {name: sampler(kind, ends, args.max_new_tokens) for name, kind in paths.items()}

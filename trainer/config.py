@@ -64,19 +64,13 @@ class RolloutConfig(_Section):
     temperature: float = Field(1.0, gt=0)
     top_k: int = Field(0, ge=0, description="0 = no top-k filtering")
     top_p: float = Field(1.0, gt=0, le=1)
-    sharding_style: Literal["legacy", "maxtext"] = Field(
-        "legacy", description="where the rollout's rows live with fsdp or replicated weights: legacy = split "
-        "over every device, maxtext = over dp only (replicated over fsdp/tp); the other layouts place rows "
-        "themselves (tensor over hosts, megatron and head_groups over every device)")
-    weight_layout: Literal["auto", "fsdp", "replicated", "tensor", "megatron", "head_groups"] = Field(
-        "auto", description="bf16 weights during rollout: fsdp = sharded as in training; replicated = a full "
-        "copy per chip, no collectives in decode; tensor = a copy per host split over its chips (tensor "
-        "parallel inside a host, rows split over hosts); megatron = split over every chip, the MLP by its "
-        "intermediate columns and the vocabulary sampled where it lies, each chip decoding its own rows with "
-        "explicit collectives (four a layer); head_groups = attention split by KV head, the residual "
-        "whole on every chip of a copy of the weights (weight_copies; two collectives a layer inside a copy, "
-        "more attention weights read per chip); auto = head_groups on TPU with mesh_shape auto and "
-        "sharding_style legacy where a copy's chips divide the KV heads, the model's dims and vocabulary "
+    weight_layout: Literal["auto", "fsdp", "megatron", "head_groups"] = Field(
+        "auto", description="bf16 weights during rollout, the rows split over every device: fsdp = "
+        "sharded as in training; megatron = split over every chip, the MLP by its intermediate columns and "
+        "the vocabulary sampled where it lies, explicit collectives (four a layer); head_groups = attention "
+        "split by KV head, the residual whole on every chip of a copy of the weights (weight_copies; two "
+        "collectives a layer inside a copy, more attention weights read per chip); auto = head_groups on "
+        "TPU with mesh_shape auto where a copy's chips divide the KV heads, the model's dims and vocabulary "
         "(each slice its own copies on several slices), megatron on one slice where the KV heads do not "
         "divide the chips, fsdp otherwise. The layout chosen is in the run's start event and `tpu-console "
         "runs show`; the planner compares them: docs/plan.md")
@@ -262,11 +256,26 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raise ConfigError(format_validation_error(exc)) from None
 
 
+# Keys and values the trainer no longer takes, each with what to write instead: a config that names one
+# gets this as its line of the error. Measured before they went: docs/plan.md.
+RETIRED = {
+    "rollout.sharding_style": "retired: the rollout's rows are split over every device; delete the key",
+    "rollout.weight_layout=tensor": "retired (head_groups, with a copy of the weights a host, is faster at "
+                                    "both ends of the planner's range); use auto, or head_groups",
+    "rollout.weight_layout=replicated": "retired (a full bf16 copy per chip; head_groups is faster at both "
+                                        "ends of the planner's range); use auto, or head_groups",
+}
+
+
 def format_validation_error(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"])
-        if err["type"] == "extra_forbidden":
+        retired = RETIRED.get(key) or RETIRED.get(f"{key}={err.get('input')}")
+        if retired and err["type"] in ("extra_forbidden", "literal_error"):
+            lines.append(f"{key}: {err.get('input')!r}: {retired}" if err["type"] == "literal_error"
+                         else f"{key}: {retired}")
+        elif err["type"] == "extra_forbidden":
             lines.append(_unknown_key_message(err["loc"]))
         elif err["type"] == "missing":
             lines.append(f"{key}: required key is missing; add `{key}: ...` to the config")
@@ -369,13 +378,6 @@ def check_topology(cfg: TrainerConfig, process_count: int, local_device_count: i
             if per_device % mb:
                 problems.append(f"train.micro_batch_size_per_device: {mb} does not divide the {per_device} "
                                 f"sequences each device trains on; use a divisor of {per_device}")
-    devices = process_count * local_device_count
-    if r.sharding_style == "maxtext" and data_parallel == 1 and devices > 1:
-        # maxtext lays rollout rows over dp only: with dp=1 every device would decode the whole batch.
-        problems.append(f"rollout.sharding_style: maxtext splits the rollout batch over dp only, and this "
-                        f"mesh has dp=1 over {devices} devices, so every device would decode the whole "
-                        f"batch; use sharding_style: legacy, or a mesh_shape with dp > 1 (host_local on a "
-                        f"multi-host pod, or e.g. 2,-1,1)")
     if problems:
         raise ConfigError("invalid config for this pod: " + "; ".join(problems))
 

@@ -104,15 +104,6 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(AXES))
 
 
-def rollout_sharding(mesh: Mesh, style: str) -> NamedSharding:
-    """`legacy`: rollout batch over (dp, fsdp, tp); `maxtext`: over dp only, replicated over fsdp/tp."""
-    if style == "legacy":
-        return batch_sharding(mesh)
-    if style == "maxtext":
-        return NamedSharding(mesh, PartitionSpec("dp"))
-    raise ValueError(f"rollout.sharding_style: unknown style {style!r}; use legacy or maxtext")
-
-
 def train_sharding(mesh: Mesh) -> NamedSharding:
     """Training batch over (dp, fsdp); tp shards the model, not the batch."""
     return NamedSharding(mesh, PartitionSpec(("dp", "fsdp")))

@@ -5,9 +5,12 @@ RMSNorm, rotary embeddings, attention, MLP, block, model. The model knows two fo
 
 - `model(input_ids, positions, attention_mask)`: full sequence, causal + padding mask, fp32 logits [B, T, V]
   (training, log-prob recomputation).
-- `model.decode(input_ids, positions, kv_mask, cache, cache_index)`: writes the chunk's keys/values into a
-  preallocated KV cache and returns fp32 logits of the chunk's last position [B, V] (prefill and decode). The
-  sampler (trainer/rollout/sampler.py) owns the cache and the loop.
+- `model.prefill(...)` and `model.decode(input_ids, positions, kv_mask, cache, cache_index, options)`: write
+  the chunk's keys/values into a preallocated KV cache and return fp32 logits of the chunk's last position
+  [B, V]. The sampler (trainer/rollout/sampler.py) owns the cache and the loop, and passes in how the
+  cached forward is traced (`DecodeOptions`: the matmuls' output dtype, how the cache is written, where
+  rows and the cache live, and an explicit decode step, `DecodeLayout`, for a layout that writes its
+  collectives out).
 
 Parameters are stored in `param_dtype` (fp32 by default) and cast to `compute_dtype` (bf16 by default) at use.
 Each parameter carries `out_sharding` metadata naming mesh axes ("dp", "fsdp", "tp"); `nnx.get_partition_spec`
@@ -16,10 +19,8 @@ and `param_shardings` below turn it into shardings. Layouts are [in, out] (HF Li
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,47 +32,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 Axes = tuple[str | tuple[str, ...] | None, ...]
 # A large finite negative instead of -inf: rows with every key masked (left padding) stay finite.
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
-
-# The dtype the weight matmuls and the head return. fp32 by default (what the MXU accumulates in); a sampler
-# on TPU traces its programs under `matmul_output(bfloat16)`: when a matmul's contracting dimension is sharded
-# (FSDP weights), its partial sums cross the interconnect in this dtype, half the bytes of fp32.
-_MATMUL_OUTPUT: contextvars.ContextVar[Any] = contextvars.ContextVar("matmul_output", default=jnp.float32)
-
-
-# Whether a 16-bit KV cache is written through a bitcast to integers (CPU: see _write_cache). On TPU the
-# bitcast is a relayout, a copy of the whole cache every token, so a TPU sampler turns it off.
-_CACHE_WRITE_AS_BITS: contextvars.ContextVar[bool] = contextvars.ContextVar("cache_bits", default=True)
-
-
-# Whether a scanned model's prefill and decode (trainer/scanned.py) keep their layer loop a loop (one block's
-# program) or have the compiler unroll it. A sampler whose decode layout is left to the partitioner unrolls
-# it: inside a while loop the partitioner gathers each layer's FSDP weights (ScannedQwen2).
-_ROLL_LAYERS: contextvars.ContextVar[bool] = contextvars.ContextVar("roll_layers", default=True)
-
-
-@contextlib.contextmanager
-def matmul_output(dtype: Any, cache_write_as_bits: bool = True, roll_layers: bool = True) -> Iterator[None]:
-    """Trace under these choices: the weight matmuls' output dtype, how a 16-bit cache is written, and
-    whether a scanned model's rollout keeps its layer loop rolled."""
-    tokens = (_MATMUL_OUTPUT.set(dtype), _CACHE_WRITE_AS_BITS.set(cache_write_as_bits),
-              _ROLL_LAYERS.set(roll_layers))
-    try:
-        yield
-    finally:
-        _MATMUL_OUTPUT.reset(tokens[0])
-        _CACHE_WRITE_AS_BITS.reset(tokens[1])
-        _ROLL_LAYERS.reset(tokens[2])
-
-
-def layers_rolled() -> bool:
-    """Whether a scanned model's rollout keeps its layer loop rolled, under the current `matmul_output`."""
-    return _ROLL_LAYERS.get()
-
-
-def matmul_output_dtype() -> Any:
-    """The dtype the weight matmuls return under the current `matmul_output` (fp32 outside it)."""
-    return _MATMUL_OUTPUT.get()
-
 
 @dataclass(frozen=True)
 class ShardingRules:
@@ -201,16 +161,18 @@ class Dense(nnx.Module):
         self.bias = nnx.Param(jnp.zeros((dout,), param_dtype), out_sharding=bias_axes) if use_bias else None
         self.compute_dtype = compute_dtype
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.accumulate(x).astype(self.compute_dtype)
+    def __call__(self, x: jax.Array, out_dtype: Any = jnp.float32) -> jax.Array:
+        return self.accumulate(x, out_dtype).astype(self.compute_dtype)
 
-    def accumulate(self, x: jax.Array) -> jax.Array:
+    def accumulate(self, x: jax.Array, out_dtype: Any = jnp.float32) -> jax.Array:
         """fp32 x @ kernel (+ bias) from compute-dtype operands, for elementwise work that follows in fp32.
 
         Accumulating in fp32 is what the MXU does; on CPU a bf16-output dot is also several times slower
-        (XLA widens it to an fp32 dot), and so is elementwise math in bf16 (widened op by op)."""
+        (XLA widens it to an fp32 dot), and so is elementwise math in bf16 (widened op by op). out_dtype:
+        the dot's own output (DecodeOptions.matmul_dtype: the dtype of partial sums a split contraction
+        sends across the interconnect)."""
         y = jnp.dot(x.astype(self.compute_dtype), self.kernel[...].astype(self.compute_dtype),
-                    preferred_element_type=_MATMUL_OUTPUT.get()).astype(jnp.float32)
+                    preferred_element_type=out_dtype).astype(jnp.float32)
         if self.bias is not None:
             y = y + self.bias[...].astype(jnp.float32)
         return y
@@ -277,14 +239,15 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, compute_d
     return out.reshape(b, t, h * d)
 
 
-def _write_cache(cache: jax.Array, update: jax.Array, start: tuple) -> jax.Array:
+def _write_cache(cache: jax.Array, update: jax.Array, start: tuple, as_bits: bool) -> jax.Array:
     """cache with `update` written at `start`, in place.
 
-    16-bit caches are written as raw bits: XLA CPU widens a bf16 dynamic-update-slice to fp32 and back, which
-    rewrites the whole cache every decode step instead of one slot. On the bits it is a plain in-place write.
+    as_bits: a 16-bit cache is written as raw bits: XLA CPU widens a bf16 dynamic-update-slice to fp32 and
+    back, which rewrites the whole cache every decode step instead of one slot; on the bits it is a plain
+    in-place write. On TPU the bitcast is a relayout, a copy of the whole cache every token.
     """
     update = update.astype(cache.dtype)
-    if cache.dtype.itemsize != 2 or not _CACHE_WRITE_AS_BITS.get():
+    if cache.dtype.itemsize != 2 or not as_bits:
         return jax.lax.dynamic_update_slice(cache, update, start)
     bits = jax.lax.dynamic_update_slice(jax.lax.bitcast_convert_type(cache, jnp.uint16),
                                         jax.lax.bitcast_convert_type(update, jnp.uint16), start)
@@ -306,12 +269,12 @@ class Attention(nnx.Module):
                             kernel_axes=s.attn_out, bias_axes=(None,), **common)
         self.compute_dtype = compute_dtype
 
-    def _qkv(self, x: jax.Array, cos: jax.Array, sin: jax.Array,
-             project: Any = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    def _qkv(self, x: jax.Array, cos: jax.Array, sin: jax.Array, project: Any = None,
+             out_dtype: Any = jnp.float32) -> tuple[jax.Array, jax.Array, jax.Array]:
         """q [B,T,H,D]; k, v head-major [B,KV,T,D]; all in the compute dtype (rotary applied in fp32).
         project: computes the three fp32 projections together (DecodeLayout.qkv); default: one by one."""
         dense = (self.q_proj, self.k_proj, self.v_proj)
-        q, k, v = project(x, dense) if project is not None else (d.accumulate(x) for d in dense)
+        q, k, v = project(x, dense) if project is not None else (d.accumulate(x, out_dtype) for d in dense)
         b, t = q.shape[:2]
         q = q.reshape(b, t, self.num_heads, self.head_dim)
         k = k.reshape(b, t, self.num_kv_heads, self.head_dim)
@@ -325,39 +288,38 @@ class Attention(nnx.Module):
         return self.o_proj(_attend(q, k, v, mask, self.compute_dtype))
 
     def decode(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
-               cache: tuple[jax.Array, jax.Array], cache_index: jax.Array,
-               cache_layout: RowLayout | None = None,
-               layout: DecodeLayout | None = None, norm: RMSNorm | None = None,
-               layer: jax.Array | None = None) -> tuple[jax.Array, tuple]:
+               cache: tuple[jax.Array, jax.Array], cache_index: jax.Array, options: DecodeOptions,
+               norm: RMSNorm | None = None, layer: jax.Array | None = None) -> tuple[jax.Array, tuple]:
         """Write this chunk's k/v at `cache_index` and attend over the whole cache (mask [B, T, S]).
-        cache_layout: places the written cache before attention reads it (see Qwen2ForCausalLM.decode).
-        layout: DecodeLayout's `qkv`, `heads` and `out`, when given; with `qkv`, x is the block's input
-        before `norm` (the hook applies it). layer: the cache holds every layer's keys/values stacked
-        [layers, B, KV, S, D] (a scanned model's) and this is layer `layer`: its slot is written in place in
-        the stack and attention reads that layer's slice."""
-        layout = layout or DecodeLayout()
-        heads = layout.heads
-        project = None if layout.qkv is None else lambda x, dense: layout.qkv(x, norm, dense)
-        q, k, v = self._qkv(x, cos, sin, project)
-        if heads is not None:
-            q, k, v = heads(q, 2), heads(k, 1), heads(v, 1)
+        options.cache places the written cache before attention reads it; with options.layout, its `qkv`,
+        `heads` and `out` do their parts, and x is the block's input before `norm` (the qkv hook applies
+        it). layer: the cache holds every layer's keys/values stacked [layers, B, KV, S, D] (a scanned
+        model's) and this is layer `layer`: its slot is written in place in the stack and attention reads
+        that layer's slice."""
+        layout, as_bits = options.layout, options.cache_write_as_bits
+        if layout is None:
+            q, k, v = self._qkv(x, cos, sin, out_dtype=options.matmul_dtype)
+        else:
+            q, k, v = self._qkv(x, cos, sin, lambda x, dense: layout.qkv(x, norm, dense))
+            q, k, v = layout.heads(q, 2), layout.heads(k, 1), layout.heads(v, 1)
         k_cache, v_cache = cache
-        place = cache_layout or _rows_anywhere
+        place = options.cache or _rows_anywhere
         if layer is None:
             start = (0, 0, cache_index, 0)
-            k_cache, v_cache = place(_write_cache(k_cache, k, start)), place(_write_cache(v_cache, v, start))
+            k_cache = place(_write_cache(k_cache, k, start, as_bits))
+            v_cache = place(_write_cache(v_cache, v, start, as_bits))
             k_read, v_read = k_cache, v_cache
         else:  # one slot of one layer written into the stack (in place in the loop's carry), then read
             start = (layer, 0, 0, cache_index, 0)
-            place = jax.vmap(place) if cache_layout is not None else place  # the layer axis whole
-            k_cache = place(_write_cache(k_cache, k[None], start))
-            v_cache = place(_write_cache(v_cache, v[None], start))
+            place = jax.vmap(place) if options.cache is not None else place  # the layer axis whole
+            k_cache = place(_write_cache(k_cache, k[None], start, as_bits))
+            v_cache = place(_write_cache(v_cache, v[None], start, as_bits))
             k_read = jax.lax.dynamic_index_in_dim(k_cache, layer, keepdims=False)
             v_read = jax.lax.dynamic_index_in_dim(v_cache, layer, keepdims=False)
         out = _attend(q, k_read.astype(self.compute_dtype), v_read, mask, self.compute_dtype)
-        if heads is not None:
-            out = heads(out, 2)
-        return (layout.out(out, self.o_proj) if layout.out else self.o_proj(out)), (k_cache, v_cache)
+        if layout is None:
+            return self.o_proj(out, options.matmul_dtype), (k_cache, v_cache)
+        return layout.out(layout.heads(out, 2), self.o_proj), (k_cache, v_cache)
 
 
 class MLP(nnx.Module):
@@ -371,8 +333,9 @@ class MLP(nnx.Module):
         self.up_proj = Dense(c.hidden_size, c.intermediate_size, kernel_axes=s.mlp_in, **common)
         self.down_proj = Dense(c.intermediate_size, c.hidden_size, kernel_axes=s.mlp_out, **common)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down_proj(jax.nn.silu(self.gate_proj.accumulate(x)) * self.up_proj.accumulate(x))
+    def __call__(self, x: jax.Array, out_dtype: Any = jnp.float32) -> jax.Array:
+        gate, up = self.gate_proj.accumulate(x, out_dtype), self.up_proj.accumulate(x, out_dtype)
+        return self.down_proj(jax.nn.silu(gate) * up, out_dtype)
 
 
 class Block(nnx.Module):
@@ -387,26 +350,31 @@ class Block(nnx.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def prefill(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
-                last_only: bool) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    def prefill(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array, last_only: bool,
+                out_dtype: Any = jnp.float32) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         """Forward of a whole prompt, also returning its keys/values (head-major). last_only: the output is
-        needed at the last position only (the final layer), so attention output and MLP run for it alone."""
-        q, k, v = self.self_attn._qkv(self.input_layernorm(x), cos, sin)
+        needed at the last position only (the final layer), so attention output and MLP run for it alone.
+        out_dtype: the weight matmuls' (DecodeOptions.matmul_dtype)."""
+        q, k, v = self.self_attn._qkv(self.input_layernorm(x), cos, sin, out_dtype=out_dtype)
         if last_only:
             x, q, mask = x[:, -1:], q[:, -1:], mask[:, -1:]
-        x = x + self.self_attn.o_proj(_attend(q, k, v, mask, self.self_attn.compute_dtype))
-        return x + self.mlp(self.post_attention_layernorm(x)), (k, v)
+        x = x + self.self_attn.o_proj(_attend(q, k, v, mask, self.self_attn.compute_dtype), out_dtype)
+        return x + self.mlp(self.post_attention_layernorm(x), out_dtype), (k, v)
 
-    def decode(self, x, cos, sin, mask, cache, cache_index, cache_layout=None, layout=None, layer=None):
+    def decode(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array, cache: tuple,
+               cache_index: jax.Array, options: DecodeOptions,
+               layer: jax.Array | None = None) -> tuple[jax.Array, tuple]:
         """One block of a cached forward (Attention.decode; layer: of a stacked cache)."""
-        layout = layout or DecodeLayout()
-        residual = layout.residual or _rows_anywhere
-        h, cache = self.self_attn.decode(x if layout.qkv else self.input_layernorm(x), cos, sin, mask, cache,
-                                         cache_index, cache_layout, layout, self.input_layernorm, layer)
-        x = residual(x + h)
-        if layout.mlp is not None:  # the block's output, placed by the hook
-            return layout.mlp(x, self.post_attention_layernorm, self.mlp), cache
-        return residual(x + self.mlp(self.post_attention_layernorm(x))), cache
+        layout = options.layout
+        if layout is None:
+            h, cache = self.self_attn.decode(self.input_layernorm(x), cos, sin, mask, cache, cache_index,
+                                             options, layer=layer)
+            x = x + h
+            return x + self.mlp(self.post_attention_layernorm(x), options.matmul_dtype), cache
+        h, cache = self.self_attn.decode(x, cos, sin, mask, cache, cache_index, options,
+                                         self.input_layernorm, layer)
+        # The block's output, placed by the mlp hook.
+        return layout.mlp(layout.residual(x + h), self.post_attention_layernorm, self.mlp), cache
 
 
 # Per layer (keys, values), each [B, kv_heads, S, head_dim]; a scanned model's (trainer/scanned.py) is one
@@ -425,38 +393,61 @@ SampleHook = Callable[..., tuple[jax.Array, jax.Array]]
 
 @dataclass(frozen=True)
 class DecodeLayout:
-    """How a decode step lays out its work across devices: a set of hooks the model calls at fixed points
-    of `Qwen2ForCausalLM.decode` instead of its plain code. A hook left None keeps the plain code, with
-    layouts left to the partitioner; `DecodeLayout()` is the plain step. The rollout layouts build theirs
-    in trainer/rollout/sharded.py (`megatron_layout`, `head_group_layout`).
+    """A decode step that lays out its own work across devices: hooks the model calls at fixed points of
+    `Qwen2ForCausalLM.decode` instead of its plain code (whose layout the partitioner chooses). The
+    explicit rollout layouts, megatron and head_groups, build theirs in trainer/rollout/decode_layouts.py.
 
     Placement hooks (each returns its input, placed):
-    - residual(x): the residual stream [B, T, hidden], after the embedding and after each attention and MLP.
+    - residual(x): the residual stream [B, T, hidden], after the embedding and after each attention.
     - heads(x, dim): q [B, T, H, D] (dim 2), k and v [B, KV, T, D] (dim 1) and the attention output
       [B, T, H*D] (dim 2); placed so that each row's heads attend over that row's cache.
+    - tables(x): the rotary tables cos/sin [B, T, head_dim] and the attention mask [B, T, S], placed once
+      before the blocks where the blocks read them (inside a scanned model's loop, the partitioner would
+      place these loop invariants again in every layer, a collective each); by default left as they are.
     Computation hooks (each computes what the plain code computes, with collectives of its own choosing):
     - qkv(x, norm, (q_proj, k_proj, v_proj)): the three fp32 projections of norm(x), x the block's input
       (the hook applies the input norm, so it can fold it into its collective);
     - out(attn, o_proj): the attention's output projection;
-    - mlp(x, norm, mlp): the block's output x + MLP(norm(x)), placed as the hook chooses (the residual hook
-      is not applied after it);
-    - embed(table, ids): the input embeddings [B, T, hidden] from the (possibly split) table;
+    - mlp(x, norm, mlp): the block's output x + MLP(norm(x)), placed as the hook chooses;
+    - embed(table, ids): the input embeddings [B, T, hidden] from the (split) table;
     - sample(x, norm, weight, vocab_major, uniform, temperature, top_p, *, top_k, use_top_p, greedy): the
-      next tokens [B] and their log-probs [B], drawn as `rollout.sample_with_uniform` draws them from the
-      logits of norm(x), x the final hidden states [B, hidden]. With it, the sampler asks `decode` for
-      those hidden states instead of the logits (`hidden_only`), and the logits are never gathered.
-    - tables(x): the rotary tables cos/sin [B, T, head_dim] and the attention mask [B, T, S], placed once
-      before the blocks where the blocks read them (inside a scanned model's loop, the partitioner would
-      place these loop invariants again in every layer, a collective each)."""
+      next tokens [B] and their log-probs [B], drawn as `sampling.sample_with_uniform` draws them from the
+      logits of norm(x), x the final hidden states [B, hidden]: `decode` returns those hidden states, not
+      the logits, which are never gathered."""
 
-    residual: RowLayout | None = None
-    heads: HeadsLayout | None = None
-    qkv: QkvHook | None = None
-    out: OutHook | None = None
-    mlp: MlpHook | None = None
-    embed: EmbedHook | None = None
-    sample: SampleHook | None = None
-    tables: RowLayout | None = None
+    residual: RowLayout
+    heads: HeadsLayout
+    qkv: QkvHook
+    out: OutHook
+    mlp: MlpHook
+    embed: EmbedHook
+    sample: SampleHook
+    tables: RowLayout = lambda x: x
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How prefill and a decode step are traced, chosen by the sampler and passed in as one value:
+    - matmul_dtype: what the weight matmuls and the head return. fp32 is what the MXU accumulates in; a
+      sampler on TPU asks for bf16: where a matmul's contraction is split over chips (FSDP weights), its
+      partial sums cross the interconnect in this dtype, half the bytes of fp32.
+    - cache_write_as_bits: a 16-bit KV cache written through a bitcast to integers (right on CPU, a copy of
+      the whole cache on TPU: see _write_cache).
+    - roll_layers: a scanned model's layer loop (trainer/scanned.py) stays a loop, one block's program;
+      False has the compiler unroll it (inside a while loop, the partitioner gathers each layer's FSDP
+      weights instead of reducing partial sums).
+    - rows: places the logits' rows, so each device samples its own (left free, the partitioner may give
+      every device all of them: 78 MB of fp32 logits for 128 rows of Qwen2.5, every token); None: free.
+    - cache: places each layer's cache right after the write (left free, the partitioner may split a cache
+      the loop holds whole over the chips that share its rows, and gather it back every token); None: free.
+    - layout: an explicit decode step (DecodeLayout), or None for the plain code."""
+
+    matmul_dtype: Any = jnp.float32
+    cache_write_as_bits: bool = True
+    roll_layers: bool = True
+    rows: RowLayout | None = None
+    cache: RowLayout | None = None
+    layout: DecodeLayout | None = None
 
 
 def _rows_anywhere(x: jax.Array) -> jax.Array:
@@ -489,10 +480,10 @@ class Qwen2ForCausalLM(nnx.Module):
             return self.embed_tokens[...], True
         return self.lm_head.kernel[...], False
 
-    def logits(self, hidden: jax.Array) -> jax.Array:
+    def logits(self, hidden: jax.Array, out_dtype: Any = jnp.float32) -> jax.Array:
         """fp32 logits from final hidden states (already normed) [..., hidden] -> [..., vocab]."""
         weight, vocab_major = self.head_weight()
-        return project_logits(hidden, weight, vocab_major, self.compute_dtype)
+        return project_logits(hidden, weight, vocab_major, self.compute_dtype, out_dtype)
 
     def hidden_states(self, input_ids: jax.Array, positions: jax.Array,
                       attention_mask: jax.Array) -> jax.Array:
@@ -528,82 +519,75 @@ class Qwen2ForCausalLM(nnx.Module):
 
     def prefill(self, input_ids: jax.Array, positions: jax.Array, attention_mask: jax.Array,
                 cache_length: int, cache_dtype: Any = None,
-                rows: RowLayout | None = None) -> tuple[jax.Array, KVCache]:
+                options: DecodeOptions = DecodeOptions()) -> tuple[jax.Array, KVCache]:
         """Forward of prompts [B, T] into a fresh KV cache of `cache_length` >= T slots (the prompt in slots
         [0, T)). Same result as `decode` at cache_index 0 on an empty cache, at less cost: attention spans the
         prompt only, and the last layer's MLP runs for the last position only. Returns fp32 logits of the last
-        position [B, V] and the cache. rows: see `decode`."""
-        rows = rows or _rows_anywhere
+        position [B, V] and the cache. options: its matmul_dtype, roll_layers and rows (DecodeOptions)."""
+        rows = options.rows or _rows_anywhere
         t = input_ids.shape[1]
         mask = jnp.tril(jnp.ones((t, t), bool))[None] & attention_mask.astype(bool)[:, None, :]
         cos, sin = rotary_tables(positions, self.config.dim_per_head, self.config.rope_theta)
         x = self._embed(input_ids)
-        x, cache = self._prefill_layers(x, cos, sin, mask, cache_length, cache_dtype or self.compute_dtype)
-        return rows(self.logits(self.norm(x[:, -1]))), cache
+        x, cache = self._prefill_layers(x, cos, sin, mask, cache_length, cache_dtype or self.compute_dtype,
+                                        options)
+        return rows(self.logits(self.norm(x[:, -1]), options.matmul_dtype)), cache
 
     def _prefill_layers(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
-                        cache_length: int, dtype: Any) -> tuple[jax.Array, KVCache]:
+                        cache_length: int, dtype: Any, options: DecodeOptions) -> tuple[jax.Array, KVCache]:
         """The blocks of `prefill`: the residual after the last one and the cache, each layer's keys and
         values padded to `cache_length` slots."""
         free = ((0, 0), (0, 0), (0, cache_length - x.shape[1]), (0, 0))
         cache = []
         for index, layer in enumerate(self.layers):
-            x, (k, v) = layer.prefill(x, cos, sin, mask, last_only=index == len(self.layers) - 1)
+            x, (k, v) = layer.prefill(x, cos, sin, mask, last_only=index == len(self.layers) - 1,
+                                      out_dtype=options.matmul_dtype)
             cache.append((jnp.pad(k.astype(dtype), free), jnp.pad(v.astype(dtype), free)))
         return x, cache
 
     def decode(self, input_ids: jax.Array, positions: jax.Array, kv_mask: jax.Array, cache: KVCache,
-               cache_index: jax.Array, rows: RowLayout | None = None,
-               cache_layout: RowLayout | None = None,
-               layout: DecodeLayout | None = None, hidden_only: bool = False) -> tuple[jax.Array, KVCache]:
+               cache_index: jax.Array, options: DecodeOptions = DecodeOptions()) -> tuple[jax.Array, KVCache]:
         """Cached forward of a chunk input_ids [B, T] stored at cache slots [cache_index, cache_index + T).
 
         kv_mask [B, S] marks the cache slots holding real tokens, including this chunk's. Returns fp32 logits
-        of the chunk's last position [B, V] and the updated cache. rows: the sampler's row layout for the
-        logits, so each device samples its own rows (left free, the partitioner may give every device all
-        of them: 78 MB of fp32 logits for 128 rows of Qwen2.5, every token). cache_layout: the sampler's
-        layout for each layer's cache, applied right after the write (left free, the partitioner may split a
-        cache the loop holds whole over the chips that share its rows, and gather it back every token).
-        layout: how the step lays out its work (DecodeLayout; default: the plain code, layouts left to the
-        partitioner). hidden_only: return the last position's final hidden states [B, hidden] (before the
-        final norm) instead of logits, for a layout that samples from them (DecodeLayout.sample).
+        of the chunk's last position [B, V] (placed by options.rows) and the updated cache. With an explicit
+        layout (options.layout), the last position's final hidden states [B, hidden] (before the final norm)
+        instead of logits: the layout samples from them (DecodeLayout.sample).
         """
-        rows = rows or _rows_anywhere
         t, s = input_ids.shape[1], kv_mask.shape[1]
         causal = jnp.arange(s)[None, :] <= (cache_index + jnp.arange(t))[:, None]  # [T, S]
         mask = causal[None] & kv_mask.astype(bool)[:, None, :]
         cos, sin = rotary_tables(positions, self.config.dim_per_head, self.config.rope_theta)
-        layout = layout or DecodeLayout()
-        if layout.embed is not None:
-            x = layout.embed(self.embed_tokens[...], input_ids).astype(self.compute_dtype)
-        else:
+        layout = options.layout
+        if layout is None:
             x = self._embed(input_ids)
-        if layout.residual is not None:
-            x = layout.residual(x)
-        if layout.tables is not None:
+        else:
+            x = layout.residual(layout.embed(self.embed_tokens[...], input_ids).astype(self.compute_dtype))
             cos, sin, mask = layout.tables(cos), layout.tables(sin), layout.tables(mask)
-        x, new_cache = self._decode_layers(x, cos, sin, mask, cache, cache_index, cache_layout, layout)
-        if hidden_only:
+        x, new_cache = self._decode_layers(x, cos, sin, mask, cache, cache_index, options)
+        if layout is not None:
             return x[:, -1], new_cache
-        return rows(self.logits(self.norm(x[:, -1]))), new_cache
+        rows = options.rows or _rows_anywhere
+        return rows(self.logits(self.norm(x[:, -1]), options.matmul_dtype)), new_cache
 
     def _decode_layers(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array, cache: KVCache,
-                       cache_index: jax.Array, cache_layout: RowLayout | None,
-                       layout: DecodeLayout) -> tuple[jax.Array, KVCache]:
+                       cache_index: jax.Array, options: DecodeOptions) -> tuple[jax.Array, KVCache]:
         """The blocks of `decode`, one after another: the residual after the last one and the new cache."""
         new_cache = []
         for layer, layer_cache in zip(self.layers, cache, strict=True):
-            x, layer_cache = layer.decode(x, cos, sin, mask, layer_cache, cache_index, cache_layout, layout)
+            x, layer_cache = layer.decode(x, cos, sin, mask, layer_cache, cache_index, options)
             new_cache.append(layer_cache)
         return x, new_cache
 
 
-def project_logits(hidden: jax.Array, weight: jax.Array, vocab_major: bool, compute_dtype: Any) -> jax.Array:
+def project_logits(hidden: jax.Array, weight: jax.Array, vocab_major: bool, compute_dtype: Any,
+                   out_dtype: Any = jnp.float32) -> jax.Array:
     """fp32 logits [..., vocab] from normed hidden states [..., hidden] and the head's weight. The weight is
-    cast before use, so an FSDP-sharded fp32 weight is gathered in the compute dtype."""
+    cast before use, so an FSDP-sharded fp32 weight is gathered in the compute dtype. out_dtype: the
+    einsum's own output (DecodeOptions.matmul_dtype)."""
     h, w = hidden.astype(compute_dtype), weight.astype(compute_dtype)
     pattern = "...d,vd->...v" if vocab_major else "...d,dv->...v"
-    return jnp.einsum(pattern, h, w, preferred_element_type=_MATMUL_OUTPUT.get()).astype(jnp.float32)
+    return jnp.einsum(pattern, h, w, preferred_element_type=out_dtype).astype(jnp.float32)
 
 
 def constrain_batch(x: jax.Array, batch_axes: Axes) -> jax.Array:

@@ -29,7 +29,8 @@ from trainer.config import TrainerConfig
 from trainer.grpo import GRPOStep, LossSettings, chunked_token_stats, make_optimizer, make_schedule
 from trainer.mesh import train_sharding
 from trainer.model import Qwen2Config, Qwen2ForCausalLM, placed_abstract, project_logits
-from trainer.rollout.sharded import RolloutLayout, ShardedSampler
+from trainer.rollout.layouts import RolloutLayout
+from trainer.rollout.sharded import ShardedSampler
 from trainer.rollout.stacked import StackedWeightsSampler
 from trainer.scanned import ScannedQwen2, abstract_scanned_model
 
@@ -154,12 +155,10 @@ def build_programs(
     pad_id: int,
     eos_ids: Sequence[int],
     rollout_layout: RolloutLayout | None = None,
-    sampler_options: dict[str, Any] | None = None,
 ) -> RunPrograms:
     """The run's programs for `model` (real or abstract, its params placed or described with shardings).
     rollout_layout: the layout already resolved from `cfg` (the Trainer records it before it loads the
-    model); None: resolved here. sampler_options: the Sampler's internal knobs, for benchmarks that rebuild
-    an old layout (benchmarks/plan.py)."""
+    model); None: resolved here."""
     r = cfg.rollout
     training = training_programs(cfg, model, mesh)
     # A scanned model's rollout scans too: its weights stay stacked (trainer/scanned.py).
@@ -171,11 +170,9 @@ def build_programs(
         prompt_len=r.global_length,
         max_new_tokens=r.max_length_sample,
         mesh=mesh,
-        style=r.sharding_style,
         weight_layout=rollout_layout or r.weight_layout,
         mesh_shape=cfg.mesh_shape,
         weight_copies=r.weight_copies,
-        **(sampler_options or {}),
     )
     return RunPrograms(
         training.graphdef, training.optimizer, training.schedule, training.param_shardings,

@@ -29,11 +29,11 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from trainer.model import (
+    DecodeOptions,
     KVCache,
     Qwen2Config,
     Qwen2ForCausalLM,
     constrain_batch,
-    layers_rolled,
     placed_abstract,
     rotary_tables,
 )
@@ -82,29 +82,30 @@ class ScannedQwen2(Qwen2ForCausalLM):
         return jax.vmap(fn)(keys), jax.vmap(fn)(values)
 
     def _prefill_layers(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
-                        cache_length: int, dtype: Any) -> tuple[jax.Array, KVCache]:
+                        cache_length: int, dtype: Any, options: DecodeOptions) -> tuple[jax.Array, KVCache]:
         free = ((0, 0), (0, 0), (0, cache_length - x.shape[1]), (0, 0))
         graphdef, stacked = nnx.split(self.layers[0])
 
         def block(x: jax.Array, weights: Any) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-            x, (k, v) = nnx.merge(graphdef, weights).prefill(x, cos, sin, mask, last_only=False)
+            x, (k, v) = nnx.merge(graphdef, weights).prefill(x, cos, sin, mask, last_only=False,
+                                                             out_dtype=options.matmul_dtype)
             return x, (jnp.pad(k.astype(dtype), free), jnp.pad(v.astype(dtype), free))
 
-        return jax.lax.scan(block, x, stacked, unroll=not layers_rolled())
+        return jax.lax.scan(block, x, stacked, unroll=not options.roll_layers)
 
     def _decode_layers(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array, cache: KVCache,
-                       cache_index: jax.Array, cache_layout: Any, layout: Any) -> tuple[jax.Array, KVCache]:
+                       cache_index: jax.Array, options: DecodeOptions) -> tuple[jax.Array, KVCache]:
         graphdef, stacked = nnx.split(self.layers[0])
 
         def block(carry: tuple, weights: Any) -> tuple[tuple, None]:
             x, cache, layer = carry
-            x, cache = nnx.merge(graphdef, weights).decode(x, cos, sin, mask, cache, cache_index,
-                                                           cache_layout, layout, layer=layer)
+            x, cache = nnx.merge(graphdef, weights).decode(x, cos, sin, mask, cache, cache_index, options,
+                                                           layer=layer)
             return (x, cache, layer + 1), None
 
         # The cache rides in the carry (updated in place), not in xs/ys (a second stacked cache).
         (x, cache, _), _ = jax.lax.scan(block, (x, tuple(cache), jnp.int32(0)), stacked,
-                                        unroll=not layers_rolled())
+                                        unroll=not options.roll_layers)
         return x, cache
 
 

@@ -34,7 +34,7 @@ from trainer.mesh import (
     train_sharding,
 )
 from trainer.programs import DTYPES, build_programs
-from trainer.rollout.sharded import RolloutLayout, resolve_rollout_layout
+from trainer.rollout.layouts import RolloutLayout, resolve_rollout_layout
 from trainer.stop import StopGate, notice
 
 
@@ -87,20 +87,19 @@ def run(cfg: TrainerConfig, launch: LaunchEnv, events: tm.EventLog, *, run_dir: 
                 local_device_count=topo.local_device_count, mesh_shape=cfg.mesh_shape, mesh_axes=sizes,
                 fsdp_spans_hosts=spans, local_batch=local_batch,
                 global_batch=local_batch * topo.process_count,
-                sharding_style=cfg.rollout.sharding_style, rollout_layout=rollout_layout.to_json(),
+                rollout_layout=rollout_layout.to_json(),
                 steps=cfg.steps, config_digest=cfg.digest())
     raise_armed_faults(local_batch)  # tests only (trainer/fault_injection.py)
     print(f"backend={jax.default_backend()} process={topo.process_index}/{topo.process_count} "
           f"device_count={topo.device_count} local_device_count={topo.local_device_count} "
           f"mesh={sizes} local_batch={local_batch}", flush=True)
-    print(f"info: rollout layout {rollout_layout.weight_layout}, rows {rollout_layout.rows} "
-          f"({rollout_layout.why})", flush=True)
+    print(f"info: rollout layout {rollout_layout.weight_layout} ({rollout_layout.why})", flush=True)
     with jax.set_mesh(mesh):  # the model's activation constraints name the axes of the mesh in context
         Trainer(cfg, mesh, topo, events, compiles, run_dir, progress, rollout_layout=rollout_layout).train()
 
 
 def _rollout_layout(cfg: TrainerConfig, mesh: jax.sharding.Mesh) -> RolloutLayout:
-    """The rollout layout `cfg` resolves to on `mesh` (rollout_sharding.resolve_rollout_layout), from the
+    """The rollout layout `cfg` resolves to on `mesh` (rollout/layouts.resolve_rollout_layout), from the
     model's config.json (a hub id's files are downloaded here, where the loader would download them)."""
     import json
 
@@ -109,7 +108,7 @@ def _rollout_layout(cfg: TrainerConfig, mesh: jax.sharding.Mesh) -> RolloutLayou
 
     config = Qwen2Config.from_hf(json.loads((resolve_model_dir(cfg.model_path) / "config.json").read_text()))
     r = cfg.rollout
-    return resolve_rollout_layout(r.weight_layout, r.sharding_style, config, mesh, mesh_shape=cfg.mesh_shape,
+    return resolve_rollout_layout(r.weight_layout, config, mesh, mesh_shape=cfg.mesh_shape,
                                   copies=r.weight_copies)
 
 

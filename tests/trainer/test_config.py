@@ -39,7 +39,11 @@ BAD = [
     ({"train": {"beta": True}}, ["train.beta", "expected a number"]),
     ({"rollout": {"temperature": 0}}, ["rollout.temperature", "greater than 0"]),
     ({"rollout": {"top_p": 1.5}}, ["rollout.top_p", "less than or equal to 1"]),
-    ({"rollout": {"sharding_style": "fast"}}, ["rollout.sharding_style", "legacy", "maxtext"]),
+    # Retired keys and layouts: each named with its fix.
+    ({"rollout": {"sharding_style": "legacy"}}, ["rollout.sharding_style", "retired", "delete the key"]),
+    ({"rollout": {"weight_layout": "tensor"}}, ["rollout.weight_layout", "retired", "head_groups"]),
+    ({"rollout": {"weight_layout": "replicated"}}, ["rollout.weight_layout", "retired", "use auto"]),
+    ({"rollout": {"weight_layout": "sideways"}}, ["rollout.weight_layout", "'fsdp'", "'megatron'"]),
     # Reproductions of the layout before issue 16, now the benchmark's (benchmarks/plan.py), not config keys.
     ({"rollout": {"activation_layout": "free"}}, ["rollout.activation_layout", "unknown key", "top_p"]),
     ({"rollout": {"partial_sums": "float32"}}, ["rollout.partial_sums", "unknown key"]),

@@ -1,5 +1,5 @@
-"""GRPO through jax.distributed: 4 processes x 4 CPU devices, both mesh kinds and both rollout sharding
-styles, every process's events checked; the wrong-process-count guard; checkpoint resume."""
+"""GRPO through jax.distributed: 4 processes x 4 CPU devices, both mesh kinds and the rollout layouts,
+every process's events checked; the wrong-process-count guard; checkpoint resume."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ STEP_KEYS = [tm.phase_key(p) for p in tm.PHASES] + [
     tm.COMPLETION_LEN_MAX, tm.COMPILE_COUNT]
 
 
-def check_run(results, *, steps: int, mesh_axes: dict, spans_hosts: bool, style: str) -> None:
+def check_run(results, *, steps: int, mesh_axes: dict, spans_hosts: bool) -> None:
     digests, rewards = set(), set()
     for i, r in enumerate(results):
         assert r.returncode == 0, f"process {i} failed:\n{r.output[-3000:]}"
@@ -30,7 +30,7 @@ def check_run(results, *, steps: int, mesh_axes: dict, spans_hosts: bool, style:
             start["process_count"] == 4 and start["device_count"] == 16 and start["local_device_count"] == 4
         )
         assert start["mesh_axes"] == mesh_axes and start["fsdp_spans_hosts"] is spans_hosts
-        assert start["sharding_style"] == style and start["local_batch"] == 4 and start["global_batch"] == 16
+        assert start["local_batch"] == 4 and start["global_batch"] == 16
         digests.add(start["config_digest"])
         step_events = [e for e in r.events if e["kind"] == "step"]
         assert [e["step"] for e in step_events] == list(range(1, steps + 1))
@@ -50,17 +50,11 @@ def check_run(results, *, steps: int, mesh_axes: dict, spans_hosts: bool, style:
 
 
 @pytest.mark.slow
-def test_four_processes_auto_mesh_legacy_sharding(tmp_path, tiny_model_dir):
-    # With the KL term, so the reference log-prob pass runs across processes too; and the tensor rollout
-    # layout, whose decode mesh (4 hosts x 4 chips) differs from training's (fsdp over all 16).
-    config = tiny_config(
-        tmp_path,
-        tiny_model_dir,
-        mesh_shape="auto",
-        **{"rollout.sharding_style": "legacy", "train.beta": 0.04, "rollout.weight_layout": "tensor"},
-    )
+def test_four_processes_auto_mesh(tmp_path, tiny_model_dir):
+    # With the KL term, so the reference log-prob pass runs across processes too.
+    config = tiny_config(tmp_path, tiny_model_dir, mesh_shape="auto", **{"train.beta": 0.04})
     results = launch(tmp_path, config, processes=4, devices=4)
-    check_run(results, steps=2, mesh_axes={"dp": 1, "fsdp": 16, "tp": 1}, spans_hosts=True, style="legacy")
+    check_run(results, steps=2, mesh_axes={"dp": 1, "fsdp": 16, "tp": 1}, spans_hosts=True)
     assert "fsdp axis (16 devices) spans 4 hosts" in results[0].output
 
 
@@ -71,22 +65,22 @@ def test_four_processes_head_groups_with_a_copy_on_every_two_hosts(tmp_path, tin
     config = tiny_config(tmp_path, tiny_model_dir, mesh_shape="auto",
                          **{"rollout.weight_layout": "head_groups", "rollout.weight_copies": 2})
     results = launch(tmp_path, config, processes=4, devices=4)
-    check_run(results, steps=2, mesh_axes={"dp": 1, "fsdp": 16, "tp": 1}, spans_hosts=True, style="legacy")
+    check_run(results, steps=2, mesh_axes={"dp": 1, "fsdp": 16, "tp": 1}, spans_hosts=True)
     layout = results[0].events[0]["rollout_layout"]
     assert (layout["weight_layout"], layout["copies"]) == ("head_groups", 2)
     assert layout["why"] == "configured; 2 copies of the weights, 8 chips each"
 
 
 @pytest.mark.slow
-def test_four_processes_host_local_mesh_maxtext_sharding(tmp_path, tiny_model_dir):
+def test_four_processes_host_local_mesh(tmp_path, tiny_model_dir):
     config = tiny_config(
         tmp_path,
         tiny_model_dir,
         mesh_shape="host_local",
-        **{"rollout.sharding_style": "maxtext", "train.micro_batch_size_per_device": 1},
+        **{"train.micro_batch_size_per_device": 1},
     )
     results = launch(tmp_path, config, processes=4, devices=4)
-    check_run(results, steps=2, mesh_axes={"dp": 4, "fsdp": 4, "tp": 1}, spans_hosts=False, style="maxtext")
+    check_run(results, steps=2, mesh_axes={"dp": 4, "fsdp": 4, "tp": 1}, spans_hosts=False)
 
 
 def test_wrong_process_count_fails_at_once(tmp_path, tiny_model_dir):

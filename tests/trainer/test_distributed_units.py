@@ -21,7 +21,7 @@ from trainer.mesh import (
     make_mesh,
     reshard,
     resolve_mesh_shape,
-    rollout_sharding,
+    train_sharding,
 )
 
 
@@ -54,7 +54,7 @@ def test_mesh_on_local_devices_and_row_round_trip():
     n = jax.device_count()
     assert dict(mesh.shape) == {"dp": 1, "fsdp": n, "tp": 1} and not fsdp_spans_hosts(mesh)
     rows = np.arange(n * 3 * 2).reshape(n * 3, 2)
-    for sharding in (rollout_sharding(mesh, "legacy"), rollout_sharding(mesh, "maxtext")):
+    for sharding in (batch_sharding(mesh), train_sharding(mesh)):
         array = global_from_local_rows(rows, mesh, sharding)
         assert array.sharding == sharding
         np.testing.assert_array_equal(local_rows(array, mesh), rows)

@@ -249,6 +249,6 @@ def test_rollout_layout_keeps_kv_heads_on_tp_unless_rows_use_it():
     from trainer.rollout.sharded import rollout_axes
 
     cache = ShardingRules().kv_cache  # [batch, kv_heads, length, head_dim]
-    assert rollout_axes(("dp",), cache) == (("dp",), "tp", None, None)  # maxtext: heads stay on tp
-    assert rollout_axes(("dp", "fsdp", "tp"), cache) == (("dp", "fsdp", "tp"), None, None, None)  # legacy
+    assert rollout_axes(("dp",), cache) == (("dp",), "tp", None, None)  # rows on dp alone: heads stay on tp
+    assert rollout_axes(("dp", "fsdp", "tp"), cache) == (("dp", "fsdp", "tp"), None, None, None)  # all
     assert rollout_axes(("dp",), ShardingRules().batch) == (("dp",),)  # [B, N] tokens: rows only

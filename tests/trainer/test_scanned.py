@@ -136,7 +136,7 @@ def test_scanned_rollout_keeps_the_weights_stacked_in_each_layout(tiny_model_dir
         prompts = [[5, 6, 7], [8, 9, 10, 11], [3, 4], [12]] * 2
         for layout, modes in (("fsdp", [{{"greedy": True}}]),
                               ("head_groups", [{{"greedy": True}}, {{"temperature": 1.0}}])):
-            options = dict(prompt_len=16, max_new_tokens=4, mesh=mesh, style="legacy", weight_layout=layout)
+            options = dict(prompt_len=16, max_new_tokens=4, mesh=mesh, weight_layout=layout)
             plain = ShardedSampler(unrolled, 0, config.eos_token_ids, **options)
             stacked = StackedWeightsSampler(scanned, 0, config.eos_token_ids, **options)
             want = plain.prepare_weights(nnx.state(unrolled)).to_pure_dict()

@@ -101,7 +101,6 @@ def build_plan(
     tpu: TpuSlice,
     *,
     layout: dict[str, str] | None = None,
-    sampler_options: dict[str, Any] | None = None,
     only: set[str] | None = None,
     topology_order: bool = False,
     progress: Any = None,
@@ -109,11 +108,10 @@ def build_plan(
     slices: int = 1,
 ) -> Plan:
     """Compile every program `cfg` runs on `tpu` and assemble the report. layout: rollout keys to override
-    (weight_layout, sharding_style; the benchmark compares layouts); sampler_options: the Sampler's internal
-    knobs (benchmarks/plan.py rebuilds the layout before issue 16 with them); only: compile just
-    these programs; longest_rows: each earlier step's longest completion (the decode loop's expected
-    length); slices: on this many slices of `tpu` (Multislice: the trainer's mesh, data parallel across
-    slices, trainer/mesh.py; what crosses slices is counted on the DCN, trainer/planner/dcn.py)."""
+    (weight_layout, weight_copies; the benchmark compares layouts); only: compile just these programs;
+    longest_rows: each earlier step's longest completion (the decode loop's expected length); slices: on
+    this many slices of `tpu` (Multislice: the trainer's mesh, data parallel across slices,
+    trainer/mesh.py; what crosses slices is counted on the DCN, trainer/planner/dcn.py)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -121,6 +119,7 @@ def build_plan(
 
     from trainer.mesh import axis_sizes, make_mesh, train_sharding
     from trainer.programs import abstract_model, build_programs
+    from trainer.rollout.sampler import SamplingState
 
     if slices < 1:
         raise PlanError(f"--slices {slices}: give 1 or more slices")
@@ -143,7 +142,7 @@ def build_plan(
     # Built outside the mesh context (optax initialises a little eagerly), traced and compiled inside it.
     model = abstract_model(cfg, model_config, mesh)  # the Trainer's: scanned when train.scan_layers
     eos = model_config.eos_token_ids or (0,)
-    programs = build_programs(cfg, model, mesh, pad_id=0, eos_ids=eos, sampler_options=sampler_options)
+    programs = build_programs(cfg, model, mesh, pad_id=0, eos_ids=eos)
     sampler, step_fn = programs.sampler, programs.step_fn
     _, params, rest = nnx.split(model, nnx.Param, ...)
     opt_state = _with_shardings(jax.eval_shape(programs.optimizer.init, params), programs.opt_shardings)
@@ -247,7 +246,7 @@ def build_plan(
         training_done = beside.submit(compile_training)
 
         # Rollout: the weights decode reads, prefill, the loop, and one step of it alone (per-token figures).
-        # Under the rollout's own mesh: the `tensor` layout decodes on a mesh of its own.
+        # Under the rollout's own mesh: `head_groups` decodes on a mesh of its own.
         with sampler.mesh_context():
             on_rollout_mesh = NamedSharding(sampler.mesh, PartitionSpec())  # key, scalars
             state = nnx.merge_state(params, rest)
@@ -315,9 +314,9 @@ def build_plan(
                     logprobs = _abstract((rows, r.max_length_sample), jnp.float32, first.sharding)
                     done = _abstract((rows,), jnp.bool_, first.sharding)
                     counter = _abstract((), jnp.int32, on_rollout_mesh)
-                    carry = (counter, cache, kv_mask, tokens, logprobs, done)
+                    carry = SamplingState(counter, cache, kv_mask, tokens, logprobs, done)
                     step_args = (rollout_state, carry, logprobs, lens, scalar, scalar)
-                    # A stacked cache (a scanned model's) in the layout the loop's carry holds it: given in
+                    # A stacked cache (a scanned model's) in the layout the loop's state holds it: given in
                     # the default layout, the step alone would copy it into the layer loop's and back.
                     stacked = isinstance(cache, tuple)
                     add(

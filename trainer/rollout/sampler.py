@@ -11,10 +11,16 @@ The Sampler owns the cache and the loop; the model only knows one cached forward
   prompt bucket + `attend_bucket` new tokens; each later segment's doubles the new tokens (up to
   max_new_tokens, see decode_segments), so a step reads at most twice the slots that can be filled, not
   all `prompt bucket + max_new_tokens` slots every step. A segment starts only while some row is going.
+- The loop carries a `SamplingState` (the step, the cache, its slot mask, the tokens and log-probs so far,
+  which rows are done), one token a row a step (`_decode_step`, which the planner also compiles alone).
+- How the model traces prefill and a step (the matmuls' output dtype, how the cache is written, where rows
+  and the cache live, an explicit decode step) is one value, `decode_options` (model.DecodeOptions), which
+  a sampler laid out over devices (sharded.py) chooses for its layout.
 - Compilations happen once per (batch size, bucket, sampling mode); `compile_count` counts them.
 
-Log-probs are those of the sampled token under softmax(logits / temperature), before top-k/top-p truncation
-(greedy: temperature 1). A GRPO loss that recomputes log-probs must divide its logits by the same temperature.
+Tokens are drawn by sampling.py. Log-probs are those of the sampled token under softmax(logits /
+temperature), before top-k/top-p truncation (greedy: temperature 1). A GRPO loss that recomputes log-probs
+must divide its logits by the same temperature.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +36,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
-from trainer.model import DecodeLayout, Qwen2ForCausalLM, fit_spec, matmul_output
+from trainer.model import DecodeLayout, DecodeOptions, KVCache, Qwen2ForCausalLM, fit_spec
+from trainer.rollout.sampling import sample_logits, sample_with_uniform
 
 
 @jax.tree_util.register_dataclass
@@ -43,115 +50,15 @@ class RolloutBatch:
     logprobs: jax.Array  # [B, N] float32, 0 where completion_mask is 0
 
 
-# top-p without top-k looks for the nucleus among this many best tokens first; only when their probability
-# mass is below top_p for some row does a step fall back to sorting the whole vocabulary.
-TOP_P_CANDIDATES = 256
+class SamplingState(NamedTuple):
+    """What the decode loop carries from one token to the next (a pytree: a NamedTuple)."""
 
-
-def _first_argmax(x: jax.Array) -> jax.Array:
-    """argmax over the last axis (first index of the maximum) as two plain reductions: XLA CPU's variadic
-    argmax reduction is several times slower."""
-    iota = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
-    best = jnp.max(x, axis=-1, keepdims=True)
-    return jnp.min(jnp.where(x == best, iota, x.shape[-1]), axis=-1)
-
-
-# Above this many candidates, the inverse CDF is taken in two levels (blocks, then within the chosen block):
-# XLA CPU's cumsum over a whole vocabulary row costs more than the rest of a decode step's sampling.
-INVERSE_CDF_BLOCK = 128
-
-
-def _pick(cdf: jax.Array, target: jax.Array) -> jax.Array:
-    """First index whose cumulative mass exceeds target [B] in cdf [B, C]; rounding that puts target at or
-    past the total stops at the first index reaching the total (which has positive probability)."""
-    index = jnp.sum((cdf <= target[:, None]).astype(jnp.int32), axis=-1)
-    return jnp.minimum(index, jnp.sum((cdf < cdf[:, -1:]).astype(jnp.int32), axis=-1))
-
-
-def _inverse_cdf(scores: jax.Array, uniform: jax.Array) -> jax.Array:
-    """Index drawn from softmax(scores) [B, C] with one uniform in [0, 1) per row. -inf scores have zero
-    probability."""
-    return _draw(jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True)), uniform)
-
-
-def _draw(probs: jax.Array, uniform: jax.Array) -> jax.Array:
-    """Index drawn from unnormalised probabilities [B, C] with one uniform in [0, 1) per row: the first
-    index whose cumulative mass exceeds u * total. Exact sampling up to fp32 rounding of the cumulative
-    sums, and far cheaper on CPU than Gumbel noise for every candidate."""
-    batch, count = probs.shape
-    if count <= 2 * INVERSE_CDF_BLOCK:
-        cdf = jnp.cumsum(probs, axis=-1)
-        return _pick(cdf, uniform * cdf[:, -1])
-    # Two levels: pick a block by its mass, then an index inside it with the mass left over.
-    blocks = -(-count // INVERSE_CDF_BLOCK)
-    probs = jnp.pad(probs, ((0, 0), (0, blocks * INVERSE_CDF_BLOCK - count)))
-    probs = probs.reshape(batch, blocks, INVERSE_CDF_BLOCK)
-    block_mass = jnp.sum(probs, axis=-1)
-    block_cdf = jnp.cumsum(block_mass, axis=-1)
-    target = uniform * block_cdf[:, -1]
-    block = _pick(block_cdf, target)
-    mass_before = jnp.take_along_axis(block_cdf - block_mass, block[:, None], axis=-1)[:, 0]
-    inside = jnp.take_along_axis(probs, block[:, None, None], axis=1)[:, 0]
-    # Clamped at 0 so that rounding below the block's start still lands on its first positive-mass index.
-    index = _pick(jnp.cumsum(inside, axis=-1), jnp.maximum(target - mass_before, 0.0))
-    return block * INVERSE_CDF_BLOCK + index
-
-
-def _nucleus(values: jax.Array, top_p: jax.Array, lse: jax.Array | None = None) -> jax.Array:
-    """Scores sorted descending [B, C] with everything past the smallest prefix reaching top_p set to -inf.
-
-    Probabilities are softmax(values) (renormalised over the candidates, as after a top-k filter), or
-    exp(values - lse) with the full vocabulary's log-sum-exp when the candidates only bound the search."""
-    probs = jax.nn.softmax(values, axis=-1) if lse is None else jnp.exp(values - lse[:, None])
-    keep = (jnp.cumsum(probs, axis=-1) - probs) < top_p
-    return jnp.where(keep, values, -jnp.inf)
-
-
-def sample_with_uniform(logits: jax.Array, uniform: jax.Array, temperature: jax.Array, top_p: jax.Array, *,
-                        top_k: int, use_top_p: bool, greedy: bool) -> tuple[jax.Array, jax.Array]:
-    """Next tokens [B] and their log-probs [B] given one uniform [B] in [0, 1) per row (see sample_logits)."""
-    scaled = logits if greedy else logits / temperature
-    # One exp over the vocabulary serves the log-probs and an untruncated draw (logits are finite).
-    top = jnp.max(scaled, axis=-1, keepdims=True)
-    probs = jnp.exp(scaled - top)
-    lse = top[:, 0] + jnp.log(jnp.sum(probs, axis=-1))
-    if greedy:
-        tokens = _first_argmax(logits)
-    elif top_k > 0 or use_top_p:
-        vocab = scaled.shape[-1]
-        if top_k > 0:
-            values, indices = jax.lax.top_k(scaled, min(top_k, vocab))
-            if use_top_p:
-                values = _nucleus(values, top_p)
-            choice = _inverse_cdf(values, uniform)
-            tokens = jnp.take_along_axis(indices, choice[:, None], axis=-1)[:, 0]
-        else:
-            # Nucleus among the best TOP_P_CANDIDATES tokens when they hold top_p of the (full-softmax) mass
-            # in every row, the usual case; otherwise sort the whole vocabulary. Same draw either way.
-            def nucleus_token(candidates: tuple[jax.Array, jax.Array]) -> jax.Array:
-                values, indices = candidates
-                choice = _inverse_cdf(_nucleus(values, top_p, lse), uniform)
-                return jnp.take_along_axis(indices, choice[:, None], axis=-1)[:, 0]
-
-            candidates = jax.lax.top_k(scaled, min(TOP_P_CANDIDATES, vocab))
-            if candidates[0].shape[-1] == vocab:
-                tokens = nucleus_token(candidates)
-            else:
-                enough = jnp.all(jnp.sum(jnp.exp(candidates[0] - lse[:, None]), axis=-1) >= top_p)
-                tokens = jax.lax.cond(enough, nucleus_token,
-                                      lambda _: nucleus_token(jax.lax.top_k(scaled, vocab)), candidates)
-    else:
-        tokens = _draw(probs, uniform)
-    tokens = tokens.astype(jnp.int32)
-    return tokens, jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0] - lse
-
-
-def sample_logits(logits: jax.Array, rng: jax.Array, temperature: jax.Array, top_p: jax.Array, *,
-                  top_k: int, use_top_p: bool, greedy: bool) -> tuple[jax.Array, jax.Array]:
-    """Next tokens [B] and their log-probs [B] (under softmax(logits / temperature), untruncated)."""
-    uniform = jax.random.uniform(rng, logits.shape[:1], jnp.float32)
-    return sample_with_uniform(logits, uniform, temperature, top_p, top_k=top_k, use_top_p=use_top_p,
-                               greedy=greedy)
+    step: jax.Array  # int32: the index of the token this step makes (the previous one is fed)
+    cache: KVCache  # the KV cache, every slot of the current segment
+    kv_mask: jax.Array  # [B, S] int32: 1 where a cache slot holds a real token
+    tokens: jax.Array  # [B, N] int32: the tokens so far, pad_id after a row's end
+    logprobs: jax.Array  # [B, N] float32: their log-probs, 0 after a row's end
+    done: jax.Array  # [B] bool: the row has produced an end token
 
 
 def decode_segments(max_new_tokens: int, first: int) -> tuple[int, ...]:
@@ -171,18 +78,16 @@ class Sampler:
 
     def __init__(self, model: Qwen2ForCausalLM, pad_id: int, eos_ids: Sequence[int],
                  buckets: Sequence[int] = (64, 128, 256, 512, 1024), max_new_tokens: int = 256,
-                 mesh: Mesh | None = None, cache_dtype: Any = None, constrain_rows: bool = True,
-                 matmul_dtype: Any = jnp.float32, cache_write_as_bits: bool = True,
-                 attend_bucket: int = 128):
+                 mesh: Mesh | None = None, cache_dtype: Any = None, matmul_dtype: Any = jnp.float32,
+                 cache_write_as_bits: bool = True, attend_bucket: int = 128):
         """buckets: the prompt widths prompts are left-padded to (the smallest that fits). mesh: rows split
-        over its data axes (None: one device). cache_dtype: the KV cache's (default the compute dtype).
-        constrain_rows: pin activations, logits and the cache to their rows' devices (False leaves them to
-        the partitioner). matmul_dtype: the weight matmuls' output dtype (their partial sums, where a
-        layout all-reduces them). cache_write_as_bits: write a bf16 cache through an integer bitcast (XLA
-        CPU otherwise widens the whole cache every token; on TPU it is a copy). ShardedSampler sets the last
-        three for its layout. attend_bucket: new tokens the first decode segment's cache holds, doubling each
-        segment after (decode_segments); 0: one segment, attention over every `bucket + max_new_tokens` slot
-        every step."""
+        over its data axes, activations, logits and the cache pinned to their rows' devices (None: one
+        device). cache_dtype: the KV cache's (default the compute dtype). matmul_dtype: the weight matmuls'
+        output dtype (their partial sums, where a layout all-reduces them). cache_write_as_bits: write a
+        bf16 cache through an integer bitcast (XLA CPU otherwise widens the whole cache every token; on TPU
+        it is a copy). ShardedSampler sets these two for its platform. attend_bucket: new tokens the first
+        decode segment's cache holds, doubling each segment after (decode_segments); 0: one segment,
+        attention over every `bucket + max_new_tokens` slot every step."""
         if not eos_ids:
             raise ValueError("eos_ids is empty; pass the tokenizer's end-of-turn id(s), e.g. <|im_end|>")
         self.model = model
@@ -193,8 +98,7 @@ class Sampler:
         self.attend_bucket = int(attend_bucket)
         self.segments = decode_segments(self.max_new_tokens, self.attend_bucket)
         self.mesh = mesh
-        self.constrain_rows = constrain_rows
-        self.matmul_dtype = matmul_dtype  # of the weight matmuls' outputs (partial sums): model.matmul_output
+        self.matmul_dtype = matmul_dtype  # of the weight matmuls' outputs (partial sums)
         self.cache_write_as_bits = cache_write_as_bits  # model._write_cache: right on CPU, a copy on TPU
         self.roll_layers = True  # a scanned model's layer loop stays a loop (StackedWeightsSampler decides)
         self.cache_dtype = cache_dtype or model.compute_dtype
@@ -209,12 +113,21 @@ class Sampler:
         #   greedy) -> (cache, kv_mask, first tokens, their log-probs)
         # decode_loop(state, cache, kv_mask, first tokens, their log-probs, prompt_lens, rng, temperature,
         #   top_p, *, top_k, use_top_p, greedy) -> (tokens, completion_mask, logprobs, cache, kv_mask)
-        self.prefill = jax.jit(self._under_matmul_output(self._prefill_impl), static_argnames=statics)
+        self.prefill = jax.jit(self._prefill_impl, static_argnames=statics)
         # One segment: the loop updates the donated cache in place and returns it (XLA aliases it). With
         # several, each segment's cache is a new, longer buffer, which no output could take the place of.
         donated = ("cache", "kv_mask") if len(self.segments) == 1 else ()
-        self.decode_loop = jax.jit(self._under_matmul_output(self._decode_impl), static_argnames=statics,
-                                   donate_argnames=donated)
+        self.decode_loop = jax.jit(self._decode_impl, static_argnames=statics, donate_argnames=donated)
+
+    @functools.cached_property
+    def decode_options(self) -> DecodeOptions:
+        """How the model traces prefill and a decode step (model.DecodeOptions), chosen once, when first
+        traced: the matmuls' output dtype, the cache write, the scanned layer loop, the rows of the logits
+        and the cache pinned to their devices on a mesh, and the layout's explicit step (decode_layout)."""
+        axes = self.model.config.sharding
+        return DecodeOptions(matmul_dtype=self.matmul_dtype, cache_write_as_bits=self.cache_write_as_bits,
+                             roll_layers=self.roll_layers, rows=self._pinned(axes.batch),
+                             cache=self._pinned(axes.kv_cache), layout=self.decode_layout())
 
     # ---- traced functions -------------------------------------------------------------------------------
 
@@ -225,34 +138,14 @@ class Sampler:
         dtype = self.model.compute_dtype
         return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
 
-    def _under_matmul_output(self, fn: Any) -> Any:
-        """`fn` traced with the weight matmuls returning `matmul_dtype` (same signature: jit's statics)."""
-
-        @functools.wraps(fn)
-        def traced(*args: Any, **kwargs: Any) -> Any:
-            with matmul_output(self.matmul_dtype, cache_write_as_bits=self.cache_write_as_bits,
-                               roll_layers=self.roll_layers):
-                return fn(*args, **kwargs)
-
-        return traced
-
-    def _rows_layout(self, model: Qwen2ForCausalLM) -> Any:
-        """The model's row placement for activations and logits: rows split as the batch is, unless
-        `constrain_rows` is off (the partitioner then decides, and may give every device every row)."""
-        return self._pinned(model.config.sharding.batch)
-
-    def _cache_layout(self, model: Qwen2ForCausalLM) -> Any:
-        """Where each layer's KV cache stays through a decode step: where prefill put it."""
-        return self._pinned(model.config.sharding.kv_cache)
-
-    def _decode_layout(self, model: Qwen2ForCausalLM) -> DecodeLayout | None:
-        """How a decode step lays out its work (model.DecodeLayout; None: the model's plain code, layouts
-        left to the partitioner; overridable)."""
+    def decode_layout(self) -> DecodeLayout | None:
+        """The layout's explicit decode step (model.DecodeLayout); None: the model's plain code, its layout
+        left to the partitioner (overridden by ShardedSampler)."""
         return None
 
     def _pinned(self, axes: tuple) -> Any:
-        """A layout hook constraining an array to `axes`, or None when layouts are left to the partitioner."""
-        if self.mesh is None or not self.constrain_rows:
+        """A layout hook constraining an array to `axes`, or None without a mesh (one device)."""
+        if self.mesh is None:
             return None
         return lambda x: self.constrain(x, axes)
 
@@ -282,13 +175,14 @@ class Sampler:
         token. rows [B] (optional): the prompt each row repeats (shared prefill); None: one row per prompt."""
         self.compile_count += 1
         model = self._model(state)
+        options = self.decode_options
         prompt_len = prompt_ids.shape[1]
         positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
+        # Shared prefill: the distinct prompts' logits are left to the partitioner, then each row's placed.
         logits, cache = model.prefill(prompt_ids, positions, prompt_mask, prompt_len, self.cache_dtype,
-                                      rows=None if rows is not None else self._rows_layout(model))
+                                      options if rows is None else dataclasses.replace(options, rows=None))
         if rows is not None:  # each row takes its prompt's logits and cache
-            rows_layout = self._rows_layout(model) or (lambda x: x)
-            logits = rows_layout(jnp.take(logits, rows, axis=0))
+            logits = (options.rows or (lambda x: x))(jnp.take(logits, rows, axis=0))
             cache = model.map_cache(lambda x: jnp.take(x, rows, axis=0), cache)
             prompt_mask = jnp.take(prompt_mask, rows, axis=0)
         batch = prompt_mask.shape[0]
@@ -310,109 +204,111 @@ class Sampler:
         batch, n = first_tokens.shape[0], self.max_new_tokens
         prompt_width = kv_mask.shape[1] - self.segments[0]
         eos = jnp.asarray(self.eos_ids, jnp.int32)
-        tokens = jnp.full((batch, n), self.pad_id, jnp.int32).at[:, 0].set(first_tokens)
-        logprobs = jnp.zeros((batch, n), jnp.float32).at[:, 0].set(first_logprobs)
-        done = jnp.isin(first_tokens, eos)
         # Every step's uniforms in one draw before the loop: no PRNG work inside it.
         uniforms = self.constrain(jax.random.uniform(jax.random.fold_in(rng, 1), (batch, n), jnp.float32),
-                                   model.config.sharding.batch)
+                                  model.config.sharding.batch)
         cache_axes = model.config.sharding.kv_cache
 
-        def body(carry):
-            return self._decode_step(model, carry, uniforms, prompt_lens, temperature, top_p, eos,
+        def body(state: SamplingState) -> SamplingState:
+            return self._decode_step(model, state, uniforms, prompt_lens, temperature, top_p, eos,
                                      prompt_width=prompt_width, top_k=top_k, use_top_p=use_top_p,
                                      greedy=greedy)
 
-        def run(segment: int, carry: tuple) -> tuple:
-            """Segments `segment`, ... from carry: (tokens, logprobs), and the last segment's cache and slot
-            mask when it is the last (a shorter cache, when rows end before it, has another shape)."""
+        def run(segment: int, state: SamplingState) -> SamplingState:
+            """Segments `segment`, ... from `state`. The state after the last segment the rows reach: its
+            cache and slot mask are the last segment's only when the rows reach it (a shorter cache, when
+            every row ends before, has another shape), so only its tokens and log-probs leave a cond."""
             end = self.segments[segment]
-            i, cache, kv_mask, tokens, logprobs, done = jax.lax.while_loop(
-                lambda c: (c[0] < end) & ~jnp.all(c[5]), body, carry)
+            state = jax.lax.while_loop(lambda s: (s.step < end) & ~jnp.all(s.done), body, state)
             if segment == len(self.segments) - 1:
-                return tokens, logprobs, cache, kv_mask
+                return state
 
-            def grow(carry: tuple) -> tuple:
-                i, cache, kv_mask, tokens, logprobs, done = carry
+            def grow(state: SamplingState) -> tuple[jax.Array, jax.Array]:
                 more = self.segments[segment + 1] - end
                 free = ((0, 0), (0, 0), (0, more), (0, 0))
-                cache = model.map_cache(lambda x: self.constrain(jnp.pad(x, free), cache_axes), cache)
-                kv_mask = jnp.pad(kv_mask, ((0, 0), (0, more)))
-                return run(segment + 1, (i, cache, kv_mask, tokens, logprobs, done))[:2]
+                cache = model.map_cache(lambda x: self.constrain(jnp.pad(x, free), cache_axes), state.cache)
+                longer = state._replace(cache=cache, kv_mask=jnp.pad(state.kv_mask, ((0, 0), (0, more))))
+                last = run(segment + 1, longer)
+                return last.tokens, last.logprobs
 
-            return jax.lax.cond(jnp.all(done), lambda c: (c[3], c[4]), grow,
-                                (i, cache, kv_mask, tokens, logprobs, done))
+            ended = jnp.all(state.done)
+            tokens, logprobs = jax.lax.cond(ended, lambda s: (s.tokens, s.logprobs), grow, state)
+            return state._replace(tokens=tokens, logprobs=logprobs)
 
-        tokens, logprobs, *kept = run(0, (jnp.int32(1), cache, kv_mask, tokens, logprobs, done))
-        is_end = jnp.isin(tokens, eos).astype(jnp.int32)
+        first = SamplingState(
+            step=jnp.int32(1), cache=cache, kv_mask=kv_mask,
+            tokens=jnp.full((batch, n), self.pad_id, jnp.int32).at[:, 0].set(first_tokens),
+            logprobs=jnp.zeros((batch, n), jnp.float32).at[:, 0].set(first_logprobs),
+            done=jnp.isin(first_tokens, eos))
+        last = run(0, first)
+        is_end = jnp.isin(last.tokens, eos).astype(jnp.int32)
         completion_mask = ((jnp.cumsum(is_end, axis=1) - is_end) == 0).astype(jnp.int32)
         batch_axes = model.config.sharding.batch
-        tokens, completion_mask = (self.constrain(tokens, batch_axes),
+        tokens, completion_mask = (self.constrain(last.tokens, batch_axes),
                                    self.constrain(completion_mask, batch_axes))
-        logprobs = self.constrain(logprobs * completion_mask, batch_axes)
+        logprobs = self.constrain(last.logprobs * completion_mask, batch_axes)
         # One segment: returning cache/kv_mask lets XLA alias the donated input buffers instead of copying.
-        cache, kv_mask = kept if kept else (None, None)
+        cache, kv_mask = (last.cache, last.kv_mask) if len(self.segments) == 1 else (None, None)
         return tokens, completion_mask, logprobs, cache, kv_mask
 
-    def _decode_step(self, model, carry, uniforms, prompt_lens, temperature, top_p, eos, *, prompt_width,
-                     top_k, use_top_p, greedy):
+    def _decode_step(self, model, state: SamplingState, uniforms, prompt_lens, temperature, top_p, eos, *,
+                     prompt_width, top_k, use_top_p, greedy) -> SamplingState:
         """One token for every row: the decode loop's body (the planner also compiles it alone, to measure
         what one generated token costs). The cache holds the prompt's `prompt_width` slots and any number
         after them that covers this step's."""
-        i, cache, kv_mask, tokens, logprobs, done = carry
-        batch = tokens.shape[0]
+        batch, i = state.tokens.shape[0], state.step
         slot = prompt_width + i - 1  # cache slot of the previous token, fed now
-        kv_mask = jax.lax.dynamic_update_slice(kv_mask, jnp.ones((batch, 1), jnp.int32), (0, slot))
-        previous = jax.lax.dynamic_slice(tokens, (0, i - 1), (batch, 1))
+        kv_mask = jax.lax.dynamic_update_slice(state.kv_mask, jnp.ones((batch, 1), jnp.int32), (0, slot))
+        previous = jax.lax.dynamic_slice(state.tokens, (0, i - 1), (batch, 1))
         positions = (prompt_lens + i - 1)[:, None]
-        layout = self._decode_layout(model)
-        sample_here = layout is not None and layout.sample is not None  # the layout samples, not the logits
-        out, cache = model.decode(previous, positions, kv_mask, cache, slot, rows=self._rows_layout(model),
-                                  cache_layout=self._cache_layout(model), layout=layout,
-                                  hidden_only=sample_here)
+        options = self.decode_options
+        out, cache = model.decode(previous, positions, kv_mask, state.cache, slot, options)
         uniform = jax.lax.dynamic_slice(uniforms, (0, i), (batch, 1))[:, 0]
-        if sample_here:
-            new, new_logprobs = layout.sample(out, model.norm, *model.head_weight(), uniform, temperature,
-                                              top_p, top_k=top_k, use_top_p=use_top_p, greedy=greedy)
+        if options.layout is not None:  # the layout samples from the final hidden states
+            new, new_logprobs = options.layout.sample(out, model.norm, *model.head_weight(), uniform,
+                                                      temperature, top_p, top_k=top_k, use_top_p=use_top_p,
+                                                      greedy=greedy)
         else:
             new, new_logprobs = sample_with_uniform(out, uniform, temperature, top_p, top_k=top_k,
                                                     use_top_p=use_top_p, greedy=greedy)
-        new = jnp.where(done, self.pad_id, new)
-        new_logprobs = jnp.where(done, 0.0, new_logprobs)
-        tokens = jax.lax.dynamic_update_slice(tokens, new[:, None], (0, i))
-        logprobs = jax.lax.dynamic_update_slice(logprobs, new_logprobs[:, None], (0, i))
-        return i + 1, cache, kv_mask, tokens, logprobs, done | jnp.isin(new, eos)
+        new = jnp.where(state.done, self.pad_id, new)
+        new_logprobs = jnp.where(state.done, 0.0, new_logprobs)
+        return SamplingState(
+            step=i + 1, cache=cache, kv_mask=kv_mask,
+            tokens=jax.lax.dynamic_update_slice(state.tokens, new[:, None], (0, i)),
+            logprobs=jax.lax.dynamic_update_slice(state.logprobs, new_logprobs[:, None], (0, i)),
+            done=state.done | jnp.isin(new, eos))
 
     def decode_step_program(self, *, top_k: int, use_top_p: bool, greedy: bool,
                             prompt_width: int | None = None, cache_layout_for: tuple | None = None) -> Any:
-        """A jitted single decode step over (state, carry, uniforms, prompt_lens, temperature, top_p), the
-        cache donated as in the loop. prompt_width: the prompt bucket; None: the carry's kv_mask is as
-        prefill makes it (the prompt bucket + segments[0] slots). A carry whose cache holds more slots
+        """A jitted single decode step over (state, SamplingState, uniforms, prompt_lens, temperature, top_p),
+        the cache donated as in the loop. prompt_width: the prompt bucket; None: the state's kv_mask is as
+        prefill makes it (the prompt bucket + segments[0] slots). A state whose cache holds more slots
         (up to cache_slots) prices a later step of the loop. cache_layout_for: abstract arguments (their
         shardings taken as the program's) for a program whose KV cache, in and out, is in the memory
-        layout the compiler chooses, as the loop's carry holds it, not the default layout of a caller's
+        layout the compiler chooses, as the loop's state holds it, not the default layout of a caller's
         array: the planner's step over a stacked cache (trainer/scanned.py), which otherwise copies the
         whole cache into the layer loop's layout and back, copies the loop makes once, not every token."""
 
-        def step(state, carry, uniforms, prompt_lens, temperature, top_p):
+        def step(weights, state, uniforms, prompt_lens, temperature, top_p):
             eos = jnp.asarray(self.eos_ids, jnp.int32)
-            width = carry[2].shape[1] - self.segments[0] if prompt_width is None else prompt_width
-            return self._decode_step(self._model(state), carry, uniforms, prompt_lens, temperature, top_p,
+            width = state.kv_mask.shape[1] - self.segments[0] if prompt_width is None else prompt_width
+            return self._decode_step(self._model(weights), state, uniforms, prompt_lens, temperature, top_p,
                                      eos, prompt_width=width, top_k=top_k, use_top_p=use_top_p,
                                      greedy=greedy)
 
         if cache_layout_for is None:
-            return jax.jit(self._under_matmul_output(step), donate_argnums=(1,))
+            return jax.jit(step, donate_argnums=(1,))
         from jax.experimental.layout import Format, Layout
 
         def sharding(x: Any) -> Any:
             return x.sharding
 
-        state, carry, *rest = cache_layout_for
-        carry_in = (sharding(carry[0]), jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding), carry[1]),
-                    *jax.tree.map(sharding, tuple(carry[2:])))
-        return jax.jit(self._under_matmul_output(step), donate_argnums=(1,), out_shardings=carry_in,
-                       in_shardings=(jax.tree.map(sharding, state), carry_in, *jax.tree.map(sharding, rest)))
+        weights, state, *rest = cache_layout_for
+        state_in = jax.tree.map(sharding, state)._replace(
+            cache=jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding), state.cache))
+        in_shardings = (jax.tree.map(sharding, weights), state_in, *jax.tree.map(sharding, rest))
+        return jax.jit(step, donate_argnums=(1,), out_shardings=state_in, in_shardings=in_shardings)
 
     def cache_slots(self, prompt_width: int) -> int:
         """The most KV-cache slots a row holds (the last segment's): the prompt bucket + max new tokens.

@@ -1,6 +1,6 @@
 """Sampling from logits whose vocabulary is split over devices, without gathering the logits.
 
-A decode step of the `megatron` and `head_groups` rollout layouts (trainer/rollout/sharded.py) computes
+A decode step of the `megatron` and `head_groups` rollout layouts (decode_layouts.py) computes
 each chip's slice of the vocabulary for every row, from the whole final hidden state and the chip's slice
 of the head (split by vocabulary). Gathering those logits to their rows' chips would move 39 MB a token for
 128 rows of Qwen2.5, so the draw is made where the logits are: every chip shares its slice's max and
@@ -8,8 +8,8 @@ exp-sum per row (and its rows' uniforms) in one small all-gather, from which eve
 log-sum-exp and the same choice of slice for each row; the chip holding it draws inside its slice, and
 one small all-reduce brings the tokens and their log-probs to their rows' chips.
 
-The draw is `rollout.sample_with_uniform`'s: the first token whose cumulative probability exceeds the
-row's uniform, here taken by slice first, then inside the slice as `rollout._draw` takes it (by blocks of
+The draw is `sampling.sample_with_uniform`'s: the first token whose cumulative probability exceeds the
+row's uniform, here taken by slice first, then inside the slice as `sampling._draw` takes it (by blocks of
 128 tokens, then a token, for a slice of more than 256). Greedy picks the first maximum, and needs only the
 all-gather: it carries each slice's first maximal token. Top-k and top-p need the whole row sorted, so they
 gather the logits to their rows (an all-to-all) and sample there as the plain path does.
@@ -25,7 +25,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from trainer.model import rms_norm
-from trainer.rollout.sampler import _draw, _first_argmax, sample_with_uniform
+from trainer.rollout.sampling import _draw, _first_argmax, sample_with_uniform
 
 
 def sample_split_vocab(mesh: Mesh, axes: tuple, x: jax.Array, norm: Any, weight: jax.Array, vocab_major: bool,

@@ -46,8 +46,8 @@ def restacked(shardings: nnx.State) -> nnx.State:
 
 
 # The rollout layouts whose scanned prefill and decode keep their layer loop rolled (one block's program);
-# the others have the compiler unroll it (StackedWeightsSampler).
-ROLLED_LAYOUTS = frozenset({"megatron", "head_groups", "replicated"})
+# fsdp has the compiler unroll it (StackedWeightsSampler).
+ROLLED_LAYOUTS = frozenset({"megatron", "head_groups"})
 
 
 class StackedWeightsSampler(ShardedSampler):
@@ -58,11 +58,10 @@ class StackedWeightsSampler(ShardedSampler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # The layer loop stays a loop where the decode step writes its collectives out (DecodeLayout hooks)
-        # or needs none (replicated weights); where the partitioner lays out split weights (fsdp, tensor),
-        # XLA unrolls it: inside a while loop the partitioner gathers each layer's FSDP weights instead of
-        # reducing partial sums (a 3B-wide proxy with fsdp: 831 MB of collectives a token against the
-        # unrolled step's 53 MB), and tensor's step accessed twice the bytes.
+        # The layer loop stays a loop where the decode step writes its collectives out (DecodeLayout hooks);
+        # where the partitioner lays out split weights (fsdp), XLA unrolls it: inside a while loop the
+        # partitioner gathers each layer's FSDP weights instead of reducing partial sums (a 3B-wide proxy:
+        # 831 MB of collectives a token against the unrolled step's 53 MB).
         self.roll_layers = self.weight_layout in ROLLED_LAYOUTS
 
     def rollout_weight_shardings(self, state: nnx.State) -> Any:

@@ -18,11 +18,8 @@ A rollout layout is another value of the same description, read by `placement_sh
 
 ("all": every device of the decode mesh, ALL_AXES; "a copy": the devices of one copy of the weights,
 COPY_AXES, every device when the layout holds one copy (rollout.weight_copies), each copy whole on dp.)
-`replicated` puts every weight whole on every chip; `tensor` is training's on its host mesh (fsdp = 1,
-tp = a host's chips), except that the key/value projections stay whole where the KV heads do not divide
-over tp (split by columns they would cut heads in two). Training's placement drops an axis that does not
-divide a dimension (`fit_spec`); the explicit layouts refuse it, since their decode step (shard_map) needs
-every split exact.
+Training's placement drops an axis that does not divide a dimension (`fit_spec`); the explicit layouts
+refuse it, since their decode step (shard_map) needs every split exact.
 """
 
 from __future__ import annotations
@@ -49,9 +46,6 @@ COPY_AXES = ("fsdp", "tp")
 HEAD_GROUPS = dataclasses.replace(
     ShardingRules(), embed=(COPY_AXES,), attn_qkv=(None, "tp"), attn_qkv_bias=_WHOLE, attn_out=("tp",),
     mlp_in=(None, COPY_AXES), mlp_out=(COPY_AXES,), norm=_WHOLE, lm_head=(None, COPY_AXES))
-REPLICATED = dataclasses.replace(
-    ShardingRules(), embed=_WHOLE, attn_qkv=_WHOLE, attn_qkv_bias=_WHOLE, attn_out=_WHOLE, mlp_in=_WHOLE,
-    mlp_out=_WHOLE, norm=_WHOLE, lm_head=_WHOLE)
 
 # The module names of the model (trainer/model.py) and the kind of weight each holds.
 _KINDS = {"embed_tokens": "embed", "q_proj": "attn_qkv", "k_proj": "attn_qkv", "v_proj": "attn_qkv",
@@ -95,21 +89,6 @@ def placement_shardings(state: nnx.State, mesh: Mesh, rules: ShardingRules, *,
     return nnx.map_state(one, state)
 
 
-def tensor_parallel_shardings(state: nnx.State, mesh: Mesh, rules: ShardingRules, kv_heads: int) -> Any:
-    """The `tensor` layout's placement on its host mesh: training's rules, the key/value projections whole
-    when the KV heads do not divide over tp (split by columns they would cut heads in two, and every token
-    would gather them back for the cache)."""
-    shardings = placement_shardings(state, mesh, rules)
-    if kv_heads % mesh.shape["tp"] == 0:
-        return shardings
-    whole = NamedSharding(mesh, PartitionSpec())
-
-    def keep_kv_whole(path: tuple, var: nnx.Variable) -> nnx.Variable:
-        return var.replace(whole) if any(str(part) in ("k_proj", "v_proj") for part in path) else var
-
-    return nnx.map_state(keep_kv_whole, shardings)
-
-
 def rollout_shardings(layout: str, state: nnx.State, mesh: Mesh, config: Any) -> nnx.State:
     """Where the rollout layout `layout` puts each of `state`'s weights on its decode mesh `mesh` (the
     training mesh, or the layout's own over the same devices), `config` the model's Qwen2Config."""
@@ -117,8 +96,4 @@ def rollout_shardings(layout: str, state: nnx.State, mesh: Mesh, config: Any) ->
         return placement_shardings(state, mesh, MEGATRON, exact="megatron")
     if layout == "head_groups":
         return placement_shardings(state, mesh, HEAD_GROUPS, exact="head_groups")
-    if layout == "tensor":
-        return tensor_parallel_shardings(state, mesh, config.sharding, config.num_key_value_heads)
-    if layout == "replicated":
-        return placement_shardings(state, mesh, REPLICATED, exact="replicated")
     return placement_shardings(state, mesh, config.sharding)  # fsdp: training's own

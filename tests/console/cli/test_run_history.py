@@ -33,7 +33,7 @@ done
 # The trainer's start event with the rollout layout `auto` chose (trainer/train.py).
 START = """\
 echo '{"t": 0, "kind": "start", "process": '$TRAINER_PROCESS_ID', "rollout_layout": {"weight_layout": \
-"head_groups", "rows": "legacy", "configured": "auto", "why": "auto: the 2 KV heads divide 16 chips"}}' >> events.jsonl
+"head_groups", "configured": "auto", "why": "auto: the 2 KV heads divide 16 chips"}}' >> events.jsonl
 """  # noqa: E501 - an event line of the fake trainer
 
 
@@ -70,7 +70,7 @@ def test_a_followed_run_is_archived_and_summarised_and_two_runs_compare(capsys, 
     assert run(capsys, "logs", run_b, "--follow")[0] == 0
     status, out, _ = run(capsys, "runs", "show", "pod")  # a node: its latest run, read from its archive
     assert status == 0 and out.startswith(f"{run_b}  succeeded") and "valid tokens/s" in out
-    assert "rollout   head_groups weights, rows legacy (auto: the 2 KV heads divide 16 chips)" in out
+    assert "rollout   head_groups weights (auto: the 2 KV heads divide 16 chips)" in out
     shown = json.loads(run(capsys, "runs", "show", run_b, "--json")[1])
     assert shown["rollout_layout"]["weight_layout"] == "head_groups"
 
@@ -125,9 +125,9 @@ def test_launch_fail_fast_stops_the_other_workers_when_one_fails(capsys, pod, tm
 def test_the_layout_line_names_the_copies_of_the_weights():
     from tpu_console.cli.run_history import rollout_layout_line
 
-    two = {"weight_layout": "head_groups", "rows": "legacy", "configured": "auto", "copies": 2,
+    two = {"weight_layout": "head_groups", "configured": "auto", "copies": 2,
            "why": "auto: ...; 2 copies of the weights, 8 chips each (one per 8 chips)"}
-    assert rollout_layout_line(two).startswith("rollout   head_groups weights (2 copies), rows legacy (auto:")
-    # A start event written before copies were recorded: one copy.
+    assert rollout_layout_line(two).startswith("rollout   head_groups weights (2 copies) (auto:")
+    # A start event written before copies were recorded (and while rows had a style): one copy, its rows.
     assert rollout_layout_line({"weight_layout": "fsdp", "rows": "legacy", "why": "auto: not on TPU"}) == (
         "rollout   fsdp weights, rows legacy (auto: not on TPU)")

@@ -132,32 +132,6 @@ def test_tiny_model_plan_on_v6e_2x2_matches_a_hand_computation(tmp_path, tiny_mo
 
 
 @needs_libtpu
-def test_tensor_rollout_layout_splits_weights_over_a_hosts_chips(tmp_path, tiny_model_dir):
-    from trainer.model import Qwen2Config
-
-    tensor = decode_step_plan(tmp_path, tiny_model_dir, "tensor")
-    fsdp = decode_step_plan(tmp_path, tiny_model_dir, "fsdp")
-    assert tensor["weight_layout"] == "tensor"
-    # By hand: bf16 weights, split 4 ways over the host's chips along heads, MLP columns and the vocabulary;
-    # the key/value projections whole (2 KV heads do not divide over 4 chips), and so are the norms.
-    model = Qwen2Config.from_hf(json.loads((tiny_model_dir / "config.json").read_text()))
-    h, i, v, layers = model.hidden_size, model.intermediate_size, model.vocab_size, model.num_hidden_layers
-    q, kv = model.num_attention_heads * model.dim_per_head, model.num_key_value_heads * model.dim_per_head
-    split = v * h + layers * (h * q + q + q * h + 3 * h * i)  # embed; q kernel and bias, o; gate up down
-    whole = h + layers * (2 * h + 2 * (h * kv + kv))  # norms; k and v kernels and biases
-    assert tensor["resident_bytes"]["rollout weights"] == 2 * (split // 4 + whole)
-    # The chips of a host share its rows (all 16 on one host) and hold the cache of both KV heads.
-    cache = layers * 2 * 16 * model.num_key_value_heads * (64 + 32) * model.dim_per_head * 2
-    assert tensor["resident_bytes"]["KV cache"] == cache
-
-    def decode_step(plan: dict) -> dict:
-        return next(p for p in plan["programs"] if p["name"] == "decode step")
-
-    # Two all-reduces a layer inside the host, instead of FSDP's partial sums for every matmul.
-    assert decode_step(tensor)["collectives"] < decode_step(fsdp)["collectives"]
-
-
-@needs_libtpu
 @pytest.mark.parametrize(("layout", "per_layer", "per_token"), [("megatron", 4, 4), ("head_groups", 2, 6)])
 def test_explicit_rollout_layouts_make_their_collectives_a_layer(tmp_path, tiny_model_dir, layout, per_layer,
                                                                   per_token):

@@ -93,8 +93,7 @@ def test_explicit_layouts_sample_what_fsdp_weights_sample(tiny_model_dir):
 
 
 def test_the_rollout_layout_is_resolved_once_with_its_reason():
-    # `auto` on TPU chips (libtpu's devices, nothing compiled) and on this CPU; an explicit layout that
-    # places rows itself says so instead of rewriting sharding_style silently.
+    # `auto` on TPU chips (libtpu's devices, nothing compiled) and on this CPU.
     import dataclasses
 
     from jax.sharding import Mesh
@@ -102,60 +101,55 @@ def test_the_rollout_layout_is_resolved_once_with_its_reason():
     from trainer.model import Qwen2Config
     from trainer.planner import tpu_compile as aot
     from trainer.planner.tpu_specs import parse_accelerator_type
-    from trainer.rollout.sharded import resolve_rollout_layout
+    from trainer.rollout.layouts import resolve_rollout_layout
 
     config = Qwen2Config(vocab_size=1024, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                          num_key_value_heads=2)
     cpu = Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), ("dp", "fsdp", "tp"))
-    chosen = resolve_rollout_layout("auto", "legacy", config, cpu)
-    assert (chosen.weight_layout, chosen.rows, chosen.configured, chosen.why) == (
-        "fsdp", "legacy", "auto", "auto: not on TPU")
-    tensor = resolve_rollout_layout("tensor", "legacy", config, cpu)
-    assert tensor.rows == "maxtext" and "not sharding_style legacy" in tensor.why
-    assert resolve_rollout_layout("replicated", "maxtext", config, cpu).rows == "maxtext"
+    chosen = resolve_rollout_layout("auto", config, cpu)
+    assert (chosen.weight_layout, chosen.configured, chosen.why) == ("fsdp", "auto", "auto: not on TPU")
     with pytest.raises(ValueError, match="use auto or one of"):
-        resolve_rollout_layout("sideways", "legacy", config, cpu)
+        resolve_rollout_layout("sideways", config, cpu)
     with pytest.raises(ValueError, match="weight_copies=2 is for weight_layout head_groups, not fsdp"):
-        resolve_rollout_layout("fsdp", "legacy", config, cpu, copies=2)
+        resolve_rollout_layout("fsdp", config, cpu, copies=2)
     # `auto` choosing another layout (a TPU config run on CPU) leaves the copies unused and says so.
-    on_cpu = resolve_rollout_layout("auto", "legacy", config, cpu, copies=2)
+    on_cpu = resolve_rollout_layout("auto", config, cpu, copies=2)
     assert (on_cpu.weight_layout, on_cpu.copies) == ("fsdp", 1)
     assert on_cpu.why == "auto: not on TPU; rollout.weight_copies=2 not used (it is for head_groups)"
     if aot.libtpu_version() is None:
         return
     chips = Mesh(np.array(aot.tpu_devices(parse_accelerator_type("v6e-4"))).reshape(1, 4, 1),
                  ("dp", "fsdp", "tp"))
-    assert resolve_rollout_layout("auto", "legacy", config, chips).to_json() == {
-        "weight_layout": "head_groups", "rows": "legacy", "configured": "auto",
+    assert resolve_rollout_layout("auto", config, chips).to_json() == {
+        "weight_layout": "head_groups", "configured": "auto",
         "why": "auto: the 2 KV heads and the model's dims divide 4 chips", "copies": 1}
-    two_copies = resolve_rollout_layout("head_groups", "legacy", config, chips, copies=2)
+    two_copies = resolve_rollout_layout("head_groups", config, chips, copies=2)
     assert two_copies.copies == 2 and two_copies.why.endswith("2 copies of the weights, 2 chips each")
     with pytest.raises(ValueError, match="weight_copies=4 does not give each copy.*use a divisor of 2"):
-        resolve_rollout_layout("head_groups", "legacy", config, chips, copies=4)
+        resolve_rollout_layout("head_groups", config, chips, copies=4)
     three_kv = dataclasses.replace(config, num_attention_heads=6, num_key_value_heads=3)
-    assert resolve_rollout_layout("auto", "legacy", three_kv, chips).weight_layout == "megatron"
+    assert resolve_rollout_layout("auto", three_kv, chips).weight_layout == "megatron"
     odd_vocab = dataclasses.replace(config, vocab_size=1026)
-    assert resolve_rollout_layout("auto", "legacy", odd_vocab, chips).why == (
+    assert resolve_rollout_layout("auto", odd_vocab, chips).why == (
         "auto: 4 chips do not divide the vocabulary")
-    assert resolve_rollout_layout("auto", "maxtext", config, chips).weight_layout == "fsdp"
-    assert resolve_rollout_layout("auto", "legacy", config, chips, mesh_shape="1,4,1").weight_layout == "fsdp"
+    assert resolve_rollout_layout("auto", config, chips, mesh_shape="1,4,1").weight_layout == "fsdp"
     # One copy of head_groups' weights per 8 chips: v6e-16 holds two, v6e-8 one.
     v6e16 = Mesh(np.array(aot.tpu_devices(parse_accelerator_type("v6e-16"))).reshape(1, 16, 1),
                  ("dp", "fsdp", "tp"))
-    sixteen = resolve_rollout_layout("auto", "legacy", config, v6e16)
+    sixteen = resolve_rollout_layout("auto", config, v6e16)
     assert (sixteen.weight_layout, sixteen.copies) == ("head_groups", 2)
     assert sixteen.why.endswith("2 copies of the weights, 8 chips each (one per 8 chips)")
-    assert resolve_rollout_layout("head_groups", "legacy", config, v6e16).copies == 2  # copies auto
-    assert resolve_rollout_layout("auto", "legacy", config, v6e16, copies=1).copies == 1
+    assert resolve_rollout_layout("head_groups", config, v6e16).copies == 2  # copies auto
+    assert resolve_rollout_layout("auto", config, v6e16, copies=1).copies == 1
     eight = Mesh(np.array(aot.tpu_devices(parse_accelerator_type("v6e-8"))).reshape(1, 8, 1),
                  ("dp", "fsdp", "tp"))
-    assert resolve_rollout_layout("auto", "legacy", config, eight).copies == 1
+    assert resolve_rollout_layout("auto", config, eight).copies == 1
     # Two slices (Multislice, dp over them): a copy on each slice, so decode stays inside a slice; where no
     # copy fits a slice's chips, fsdp (megatron would split the weights over both).
     two = Mesh(np.array(aot.tpu_devices(parse_accelerator_type("v6e-4"), 2)).reshape(2, 4, 1),
                ("dp", "fsdp", "tp"))
-    both = resolve_rollout_layout("auto", "legacy", config, two)
+    both = resolve_rollout_layout("auto", config, two)
     assert (both.weight_layout, both.copies) == ("head_groups", 2)
     assert both.why.endswith("2 copies of the weights, 4 chips each (one per 4 chips, 1 a slice)")
-    three_kv_on_two = resolve_rollout_layout("auto", "legacy", three_kv, two)
+    three_kv_on_two = resolve_rollout_layout("auto", three_kv, two)
     assert three_kv_on_two.weight_layout == "fsdp" and three_kv_on_two.why.startswith("auto: 2 slices")

@@ -56,7 +56,7 @@ def test_sharded_cache_skips_prompt_padding(tiny_model):
     # Prompts padded to a fixed 128 come back at that width; the cache holds the last 64 slots only.
     model, config = tiny_model
     mesh = make_mesh("1,1,1")
-    options = {"prompt_len": 128, "max_new_tokens": 8, "mesh": mesh, "style": "legacy"}
+    options = {"prompt_len": 128, "max_new_tokens": 8, "mesh": mesh}
     now = ShardedSampler(model, 0, config.eos_token_ids, attend_bucket=4, **options)
     whole = ShardedSampler(model, 0, config.eos_token_ids, attend_bucket=0, **options)
     whole.cache_prompt_width = lambda padded, longest: padded
