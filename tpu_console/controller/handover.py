@@ -30,6 +30,7 @@ class Budgets:
     confirm_s: float = 5.0
     queued: bool = False
     valid_for_s: float | None = None
+    doctor: bool | None = None  # the pod doctor on each new node; None: on, but for local pods
 
 
 def hand_over(store: StateStore, result: LaunchResult, job: dict[str, Any], zones: list[str],
@@ -48,6 +49,7 @@ def hand_over(store: StateStore, result: LaunchResult, job: dict[str, Any], zone
         setup=(result.job or {}).get("setup") if job["kind"] == "command" else None,
         max_recoveries=budgets.max_recoveries, max_cost=budgets.max_cost, price_per_hour=price,
         deadline=budgets.deadline, confirm_s=budgets.confirm_s, lost_after_s=budgets.lost_after_s,
+        doctor=budgets.doctor if budgets.doctor is not None else node.provider != "local",
         owner=ownership.me(),
         incarnations=[Incarnation(0, node.name, node.zone,
                                   created_at=node.created_at.timestamp() if node.created_at else time.time(),
@@ -83,6 +85,7 @@ def budgets_of(recovery: Any = None, *, max_recoveries: int | None = None, max_c
         if wait is not None else None,
         lost_after_s=parse_duration(str(lost), "--lost-after"),
         queued=bool(pick(queued, "queued", False)),
+        doctor=pick(None, "doctor", None),
     )
 
 

@@ -12,7 +12,9 @@ looks at what is there, so taking it twice changes nothing:
 - create (incarnation n): adopt a node already labelled with incarnation n (READY; wait while it is being
   made or its queued request waits), else create it: its zone first, then the configured zones ordered by
   the capacity record, one at a time (a queued request in one zone at a time: never two out at once);
-- prepare: bootstrap, sync the same code, run the same setup (relaunch.py);
+- prepare: bootstrap, sync the same code, run the same setup (relaunch.py); then, when the run's `doctor`
+  is on, the pod doctor (doctor/check.py) on the new node: a finding makes the node again (a recovery of
+  the budget: delete, create) or, the budget spent, gives up with the doctor's line;
 - launch: adopt a run already started on the node since the incarnation began, else launch the job again;
 - sweep (after a give-up or a cancel, for `sweep_s`: a request filled late is deleted when it appears;
   once after a success): delete the nodes the controller made for the run and its queued requests, and
@@ -48,6 +50,7 @@ from tpu_console.controller.observe import (
 )
 from tpu_console.controller.state import Action, Incarnation, Recovery, Status, Stored
 from tpu_console.controller.store import Conflict, StateStore
+from tpu_console.doctor import check as doctor
 from tpu_console.domain import CreateRequest, NodeState
 from tpu_console.errors import NotFound, one_line
 from tpu_console.history.store import RunStore
@@ -58,6 +61,7 @@ from tpu_console.providers.nodes import create_node
 
 STEPS_PER_PASS = 8  # actions one run may take in a row before the next look at the others
 PREPARE_TRIES = 3
+DOCTOR = "the pod doctor"  # a recovery's reason when the doctor found the new node unfit
 LAUNCH_TRIES = 3
 
 
@@ -282,7 +286,9 @@ class Controller:
                 await self._give_up(stored, f"{why}; it is left alone")
                 return False
             lost = node.node.state in (*LOST_STATES, NodeState.DELETING)
-            host_lost = recovery is not None and recovery.reason == "host lost"
+            # the two losses of a node that reads READY: its hosts unreachable, or the doctor's finding
+            host_lost = recovery is not None and (recovery.reason == "host lost"
+                                                  or recovery.reason.startswith(DOCTOR))
             if not lost and not host_lost and node.node.state is not NodeState.CREATING:
                 # the loss was confirmed, yet the node reads usable: a stale journal; look again instead
                 run.status = Status.RUNNING.value
@@ -427,9 +433,38 @@ class Controller:
         except Exception as exc:  # noqa: BLE001 - a worker not up yet, a network error: a few tries
             return await self._failed(stored, Action.PREPARE, PREPARE_TRIES, f"preparing {run.node}",
                                       "prepare", one_line(exc))
-        if run.recoveries and run.recoveries[-1].n == run.current.n:
-            run.recoveries[-1].prepared_at = time.time()
+        if recovery is not None:
+            recovery.prepared_at = time.time()
+        if run.doctor:
+            try:
+                report = await doctor.check_node(self.providers, run.node, python=run.job.get("python"),
+                                                 progress=self.progress)
+            except Exception as exc:  # noqa: BLE001 - the node not READY now, a network error: a few tries
+                return await self._failed(stored, Action.PREPARE, PREPARE_TRIES, f"checking {run.node}",
+                                          "the pod doctor", one_line(exc))
+            if not report.ok:
+                return await self._unfit(stored, report.lines()[0])
+            if recovery is not None:
+                recovery.checked_at = time.time()
         await self._intend(stored, Action.LAUNCH, run.current.n)
+        return False
+
+    async def _unfit(self, stored: Stored, finding: str) -> bool:
+        """The doctor's finding on the new node: the node made again, as a recovery of the budget, or the
+        run given up with the finding once the budget is spent."""
+        run, inc = stored.run, stored.run.current
+        now = time.time()
+        inc.ended, inc.ended_at = f"{DOCTOR}: {finding}", now
+        self.progress(f"{run.id}: {DOCTOR} on {run.node}: {finding}")
+        if (why := run.budget_left(now)) is not None:
+            await self._give_up(stored, f"{DOCTOR} on {run.node}: {finding}; {why}")
+            return False
+        before = run.recoveries[-1].last_step_before if run.recoveries else inc.last_step
+        run.recoveries.append(Recovery(n=len(run.incarnations), reason=f"{DOCTOR}: {finding}",
+                                       detected_at=now, confirmed_at=now, last_step_before=before))
+        run.note = f"{DOCTOR} on {run.node}: {finding}; making it again"
+        self.notify("doctor", f"managed run {run.id}: {DOCTOR} on {run.node}: {finding}; making it again")
+        await self._intend(stored, Action.DELETE, inc.n)
         return False
 
     async def _launch(self, stored: Stored) -> bool:

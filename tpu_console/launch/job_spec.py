@@ -107,6 +107,7 @@ class RecoverySpec(_Strict):
     deadline: str | float | None = None  # no recovery begins this long after the launch ("12h")
     lost_after: str | float = "10m"  # a host unreachable this long on a READY node is lost
     queued: bool = False  # a new node through a queued request (gcp), one zone at a time
+    doctor: bool | None = None  # the pod doctor on each new node before the relaunch (default: not local)
 
 
 class JobSpec(_Strict):

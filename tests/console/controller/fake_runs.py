@@ -1,6 +1,6 @@
 """The run side of a managed run, faked, for the controller's tests against the TPU API emulator: its
-nodes are the emulator's (no workers), so preparing, launching and reading a run are stand-ins that remember
-on which node incarnation each run was launched."""
+nodes are the emulator's (no workers), so preparing, the pod doctor's check, launching and reading a run are
+stand-ins that remember on which node incarnation each was done."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 from tpu_console.controller import loop, relaunch
 from tpu_console.controller.observe import RunReading, StartMarks
 from tpu_console.controller.state import INCARNATION_LABEL
+from tpu_console.doctor import check
 
 
 class FakeRuns:
@@ -18,6 +19,8 @@ class FakeRuns:
         self.provider = provider
         self.launched: list[tuple[str, str]] = []  # (run id, the node's incarnation label)
         self.prepared: list[str] = []
+        self.checked: list[str] = []
+        self.findings: list[str] = []  # what the doctor finds on the next nodes it checks, in turn
         self.state = "running"  # the run's state as read; a launch makes a running one
         self.preempted_by: float | None = None  # its supervisor passed on a preemption notice
 
@@ -27,12 +30,18 @@ class FakeRuns:
         monkeypatch.setattr(loop, "read_run", self.read_run)
         monkeypatch.setattr(loop, "read_start", self.read_start)
         monkeypatch.setattr(loop, "runs_since", self.runs_since)
+        monkeypatch.setattr(check, "check_node", self.check_node)
 
     async def _incarnation(self, name: str) -> str:
         return (await self.provider.get(name)).labels.get(INCARNATION_LABEL, "0")
 
     async def prepare(self, providers, node, *_a, **_k) -> None:
         self.prepared.append(await self._incarnation(node))
+
+    async def check_node(self, providers, node, **_k):
+        self.checked.append(await self._incarnation(node))
+        found = [self.findings.pop(0)] if self.findings else []
+        return SimpleNamespace(ok=not found, lines=lambda: found or ["fine"])
 
     async def launch_again(self, providers, run_id, node, *_a, **_k):
         run = f"run-{len(self.launched)}"

@@ -19,13 +19,15 @@ pytestmark = pytest.mark.usefixtures("console_home")
 def test_the_budgets_come_from_the_job_files_recovery_with_the_flags_over_it(tmp_path):
     job_file = tmp_path / "job.toml"
     job_file.write_text('command = "python train.py"\n[recovery]\nmax_recoveries = 5\ndeadline = "2h"\n'
-                        'max_cost = 40\nlost_after = "15m"\n')
+                        'max_cost = 40\nlost_after = "15m"\ndoctor = false\n')
     job = load_job_file(job_file)
     budgets = budgets_of(job.recovery, now=1000.0)
     assert (budgets.max_recoveries, budgets.max_cost, budgets.deadline, budgets.lost_after_s) == (
         5, 40.0, 1000.0 + 7200, 900.0)
+    assert budgets.doctor is False
     assert budgets_of(job.recovery, max_recoveries=1, deadline="30m", now=0).deadline == 1800
     assert budgets_of(None).max_recoveries == 3 and budgets_of(None).deadline is None
+    assert budgets_of(None).doctor is None  # on for every provider but local pods (hand_over)
     with pytest.raises(UserError, match="--deadline"):
         budgets_of(None, deadline="soon")
     job_file.write_text('command = "python train.py"\n[recovery]\nmax_recoverys = 5\n')

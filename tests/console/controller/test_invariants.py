@@ -175,6 +175,31 @@ async def test_a_run_that_exited_0_after_a_preemption_notice_is_recovered_not_fi
     assert not any(verb == "DELETE" for verb, _ in emulator.requests) and len(nodes(emulator)) == 1
 
 
+async def test_a_new_node_the_doctor_finds_unfit_is_made_again(world, emulator):
+    provider, runs, store, controller = world
+    emulator.add_node(PROJECT, Z1, NAME, "v6e-8")
+    run = await managed(provider, store)
+    emulator.preempt(Z1, NAME)
+    finding = "worker 0 saw 3 of 4 chips: recreate the node"
+    runs.findings = [finding]
+    done = await drive(controller(), lambda r: len(r.incarnations) == 3 and (r.intent or {}).get("action")
+                       == "watch", run.id, store)
+    assert [r.reason for r in done.recoveries] == ["preempted", f"the pod doctor: {finding}"]
+    assert done.incarnations[1].ended == f"the pod doctor: {finding}"
+    assert runs.checked == ["1", "2"] and runs.launched == [("run-0", "2")] and len(nodes(emulator)) == 1
+
+
+async def test_with_no_recovery_left_the_doctors_finding_gives_the_run_up(world, emulator):
+    provider, runs, store, controller = world
+    emulator.add_node(PROJECT, Z1, NAME, "v6e-8")
+    run = await managed(provider, store, max_recoveries=1)
+    emulator.preempt(Z1, NAME)
+    runs.findings = ["worker 0 did not answer"]
+    done = await drive(controller(), lambda r: r.status == "GAVE_UP" and not r.intent, run.id, store)
+    assert f"the pod doctor on {NAME}: worker 0 did not answer; 1 recoveries already made" in done.note
+    assert nodes(emulator) == [] and runs.launched == []  # the unfit node it made goes
+
+
 async def test_a_node_of_a_newer_incarnation_is_left_alone(world, emulator):
     provider, runs, store, controller = world
     emulator.add_node(PROJECT, Z1, NAME, "v6e-8")
