@@ -28,29 +28,22 @@ all-reduce 2(k-1)/k S; all-gather (k-1)/k R; reduce-scatter and all-to-all (k-1)
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from trainer.planner.whole_cost import computation_header, computation_runs, loops
+from trainer.planner.hlo_text import (
+    HloModule,
+    arrays,
+    as_module,
+    frontend_attributes,
+    replica_groups,
+    target_ids,
+    target_slice_list,
+)
 
-# libtpu numbers a multislice topology's devices (slice + 1) * 100000 + chip (tests/trainer/test_dcn.py).
+# libtpu numbers a multislice topology's devices (slice + 1) * 100000 + chip (tests/trainer/planner/
+# test_dcn.py).
 SLICE_ID_STRIDE = 100000
-
-_HOST_TRANSFER = re.compile(
-    r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.*?)\s(?P<op>send|recv)\((?P<rest>.*)$"
-)
-_ATTR = re.compile(r'(?P<key>_xla_[a-z_]+)=(?P<value>"[^"]*"|\{\{[\d,{} ]*\}\})')
-_ARRAY = re.compile(r"(?P<dtype>pred|s8|u8|s16|u16|f16|bf16|s32|u32|f32|s64|u64|f64)\[(?P<dims>[\d,]*)\]")
-_ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
-             "f32": 4, "s64": 8, "u64": 8, "f64": 8}
-_SLICES_BY_RANGE = re.compile(r"^\{(?P<slices>[\d,]+)\}x")
-_GROUP = re.compile(r"\{(?P<ids>[\d,\s]+)\}")
-_EXPLICIT_GROUPS = re.compile(r"replica_groups=\{(?P<body>(?:\{[\d,]*\},?)*)\}")
-_IOTA_GROUPS = re.compile(
-    r"replica_groups=\[(?P<shape>[\d,]+)\]<=\[(?P<dims>[\d,]+)\](?:T\((?P<perm>[\d,]+)\))?"
-)
-_PAIRS = re.compile(r"source_target_pairs=\{(?P<body>(?:\{\d+,\d+\},?)*)\}")
 
 KINDS = {"ALL_REDUCE": "all-reduce", "ALL_GATHER": "all-gather", "REDUCE_SCATTER": "reduce-scatter",
          "ALL_TO_ALL": "all-to-all"}
@@ -91,50 +84,40 @@ def wire_bytes(kind: str, send: float, recv: float, slices: int) -> float:
 
 def _payload_bytes(shape: str) -> int:
     """The buffer of a send/recv's tuple: every array but the scalars the runtime adds (u32[], token[])."""
-    total = 0
-    for m in _ARRAY.finditer(shape):
-        dims = [int(d) for d in m.group("dims").split(",") if d]
-        if dims:
-            count = 1
-            for d in dims:
-                count *= d
-            total += count * _ITEMSIZE[m.group("dtype")]
-    return total
+    return sum(a.nbytes for a in arrays(shape) if a.dims)
 
 
 def target_slices(target: str, slice_of: Mapping[int, int] | None = None) -> int:
     """How many slices a megascale target spans: `{1,2}x{0:15}` lists them; `{{100000,...}}` lists global
     device ids (slice from `slice_of` when given, else libtpu's numbering)."""
     target = target.strip().strip('"')
-    if m := _SLICES_BY_RANGE.match(target):
-        return len({s for s in m.group("slices").split(",") if s})
-    ids = [int(x) for g in _GROUP.finditer(target) for x in g.group("ids").replace(" ", "").split(",") if x]
+    if (listed := target_slice_list(target)) is not None:
+        return len(set(listed))
+    ids = target_ids(target)
     return len({(slice_of or {}).get(i, i // SLICE_ID_STRIDE - 1) for i in ids}) or 1
 
 
-def megascale_ops(hlo_text: str, slice_of: Mapping[int, int] | None = None) -> list[DcnOp]:
+def megascale_ops(hlo: str | HloModule, slice_of: Mapping[int, int] | None = None) -> list[DcnOp]:
     """The megascale host transfers of a compiled program, one per rendezvous (its send and recv), as often
-    as it runs (one in a loop body as often as the loop runs, trainer/planner/whole_cost.py)."""
+    as it runs (one in a loop body as often as the loop runs)."""
+    module = as_module(hlo)
     found: dict[str, dict] = {}
-    runs, computation = computation_runs(hlo_text), ""
-    open_loops = _open_loop_parts(hlo_text)
+    # The bodies and conditions of the loops whose trip count cannot be read, each with its loop's body.
+    open_loops = {part: loop.body for loop in module.loops if loop.trips is None
+                  for part in (loop.body, loop.condition)}
     share = 1 / len(set(open_loops.values())) if open_loops else 0.0
-    for line in hlo_text.splitlines():
-        if header := computation_header(line):
-            computation = header
+    for computation, ins in module.instructions():
+        if ins.op not in ("send", "recv") or "is_host_transfer=true" not in ins.attrs:
             continue
-        if "is_host_transfer=true" not in line or "_xla_megascale_transfer_type" not in line:
+        attrs = frontend_attributes(ins.attrs)
+        if "_xla_megascale_transfer_type" not in attrs:
             continue
-        m = _HOST_TRANSFER.search(line)
-        if not m:
-            continue
-        attrs = {a.group("key"): a.group("value").strip('"') for a in _ATTR.finditer(m.group("rest"))}
-        key = attrs.get("_xla_host_transfer_rendezvous") or m.group("name")
-        entry = found.setdefault(key, {"send": 0, "recv": 0, "times": max(runs.get(computation, 1), 1),
+        key = attrs.get("_xla_host_transfer_rendezvous") or ins.name
+        entry = found.setdefault(key, {"send": 0, "recv": 0, "times": module.times(computation),
                                        "per_iteration": share if computation in open_loops else 0.0})
-        entry["type"] = attrs.get("_xla_megascale_transfer_type", "")
+        entry["type"] = attrs["_xla_megascale_transfer_type"]
         entry["slices"] = target_slices(attrs.get("_xla_megascale_target", ""), slice_of)
-        entry[m.group("op")] = _payload_bytes(m.group("shape"))
+        entry[ins.op] = _payload_bytes(ins.shape)
     return [
         DcnOp(KINDS.get(e["type"], e["type"].lower().replace("_", "-")), e["send"], e["recv"], e["slices"],
               e["per_iteration"])
@@ -143,54 +126,7 @@ def megascale_ops(hlo_text: str, slice_of: Mapping[int, int] | None = None) -> l
     ]
 
 
-def _open_loop_parts(hlo_text: str) -> dict[str, str]:
-    """The bodies and conditions of the while loops whose trip count cannot be read, each mapped to its
-    loop's body (the loop's name here)."""
-    found, _ = loops(hlo_text)
-    return {part: loop.body for loop in found if loop.trips is None for part in (loop.body, loop.condition)}
-
-
 # ---- replica groups that cross slices ---------------------------------------------------------------------
-
-
-def replica_groups(attrs: str) -> list[list[int]] | None:
-    """A collective's groups of logical device ids, from the explicit (`{{0,1},{2,3}}`) or iota
-    (`[2,4]<=[4,2]T(1,0)`) spelling; pairs for a collective-permute; None when empty (every device) or in a
-    spelling not read here (named mesh axes)."""
-    if m := _PAIRS.search(attrs):
-        return [[int(a), int(b)] for a, b in re.findall(r"\{(\d+),(\d+)\}", m.group("body"))]
-    if m := _EXPLICIT_GROUPS.search(attrs):
-        groups = [[int(x) for x in g.split(",") if x] for g in re.findall(r"\{([\d,]*)\}", m.group("body"))]
-        groups = [g for g in groups if g]
-        return groups or None
-    if m := _IOTA_GROUPS.search(attrs):
-        shape = [int(x) for x in m.group("shape").split(",")]
-        dims = [int(x) for x in m.group("dims").split(",")]
-        perm = [int(x) for x in m.group("perm").split(",")] if m.group("perm") else list(range(len(dims)))
-        ids = _iota(dims, perm)
-        size = shape[-1]
-        return [ids[i:i + size] for i in range(0, len(ids), size)]
-    return None
-
-
-def _iota(dims: Sequence[int], perm: Sequence[int]) -> list[int]:
-    """range(prod(dims)) reshaped to `dims`, transposed by `perm`, flattened (XLA's iota replica groups)."""
-    total = 1
-    for d in dims:
-        total *= d
-    strides = [1] * len(dims)
-    for i in range(len(dims) - 2, -1, -1):
-        strides[i] = strides[i + 1] * dims[i + 1]
-    shape = [dims[p] for p in perm]
-    out = []
-    for flat in range(total):
-        index, rest = [], flat
-        for d in reversed(shape):
-            index.append(rest % d)
-            rest //= d
-        index.reverse()
-        out.append(sum(index[axis] * strides[perm[axis]] for axis in range(len(perm))))
-    return out
 
 
 def slices_spanned(groups: Iterable[Sequence[int]], slice_of: Mapping[int, int]) -> int:

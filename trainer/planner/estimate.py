@@ -22,7 +22,7 @@ Both ends: compute and HBM traffic overlap; collectives do not (decode's are on 
 
 Collectives, on the slice's torus, where the compiled program puts each group: its span, the most chips a
 group reaches along each torus axis, read from the HLO's replica groups and the chips' coordinates
-(trainer/planner/tpu_compile.py torus_span; on v6e-16 a host's 4 chips are a 2x2 square, two hosts a 4x2
+(trainer/planner/collectives.py torus_span; on v6e-16 a host's 4 chips are a 2x2 square, two hosts a 4x2
 block). Where no span was read (a program compiled before spans were, a spelling not read), a group of n chips
 is placed on whole axes, the longest first (4x4 -> a group of 4 is one axis, of 16 both). A chip receives over
 the links of the axes its group spans, its share of the chip's bidirectional ICI bandwidth (half of it
@@ -110,7 +110,7 @@ ZERO = Range(0.0, 0.0)
 @dataclass(frozen=True)
 class ProgramCost:
     """One program's per-chip figures, as the compiler gave them. ops: (kind, result bytes, group size,
-    count) of its collectives (trainer/planner/tpu_compile.py `Collectives.grouped`); hbm_traffic: the bytes
+    count) of its collectives (trainer/planner/collectives.py `Collectives.grouped`); hbm_traffic: the bytes
     it moves across HBM (trainer/planner/hbm_traffic.py; 0: not counted, `bytes_accessed` stands in)."""
 
     flops: float
@@ -161,8 +161,8 @@ def ring_steps(kind: str, axes: Sequence[int]) -> int:
 
 def collective_seconds(kind: str, result_bytes: float, group: int, tpu: TpuSlice, end: End,
                        span: Sequence[int] = ()) -> float:
-    """One collective's seconds at `end`; span: its group's reach along each torus axis (aot.torus_span),
-    () to place it by its size alone (group_axes)."""
+    """One collective's seconds at `end`; span: its group's reach along each torus axis
+    (collectives.torus_span), () to place it by its size alone (group_axes)."""
     if group <= 1:
         return 0.0  # a group of one chip moves nothing (XLA keeps a few such ops)
     g = tpu.generation
@@ -175,7 +175,7 @@ def collective_seconds(kind: str, result_bytes: float, group: int, tpu: TpuSlice
 
 
 def collectives_seconds(ops: Iterable[Sequence], tpu: TpuSlice, end: End) -> float:
-    """ops: rows of (kind, result bytes, group, count[, span]) (aot.Collectives.grouped)."""
+    """ops: rows of (kind, result bytes, group, count[, span]) (collectives.Collectives.grouped)."""
     return sum(collective_seconds(kind, size, group, tpu, end, *span) * count
                for kind, size, group, count, *span in ops)
 
@@ -260,7 +260,7 @@ def step_runs(steps: float, logprob_passes: int) -> dict[str, float]:
 def network_step(programs: Mapping[str, tuple[Sequence, Sequence]], tpu: TpuSlice, steps: float,
                  logprob_passes: int, slices: int = 1) -> dict:
     """Bytes one chip puts on the wire in a training step, and their time (low..high), inside a slice (ICI)
-    and between slices (DCN). programs: name -> (its collectives, grouped as aot.Collectives.grouped; its
+    and between slices (DCN). programs: name -> (its collectives, grouped as Collectives.grouped; its
     transfers between slices, grouped as dcn.grouped)."""
     ici_bytes = dcn_bytes = 0.0
     ici, dcn = ZERO, ZERO

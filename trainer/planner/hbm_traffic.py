@@ -22,32 +22,16 @@ instruction) is charged
 - what moves nothing: parameters, constants, tuples and their elements, bitcasts, the loop and branch
   instructions themselves (their computations are charged).
 
-Each computation is charged as often as it runs (trainer/planner/whole_cost.py: a loop body by its trip count;
+Each computation is charged as often as it runs (trainer/planner/hlo_text.py: a loop body by its trip count;
 a loop of unknown length, the decode loop, once). Pure text processing: no JAX.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
-from trainer.planner.whole_cost import computation_runs, computations
+from trainer.planner.hlo_text import HloModule, Instruction, arrays, as_module, shape_bytes, tuple_elements
 
-# `%name = SHAPE opcode(` ; the shape may be a tuple with spaces, never ` word(`.
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.*?)\s(?P<op>[a-z][\w\-]*)\(")
-_ARRAY = re.compile(
-    r"(?P<dtype>pred|s4|u4|s8|u8|s16|u16|f16|bf16|s32|u32|f32|s64|u64|f64|f8e\w+|c64|c128)"
-    r"\[(?P<dims>[\d,]*)\](?:\{(?P<layout>[^}]*)\})?"
-)
-_BITS = {"pred": 8, "s4": 4, "u4": 4, "c64": 64, "c128": 128}
-_SPACE = re.compile(r"S\((?P<space>\d+)\)")
-_OPERAND = re.compile(r"%(?P<name>[\w.\-]+)")
-_CALLS = re.compile(r"\bcalls=%(?P<name>[\w.\-]+)")
-# Computations an instruction runs as part of the program's schedule (a fusion's is analysed with it).
-_SCHEDULED = re.compile(
-    r"\b(?:body|condition|to_apply|true_computation|false_computation)=%(?P<one>[\w.\-]+)"
-    r"|\bbranch_computations=\{(?P<many>[^}]*)\}"
-)
 FREE = {
     "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "conditional", "call",
     "after-all", "partition-id", "replica-id", "opt-barrier", "add-dependency", "domain",
@@ -55,90 +39,8 @@ FREE = {
 SLICES = {"slice", "dynamic-slice"}
 
 
-def _itemsize_bits(dtype: str) -> int:
-    if dtype in _BITS:
-        return _BITS[dtype]
-    return int(re.search(r"\d+", dtype).group()) if re.search(r"\d+", dtype) else 8
-
-
-@dataclass(frozen=True)
-class Array:
-    nbytes: int
-    space: int  # 0: HBM
-
-
-def arrays(shape: str) -> list[Array]:
-    """Every array of an HLO shape (a tuple's, in order) with its bytes and memory space."""
-    found = []
-    for m in _ARRAY.finditer(shape):
-        count = 1
-        for d in filter(None, m.group("dims").split(",")):
-            count *= int(d)
-        space = _SPACE.search(m.group("layout") or "")
-        found.append(Array((count * _itemsize_bits(m.group("dtype")) + 7) // 8, int(space.group("space"))
-                           if space else 0))
-    return found
-
-
 def _hbm(shape: str) -> int:
     return sum(a.nbytes for a in arrays(shape) if a.space == 0)
-
-
-def _top_level_tuple(shape: str) -> list[str]:
-    """The elements of a tuple shape `(a, (b, c), d)` at its top level; [shape] for an array."""
-    s = shape.strip()
-    if not s.startswith("("):
-        return [s]
-    parts, depth, start = [], 0, 1
-    for i, ch in enumerate(s):
-        if ch in "({[":
-            depth += 1
-        elif ch in ")}]":
-            depth -= 1
-            if depth == 0:
-                parts.append(s[start:i])
-        elif ch == "," and depth == 1:
-            parts.append(s[start:i])
-            start = i + 1
-    return [p.strip() for p in parts if p.strip()]
-
-
-@dataclass
-class Instruction:
-    name: str
-    shape: str
-    op: str
-    operands: list[str]
-    attrs: str
-    root: bool
-    inside: str = ""  # the text between the parentheses (a parameter's number)
-
-
-def _operand_text(line: str, start: int) -> tuple[str, str]:
-    """The text inside the parentheses opened at `start` (matching nested ones), and what follows."""
-    depth = 0
-    for i in range(start, len(line)):
-        if line[i] == "(":
-            depth += 1
-        elif line[i] == ")":
-            depth -= 1
-            if depth == 0:
-                return line[start + 1:i], line[i + 1:]
-    return line[start + 1:], ""
-
-
-def parse(lines: list[str]) -> list[Instruction]:
-    """A computation's instructions (its header line first in `lines`)."""
-    out = []
-    for line in lines[1:]:
-        m = _INSTRUCTION.match(line)
-        if not m:
-            continue
-        inside, attrs = _operand_text(line, m.end() - 1)
-        out.append(Instruction(m.group("name"), m.group("shape"), m.group("op"),
-                               [o.group("name") for o in _OPERAND.finditer(inside)], attrs,
-                               line.lstrip().startswith("ROOT"), inside))
-    return out
 
 
 @dataclass
@@ -166,11 +68,11 @@ class Fusions:
     def _use(self, user: Instruction, operand: str) -> int | None:
         """Bytes `user` reads of its operand `operand` when only part of it (None: all of it)."""
         if user.op in SLICES and user.operands[0] == operand:
-            return _total(user.shape)
+            return shape_bytes(user.shape)
         if user.op == "dynamic-update-slice" and user.operands[0] == operand:
             return 0  # the buffer updated in place: only the update moves
-        m = _CALLS.search(user.attrs) if user.op == "fusion" else None
-        if m and (nested := self.body(m.group("name"))):
+        called = user.called("calls") if user.op == "fusion" else []
+        if called and (nested := self.body(called[0])):
             parts = [nested.reads.get(i) for i, o in enumerate(user.operands) if o == operand]
             return None if not parts or None in parts else sum(parts)  # type: ignore[arg-type]
         return None
@@ -206,16 +108,12 @@ class Fusions:
             written = None
             if out is not None and out.op == "dynamic-update-slice" and len(out.operands) > 1:
                 update = by.get(out.operands[1])
-                written = _total(update.shape) if update is not None else None
-            elif out is not None and out.op == "fusion" and (m := _CALLS.search(out.attrs)):
-                nested = self.body(m.group("name"))
+                written = shape_bytes(update.shape) if update is not None else None
+            elif out is not None and out.op == "fusion" and (called := out.called("calls")):
+                nested = self.body(called[0])
                 written = nested.writes[0] if nested and len(nested.writes) == 1 else None
             writes.append(written)
         return FusedBody(reads, writes)
-
-
-def _total(shape: str) -> int:
-    return sum(a.nbytes for a in arrays(shape))
 
 
 @dataclass
@@ -239,26 +137,26 @@ def _charge(ins: Instruction, shapes: dict[str, str], fused: Fusions) -> float:
         return _hbm(ins.shape)
     operand_shapes = [shapes.get(o, "") for o in ins.operands]
     if op in ("slice-start", "dynamic-slice-start"):
-        parts = _top_level_tuple(ins.shape)
-        piece = _total(parts[1]) if len(parts) > 1 else 0
+        parts = tuple_elements(ins.shape)
+        piece = shape_bytes(parts[1]) if len(parts) > 1 else 0
         return piece if operand_shapes and _hbm(operand_shapes[0]) else 0
     if op.endswith("-start"):
         return sum(_hbm(s) for s in operand_shapes)
     if op in SLICES:
-        read = _total(ins.shape) if operand_shapes and _hbm(operand_shapes[0]) else 0
+        read = shape_bytes(ins.shape) if operand_shapes and _hbm(operand_shapes[0]) else 0
         return read + _hbm(ins.shape)
     if op == "dynamic-update-slice":
-        update = _total(operand_shapes[1]) if len(operand_shapes) > 1 else 0
+        update = shape_bytes(operand_shapes[1]) if len(operand_shapes) > 1 else 0
         read = update if len(operand_shapes) > 1 and _hbm(operand_shapes[1]) else 0
         return read + (update if _hbm(ins.shape) else 0)
-    if op == "fusion" and (m := _CALLS.search(ins.attrs)) and (body := fused.body(m.group("name"))):
+    if op == "fusion" and (called := ins.called("calls")) and (body := fused.body(called[0])):
         total = 0
         for i, s in enumerate(operand_shapes):
             hbm = _hbm(s)
             if hbm:
                 part = body.reads.get(i)
                 total += hbm if part is None else min(part, hbm)
-        outs = _top_level_tuple(ins.shape)
+        outs = tuple_elements(ins.shape)
         for j, out in enumerate(outs):
             hbm = _hbm(out)
             if hbm:
@@ -268,29 +166,25 @@ def _charge(ins: Instruction, shapes: dict[str, str], fused: Fusions) -> float:
     return sum(_hbm(s) for s in operand_shapes) + _hbm(ins.shape)
 
 
-def hbm_traffic(hlo_text: str) -> HbmTraffic:
-    """The HBM bytes one run of the compiled program `hlo_text` moves per chip (method: module docstring)."""
-    comps, entry = computations(hlo_text)
-    parsed = {name: parse(lines) for name, lines in comps.items()}
-    runs = computation_runs(hlo_text)
-    scheduled, todo = set(), [entry] if entry else []
+def hbm_traffic(hlo: str | HloModule) -> HbmTraffic:
+    """The HBM bytes one run of the compiled program `hlo` moves per chip (method: module docstring)."""
+    module = as_module(hlo)
+    parsed = {name: comp.instructions for name, comp in module.computations.items()}
+    scheduled, todo = set(), [module.entry] if module.entry else []
     while todo:
         name = todo.pop()
         if name in scheduled or name not in parsed:
             continue
         scheduled.add(name)
         for ins in parsed[name]:
-            for m in _SCHEDULED.finditer(ins.attrs):
-                if m.group("one"):
-                    if ins.op in ("while", "conditional", "call"):
-                        todo.append(m.group("one"))
-                else:
-                    todo += [n.strip().lstrip("%") for n in m.group("many").split(",")]
+            if ins.op in ("while", "conditional", "call"):
+                todo += ins.called("body", "condition", "to_apply", "true_computation", "false_computation")
+            todo += ins.called("branch_computations")
     fused = Fusions(parsed)
     traffic = HbmTraffic()
     for name in scheduled:
         shapes = {ins.name: ins.shape for ins in parsed[name]}
-        times = max(runs.get(name, 1), 1)
+        times = module.times(name)
         for ins in parsed[name]:
             traffic.add(ins.op, times * _charge(ins, shapes, fused))
     return traffic

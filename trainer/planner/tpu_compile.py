@@ -12,17 +12,18 @@ MaxText's `train_compile` works the same way.
 from __future__ import annotations
 
 import functools
-import math
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from trainer.distributed import has_tpu_chips
-from trainer.planner.hbm_traffic import arrays, hbm_traffic
+from trainer.planner.collectives import Collectives, collectives_in, torus_span
+from trainer.planner.hbm_traffic import hbm_traffic
+from trainer.planner.hlo_text import HloModule, parse_hlo
 from trainer.planner.tpu_specs import TpuSlice
-from trainer.planner.whole_cost import computation_header, computation_runs, whole_cost
+from trainer.planner.whole_cost import whole_cost
 
 
 class LibtpuUnavailable(RuntimeError):
@@ -79,141 +80,6 @@ def tpu_devices(tpu: TpuSlice, slices: int = 1) -> tuple:
             f"libtpu cannot describe {tpu.topology_name}: {str(exc).splitlines()[0]}"
         ) from None
     return tuple(desc.devices)
-
-
-# HLO collectives. A synchronous one names its result's shape on its own line; an async one is a -start
-# (which names the replica groups) and a -done (whose shape is the result, tuples included).
-_COLLECTIVE = re.compile(
-    r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.*?)\s"
-    r"(?P<op>all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(?P<phase>-start|-done)?"
-    r"\((?P<operands>[^)]*)\)(?P<attrs>.*)$"
-)
-# Replica groups in the three spellings XLA prints: explicit lists, iota ([groups,size]<=[n]) and named mesh
-# axes (mesh['axis_0'=4,'axis_1'=4] {'axis_1'}: the group is the named axes).
-_EXPLICIT_GROUPS = re.compile(r"replica_groups=\{\{(?P<first>[\d,]*)\}")
-_IOTA_GROUPS = re.compile(r"replica_groups=\[(?P<dims>[\d,]+)\]<=")
-_MESH_GROUPS = re.compile(r"replica_groups=mesh\[(?P<axes>[^\]]*)\](?P<rest>.*)")
-_MESH_AXIS = re.compile(r"'(?P<name>[^']+)'=(?P<size>\d+)")
-_MESH_NAMES = re.compile(r"\{(?P<names>'[^}]*)\}")
-_PAIRS = re.compile(r"source_target_pairs=")
-
-
-def _array_bytes(text: str) -> list[int]:
-    """The bytes of every array of an HLO shape (a tuple's, in order)."""
-    return [array.nbytes for array in arrays(text)]
-
-
-def group_size(attrs: str, devices: int) -> int:
-    """How many chips take part in one group of a collective, from its HLO attributes (all of them where
-    the groups are empty or unreadable; 2 for a collective-permute, a transfer between a pair)."""
-    if _PAIRS.search(attrs):
-        return 2
-    if m := _EXPLICIT_GROUPS.search(attrs):
-        first = [x for x in m.group("first").split(",") if x]
-        return len(first) or devices
-    if m := _IOTA_GROUPS.search(attrs):
-        return int(m.group("dims").split(",")[-1])
-    if m := _MESH_GROUPS.search(attrs):
-        sizes = {a.group("name"): int(a.group("size")) for a in _MESH_AXIS.finditer(m.group("axes"))}
-        names = _MESH_NAMES.search(m.group("rest"))
-        chosen = [n.strip().strip("'") for n in names.group("names").split(",")] if names else list(sizes)
-        return math.prod(sizes.get(n, 1) for n in chosen)
-    return devices
-
-
-@dataclass(frozen=True)
-class CollectiveOp:
-    """One collective as the HLO names it: its kind, the bytes of its result on one chip (every array of a
-    tuple), how many chips are in its group, and where the group lies on the torus: the extent of its
-    chips along each torus axis (span; () where the chips' coordinates are unknown)."""
-
-    kind: str
-    result_bytes: int
-    group: int
-    span: tuple[int, ...] = ()
-
-
-@dataclass
-class Collectives:
-    """Collectives in a compiled program, each counted as often as it runs (one in a loop body as often as the
-    loop runs, trainer/planner/whole_cost.py; where a loop's trip count cannot be read, once). bytes: the size
-    of each collective's result on one chip (an all-gather's gathered array, an
-    all-reduce's reduced one, every array of a tuple), the data a chip receives. ops: each one with its
-    group's size, for pricing by kind over the slice's torus (trainer/planner/estimate.py)."""
-
-    count: int = 0
-    bytes: int = 0
-    by_kind: dict[str, list[int]] = field(default_factory=dict)  # kind -> [count, bytes]
-    ops: list[CollectiveOp] = field(default_factory=list)
-
-    def add(self, kind: str, nbytes: int, group: int = 0, times: int = 1, span: tuple[int, ...] = ()) -> None:
-        self.count += times
-        self.bytes += nbytes * times
-        entry = self.by_kind.setdefault(kind, [0, 0])
-        entry[0] += times
-        entry[1] += nbytes * times
-        self.ops.extend([CollectiveOp(kind, nbytes, group, span)] * times)
-
-    def grouped(self) -> list[list]:
-        """[kind, result bytes, group, count] for each distinct op, and its span where known (a fifth
-        element, a list): the JSON form (thousands of ops a program come down to tens of rows)."""
-        counts: dict[CollectiveOp, int] = {}
-        for op in self.ops:
-            counts[op] = counts.get(op, 0) + 1
-        return [[op.kind, op.result_bytes, op.group, n, *([list(op.span)] if op.span else [])]
-                for op, n in counts.items()]
-
-
-def collectives_in(hlo_text: str, devices: int = 0, skip: Callable[[str, int, str], bool] | None = None,
-                   span: Callable[[str], tuple[int, ...]] | None = None) -> Collectives:
-    """The collectives of a compiled program's HLO text; `devices`: the slice's chip count, the group of a
-    collective whose groups are empty; skip(kind, result bytes, attributes): leave one out (one that crosses
-    slices is counted on the DCN, trainer/planner/dcn.py); span(attributes): where its groups lie on the torus
-    (torus_span)."""
-    found = Collectives()
-    started: dict[str, str] = {}  # an async start's name -> its attributes (the groups are named there)
-    runs, computation = computation_runs(hlo_text), ""
-    for line in hlo_text.splitlines():
-        if header := computation_header(line):
-            computation = header
-            continue
-        m = _COLLECTIVE.search(line)
-        if not m:
-            continue
-        if m.group("phase") == "-start":
-            started[m.group("name")] = m.group("attrs")
-            continue
-        attrs = m.group("attrs")
-        if m.group("phase") == "-done":
-            attrs = started.get(m.group("operands").strip().lstrip("%"), "")
-        sizes = _array_bytes(m.group("shape"))
-        if sizes and not (skip and skip(m.group("op"), sum(sizes), attrs)):
-            found.add(m.group("op"), sum(sizes), group_size(attrs, devices), max(runs.get(computation, 1), 1),
-                      span(attrs) if span else ())
-    return found
-
-
-def torus_span(attrs: str, coords: Mapping[int, Sequence[int]]) -> tuple[int, ...]:
-    """How far a collective's groups reach along each torus axis: per axis, the most chips any one group
-    spans there (max - min + 1 of its chips' coordinates; its ring passes every chip between), from the
-    replica groups (logical ids) and `coords` (logical id -> the chip's torus coordinates). Empty groups:
-    every chip in `coords`. (): a spelling not read, or a chip without coordinates."""
-    from trainer.planner import dcn
-
-    if not coords:
-        return ()
-    if "replica_groups=mesh[" in attrs:
-        return ()  # named mesh axes: not read here
-    groups = dcn.replica_groups(attrs) or [list(coords)]  # none: every chip
-    if any(i not in coords for g in groups for i in g):
-        return ()
-    dims = len(next(iter(coords.values())))
-    reach = [1] * dims
-    for g in groups:
-        for axis in range(dims):
-            values = [coords[i][axis] for i in g]
-            reach[axis] = max(reach[axis], max(values) - min(values) + 1)
-    return tuple(reach)
 
 
 @dataclass
@@ -284,9 +150,9 @@ def compile_program(name: str, fn: Callable, *args: Any, **kwargs: Any) -> Compi
     cost = compiled.cost_analysis() or {}
     if isinstance(cost, list):  # older JAX: one dict per computation
         cost = cost[0] if cost else {}
-    hlo_text = compiled.as_text()
+    hlo = parse_hlo(compiled.as_text())
     # cost_analysis() counts a loop's body once: the micro-batch loop and scanned layers as often as they run.
-    whole = whole_cost(hlo_text, float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)))
+    whole = whole_cost(hlo, float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)))
     program = CompiledProgram(
         name,
         argument_bytes=int(memory.argument_size_in_bytes),
@@ -296,11 +162,11 @@ def compile_program(name: str, fn: Callable, *args: Any, **kwargs: Any) -> Compi
         code_bytes=int(memory.generated_code_size_in_bytes),
         flops=whole.flops,
         bytes_accessed=whole.bytes_accessed,
-        hbm_traffic_bytes=hbm_traffic(hlo_text).bytes,
+        hbm_traffic_bytes=hbm_traffic(hlo).bytes,
         counted_flops=float(cost.get("flops", 0.0)),
         loop_trips=whole.trip_counts,
         compiler_seconds=_compiler_seconds(cost),
-        **_split_by_slice(hlo_text, args),
+        **_split_by_slice(hlo, args),
         compile_s=time.perf_counter() - start,
         output_shardings=compiled.output_shardings,
     )
@@ -314,7 +180,7 @@ def compile_program(name: str, fn: Callable, *args: Any, **kwargs: Any) -> Compi
     return program
 
 
-def _split_by_slice(hlo_text: str, args: Any) -> dict:
+def _split_by_slice(hlo: HloModule, args: Any) -> dict:
     """The program's collectives inside a slice (ICI) and what crosses slices (DCN: megascale transfers, and
     any collective whose replica groups span slices), with logical device ids mapped to slices through the
     device assignment (the first sharded argument's, as jit takes it)."""
@@ -337,7 +203,7 @@ def _split_by_slice(hlo_text: str, args: Any) -> dict:
     coords = coords if len(coords) == len(assignment) else {}
     span = functools.partial(torus_span, coords=coords) if coords else None
     if slices == 1:
-        return {"collectives": collectives_in(hlo_text, per_slice, span=span), "dcn": []}
+        return {"collectives": collectives_in(hlo, per_slice, span=span), "dcn": []}
     crossing: list = []
 
     def skip(kind: str, nbytes: int, attrs: str) -> bool:
@@ -346,9 +212,9 @@ def _split_by_slice(hlo_text: str, args: Any) -> dict:
             crossing.append(op)
         return op is not None
 
-    ici = collectives_in(hlo_text, per_slice, skip, span)
+    ici = collectives_in(hlo, per_slice, skip, span)
     global_ids = {d.id: getattr(d, "slice_index", 0) or 0 for d in assignment}
-    return {"collectives": ici, "dcn": crossing + dcn.megascale_ops(hlo_text, global_ids)}
+    return {"collectives": ici, "dcn": crossing + dcn.megascale_ops(hlo, global_ids)}
 
 
 def _compiler_seconds(cost: dict) -> float | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.planner import dcn, tpu_compile
+from trainer.planner import collectives, dcn, tpu_compile
 
 # Two slices of v6e 2x2: logical ids 0-3 on slice 0, 4-7 on slice 1 (the device assignment's order).
 TWO_SLICES = {i: i // 4 for i in range(8)}
@@ -55,7 +55,7 @@ def test_a_collective_whose_groups_span_slices_moves_its_share_over_the_dcn():
         crossing.append(op) if op else None
         return op is not None
 
-    ici = tpu_compile.collectives_in(hlo, 4, skip)
+    ici = collectives.collectives_in(hlo, 4, skip)
     assert ici.count == 1 and ici.ops[0].group == 4
     assert crossing == [dcn.DcnOp("all-reduce", 4000, 4000, 2)]
 
@@ -96,7 +96,7 @@ def test_megascale_transfers_are_found_with_their_payload_and_slices():
     share = 64 * 8 * 128 * 4  # a chip's 1/16 of the 4 MiB gradient
     assert [op.wire_bytes for op in ops] == [share, 3 / 4 * 128 * 1024 * 4, 1 / 2 * 8 * 8 * 128 * 4]
     # The slice's own all-reduce stays an ICI collective.
-    assert tpu_compile.collectives_in(MEGASCALE_HLO, 16).by_kind == {"all-reduce": [1, 1024 * 1024 * 4]}
+    assert collectives.collectives_in(MEGASCALE_HLO, 16).by_kind == {"all-reduce": [1, 1024 * 1024 * 4]}
     assert dcn.ops_wire_bytes(dcn.grouped(ops)) == pytest.approx(sum(op.wire_bytes for op in ops))
     assert dcn.megascale_ops(MEGASCALE_HLO.replace("is_host_transfer=true", "")) == []
 

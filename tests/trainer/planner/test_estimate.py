@@ -1,5 +1,5 @@
 """The planner's time estimate (trainer/planner/estimate.py) and the collectives it prices
-(trainer/planner/tpu_compile.py), on synthetic HLO and figures: pure, no compile."""
+(trainer/planner/collectives.py), on synthetic HLO and figures: pure, no compile."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from trainer.planner import tpu_compile
+from trainer.planner import collectives
 from trainer.planner.estimate import (
     HIGH,
     LOW,
@@ -44,14 +44,14 @@ def test_collectives_count_every_array_of_a_tuple_and_their_group():
         "  %collective-permute = s32[4]{0} collective-permute(%e), source_target_pairs={{0,1},{1,0}}",
         "  %fusion = f32[8]{0} fusion(%a), kind=kLoop",
     ])
-    found = tpu_compile.collectives_in(hlo, devices=16)
+    found = collectives.collectives_in(hlo, devices=16)
     assert found.count == 5
     ops = {op.kind: op for op in found.ops}
-    assert ops["all-reduce"] == tpu_compile.CollectiveOp("all-reduce", 32 * 32 * 2 + 32 * 4, 16)
-    assert ops["all-gather"] == tpu_compile.CollectiveOp("all-gather", 128 * 2048 * 2, 4)
+    assert ops["all-reduce"] == collectives.CollectiveOp("all-reduce", 32 * 32 * 2 + 32 * 4, 16)
+    assert ops["all-gather"] == collectives.CollectiveOp("all-gather", 128 * 2048 * 2, 4)
     assert ops["all-to-all"].group == 2
     assert ops["reduce-scatter"].group == 16  # empty groups: every chip
-    assert ops["collective-permute"] == tpu_compile.CollectiveOp("collective-permute", 16, 2)
+    assert ops["collective-permute"] == collectives.CollectiveOp("collective-permute", 16, 2)
     assert sorted(found.grouped())[0] == ["all-gather", 128 * 2048 * 2, 4, 1]
 
 
@@ -94,7 +94,7 @@ def test_a_group_is_priced_where_the_compiled_program_puts_it():
     coords = {0: (0, 0), 1: (1, 0), 2: (0, 1), 3: (1, 1), 4: (2, 0), 5: (3, 0), 6: (2, 1), 7: (3, 1),
               8: (0, 2), 9: (1, 2), 10: (0, 3), 11: (1, 3), 12: (2, 2), 13: (3, 2), 14: (2, 3), 15: (3, 3)}
     hosts = "replica_groups={{0,1,2,3},{4,5,6,7},{8,9,10,11},{12,13,14,15}}"
-    torus_span = tpu_compile.torus_span
+    torus_span = collectives.torus_span
     assert torus_span(hosts, coords) == (2, 2)
     assert torus_span("replica_groups=[2,8]<=[16]", coords) == (4, 2)  # two hosts
     assert torus_span("replica_groups={{0,4},{1,5}}", coords) == (3, 1)  # a ring passes the chip between
@@ -102,7 +102,7 @@ def test_a_group_is_priced_where_the_compiled_program_puts_it():
     assert torus_span("replica_groups=mesh['axis_0'=16] {'axis_0'}", coords) == ()  # not read: by size
     assert torus_span(hosts, {}) == ()
     hlo = f"  %ar = bf16[64,2048]{{1,0}} all-reduce(%y), {hosts}, to_apply=%add"
-    found = tpu_compile.collectives_in(hlo, 16, span=lambda attrs: tpu_compile.torus_span(attrs, coords))
+    found = collectives.collectives_in(hlo, 16, span=lambda attrs: collectives.torus_span(attrs, coords))
     assert found.grouped() == [["all-reduce", 64 * 2048 * 2, 4, 1, [2, 2]]]
     # A host's square: one hop a phase on each of two axes (all its links) against an axis of 4's three
     # hops on half of them, which is where a group of 4 is put when its place is not known.

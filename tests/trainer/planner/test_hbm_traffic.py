@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from trainer.planner import tpu_compile
-from trainer.planner.hbm_traffic import arrays, hbm_traffic
+from trainer.planner.hbm_traffic import hbm_traffic
+from trainer.planner.hlo_text import arrays
 
 W = "bf16[2048,2752]{0,1:T(8,128)(2,1)}"  # 11,272,192 bytes in HBM
 W_CHIP = "bf16[2048,2752]{0,1:T(8,128)(2,1)S(1)}"  # the same on chip

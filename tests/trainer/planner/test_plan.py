@@ -10,7 +10,7 @@ import pytest
 
 from tests.trainer.launch import planning_config
 from trainer.config import load_config
-from trainer.planner import tpu_compile
+from trainer.planner import collectives, tpu_compile
 from trainer.planner.plan import (
     EXIT_BAD_INPUT,
     EXIT_CANNOT_PLAN,
@@ -50,7 +50,7 @@ def test_collectives_are_read_from_the_compiled_hlo():
       %all-reduce.3 = f32[8,151936]{1,0} all-reduce(%x), to_apply=%add
       %fusion = f32[8]{0} fusion(%a), kind=kLoop
     """
-    found = tpu_compile.collectives_in(hlo)
+    found = collectives.collectives_in(hlo)
     assert found.count == 2
     assert found.by_kind == {"all-gather": [1, 4096 * 2048 * 2], "all-reduce": [1, 8 * 151936 * 4]}
 

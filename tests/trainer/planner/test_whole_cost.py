@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from trainer.planner import whole_cost
+from trainer.planner.hlo_text import parse_hlo
 
 
 def _compiled(fn, *args):
@@ -37,7 +38,7 @@ def test_a_scan_and_a_nested_loop_count_every_trip():
     whole = whole_cost.whole_cost(text, cost["flops"], cost["bytes accessed"])
     assert sorted(whole.trip_counts) == [3, 5]
     assert 15 * matmul <= whole.flops <= 15 * matmul * 1.05
-    runs = whole_cost.computation_runs(text)
+    runs = parse_hlo(text).runs
     assert sorted(runs[loop.body] for loop in whole.loops) == [3, 15]
 
 
