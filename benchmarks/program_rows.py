@@ -214,6 +214,7 @@ class Made:
     step_s: float | None
     step_s_measured: bool  # the program printed no step time: it was measured here
     step_s_stamped: bool  # measured by the times its step lines give themselves
+    wall_step_s: float | None  # from when its first and last step lines reached the file (a check)
     losses: list[float]  # every loss it printed (NaN where it printed one)
     no_step_s: str | None = None  # why step_s is None
 
@@ -223,7 +224,8 @@ def made(program: Program, text: str, growth: Sequence[tuple[float, int]]) -> Ma
     printed = printed_step_times(text, program.step_time) if program.step_time is not None else []
     untimed = steps is not None and not printed  # its step time is measured here
     stamped = stamped_step_s(text, steps) if untimed else None
-    measured = stamped if stamped is not None else measured_step_s(steps, growth) if untimed else None
+    wall = measured_step_s(steps, growth) if steps is not None else None
+    measured = stamped if stamped is not None else wall if untimed else None
     losses = [parse_number(m.group("loss")) for m in program.loss.finditer(text)] if program.loss else []
     if printed or measured is not None:
         no_step_s = None
@@ -241,6 +243,7 @@ def made(program: Program, text: str, growth: Sequence[tuple[float, int]]) -> Ma
         step_s=statistics.median(printed) if printed else measured,
         step_s_measured=not printed and measured is not None,
         step_s_stamped=not printed and stamped is not None,
+        wall_step_s=wall,
         losses=losses,
         no_step_s=no_step_s,
     )

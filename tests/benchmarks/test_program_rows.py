@@ -72,6 +72,7 @@ def test_its_step_time_in_ms_and_measured_where_it_prints_none(tmp_path):
     growth = [(1.0, first + 5), (2.5, last), (4.0, len(text))]  # step 1 arrived at 1.0 s, step 3 at 4.0 s
     made = rows.made(silent, text, growth)
     assert made.step_s == pytest.approx(1.5) and made.step_s_measured and not made.step_s_stamped
+    assert made.wall_step_s == made.step_s
 
 
 def test_measured_by_the_times_its_step_lines_give_themselves_where_they_give_one(tmp_path):
@@ -83,6 +84,7 @@ def test_measured_by_the_times_its_step_lines_give_themselves_where_they_give_on
             "I1127 21:45:00.900000 140 peft_trainer.py:802] Running evaluation on train step 4.\n"
             "I1127 21:45:03.700000 140 peft_trainer.py:488] Train step 4 training loss: 5.1\n")
     made = rows.made(absl, text, [(9.0, len(text))])  # it all reached the file at once
+    assert made.wall_step_s is None  # no time between them to measure here
     # each step's own time, 0.6, 0.6 and 3.0 s (an evaluation in it): their median, as printed ones'
     assert made.step_s == pytest.approx(0.6) and made.step_s_measured and made.step_s_stamped
     row = rows.Row("absl", workers={0: rows.WorkerResult(made, rows.seen("", None), [])})
