@@ -306,6 +306,7 @@ RUNNER_SOURCE = worker.source("job_runner.py")
 STEP_LINES_SOURCE = worker.source("step_lines.py")  # the runner reads a command job's step lines with it
 LOG_TIMESTAMPS_SOURCE = worker.source("log_timestamps.py")  # the runner reads a log line's own time with it
 PREEMPTION_NOTICE_SOURCE = worker.source("preemption_notice.py")  # the runner watches the VM's notice with it
+RUN_RECORD_SOURCE = worker.source("run_record.py")  # the runner and the supervisor read launch.json with it
 
 
 def follow_run(

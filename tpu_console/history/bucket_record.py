@@ -2,8 +2,9 @@
 it back into this console's history.
 
 The supervisor (worker/supervisor.py) writes `<path>/runs/<run_id>.json` when the run ends and again just
-before it deletes the node: launch.json, its decisions (supervisor.jsonl), each worker's exit status, last
-step event and last lines of output. Where: `[gcp] bucket = "gs://BUCKET[/PATH]"` (PATH defaults to
+before it deletes the node: the run's record as launched (`launch`, launch.json by its one schema,
+worker/run_record.py), its decisions (supervisor.jsonl), each worker's exit status, last step event and
+last lines of output. Where: `[gcp] bucket = "gs://BUCKET[/PATH]"` (PATH defaults to
 `tpu-console`), uploaded with the VM's own credentials through Cloud Storage's JSON API; or, for local
 pods, a folder standing for the bucket (`file:///FOLDER`, else `run-records/` in this console's home).
 `STORAGE_EMULATOR_HOST` (as google-cloud-storage reads it) points both sides at an emulator.
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from tpu_console.history.store import RunRecord, RunStore, WorkerRecord
 from tpu_console.history.summary import summarize
 from tpu_console.secrets import MIN_SECRET_LENGTH
 from tpu_console.settings import Settings
+from tpu_console.worker.run_record import LaunchRecord, RecordError
 
 TAIL_LINES = 20  # the last lines of each worker's output the record keeps
 DEFAULT_PATH = "tpu-console"
@@ -160,14 +162,18 @@ def merge_into_history(settings: Settings, store: RunStore) -> str | None:
                             f"{detail[:160]}); runs are listed from this machine's history only")
             continue
         for data in records:
-            merge(store, data)
+            try:
+                merge(store, data)
+            except RecordError as exc:  # a run launched by a newer console: said, and the others merged
+                warnings.append(f"{bucket.place}: {exc}")
     return "; ".join(warnings) or None
 
 
 def merge(store: RunStore, data: dict[str, Any]) -> bool:
     """One record into the history: added when unknown; ended when the history still had it running and
     the node is gone (while the node is there, the console's own look at the run ends it, archiving its
-    logs). False for a record that is not one, or that adds nothing."""
+    logs). False for a record that is not one, or that adds nothing; RecordError for one whose launch
+    record this console is too old to read."""
     run_id = data.get("run_id")
     if not isinstance(run_id, str) or not is_run_id(run_id) or not data.get("outcome"):
         return False
@@ -227,29 +233,18 @@ def outcome(data: dict[str, Any]) -> tuple[str, str | None]:
 
 def _run_record(data: dict[str, Any], state: str, failure: str | None,
                 workers: dict[int, WorkerRecord]) -> RunRecord:
-    launch = data.get("launch") if isinstance(data.get("launch"), dict) else {}
-    code = launch.get("code_version")
-    job = launch.get("job") if isinstance(launch.get("job"), dict) else None
-    command = launch.get("command") or []
-    return RunRecord(
-        run_id=data["run_id"],
-        node=str(data.get("node") or launch.get("node") or "?"),
-        provider=str(data.get("provider") or launch.get("provider") or "?"),
-        accelerator_type=str(launch.get("accelerator_type") or "?"),
-        workers=sorted(workers) or list(launch.get("workers") or []),
-        config_path=str(launch.get("config_source") or (
-            " ".join(map(str, command)) if job and job.get("kind") == "command" else "?")),
-        config_digest=str(launch.get("config_digest") or ""),
-        overrides=list(launch.get("overrides") or []),
-        python=str(launch.get("python") or ""),
-        started_at=_moment(launch.get("started_at")) or _at(data.get("written_at")),
+    # format 1 said the node and provider beside the record too, and a record without launch.json had none
+    launch = LaunchRecord.from_json(data.get("launch") or {}, data["run_id"], str(data.get("node") or "?"))
+    if launch.provider == "?" and data.get("provider"):
+        launch = replace(launch, provider=str(data["provider"]))
+    return RunRecord.from_launch(
+        launch,
+        workers=sorted(workers) or list(launch.workers),
+        started_at=launch.started() or _at(data.get("written_at")),
         state=state,
-        code_version=(code.get("git_sha", "") + ("+dirty" if code.get("dirty") else "")
-                      if isinstance(code, dict) else None),
         failure=failure,
         finished_at=_ended_at(data),
         worker_records=workers,
-        job=job,
     )
 
 
@@ -283,13 +278,6 @@ def _ended_at(data: dict[str, Any]) -> datetime:
 
 def _at(t: Any) -> datetime:
     return datetime.fromtimestamp(float(t), UTC) if isinstance(t, int | float) else datetime.now(UTC)
-
-
-def _moment(text: Any) -> datetime | None:
-    try:
-        return datetime.fromisoformat(text) if isinstance(text, str) else None
-    except ValueError:
-        return None
 
 
 def _json(data: bytes) -> dict[str, Any] | None:

@@ -1,17 +1,16 @@
 """Runs found on a node's workers: a run folder on the pod is the record of what ran, whoever launched it.
 
 One round trip to the node's first worker prints the launch.json of each run folder the history lacks
-(a colleague's run, one from before this home was wiped); each becomes a history entry (the history is a
-cache of what was seen), and the usual probe then says how it stands. A node that cannot be reached
-leaves the history's answer as it is."""
+(a colleague's run, one from before this home was wiped); each, read by the run record's one schema
+(worker/run_record.py), becomes a history entry (the history is a cache of what was seen), and the usual
+probe then says how it stands. A node that cannot be reached leaves the history's answer as it is; a
+record this console is too old to read is left out of listings, and named when that run is asked for."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import shlex
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from tpu_console.errors import NotFound, UserError
@@ -21,6 +20,7 @@ from tpu_console.history.run_id import is_run_id
 from tpu_console.history.store import RunRecord, RunStore
 from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import find_node
+from tpu_console.worker.run_record import LaunchRecord, RecordError
 
 NEWEST = 50  # run folders looked at per node, newest first (run ids sort by their start)
 
@@ -39,52 +39,33 @@ def list_runs_recipe(known: Sequence[str], newest: int = NEWEST) -> str:
     )
 
 
-def parse_found(stdout: str) -> dict[str, dict[str, Any]]:
-    """launch.json by run id; a folder whose name is not a run id or whose file is not JSON is left out."""
-    found = {}
+def parse_found(stdout: str, node: str) -> dict[str, LaunchRecord | RecordError]:
+    """Each run folder's record by run id, or why it cannot be read (not JSON, a newer schema); a folder
+    whose name is not a run id is left out."""
+    found: dict[str, LaunchRecord | RecordError] = {}
     for block in stdout.split(f"{MARK}found ")[1:]:
         run_id, _, text = block.partition("\n")
-        try:
-            launch = json.loads(text)
-        except ValueError:
+        run_id = run_id.strip()
+        if not is_run_id(run_id):
             continue
-        if is_run_id(run_id.strip()) and isinstance(launch, dict):
-            found[run_id.strip()] = launch
+        try:
+            found[run_id] = LaunchRecord.loads(text, run_id, node)
+        except RecordError as exc:
+            found[run_id] = exc
     return found
 
 
 def record_from_launch(run_id: str, launch: dict[str, Any], node: str) -> RunRecord:
-    """A history entry for a run seen only on its pod: what launch.json says, its state left to the probe."""
-    job = launch.get("job") if isinstance(launch.get("job"), dict) else None
-    command = (job or {}).get("command") or launch.get("command") or []
-    code = launch.get("code_version")
-    try:
-        started = datetime.fromisoformat(str(launch.get("started_at")))
-    except ValueError:
-        started = datetime.now(UTC)
-    return RunRecord(
-        run_id=run_id,
-        node=str(launch.get("node") or node),
-        provider=str(launch.get("provider") or "?"),
-        accelerator_type=str(launch.get("accelerator_type") or "?"),
-        workers=[int(w) for w in launch.get("workers") or [] if isinstance(w, int)],
-        config_path=str(launch.get("config_source") or (job or {}).get("job_file")
-                        or shlex.join(map(str, command))),
-        config_digest=str(launch.get("config_digest") or ""),
-        overrides=[str(o) for o in launch.get("overrides") or []],
-        python=str(launch.get("python") or ""),
-        started_at=started,
-        code_version=(str(code.get("git_sha") or "") + ("+dirty" if code.get("dirty") else "")
-                      if isinstance(code, dict) else None),
-        job=job,
-        launched_by=launch.get("launched_by") if isinstance(launch.get("launched_by"), dict) else None,
-        slices=launch["slices"] if isinstance(launch.get("slices"), int) and launch["slices"] > 0 else 1,
-    )
+    """A history entry for a run seen only on its pod: what launch.json (as parsed) says, its state left to
+    the probe. RecordError when it cannot be read."""
+    return RunRecord.from_launch(LaunchRecord.from_json(launch, run_id, node))
 
 
-async def discover(providers: dict[str, Provider], store: RunStore, node: str) -> list[str]:
+async def discover(providers: dict[str, Provider], store: RunStore, node: str,
+                   unreadable: dict[str, str] | None = None) -> list[str]:
     """Add the runs on `node`'s first worker that the history lacks; their ids (none when the node is
-    gone or cannot be reached: the history stands). NotFound when no provider has such a node."""
+    gone or cannot be reached: the history stands). NotFound when no provider has such a node. The runs
+    whose record cannot be read go into `unreadable` with why."""
     provider, found = await find_node(providers, node)
     if not found.state.is_usable:
         return []
@@ -101,11 +82,15 @@ async def discover(providers: dict[str, Provider], store: RunStore, node: str) -
     if not result.ok:
         return []
     added = []
-    for run_id, launch in parse_found(result.stdout).items():
+    for run_id, launch in parse_found(result.stdout, node).items():
+        if isinstance(launch, RecordError):
+            if unreadable is not None:
+                unreadable[run_id] = str(launch)
+            continue
         try:
             store.get(run_id)  # launched on another node of the same name, or seen meanwhile
         except NotFound:
-            store.add(record_from_launch(run_id, launch, node))
+            store.add(RunRecord.from_launch(launch))
             added.append(run_id)
     return added
 
@@ -125,11 +110,15 @@ async def _usable_nodes(providers: dict[str, Provider]) -> list[str]:
 
 
 async def discover_run(providers: dict[str, Provider], store: RunStore, run_id: str) -> bool:
-    """Look for `run_id` on every node's first worker (a run id this console never saw); True when found."""
+    """Look for `run_id` on every node's first worker (a run id this console never saw); True when found.
+    UserError when it is there with a record this console cannot read."""
     for name in await _usable_nodes(providers):
+        unreadable: dict[str, str] = {}
         try:
-            if run_id in await discover(providers, store, name):
+            if run_id in await discover(providers, store, name, unreadable):
                 return True
         except (NotFound, UserError):
             continue
+        if run_id in unreadable:
+            raise UserError(unreadable[run_id])
     return False

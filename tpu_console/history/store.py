@@ -10,13 +10,14 @@ import json
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from tpu_console import locations
 from tpu_console.errors import NotFound
+from tpu_console.worker.run_record import LaunchRecord
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -95,6 +96,29 @@ class RunRecord:
     job: dict[str, Any] | None = None  # launch.json's `job` object; None for runs recorded before it existed
     launched_by: dict[str, Any] | None = None  # who launched it, from where; None before it was recorded
     slices: int = 1  # the node's slices (a multislice): its workers are slice by slice
+
+    @classmethod
+    def from_launch(cls, launch: LaunchRecord, **seen: Any) -> RunRecord:
+        """The history's entry for a run as its launch record has it (worker/run_record.py); `seen`: what
+        is known beyond it (its state, its workers' records, its end)."""
+        record = cls(
+            run_id=launch.run_id,
+            node=launch.node,
+            provider=launch.provider,
+            accelerator_type=launch.accelerator_type,
+            workers=list(launch.workers),
+            config_path=launch.config_source,
+            config_digest=launch.config_digest,
+            overrides=list(launch.overrides),
+            python=launch.python,
+            started_at=launch.started() or datetime.now(UTC),
+            code_version=launch.code_text,
+            price_per_hour=launch.price_per_hour,
+            job=launch.job,
+            launched_by=launch.launched_by,
+            slices=launch.slices,
+        )
+        return replace(record, **seen)
 
     @property
     def finished(self) -> bool:

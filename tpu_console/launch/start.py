@@ -56,6 +56,8 @@ from tpu_console.provision.steps import ignore_worker, run_on_workers
 from tpu_console.provision.worker_inspection import default_python, inspect_workers, worker_python
 from tpu_console.secrets import parse_env
 from tpu_console.settings import load_settings
+from tpu_console.worker import run_record
+from tpu_console.worker.run_record import LaunchRecord
 
 TRAINER_ARGS = ("-m", "trainer", "--config", "config.yaml", "--run-dir", ".")
 # The job as the wrapper starts it: the job runner (worker/job_runner.py), which runs the trainer and
@@ -64,6 +66,7 @@ RUNNER, SUPERVISOR = "job_runner.py", "supervisor.py"
 STEP_LINES = "step_lines.py"  # imported by the runner: a command job's step lines into events.jsonl
 LOG_TIMESTAMPS = "log_timestamps.py"  # imported by the runner: the time a step line gives itself
 PREEMPTION_NOTICE = "preemption_notice.py"  # imported by the runner: the VM's notice, passed to the job
+RUN_RECORD = "run_record.py"  # imported by the runner and the supervisor: launch.json's one schema
 # The names under which the console gives a job its coordinator (local and ssh pods only).
 COORDINATOR_NAMES = ("TRAINER_COORDINATOR_ADDRESS", "TPU_CONSOLE_COORDINATOR_ADDRESS")
 
@@ -227,7 +230,7 @@ class PreparedJob:
     job_file: str | None = None
     job_file_text: str | None = None
     files: dict[str, bytes] = field(default_factory=dict)  # run-folder files besides launch.json
-    manifest: dict[str, Any] = field(default_factory=dict)  # launch.json keys of this kind of job
+    config: dict[str, Any] | None = None  # the trainer's config as sent (launch.json's `config`)
 
     def record(self, run_id: str) -> dict[str, Any]:
         """launch.json's `job` object, also kept in the run record (docs/contract.md)."""
@@ -275,12 +278,7 @@ def trainer_job(config: ValidatedConfig, interpreter: str) -> PreparedJob:
         overrides=config.overrides,
         env_dir=ENV_DIR if interpreter == ENV_PYTHON else None,
         files={"config.yaml": config.yaml_text.encode()},
-        manifest={
-            "config_source": str(config.path),
-            "overrides": config.overrides,
-            "config_digest": config.digest,
-            "config": config.data,
-        },
+        config=config.data,
     )
 
 
@@ -619,23 +617,17 @@ async def _start_run(
     job_record = prepared.record(run_id)
     for worker in selected:
         envs[worker] = {**run_env(run_id, node, worker, len(selected)), **envs[worker]}
-    record = RunRecord(
-        run_id=run_id,
-        node=node.name,
-        provider=node.provider,
-        accelerator_type=node.accelerator_type,
-        workers=selected,
-        config_path=prepared.source,
-        config_digest=prepared.digest,
-        overrides=prepared.overrides,
-        python=prepared.python,
-        started_at=started,
-        code_version=version["git_sha"] + ("+dirty" if version["dirty"] else "") if version else None,
+    # the run's record, written once: each worker's launch.json, and the history's entry
+    launch = LaunchRecord(
+        run_id=run_id, node=node.name, provider=node.provider, accelerator_type=node.accelerator_type,
+        workers=selected, slices=slice_count or node.slices,  # some of the node's slices, after a shrink
+        started_at=started.isoformat(), python=prepared.python, command=prepared.argv,
+        config_source=prepared.source, config_digest=prepared.digest, overrides=prepared.overrides,
+        config=prepared.config, code_version=version, job=job_record, launched_by=ownership.me(),
+        fail_fast=policy.fail_fast, supervised=True,
         price_per_hour=estimate.per_hour if estimate is not None else None,
-        job=job_record,
-        launched_by=ownership.me(),
-        slices=slice_count or node.slices,  # the slices it runs on (some of the node's, after a shrink)
     )
+    record = RunRecord.from_launch(launch)
     bind, supervisor_host = provider.supervisor_address(node, targets)
     plan = supervision.plan(
         run_id=run_id, node=node.name, provider=node.provider, workers=selected,
@@ -647,10 +639,7 @@ async def _start_run(
     )
     supervisor_python = default_python(provider)
     progress(f"{run_id}: preparing {len(selected)} worker(s) of {node.name}")
-    problems = await _prepare(
-        fleet, run_id, selected, prepared, job_record, env_data, node, envs, version, started,
-        policy.fail_fast, plan, webhook_url, record.launched_by,
-    )
+    problems = await _prepare(fleet, launch, prepared, env_data, envs, plan, webhook_url)
     if not problems:
         progress(f"{run_id}: starting the run's supervisor on worker {selected[0]}")
         address = await _start_supervisor(fleet, run_id, selected[0], supervisor_python, supervisor_host)
@@ -675,21 +664,15 @@ async def _start_run(
 
 async def _prepare(
     fleet: Fleet,
-    run_id: str,
-    workers: list[int],
+    launch: LaunchRecord,
     prepared: PreparedJob,
-    job_record: dict[str, Any],
     env_data: bytes | None,
-    node: Node,
     envs: dict[int, dict[str, str]],
-    version: dict[str, Any] | None,
-    started: datetime,
-    fail_fast: bool = False,
     plan: dict[str, Any] | None = None,
     webhook_url: str | None = None,
-    launched_by: dict[str, Any] | None = None,
 ) -> dict[int, str]:
     """Make the run folder and upload its files on every worker; the problems by worker (empty: all done)."""
+    run_id, workers = launch.run_id, launch.workers
     # Without --env-file, the .env that `sync --env-file` left on the worker (if any) goes with the run.
     made = await fleet.run(
         recipes.prepare_run_dir(run_id, copy_env_from=None if env_data else SYNCED_ENV_FILE),
@@ -705,34 +688,15 @@ async def _prepare(
                for name, content in prepared.files.items()]
     if env_data is not None:
         uploads.append(fleet.put(env_data, f"{folder}/.env", workers, mode=0o600))
-    for worker in workers:
-        manifest = {
-            "run_id": run_id,
-            "node": node.name,
-            "provider": node.provider,
-            "accelerator_type": node.accelerator_type,
-            "slices": node.slices,
-            "worker": worker,
-            "workers": workers,
-            "started_at": started.isoformat(),
-            "code_version": version,
-            "python": prepared.python,
-            "command": prepared.argv,
-            "env": envs[worker],  # non-secret variables only; secrets are in .env
-            "env_file": ".env" if env_data is not None else (SYNCED_ENV_FILE if synced_env else None),
-            "fail_fast": fail_fast,
-            "supervised": plan is not None,
-            **prepared.manifest,
-            "job": job_record,
-            "launched_by": launched_by,  # who, from which machine and console home
-        }
-        uploads.append(
-            fleet.put(json.dumps(manifest, indent=2).encode() + b"\n", f"{folder}/launch.json", [worker])
-        )
+    env_file = ".env" if env_data is not None else (SYNCED_ENV_FILE if synced_env else None)
+    for worker in workers:  # envs: non-secret variables only; secrets are in .env
+        own = launch.for_worker(worker, envs[worker], env_file)
+        uploads.append(fleet.put(own.dumps(), f"{folder}/{run_record.FILE}", [worker]))
     if plan is not None:
         uploads.append(fleet.put(json.dumps(plan, indent=2).encode() + b"\n",
                                  f"{folder}/{supervision.PLAN_FILE}", workers, mode=0o600))
         uploads.append(fleet.put(recipes.RUNNER_SOURCE, f"{folder}/{RUNNER}", workers, mode=0o644))
+        uploads.append(fleet.put(recipes.RUN_RECORD_SOURCE, f"{folder}/{RUN_RECORD}", workers, mode=0o644))
         uploads.append(fleet.put(recipes.STEP_LINES_SOURCE, f"{folder}/{STEP_LINES}", workers, mode=0o644))
         uploads.append(fleet.put(recipes.LOG_TIMESTAMPS_SOURCE, f"{folder}/{LOG_TIMESTAMPS}", workers,
                                  mode=0o644))

@@ -45,6 +45,10 @@ try:  # shipped beside this file too: the time a log line gives itself, which ti
     import log_timestamps
 except ImportError:  # steps are timed by when their lines are read
     log_timestamps = None
+try:  # shipped beside this file too: launch.json's one schema
+    import run_record
+except ImportError:  # imported as tpu_console.worker.job_runner (the console's tests)
+    from tpu_console.worker import run_record
 
 PLAN_FILE = "supervision.json"
 ADDRESS_ENV = "TPU_CONSOLE_SUPERVISOR"
@@ -409,15 +413,11 @@ def main(argv):
             plan = json.load(f)
     except (OSError, ValueError):
         plan = {}
-    try:
-        with open("launch.json") as f:
-            manifest = json.load(f)
-        worker, job = int(manifest["worker"]), manifest.get("job")
-    except (OSError, ValueError, KeyError, TypeError):
-        manifest, worker, job = {}, 0, None
+    launch = run_record.read(".")
+    worker = launch.worker if launch is not None and launch.worker is not None else 0
     # a Cloud TPU VM has a metadata server to watch for its preemption; elsewhere only $GCE_METADATA_HOST
-    runner = Runner(command, plan, worker, os.environ.get(ADDRESS_ENV), job=job,
-                    watch_metadata=manifest.get("provider") == "gcp")
+    runner = Runner(command, plan, worker, os.environ.get(ADDRESS_ENV), job=launch and launch.job,
+                    watch_metadata=launch is not None and launch.provider == "gcp")
     signal.signal(signal.SIGTERM, runner.on_term)
     signal.signal(signal.SIGINT, runner.on_term)
     # `stacks` signals the job, not the runner; a stray SIGUSR1 sent to the group must not end the runner.

@@ -59,6 +59,10 @@ try:  # shipped into the run folder beside this file (launch/start.py)
     import preemption_notice
 except ImportError:
     preemption_notice = None
+try:  # launch.json's one schema: beside this file in the run folder (launch/start.py ships it)
+    import run_record
+except ImportError:  # imported as tpu_console.worker.supervisor (the console's tests)
+    from tpu_console.worker import run_record
 
 PLAN_FILE = "supervision.json"
 NOTIFY_FILE = ".notify"
@@ -68,6 +72,9 @@ PID_FILE = "supervisor.pid"
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
 TPU_API = "https://tpu.googleapis.com"
 TICK_S = 0.25
+# The run's record in the bucket. 2: the run's node, provider and the rest only in `launch` (1 said the
+# node and provider beside it too).
+RECORD_FORMAT = 2
 
 # Orders in the answers to a job runner.
 RUN, STOP, RESTART, WAIT, DONE, PREEMPT = "run", "stop", "restart", "wait", "done", "preempt"
@@ -121,7 +128,8 @@ class Supervisor:
         self.stragglers_told = set()  # (worker, attempt): each straggler is named once an attempt
         # a command job whose output is not read for steps (metrics format none) never reports one: its
         # silence says nothing, so it is judged neither hung nor past max_hang
-        self.steps_read = _steps_read(folder)
+        launch = run_record.read(folder)
+        self.steps_read = launch is None or launch.steps_read
         # observe/health.py's Thresholds, shipped in the plan (one home: the console's)
         self.thresholds = plan["thresholds"]
 
@@ -451,9 +459,13 @@ class Supervisor:
     # ---- the run's record: outlives the node ---------------------------------------------------------
 
     def record(self):
-        """The run's summary for the bucket (history/bucket_record.py reads it): launch.json, the decisions,
-        each worker's exit status, last step event and last lines of output."""
-        launch = _load_json(os.path.join(self.folder, "launch.json"))
+        """The run's summary for the bucket (history/bucket_record.py reads it): the run's record as
+        launched (`launch`: launch.json by its one schema, run_record.py; what the plan says of it when
+        there is none), the decisions, each worker's exit status, last step event and last lines of
+        output."""
+        launch = run_record.read(self.folder) or run_record.LaunchRecord(
+            run_id=self.plan["run_id"], node=self.plan["node"], provider=self.plan.get("provider") or "?",
+            workers=list(self.plan["workers"]))
         try:
             with open(os.path.join(self.folder, DECISIONS_FILE)) as f:
                 decisions = [json.loads(line) for line in f if line.strip()]
@@ -466,10 +478,9 @@ class Supervisor:
                                   "stopped": w.stopped, "step": w.step, "step_s": w.step_s,
                                   "last_event": w.last_event, "tail": [_mask(t, secrets) for t in w.tail]}
                    for w in self.workers.values()}
-        return {"format": 1, "run_id": self.plan["run_id"], "node": self.plan["node"],
-                "provider": self.plan.get("provider"), "written_at": round(self.clock(), 3),
+        return {"format": RECORD_FORMAT, "run_id": self.plan["run_id"], "written_at": round(self.clock(), 3),
                 "outcome": self.ended, "reason": self.delete_reason, "restarts": dict(self.restarts),
-                "launch": launch, "decisions": decisions, "workers": workers}
+                "launch": launch.to_json(), "decisions": decisions, "workers": workers}
 
     def save_record(self):
         """Write the record where the plan says (a bucket, or the folder standing for one); a failure is
@@ -684,27 +695,6 @@ def _mask(line, secrets):
     for value in secrets:
         line = line.replace(value, "***")
     return line
-
-
-def _load_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def _steps_read(folder):
-    """False for a command job whose steps are not read (launch.json's job metrics format "none")."""
-    try:
-        with open(os.path.join(folder, "launch.json")) as f:
-            job = json.load(f).get("job")
-    except (OSError, ValueError, AttributeError):
-        return True
-    if not isinstance(job, dict) or job.get("kind") != "command":
-        return True
-    metrics = job.get("metrics")
-    return not (isinstance(metrics, dict) and metrics.get("format") == "none")
 
 
 def main(argv):

@@ -8,6 +8,8 @@ import os
 import subprocess
 
 from tpu_console.history import discovery
+from tpu_console.history.store import RunRecord
+from tpu_console.worker.run_record import RecordError
 
 
 def test_the_recipe_prints_the_launch_json_of_the_runs_the_history_lacks(tmp_path):
@@ -20,15 +22,19 @@ def test_the_recipe_prints_the_launch_json_of_the_runs_the_history_lacks(tmp_pat
         (runs / run_id).mkdir(parents=True)
         (runs / run_id / "launch.json").write_text(json.dumps(launch))
     (runs / "20260103-000000-cccc").mkdir()  # no launch.json (yet): left out
+    (runs / "20260104-000000-dddd").mkdir()  # launched by a newer console: said, never guessed at
+    (runs / "20260104-000000-dddd" / "launch.json").write_text(json.dumps({**launch, "schema": 99}))
     (runs / "not-a-run").mkdir()
     (runs / "not-a-run" / "launch.json").write_text("{}")
     command = discovery.list_runs_recipe(["20260101-000000-aaaa"])
     done = subprocess.run(["bash", "-c", command], env={**os.environ, "HOME": str(tmp_path)},
                           capture_output=True, text=True, timeout=30, check=True)
-    found = discovery.parse_found(done.stdout)
-    assert list(found) == ["20260102-000000-bbbb"]
+    found = discovery.parse_found(done.stdout, "pod")
+    assert sorted(found) == ["20260102-000000-bbbb", "20260104-000000-dddd"]
+    assert "schema 99" in str(found["20260104-000000-dddd"]) and isinstance(
+        found["20260104-000000-dddd"], RecordError)
 
-    record = discovery.record_from_launch("20260102-000000-bbbb", found["20260102-000000-bbbb"], "pod")
+    record = RunRecord.from_launch(found["20260102-000000-bbbb"])  # a record written before `schema`
     assert (record.node, record.provider, record.workers) == ("pod", "gcp", [0, 1, 2, 3])
     assert (record.config_path, record.code_version) == ("python train.py", "abc+dirty")
     assert record.launched_by == {"user": "bob"} and not record.finished and record.state == "pending"
@@ -37,4 +43,4 @@ def test_the_recipe_prints_the_launch_json_of_the_runs_the_history_lacks(tmp_pat
 def test_a_worker_without_runs_says_nothing(tmp_path):
     done = subprocess.run(["bash", "-c", discovery.list_runs_recipe([])], env={**os.environ,
                           "HOME": str(tmp_path)}, capture_output=True, text=True, timeout=30, check=True)
-    assert discovery.parse_found(done.stdout) == {}
+    assert discovery.parse_found(done.stdout, "pod") == {}
