@@ -424,6 +424,97 @@ def has_coordinator(env: dict[str, str]) -> bool:
     return any(name in env for name in COORDINATOR_NAMES)
 
 
+@dataclass
+class _TrainerKind:
+    """The bundled trainer: a config checked against the node's shape; the model, the data and the
+    checkpoint folder it names checked on every worker in the same round trip as the workers' state."""
+
+    config: ValidatedConfig
+    python: str | None
+    fail_fast: bool
+    check_code: bool
+    before_send: Callable[[ValidatedConfig, Node], Awaitable[None]] | None
+    command = False
+
+    def __post_init__(self) -> None:
+        self.needed = job_inputs(self.config.config)  # a malformed hub id or gs:// path is refused here
+
+    def check_here(self, slices: Sequence[int] | None, policy: SupervisionPolicy | None) -> SupervisionPolicy:
+        """What can be refused before any node is reached; the supervision policy the run gets."""
+        if self.python is not None and not self.python.strip():
+            raise UserError("--python is empty; give an interpreter, e.g. --python python3")
+        return policy or SupervisionPolicy(fail_fast=self.fail_fast)
+
+    async def check_node(self, seen: Node, selected: list[int]) -> None:
+        """The config against the node's shape as the run sees it, then the caller's check (the plan's)."""
+        check_shape(self.config, seen, len(selected))
+        if self.before_send is not None:
+            await self.before_send(self.config, seen)
+
+    def job_env(self, envs: dict[int, dict[str, str]]) -> dict[int, dict[str, str]]:
+        return envs
+
+    async def prepare(self, provider: Provider, node: Node, fleet: Fleet, selected: list[int],
+                      env_data: bytes | None) -> PreparedJob:
+        reports = await inspect_workers(fleet, selected, also=recipes.check_inputs(
+            [(i.key, i.path, i.need) for i in self.needed]))
+        refuse_unready(node, reports, self.config, env_data, self.python, self.check_code)
+        refuse_missing(node, self.needed, {r.worker: r.inputs for r in reports})
+        return trainer_job(self.config, self.python or worker_python(provider, reports))
+
+
+@dataclass
+class _CommandKind:
+    """Any command: in the project the workers hold, with their setup's environment; a job file's project
+    and setup made current first."""
+
+    job: JobSpec
+    python: str | None
+    check_code: bool
+    providers: dict[str, Provider]
+    progress: Callable[[str], None]
+    on_worker: Callable[[int, str], None]
+    command = True
+
+    def check_here(self, slices: Sequence[int] | None, policy: SupervisionPolicy | None) -> SupervisionPolicy:
+        """What can be refused before any node is reached; the supervision policy the run gets (the job
+        file's `[supervisor]` unless the caller gives one)."""
+        if self.python is not None:
+            raise UserError("--python chooses the bundled trainer's interpreter; for a command, write the "
+                            "interpreter in the command (-- python3 train.py)")
+        if slices is not None and not self.job.elastic:
+            raise UserError("this command is not elastic: it runs on some of a node's slices only when its "
+                            "job file says `elastic = true` (it then reads its slice count, "
+                            "TPU_CONSOLE_NUM_SLICES)")
+        policy = policy or self.job.policy()
+        refuse_unseen_hang(self.job, policy)
+        return policy
+
+    async def check_node(self, seen: Node, selected: list[int]) -> None:
+        return None
+
+    def job_env(self, envs: dict[int, dict[str, str]]) -> dict[int, dict[str, str]]:
+        return {w: {**self.job.env, **env} for w, env in envs.items()}  # the names the console sets win
+
+    async def prepare(self, provider: Provider, node: Node, fleet: Fleet, selected: list[int],
+                      env_data: bytes | None) -> PreparedJob:
+        reports = await inspect_workers(fleet, selected)
+        refuse_live_runs(node, reports)
+        if self.job.project is not None or self.job.setup is not None:
+            # a job file names its code and environment: make them current first (cached: unchanged
+            # project and setup cost a round trip each), then look again at what the workers hold
+            await make_current(self.providers, node.name, self.job, selected, self.progress, self.on_worker)
+            reports = await inspect_workers(fleet, selected)
+            refuse_live_runs(node, reports)
+        prepared = command_job(self.job, node, reports, self.check_code)
+        stale = await asyncio.to_thread(stale_requirements, node.name, prepared.project, prepared.setup)
+        if stale is not None:
+            raise UserError(stale)
+        if changed := await asyncio.to_thread(changed_since_sync, node.name, prepared.project):
+            self.progress(f"warning: {changed}")  # not refused: the run is the synced copy, and says which
+        return prepared
+
+
 async def launch(
     providers: dict[str, Provider],
     node_name: str,
@@ -449,6 +540,7 @@ async def launch(
 ) -> LaunchResult:
     """Start a job on the selected workers of `node_name` (all by default) and record the run: the bundled
     trainer with `config_path` (the built-in job), or the command `job` describes; exactly one of them.
+    Both go through the one preflight below; what differs per kind is in `_TrainerKind` / `_CommandKind`.
 
     Refused before anything changes on a worker: a config the trainer would refuse on this node's shape,
     a run still alive on the node, workers without a trainer environment (unless `python` is given, or
@@ -469,43 +561,27 @@ async def launch(
     if (config_path is None) == (job is None):
         raise UserError("give one job: a trainer config (--config FILE), or a command (-- CMD ... or "
                         "--job FILE.toml), not both")
-    if job is not None:
-        return await _launch_command(
-            providers, node_name, job, env_file, workers, python=python, kill_stale=kill_stale,
-            check_code=check_code, check_ports=check_ports, store=store, progress=progress,
-            on_worker=on_worker, stop_grace_s=stop_grace_s, policy=policy, webhook_url=webhook_url,
-            slices=slices,
-        )
-    config = validate_config(config_path, overrides)
-    needed = job_inputs(config.config)  # a malformed hub id or gs:// path is refused here
+    kind: _TrainerKind | _CommandKind = (
+        _TrainerKind(validate_config(config_path, overrides), python, fail_fast, check_code, before_send)
+        if job is None else _CommandKind(job, python, check_code, providers, progress, on_worker))
+    policy = kind.check_here(slices, policy)
     env_data = read_env_file(env_file)
-    if python is not None and not python.strip():
-        raise UserError("--python is empty; give an interpreter, e.g. --python python3")
-    provider, node = await open_node(providers, node_name)
+    provider, node = await open_node(providers, node_name, slices)
     selected, seen, slices = _selection(node, workers, slices)
-    check_shape(config, seen, len(selected))
-    policy = policy or SupervisionPolicy(fail_fast=fail_fast)
     estimate = check_supervision(provider, node, policy)
-    if before_send is not None:
-        await before_send(config, seen)
+    await kind.check_node(seen, selected)
     targets = await provider.ssh_targets(node)
     store = store or RunStore()
 
     async with Fleet(targets) as fleet:
-        envs = launch_env(provider, node, fleet, selected, slices=slices)
+        envs = kind.job_env(launch_env(provider, node, fleet, selected, kind.command, slices=slices))
         refuse_partial(seen, selected, envs)
         await require_all_reachable(fleet, node, selected, "nothing was launched")
-        # exclusive across consoles: of two launches at once on this node, one goes on (launch_lock.py)
+        # exclusive across consoles: of two launches at once on this node, one goes on (launch/lock.py)
         async with LaunchLock(fleet, node.name, selected[0]) as lock:
-            # the same round trip asks whether the model, the data and the checkpoint folder are there
-            reports = await inspect_workers(fleet, selected, also=recipes.check_inputs(
-                [(i.key, i.path, i.need) for i in needed]))
-            refuse_unready(node, reports, config, env_data, python, check_code)
-            refuse_missing(node, needed, {r.worker: r.inputs for r in reports})
-            interpreter = python or worker_python(provider, reports)
+            prepared = await kind.prepare(provider, node, fleet, selected, env_data)
             if kill_stale:
                 await clear_stale_holders(fleet, selected, on_worker)
-            prepared = trainer_job(config, interpreter)
             if check_ports:  # last: a stale job that --kill-stale stopped no longer holds them
                 await job_ports.refuse_unreachable_ports(fleet, node, envs, selected)
             result = await _start_run(
@@ -516,78 +592,6 @@ async def launch(
                 await lock.keep(result.run_id)
     if env_file is not None:
         # so every later view of this node masks its values
-        secrets.remember_env_file(node.name, env_file)
-    return result
-
-
-async def _launch_command(
-    providers: dict[str, Provider],
-    node_name: str,
-    job: JobSpec,
-    env_file: str | Path | None,
-    workers: str,
-    *,
-    python: str | None,
-    kill_stale: bool,
-    check_code: bool,
-    check_ports: bool,
-    store: RunStore | None,
-    progress: Callable[[str], None],
-    on_worker: Callable[[int, str], None],
-    stop_grace_s: float,
-    policy: SupervisionPolicy | None,
-    webhook_url: str | None,
-    slices: Sequence[int] | None = None,
-) -> LaunchResult:
-    """`launch` for a command: in the project's folder on every worker, with its setup's environment."""
-    if python is not None:
-        raise UserError("--python chooses the bundled trainer's interpreter; for a command, write the "
-                        "interpreter in the command (-- python3 train.py)")
-    policy = policy or job.policy()
-    refuse_unseen_hang(job, policy)
-    env_data = read_env_file(env_file)
-    if slices is not None and not job.elastic:
-        raise UserError("this command is not elastic: it runs on some of a node's slices only when its job "
-                        "file says `elastic = true` (it then reads its slice count, TPU_CONSOLE_NUM_SLICES)")
-    provider, node = await open_node(providers, node_name)
-    selected, seen, slices = _selection(node, workers, slices)
-    estimate = check_supervision(provider, node, policy)
-    targets = await provider.ssh_targets(node)
-    store = store or RunStore()
-
-    async with Fleet(targets) as fleet:
-        # the job file's [env] first: the names the console sets win over it
-        envs = {w: {**job.env, **env}
-                for w, env in launch_env(provider, node, fleet, selected, True, slices=slices).items()}
-        refuse_partial(seen, selected, envs)
-        await require_all_reachable(fleet, node, selected, "nothing was launched")
-        # exclusive across consoles: of two launches at once on this node, one goes on (launch_lock.py)
-        async with LaunchLock(fleet, node.name, selected[0]) as lock:
-            reports = await inspect_workers(fleet, selected)
-            refuse_live_runs(node, reports)
-            if job.project is not None or job.setup is not None:
-                # a job file names its code and environment: make them current first (cached: unchanged
-                # project and setup cost a round trip each), then look again at what the workers hold
-                await make_current(providers, node.name, job, selected, progress, on_worker)
-                reports = await inspect_workers(fleet, selected)
-                refuse_live_runs(node, reports)
-            prepared = command_job(job, node, reports, check_code)
-            stale = await asyncio.to_thread(stale_requirements, node.name, prepared.project, prepared.setup)
-            if stale is not None:
-                raise UserError(stale)
-            if changed := await asyncio.to_thread(changed_since_sync, node.name, prepared.project):
-                progress(f"warning: {changed}")  # not refused: the run is the synced copy, and says which
-            if kill_stale:
-                await clear_stale_holders(fleet, selected, on_worker)
-            if check_ports:
-                await job_ports.refuse_unreachable_ports(fleet, node, envs, selected)
-            result = await _start_run(
-                provider, node, fleet, targets, selected, envs, prepared, env_data, policy, estimate, store,
-                progress, stop_grace_s, webhook_url, slice_count=seen.slices,
-            )
-            if result.ok:  # the run holds the node now; its end or a stop releases it
-                await lock.keep(result.run_id)
-    if env_file is not None:
         secrets.remember_env_file(node.name, env_file)
     return result
 
