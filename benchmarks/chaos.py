@@ -259,7 +259,8 @@ async def measure(args: argparse.Namespace) -> int:
     from tpu_console.controller.handover import Budgets, hand_over
     from tpu_console.controller.store import FolderStore
     from tpu_console.domain import CreateRequest
-    from tpu_console.launch.start import launch, validate_config
+    from tpu_console.launch.job_kinds import validate_config
+    from tpu_console.launch.start import launch
     from tpu_console.observe.supervision import SupervisionPolicy
     from tpu_console.providers.nodes import create_node
 

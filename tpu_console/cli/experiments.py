@@ -126,7 +126,7 @@ async def sweep(args: argparse.Namespace, settings: Settings, providers: dict[st
 
 async def _compile_only_sweep(args: argparse.Namespace, providers: dict[str, Provider]) -> int:
     from tpu_console.experiments.plan import compile_only_sweep
-    from tpu_console.launch.start import validate_config
+    from tpu_console.launch.job_kinds import validate_config
 
     config = validate_config(args.config, args.overrides)  # a bad config is one line, before any plan
     tpu_type, slices = await _tpu_type(args, providers)
@@ -152,7 +152,7 @@ async def _compile_only_sweep(args: argparse.Namespace, providers: dict[str, Pro
 
 async def plan(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
     from tpu_console.experiments.plan import plan as make_plan
-    from tpu_console.launch.start import validate_config
+    from tpu_console.launch.job_kinds import validate_config
 
     config = validate_config(args.config, args.overrides)  # a bad config is one line, before any plan
     tpu_type, slices = await _tpu_type(args, providers)

@@ -18,8 +18,8 @@ from tpu_console.errors import NotFound, UserError
 from tpu_console.history import bucket_record, discovery, ownership
 from tpu_console.history.resolve import resolve_run
 from tpu_console.history.store import RunStore
+from tpu_console.launch.job_kinds import ValidatedConfig
 from tpu_console.launch.job_spec import JobSpec, load_job_file
-from tpu_console.launch.start import ValidatedConfig
 from tpu_console.launch.start import launch as launch_run
 from tpu_console.launch.stop import stop as stop_run
 from tpu_console.observe import lookup
@@ -387,7 +387,7 @@ def _hand_over(args: argparse.Namespace, job: JobSpec | None, policy: Supervisio
     from tpu_console.controller.handover import hand_over
     from tpu_console.controller.lease import read_lease
     from tpu_console.controller.store import open_store
-    from tpu_console.launch.start import validate_config
+    from tpu_console.launch.job_kinds import validate_config
 
     spec = (relaunch.job_of_command(job, args.env_file, policy, args.check_code, args.check_ports)
             if job is not None else

@@ -18,8 +18,9 @@ from typing import Any
 from tpu_console import locations
 from tpu_console.errors import UserError
 from tpu_console.history.store import RunStore
+from tpu_console.launch.job_kinds import ValidatedConfig
 from tpu_console.launch.job_spec import JobSpec
-from tpu_console.launch.start import LaunchResult, ValidatedConfig, launch
+from tpu_console.launch.start import LaunchResult, launch
 from tpu_console.observe.supervision import SupervisionPolicy
 from tpu_console.providers.base import Progress, Provider, no_progress
 
@@ -72,7 +73,7 @@ def _config_path(run_id: str, job: dict[str, Any]) -> tuple[str, list[str]]:
     runs elsewhere) the full config as first launched, saved in the controller's home."""
     path = Path(job["config_path"])
     if path.is_file():
-        from tpu_console.launch.start import validate_config
+        from tpu_console.launch.job_kinds import validate_config
 
         try:
             if validate_config(path, job["overrides"]).digest == job.get("config_digest"):

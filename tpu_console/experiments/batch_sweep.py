@@ -23,7 +23,8 @@ from typing import Any
 from tpu_console import locations
 from tpu_console.errors import UserError
 from tpu_console.fleet.preflight import open_node
-from tpu_console.launch.start import check_shape, launch, validate_config
+from tpu_console.launch.job_kinds import check_shape, validate_config
+from tpu_console.launch.start import launch
 from tpu_console.observe import lookup
 from tpu_console.providers.base import Provider, no_progress
 

@@ -28,7 +28,8 @@ from tpu_console.controller.store import StateStore, open_store
 from tpu_console.domain import Node
 from tpu_console.errors import UserError
 from tpu_console.fleet.preflight import open_node
-from tpu_console.launch.start import LaunchResult, ValidatedConfig, launch, validate_config
+from tpu_console.launch.job_kinds import ValidatedConfig, validate_config
+from tpu_console.launch.start import LaunchResult, launch
 from tpu_console.observe.supervision import SupervisionPolicy
 from tpu_console.providers.base import Provider, no_progress
 from tpu_console.settings import load_settings

@@ -15,7 +15,7 @@ from tpu_console.fleet import recipes
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.preflight import open_node, require_all_reachable
 from tpu_console.launch.inputs import job_inputs
-from tpu_console.launch.start import validate_config
+from tpu_console.launch.job_kinds import validate_config
 from tpu_console.providers.base import Provider, no_progress
 from tpu_console.provision.steps import WorkerSetup, ignore_worker, run_on_workers
 from tpu_console.provision.worker_inspection import inspect_workers, worker_python

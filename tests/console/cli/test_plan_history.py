@@ -14,7 +14,7 @@ from tests.console.launch.test_local import fake_trainer, run
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tpu_console.experiments.plan import measured_longest_rows
 from tpu_console.history.store import RunRecord, RunStore
-from tpu_console.launch.start import validate_config
+from tpu_console.launch.job_kinds import validate_config
 
 pytestmark = pytest.mark.usefixtures("console_home")
 

@@ -60,7 +60,7 @@ def test_config_validation_does_not_import_jax():
     code = (
         "import sys\n"
         "from tpu_console import cli\n"
-        "from tpu_console.launch.start import validate_config\n"
+        "from tpu_console.launch.job_kinds import validate_config\n"
         f"assert validate_config({str(config)!r}, ['steps=3']).data['steps'] == 3\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'flax', 'optax', 'numpy'))\n"
         "assert not heavy, heavy\n"

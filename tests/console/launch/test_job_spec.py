@@ -16,8 +16,8 @@ from tests.processes import wait_for
 from tpu_console.errors import UserError
 from tpu_console.fleet import recipes
 from tpu_console.history.store import RunRecord, RunStore
+from tpu_console.launch.job_kinds import command_job
 from tpu_console.launch.job_spec import JobSpec, load_job_file
-from tpu_console.launch.start import command_job
 from tpu_console.provision.report import WorkerReport
 from tpu_console.views.runs import job_label
 

@@ -200,7 +200,8 @@ def test_a_keys_entry_in_the_config_that_names_no_binding_is_refused_before_the_
     config_file().write_text('[keys]\n"nodes.create" = "n"\n"nodes.creat" = "N"\n')
     assert main([]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: [keys] 'nodes.creat' is not a binding id; use one of: app.help, app.managed, app.quit")
+    assert err.startswith(
+        "error: [keys] 'nodes.creat' is not a binding id; use one of: app.help, app.managed, app.quit")
     assert "nodes.create" in err and "\n" not in err
 
 

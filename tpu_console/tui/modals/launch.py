@@ -22,8 +22,9 @@ from tpu_console.errors import UserError
 from tpu_console.experiments import plan as planning
 from tpu_console.experiments.plan import PlanOutcome, tpu_type_for
 from tpu_console.launch.demo import is_tiny_config
+from tpu_console.launch.job_kinds import check_shape, refuse_unseen_hang, validate_config
 from tpu_console.launch.job_spec import JobSpec, load_job_file
-from tpu_console.launch.start import check_shape, check_supervision, refuse_unseen_hang, validate_config
+from tpu_console.launch.start import check_supervision
 from tpu_console.observe.supervision import SupervisionPolicy, policy_from_options
 from tpu_console.providers.base import Provider
 from tpu_console.secrets import read_env_file
