@@ -17,11 +17,12 @@ On each worker, from the program's own output (output.log):
 - steps made: `truth`'s matches, in order; a match that repeats the step just before it (a progress bar
   redrawn with \r) is the same step. Without `truth`, program.toml's `steps` N, the last of them N (a bar
   such as tqdm's counts 1..N, but draws only some of them);
-- its step time: the median of what `step_time` matches (`per_s`: steps a second, as tqdm's `it/s`); where
-  it prints none, the median time per step between its consecutive step lines by the times those lines
-  give themselves, where they give one (absl's `I1127 21:44:59.518823 ...`, Python logging's asctime, ISO
-  8601: tpu_console/worker/log_timestamps.py), else the wall time per step from when its first step line
-  reached the file to when its last one did, over the steps between them, measured here;
+- its step time: the median of what `step_time` matches (`per_s`: steps a second, as tqdm's `it/s`), one a
+  step where `truth` tells the steps (the first from a step's line to the next step's: a redraw weighs
+  once); where it prints none, the median time per step between its consecutive step lines by the times
+  those lines give themselves, where they give one (absl's `I1127 21:44:59.518823 ...`, Python logging's
+  asctime, ISO 8601: tpu_console/worker/log_timestamps.py), else the wall time per step from when its first
+  step line reached the file to when its last one did, over the steps between them, measured here;
 - its loss: the last value `loss` matches.
 From the console: its step events (events.jsonl, as the run's archive keeps it), the last step `status`
 shows, the median of its events' step times, the loss of its last step.
@@ -34,6 +35,7 @@ program's own; the loss seen at the last step equal to the program's last, where
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import re
@@ -151,18 +153,31 @@ def made_steps(text: str, truth: re.Pattern[str]) -> list[tuple[int, int]]:
     return steps
 
 
-def printed_step_times(text: str, step_time: re.Pattern[str]) -> list[float]:
-    """Every step time the program printed, in seconds, whichever unit group matched."""
-    times = []
+def printed_step_times(
+    text: str, step_time: re.Pattern[str], steps: Sequence[tuple[int, int]] | None = None
+) -> list[float]:
+    """The step times the program printed, in seconds, whichever unit group matched: every one, or with
+    `steps` (truth's, made_steps) one a step, the first printed from its step's line on (before the next
+    step's), so that a bar redrawn for the same step (tqdm's postfix, its close with the run's average)
+    weighs once, as the step is counted once."""
+    times: list[tuple[int, float]] = []  # (offset, seconds)
     for found in step_time.finditer(text):
         groups = found.groupdict()
         if groups.get("per_s") is not None and float(groups["per_s"]) > 0:
-            times.append(1 / float(groups["per_s"]))
+            times.append((found.start(), 1 / float(groups["per_s"])))
             continue
         unit = next((u for u in STEP_TIME_UNITS if groups.get(u) is not None), None)
         if unit is not None:
-            times.append(float(groups[unit]) * STEP_TIME_UNITS[unit])
-    return times
+            times.append((found.start(), float(groups[unit]) * STEP_TIME_UNITS[unit]))
+    if steps is None:
+        return [seconds for _, seconds in times]
+    starts = [at for _, at in steps]
+    each_step: dict[int, float] = {}
+    for at, seconds in times:
+        index = bisect.bisect_right(starts, at) - 1
+        if index >= 0:
+            each_step.setdefault(index, seconds)
+    return list(each_step.values())
 
 
 def arrival(growth: Sequence[tuple[float, int]], offset: int) -> float | None:
@@ -221,7 +236,7 @@ class Made:
 
 def made(program: Program, text: str, growth: Sequence[tuple[float, int]]) -> Made:
     steps = made_steps(text, program.truth) if program.truth is not None else None
-    printed = printed_step_times(text, program.step_time) if program.step_time is not None else []
+    printed = printed_step_times(text, program.step_time, steps) if program.step_time is not None else []
     untimed = steps is not None and not printed  # its step time is measured here
     stamped = stamped_step_s(text, steps) if untimed else None
     wall = measured_step_s(steps, growth) if steps is not None else None

@@ -11,7 +11,8 @@ bytes (\\r and \\b kept), and `<name>.json`: the program and its version (progra
 the first of requirements.txt), the command, `steps` (the steps `truth` matches, a match repeating the one
 before it being a redraw of the same step, as benchmarks/program_rows.py counts them; else program.toml's
 `steps`), `last_step` (the last of them), the program's own step time (the median of what `step_time`
-matches; its named group `s`, `ms` or `us` gives the unit, `per_s` a rate), the wall time per step measured
+matches, one a step where `truth` tells the steps, as program_rows.py has it; its named group `s`, `ms` or
+`us` gives the unit, `per_s` a rate), the wall time per step measured
 here from when the first and last steps' lines reached the file (its size is polled every 5 ms), the
 median time per step between consecutive step lines by the times they give themselves
 (`stamped_step_time_s`, where they give one: absl's prefix, Python logging's asctime, ISO 8601, as
@@ -35,12 +36,9 @@ import tomllib
 
 BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [BENCHMARKS, os.path.dirname(BENCHMARKS)]  # program_rows.py, and the checkout it reads with
-from program_rows import stamped_step_s  # noqa: E402 - after the path that finds it
+from program_rows import printed_step_times, stamped_step_s  # noqa: E402 - after the path that finds it
 
 from tpu_console.worker.job_runner import TERMINAL_ENV  # noqa: E402 - found by the path above
-
-UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}  # a step_time group's name: its value's unit
-RATE = "per_s"  # a step_time group of steps per second (tqdm's `it/s`)
 
 
 def run_into_file(command, cwd, env, log_path):
@@ -74,16 +72,6 @@ def arrival(growth, offset):
     return next(t for t, size in growth if size > offset)
 
 
-def seconds(match):
-    """A step_time match in seconds, whichever unit group matched."""
-    for unit, scale in UNITS.items():
-        if unit in match.re.groupindex and match.group(unit) is not None:
-            return float(match.group(unit)) * scale
-    if RATE in match.re.groupindex and match.group(RATE) is not None:
-        return 1.0 / float(match.group(RATE))
-    raise ValueError(f"step_time regex {match.re.pattern!r} has no group s, ms, us or per_s that matched")
-
-
 def made_steps(program, text):
     """(step, offset) of each step `truth` matches; a match repeating the step before it is a redraw."""
     steps = []
@@ -109,8 +97,9 @@ def summarize(program, text, growth):
                 figures["wall_step_time_s"] = round(wall, 4)
             stamped = stamped_step_s(text, steps)
             figures["stamped_step_time_s"] = round(stamped, 6) if stamped is not None else None
-    if "step_time" in program:
-        times = [seconds(m) for m in re.finditer(program["step_time"], text)]
+    if "step_time" in program:  # one a step where truth tells the steps, as program_rows.py has it
+        steps = made_steps(program, text) if "truth" in program else None
+        times = printed_step_times(text, re.compile(program["step_time"]), steps)
         figures["step_time_s"] = round(statistics.median(times), 6) if times else None
     # where the program prints no step time of its own, its measured one stands for it (as program_rows.py
     # has it): by its step lines' own times where they give them, else by when they reached the file

@@ -63,6 +63,24 @@ def test_a_program_that_prints_its_step_time_and_loss(tmp_path):
     assert made.losses == [0.9, 0.8, 0.7]
 
 
+REDRAWN_BAR = r"""
+command = ["python", "train.py"]
+truth = 'train: (?P<step>[1-9]\d*)/4 \['
+step_time = 'train: [1-9]\d*/4 \[[^,]*, (?P<s>[\d.]+)s/it'
+"""
+
+
+def test_a_bars_step_time_weighs_once_a_step_however_often_it_is_redrawn(tmp_path):
+    # tqdm's rate, redrawn with the loss (steps 1 and 2 twice), and its close with the run's average (step 4):
+    # the first figure drawn for each step, 9, 3, 1, 0.5: median 2 (every figure drawn would give 3)
+    text = ("train: 1/4 [00:09, 9.0s/it]\rtrain: 1/4 [00:09, 9.0s/it, loss=2.9]\r"
+            "train: 2/4 [00:12, 3.0s/it]\rtrain: 2/4 [00:12, 3.0s/it, loss=2.8]\r"
+            "train: 3/4 [00:13, 1.0s/it, loss=2.7]\rtrain: 4/4 [00:13, 0.5s/it, loss=2.6]\r"
+            "train: 4/4 [00:13, 3.3s/it, loss=2.6]\n")
+    made = rows.made(program(tmp_path, REDRAWN_BAR, "bar"), text, growth=[])
+    assert made.count == 4 and made.step_s == pytest.approx(2.0)
+
+
 def test_its_step_time_in_ms_and_measured_where_it_prints_none(tmp_path):
     in_ms = program(tmp_path, LOOP.replace(r"(?P<s>[\d.]+) s/step", r"(?P<ms>[\d.]+)ms/step"), "ms")
     assert rows.made(in_ms, "step 1 | 5ms/step\nstep 2 | 7ms/step\n", []).step_s == pytest.approx(0.006)
