@@ -16,7 +16,12 @@ findings; recall: faults found with the right host over faults put in.
 
 --scale times a clean doctor on pods of 1 CPU device a worker at each size, as long as each takes under
 --scale-limit seconds (the target at 256 workers is 60 s); every worker is a JAX process on this machine's
-cores, so the size reached says what this machine allows, not what a pod of real hosts needs.
+cores, so the size reached says what this machine allows, not what a pod of real hosts needs. Beside each
+time, the floor a sceptical reader would pick: the seconds to run as many `python -c 'import jax'` (at most
+--floor-at-once together), measured just before; the CPU seconds the workers' processes took against the
+floor's; the memory the check took at its peak; and when the slowest worker had JAX imported, had joined,
+had checked its chips and was done. A size whose processes would not fit this machine's available memory
+is named and not run.
 
 Prints the table and saves it, the command on top, to --out (benchmarks/results/doctor_DATE.txt).
 Uses a throwaway TPU_CONSOLE_HOME; nothing is left behind.
@@ -86,8 +91,8 @@ async def run_fault(provider, pod, kind: str, victim: int) -> dict:
             "line": report.findings[0].line if report.findings else "(no finding)"}
 
 
-async def measure(workers: int, clean: int, scale: list[int], scale_limit: float, faults: bool = True
-                  ) -> list[str]:
+async def measure(workers: int, clean: int, scale: list[int], scale_limit: float, faults: bool = True,
+                  floor_at_once: int = 64) -> list[str]:
 
     lines: list[str] = []
 
@@ -98,7 +103,7 @@ async def measure(workers: int, clean: int, scale: list[int], scale_limit: float
     if faults:
         await fault_table(workers, clean, say)
     if scale:
-        await scale_table(scale, scale_limit, say)
+        await scale_table(scale, scale_limit, say, floor_at_once)
     return lines
 
 
@@ -142,33 +147,127 @@ async def fault_table(workers: int, clean: int, say) -> None:
         await provider.close()
 
 
-async def scale_table(scale: list[int], scale_limit: float, say) -> None:
+async def scale_table(scale: list[int], scale_limit: float, say, floor_at_once: int) -> None:
     from tpu_console.domain import CreateRequest
     from tpu_console.providers.local import LocalProvider
 
-    if scale:
-        say()
-        say(f"doctor on N simulated workers (1 CPU device each, every worker a JAX process on this "
-            f"machine's {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start); "
-            "target 256 within 60 s")
-        say(f"{'WORKERS':>8} {'SECONDS':>8}  OUTCOME")
-        for size in scale:
-            provider = LocalProvider()
-            request = CreateRequest(name=f"scale{size}", accelerator_type=f"local-{size}x1")
-            pod = await provider.create(request)
-            await provider.ssh_targets(pod)
-            try:
-                started = time.monotonic()
+    say()
+    say(f"doctor on N simulated workers (1 CPU device each, every worker a JAX process on this machine's "
+        f"{os.cpu_count()} cores and {_memory_gb('MemTotal'):.0f} GB); target 256 within 60 s")
+    say(f"floor: N `python -c '{FLOOR_PROGRAM}'` ({floor_at_once} at a time at most), timed just before the "
+        "doctor; CPU: what the workers' processes (or the floor's) used, from this process's children")
+    say(f"{'WORKERS':>8} {'DOCTOR_S':>9} {'FLOOR_S':>8} {'CPU_S':>6} {'FLOOR_CPU':>9} {'MEM_GB':>6} "
+        f"{'LOAD':>10}  PHASES (s from the doctor's start, slowest worker)  OUTCOME")
+    per_worker_gb = 0.0  # measured at the size before
+    for size in scale:
+        load_before = os.getloadavg()[0]
+        floor_s, floor_cpu = await import_floor(size, floor_at_once)
+        need_gb, available_gb = size * per_worker_gb, _memory_gb("MemAvailable")
+        if available_gb < need_gb * 1.25:
+            say(f"{size:>8} {'-':>9} {floor_s:>8.1f} {'-':>6} {floor_cpu:>9.0f} {'-':>6} "
+                f"{load_before:>6.0f}->{os.getloadavg()[0]:.0f}  the doctor not run: its {size} checks "
+                f"would take about {need_gb:.0f} GB ({per_worker_gb * 1024:.0f} MB a worker at the size "
+                f"before) and {available_gb:.0f} GB is available; it would push this shared machine's other "
+                "work out of memory")
+            continue
+        provider = LocalProvider()
+        pod = await provider.create(CreateRequest(name=f"scale{size}", accelerator_type=f"local-{size}x1"))
+        await provider.ssh_targets(pod)
+        memory = MemoryLow()
+        try:
+            cpu_before, started, wall_started = _children_cpu(), time.monotonic(), time.time()
+            with memory:
                 report = await one_check(provider, pod.name, deadline_s=scale_limit, stall_s=scale_limit)
-                seconds = time.monotonic() - started
-            finally:
-                await provider.delete(pod.name)
-                await provider.close()
-            outcome = "healthy" if report.ok else f"finding: {report.findings[0].line[:100]}"
-            say(f"{size:>8} {seconds:>8.1f}  {outcome}")
-            if seconds > scale_limit or not report.ok:
-                say(f"stopped at {size}: past {scale_limit:g}s or not healthy on this machine")
-                break
+            seconds = time.monotonic() - started
+        finally:
+            await provider.delete(pod.name)
+            await provider.close()
+        cpu = _children_cpu() - cpu_before  # the workers' processes, reaped by the time their servers stop
+        per_worker_gb = memory.used_gb / size
+        outcome = "healthy" if report.ok else f"finding: {report.findings[0].line[:100]}"
+        load = f"{load_before:.0f}->{os.getloadavg()[0]:.0f}"
+        say(f"{size:>8} {seconds:>9.1f} {floor_s:>8.1f} {cpu:>6.0f} {floor_cpu:>9.0f} {memory.used_gb:>6.1f} "
+            f"{load:>10}  {phases(report, wall_started)}  {outcome}")
+        if seconds > scale_limit or not report.ok:
+            say(f"stopped at {size}: past {scale_limit:g}s or not healthy on this machine")
+            break
+
+
+FLOOR_PROGRAM = "import jax, os; os._exit(0)"  # as the check exits: the interpreter's teardown of JAX's
+# modules would add about 0.3 CPU-s a process, which the check does not pay
+
+
+async def import_floor(count: int, at_once: int) -> tuple[float, float]:
+    """Seconds to run `count` Pythons that import JAX (at most `at_once` together), and their CPU seconds."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    slots = asyncio.Semaphore(at_once)
+
+    async def one() -> None:
+        async with slots:
+            # a session of its own, as the local pod starts each worker's command (the scheduler shares the
+            # cores between sessions first: 64 processes in one session would get one session's share)
+            process = await asyncio.create_subprocess_exec(sys.executable, "-c", FLOOR_PROGRAM, env=env,
+                                                           start_new_session=True)
+            await process.wait()
+
+    cpu_before, started = _children_cpu(), time.monotonic()
+    await asyncio.gather(*(one() for _ in range(count)))
+    return time.monotonic() - started, _children_cpu() - cpu_before
+
+
+def phases(report, t0: float) -> str:
+    """When the slowest worker had its program up (JAX imported), joined the others, checked its chips,
+    and ended, in seconds from the doctor's start (`t0`, this machine's clock: the workers' too)."""
+    figures = [f for f in report.workers if f.devices is not None]
+    if not figures:
+        return "no worker reached its devices line"
+
+    def last(values) -> str:
+        values = list(values)
+        return f"{max(values) - t0:.0f}" if values else "-"
+
+    return (f"up {last(float(f.devices['t']) - float(f.devices['joined_s']) for f in figures)}, "
+            f"joined {last(float(f.devices['t']) for f in figures)}, "
+            f"chips {last(float(f.chips[-1]['t']) for f in figures if f.chips)}, "
+            f"done {last(float(f.done['t']) for f in figures if f.done)}")
+
+
+def _children_cpu() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _memory_gb(field: str) -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 2**20
+    return 0.0
+
+
+class MemoryLow:
+    """The most memory taken while it is entered: MemAvailable's drop from its value at the start."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self.used_gb = 0.0
+
+    def _watch(self) -> None:
+        start = _memory_gb("MemAvailable")
+        while not self._stop.wait(0.5):
+            self.used_gb = max(self.used_gb, start - _memory_gb("MemAvailable"))
+
+    def __enter__(self) -> MemoryLow:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def main() -> int:
@@ -178,6 +277,8 @@ def main() -> int:
     parser.add_argument("--scale", default="4,8,16,32", help="pod sizes for the timing, comma list ('' none)")
     parser.add_argument("--skip-faults", action="store_true", help="only the timing (--scale)")
     parser.add_argument("--scale-limit", type=float, default=180.0, help="stop growing past this (180 s)")
+    parser.add_argument("--floor-at-once", type=int, default=64,
+                        help="the floor's `import jax` processes running together at most (64)")
     parser.add_argument("--out", default=None,
                         help="where the table goes (benchmarks/results/doctor_DATE.txt)")
     args = parser.parse_args()
@@ -189,12 +290,15 @@ def main() -> int:
     os.environ["TPU_CONSOLE_HOME"] = home
     started = datetime.now(UTC)
     try:
-        lines = asyncio.run(measure(args.workers, args.clean, scale, args.scale_limit, not args.skip_faults))
+        lines = asyncio.run(measure(args.workers, args.clean, scale, args.scale_limit, not args.skip_faults,
+                                    args.floor_at_once))
     finally:
         shutil.rmtree(home, ignore_errors=True)
     out = Path(args.out or ROOT / "benchmarks" / "results" / f"doctor_{started:%Y-%m-%d}.txt")
     command = " ".join([".venv/bin/python benchmarks/doctor.py", *map(shlex.quote, sys.argv[1:])])
-    out.write_text(f"$ {command}\n# {started:%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores\n\n"
+    load = "/".join(f"{x:.1f}" for x in os.getloadavg())
+    out.write_text(f"$ {command}\n# {started:%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores, load average at "
+                   f"the end {load} (1/5/15 min; the machine is shared)\n\n"
                    + "\n".join(lines) + "\n")
     print(f"saved {out}", file=sys.stderr)
     return 0

@@ -48,8 +48,11 @@ PROGRAM = "doctor_check.py"
 PROGRAM_SOURCE = worker.source(PROGRAM)
 DOCTOR_DIR = "tpu-console/doctor"  # relative to the worker's home: one folder per check
 FAULT_ENV = "TPU_CONSOLE_DOCTOR_FAULT"
-LOCAL_PAYLOAD = 1 << 20  # bytes a chip per all-reduce: CPU devices
-TPU_PAYLOAD = 64 << 20  # on a TPU: enough for the bandwidth to show over the fixed costs
+# Bytes a chip per all-reduce, and the memory pattern's. On a TPU: enough for the bandwidth to show over the
+# fixed costs. A local pod's CPU devices have no interconnect to price and share this machine's memory with
+# every other worker: a small payload (its collectives are judged by the bisection alone) and pattern.
+TPU_PAYLOAD, TPU_HBM_BYTES = 64 << 20, 16 << 20
+LOCAL_PAYLOAD, LOCAL_HBM_BYTES = 64 << 10, 1 << 20
 STALL_S = 30.0
 DEADLINE_S = 300.0
 
@@ -128,7 +131,8 @@ async def check_node(
     workers = [t.worker for t in targets]
     figures = [WorkerFigures(w, node.slice_of(w) if node.slices > 1 else 0) for w in workers]
     by_worker = {f.worker: f for f in figures}
-    payload = payload_bytes or (LOCAL_PAYLOAD if node.provider == "local" else TPU_PAYLOAD)
+    local = node.provider == "local"
+    payload = payload_bytes or (LOCAL_PAYLOAD if local else TPU_PAYLOAD)
     hosts_per_slice = max(1, len(workers) // node.slices)
     want = expected_times(node.accelerator_type, node.slices, hosts_per_slice, node.shape.devices_per_worker,
                           payload)
@@ -165,7 +169,8 @@ async def check_node(
                 by_worker[result.worker].error = result.error or result.stderr.strip() or "upload failed"
         if any(f.error for f in figures):
             return report(judge(pod, figures, want))
-        args = ["--bytes", str(payload), "--reps", str(reps), "--slices", str(node.slices),
+        args = ["--bytes", str(payload), "--hbm-bytes", str(LOCAL_HBM_BYTES if local else TPU_HBM_BYTES),
+                "--reps", str(reps), "--slices", str(node.slices),
                 "--hosts-per-slice", str(hosts_per_slice)]
         stopped = await _run_checks(fleet, node, figures, envs, check_dir, python or default_python(node),
                                     args, stall_s, deadline_s)

@@ -12,16 +12,18 @@ prints one line per figure, `doctor {json}`, flushed, in this order:
               the collective the others wait in)
     ring      an all-reduce along one axis of the mesh (the slices, then each axis inside a slice), timed
               on this host; the console prices it against the chips' interconnect
-    group     an all-reduce inside groups of G hosts of a slice, G halving down to 1 (one host alone): the
-              console reads these timings as a bisection, down to the host or the pair of hosts
+    group     an all-reduce inside groups of G hosts of a slice, G halving down to 2 (a pair), each size
+              with at least two groups in the pod: the console reads these timings as a bisection, down to
+              the pair of hosts (one host alone is ring:chip; one group of a slice's every host is
+              ring:host, with nothing to compare it with)
     dcn       between slices: each slice sends to the slice `shift` away, every shift, timed here
     done
 
 Hosts with fewer chips than their peers stop after `devices` (no even mesh exists). Timings are per host:
 a host leaves a collective when its own chips have their result, so a slow group's hosts report the time.
 
-Arguments: --bytes N (the all-reduce payload per chip), --reps N, --slices N (hosts numbered slice by
-slice), --hosts-per-slice N.
+Arguments: --bytes N (the all-reduce payload per chip), --hbm-bytes N (the pattern per chip), --reps N,
+--slices N (hosts numbered slice by slice), --hosts-per-slice N.
 
 Test hook: TPU_CONSOLE_DOCTOR_FAULT, comma-separated, makes this program misbehave on purpose, since a CPU
 does not fail as a chip does: `wrong-result:W:D` (worker W's chip D returns a matmul off by one),
@@ -53,7 +55,7 @@ FAULT_ENV = "TPU_CONSOLE_DOCTOR_FAULT"
 # a 256x256 product of integers below 8: exact whatever the matmul precision (the inputs fit bf16 and TF32,
 # every sum of products stays below 2**24 in float32 accumulation), so it is compared entry by entry
 MATMUL_N = 256
-HBM_BYTES = 16 * 1024 * 1024  # per chip: the pattern written and read back
+HBM_BYTES = 16 * 1024 * 1024  # per chip, unless told: the pattern written and read back
 
 
 def say(phase, **fields):
@@ -100,13 +102,13 @@ def timed(fn, arg, reps):
     return statistics.median(times), out
 
 
-def check_chips(worker, wrong, reps):
+def check_chips(worker, wrong, reps, hbm_bytes):
     """Each local chip: the known matmul and the HBM pattern."""
     n = MATMUL_N
     a_host = (np.arange(n * n, dtype=np.int64).reshape(n, n) % 7).astype(np.float32)
     b_host = (np.arange(n * n, dtype=np.int64).reshape(n, n) % 5).astype(np.float32)
     want = a_host.astype(np.int64) @ b_host.astype(np.int64)  # every entry below 2**24: exact in float32
-    words = HBM_BYTES // 4
+    words = hbm_bytes // 4
     matmul = jax.jit(lambda a, b: a @ b)
     # the pattern: each word its index, xor'd so neighbours differ in many bits; written, then read back
     write = jax.jit(lambda seed: jnp.bitwise_xor(jnp.arange(words, dtype=jnp.uint32), seed))
@@ -124,7 +126,7 @@ def check_chips(worker, wrong, reps):
         bad_words = int(np.count_nonzero(back != expected))
         say("chip", chip=index, device=str(device), matmul_ok=wrong_entries == 0,
             matmul_checksum=int(got.sum()), matmul_want=int(want.sum()), matmul_wrong_entries=wrong_entries,
-            matmul_s=matmul_s, hbm_ok=bad_words == 0, hbm_bad_words=bad_words, hbm_bytes=HBM_BYTES,
+            matmul_s=matmul_s, hbm_ok=bad_words == 0, hbm_bad_words=bad_words, hbm_bytes=words * 4,
             hbm_s=hbm_s)
 
 
@@ -166,13 +168,15 @@ def shift_between_slices(devices, shift, payload_bytes):
     return fn, arg
 
 
-def group_sizes(hosts):
-    """hosts, then halving (by its smallest factor) down to 1: the groups of the bisection."""
-    sizes, size = [hosts], hosts
+def group_sizes(hosts, slices):
+    """The groups of the bisection: a slice's hosts (when there are several slices to compare), then
+    halving (by the smallest factor) down to 2; 1 is left out (one host alone: ring:chip)."""
+    sizes, size = [hosts] if slices > 1 and hosts > 1 else [], hosts
     while size > 1:
         factor = next(f for f in range(2, size + 1) if size % f == 0)
         size //= factor
-        sizes.append(size)
+        if size > 1:
+            sizes.append(size)
     return sizes
 
 
@@ -188,6 +192,7 @@ def collective(name, fn, arg, reps, never_enters, **fields):
 def parse(argv):
     parser = argparse.ArgumentParser(prog="doctor_check.py")
     parser.add_argument("--bytes", type=int, default=1 << 20)
+    parser.add_argument("--hbm-bytes", type=int, default=HBM_BYTES)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--slices", type=int, default=1)
     parser.add_argument("--hosts-per-slice", type=int, default=0)
@@ -207,7 +212,7 @@ def main(argv):
     say("devices", local=jax.local_device_count(), process=jax.process_index(), processes=jax.process_count(),
         counts={str(p): c for p, c in sorted(counts.items())}, platform=jax.devices()[0].platform,
         kind=jax.devices()[0].device_kind, joined_s=time.time() - start)
-    check_chips(worker, injected["wrong-result"], reps)
+    check_chips(worker, injected["wrong-result"], reps, options.hbm_bytes)
     if len(set(counts.values())) > 1:
         say("done", skipped="hosts expose different chip counts: no even mesh")
         leave(even=False)
@@ -222,7 +227,7 @@ def main(argv):
         if length > 1:
             fn, arg = all_reduce(devices, ("slice", "host", "chip"), axis, payload)
             planned.append((f"ring:{axis}", fn, arg, {"kind": "ring", "axis": axis, "group": length}))
-    for size in group_sizes(hosts_per_slice):
+    for size in group_sizes(hosts_per_slice, slices):
         grouped = devices.reshape(slices, hosts_per_slice // size, size, chips)
         fn, arg = all_reduce(grouped, ("slice", "rest", "group", "chip"), ("group", "chip"), payload)
         planned.append((f"group:{size}", fn, arg, {"kind": "group", "size": size,

@@ -35,8 +35,8 @@ async def test_a_healthy_pod_passes_with_every_figure_per_worker(local_pod: Loca
         assert w["devices"]["local"] == 2 and w["devices"]["counts"] == {"0": 2, "1": 2, "2": 2, "3": 2}
         assert [c["chip"] for c in w["chips"]] == [0, 1]
         assert all(c["matmul_ok"] and c["hbm_ok"] and c["matmul_s"] > 0 for c in w["chips"])
-        # a ring along each axis of the (host, chip) mesh, and the bisection's groups of 4, 2 and 1 hosts
-        assert set(w["collectives"]) == {"ring:host", "ring:chip", "group:4", "group:2", "group:1"}
+        # a ring along each axis of the (host, chip) mesh, and the bisection's pairs of hosts
+        assert set(w["collectives"]) == {"ring:host", "ring:chip", "group:2"}
         assert all(c["seconds"] > 0 for c in w["collectives"].values())
         assert w["done"] is not None and w["local_s"] > 0
     assert document["expected"]["seconds"] == {}  # CPU devices: no interconnect figure to time against
@@ -111,10 +111,19 @@ async def test_a_multislice_node_gets_transfers_between_its_slices_and_names_wor
         for w in report.workers:
             assert w.slice == w.worker // 2
             # the all-reduce across slices and a slice's hosts, the halving groups, one shift between slices
-            assert set(w.collectives) == {"ring:slice", "ring:host", "group:2", "group:1", "dcn:1"}
+            assert set(w.collectives) == {"ring:slice", "ring:host", "group:2", "dcn:1"}
         monkeypatch.setenv(FAULT_ENV, "wrong-result:3:0")
         report = await check_node({"local": provider}, "ms")
         named = [f.line.split(" returned")[0] for f in report.findings]
         assert named == ["worker 3 (slice 1) chip 0 of 'ms'"]
     finally:
         await provider.close()
+
+
+def test_the_bisection_groups_are_the_sizes_it_can_compare():
+    from tpu_console.worker.doctor_check import group_sizes
+
+    # one group of every host is ring:host, one host alone ring:chip: neither is compared with anything
+    assert group_sizes(256, 1) == [128, 64, 32, 16, 8, 4, 2]
+    assert group_sizes(6, 1) == [3] and group_sizes(2, 1) == [] and group_sizes(1, 1) == []
+    assert group_sizes(2, 2) == [2]  # each slice's hosts, against the other slice's
