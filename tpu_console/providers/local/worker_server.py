@@ -46,6 +46,10 @@ class WorkerSpec:
     home: Path
     host_key: asyncssh.SSHKey
 
+    @property
+    def tpu_log_dir(self) -> Path:
+        return self.home / "tpu_logs"
+
     def environment(self) -> dict[str, str]:
         """A login-like environment: clean, but with the console's PATH (venv first) so `python` is the
         interpreter that has the trainer installed."""
@@ -64,6 +68,9 @@ class WorkerSpec:
             # Each worker process sees its own D CPU devices, as a TPU host sees its chips.
             "JAX_PLATFORMS": "cpu",
             "XLA_FLAGS": f"--xla_force_host_platform_device_count={self.devices}",
+            # libtpu's log folder, as a TPU VM's /tmp/tpu_logs is its own: not this machine's, where the
+            # console's planner logs, and which Ray (in any job that starts it) streams into the job's output
+            "TPU_LOG_DIR": str(self.tpu_log_dir),
         }
         if tmpdir := os.environ.get("TMPDIR"):
             env["TMPDIR"] = tmpdir
@@ -83,6 +90,8 @@ class WorkerServer:
 
     async def start(self, port: int = 0) -> int:
         asyncssh_tuning.apply()
+        if self.spec.home.is_dir():  # Ray takes TPU_LOG_DIR only where the folder is there
+            self.spec.tpu_log_dir.mkdir(exist_ok=True)
         home = os.fsencode(self.spec.home)
         self._acceptor = await asyncssh.listen(
             LOOPBACK,

@@ -206,7 +206,7 @@ async def test_a_command_on_a_spare_shell_sees_the_worker_and_shares_no_state(lo
         assert await _spare_ready(server)
         [first] = await fleet.run(
             'echo "$TPU_WORKER_ID $HOME $PWD ${__tpu_command-unset}"; echo "$BASH_EXECUTION_STRING";'
-            " LEFT_BEHIND=1; cd /; echo pid=$$",
+            ' echo pid=$$; [ -d "$TPU_LOG_DIR" ] && echo "$TPU_LOG_DIR"; LEFT_BEHIND=1; cd /',
             workers=[1],
         )
         home = local_pod.worker_dir(1)
@@ -214,6 +214,7 @@ async def test_a_command_on_a_spare_shell_sees_the_worker_and_shares_no_state(lo
         lines = first.stdout.splitlines()
         assert lines[0] == f"1 {home} {home} unset"
         assert "__tpu_command" in lines[1]  # it did run on a spare, not through `bash -c <command>`
+        assert lines[3] == f"{home}/tpu_logs"  # libtpu's logs (and Ray's stream of them): the worker's own
         assert await _spare_ready(server)
         [second] = await fleet.run('echo "${LEFT_BEHIND-unset} $PWD pid=$$"', workers=[1])
         assert second.ok, second
