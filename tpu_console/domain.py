@@ -130,6 +130,14 @@ class Node:
         return worker // self.workers_per_slice
 
     @property
+    def ready_slices(self) -> tuple[int, ...]:
+        """The slices that take work: all of a READY node; of a multislice some of whose slices are lost
+        (the node reads the worst of them), those that read READY."""
+        if self.state.is_usable:
+            return tuple(range(self.slices))
+        return tuple(i for i, s in enumerate(self.slice_states) if s == NodeState.READY)
+
+    @property
     def slice_names(self) -> tuple[str, ...]:
         """The slices as the TPU API names a multislice's nodes (NAME-0, NAME-1, ...); () for one slice."""
         return tuple(f"{self.name}-{i}" for i in range(self.slices)) if self.slices > 1 else ()

@@ -15,17 +15,21 @@ made-up readings.
 - Ownership: a node is touched only if it is this managed run's, of its current incarnation or older
   (its labels; the first incarnation, made by hand, by its creation time) and nobody else's.
 
-The one hook for slices that shrink and grow: a multislice node with some slices lost reads as lost here
-(`lost_slices` names them); a run that may continue on the others would be judged `shrink` instead.
+Slices that shrink and grow (elastic.py): a multislice node some of whose slices are lost reads lost as a
+whole (its state is the worst of its slices'), but a run that may go on on the others (`elastic`) is judged
+`shrink` onto the slices left, once two reads some seconds apart say so, and `grow` onto every slice once
+all read READY again and the run on fewer has made a step. A run on fewer slices is read, and judged, on
+its own slices alone.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tpu_console.controller.elastic import elastic, grown_back, slices_left
 from tpu_console.controller.observe import NodeReading, RunReading
 from tpu_console.controller.state import INCARNATION_LABEL, MANAGED_LABEL, ManagedRun, Status
-from tpu_console.domain import Node, NodeState
+from tpu_console.domain import Node
 
 KILLED_READS = 5
 NOTICE_GRACE_S = 60.0  # past the notice's deadline, a node still READY is taken to have stayed
@@ -33,10 +37,11 @@ NOTICE_GRACE_S = 60.0  # past the notice's deadline, a node still READY is taken
 
 @dataclass(frozen=True)
 class Verdict:
-    action: str  # wait | recover | end
+    action: str  # wait | recover | end | shrink | grow
     reason: str | None = None
     status: Status | None = None  # the end's
     in_place: bool = False  # recover on the same node, which stayed READY: no delete, no create
+    slices: tuple[int, ...] = ()  # shrink, grow: the slices to run on
 
 
 WAIT = Verdict("wait")
@@ -47,11 +52,14 @@ def judge(run: ManagedRun, node: NodeReading, reading: RunReading | None) -> Ver
     suspicion, `lost_since` and `killed_reads`, which the caller saves."""
     if not node.known:
         return WAIT
+    resized = _resize(run, node)
+    if resized is not None:
+        return resized
     lost = node.lost
-    if lost is not None:
+    if lost is not None and not usable(run, node):
         return _confirm(run, lost, node.at)
     run.suspect = None
-    if node.node is None or node.node.state is not NodeState.READY or reading is None:
+    if not usable(run, node) or reading is None:
         return WAIT
     if reading.error is not None or reading.state is None:
         return WAIT
@@ -78,21 +86,42 @@ def judge(run: ManagedRun, node: NodeReading, reading: RunReading | None) -> Ver
     return WAIT
 
 
-def _confirm(run: ManagedRun, reason: str, at: float) -> Verdict:
+def usable(run: ManagedRun, node: NodeReading) -> bool:
+    """Whether the node can hold the run now: READY, or (a run on some slices of a multislice) those
+    slices READY."""
+    if node.node is None:
+        return False
+    on = run.current.on_slices(run.slices) if run.incarnations else tuple(range(run.slices))
+    return set(on) <= set(node.node.ready_slices)
+
+
+def _resize(run: ManagedRun, node: NodeReading) -> Verdict | None:
+    """Shrink onto the slices left, or grow back onto all; None when neither is due."""
+    if node.node is None or run.slices < 2 or not run.incarnations or not elastic(run.job):
+        return None
+    on = run.current.on_slices(run.slices)
+    left = slices_left(node.node)
+    if left is not None and not set(on) <= set(left):
+        gone = [i for i in on if i not in left]
+        states = ", ".join(f"slice {i} {node.node.slice_states[i].lower()}" for i in gone)
+        return _confirm(run, states, node.at, Verdict("shrink", states, slices=left))
+    if left is None and run.current.first_step_at is not None and grown_back(node.node, on):
+        run.suspect = None
+        return Verdict("grow", f"every slice READY again: from {len(on)} to {run.slices}",
+                       slices=tuple(range(run.slices)))
+    return None
+
+
+def _confirm(run: ManagedRun, reason: str, at: float, then: Verdict | None = None) -> Verdict:
+    """`then` (a recovery for `reason`, by default) once two reads `confirm_s` apart said `reason`."""
     suspect = run.suspect
     if suspect is None or suspect.get("reason") != reason:
         run.suspect = {"reason": reason, "first_at": at, "reads": 1}
         return WAIT
     suspect["reads"] = int(suspect.get("reads", 1)) + 1
     if at - float(suspect["first_at"]) >= run.confirm_s:
-        return Verdict("recover", reason)
+        return then or Verdict("recover", reason)
     return WAIT
-
-
-def lost_slices(node: Node) -> list[int]:
-    """The slices of a multislice node that read lost (PREEMPTED, TERMINATED) while others do not."""
-    lost = [i for i, s in enumerate(node.slice_states) if s in (NodeState.PREEMPTED, NodeState.TERMINATED)]
-    return lost if len(lost) < len(node.slice_states) else []
 
 
 def not_ours(run: ManagedRun, node: Node, incarnation: int) -> str | None:

@@ -16,6 +16,11 @@ looks at what is there, so taking it twice changes nothing:
   is on, the pod doctor (doctor/check.py) on the new node: a finding makes the node again (a recovery of
   the budget: delete, create) or, the budget spent, gives up with the doctor's line;
 - launch: adopt a run already started on the node since the incarnation began, else launch the job again;
+- shrink and grow (a multislice run that is `elastic`, judge.py): a slice lost, the run on the node goes
+  on at once on the slices left, as a new incarnation on the same node (launch: the old run stopped, with
+  its checkpoint on SIGTERM, and the job launched on those slices, elastic.py); meanwhile the lost slices
+  are made again where the provider can (a local pod; the TPU API makes a multislice whole or not at
+  all); once every slice reads READY and the run on fewer has made a step, it grows back the same way;
 - sweep (after a give-up or a cancel, for `sweep_s`: a request filled late is deleted when it appears;
   once after a success): delete the nodes the controller made for the run and its queued requests, and
   what is left of a lost node.
@@ -35,9 +40,9 @@ from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from typing import Any
 
-from tpu_console.controller import relaunch
+from tpu_console.controller import elastic, relaunch
 from tpu_console.controller import state as st
-from tpu_console.controller.judge import judge, not_ours
+from tpu_console.controller.judge import Verdict, judge, not_ours, usable
 from tpu_console.controller.lease import TTL_S, Lease
 from tpu_console.controller.observe import (
     LOST_STATES,
@@ -51,7 +56,7 @@ from tpu_console.controller.observe import (
 from tpu_console.controller.state import Action, Incarnation, Recovery, Status, Stored
 from tpu_console.controller.store import Conflict, StateStore
 from tpu_console.doctor import check as doctor
-from tpu_console.domain import CreateRequest, NodeState
+from tpu_console.domain import CreateRequest, Node, NodeState
 from tpu_console.errors import NotFound, one_line
 from tpu_console.history.store import RunStore
 from tpu_console.launch.stop import stop
@@ -206,7 +211,7 @@ class Controller:
         run, inc = stored.run, stored.run.current
         node = await self._read_node(stored)
         reading = None
-        if node.node is not None and node.node.state is NodeState.READY and inc.run_id:
+        if node.node is not None and usable(run, node) and inc.run_id:
             if (why := not_ours(run, node.node, inc.n)) is not None:
                 await self._give_up(stored, f"{why}; it is left alone")
                 return False
@@ -221,12 +226,16 @@ class Controller:
             # the node is read again after the run: a preemption between the two reads ends the jobs on a
             # node that read READY a moment before, and is no end of the run
             again = await self._read_node(stored)
-            if again.node is None or again.node.state is not NodeState.READY:
+            if not usable(run, again):
                 verdict = judge(run, again, None)
         run.heartbeat = {"at": time.time(), "by": self.id}
         if verdict.action == "wait":
+            if inc.slices is not None and node.node is not None:
+                await self._remake_slices(stored, node.node)
             await self._save(stored)
             return True
+        if verdict.action in ("shrink", "grow"):
+            return await self._resize(stored, verdict)
         inc.ended, inc.ended_at = verdict.reason, (run.suspect or {}).get("first_at") or time.time()
         if verdict.action == "end":
             run.status, run.note, run.intent = verdict.status.value, verdict.reason, None
@@ -260,7 +269,8 @@ class Controller:
     async def _first_step(self, stored: Stored, node: NodeReading, seen_at: float) -> None:
         run, inc = stored.run, stored.run.current
         assert node.node is not None and inc.run_id is not None
-        marks = await read_start(self._provider(stored), node.node, inc.run_id, self.read_timeout_s)
+        first = inc.on_slices(run.slices)[0] * node.node.workers_per_slice  # the run's first worker
+        marks = await read_start(self._provider(stored), node.node, inc.run_id, self.read_timeout_s, first)
         if marks.first_step is None:
             return
         at = marks.first_step_at
@@ -273,6 +283,45 @@ class Controller:
             self.notify("recovered", f"managed run {run.id}: {inc.run_id} on {run.node} ({inc.zone or '-'}) "
                         f"resumed after step {inc.resumed_step}, {recovery.steps_lost} step(s) lost, "
                         f"{seconds:.0f} s from the loss to its first step")
+
+    async def _resize(self, stored: Stored, verdict: Verdict) -> bool:
+        """A multislice run onto other slices of its node: a new incarnation there, launched next (the
+        old run stopped first). A shrink is a recovery, of the budget; a grow is not."""
+        run, inc = stored.run, stored.run.current
+        now = time.time()
+        first_at = float((run.suspect or {}).get("first_at") or now)
+        inc.ended, inc.ended_at = verdict.reason, first_at
+        run.suspect = None
+        if verdict.action == "shrink":
+            if (why := run.budget_left(now)) is not None:
+                await self._give_up(stored, f"{verdict.reason}; {why}")
+                return False
+            run.recoveries.append(Recovery(
+                n=len(run.incarnations), reason=str(verdict.reason), detected_at=first_at, confirmed_at=now,
+                deleted_at=now, created_at=now, prepared_at=now, last_step_before=inc.last_step,
+                zone=inc.zone))
+            run.status = Status.RECOVERING.value
+        whole = len(verdict.slices) == run.slices
+        run.incarnations.append(Incarnation(len(run.incarnations), run.node, inc.zone, created_at=now,
+                                            slices=None if whole else list(verdict.slices)))
+        self.progress(f"{run.id}: {verdict.reason}: relaunching {inc.run_id} on slice(s) "
+                      f"{', '.join(map(str, verdict.slices))} of {run.node}")
+        self.notify("preempted" if verdict.action == "shrink" else "grown",
+                    f"managed run {run.id}: {run.node} {verdict.reason}; going on on "
+                    f"{len(verdict.slices)} of {run.slices} slices")
+        await self._intend(stored, Action.LAUNCH, run.current.n, stop=inc.run_id)
+        return False
+
+    async def _remake_slices(self, stored: Stored, node: Node) -> None:
+        """Make the node's lost slices again while the run is on the others, where the provider can."""
+        run = stored.run
+        for index, state in enumerate(node.slice_states):
+            if state not in LOST_STATES or not self.lease.held:
+                continue
+            try:
+                await self._provider(stored).recreate_slice(run.node, index, self.progress)
+            except Exception as exc:  # noqa: BLE001 - it cannot (gcp), or failed: said, tried next pass
+                run.note = f"slice {index} not made again: {one_line(exc)}"
 
     async def _delete(self, stored: Stored) -> bool:
         run = stored.run
@@ -470,13 +519,13 @@ class Controller:
     async def _launch(self, stored: Stored) -> bool:
         run, inc = stored.run, stored.run.current
         node = await self._read_node(stored)
-        if not node.known or (node.node is not None and node.node.state is not NodeState.READY
-                              and node.lost is None):
+        if not node.known:
             return True
-        if node.lost is not None:
+        if node.node is None or not usable(run, node):
+            if node.lost is None:
+                return True  # not READY yet
             await self._intend(stored, Action.WATCH, inc.n)  # the watch confirms the loss
             return False
-        assert node.node is not None
         if (why := not_ours(run, node.node, inc.n)) is not None:
             await self._give_up(stored, f"{why}; it is left alone")
             return False
@@ -488,8 +537,14 @@ class Controller:
             return True
         else:
             try:
-                result = await relaunch.launch_again(self.providers, run.id, run.node, run.job,
-                                                     self.webhook_url, self.run_store, self.progress)
+                if run.intent.get("stop") or inc.slices is not None:  # onto other slices of the node
+                    result = await elastic.relaunch_on_slices(
+                        self.providers, run.id, run.node, run.job, inc.on_slices(run.slices),
+                        run.intent.get("stop"), webhook_url=self.webhook_url, store=self.run_store,
+                        progress=self.progress)
+                else:
+                    result = await relaunch.launch_again(self.providers, run.id, run.node, run.job,
+                                                         self.webhook_url, self.run_store, self.progress)
             except Exception as exc:  # noqa: BLE001 - refused (UserError) or failed: a few tries
                 return await self._launch_failed(stored, one_line(exc))
             if not result.ok:
@@ -517,7 +572,8 @@ class Controller:
             await self._give_up(stored, f"{doing} failed {tries} times: {problem}")
             return False
         run.note = f"{name} failed ({tries} of {limit}): {problem}"
-        await self._intend(stored, action, run.current.n, tries=tries)
+        kept = {k: v for k, v in run.intent.items() if k not in ("action", "n", "at", "by", "tries")}
+        await self._intend(stored, action, run.current.n, tries=tries, **kept)  # `stop` kept, for one
         return True
 
     async def _cancel(self, stored: Stored) -> None:

@@ -139,15 +139,17 @@ class StartMarks:
     first_step_at: float | None = None
 
 
-async def read_start(provider: Provider, node: Node, run_id: str, timeout_s: float) -> StartMarks:
-    """The run's first step event and its `resumed_step` warning (the trainer's), from worker 0's
-    events.jsonl. resumed_step is the warning's, else the first step less one."""
+async def read_start(provider: Provider, node: Node, run_id: str, timeout_s: float,
+                     worker: int = 0) -> StartMarks:
+    """The run's first step event and its `resumed_step` warning (the trainer's), from its first worker's
+    events.jsonl (`worker`: 0, or the first host of the slices it runs on). resumed_step is the warning's,
+    else the first step less one."""
     path = f"{RUNS_DIR}/{run_id}/events.jsonl"
     command = (f"grep -m1 '\"resumed_step\"' {path} 2>/dev/null; "
                f"grep -m1 '\"kind\": *\"step\"' {path} 2>/dev/null; true")
     try:
         async with Fleet(await provider.ssh_targets(node)) as fleet:
-            (result,) = await asyncio.wait_for(fleet.run(command, [0], timeout=timeout_s), timeout_s + 5)
+            (result,) = await asyncio.wait_for(fleet.run(command, [worker], timeout=timeout_s), timeout_s + 5)
     except Exception:  # noqa: BLE001 - not known yet; asked again next pass
         return StartMarks()
     resumed = first = at = None

@@ -64,6 +64,11 @@ class Incarnation:
     last_step_at: float | None = None  # when the controller first saw last_step
     ended_at: float | None = None
     ended: str | None = None  # how: preempted, terminated, vanished, host lost, succeeded, failed, stopped
+    slices: list[int] | None = None  # the slices of a multislice node its run is on (None: every slice)
+
+    def on_slices(self, count: int) -> tuple[int, ...]:
+        """The slices its run is on, of a node of `count` slices."""
+        return tuple(self.slices) if self.slices is not None else tuple(range(count))
 
 
 @dataclass

@@ -16,10 +16,14 @@ from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import find_node
 
 
-async def open_node(providers: dict[str, Provider], name: str) -> tuple[Provider, Node]:
-    """The node and its provider, or UserError if it is unknown or not READY."""
+async def open_node(providers: dict[str, Provider], name: str,
+                    slices: Sequence[int] | None = None) -> tuple[Provider, Node]:
+    """The node and its provider, or UserError if it is unknown or not READY (with `slices`, of a
+    multislice: those slices READY, whatever the others)."""
     provider, node = await find_node(providers, name)
-    if not node.state.is_usable:
+    usable = node.state.is_usable or (slices is not None and bool(slices)
+                                      and set(slices) <= set(node.ready_slices))
+    if not usable:
         raise UserError(_not_ready(name, node))
     return provider, node
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from tpu_console.domain import Node
 from tpu_console.errors import UserError
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.recipes import RUNS_DIR
@@ -134,12 +135,19 @@ def run_ended_recipe(run_id: str) -> str:
             "2>/dev/null; }; then echo '@@ run ended'; fi; exit 0 )")
 
 
+def lock_worker(node: Node) -> int:
+    """Where the node's launches meet: worker 0; on a multislice some of whose slices are lost (a run
+    going on on the others), the first host of the first slice left, which every launch reads alike."""
+    ready = node.ready_slices
+    return LOCK_WORKER if not ready or ready[0] == 0 else ready[0] * node.workers_per_slice
+
+
 class LaunchLock:
     """`async with LaunchLock(fleet, node) as lock:` around a launch; `lock.keep(run_id)` once its job
     started (the run then holds it); leaving the block without it releases the lock."""
 
-    def __init__(self, fleet: Fleet, node: str, run_worker: int = LOCK_WORKER) -> None:
-        self._fleet, self._worker, self._node = fleet, LOCK_WORKER, node
+    def __init__(self, fleet: Fleet, node: str, run_worker: int = LOCK_WORKER, at: int = LOCK_WORKER) -> None:
+        self._fleet, self._worker, self._node = fleet, at, node
         self._owner = {**ownership.me(), "since": time.time(), "token": ownership.new_token(),
                        "run_id": None, "run_worker": run_worker}
         self._kept = False

@@ -45,7 +45,7 @@ from tpu_console.launch.job_kinds import (
     validate_config,
 )
 from tpu_console.launch.job_spec import JobSpec
-from tpu_console.launch.lock import LaunchLock
+from tpu_console.launch.lock import LaunchLock, lock_worker
 from tpu_console.observe import supervision
 from tpu_console.observe.supervision import SupervisionPolicy
 from tpu_console.pricing import price_per_hour
@@ -260,7 +260,7 @@ async def launch(
         refuse_partial(seen, selected, envs)
         await require_all_reachable(fleet, node, selected, "nothing was launched")
         # exclusive across consoles: of two launches at once on this node, one goes on (launch/lock.py)
-        async with LaunchLock(fleet, node.name, selected[0]) as lock:
+        async with LaunchLock(fleet, node.name, selected[0], at=lock_worker(node)) as lock:
             prepared = await kind.prepare(provider, node, fleet, selected, env_data)
             if kill_stale:
                 await clear_stale_holders(fleet, selected, on_worker)

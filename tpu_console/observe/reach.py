@@ -36,7 +36,7 @@ class reach_node:
         except NotFound:
             self._state.problem, self._state.node_gone = f"node {self._node!r} no longer exists", True
             return self._state
-        if not node.state.is_usable:
+        if not node.ready_slices:  # a multislice with a slice lost: the others' runs are still read
             self._state.problem, self._state.node_gone = f"node {self._node!r} is {node.state}", True
             return self._state
         try:

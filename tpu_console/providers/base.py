@@ -52,6 +52,14 @@ class Provider(abc.ABC):
 
         raise UserError(f"the {self.name} provider has no queued requests")
 
+    async def recreate_slice(self, name: str, index: int, progress: Progress = no_progress) -> None:
+        """Make slice `index` of a multislice node again, once it is lost (READY when done). A provider
+        that makes a multislice whole or not at all (the TPU API's queued resource) cannot."""
+        from tpu_console.errors import UserError
+
+        raise UserError(f"the {self.name} provider cannot make one slice of {name} again; the run stays on "
+                        "the slices left")
+
     async def cancel_requests(  # noqa: B027 - a provider without queued requests keeps this
         self, requests: list[str], progress: Progress = no_progress
     ) -> None:

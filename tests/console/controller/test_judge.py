@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from tpu_console.controller.judge import KILLED_READS, judge, lost_slices, not_ours
+from tpu_console.controller.judge import KILLED_READS, judge, not_ours
 from tpu_console.controller.observe import SHUTDOWN_NOTICE_S, NodeReading, RunReading, preemption_deadline
 from tpu_console.controller.state import INCARNATION_LABEL, MANAGED_LABEL, Incarnation, ManagedRun, Recovery
 from tpu_console.domain import AcceleratorShape, Node, NodeState
@@ -131,10 +131,29 @@ def test_a_node_is_touched_only_when_it_is_this_runs_of_its_incarnation_or_older
     assert "belongs to managed run m2" in not_ours(run, node(labels={MANAGED_LABEL: "m2"}), 9)
 
 
-def test_lost_slices_name_the_slices_lost_while_others_run():
-    two = replace(node(), slices=2, slice_states=(NodeState.READY, NodeState.PREEMPTED))
-    assert lost_slices(two) == [1]
-    assert lost_slices(replace(two, slice_states=(NodeState.PREEMPTED, NodeState.PREEMPTED))) == []
+def test_an_elastic_run_shrinks_onto_the_slices_left_and_grows_back_once_all_are_ready():
+    reads = iter(range(100, 1000, 5))  # a read every 5 s (confirm_s)
+
+    def two(*states: NodeState) -> NodeReading:
+        worst = next((s for s in states if s != NodeState.READY), NodeState.READY)
+        made = replace(node(worst), slices=2, slice_states=tuple(map(str, states)))
+        return NodeReading(next(reads), node=made)
+
+    R, P = NodeState.READY, NodeState.PREEMPTED
+    run = managed(slices=2, job={"kind": "trainer"})
+    assert judge(run, two(R, P), None).action == "wait"  # one read: not yet
+    verdict = judge(run, two(R, P), None)
+    assert (verdict.action, verdict.slices, verdict.reason) == ("shrink", (0,), "slice 1 preempted")
+    run.incarnations.append(Incarnation(1, "spot", slices=[0], run_id="r1"))
+    # on slice 0 alone: its run is read and judged there; the lost slice is no loss of the node's
+    assert judge(run, two(R, P), RUNNING).action == "wait" and run.suspect is None
+    assert judge(run, two(R, R), RUNNING).action == "wait"  # whole again, but no step made on slice 0 yet
+    run.current.first_step_at = 1.0
+    verdict = judge(run, two(R, R), RUNNING)
+    assert (verdict.action, verdict.slices) == ("grow", (0, 1))
+    rigid = managed(slices=2, job={"kind": "command", "spec": {}})  # not elastic: the whole node recovered
+    judge(rigid, two(R, P), None)
+    assert judge(rigid, two(R, P), None).action == "recover"
 
 
 def test_budgets_stop_recoveries():

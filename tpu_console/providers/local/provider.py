@@ -19,7 +19,7 @@ from tpu_console.domain import CreateRequest, Node, NodeState, SshTarget, Worker
 from tpu_console.errors import UserError
 from tpu_console.providers.base import NodeListing, Progress, Provider, no_progress
 from tpu_console.providers.local import remove_pod
-from tpu_console.providers.local.jobs import stop_groups
+from tpu_console.providers.local.jobs import running_job_groups, stop_groups
 from tpu_console.providers.local.shapes import parse_local_type
 from tpu_console.providers.local.store import LOOPBACK, PodStore
 from tpu_console.providers.local.worker_server import WorkerServer, WorkerSpec
@@ -69,17 +69,39 @@ class LocalProvider(Provider):
         aside = await asyncio.to_thread(self.store.remove, name)
         progress(f"{name}: deleted; its files are being removed in the background ({aside})")
 
-    async def preempt(self, name: str) -> None:
+    async def preempt(self, name: str, slice_index: int | None = None) -> None:
         """Rehearse a spot preemption: the workers vanish (servers stopped, jobs killed without a word, as
-        when the VM is taken away) and the node reads PREEMPTED until it is deleted."""
-        self.store.read(name)
-        self.store.set_state(name, NodeState.PREEMPTED)
-        await self._stop_servers(name)
-        groups = remove_pod.job_groups(self.store, name)
+        when the VM is taken away) and the node reads PREEMPTED until it is deleted. With `slice_index`,
+        of a multislice: that slice alone (its hosts' servers stopped and jobs killed; it reads PREEMPTED,
+        the node the worst of its slices) until `recreate_slice`."""
+        node = self.store.read(name)
+        if slice_index is None:
+            self.store.set_state(name, NodeState.PREEMPTED)
+            await self._stop_servers(name)
+            groups = remove_pod.job_groups(self.store, name)
+        else:
+            if not 0 <= slice_index < node.slices or node.slices < 2:
+                raise UserError(f"{name} has slices 0..{node.slices - 1}, not {slice_index}")
+            self.store.set_slice_state(name, slice_index, NodeState.PREEMPTED)
+            hosts = [w for w in range(node.shape.workers) if node.slice_of(w) == slice_index]
+            for server in [s for s in self._servers.get(name, []) if s.spec.index in hosts]:
+                await server.close()
+            groups = [g for w in hosts for g in running_job_groups(self.store.worker_dir(name, w))]
         await asyncio.to_thread(stop_groups, groups, 0.0)
 
+    async def recreate_slice(self, name: str, index: int, progress: Progress = no_progress) -> None:
+        """A lost slice made again: READY, its hosts' servers up again (on their ports) where they run."""
+        node = self.store.read(name)
+        if index >= len(node.slice_states) or node.slice_states[index] == NodeState.READY:
+            return  # not lost
+        progress(f"{name}: making slice {index} again")
+        for server in self._servers.get(name, []):
+            if node.slice_of(server.spec.index) == index:
+                await server.start(server.port)
+        self.store.set_slice_state(name, index, NodeState.READY)
+
     async def ssh_targets(self, node: Node) -> list[SshTarget]:
-        if node.state is not NodeState.READY:
+        if not node.ready_slices:  # a multislice with a slice lost: the others are still reached
             raise UserError(
                 f"local node {node.name} is {node.state.value}, not READY; delete and create it again"
             )

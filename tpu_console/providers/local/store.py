@@ -2,7 +2,9 @@
 
 <local_pods_dir>/<name>/node.json            type, shape, slices, created_at, state, labels
 A multislice pod (`slices` > 1) is one node whose workers are numbered slice by slice: `workers` counts
-them all, worker w is in slice w // (workers / slices).
+them all, worker w is in slice w // (workers / slices). Once one of its slices was lost (a rehearsed
+preemption of that slice alone), node.json keeps each slice's state (`slice_states`) and `state` is the
+worst of them, as on a Cloud TPU multislice.
 <local_pods_dir>/<name>/host_keys/worker-<i>  the worker's SSH host key (made once, pinned by the client)
 <local_pods_dir>/<name>/workers/<i>/          the worker's HOME
 <local_pods_dir>/.trash/<name>-<ns>/         a deleted pod's folder, moved aside at once and removed by a
@@ -76,6 +78,7 @@ class PodStore:
             created_at=datetime.fromisoformat(meta["created_at"]),
             slices=meta.get("slices", 1),
             labels=dict(meta.get("labels") or {}),
+            slice_states=tuple(meta.get("slice_states") or ()),
         )
 
     def create(self, name: str, accelerator_type: str, slices: int = 1,
@@ -119,6 +122,15 @@ class PodStore:
     def set_state(self, name: str, state: NodeState) -> None:
         meta = json.loads((self.node_dir(name) / "node.json").read_text())
         meta["state"] = state.value
+        self._write_meta(name, meta)
+
+    def set_slice_state(self, name: str, index: int, state: NodeState) -> None:
+        """One slice's state; the node's is then the worst of its slices' (the first not READY)."""
+        meta = json.loads((self.node_dir(name) / "node.json").read_text())
+        states = list(meta.get("slice_states") or [meta["state"]] * meta.get("slices", 1))
+        states[index] = state.value
+        meta["slice_states"] = states
+        meta["state"] = next((s for s in states if s != NodeState.READY.value), NodeState.READY.value)
         self._write_meta(name, meta)
 
     def remove(self, name: str) -> Path:
