@@ -93,7 +93,7 @@ class Fleet:
 
     async def run(
         self,
-        command: str,
+        command: str | PythonProgram,
         workers: Sequence[int] | None = None,
         *,
         timeout: float | None = None,
@@ -101,13 +101,16 @@ class Fleet:
         stdin: str | bytes | None = None,
         on_line: OnLine | None = None,
     ) -> list[WorkerResult]:
-        """Run `command` with bash on each selected worker (all by default).
+        """Run `command` with bash on each selected worker (all by default), or a Python program
+        (program.py: in a fork of the command channel's agent, else its own python3).
 
         `env` is exported at the head of the command, so it shows in the worker's process list: never
-        put secrets there (upload them to a 0600 file with `put` instead).
+        put secrets there (upload them to a 0600 file with `put` instead). A Python program takes none.
         """
         selected = self._select(workers)
-        full_command = _with_env(command, env or {})
+        if isinstance(command, PythonProgram) and env:
+            raise ValueError("a Python program runs in the worker's environment: give it no `env`")
+        full_command = command if isinstance(command, PythonProgram) else _with_env(command, env or {})
         data = stdin.encode() if isinstance(stdin, str) else stdin
         return list(
             await asyncio.gather(*(self._run_one(w, full_command, timeout, data, on_line) for w in selected))

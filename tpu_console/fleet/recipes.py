@@ -224,47 +224,19 @@ def stop_run(run_id: str, grace_s: float = 10.0) -> str:
     )
 
 
-def probe_runs(run_ids: Sequence[str], events_tail_bytes: int = 0, log_tail_lines: int = 0) -> str:
-    """One round trip telling, for each run: is its process group alive, its exit status and when it was
-    written, the sizes of output.log and events.jsonl, and optionally the end of both files.
+# The run watch's follower and a run's single look (worker/run_follower.py).
+FOLLOWER_SOURCE = worker.source("run_follower.py")
 
-    Output per run (parsed by `tpu_console.observe.probe.parse_probe`):
-        <MARK>run <id>
-        missing=1                         (no such folder)  or
-        pid=<pgid> alive=0|1 exit=<n> exit_t=<unix s> log=<bytes> events=<bytes>
-        <MARK>events                      (when events_tail_bytes) then the last bytes of events.jsonl
-        <MARK>log                         (when log_tail_lines) then the last lines of output.log
-    """
-    ids = " ".join(shlex.quote(r) for r in run_ids)
-    body = [
-        f"for id in {ids}; do",
-        f'd="$HOME"/{shlex.quote(RUNS_DIR)}/"$id"',
-        f"printf '\\n{_MARK_PRINTF}run %s\\n' \"$id\"",
-        'if [ ! -d "$d" ]; then echo missing=1; continue; fi',
-        'pg=$(cat "$d/pid" 2>/dev/null); alive=0',
-        'case "$pg" in ""|*[!0-9]*) ;; *) kill -0 -- "-$pg" 2>/dev/null && alive=1;; esac',
-        'ex=$(cat "$d/exit" 2>/dev/null)',
-        # The wrapper writes `exit` just after the job ends: look again before calling the job lost.
-        'if [ $alive = 0 ] && [ -z "$ex" ] && [ -n "$pg" ]; then sleep 0.5; ex=$(cat "$d/exit" '
-        '2>/dev/null); fi',
-        # Sub-second (GNU stat), so of two workers failing within one second the first is told apart.
-        'et=""; [ -n "$ex" ] && et=$(stat -c %.9Y "$d/exit" 2>/dev/null || stat -c %Y "$d/exit" 2>/dev/null)',
-        'ls=$(wc -c 2>/dev/null <"$d/output.log"); es=$(wc -c 2>/dev/null <"$d/events.jsonl")',
-        'echo "pid=$pg alive=$alive exit=$ex exit_t=$et log=${ls:-0} events=${es:-0}"',
-    ]
-    if events_tail_bytes > 0:
-        body.append(
-            f"printf '{_MARK_PRINTF}events\\n'; tail -c {int(events_tail_bytes)} \"$d/events.jsonl\" "
-            "2>/dev/null"
-        )
-    if log_tail_lines > 0:
-        body.append(
-            f"printf '\\n{_MARK_PRINTF}log\\n'; tail -n {int(log_tail_lines)} \"$d/output.log\" 2>/dev/null"
-        )
-    body.append("done")
-    # A run folder without output.log (a worker whose job never started) must not fail the whole probe.
-    body.append("exit 0")
-    return "(\n" + "\n".join(body) + "\n)"
+
+def probe_runs(run_ids: Sequence[str], events_tail_bytes: int = 0, log_tail_lines: int = 0,
+               python: str = "python3") -> PythonProgram:
+    """One round trip telling, for each run: is its process group alive, its exit status and when it was
+    written, the sizes of output.log and events.jsonl, and optionally the end of both files. The run
+    follower's single look (worker/run_follower.py, `--once`, which says what it prints): the same
+    producer as a followed run's state. Parsed by `tpu_console.observe.probe.parse_probe`."""
+    args = ("--once", f"~/{RUNS_DIR}", str(max(0, int(events_tail_bytes))), str(max(0, int(log_tail_lines))),
+            *run_ids)
+    return PythonProgram(FOLLOWER_SOURCE, args, python)
 
 
 def tail_log(
@@ -298,7 +270,6 @@ def tail_log(
     )
 
 
-FOLLOWER_SOURCE = worker.source("run_follower.py")
 # The run's supervision, uploaded into the run folder by `launch` (worker/supervisor.py, job_runner.py,
 # step_lines.py).
 SUPERVISOR_SOURCE = worker.source("supervisor.py")

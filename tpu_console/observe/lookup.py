@@ -30,7 +30,6 @@ from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import find_node
 
 STATUS_EVENTS_TAIL_BYTES = 64 * 1024
-_TAIL_MARK = f"{recipes.MARK}tail\n"
 
 
 @dataclass
@@ -247,9 +246,8 @@ async def logs(
             (view,) = await probe_records(reach, [record], STATUS_EVENTS_TAIL_BYTES, 3)
             save_view(store, view)
             return view
-        # One look: each selected log read to its current end.
+        # One look: each selected log read to its current end (the run's state: one probe at the end).
         cursors = {w: TailCursor() for w in selected}
-        monitor = _monitor(record)
         behind: set[int] = set(selected)  # workers whose log was not read to its end yet
 
         async def read(worker: int, first: bool) -> None:
@@ -258,17 +256,11 @@ async def logs(
                 tail = recipes.tail_log(record.run_id, lines=lines)
             else:
                 tail = recipes.tail_log(record.run_id, offset=cursor.offset, max_bytes=cursor.max_bytes)
-            probe = recipes.probe_runs([record.run_id])
-            (result,) = await fleet.run(f"{probe}; printf '\\036tail\\n'; {tail}", [worker], timeout=60)
-            head, _, tail_out = result.stdout.partition(_TAIL_MARK)
-            probes = parse_probe(head) if result.ok else {}
-            chunk = parse_chunk(tail_out) if result.ok else None
-            if record.run_id not in probes or chunk is None:
-                reason = result.error or last_line(result.stderr, "log read failed")
-                monitor.observe_unreachable(worker, reason)
+            (result,) = await fleet.run(tail, [worker], timeout=60)
+            chunk = parse_chunk(result.stdout) if result.ok else None
+            if chunk is None:  # unreachable, or no log to read: the closing probe says which
                 behind.discard(worker)
                 return
-            monitor.observe(worker, probes[record.run_id])
             caught_up = chunk.end >= chunk.size
             for text in cursor.take(chunk, final=caught_up):
                 on_line(worker, text)

@@ -1,4 +1,5 @@
-"""Reading the output of the `probe_runs` recipe: what one worker says about each of its runs."""
+"""Reading what one worker says about each of its runs: the run follower's single look (worker/run_follower.py
+`--once`, sent by fleet/recipes.py's `probe_runs`), and its state lines while it follows a run."""
 
 from __future__ import annotations
 
@@ -46,8 +47,8 @@ def parse_probe(stdout: str, events_tail_bytes: int = 0) -> dict[str, RunProbe]:
 
 
 def probe_from_status(run_id: str, status: str) -> RunProbe:
-    """A probe from its status line alone (`missing=1`, or `pid=.. alive=.. exit=.. ...`), as `probe_runs`
-    and the run follower (worker/run_follower.py) print it."""
+    """A probe from its status line alone (`missing=1`, or `pid=.. alive=.. exit=.. ...`), as the run
+    follower's `probe` (worker/run_follower.py) prints it, in a single look and while following."""
     values = _key_values(status)
     if values.get("missing") == "1":
         return RunProbe(run_id, missing=True)

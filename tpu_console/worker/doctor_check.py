@@ -21,6 +21,8 @@ prints one line per figure, `doctor {json}`, flushed, in this order:
 
 Hosts with fewer chips than their peers stop after `devices` (no even mesh exists). Timings are per host:
 a host leaves a collective when its own chips have their result, so a slow group's hosts report the time.
+A collective's figure is the median of --reps runs after a first one; the first run's seconds (`first_s`,
+where its connections are set up) and its compile's (`compile_s`) are there too.
 
 Arguments: --bytes N (the all-reduce payload per chip), --hbm-bytes N (the pattern per chip), --reps N,
 --slices N (hosts numbered slice by slice), --hosts-per-slice N.
@@ -89,10 +91,14 @@ def join():
         jax.distributed.initialize()
 
 
-def timed(fn, arg, reps):
-    """The median seconds of `reps` runs of a compiled `fn` (one run first, untimed), and its last result."""
+def timed(fn, arg, reps, first=None):
+    """The median seconds of `reps` runs of a compiled `fn` (one run first, whose seconds go in `first`
+    when given: a collective's first run sets up its connections), and its last result."""
+    start = time.perf_counter()
     out = fn(arg)
     jax.block_until_ready(out)
+    if first is not None:
+        first["first_s"] = time.perf_counter() - start
     times = []
     for _ in range(reps):
         start = time.perf_counter()
@@ -185,7 +191,7 @@ def collective(name, fn, arg, reps, never_enters, **fields):
         while True:
             time.sleep(60)
     say("enter", name=name)
-    seconds, _ = timed(fn, arg, reps)
+    seconds, _ = timed(fn, arg, reps, first=fields)
     say(fields.pop("kind"), name=name, seconds=seconds, **fields)
 
 
@@ -236,7 +242,11 @@ def main(argv):
     for shift in range(1, slices):
         fn, arg = shift_between_slices(devices, shift, payload)
         planned.append((f"dcn:{shift}", fn, arg, {"kind": "dcn", "shift": shift}))
-    compiled = [(name, fn.lower(arg).compile(), arg, fields) for name, fn, arg, fields in planned]
+    compiled = []
+    for name, fn, arg, fields in planned:
+        start = time.perf_counter()
+        compiled.append((name, fn.lower(arg).compile(), arg, fields))
+        fields["compile_s"] = time.perf_counter() - start
     for name, fn, arg, fields in compiled:
         collective(name, fn, arg, reps, injected["never-enters"], payload_bytes=payload, **fields)
     say("done", seconds=time.time() - start)

@@ -1,6 +1,8 @@
 """The worker side of a run watch: one long-lived process per worker that streams a run's files and its
 job's state to the console, so a line reaches the console a few tens of milliseconds after it is written,
-with no command per poll (tpu_console/observe/watch.py is the console side).
+with no command per poll (tpu_console/observe/watch.py is the console side). It is also the one producer
+of a run's state on a worker: a single look (`--once`, below) answers `status`, `runs` and the rest
+(observe/probe.py reads it), so the state line has one definition, `probe` here.
 
 A PythonProgram (fleet/program.py), with arguments RUN_DIR POLL_S PROBE_S MAX_BYTES FILE=OFFSET|FILE~LINES...:
 the command channel's agent runs it in a fork of itself, the exec path with `python3 -I -S`. Python 3.8+
@@ -13,10 +15,18 @@ It writes one line per record on stdout, flushed as it goes:
 
     C <file> <start> <end> <size> <base64>   bytes start..end of <file>, whose size was <size> (a chunk of
                                              at most MAX_BYTES; chunks of a file follow on from each other)
-    P <status>                               the job's state, as `recipes.probe_runs` prints it: `missing=1`,
-                                             or `pid=.. alive=0|1 exit=.. exit_t=.. log=.. events=..`;
+    P <status>                               the job's state (`probe`): `missing=1`, or
+                                             `pid=.. alive=0|1 exit=.. exit_t=.. log=.. events=..`;
                                              at the start, every PROBE_S (a heartbeat), and at the end
     E                                        the job has ended and every file was read to its end: the last
+
+A single look, `--once RUNS_DIR EVENTS_TAIL_BYTES LOG_TAIL_LINES RUN_ID...` (fleet/recipes.py,
+`probe_runs`), prints for each run, then exits:
+
+    <RS>run <id>                             RS: the record separator, \x1e (no JSON line holds it raw)
+    <status>                                 as in `P` above
+    <RS>events                               when EVENTS_TAIL_BYTES: the last bytes of events.jsonl
+    <RS>log                                  when LOG_TAIL_LINES: the last lines of output.log
 
 A file that does not exist yet is waited for; one that shrank (rewritten) is read again from 0. When its
 stdout is not read (the console fell behind), the follower waits in its write: it never buffers.
@@ -175,7 +185,50 @@ def _write(out, records):
     out.flush()
 
 
+MARK = b"\x1e"  # fleet/recipes.py's MARK: separates a single look's sections
+
+
+def look_once(runs_dir, run_ids, events_tail_bytes, log_tail_lines, out):
+    """Each run's state, and the ends of its events and log when asked: the `--once` output above."""
+    for run_id in run_ids:
+        run_dir = os.path.join(runs_dir, run_id)
+        status, _ = probe(run_dir)
+        parts = [b"\n" + MARK + b"run " + run_id.encode() + b"\n" + status.encode() + b"\n"]
+        if status != "missing=1":
+            if events_tail_bytes > 0:
+                parts.append(MARK + b"events\n" + _last_bytes(os.path.join(run_dir, "events.jsonl"),
+                                                              events_tail_bytes))
+            if log_tail_lines > 0:
+                parts.append(b"\n" + MARK + b"log\n" + _last_lines(os.path.join(run_dir, "output.log"),
+                                                                    log_tail_lines))
+        out.write(b"".join(parts))
+    out.flush()
+
+
+def _last_bytes(path, count):
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - count))
+            return f.read(count)
+    except OSError:
+        return b""
+
+
+def _last_lines(path, lines):
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(start_of_last_lines(f, size, lines))
+            return f.read(size)
+    except OSError:
+        return b""
+
+
 def main(argv):
+    if argv and argv[0] == "--once":
+        runs_dir, events_tail_bytes, log_tail_lines = os.path.expanduser(argv[1]), int(argv[2]), int(argv[3])
+        look_once(runs_dir, argv[4:], events_tail_bytes, log_tail_lines, sys.stdout.buffer)
+        return
     run_dir, poll_s, probe_s, max_bytes = (
         os.path.expanduser(argv[0]),
         float(argv[1]),

@@ -37,7 +37,8 @@ async def test_a_healthy_pod_passes_with_every_figure_per_worker(local_pod: Loca
         assert all(c["matmul_ok"] and c["hbm_ok"] and c["matmul_s"] > 0 for c in w["chips"])
         # a ring along each axis of the (host, chip) mesh, and the bisection's pairs of hosts
         assert set(w["collectives"]) == {"ring:host", "ring:chip", "group:2"}
-        assert all(c["seconds"] > 0 for c in w["collectives"].values())
+        assert all(c["seconds"] > 0 and c["first_s"] > 0 and c["compile_s"] > 0
+                   for c in w["collectives"].values())
         assert w["done"] is not None and w["local_s"] > 0
     assert document["expected"]["seconds"] == {}  # CPU devices: no interconnect figure to time against
     assert report.lines()[0].startswith("pod: 4 worker(s), 8 chip(s) answered right")

@@ -17,6 +17,7 @@ import pytest
 from tests.processes import pid_alive, wait_for
 from tpu_console.errors import NotFound, UserError
 from tpu_console.fleet import recipes
+from tpu_console.fleet.program import PythonProgram
 from tpu_console.history.events import EventSummary, parse_event_line, parse_events
 from tpu_console.history.run_id import check_run_id, is_run_id, new_run_id, started_at
 from tpu_console.history.store import RunRecord, RunStore, WorkerRecord
@@ -72,8 +73,12 @@ def test_config_validation_does_not_import_jax():
 # -- recipes, run in bash --------------------------------------------------------------------------------
 
 
-def bash(command: str, home: Path, timeout: float = 20) -> subprocess.CompletedProcess:
+def bash(command: str | PythonProgram, home: Path, timeout: float = 20) -> subprocess.CompletedProcess:
+    """A recipe run as a worker runs it: bash, or a Python program on the exec path (source on stdin)."""
     env = {"HOME": str(home), "PATH": os.environ["PATH"]}
+    if isinstance(command, PythonProgram):
+        return subprocess.run(["bash", "-c", command.command_line()], cwd=home, env=env, input=command.source,
+                              capture_output=True, timeout=timeout, check=False)
     return subprocess.run(["bash", "-c", command], cwd=home, env=env, capture_output=True, text=True,
                           timeout=timeout, check=False)
 
@@ -173,7 +178,7 @@ def test_probe_reports_running_then_exited_with_events_and_log(tmp_path):
     wait_for(lambda: (folder / "output.log").exists() and "line-b" in (folder / "output.log").read_text())
     other = "20250314-120000-0001"
     out = bash(recipes.probe_runs([RUN, other], events_tail_bytes=4096, log_tail_lines=1), tmp_path).stdout
-    probes = parse_probe(out, 4096)
+    probes = parse_probe(out.decode(), 4096)
     assert probes[other].missing
     running = probes[RUN]
     assert running.alive and running.exit_status is None and running.pgid
@@ -181,7 +186,7 @@ def test_probe_reports_running_then_exited_with_events_and_log(tmp_path):
     assert [e.kind for e in running.events] == ["step"]
     (folder / "go").touch()
     wait_for(lambda: (folder / "exit").exists())
-    done = parse_probe(bash(recipes.probe_runs([RUN]), tmp_path).stdout)[RUN]
+    done = parse_probe(bash(recipes.probe_runs([RUN]), tmp_path).stdout.decode())[RUN]
     assert not done.alive and done.exit_status == 1 and done.exit_time and done.events == []
 
 

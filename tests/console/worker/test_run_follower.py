@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from tpu_console.fleet import recipes
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.output import CommandOutput
 from tpu_console.history.tail import LogChunk, TailCursor, parse_chunk_record
-from tpu_console.observe.probe import probe_from_status
+from tpu_console.observe.probe import parse_probe, probe_from_status
 
 RUN = "20250314-120000-0000"
 
@@ -72,6 +73,15 @@ def test_it_streams_both_files_from_their_offsets_then_the_exit_and_ends(tmp_pat
     probe = probe_from_status(RUN, lines[-2][2:])
     assert (probe.pgid, probe.alive, probe.exit_status, probe.log_bytes) == (999999, False, 3, 23)
     assert probe.exit_time == pytest.approx((folder / "exit").stat().st_mtime, abs=1e-3)
+
+    # a single look (`status`, `runs`) is the same producer: the same state line, with the files' ends
+    look = recipes.probe_runs([RUN, "20250314-120000-0001"], events_tail_bytes=8, log_tail_lines=2)
+    done = subprocess.run(["bash", "-c", look.command_line()], input=look.source, capture_output=True,
+                          env={**os.environ, "HOME": str(tmp_path)}, timeout=30, check=True)
+    probes = parse_probe(done.stdout.decode(), 8)
+    assert probes[RUN] == replace(probe, log_tail=["new 2", "partial"])
+    assert probes["20250314-120000-0001"].missing
+    assert done.stdout.decode().split("\n")[2] == lines[-2][2:]
 
 
 def test_it_follows_a_live_job_waits_for_a_file_that_does_not_exist_yet_and_sees_it_end(tmp_path):
