@@ -79,12 +79,16 @@ class LogPane(ScrollView, can_focus=True):
         touches_view = self.worker is None
         length_before = self.view_length()
         added: list[str] = []
+        redrawn = False
         for worker, text in lines:
-            if not text.isprintable():
-                text = printable(text)
             buffer = self.by_worker.get(worker)
             if buffer is None:
                 buffer = self.by_worker[worker] = deque(maxlen=self.lines_per_worker)
+            if not text.isprintable():
+                if ups := cursor_ups(text):  # a live display redrawn in place (Rich): its rows go first
+                    self._take_back(worker, buffer, ups)
+                    redrawn = True
+                text = printable(text)
             buffer.append(text)
             self.interleaved.append((worker, text))
             if self.worker is None or worker == self.worker:
@@ -92,12 +96,28 @@ class LogPane(ScrollView, can_focus=True):
             touches_view = touches_view or worker == self.worker
             if len(text) > self._width:
                 self._width = min(len(text), MAX_WIDTH)
-        if added and self.wrap:
+        if redrawn:
+            self._rebuild_rows()  # lines left the middle of the view: every line's rows again
+        elif added and self.wrap:
             self._add_rows(added, length_before)
         if touches_view:
             if self.search_term:
                 self._find_matches()
             self._resize()
+
+    def _take_back(self, worker: int, buffer: deque[str], count: int) -> None:
+        """The worker's last `count` lines erased, as a terminal does for a redraw that moves the cursor up
+        over them (looked for among the interleaved view's last lines only: a redraw follows its rows)."""
+        count = min(count, len(buffer))
+        for _ in range(count):
+            buffer.pop()
+        found = 0
+        for index in range(len(self.interleaved) - 1, max(-1, len(self.interleaved) - 1 - 64 * count), -1):
+            if found == count:
+                break
+            if self.interleaved[index][0] == worker:
+                del self.interleaved[index]
+                found += 1
 
     def show_worker(self, worker: int | None) -> None:
         self.worker = worker
@@ -258,6 +278,16 @@ class LogPane(ScrollView, can_focus=True):
             start = found + len(term)
         segments.append(Segment(text[start:]))
         return segments
+
+
+_CURSOR_UP = re.compile(r"\x1b\[(\d*)A")
+
+
+def cursor_ups(line: str) -> int:
+    """How many rows up the line's last redraw moves the cursor before it writes (`ESC[nA` after its last
+    carriage return): the rows a live display (Rich's) takes back to draw its next frame."""
+    redraw = line.rpartition("\r")[2]
+    return sum(int(n or 1) for n in _CURSOR_UP.findall(redraw))
 
 
 def printable(line: str) -> str:
