@@ -436,7 +436,7 @@ async def test_the_supervisors_decisions_show_on_the_dashboard():
     app = DashboardApp(feed)
     async with app.run_test(size=SIZE) as pilot:
         await opened(pilot, feed)
-        for _ in range(300):  # the decision is a message behind the feed's: on a loaded machine, a pause later
+        for _ in range(300):  # the decision is a message behind the feed's: loaded, it comes pauses later
             if shown := [n for n in app._notifications if n.title == "supervisor on the pod"]:
                 break
             await pilot.pause(0.01)
