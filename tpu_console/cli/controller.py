@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from tpu_console.cli import flags, output
-from tpu_console.controller import daemon
+from tpu_console.controller import daemon, remote
 from tpu_console.controller import state as st
 from tpu_console.controller.lease import read_lease
 from tpu_console.controller.state import ManagedRun
@@ -30,15 +30,21 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
     )
     sub = controller.add_subparsers(dest="controller_verb", metavar="start|status|logs|stop|cancel",
                                     required=True)
-    start = sub.add_parser("start", parents=[common], help="start the daemon on this machine",
+    start = sub.add_parser("start", parents=[common], help="start the daemon on this machine, or --on HOST",
                            description="A systemd user service where `systemctl --user` works, else a "
-                           "detached process; says which, and whether it survives a reboot.")
+                           "detached process; says which, and whether it survives a reboot. With --on, "
+                           "the console is installed on that SSH host first (its state must be in the "
+                           "bucket: [gcp] bucket).")
     start.add_argument("--detached", action="store_true",
                        help="a detached process even where systemd user services work")
     sub.add_parser("status", parents=[common], help="the daemon, its last heartbeat, every managed run")
     logs = sub.add_parser("logs", parents=[common], help="the daemon's log")
     logs.add_argument("--lines", "-n", type=int, default=50, metavar="N", help="the last N lines (50)")
-    sub.add_parser("stop", parents=[common], help="stop the daemon here (its lease given back)")
+    stop = sub.add_parser("stop", parents=[common], help="stop the daemon here, or --on HOST (its lease "
+                          "given back)")
+    for parser in (start, logs, stop):
+        parser.add_argument("--on", metavar="HOST", help="on this SSH host: user@host[:port] (this console's "
+                            "key) or an [[ssh.nodes]] name")
     cancel = sub.add_parser("cancel", parents=[common], help="stop a managed run and what was made for it",
                             description="The run is stopped, and every node and queued request the "
                             "controller made for it deleted (a request filled later too).")
@@ -48,6 +54,8 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
 
 async def controller(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
     verb = args.controller_verb
+    if getattr(args, "on", None):
+        return await _on_host(args, settings)
     if verb == "start":
         started = await asyncio.to_thread(daemon.start, False if args.detached else None)
         if args.json:
@@ -80,6 +88,27 @@ async def controller(args: argparse.Namespace, settings: Settings, providers: di
         print(format_table(MANAGED_COLUMNS, [managed_row(r) for r in runs]))
     else:
         print("no managed runs yet; hand one over with `tpu-console launch NODE --managed ...`")
+    return 0
+
+
+async def _on_host(args: argparse.Namespace, settings: Settings) -> int:
+    host = remote.resolve_host(args.on, settings)
+    if args.controller_verb == "start":
+        started = await remote.start_on(settings, host, detached=args.detached, progress=output.progress)
+        if args.json:
+            output.print_json(started)
+        else:
+            how = ("a systemd user service" if started["kind"] == "systemd" else
+                   f"a detached process (pid {started['detail']})")
+            reboot = "survives a reboot" if started.get("survives_reboot") else "does not survive a reboot"
+            print(f"controller running on {host.label} as {how}: {reboot}; log there: {started['log']} "
+                  f"(`tpu-console controller logs --on {args.on}`)")
+        return 0
+    if args.controller_verb == "logs":
+        print(await remote.run_there(host, ["logs", "--lines", str(args.lines)]))
+        return 0
+    said = await remote.run_there(host, ["stop"])
+    print(f"{host.label}: {said}", file=sys.stderr)
     return 0
 
 

@@ -1,7 +1,7 @@
 """Where the controller's loop runs with nobody watching: `tpu-console controller start` on this machine,
 as a systemd user service where `systemctl --user` works (it survives the terminal, and a reboot where the
 user's services linger: `loginctl enable-linger`), else as a detached process (it survives the terminal,
-not a reboot); `--on HOST` does the same on any SSH host with the console installed there.
+not a reboot); `--on HOST` installs the console on an SSH host and does the same there (remote.py).
 
 `python -m tpu_console.controller.daemon serve` is the daemon itself: the providers and the store of this
 console home's settings, one Controller serving every managed run, its log in `controller/controller.log`,
@@ -28,6 +28,7 @@ from tpu_console.errors import UserError
 
 UNIT = "tpu-console-controller.service"
 POLL_S = 15.0
+WHERE_ENV = "TPU_CONSOLE_CONTROLLER_WHERE"  # how the daemon names itself in its lease (`--on` sets it)
 
 
 def folder() -> Path:
@@ -77,10 +78,12 @@ def lingering() -> bool:
 
 def unit_text() -> str:
     command = " ".join(shlex.quote(part) for part in serve_command())
+    where = os.environ.get(WHERE_ENV)
+    named = f"Environment={shlex.quote(f'{WHERE_ENV}={where}')}\n" if where else ""
     return (
         "[Unit]\nDescription=tpu-console controller: brings managed runs back after preemptions\n"
         "After=network-online.target\n\n"
-        f"[Service]\nExecStart={command}\nEnvironment=TPU_CONSOLE_HOME={locations.home()}\n"
+        f"[Service]\nExecStart={command}\nEnvironment=TPU_CONSOLE_HOME={locations.home()}\n{named}"
         "Restart=always\nRestartSec=5\n\n[Install]\nWantedBy=default.target\n"
     )
 
@@ -182,7 +185,8 @@ async def serve(poll_s: float = POLL_S) -> None:
     providers = build_providers(settings)
     webhook = settings.notify.webhook_url
     notifier = Notifier(webhook, False, log.warning)
-    controller = Controller(providers, open_store(settings), poll_s=poll_s, where=os.uname().nodename,
+    where = os.environ.get(WHERE_ENV) or os.uname().nodename
+    controller = Controller(providers, open_store(settings), poll_s=poll_s, where=where,
                             webhook_url=webhook.get_secret_value() if webhook else None,
                             notify=notifier.notify, progress=log.info)
     stopping = asyncio.Event()

@@ -82,3 +82,12 @@ def test_a_managed_run_is_brought_back_by_the_daemon_after_its_pod_is_preempted(
     assert daemon.status() is None and read_lease(store) is None  # the lease given back at once
     status, out, err = run(capsys, "controller", "status", "--json")
     assert json.loads(out)["here"] is None
+
+
+def test_the_user_service_keeps_the_home_and_the_name_it_was_started_with(monkeypatch, tmp_path):
+    monkeypatch.setenv("TPU_CONSOLE_HOME", str(tmp_path))
+    monkeypatch.delenv(daemon.WHERE_ENV, raising=False)
+    assert f"Environment=TPU_CONSOLE_HOME={tmp_path}\n" in daemon.unit_text()
+    assert daemon.WHERE_ENV not in daemon.unit_text()
+    monkeypatch.setenv(daemon.WHERE_ENV, "ctl")  # `start --on ctl` names the controller there so
+    assert f"Environment={daemon.WHERE_ENV}=ctl\n" in daemon.unit_text()
