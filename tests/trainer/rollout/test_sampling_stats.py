@@ -4,7 +4,7 @@ The other sampling tests compare split sampling with the plain path under the sa
 passes) and run on the tiny model, whose 128-token slices never take the blocked inverse-CDF search that a
 production slice takes. Here synthetic logits over Qwen2.5-sized slices (151,936 tokens over 16 chips:
 9,496 a chip, not a multiple of the 128-token block) are drawn from thousands of times by the plain sampler
-(`rollout.sample_with_uniform`) and the split one (`split_sampling.sample_split_vocab`, 8 CPU devices), at
+(`sampling.sample_with_uniform`) and the split one (`split_sampling.sample_split_vocab`, 8 CPU devices), at
 temperature 1 and 0.7, and the counts are held against softmax(logits / temperature) with a chi-square
 test. Most of the mass sits on "spike" tokens placed where an indexing fault shows: a slice's first and
 last token, both sides of a block boundary, the last (partial) block; each spike is a bin of its own and
@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from scipy.stats import chisquare
     from trainer.mesh import make_mesh
-    from trainer.rollout.sampler import sample_with_uniform
+    from trainer.rollout.sampling import sample_with_uniform
     from trainer.rollout.split_sampling import sample_split_vocab
 
     DEVICES, WIDTH = 8, 151936 // 16   # Qwen2.5's vocabulary over a v6e-16: 9,496 tokens a chip
