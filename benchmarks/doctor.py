@@ -34,6 +34,7 @@ import asyncio
 import os
 import shlex
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -226,10 +227,16 @@ def phases(report, t0: float) -> str:
         values = list(values)
         return f"{max(values) - t0:.0f}" if values else "-"
 
+    def median_sum(key: str) -> float:
+        sums = [sum(float(c.get(key, 0.0)) for c in f.collectives.values()) for f in figures]
+        return statistics.median(sums) if sums else 0.0
+
     return (f"up {last(float(f.devices['t']) - float(f.devices['joined_s']) for f in figures)}, "
             f"joined {last(float(f.devices['t']) for f in figures)}, "
             f"chips {last(float(f.chips[-1]['t']) for f in figures if f.chips)}, "
-            f"done {last(float(f.done['t']) for f in figures if f.done)}")
+            f"done {last(float(f.done['t']) for f in figures if f.done)} (a worker's collectives: compiles "
+            f"{median_sum('compile_s'):.0f}, first runs {median_sum('first_s'):.0f}, timed runs' medians "
+            f"{median_sum('seconds'):.1f}, the median worker)")
 
 
 def _children_cpu() -> float:
