@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tpu_console.runs import signatures, supervision
+from tpu_console.observe import signatures, supervision
 from tpu_console.worker import HERE as WORKER_DIR
 from tpu_console.worker import job_runner
 from trainer import telemetry as tm
@@ -71,7 +71,7 @@ def run_folder(tmp_path: Path, job: dict | None) -> Path:
     for name in ("job_runner.py", "step_lines.py", "log_timestamps.py"):  # as launch/start.py ships them
         shutil.copy(WORKER_DIR / name, folder / name)
     (folder / "launch.json").write_text(json.dumps({"worker": 1, "job": job}))
-    plan = {"heartbeat_s": 0.2, "signatures": signatures.patterns()}  # as runs/supervision.py plans it
+    plan = {"heartbeat_s": 0.2, "signatures": signatures.patterns()}  # as observe/supervision.py plans it
     (folder / supervision.PLAN_FILE).write_text(json.dumps(plan))
     (folder / "foreign.py").write_text(FOREIGN)
     (folder / "output.log").write_text("an earlier attempt's step=99 loss=1 dt=1s\n")
