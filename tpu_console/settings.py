@@ -55,6 +55,7 @@ class GcpSettings(_Strict):
     project: str | None = None
     zones: list[str] = Field(default_factory=list)
     api_endpoint: str | None = None  # e.g. "http://127.0.0.1:8470" for an emulator
+    compute_api_endpoint: str | None = None  # Compute Engine's (controller start --gce), or an emulator
     internal_ip: bool = False
     ssh_user: str = "root"
     oslogin_user: str | None = None  # your Google account email; set it to log in through OS Login

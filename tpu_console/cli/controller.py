@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from tpu_console.cli import flags, output
-from tpu_console.controller import daemon, remote
+from tpu_console.controller import daemon, gce, remote
 from tpu_console.controller import state as st
 from tpu_console.controller.lease import read_lease
 from tpu_console.controller.state import ManagedRun
@@ -28,7 +28,7 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
         "[recovery]): it recreates a lost node, bootstraps, syncs and relaunches the run, which resumes from "
         "its own checkpoint. Its state is beside the run records ([gcp] bucket, or this home's folder).",
     )
-    sub = controller.add_subparsers(dest="controller_verb", metavar="start|status|logs|stop|cancel",
+    sub = controller.add_subparsers(dest="controller_verb", metavar="start|status|logs|stop|cancel|delete-vm",
                                     required=True)
     start = sub.add_parser("start", parents=[common], help="start the daemon on this machine, or --on HOST",
                            description="A systemd user service where `systemctl --user` works, else a "
@@ -43,8 +43,18 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
     stop = sub.add_parser("stop", parents=[common], help="stop the daemon here, or --on HOST (its lease "
                           "given back)")
     for parser in (start, logs, stop):
-        parser.add_argument("--on", metavar="HOST", help="on this SSH host: user@host[:port] (this console's "
-                            "key) or an [[ssh.nodes]] name")
+        where = parser.add_mutually_exclusive_group()
+        where.add_argument("--on", metavar="HOST", help="on this SSH host: user@host[:port] (this console's "
+                           "key) or an [[ssh.nodes]] name")
+        where.add_argument("--gce", action="store_true",
+                           help=f"on the Compute Engine VM {gce.VM_NAME} (start makes it, or starts it)")
+        parser.add_argument("--zone", help="the VM's zone (--gce; default: the first of [gcp] zones)")
+    start.add_argument("--machine-type", default=gce.MACHINE_TYPE, help=f"the VM's ({gce.MACHINE_TYPE})")
+    stop.add_argument("--delete", action="store_true", help="with --gce: delete the VM too")
+    delete_vm = sub.add_parser("delete-vm", parents=[common], help=f"delete the VM {gce.VM_NAME} (--gce)",
+                               description="The controller on it stops with it; its lease runs out.")
+    delete_vm.add_argument("--zone", help="the VM's zone (default: the first of [gcp] zones)")
+    flags.add_yes(delete_vm, "delete without asking")
     cancel = sub.add_parser("cancel", parents=[common], help="stop a managed run and what was made for it",
                             description="The run is stopped, and every node and queued request the "
                             "controller made for it deleted (a request filled later too).")
@@ -54,8 +64,12 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
 
 async def controller(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
     verb = args.controller_verb
-    if getattr(args, "on", None):
-        return await _on_host(args, settings)
+    if verb == "delete-vm":
+        return await _delete_vm(args, settings)
+    if getattr(args, "delete", False) and not args.gce:
+        raise UserError("--delete deletes the controller's VM: give it with --gce")
+    if getattr(args, "on", None) or getattr(args, "gce", False):
+        return await _elsewhere(args, settings)
     if verb == "start":
         started = await asyncio.to_thread(daemon.start, False if args.detached else None)
         if args.json:
@@ -91,24 +105,51 @@ async def controller(args: argparse.Namespace, settings: Settings, providers: di
     return 0
 
 
-async def _on_host(args: argparse.Namespace, settings: Settings) -> int:
-    host = remote.resolve_host(args.on, settings)
-    if args.controller_verb == "start":
-        started = await remote.start_on(settings, host, detached=args.detached, progress=output.progress)
+async def _elsewhere(args: argparse.Namespace, settings: Settings) -> int:
+    """start, logs or stop on an SSH host (--on) or the controller's VM (--gce)."""
+    verb = args.controller_verb
+    host = remote.resolve_host(args.on, settings) if args.on else None
+    where = f"--on {args.on}" if args.on else "--gce"
+    if verb == "start":
+        if host is not None:
+            started = await remote.start_on(settings, host, detached=args.detached, progress=output.progress)
+        else:
+            started = await gce.start_gce(settings, zone=args.zone, machine_type=args.machine_type,
+                                          detached=args.detached, progress=output.progress)
         if args.json:
             output.print_json(started)
         else:
             how = ("a systemd user service" if started["kind"] == "systemd" else
                    f"a detached process (pid {started['detail']})")
             reboot = "survives a reboot" if started.get("survives_reboot") else "does not survive a reboot"
-            print(f"controller running on {host.label} as {how}: {reboot}; log there: {started['log']} "
-                  f"(`tpu-console controller logs --on {args.on}`)")
+            print(f"controller running on {started['host']} as {how}: {reboot}; log there: {started['log']} "
+                  f"(`tpu-console controller logs {where}`)")
         return 0
-    if args.controller_verb == "logs":
-        print(await remote.run_there(host, ["logs", "--lines", str(args.lines)]))
-        return 0
-    said = await remote.run_there(host, ["stop"])
-    print(f"{host.label}: {said}", file=sys.stderr)
+    verb_there = ["logs", "--lines", str(args.lines)] if verb == "logs" else ["stop"]
+    if host is not None:
+        said = await remote.run_there(host, verb_there)
+    elif verb == "stop" and args.delete:
+        try:  # the lease given back at once, rather than running out with the VM
+            output.progress(await gce.on_vm(settings, args.zone, ["stop"]))
+        except UserError as exc:
+            output.progress(f"the controller there was not stopped first: {exc}")
+        said = "the VM is deleted with it" if await gce.delete_vm(settings, args.zone, output.progress) else \
+            f"no VM {gce.VM_NAME} to delete"
+    else:
+        said = await gce.on_vm(settings, args.zone, verb_there)
+    if verb == "logs":
+        print(said)
+    else:
+        print(f"{args.on or gce.VM_NAME}: {said}", file=sys.stderr)
+    return 0
+
+
+async def _delete_vm(args: argparse.Namespace, settings: Settings) -> int:
+    if not args.yes:
+        raise UserError(f"delete-vm deletes the VM {gce.VM_NAME} and its disk (the controller on it stops); "
+                        "add --yes")
+    deleted = await gce.delete_vm(settings, args.zone, output.progress)
+    print(f"deleted the VM {gce.VM_NAME}" if deleted else f"no VM {gce.VM_NAME} there", file=sys.stderr)
     return 0
 
 

@@ -204,7 +204,8 @@ def install_code(digest: str) -> str:
     )
 
 
-async def _fleet(host: RemoteHost) -> Fleet:
+async def fleet_of(host: RemoteHost) -> Fleet:
+    """A fleet of one: the host."""
     provider = SshProvider(Settings(ssh=SshSettings(nodes=[host.ssh])))
     return Fleet(await provider.ssh_targets(await provider.get(host.ssh.name)))
 
@@ -223,7 +224,7 @@ async def start_on(settings: Settings, host: RemoteHost, *, detached: bool = Fal
         None, version, requirements, environment_digest(requirements, spec, linked), exact=linked is not None,
         link_site_packages=linked, link_tools=console_tools() if linked else (),
         install_mirror=settings.workers.python_install_mirror)
-    async with await _fleet(host) as fleet:
+    async with await fleet_of(host) as fleet:
         await require_all_reachable(fleet, host.label, [0], "nothing was installed")
 
         def on_line(_worker: int, text: str) -> None:
@@ -256,7 +257,7 @@ async def start_on(settings: Settings, host: RemoteHost, *, detached: bool = Fal
 
 async def run_there(host: RemoteHost, verb: list[str]) -> str:
     """`tpu-console controller VERB` on `host` (installed there by `start_on`); its output."""
-    async with await _fleet(host) as fleet:
+    async with await fleet_of(host) as fleet:
         await require_all_reachable(fleet, host.label, [0], "nothing was done")
         (done,) = await fleet.run(controller_command(verb), [0], timeout=COMMAND_TIMEOUT_S)
     if not done.ok:
