@@ -65,13 +65,14 @@ async def show(targets: Sequence[str], json_mode: bool, providers: dict[str, Pro
     record = await resolve_run(store, providers, targets[0], targets[1] if len(targets) > 1 else None)
     view = await lookup.show_run(providers, record, store)
     record = view.record
-    foreign = await foreign_metrics.look(providers, record) if view.live else None
+    foreign = view.foreign  # read in the same look as the run's state
     last_steps = ({s.worker: s.events.last_step for s in view.workers} if view.live
                   else foreign_metrics.archived_last_steps(record))
     steps_note = foreign_metrics.steps_note(record, last_steps)
     summary = _summary(view, foreign)
     masker = SecretMasker.for_node(record.node)
-    decisions = await lookup.supervisor_decisions(providers, record)
+    decisions = view.decisions if view.decisions is not None else await lookup.supervisor_decisions(
+        providers, record)
     goodput = await run_goodput(providers, record, store, decisions)
     summary.update(summary_fields(goodput))
     layout = rollout_layout(view)

@@ -517,11 +517,14 @@ async def status(args: argparse.Namespace, settings: Settings, providers: dict[s
     from tpu_console.observe import foreign_metrics
 
     record = await resolve_run(RunStore(), providers, args.target, args.run_id)
-    view = await lookup.run_status(providers, record.run_id)
+    # one look at the node: the run's state, the supervisor's decisions and a command job's W&B and
+    # TensorBoard readings over the same connections
+    view = await lookup.run_status(providers, record.run_id, foreign=True)
     masker = SecretMasker.for_node(record.node)  # notes quote worker output, which may hold a leaked value
     # a command job's progress: where its steps come from, its W&B summary and TensorBoard scalars
     steps_note = foreign_metrics.steps_note(view.record, {s.worker: s.events.last_step for s in view.workers})
-    foreign = await foreign_metrics.look(providers, view.record)
+    foreign = view.foreign
+    decisions = view.decisions
     pace = paces({s.worker: s.events.recent_steps for s in view.workers if s.events.recent_steps})
     slow_lines = [line for _, line in sorted(stragglers(pace).items())] if not view.record.finished else []
     if args.json:
@@ -532,7 +535,6 @@ async def status(args: argparse.Namespace, settings: Settings, providers: dict[s
         document["steps_source"] = steps_note
         document["launched_by"] = view.record.launched_by
         document["foreign_metrics"] = foreign.to_json() if foreign is not None else None
-        decisions = await lookup.supervisor_decisions(providers, view.record)
         document["supervisor"] = None if decisions is None else [
             {"t": d.t, "decision": d.decision, "message": d.message, **d.fields} for d in decisions]
         document["hang"] = await hang_report(providers, view, decisions)
@@ -564,7 +566,6 @@ async def status(args: argparse.Namespace, settings: Settings, providers: dict[s
         alive = run_table.worker_ranges([s.worker for s in view.workers if not s.done])
         print(f"workers {alive} still run after that failure and will likely hang; stop them with "
               f"`tpu-console stop {record.node} {record.run_id}`")
-    decisions = await lookup.supervisor_decisions(providers, view.record)
     for decision in decisions or []:
         print(masker.mask(f"supervisor: {decision.message}"))
     if hang := await hang_report(providers, view, decisions):

@@ -229,13 +229,14 @@ FOLLOWER_SOURCE = worker.source("run_follower.py")
 
 
 def probe_runs(run_ids: Sequence[str], events_tail_bytes: int = 0, log_tail_lines: int = 0,
-               python: str = "python3") -> PythonProgram:
+               python: str = "python3", decisions_bytes: int = 0) -> PythonProgram:
     """One round trip telling, for each run: is its process group alive, its exit status and when it was
-    written, the sizes of output.log and events.jsonl, and optionally the end of both files. The run
-    follower's single look (worker/run_follower.py, `--once`, which says what it prints): the same
-    producer as a followed run's state. Parsed by `tpu_console.observe.probe.parse_probe`."""
-    args = ("--once", f"~/{RUNS_DIR}", str(max(0, int(events_tail_bytes))), str(max(0, int(log_tail_lines))),
-            *run_ids)
+    written, the sizes of output.log and events.jsonl, and optionally the end of both files and of the
+    supervisor's decisions (on its worker). The run follower's single look (worker/run_follower.py,
+    `--once`, which says what it prints): the same producer as a followed run's state. Parsed by
+    `tpu_console.observe.probe.parse_probe`."""
+    tails = (events_tail_bytes, log_tail_lines, decisions_bytes)
+    args = ("--once", f"~/{RUNS_DIR}", *(str(max(0, int(n))) for n in tails), *run_ids)
     return PythonProgram(FOLLOWER_SOURCE, args, python)
 
 

@@ -2,7 +2,8 @@
 
 Each call looks the run up in the history (`RunStore`), reaches its node's workers over one Fleet, and
 feeds what the workers say into a `RunMonitor`. What was learnt goes back into the history, so `runs`
-shows how a run ended even after its node is gone.
+shows how a run ended even after its node is gone. A look at one run (`run_status`) is one command per
+worker: its state, the ends of its events and log, and the supervisor's decisions come back together.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from tpu_console.history.archive import archived_events_in
 from tpu_console.history.run_id import check_run_id
 from tpu_console.history.store import RunRecord, RunStore, WorkerRecord
 from tpu_console.history.tail import TailCursor, parse_chunk
+from tpu_console.observe.foreign_metrics import ForeignReadings, command_job, read_foreign
 from tpu_console.observe.monitor import RunMonitor, RunState, WorkerState, WorkerStatus
 from tpu_console.observe.probe import parse_probe
 from tpu_console.observe.reach import NodeWorkers, reach_node
@@ -30,6 +32,7 @@ from tpu_console.providers.base import Provider
 from tpu_console.providers.registry import find_node
 
 STATUS_EVENTS_TAIL_BYTES = 64 * 1024
+DECISIONS_TAIL_BYTES = 1 << 20  # as much of supervisor.jsonl as `read_run_file` reads
 
 
 @dataclass
@@ -42,16 +45,24 @@ class RunView:
     failure: str | None = None
     live: bool = False
     problem: str | None = None  # why it could not be probed now (node gone, unreachable ...)
+    decisions: list[Decision] | None = None  # the supervisor's, when asked and read (None: not known)
+    foreign: ForeignReadings | None = None  # a command job's W&B and TensorBoard readings, when asked
 
 
 # -- status and history --------------------------------------------------------------------------------
 
 
-async def run_status(providers: dict[str, Provider], run_id: str, store: RunStore | None = None) -> RunView:
-    """One run, probed now: each worker's state, exit status, latest step metrics and error."""
+async def run_status(providers: dict[str, Provider], run_id: str, store: RunStore | None = None,
+                     foreign: bool = False) -> RunView:
+    """One run, probed now: each worker's state, exit status, latest step metrics and error, and the
+    supervisor's decisions, in one command per worker (the archived decisions once the node is out of
+    reach); with `foreign`, a command job's W&B and TensorBoard readings over the same connections."""
     store = store or RunStore()
     record = store.get(check_run_id(run_id))
-    (view,) = await observe(providers, [record], store, STATUS_EVENTS_TAIL_BYTES, log_tail_lines=3)
+    (view,) = await observe(providers, [record], store, STATUS_EVENTS_TAIL_BYTES, log_tail_lines=3,
+                            decisions=True, foreign=foreign)
+    if view.decisions is None:
+        view.decisions = archived_decisions(view.record)
     return view
 
 
@@ -71,7 +82,8 @@ async def list_runs(
 async def show_run(
     providers: dict[str, Provider], record: RunRecord, store: RunStore | None = None
 ) -> RunView:
-    """One run for `runs show`: from the history once it has ended, else probed now (with its events)."""
+    """One run for `runs show`: from the history once it has ended, else probed now (with its events, the
+    supervisor's decisions and a command job's W&B and TensorBoard readings, in one look)."""
     store = store or RunStore()
     if record.finished:
         view = _from_history(record)
@@ -81,7 +93,8 @@ async def show_run(
             for status in view.workers:
                 status.events = archived.get(status.worker, status.events)
         return view
-    (view,) = await observe(providers, [record], store, STATUS_EVENTS_TAIL_BYTES, log_tail_lines=1)
+    (view,) = await observe(providers, [record], store, STATUS_EVENTS_TAIL_BYTES, log_tail_lines=1,
+                            decisions=True, foreign=True)
     view.record = store.get(record.run_id)  # with the summary and archive an end just recorded
     return view
 
@@ -92,8 +105,12 @@ async def observe(
     store: RunStore,
     events_tail_bytes: int = 0,
     log_tail_lines: int = 0,
+    decisions: bool = False,
+    foreign: bool = False,
 ) -> list[RunView]:
-    """Probe the given runs (one command per worker, grouped by node) and update the history."""
+    """Probe the given runs (one command per worker, grouped by node) and update the history; with
+    `decisions`, the supervisor's in the same command, and with `foreign`, a command job's W&B and
+    TensorBoard readings over the same connections."""
     by_node: dict[str, list[RunRecord]] = defaultdict(list)
     for record in records:
         by_node[record.node].append(record)
@@ -103,7 +120,7 @@ async def observe(
         async with reach_node(providers, name) as reach:
             for record, view in zip(
                 node_records,
-                await probe_records(reach, node_records, events_tail_bytes, log_tail_lines),
+                await probe_records(reach, node_records, events_tail_bytes, log_tail_lines, decisions),
                 strict=True,
             ):
                 if record.finished and reach.fleet is None:
@@ -117,13 +134,16 @@ async def observe(
                 if reach.fleet is not None and all(s.done for s in view.workers):
                     # Ended: archive its files and keep its summary (once; a later look skips this).
                     await keep_run_end(reach.fleet, store.get(record.run_id), store)
+                if foreign and reach.fleet is not None and command_job(record) is not None:
+                    view.foreign = await read_foreign(reach.fleet, record)
 
     await asyncio.gather(*(one_node(name, recs) for name, recs in by_node.items()))
     return [views[r.run_id] for r in records]
 
 
 async def probe_records(
-    reach: NodeWorkers, records: list[RunRecord], events_tail_bytes: int, log_tail_lines: int
+    reach: NodeWorkers, records: list[RunRecord], events_tail_bytes: int, log_tail_lines: int,
+    decisions: bool = False,
 ) -> list[RunView]:
     monitors = {r.run_id: _monitor(r) for r in records}
     if reach.fleet is None:
@@ -137,8 +157,10 @@ async def probe_records(
             for r in records
         ]
     workers = sorted({w for r in records for w in r.workers if w in reach.fleet.targets})
-    command = recipes.probe_runs([r.run_id for r in records], events_tail_bytes, log_tail_lines)
+    command = recipes.probe_runs([r.run_id for r in records], events_tail_bytes, log_tail_lines,
+                                 decisions_bytes=DECISIONS_TAIL_BYTES if decisions else 0)
     results = await reach.fleet.run(command, workers, timeout=60)
+    said: dict[str, list[Decision]] = {}  # the supervisor's decisions, from its worker (the run's first)
     for result in results:
         probes = parse_probe(result.stdout, events_tail_bytes) if result.ok else {}
         for record in records:
@@ -147,11 +169,13 @@ async def probe_records(
             monitor = monitors[record.run_id]
             if record.run_id in probes:
                 monitor.observe(result.worker, probes[record.run_id])
+                if decisions and result.worker == record.workers[0]:
+                    said[record.run_id] = parse_decisions(probes[record.run_id].decisions or "")
             else:
                 monitor.observe_unreachable(
                     result.worker, result.error or last_line(result.stderr, "probe failed")
                 )
-    return [_view(r, monitors[r.run_id], live=True) for r in records]
+    return [replace(_view(r, monitors[r.run_id], live=True), decisions=said.get(r.run_id)) for r in records]
 
 
 def _monitor(record: RunRecord, lost_after_unreachable: int = 1) -> RunMonitor:
@@ -301,11 +325,10 @@ __all__ = ["RunState", "RunView", "list_runs", "logs", "observe", "run_status"]
 
 async def supervisor_decisions(providers: dict[str, Provider], record: RunRecord) -> list[Decision] | None:
     """What the run's supervisor decided (supervisor.jsonl on its worker; the archived copy once the run
-    ended and was archived), or None when it cannot be read (node gone or unreachable)."""
-    if record.archive_path and record.workers:
-        archived = Path(record.archive_path) / f"worker-{record.workers[0]}" / DECISIONS_FILE
-        if archived.is_file():
-            return parse_decisions(archived.read_text(errors="replace"))
+    ended and was archived), or None when it cannot be read (node gone or unreachable). `run_status` reads
+    them in its own look: this is for a caller without one."""
+    if (archived := archived_decisions(record)) is not None:
+        return archived
     async with reach_node(providers, record.node) as reached:
         if reached.fleet is None or not record.workers:
             return None
@@ -313,3 +336,12 @@ async def supervisor_decisions(providers: dict[str, Provider], record: RunRecord
             recipes.read_run_file(record.run_id, DECISIONS_FILE), [record.workers[0]], timeout=30
         )
     return parse_decisions(result.stdout) if result.ok else None
+
+
+def archived_decisions(record: RunRecord) -> list[Decision] | None:
+    """The supervisor's decisions as archived when the run ended (None: not archived here)."""
+    if record.archive_path and record.workers:
+        archived = Path(record.archive_path) / f"worker-{record.workers[0]}" / DECISIONS_FILE
+        if archived.is_file():
+            return parse_decisions(archived.read_text(errors="replace"))
+    return None

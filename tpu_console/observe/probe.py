@@ -21,6 +21,7 @@ class RunProbe:
     events_bytes: int = 0
     events: list[Event] = field(default_factory=list)  # complete events from the end of events.jsonl
     log_tail: list[str] = field(default_factory=list)  # last lines of output.log
+    decisions: str | None = None  # the end of supervisor.jsonl, when asked and the supervisor is here
 
 
 def parse_probe(stdout: str, events_tail_bytes: int = 0) -> dict[str, RunProbe]:
@@ -36,13 +37,16 @@ def parse_probe(stdout: str, events_tail_bytes: int = 0) -> dict[str, RunProbe]:
             continue
         events: list[Event] = []
         log_tail: list[str] = []
+        decisions = None
         for section in sections:
             name, _, body = section.partition("\n")
             if name == "events":
                 events = parse_events(body, starts_mid_line=0 < events_tail_bytes < probe.events_bytes)
             elif name == "log":
                 log_tail = [line for line in body.rstrip("\n").split("\n") if line] if body.strip() else []
-        probes[run_id] = replace(probe, events=events, log_tail=log_tail)
+            elif name == "decisions":
+                decisions = body
+        probes[run_id] = replace(probe, events=events, log_tail=log_tail, decisions=decisions)
     return probes
 
 

@@ -20,13 +20,15 @@ It writes one line per record on stdout, flushed as it goes:
                                              at the start, every PROBE_S (a heartbeat), and at the end
     E                                        the job has ended and every file was read to its end: the last
 
-A single look, `--once RUNS_DIR EVENTS_TAIL_BYTES LOG_TAIL_LINES RUN_ID...` (fleet/recipes.py,
-`probe_runs`), prints for each run, then exits:
+A single look, `--once RUNS_DIR EVENTS_TAIL_BYTES LOG_TAIL_LINES DECISIONS_BYTES RUN_ID...`
+(fleet/recipes.py, `probe_runs`), prints for each run, then exits:
 
     <RS>run <id>                             RS: the record separator, \x1e (no JSON line holds it raw)
     <status>                                 as in `P` above
     <RS>events                               when EVENTS_TAIL_BYTES: the last bytes of events.jsonl
     <RS>log                                  when LOG_TAIL_LINES: the last lines of output.log
+    <RS>decisions                            when DECISIONS_BYTES and the run's supervisor is here: the
+                                             last bytes of supervisor.jsonl
 
 A file that does not exist yet is waited for; one that shrank (rewritten) is read again from 0. When its
 stdout is not read (the console fell behind), the follower waits in its write: it never buffers.
@@ -186,10 +188,12 @@ def _write(out, records):
 
 
 MARK = b"\x1e"  # fleet/recipes.py's MARK: separates a single look's sections
+DECISIONS_FILE = "supervisor.jsonl"  # the run's supervisor's decisions (supervisor.py)
 
 
-def look_once(runs_dir, run_ids, events_tail_bytes, log_tail_lines, out):
-    """Each run's state, and the ends of its events and log when asked: the `--once` output above."""
+def look_once(runs_dir, run_ids, events_tail_bytes, log_tail_lines, out, decisions_bytes=0):
+    """Each run's state, and the ends of its events, log and decisions when asked: the `--once` output
+    above."""
     for run_id in run_ids:
         run_dir = os.path.join(runs_dir, run_id)
         status, _ = probe(run_dir)
@@ -201,6 +205,9 @@ def look_once(runs_dir, run_ids, events_tail_bytes, log_tail_lines, out):
             if log_tail_lines > 0:
                 parts.append(b"\n" + MARK + b"log\n" + _last_lines(os.path.join(run_dir, "output.log"),
                                                                     log_tail_lines))
+            decisions = os.path.join(run_dir, DECISIONS_FILE)
+            if decisions_bytes > 0 and os.path.exists(decisions):
+                parts.append(b"\n" + MARK + b"decisions\n" + _last_bytes(decisions, decisions_bytes))
         out.write(b"".join(parts))
     out.flush()
 
@@ -226,8 +233,8 @@ def _last_lines(path, lines):
 
 def main(argv):
     if argv and argv[0] == "--once":
-        runs_dir, events_tail_bytes, log_tail_lines = os.path.expanduser(argv[1]), int(argv[2]), int(argv[3])
-        look_once(runs_dir, argv[4:], events_tail_bytes, log_tail_lines, sys.stdout.buffer)
+        runs_dir, tails = os.path.expanduser(argv[1]), [int(n) for n in argv[2:5]]
+        look_once(runs_dir, argv[5:], tails[0], tails[1], sys.stdout.buffer, decisions_bytes=tails[2])
         return
     run_dir, poll_s, probe_s, max_bytes = (
         os.path.expanduser(argv[0]),
