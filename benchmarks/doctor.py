@@ -185,12 +185,14 @@ async def scale_table(scale: list[int], scale_limit: float, say, floor_at_once: 
             await provider.close()
         cpu = _children_cpu() - cpu_before  # the workers' processes, reaped by the time their servers stop
         per_worker_gb = memory.used_gb / size
-        outcome = "healthy" if report.ok else f"finding: {report.findings[0].line[:100]}"
+        outcome = "healthy" if report.ok else f"{len(report.findings)} finding(s), the first below"
         load = f"{load_before:.0f}->{os.getloadavg()[0]:.0f}"
         say(f"{size:>8} {seconds:>9.1f} {floor_s:>8.1f} {cpu:>6.0f} {floor_cpu:>9.0f} {memory.used_gb:>6.1f} "
             f"{load:>10}  {phases(report, wall_started)}  {outcome}")
-        if seconds > scale_limit or not report.ok:
-            say(f"stopped at {size}: past {scale_limit:g}s or not healthy on this machine")
+        if not report.ok:
+            say(f"{'':>8} finding: {report.findings[0].line}")
+        if seconds > scale_limit:
+            say(f"stopped at {size}: past {scale_limit:g}s")
             break
 
 
