@@ -114,9 +114,9 @@ async def test_a_managed_run_through_preemptions_a_late_request_a_failing_zone_a
                 emulator.capacity_after(zone, 2.0)  # the next request is filled late
             else:
                 emulator.fail_queued(zone, "There is no more capacity in the zone.")  # the create moves on
-            made = steps_made(provider, run_id)
             emulator.preempt(zone, "spot")
             await provider.pods.preempt("spot")
+            made = steps_made(provider, run_id)  # once its jobs are dead: the last step it made
             if index == 1:  # the acting controller killed mid-recovery (its lease not given back)
                 await wait_for(lambda: (st.load(store, managed.id).run.intent or {}).get("action") in (
                     "create", "prepare"), 60, "the recovery under way")
