@@ -28,8 +28,8 @@ import json
 import re
 import shlex
 import socket
+import tomllib
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -115,10 +115,10 @@ def refuse_unshared_store(settings: Settings, host: RemoteHost) -> None:
                         "both machines share it, then start it there again")
 
 
-def console_requirements() -> list[str]:
-    """The console's own dependencies (no extras): what the controller needs to run."""
-    declared = metadata.requires("tpu-console") or []
-    return sorted(spec.strip() for spec in declared if ";" not in spec)
+def console_requirements(checkout: Path) -> list[str]:
+    """The shipped checkout's own dependencies (no extras): what the controller needs to run, hatchling
+    and editables among them (its editable install is built without isolation)."""
+    return sorted(tomllib.loads((checkout / "pyproject.toml").read_text())["project"]["dependencies"])
 
 
 def pack_checkout(root: Path | None = None) -> PackedProject:
@@ -218,7 +218,7 @@ async def start_on(settings: Settings, host: RemoteHost, *, detached: bool = Fal
     packed = await asyncio.to_thread(pack_checkout)
     linked = console_site_packages() if is_this_machine(host) else None
     version = console_python_version() if linked else checked_python_version(settings.workers.python)
-    requirements = console_requirements()
+    requirements = console_requirements(packed.root)
     spec = f"{'==' if linked else '>='}{version}"
     command, script = recipes.bootstrap(
         None, version, requirements, environment_digest(requirements, spec, linked), exact=linked is not None,

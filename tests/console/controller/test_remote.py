@@ -10,6 +10,7 @@ import getpass
 import json
 import os
 import signal
+import subprocess
 import time
 import tomllib
 from collections.abc import Iterator
@@ -125,6 +126,12 @@ def test_start_on_an_ssh_host_installs_the_console_there_and_its_lease_names_it(
     assert "linked to this machine" in err and "this checkout (" in err
     home = ctl_host.folder / "home" / "tpu-console" / "controller" / "home"
     assert (home / "config.toml").stat().st_mode & 0o777 == 0o600
+    # the console there runs from the shipped checkout, which it can build the trainer's wheel from again
+    probe = "from tpu_console.provision.code_sync import find_checkout; print(find_checkout())"
+    there = subprocess.run([ctl_host.folder / "home" / "tpu-console" / "env" / "bin" / "python", "-c", probe],
+                           capture_output=True, text=True, env={"HOME": str(ctl_host.folder / "home")},
+                           cwd=ctl_host.folder / "home")  # as there: not this checkout's folder
+    assert Path(there.stdout.strip()).parent == ctl_host.folder / "home" / remote.CODE_DIR, there
     try:
         lease = wait_until(lambda: read_lease(store), 60, "the controller there takes the lease")
         assert lease["holder"]["where"] == "ctl"
@@ -145,6 +152,7 @@ def test_start_on_an_ssh_host_installs_the_console_there_and_its_lease_names_it(
 
 def test_the_shipped_checkout_is_what_the_wheel_is_built_from():
     packed = remote.pack_checkout()
+    assert "editables>=0.5" in remote.console_requirements(packed.root)
     assert {"pyproject.toml", "README.md", "tpu_console/controller/remote.py", "trainer/__init__.py"} <= set(
         packed.files)
     assert not [f for f in packed.files if f.startswith(("tests/", "benchmarks/", "docs/"))]
