@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import requests
 from google.api_core import exceptions as api_exceptions
 
+from tpu_console.errors import AlreadyExists, UserError
+
 # What a TPU API call can raise besides bugs: the service's answers and the network's failures.
 API_ERRORS = (api_exceptions.GoogleAPICallError, requests.RequestException, ConnectionError, TimeoutError)
 
@@ -147,3 +149,13 @@ def _status_and_message(exc) -> tuple[str, str]:
 
 def _is_network_error(exc: BaseException) -> bool:
     return isinstance(exc, requests.ConnectionError | requests.Timeout | ConnectionError | TimeoutError)
+
+
+def stop_unless_next_zone(failure: ApiFailure, name: str, zone: str) -> None:
+    """A create that failed in `zone`: go on to the next zone only for lack of capacity or of a
+    reservation; anything else stops the create here."""
+    if failure.kind.tries_next_zone:
+        return
+    fix = f"; {failure.fix()}" if failure.fix() else ""
+    error = AlreadyExists if failure.kind is FailureKind.EXISTS else UserError
+    raise error(f"create {name} in {zone}: {failure.describe()}{fix}")

@@ -1,8 +1,10 @@
 """The gcp provider: Cloud TPU VMs through the TPU v2 API.
 
-List across the configured zones at once; create with zone fallback (only a stockout or a missing
-reservation moves on to the next zone); delete and wait; SSH access with the console's key in node
-metadata (or OS Login) and host keys pinned from guest attributes.
+Here: the clients, listing every configured zone at once, finding a node or a multislice by name, a create's
+checks (nothing is sent before the request is known to be well-formed), adopting a node made elsewhere. The
+rest is one module each: a create through a queued resource (queued.py) or the Create Node API
+(direct_create.py), deleting and waiting (delete.py), reaching the workers (ssh_targets.py), and the
+capacity record (capacity_record.py).
 """
 
 from __future__ import annotations
@@ -10,42 +12,21 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
-import sqlite3
-import time
 from datetime import UTC, datetime
 from typing import Any
 
-from tpu_console import ssh_identity
-from tpu_console.domain import CreateRequest, Node, NodeState, QueuedRequest, SshTarget, validate_node_name
-from tpu_console.errors import AlreadyExists, NotFound, UserError
-from tpu_console.providers import capacity
+from tpu_console.domain import CreateRequest, Node, QueuedRequest, SshTarget, validate_node_name
+from tpu_console.errors import NotFound, UserError
 from tpu_console.providers.base import NodeListing, Progress, Provider, no_progress
-from tpu_console.providers.gcp import accelerators, labels, multislice, ssh_access
+from tpu_console.providers.gcp import accelerators, labels, multislice
 from tpu_console.providers.gcp.alpha import AlphaApi
-from tpu_console.providers.gcp.client import (
-    CLOUD_PLATFORM_SCOPE,
-    TpuApi,
-    load_credentials,
-    make_tpu_client,
-    oslogin_endpoint,
-    require_project,
-)
-from tpu_console.providers.gcp.errors import (
-    API_ERRORS,
-    ApiFailure,
-    FailureKind,
-    classify_exception,
-    classify_operation_error,
-)
-from tpu_console.providers.gcp.node_mapping import (
-    maintenance_of,
-    node_path,
-    split_node_path,
-    state_hint,
-    to_model_node,
-)
-from tpu_console.providers.gcp.queued import QueuedCreate, capacity_outcome, try_every
-from tpu_console.providers.gcp.queued import format_duration as _format_duration
+from tpu_console.providers.gcp.capacity_record import CapacityRecord
+from tpu_console.providers.gcp.client import TpuApi, load_credentials, make_tpu_client, require_project
+from tpu_console.providers.gcp.delete import Deletion
+from tpu_console.providers.gcp.direct_create import DirectCreate
+from tpu_console.providers.gcp.errors import API_ERRORS, FailureKind, classify_exception
+from tpu_console.providers.gcp.node_mapping import maintenance_of, node_path, split_node_path, to_model_node
+from tpu_console.providers.gcp.queued import QueuedCreate
 from tpu_console.providers.gcp.queued_mapping import (
     node_name_of,
     queued_path,
@@ -54,13 +35,11 @@ from tpu_console.providers.gcp.queued_mapping import (
     supports_queued,
     to_queued_request,
 )
+from tpu_console.providers.gcp.ssh_targets import ssh_targets
 from tpu_console.settings import Settings
 
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
-# States a node being created can end in without ever becoming READY.
-_DEAD_STATES = (NodeState.PREEMPTED, NodeState.TERMINATED, NodeState.STOPPED, NodeState.DELETING,
-                NodeState.HIDDEN, NodeState.UNKNOWN)
 
 
 class GcpProvider(Provider):
@@ -75,8 +54,8 @@ class GcpProvider(Provider):
         self.host_key_wait = host_key_wait  # how long a fresh node may take to publish its host keys
         self._api: TpuApi | None = None  # built on first use, so a missing login only bites when used
         self._alpha_api: AlphaApi | None = None
-        self._capacity: capacity.CapacityStore | None = None
-        self._attempts: dict[str, capacity.Attempt] = {}  # request or node path -> its open attempt
+        self.capacity = CapacityRecord(self.name, lambda: self.project)
+        self._deletion = Deletion(self)
 
     # ---- plumbing ---------------------------------------------------------------------------------
 
@@ -116,59 +95,6 @@ class GcpProvider(Provider):
         if self._alpha_api is not None:
             await self._alpha_api.close()
             self._alpha_api = None
-
-    # ---- the capacity record (a failure to write it never fails a create) ------------------------
-
-    def _store(self) -> capacity.CapacityStore | None:
-        if self._capacity is None:
-            try:
-                self._capacity = capacity.CapacityStore()
-            except sqlite3.Error:
-                return None
-        return self._capacity
-
-    def capacity_start(self, path: str, zone: str, accelerator_type: str, request: CreateRequest,
-                       method: str) -> None:
-        attempt = capacity.Attempt(
-            provider=self.name, project=self.project, zone=zone, accelerator_type=accelerator_type,
-            provisioning=request.provisioning, method=method, node=request.name,
-            started_at=datetime.now(UTC))
-        self._attempts[path] = attempt
-        if (store := self._store()) is not None:
-            try:
-                store.start(attempt)
-            except sqlite3.Error:
-                pass
-
-    def capacity_active(self, path: str, active_after_s: float) -> None:
-        attempt = self._attempts.get(path)
-        if attempt is not None and attempt.id and (store := self._store()) is not None:
-            try:
-                store.mark_active(attempt.id, active_after_s)
-            except sqlite3.Error:
-                pass
-
-    def capacity_finish(self, path: str, outcome: str, reason: str | None, *,
-                        active_after_s: float | None = None, ready_after_s: float | None = None) -> None:
-        attempt = self._attempts.pop(path, None)
-        if attempt is not None and attempt.id and (store := self._store()) is not None:
-            try:
-                store.finish(attempt.id, outcome, reason, active_after_s=active_after_s,
-                             ready_after_s=ready_after_s)
-            except sqlite3.Error:
-                pass
-
-    def _capacity_note(self, nodes: list[Node], now: datetime) -> None:
-        """Spot nodes first seen PREEMPTED: when, for the preemption rate of their zone."""
-        store = self._store()
-        if store is None:
-            return
-        for node in nodes:
-            if node.spot and node.state is NodeState.PREEMPTED and node.zone:
-                try:
-                    store.mark_preempted(self.project, node.zone, node.name, now)
-                except sqlite3.Error:
-                    return
 
     # ---- list / get -------------------------------------------------------------------------------
 
@@ -211,7 +137,7 @@ class GcpProvider(Provider):
         listing.requests = sorted(
             (dataclasses.replace(r, has_node=(r.zone, node_id) in with_node) for r, node_id in requests),
             key=lambda r: (r.zone or "", r.name))
-        self._capacity_note(listing.nodes, datetime.now(UTC))
+        self.capacity.note_preempted(listing.nodes, datetime.now(UTC))
         return listing
 
     async def get(self, name: str) -> Node:
@@ -310,8 +236,6 @@ class GcpProvider(Provider):
 
     async def create(self, request: CreateRequest, progress: Progress = no_progress) -> Node:
         """Create `request.name`, trying `request.zones` (else the configured zones) in order."""
-        from google.cloud import tpu_v2
-
         # Everything local first: nothing is sent before the request is known to be well-formed.
         if problem := validate_node_name(request.name):
             raise UserError(problem)
@@ -341,122 +265,7 @@ class GcpProvider(Provider):
             return await QueuedCreate(self, request, accelerator_type, runtime, progress).run(zones)
         if request.queued:
             progress(f"{accelerator_type} has no queued resources; creating it with the Create Node API")
-        api = await self._client()
-        kind = "spot" if request.spot else "on-demand"
-        spec = tpu_v2.Node(
-            accelerator_type=accelerator_type,
-            runtime_version=runtime,
-            scheduling_config=tpu_v2.SchedulingConfig(spot=request.spot),
-            network_config=tpu_v2.NetworkConfig(enable_external_ips=True),
-            # The VM's own credentials (the metadata server's token) let the run's supervisor delete it.
-            service_account=tpu_v2.ServiceAccount(scope=[CLOUD_PLATFORM_SCOPE]),
-            labels={**self.console_marks(), **request.labels},
-        )
-
-        tried: list[str] = []
-        for index, zone in enumerate(zones):
-            more = index + 1 < len(zones)
-            progress(f"{zone}: creating {accelerator_type} ({kind}, {runtime})")
-            path = node_path(self.project, zone, request.name)
-            self.capacity_start(path, zone, accelerator_type, request, "direct")
-            started = time.monotonic()
-            try:
-                operation_name = await api.create_node(
-                    f"projects/{self.project}/locations/{zone}", request.name, spec
-                )
-            except API_ERRORS as exc:
-                failure = classify_exception(exc)
-                self.capacity_finish(path, capacity_outcome(failure), failure.message)
-                self._stop_unless_next_zone(failure, request.name, zone)
-                tried.append(f"{zone} {failure.kind}")
-                progress(f"{zone}: {failure.kind}" + (", trying next zone" if more else ""))
-                continue
-            progress(f"{zone}: accepted, waiting for READY")
-            try:
-                outcome = await self._await_ready(request.name, zone, operation_name, progress)
-            except (UserError, asyncio.CancelledError) as exc:
-                cancelled = isinstance(exc, asyncio.CancelledError)
-                outcome_now = capacity.CANCELLED if cancelled else capacity.FAILED
-                self.capacity_finish(path, outcome_now, str(exc) or None)
-                raise
-            if isinstance(outcome, Node):
-                waited = time.monotonic() - started
-                self.capacity_finish(path, capacity.READY, None, active_after_s=waited, ready_after_s=waited)
-                return outcome
-            self.capacity_finish(path, capacity_outcome(outcome), outcome.message)
-            self._stop_unless_next_zone(outcome, request.name, zone)
-            tried.append(f"{zone} {outcome.kind}")
-            progress(f"{zone}: {outcome.kind}" + (", trying next zone" if more else ""))
-        fix = (
-            "try other zones (--zones), "
-            + ("on-demand (--on-demand)" if request.spot else "spot (--spot)")
-            + ", or retry later"
-        )
-        raise UserError(
-            f"could not create {request.name} ({accelerator_type}, {kind}) in any zone: "
-            f"{'; '.join(tried)}; {fix}"
-        )
-
-    def _stop_unless_next_zone(self, failure: ApiFailure, name: str, zone: str) -> None:
-        if failure.kind.tries_next_zone:
-            return
-        fix = f"; {failure.fix()}" if failure.fix() else ""
-        error = AlreadyExists if failure.kind is FailureKind.EXISTS else UserError
-        raise error(f"create {name} in {zone}: {failure.describe()}{fix}")
-
-    async def _await_ready(
-        self, name: str, zone: str, operation_name: str, progress: Progress
-    ) -> Node | ApiFailure:
-        """Follow a create until the node is READY (returns it) or the operation fails (returns why).
-
-        Reports each state change with the time since the create was accepted: the state timeline.
-        """
-        api = await self._client()
-        path = node_path(self.project, zone, name)
-        started = time.monotonic()
-        last_state: NodeState | None = None
-        while True:
-            operation = await api.get_operation(operation_name)
-            if operation.done and operation.error.code:
-                failure = classify_operation_error(operation.error.code, operation.error.message)
-                await self._remove_failed_node(path, zone, progress)
-                return failure
-            try:
-                node = self._model(await api.get_node(path))
-            except API_ERRORS as exc:
-                if classify_exception(exc).kind is not FailureKind.NOT_FOUND:
-                    raise
-                node = None  # not visible yet
-            if node is not None and node.state != last_state:
-                last_state = node.state
-                elapsed = _format_duration(time.monotonic() - started)
-                reason = f" ({node.state_reason})" if node.state_reason and node.state in _DEAD_STATES else ""
-                progress(f"{zone}: {node.state}{reason} after {elapsed}")
-            if node is not None and node.state is NodeState.READY:
-                return node
-            if node is not None and node.state in _DEAD_STATES:
-                hint = state_hint(node) or f"delete it with `tpu-console delete {name} --yes`"
-                raise UserError(f"{name} in {zone} became {node.state} while being created; {hint}")
-            if time.monotonic() - started > self.create_timeout:
-                raise UserError(
-                    f"{name} in {zone} is still {last_state or 'not visible'} after "
-                    f"{_format_duration(self.create_timeout)}; watch it with `tpu-console ls`"
-                )
-            await asyncio.sleep(self.poll_interval)
-
-    async def _remove_failed_node(self, path: str, zone: str, progress: Progress) -> None:
-        """A failed create can leave the node behind in a failed state; remove it so it holds nothing."""
-        api = await self._client()
-        try:
-            await api.get_node(path)
-        except API_ERRORS:
-            return  # gone (the usual case) or unreadable: nothing more to do here
-        progress(f"{zone}: removing the node the failed create left behind")
-        try:
-            operation_name = await api.delete_node(path)
-            await api.wait_operation(operation_name, self.delete_timeout)
-        except API_ERRORS as exc:
-            progress(f"{zone}: could not remove it ({classify_exception(exc).describe()}); delete it by hand")
+        return await DirectCreate(self, request, accelerator_type, runtime, progress).run(zones)
 
     # ---- adopt ------------------------------------------------------------------------------------
 
@@ -498,131 +307,17 @@ class GcpProvider(Provider):
     async def delete(self, name: str, progress: Progress = no_progress) -> None:
         """Delete the node (through its queued request, when it has one) and wait until it is gone; or a
         queued request without a node. The caller has already asked for confirmation."""
-        api = await self._client()
-        try:
-            node = self._model(await self._find(name))
-        except NotFound:
-            group = await self._find_multislice(name)
-            if group is not None:
-                await self._delete_multislice(group[0], progress)
-                return
-            request = await self.find_request(name)
-            if request is None:
-                raise
-            await self.delete_queued(request, progress)
-            return
-        if node.queued_request:
-            if node.state.holds_quota:
-                progress(f"{name} is {node.state}: it holds TPU quota until deleted, deleting it frees that")
-            progress(f"{node.zone}: deleting {name} with its queued request {node.queued_request}")
-            await self.delete_request(queued_path(self.project, node.zone or "-", node.queued_request),
-                                      node.zone or "-", progress)
-            self._capacity_ended(node)
-            return
-        if node.state.holds_quota:
-            progress(f"{name} is {node.state}: it holds TPU quota until deleted, deleting it frees that")
-        progress(f"{node.zone}: deleting {name} ({node.accelerator_type}, {node.state})")
-        path = node_path(self.project, node.zone or "-", name)
-        started = time.monotonic()
-        try:
-            operation_name = await api.delete_node(path)
-        except API_ERRORS as exc:
-            failure = classify_exception(exc)
-            fix = f"; {failure.fix()}" if failure.fix() else ""
-            raise UserError(f"delete {name} in {node.zone}: {failure.describe()}{fix}") from None
-        try:
-            operation = await api.wait_operation(operation_name, self.delete_timeout)
-        except TimeoutError:
-            raise UserError(
-                f"{name} is still being deleted after {_format_duration(self.delete_timeout)}; "
-                "check `tpu-console ls` later"
-            ) from None
-        if operation.error.code:
-            failure = classify_operation_error(operation.error.code, operation.error.message)
-            raise UserError(f"delete {name} in {node.zone} failed: {failure.describe()}")
-        progress(f"{node.zone}: {name} deleted after {_format_duration(time.monotonic() - started)}")
-        self._capacity_ended(node)
-
-    async def _delete_multislice(self, group: Node, progress: Progress) -> None:
-        """Every slice goes with the request (`force`), confirmed gone."""
-        zone = group.zone or "-"
-        if group.state.holds_quota:
-            progress(f"{group.name}: {multislice.slice_problem(group)}; its slices hold TPU quota until "
-                     "deleted, deleting them frees that")
-        progress(f"{zone}: deleting {group.name}, {group.slices} slices ({', '.join(group.slice_names)}), "
-                 f"with its queued request {group.queued_request or group.name}")
-        await self.delete_request(queued_path(self.project, zone, group.queued_request or group.name), zone,
-                                  progress)
-        self._capacity_ended(group)
-
-    def _capacity_ended(self, node: Node) -> None:
-        if node.zone and (store := self._store()) is not None:
-            try:
-                store.mark_ended(self.project, node.zone, node.name, datetime.now(UTC))
-            except sqlite3.Error:
-                pass
-
-    # ---- queued requests --------------------------------------------------------------------------
-
-    async def find_request(self, name: str) -> QueuedRequest | None:
-        """The queued request called `name` in the configured zones (every zone without any)."""
-        api = await self._client()
-        zones = self._zones() or ["-"]
-        answers = await asyncio.gather(
-            *(api.list_queued_resources(f"projects/{self.project}/locations/{zone}") for zone in zones),
-            return_exceptions=True)
-        for answer in answers:
-            if isinstance(answer, BaseException):
-                if not isinstance(answer, Exception):
-                    raise answer
-                continue
-            for api_queued in answer:
-                if split_queued_path(api_queued.name)[2] == name:
-                    return to_queued_request(api_queued)
-        return None
+        await self._deletion.delete(name, progress)
 
     async def delete_request(self, path: str, zone: str, progress: Progress = no_progress) -> None:
         """Delete a queued request (with its node, if it has one) and confirm it is gone."""
-        api = await self._client()
-        name = path.rsplit("/", 1)[-1]
-        started = time.monotonic()
-        try:
-            await api.delete_queued_resource(path, force=True)
-        except API_ERRORS as exc:
-            failure = classify_exception(exc)
-            if failure.kind is not FailureKind.NOT_FOUND:
-                raise UserError(f"could not delete queued request {name} in {zone}: {failure.describe()}; "
-                                f"delete it with `tpu-console delete {name} --yes`") from None
-        while True:
-            try:
-                await api.get_queued_resource(path)
-            except API_ERRORS as exc:
-                if classify_exception(exc).kind is FailureKind.NOT_FOUND:
-                    break
-                raise
-            if time.monotonic() - started > self.delete_timeout:
-                raise UserError(f"queued request {name} in {zone} is still there after "
-                                f"{_format_duration(self.delete_timeout)}; check `tpu-console ls` later")
-            await asyncio.sleep(self.poll_interval)
-        progress(f"{zone}: queued request {name} deleted, confirmed gone after "
-                 f"{_format_duration(time.monotonic() - started)}")
+        await self._deletion.delete_request(path, zone, progress)
 
     async def delete_queued(self, request: QueuedRequest, progress: Progress = no_progress) -> None:
-        zone = request.zone or "-"
-        if request.state.holds_quota:
-            progress(f"queued request {request.name} is {request.state}: it holds quota until deleted")
-        await self.delete_request(queued_path(self.project, zone, request.name), zone, progress)
+        await self._deletion.delete_queued(request, progress)
 
     async def cancel_requests(self, requests: list[str], progress: Progress = no_progress) -> None:
-        """Delete each request (`zone/name`) and confirm it is gone; every one is tried, and the first
-        problem is raised after."""
-        async def cancel(item: str) -> None:
-            zone, _, name = item.partition("/")
-            path = queued_path(self.project, zone, name)
-            await self.delete_request(path, zone, progress)
-            self.capacity_finish(path, capacity.CANCELLED, "cancelled while waiting")
-
-        await try_every(cancel(item) for item in requests)
+        await self._deletion.cancel_requests(requests, progress)
 
     def supervisor_delete_target(self, node: Node) -> dict[str, Any] | None:
         """The supervisor deletes the node through the TPU API with the VM's own service account (`create`
@@ -641,99 +336,7 @@ class GcpProvider(Provider):
     # ---- ssh --------------------------------------------------------------------------------------
 
     async def ssh_targets(self, node: Node) -> list[SshTarget]:
-        """Every worker of the node; of a multislice, every worker of every slice, numbered slice by
-        slice (slice 0's hosts first), each slice's host keys pinned on its own node."""
-        if node.slices > 1:
-            group = await self._find_multislice(node.queued_request or node.name)
-            if group is None:
-                raise NotFound(f"gcp multislice {node.name!r} is gone from {node.zone}")
-            current, api_nodes = group
-        else:
-            api_node = await self._find(node.name) if node.zone is None else await self._get_fresh(node)
-            current, api_nodes = self._model(api_node), [api_node]
-        if current.state is not NodeState.READY:
-            hint = state_hint(current) or ""
-            raise UserError(
-                f"cannot connect to {current.name}: it is {current.state}, not READY"
-                + (f"; {hint}" if hint else "")
-            )
-        username = await self._login(api_nodes)
-        client_key = ssh_identity.client_key_path()
-        targets: list[SshTarget] = []
-        for api_node in api_nodes:  # in slice order: worker indexes go on from the slice before
-            one = self._model(api_node)
-            observed = await self._host_keys(api_node.name, len(one.workers))
-            trusted = ssh_access.check_and_pin(api_node.name, str(api_node.id), observed)
-            for worker, keys_of_worker in zip(one.workers, trusted, strict=True):
-                if not worker.host:
-                    raise UserError(
-                        f"worker {worker.index} of {one.name} has no IP address yet; retry shortly"
-                    )
-                targets.append(
-                    SshTarget(
-                        worker=len(targets),
-                        host=worker.host,
-                        port=worker.port,
-                        username=username,
-                        client_key=client_key,
-                        host_keys=keys_of_worker,
-                    )
-                )
-        return targets
-
-    async def _login(self, api_nodes: list) -> str:
-        """Install the console's key (OS Login, once; or each node's ssh-keys metadata) and return the
-        user the console logs in as."""
-        api = await self._client()
-        public_key = ssh_identity.public_key_line()
-        metadata = dict(api_nodes[0].metadata)
-        if self._settings.oslogin_user or ssh_access.oslogin_enabled(metadata):
-            if not self._settings.oslogin_user:
-                raise UserError(
-                    f'{api_nodes[0].name.rsplit("/", 1)[-1]} uses OS Login: set [gcp] oslogin_user = '
-                    '"you@example.com" (your Google account) in config.toml'
-                )
-            credentials = await asyncio.to_thread(load_credentials, self._settings.api_endpoint)
-            return await ssh_access.import_oslogin_key(
-                credentials,
-                oslogin_endpoint(self._settings),
-                self._settings.oslogin_user,
-                public_key,
-            )
-        username = self._settings.ssh_user
-        await try_every(
-            ssh_access.ensure_metadata_key(api, api_node.name, username, public_key,
-                                           retry_delay=self.poll_interval)
-            for api_node in api_nodes
-        )
-        return username
-
-    async def _get_fresh(self, node: Node):
-        try:
-            return await (await self._client()).get_node(node_path(self.project, node.zone or "-", node.name))
-        except API_ERRORS as exc:
-            failure = classify_exception(exc)
-            if failure.kind is FailureKind.NOT_FOUND:
-                raise NotFound(f"gcp node {node.name!r} is gone from {node.zone}") from None
-            raise UserError(f"could not read {node.name}: {failure.describe()}") from None
-
-    async def _host_keys(self, path: str, workers: int) -> list[list[str]]:
-        """Host keys of every worker; a node that has just become READY may need a moment to publish."""
-        api = await self._client()
-        deadline = time.monotonic() + self.host_key_wait
-        while True:
-            observed = ssh_access.host_keys_from_guest_attributes(
-                await api.guest_attributes(path, ssh_access.HOST_KEYS_QUERY)
-            )
-            missing = [i for i in range(workers) if i >= len(observed) or not observed[i]]
-            if not missing:
-                return observed[:workers]
-            if time.monotonic() >= deadline:
-                raise UserError(
-                    f"workers {', '.join(map(str, missing))} of {path} have not published their "
-                    "SSH host keys (guest attributes); retry in a minute"
-                )
-            await asyncio.sleep(self.poll_interval)
+        return await ssh_targets(self, node)
 
 
 def _validate_labels(labels: dict[str, str]) -> None:

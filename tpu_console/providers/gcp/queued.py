@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tpu_console.domain import CreateRequest, Node, NodeState, QueueState
-from tpu_console.errors import AlreadyExists, CreateInterrupted, UserError
+from tpu_console.errors import CreateInterrupted, UserError
 from tpu_console.providers import capacity
 from tpu_console.providers.base import Progress
 from tpu_console.providers.gcp import multislice
+from tpu_console.providers.gcp.capacity_record import CapacityRecord, capacity_outcome
 from tpu_console.providers.gcp.client import CLOUD_PLATFORM_SCOPE
 from tpu_console.providers.gcp.errors import (
     API_ERRORS,
@@ -28,6 +29,7 @@ from tpu_console.providers.gcp.errors import (
     FailureKind,
     classify_exception,
     classify_operation_error,
+    stop_unless_next_zone,
 )
 from tpu_console.providers.gcp.node_mapping import node_path, state_hint
 from tpu_console.providers.gcp.queued_mapping import build_queued_resource, queued_path, queued_reason
@@ -47,11 +49,7 @@ class QueueHost(Protocol):
     async def _alpha(self): ...
     def _model(self, api_node, maintenance=None) -> Node: ...
     async def delete_request(self, path: str, zone: str, progress: Progress) -> None: ...
-    def capacity_start(self, path: str, zone: str, accelerator_type: str, request: CreateRequest,
-                       method: str) -> None: ...
-    def capacity_active(self, path: str, active_after_s: float) -> None: ...
-    def capacity_finish(self, path: str, outcome: str, reason: str | None, *,
-                        active_after_s: float | None = None, ready_after_s: float | None = None) -> None: ...
+    capacity: CapacityRecord
 
 
 async def try_every(calls: Iterable[Awaitable[None]]) -> None:
@@ -144,7 +142,7 @@ class QueuedCreate:
                               f"`tpu-console delete {name} --yes` removes it")
                 continue
             self.outstanding.pop(path, None)
-            self.provider.capacity_finish(path, capacity.FAILED, "the create failed elsewhere")
+            self.provider.capacity.finish(path, capacity.FAILED, "the create failed elsewhere")
 
     # ---- zone after zone --------------------------------------------------------------------------
 
@@ -155,7 +153,7 @@ class QueuedCreate:
             outcome = await self._one_zone(zone, None)
             if isinstance(outcome, Node):
                 return outcome
-            _stop_unless_next_zone(outcome, self.request.name, zone)
+            stop_unless_next_zone(outcome, self.request.name, zone)
             tried.append(f"{zone} {outcome.kind}")
             self.progress(f"{zone}: {outcome.kind}" + (", trying next zone" if more else ""))
         raise UserError(f"could not create {self.request.name} ({self.group_type}, "
@@ -228,7 +226,7 @@ class QueuedCreate:
             self.progress(f"{zone}: lost the race to {winner}; deleting its request")
             await self.provider.delete_request(path, zone, self.progress)
             self.outstanding.pop(path, None)
-            self.provider.capacity_finish(path, capacity.LOST_RACE, f"{winner} won")
+            self.provider.capacity.finish(path, capacity.LOST_RACE, f"{winner} won")
 
         losers = [(path, zone) for path, zone in list(self.outstanding.items()) if zone != winner]
         await try_every(delete(p, z) for p, z in losers)
@@ -241,7 +239,7 @@ class QueuedCreate:
         provider = self.provider
         path = queued_path(self.project, zone, self.request.name)
         self.progress(f"{zone}: queuing {self._describe()}")
-        provider.capacity_start(path, zone, self.group_type, self.request, "queued")
+        provider.capacity.start(path, zone, self.group_type, self.request, "queued")
         started = time.monotonic()
         self.outstanding[path] = zone  # from the call on: interrupted mid-call, it may exist
         try:
@@ -250,7 +248,7 @@ class QueuedCreate:
             refused = classify_exception(exc)
         if refused is not None:
             self.outstanding.pop(path, None)
-            provider.capacity_finish(path, capacity_outcome(refused), refused.message)
+            provider.capacity.finish(path, capacity_outcome(refused), refused.message)
             return refused
         api = await provider._client()
         last: QueueState | None = None
@@ -262,7 +260,7 @@ class QueuedCreate:
                 if failure.kind is FailureKind.NOT_FOUND:
                     self.outstanding.pop(path, None)
                     gone = ApiFailure(FailureKind.OTHER, "NOT_FOUND", "the request was deleted elsewhere")
-                    provider.capacity_finish(path, capacity.FAILED, gone.message)
+                    provider.capacity.finish(path, capacity.FAILED, gone.message)
                     return gone
                 if failure.kind is FailureKind.TRANSIENT:
                     await asyncio.sleep(provider.poll_interval)
@@ -276,7 +274,7 @@ class QueuedCreate:
                               f"{format_duration(time.monotonic() - started)}")
             if state is QueueState.ACTIVE:
                 active_after = time.monotonic() - started
-                provider.capacity_active(path, active_after)
+                provider.capacity.active(path, active_after)
                 if race is not None:
                     if race.winner is None:
                         race.winner = zone
@@ -291,11 +289,11 @@ class QueuedCreate:
                     self.progress(f"{zone}: deleting the request and all {self.request.slices} slices")
                     await provider.delete_request(path, zone, self.progress)
                     self.outstanding.pop(path, None)
-                    provider.capacity_finish(path, capacity.FAILED, str(lost))
+                    provider.capacity.finish(path, capacity.FAILED, str(lost))
                     raise UserError(f"{lost}; its request and every slice were deleted, nothing is left: "
                                     "create it again") from None
                 self.outstanding.pop(path, None)
-                provider.capacity_finish(path, capacity.READY, None, active_after_s=active_after,
+                provider.capacity.finish(path, capacity.READY, None, active_after_s=active_after,
                                          ready_after_s=time.monotonic() - started)
                 return node
             if state in (QueueState.FAILED, QueueState.SUSPENDED):
@@ -303,7 +301,7 @@ class QueuedCreate:
                 self.progress(f"{zone}: deleting the {state} request (it holds quota until deleted)")
                 await provider.delete_request(path, zone, self.progress)
                 self.outstanding.pop(path, None)
-                provider.capacity_finish(path, capacity_outcome(failure), failure.message)
+                provider.capacity.finish(path, capacity_outcome(failure), failure.message)
                 return failure
             await asyncio.sleep(provider.poll_interval)
 
@@ -398,22 +396,6 @@ def _queued_failure(api_queued, state: QueueState) -> ApiFailure:
         error = api_queued.state.failed_data.error
         return classify_operation_error(error.code, error.message or "the request failed")
     return ApiFailure(FailureKind.OTHER, "ABORTED", queued_reason(api_queued) or "the request was suspended")
-
-
-def capacity_outcome(failure: ApiFailure) -> str:
-    if failure.kind is FailureKind.CAPACITY:
-        return capacity.CAPACITY
-    if failure.kind is FailureKind.RESERVATION:
-        return capacity.RESERVATION
-    return capacity.FAILED
-
-
-def _stop_unless_next_zone(failure: ApiFailure, name: str, zone: str) -> None:
-    if failure.kind.tries_next_zone:
-        return
-    fix = f"; {failure.fix()}" if failure.fix() else ""
-    error = AlreadyExists if failure.kind is FailureKind.EXISTS else UserError
-    raise error(f"create {name} in {zone}: {failure.describe()}{fix}")
 
 
 def format_duration(seconds: float | None) -> str:
