@@ -2,8 +2,9 @@
 keys that run the whole workflow on the selected node (create, bootstrap, sync, launch, stop, delete).
 
 Long operations run as background workers and report in the operations panel below the table, so the
-table stays usable (and several operations can run at once). Nothing here does I/O itself: it calls
-`providers.nodes`, `provision`, `runs` and the store.
+table stays usable (and several operations can run at once). Nothing here does I/O itself: what each
+operation does is in tui/node_operations.py; here are the keys, the forms and questions before each, and the
+panel.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import datetime
+from functools import partial
 from typing import ClassVar
 
 from rich.markup import escape
@@ -24,19 +26,19 @@ from textual.widgets import DataTable, Footer, Header, Input, Static
 from textual.worker import Worker
 
 from tpu_console.domain import Node, QueuedRequest
-from tpu_console.errors import CreateInterrupted, UserError, close_names, did_you_mean, one_line
-from tpu_console.history import prep_log
+from tpu_console.errors import UserError, close_names, did_you_mean, one_line
 from tpu_console.history.store import RunRecord, RunStore
 from tpu_console.pricing import price_per_hour
 from tpu_console.providers.base import Provider
-from tpu_console.providers.nodes import cancel_queued, create_node, delete_node, delete_request
 from tpu_console.secrets import SecretMasker
+from tpu_console.tui import node_operations as operations
 from tpu_console.tui.messages import NodesRefreshed, OperationEnded, OperationProgress
 from tpu_console.tui.modals.confirm import ConfirmModal
 from tpu_console.tui.modals.create_node import CreateNodeModal, CreateOrder
 from tpu_console.tui.modals.delete_node import DeleteNodeModal
 from tpu_console.tui.modals.launch import LaunchModal, LaunchOrder
 from tpu_console.tui.modals.sync import SyncModal, SyncOrder
+from tpu_console.tui.node_operations import Say, timed
 from tpu_console.tui.nodes_feed import (
     NodesListing,
     gather_listing,
@@ -49,8 +51,6 @@ from tpu_console.tui.widgets.node_table import NodeTable
 from tpu_console.tui.widgets.operations_log import OperationsLog
 from tpu_console.views.nodes import HOLDS_QUOTA, format_cost
 
-# What an operation's body is given to report a line: `say(text)` or `say(text, style)`.
-Say = Callable[..., None]
 PROBE_EVERY_S = 60.0
 HISTORY_CHECK_S = 1.0  # how often the history's file is looked at for runs written by another process
 
@@ -352,20 +352,10 @@ class NodesScreen(Screen[None]):
     def _create(self, order: CreateOrder | None) -> None:
         if order is None:
             return
-
-        async def create(say: Say) -> str:
-            try:
-                node = await create_node(self.providers, order.provider, order.request, progress=say)
-            except CreateInterrupted as interrupted:  # esc, and the person said cancel
-                say(f"cancelling queued request(s) {', '.join(interrupted.requests)}")
-                await cancel_queued(self.providers, interrupted, progress=say)
-                return "cancelled: the queued request is deleted, confirmed gone"
-            where = f" in {node.zone}" if node.zone else ""
-            return f"{node.name} is {node.state.value}{where}"
-
         label = f"create {order.request.name}"
-        worker = self.run_operation(label, timed(order.request.name, "create", create))
-        if order.request.queued and _queues(order.request.accelerator_type):
+        body = timed(order.request.name, "create", partial(operations.create, self.providers, order))
+        worker = self.run_operation(label, body)
+        if order.request.queued and operations.queues(order.request.accelerator_type):
             self.queued_creates[label] = worker
 
     def _offer_cancel(self) -> None:
@@ -396,9 +386,7 @@ class NodesScreen(Screen[None]):
         quota = f" It {HOLDS_QUOTA}." if request.state.holds_quota else ""
         question = f"Delete the queued request {request.name} ({request.state}) in {request.zone}?{quota}"
 
-        async def delete(say: Say) -> str:
-            await delete_request(self.providers, request, progress=say)  # this row's zone, not another's
-            return f"queued request {request.name} in {request.zone} deleted"
+        delete = partial(operations.delete_queued_request, self.providers, request)
 
         def answer(yes: bool | None) -> None:
             if yes:
@@ -407,28 +395,14 @@ class NodesScreen(Screen[None]):
         self.app.push_screen(ConfirmModal(question, "Delete"), answer)
 
     def _delete(self, node: Node) -> None:
-        async def delete(say: Say) -> str:
-            await delete_node(self.providers, node.name, progress=say)
-            return f"{node.name} deleted"
-
+        delete = partial(operations.delete, self.providers, node)
         self.run_operation(f"delete {node.name}", delete, SecretMasker.for_node(node.name))
 
     def action_bootstrap(self) -> None:
         node = self._require_node("bootstrap")
         if node is None:
             return
-
-        async def bootstrap(say: Say) -> str:
-            from tpu_console.provision.bootstrap import bootstrap_node
-
-            result = await bootstrap_node(
-                self.providers,
-                node.name,
-                progress=say,
-                on_worker=lambda worker, text: say(f"[{worker}] {text}"),
-            )
-            return _setup_outcome(result, "bootstrapped", say)
-
+        bootstrap = partial(operations.bootstrap, self.providers, node)
         self.run_operation(f"bootstrap {node.name}", timed(node.name, "bootstrap", bootstrap),
                            SecretMasker.for_node(node.name))
 
@@ -441,21 +415,7 @@ class NodesScreen(Screen[None]):
     def _sync(self, node: Node, order: SyncOrder | None) -> None:
         if order is None:
             return
-
-        async def sync(say: Say) -> str:
-            from tpu_console.provision.code_sync import sync_node
-
-            result = await sync_node(
-                self.providers,
-                node.name,
-                env_file=order.env_file,
-                git_url=order.git_url,
-                branch=order.branch,
-                progress=say,
-                on_worker=lambda worker, text: say(f"[{worker}] {text}"),
-            )
-            return _setup_outcome(result, "synced", say)
-
+        sync = partial(operations.sync, self.providers, node, order)
         masker = SecretMasker.for_node(node.name, [order.env_file] if order.env_file else [])
         self.run_operation(f"sync {node.name}", timed(node.name, "sync", sync), masker)
 
@@ -469,62 +429,16 @@ class NodesScreen(Screen[None]):
     def _launch(self, node: Node, order: LaunchOrder | None) -> None:
         if order is None:
             return
+        webhook_url = self.options.webhook_url.get_secret_value() if self.options.webhook_url else None
 
         async def launch(say: Say) -> str:
-            from tpu_console.experiments.plan import launch_check
-            from tpu_console.launch.start import launch as launch_run
-
-            if order.make_inputs:
-                await self._make_tiny_inputs(node, order, say)
-            result = await launch_run(
-                self.providers,
-                node.name,
-                order.config_path if order.job is None else None,
-                order.overrides,
-                order.env_file,
-                kill_stale=order.kill_stale,
-                fail_fast=order.fail_fast,
-                policy=order.policy,
-                webhook_url=self.options.webhook_url.get_secret_value() if self.options.webhook_url else None,
-                # the plan again (cached): the form may have been submitted before its plan came back
-                before_send=launch_check(say) if order.plan_check and order.job is None else None,
-                job=order.job,  # a job file or a command of your own instead of the trainer
-                store=self.store,
-                progress=say,
-                on_worker=lambda worker, text: say(f"[{worker}] {text}"),
-            )
-            for start in result.starts:
-                say(
-                    f"[{start.worker}] "
-                    + (f"started, pgid {start.pgid}" if start.ok else f"failed: {start.error}"),
-                    "" if start.ok else "red",
-                )
-            if not result.ok:
-                raise RuntimeError("the job did not start on every worker; nothing is left running")
+            result = await operations.launch(self.providers, node, order, say, store=self.store,
+                                             webhook_url=webhook_url)
             self.launched[node.name] = result.run_id
             return f"run {result.run_id} started on {len(result.workers)} worker(s): enter opens it"
 
         masker = SecretMasker.for_node(node.name, [order.env_file] if order.env_file else [])
         self.run_operation(f"launch {node.name}", launch, masker)
-
-    async def _make_tiny_inputs(self, node: Node, order: LaunchOrder, say: Say) -> None:
-        """The launch form's offer for the tiny configs: `tpu-console demo` before the launch."""
-        from tpu_console.launch.demo import make_tiny_inputs
-
-        made = await make_tiny_inputs(
-            self.providers,
-            node.name,
-            order.config_path,
-            order.overrides,
-            progress=say,
-            on_worker=lambda worker, text: say(f"[{worker}] {text}"),
-        )
-        failed = [w for w in made.workers if not w.ok]
-        for worker in failed:
-            say(f"[{worker.worker}] failed: {worker.error}", "red")
-        if failed:
-            raise RuntimeError(f"the tiny model and data could not be made on worker {failed[0].worker}: "
-                               f"{failed[0].error}; nothing was launched")
 
     def action_stop(self) -> None:
         node = self._require_node("stop the run of")
@@ -541,16 +455,7 @@ class NodesScreen(Screen[None]):
         self.app.push_screen(ConfirmModal(question, "Stop"), lambda yes: self._stop(record) if yes else None)
 
     def _stop(self, record: RunRecord) -> None:
-        async def stop(say: Say) -> str:
-            from tpu_console.launch.stop import stop as stop_run
-
-            view, stops = await stop_run(self.providers, record.run_id, store=self.store)
-            for s in stops:
-                signal = f" by {s.signal}" if s.signal else ""
-                status = "" if s.exit_status is None else f", exit {s.exit_status}"
-                say(f"[{s.worker}] {s.outcome}{signal}{status}" + (f": {s.error}" if s.error else ""))
-            return f"run {view.state}"
-
+        stop = partial(operations.stop, self.providers, record, store=self.store)
         self.run_operation(f"stop {record.run_id}", stop, SecretMasker.for_node(record.node))
 
     def action_open_run(self) -> None:
@@ -572,38 +477,3 @@ class NodesScreen(Screen[None]):
     def on_data_table_row_selected(self, _event: DataTable.RowSelected) -> None:
         self.action_open_run()
 
-
-def _queues(accelerator_type: str) -> bool:
-    """Does a gcp create of this type wait in a queue (and so may be cancelled with esc)?"""
-    from tpu_console.providers.gcp.accelerators import canonical_type
-    from tpu_console.providers.gcp.queued_mapping import supports_queued
-
-    try:
-        return supports_queued(canonical_type(accelerator_type))
-    except UserError:
-        return False
-
-
-def _setup_outcome(result, done: str, say: Say) -> str:
-    """The outcome line of a bootstrap or sync; every failed worker is named in the panel first."""
-    failed = [w for w in result.workers if not w.ok]
-    for worker in failed:
-        say(f"[{worker.worker}] failed: {worker.error}", "red")
-    if failed:
-        raise RuntimeError(
-            f"worker {failed[0].worker}: {failed[0].error} ({len(failed)} of {len(result.workers)} failed)"
-        )
-    first = result.workers[0] if result.workers else None
-    return f"{done} {len(result.workers)} worker(s)" + (f": {first.report.versions_label()}" if first else "")
-
-
-Operation = Callable[[Say], Awaitable[str]]
-
-
-def timed(node: str, kind: str, operation: Operation) -> Operation:
-    """The operation, keeping when it ran on the node (history/prep_log.py): a run's goodput counts it."""
-
-    async def run(say: Say) -> str:
-        return await prep_log.timed(node, kind, operation(say))
-
-    return run
