@@ -315,6 +315,9 @@ async def measure_slices(args: argparse.Namespace, work: Path, model: Path, data
         shrunk = run.incarnations[1]
         run = await until("grown", lambda r: len(r.incarnations) > 2 and r.incarnations[2].first_step_at)
         grown = run.incarnations[2]
+        # the shrunk run's last step from its own events (the controller's looks may have missed the last)
+        shrunk_path = path.parents[1] / str(shrunk.run_id) / "events.jsonl"
+        shrunk_last = last_step(shrunk_path) or shrunk.last_step or 0
         run = await until("ended", lambda r: r.state.terminal and not r.intent)
         lost = None if made is None or shrunk.resumed_step is None else made - shrunk.resumed_step
         return [
@@ -327,7 +330,7 @@ async def measure_slices(args: argparse.Namespace, work: Path, model: Path, data
             f"  slice 1 made again by the controller; grown back onto both {grown.first_step_at - at:.1f} s "
             f"after the loss, its first step {grown.first_step_at - (shrunk.ended_at or at):.1f} s after the "
             f"grow began (resumed after step {grown.resumed_step}, "
-            f"{(shrunk.last_step or 0) - (grown.resumed_step or 0)} step(s) done again)",
+            f"{shrunk_last - (grown.resumed_step or 0)} step(s) done again)",
             f"  the managed run: {run.status}, step {run.current.last_step} of {steps}; "
             f"{len(run.incarnations)} incarnations, {len(run.recoveries)} recovery (a grow is none)",
         ]
