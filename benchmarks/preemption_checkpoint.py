@@ -48,7 +48,8 @@ def tiny_run(root: Path, model: Path, data: Path, index: int) -> dict:
     """One run of the tiny trainer under the job runner, preempted after step 2."""
     folder = root / f"run-{index}"
     folder.mkdir()
-    for name in ("job_runner.py", "step_lines.py", "preemption_notice.py"):  # as `launch` ships them
+    # as `launch` ships them
+    for name in ("job_runner.py", "step_lines.py", "step_formats.py", "preemption_notice.py"):
         shutil.copy(WORKER_DIR / name, folder / name)
     (folder / "launch.json").write_text(json.dumps({"worker": 0, "provider": "local",
                                                     "job": {"kind": "trainer"}}))

@@ -276,6 +276,7 @@ def tail_log(
 SUPERVISOR_SOURCE = worker.source("supervisor.py")
 RUNNER_SOURCE = worker.source("job_runner.py")
 STEP_LINES_SOURCE = worker.source("step_lines.py")  # the runner reads a command job's step lines with it
+STEP_FORMATS_SOURCE = worker.source("step_formats.py")  # step_lines.py reads each format's lines with it
 LOG_TIMESTAMPS_SOURCE = worker.source("log_timestamps.py")  # the runner reads a log line's own time with it
 PREEMPTION_NOTICE_SOURCE = worker.source("preemption_notice.py")  # the runner watches the VM's notice with it
 RUN_RECORD_SOURCE = worker.source("run_record.py")  # the runner and the supervisor read launch.json with it

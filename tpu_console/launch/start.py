@@ -63,6 +63,7 @@ from tpu_console.worker.run_record import LaunchRecord
 # reports it to the run's supervisor.
 RUNNER, SUPERVISOR = "job_runner.py", "supervisor.py"
 STEP_LINES = "step_lines.py"  # imported by the runner: a command job's step lines into events.jsonl
+STEP_FORMATS = "step_formats.py"  # imported by step_lines.py: what one line of each format says
 LOG_TIMESTAMPS = "log_timestamps.py"  # imported by the runner: the time a step line gives itself
 PREEMPTION_NOTICE = "preemption_notice.py"  # imported by the runner: the VM's notice, passed to the job
 RUN_RECORD = "run_record.py"  # imported by the runner and the supervisor: launch.json's one schema
@@ -384,6 +385,8 @@ async def _prepare(
         uploads.append(fleet.put(recipes.RUNNER_SOURCE, f"{folder}/{RUNNER}", workers, mode=0o644))
         uploads.append(fleet.put(recipes.RUN_RECORD_SOURCE, f"{folder}/{RUN_RECORD}", workers, mode=0o644))
         uploads.append(fleet.put(recipes.STEP_LINES_SOURCE, f"{folder}/{STEP_LINES}", workers, mode=0o644))
+        uploads.append(fleet.put(recipes.STEP_FORMATS_SOURCE, f"{folder}/{STEP_FORMATS}", workers,
+                                 mode=0o644))
         uploads.append(fleet.put(recipes.LOG_TIMESTAMPS_SOURCE, f"{folder}/{LOG_TIMESTAMPS}", workers,
                                  mode=0o644))
         uploads.append(fleet.put(recipes.PREEMPTION_NOTICE_SOURCE, f"{folder}/{PREEMPTION_NOTICE}", workers,

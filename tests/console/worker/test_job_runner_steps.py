@@ -68,7 +68,8 @@ def stand_in() -> Iterator[StandInSupervisor]:
 def run_folder(tmp_path: Path, job: dict | None) -> Path:
     folder = tmp_path / "run"
     folder.mkdir()
-    for name in ("job_runner.py", "step_lines.py", "log_timestamps.py"):  # as launch/start.py ships them
+    # as launch/start.py ships them (tests/console/launch/test_run_folder_files.py)
+    for name in ("job_runner.py", "step_lines.py", "step_formats.py", "log_timestamps.py"):
         shutil.copy(WORKER_DIR / name, folder / name)
     (folder / "launch.json").write_text(json.dumps({"worker": 1, "job": job}))
     plan = {"heartbeat_s": 0.2, "signatures": signatures.patterns()}  # as observe/supervision.py plans it

@@ -101,7 +101,8 @@ while True:
 def test_the_runner_passes_a_notice_to_a_foreign_job_and_reports_it(tmp_path, metadata, stand_in):
     folder = tmp_path / "run"
     folder.mkdir()
-    for name in ("job_runner.py", "step_lines.py", "preemption_notice.py"):  # as launch/start.py ships them
+    # as launch/start.py ships them
+    for name in ("job_runner.py", "step_lines.py", "step_formats.py", "preemption_notice.py"):
         shutil.copy(WORKER_DIR / name, folder / name)
     job = {"kind": "command", "command": ["python", "foreign.py"], "metrics": {"format": "none"}}
     (folder / "launch.json").write_text(json.dumps({"worker": 1, "provider": "local", "job": job}))

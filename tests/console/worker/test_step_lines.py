@@ -1,5 +1,6 @@
-"""Step lines of foreign programs (worker/step_lines.py): every built-in format with the prefixes loggers
-add, JSON lines, a job file's regex, "auto" keeping to the format it found, and lines that are no step."""
+"""Step lines of foreign programs (worker/step_formats.py, worker/step_lines.py): every built-in format with
+the prefixes loggers add, JSON lines, a job file's regex, "auto" keeping to the format it found, and lines
+that are no step."""
 
 from __future__ import annotations
 
@@ -7,14 +8,9 @@ import time
 
 import pytest
 
-from tpu_console.worker import step_lines
-from tpu_console.worker.step_lines import (
-    BadStepRegex,
-    StepLines,
-    check_step_regex,
-    complete_lines,
-    without_escapes,
-)
+from tpu_console.worker import step_formats, step_lines
+from tpu_console.worker.step_formats import BadStepRegex, check_step_regex, without_escapes
+from tpu_console.worker.step_lines import StepLines, complete_lines
 from trainer import telemetry as tm
 
 # The bundled trainer's own human line (trainer/telemetry.py human_step_line), which the seeds' program
@@ -33,7 +29,7 @@ MAXTEXT_OLD = "completed step: 4, seconds: 1.250, TFLOP/s: 98.500, loss: 7.125"
 
 
 def test_seeds_line_with_phases_maps_onto_the_trainers_names():
-    metrics = step_lines.parse_seeds("2026-01-24 10:57:31 [rank0] INFO " + SEEDS)
+    metrics = step_formats.parse_seeds("2026-01-24 10:57:31 [rank0] INFO " + SEEDS)
     assert metrics == {
         "step": 3, tm.LOSS: 0.01, tm.ENTROPY: 6.6, tm.KL: 0.0, tm.REWARD_MEAN: 0.5,
         tm.phase_key("step"): 12.34, tm.phase_key("rollout_generate"): 9.10, tm.phase_key("reward"): 0.01,
@@ -45,7 +41,7 @@ def test_seeds_line_with_phases_maps_onto_the_trainers_names():
 def test_the_bundled_trainers_human_line_is_a_seeds_line():
     values = {tm.STEP: 7, tm.LOSS: 0.5, tm.ENTROPY: 1.5, tm.KL: None, tm.REWARD_MEAN: 0.25,
               tm.VALID_TOKENS_PER_S: 100.0, **{tm.phase_key(p): 0.5 for p in tm.PHASES}}
-    metrics = step_lines.parse_seeds(tm.human_step_line(values))
+    metrics = step_formats.parse_seeds(tm.human_step_line(values))
     assert metrics[tm.KL] is None  # `kl=null`
     assert {k: metrics[k] for k in values if k != tm.KL} == {k: v for k, v in values.items() if k != tm.KL}
 
@@ -54,33 +50,33 @@ def test_the_bundled_trainers_human_line_is_a_seeds_line():
     "line", ["step=3", "resuming at step=3 of 10", "global_step=3 loss=1", "nostep=1 x=2"]
 )
 def test_not_a_seeds_line(line):
-    assert step_lines.parse_seeds(line) is None
+    assert step_formats.parse_seeds(line) is None
 
 
 def test_maxtext_lines_with_and_without_a_logger_prefix():
-    assert step_lines.parse_maxtext(MAXTEXT) == {
+    assert step_formats.parse_maxtext(MAXTEXT) == {
         "step": 9, tm.phase_key("step"): 0.397, "perf/per_device_tflops_per_sec": 231.178,
         "perf/per_device_tokens_per_sec": 20628.591, "total_weights": 65536.0, tm.LOSS: 10.191,
         "lm_loss": 10.191, "perplexity": 26620.0,
     }
-    assert step_lines.parse_maxtext(MAXTEXT_OLD) == {
+    assert step_formats.parse_maxtext(MAXTEXT_OLD) == {
         "step": 4, tm.phase_key("step"): 1.25, "perf/per_device_tflops_per_sec": 98.5, tm.LOSS: 7.125
     }
-    assert step_lines.parse_maxtext("Started training. completed steps: none") is None
+    assert step_formats.parse_maxtext("Started training. completed steps: none") is None
 
 
 def test_json_lines_with_a_step_key():
     line = 'metrics | {"step": 12, "loss": 0.5, "step_time_s": 2.0, "rollout_s": 1.5, "lr": 1e-5, ' \
            '"samples_per_s": 64, "name": "x", "time/train/update_s": 0.25, "bad": NaN}'
-    assert step_lines.parse_jsonl(line) == {
+    assert step_formats.parse_jsonl(line) == {
         "step": 12, tm.LOSS: 0.5, tm.phase_key("step"): 2.0, tm.phase_key("rollout"): 1.5, "lr": 1e-5,
         "samples_per_s": 64, tm.phase_key("update"): 0.25, "bad": None,
     }
-    assert step_lines.parse_jsonl('{"step": "3", "loss": 1}') is None
-    assert step_lines.parse_jsonl('{"step": 1.5}') is None
-    assert step_lines.parse_jsonl('{"loss": 1}') is None
-    assert step_lines.parse_jsonl('{"t": 1, "kind": "eval", "step": 3}') is None
-    assert step_lines.parse_jsonl('{"step": 3, "loss"') is None  # cut short
+    assert step_formats.parse_jsonl('{"step": "3", "loss": 1}') is None
+    assert step_formats.parse_jsonl('{"step": 1.5}') is None
+    assert step_formats.parse_jsonl('{"loss": 1}') is None
+    assert step_formats.parse_jsonl('{"t": 1, "kind": "eval", "step": 3}') is None
+    assert step_formats.parse_jsonl('{"step": 3, "loss"') is None  # cut short
 
 
 def test_a_job_files_regex():
@@ -144,7 +140,7 @@ def read(lines, parser=None):
     ],
 )
 def test_hand_written_loop_lines(line, metrics):
-    assert step_lines.parse_loop(line) == metrics
+    assert step_formats.parse_loop(line) == metrics
 
 
 @pytest.mark.parametrize(
@@ -163,7 +159,7 @@ def test_hand_written_loop_lines(line, metrics):
     ],
 )
 def test_lines_about_something_else_are_no_loop_step(line):
-    assert step_lines.parse_loop(line) is None
+    assert step_formats.parse_loop(line) is None
 
 
 def test_a_line_without_its_own_step_time_waits_for_a_second_of_its_kind():

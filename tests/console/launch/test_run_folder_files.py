@@ -1,0 +1,48 @@
+"""What launch ships into a run's folder (launch/start.py) holds every worker module that a shipped one
+imports beside itself (`import step_formats` in step_lines.py): one left out would be missed only on a worker,
+where the import fails or falls back."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from tpu_console import worker
+from tpu_console.fleet import recipes
+from tpu_console.launch import start
+
+
+def shipped_into_run_folder() -> set[str]:
+    """The worker files `launch` uploads into the run folder, read from its `fleet.put` calls."""
+    uploads = re.findall(r'fleet\.put\(recipes\.(\w+_SOURCE), f"\{folder\}/\{(\w+)\}"',
+                         Path(start.__file__).read_text())
+    files = set()
+    for source_name, file_name in uploads:
+        file = getattr(start, file_name)
+        assert getattr(recipes, source_name) == worker.source(file), f"{source_name} is not {file}'s bytes"
+        files.add(file)
+    return files
+
+
+def sibling_imports(file: str) -> set[str]:
+    """The worker modules `file` imports by their bare name, as it finds them in the run folder."""
+    found = set()
+    for node in ast.walk(ast.parse(worker.source(file))):
+        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                 else [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level
+                 else [])
+        found |= {f"{name}.py" for name in names if (worker.HERE / f"{name}.py").exists()}
+    return found
+
+
+def test_every_worker_module_a_shipped_file_imports_is_shipped_with_it():
+    shipped = shipped_into_run_folder()
+    assert {"job_runner.py", "supervisor.py", "step_lines.py"} <= shipped  # the uploads were read
+    missing = sorted(f"{imported} (imported by {file})" for file in shipped
+                     for imported in sibling_imports(file) - shipped)
+    assert missing == [], f"launch/start.py does not ship these into the run folder: {missing}"
+
+
+def test_the_step_line_formats_are_read_beside_the_step_lines():
+    assert "step_formats.py" in sibling_imports("step_lines.py")
