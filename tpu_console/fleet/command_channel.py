@@ -22,13 +22,13 @@ import asyncssh
 from tpu_console import worker
 from tpu_console.fleet.output import CommandOutcome, CommandOutput, OnLine
 from tpu_console.fleet.program import PythonProgram, python_from_stdin
-from tpu_console.worker import agent
+from tpu_console.worker import agent_frames as frames
 
 # The interpreter the loader runs; a name looked up on the worker's PATH.
 AGENT_PYTHON = "python3"
 # A cold start of 64 agents on a 2-core machine takes about a second; a real host far less.
 START_TIMEOUT_S = 30.0
-AGENT_SOURCE = worker.source("agent.py")
+AGENT_SOURCE = worker.bundle("agent.py", "agent_frames.py")  # the agent, with the frames it speaks
 _STDERR_KEPT = 2048  # the agent's own stderr, kept to say why it did not start
 
 
@@ -80,16 +80,16 @@ class CommandChannel(asyncssh.SSHClientSession[bytes]):
         self._incoming += data
         if not self.ready.done() and not self._found_magic():
             return
-        for kind, request_id, body in agent.split_frames(self._incoming):
+        for kind, request_id, body in frames.split_frames(self._incoming):
             request = self._requests.get(request_id)
             if request is None:
                 continue  # a command the fleet stopped waiting for (timed out)
-            if kind == agent.STDOUT:
+            if kind == frames.STDOUT:
                 request.output.add("stdout", body)
-            elif kind == agent.STDERR:
+            elif kind == frames.STDERR:
                 request.output.add("stderr", body)
-            elif kind == agent.EXIT:
-                (request.exit_status,) = agent.STATUS.unpack(body)
+            elif kind == frames.EXIT:
+                (request.exit_status,) = frames.STATUS.unpack(body)
                 del self._requests[request_id]
                 request.end(None)
 
@@ -127,10 +127,10 @@ class CommandChannel(asyncssh.SSHClientSession[bytes]):
         self._requests[request_id] = request
         if isinstance(command, PythonProgram):
             args = [arg.encode("utf-8", errors="surrogateescape") for arg in command.args]
-            self._chan.write(agent.encode_python(request_id, command.source, args))
+            self._chan.write(frames.encode_python(request_id, command.source, args))
         else:
             text = command.encode("utf-8", errors="surrogateescape")
-            self._chan.write(agent.encode_run(request_id, text, stdin or b""))
+            self._chan.write(frames.encode_run(request_id, text, stdin or b""))
         timer = None
         if timeout is not None:
             timer = asyncio.get_running_loop().call_later(timeout, self._give_up, request_id, TimeoutError())
@@ -156,16 +156,16 @@ class CommandChannel(asyncssh.SSHClientSession[bytes]):
         if request is None:
             return
         if not self.closed and self._chan is not None:
-            self._chan.write(agent.encode_frame(agent.KILL, request_id))
+            self._chan.write(frames.encode_frame(frames.KILL, request_id))
         request.end(exc)
 
     def _found_magic(self) -> bool:
         """Anything before the agent's greeting (a login banner, say) is dropped."""
-        at = self._incoming.find(agent.MAGIC)
+        at = self._incoming.find(frames.MAGIC)
         if at < 0:
-            del self._incoming[: -len(agent.MAGIC)]
+            del self._incoming[: -len(frames.MAGIC)]
             return False
-        del self._incoming[: at + len(agent.MAGIC)]
+        del self._incoming[: at + len(frames.MAGIC)]
         self.ready.set_result(None)
         return True
 

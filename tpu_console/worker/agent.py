@@ -3,21 +3,13 @@ long-lived SSH session, so a warm command costs one write and a few reads instea
 session (open, exec, exit status, close).
 
 The fleet ships this file: it starts `python3 -I -S -c 'import sys;exec(sys.stdin.buffer.read(N))'`
-on the worker and writes this source (N bytes) to the session's stdin, so nothing but that short
-loader ever shows on a command line. It needs Python 3.8+ and its standard library only, and must run
-under any python3 a worker has (the system one on a Cloud TPU VM, the console's on a local pod): no
-third-party imports, no syntax newer than 3.8.
+on the worker and writes this source with agent_frames.py's (N bytes, `worker.bundle`) to the session's
+stdin, so nothing but that short loader ever shows on a command line. It needs Python 3.8+ and its
+standard library only, and must run under any python3 a worker has (the system one on a Cloud TPU VM, the
+console's on a local pod): no third-party imports, no syntax newer than 3.8.
 
-Protocol, after the agent writes MAGIC to say it is ready: frames both ways, each a HEADER (kind,
-request id, body length) and a body.
-  fleet -> agent   RUN   body = u32 length of the command, the command (utf-8), then its stdin
-                   PYTHON  body = u32 length of a Python program (standard library only), the program,
-                         then its arguments, NUL-separated: run as __main__ in a fork of the agent, so no
-                         interpreter has to start (the run watch's follower, 64 of them at once)
-                   KILL  stop the command: SIGTERM to its process group, SIGKILL after STOP_GRACE_S
-  agent -> fleet   STDOUT / STDERR  a chunk of the command's output, as it comes
-                   EXIT  body = i32 exit status (128+N for death by signal N, as in bash); always the
-                         last frame of a command, sent once it has exited and closed its stdout/stderr
+The frames both ways are agent_frames.py's; the fleet sends that module with this file, as one program
+(`worker.bundle`).
 
 Each command runs in a fresh bash in a session of its own (so it can be stopped by killing its process
 group) with the agent's environment and working directory, the worker's home. Like the local worker
@@ -35,17 +27,13 @@ from __future__ import annotations
 import os
 import select
 import signal
-import struct
 import sys
 import time
 
-PROTOCOL_VERSION = 1
-MAGIC = b"\0tpu-console-agent %d\n" % PROTOCOL_VERSION
-HEADER = struct.Struct(">cII")  # kind, request id, body length
-LENGTH = struct.Struct(">I")
-STATUS = struct.Struct(">i")
-RUN, PYTHON, KILL = b"r", b"p", b"k"
-STDOUT, STDERR, EXIT = b"o", b"e", b"x"
+try:  # on a worker: sent with this file as one program (worker.bundle)
+    import agent_frames as frames
+except ImportError:  # imported as tpu_console.worker.agent (the console, the local pods' worker servers)
+    from tpu_console.worker import agent_frames as frames
 
 # A command goes to the spare bash through a pipe that takes it in one write; longer ones start their
 # own `bash -c` (as do commands that find no spare ready, e.g. two at once).
@@ -75,34 +63,6 @@ def spare_loader(fd: int) -> str:
 
 
 SPARE_LOADER = spare_loader(3)  # the agent hands its spares the command pipe as fd 3
-
-
-def encode_frame(kind: bytes, request_id: int, body: bytes = b"") -> bytes:
-    return HEADER.pack(kind, request_id, len(body)) + body
-
-
-def encode_run(request_id: int, command: bytes, stdin: bytes = b"") -> bytes:
-    return encode_frame(RUN, request_id, LENGTH.pack(len(command)) + command + stdin)
-
-
-def encode_python(request_id: int, source: bytes, args) -> bytes:
-    return encode_frame(PYTHON, request_id, LENGTH.pack(len(source)) + source + b"\0".join(args))
-
-
-def split_frames(buffer: bytearray) -> list:
-    """Take the complete frames (kind, request id, body) off the front of `buffer`, in place; a partial
-    frame stays for the next call."""
-    frames = []
-    offset = 0
-    while len(buffer) - offset >= HEADER.size:
-        kind, request_id, length = HEADER.unpack_from(buffer, offset)
-        end = offset + HEADER.size + length
-        if end > len(buffer):
-            break
-        frames.append((kind, request_id, bytes(buffer[offset + HEADER.size : end])))
-        offset = end
-    del buffer[:offset]
-    return frames
 
 
 def exit_status(wait_status: int) -> int:
@@ -193,7 +153,7 @@ class Agent:
 
     def serve(self) -> None:
         self._start_spare()
-        os.write(1, MAGIC)
+        os.write(1, frames.MAGIC)
         handlers = self.handlers
         timeout = None
         while True:
@@ -265,16 +225,16 @@ class Agent:
         if not data:
             self.shutdown()
         self.inbox += data
-        for kind, request_id, body in split_frames(self.inbox):
-            if kind in (RUN, PYTHON):
-                (length,) = LENGTH.unpack_from(body)
-                end = LENGTH.size + length
-                if kind == RUN:
-                    self._run(request_id, body[LENGTH.size : end], body[end:])
+        for kind, request_id, body in frames.split_frames(self.inbox):
+            if kind in (frames.RUN, frames.PYTHON):
+                (length,) = frames.LENGTH.unpack_from(body)
+                end = frames.LENGTH.size + length
+                if kind == frames.RUN:
+                    self._run(request_id, body[frames.LENGTH.size : end], body[end:])
                 else:
                     args = body[end:].split(b"\0") if len(body) > end else []
-                    self._run_python(request_id, body[LENGTH.size : end], args)
-            elif kind == KILL and request_id in self.running:
+                    self._run_python(request_id, body[frames.LENGTH.size : end], args)
+            elif kind == frames.KILL and request_id in self.running:
                 child = self.running[request_id]
                 _signal_group(child.pid, signal.SIGTERM)
                 child.kill_at = time.monotonic() + STOP_GRACE_S
@@ -286,14 +246,14 @@ class Agent:
                 child = self._spawn([b"bash", b"-c", text])
             except (OSError, ValueError) as exc:
                 message = f"cannot start bash: {exc}\n"
-                self.outbox += encode_frame(STDERR, request_id, message.encode())
-                self.outbox += encode_frame(EXIT, request_id, STATUS.pack(127))
+                self.outbox += frames.encode_frame(frames.STDERR, request_id, message.encode())
+                self.outbox += frames.encode_frame(frames.EXIT, request_id, frames.STATUS.pack(127))
                 return
         child.request_id = request_id
         child.started = time.monotonic()
         self.running[request_id] = child
         for kind, data in child.early:
-            self.outbox += encode_frame(kind, request_id, data)
+            self.outbox += frames.encode_frame(kind, request_id, data)
         child.early = []
         if stdin:
             child.pending_stdin = stdin
@@ -307,8 +267,8 @@ class Agent:
         try:
             child = self._fork_python(source, args)
         except OSError as exc:
-            self.outbox += encode_frame(STDERR, request_id, f"cannot fork: {exc}\n".encode())
-            self.outbox += encode_frame(EXIT, request_id, STATUS.pack(127))
+            self.outbox += frames.encode_frame(frames.STDERR, request_id, f"cannot fork: {exc}\n".encode())
+            self.outbox += frames.encode_frame(frames.EXIT, request_id, frames.STATUS.pack(127))
             return
         child.request_id = request_id
         child.started = time.monotonic()
@@ -319,10 +279,10 @@ class Agent:
     # -- a child's output, input and exit ------------------------------------------------------------
 
     def _on_stdout(self, child: Child) -> None:
-        self._read_output(child, child.stdout_fd, STDOUT)
+        self._read_output(child, child.stdout_fd, frames.STDOUT)
 
     def _on_stderr(self, child: Child) -> None:
-        self._read_output(child, child.stderr_fd, STDERR)
+        self._read_output(child, child.stderr_fd, frames.STDERR)
 
     def _read_output(self, child: Child, fd: int, kind: bytes) -> None:
         try:
@@ -335,10 +295,10 @@ class Agent:
             if child.request_id is None:
                 child.early.append((kind, data))
             else:
-                self.outbox += encode_frame(kind, child.request_id, data)
+                self.outbox += frames.encode_frame(kind, child.request_id, data)
             return
         self._forget(fd)
-        if kind == STDOUT:
+        if kind == frames.STDOUT:
             child.stdout_fd = -1
         else:
             child.stderr_fd = -1
@@ -397,7 +357,8 @@ class Agent:
             self._forget(child.stdin_fd)
             child.stdin_fd = -1
         del self.running[child.request_id]
-        self.outbox += encode_frame(EXIT, child.request_id, STATUS.pack(exit_status(child.wait_status)))
+        status = frames.STATUS.pack(exit_status(child.wait_status))
+        self.outbox += frames.encode_frame(frames.EXIT, child.request_id, status)
         self._refill_by(time.monotonic() + REFILL_DELAY_S)
 
     # -- processes -----------------------------------------------------------------------------------

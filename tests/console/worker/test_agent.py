@@ -18,6 +18,7 @@ import pytest
 from tests.processes import pid_alive, wait_for
 from tpu_console.fleet.command_channel import AGENT_SOURCE, loader_command
 from tpu_console.worker import agent
+from tpu_console.worker import agent_frames as frames
 
 
 class AgentProcess:
@@ -38,9 +39,9 @@ class AgentProcess:
         assert self.process.stdin and self.process.stdout
         self.process.stdin.write(AGENT_SOURCE)
         self._incoming = bytearray()
-        greeting = self._read_until(lambda: agent.MAGIC in self._incoming, 20)
+        greeting = self._read_until(lambda: frames.MAGIC in self._incoming, 20)
         assert greeting, self.process.stderr.read() if self.process.poll() is not None else "no greeting"
-        del self._incoming[: self._incoming.index(agent.MAGIC) + len(agent.MAGIC)]
+        del self._incoming[: self._incoming.index(frames.MAGIC) + len(frames.MAGIC)]
         self.frames: list[tuple[bytes, int, bytes]] = []
 
     def send(self, data: bytes) -> None:
@@ -48,30 +49,30 @@ class AgentProcess:
         self.process.stdin.write(data)
 
     def run(self, request_id: int, command: str, stdin: bytes = b"") -> None:
-        self.send(agent.encode_run(request_id, command.encode(), stdin))
+        self.send(frames.encode_run(request_id, command.encode(), stdin))
 
     def result(self, request_id: int, timeout: float = 20) -> tuple[bytes, bytes, int]:
         """stdout, stderr and exit status of a command, once its EXIT frame came."""
 
         def exited() -> bool:
-            self.frames += agent.split_frames(self._incoming)
-            return any(kind == agent.EXIT and rid == request_id for kind, rid, _ in self.frames)
+            self.frames += frames.split_frames(self._incoming)
+            return any(kind == frames.EXIT and rid == request_id for kind, rid, _ in self.frames)
 
         assert self._read_until(exited, timeout), f"no exit for request {request_id}: {self.frames}"
         mine = [(kind, body) for kind, rid, body in self.frames if rid == request_id]
-        assert mine[-1][0] == agent.EXIT  # the last frame of a command
-        stdout = b"".join(body for kind, body in mine if kind == agent.STDOUT)
-        stderr = b"".join(body for kind, body in mine if kind == agent.STDERR)
-        (status,) = agent.STATUS.unpack(mine[-1][1])
+        assert mine[-1][0] == frames.EXIT  # the last frame of a command
+        stdout = b"".join(body for kind, body in mine if kind == frames.STDOUT)
+        stderr = b"".join(body for kind, body in mine if kind == frames.STDERR)
+        (status,) = frames.STATUS.unpack(mine[-1][1])
         return stdout, stderr, status
 
     def lines(self, request_id: int, count: int, timeout: float = 20) -> list[bytes]:
         """The first `count` lines a running command wrote to stdout."""
 
         def arrived() -> list[bytes]:
-            self.frames += agent.split_frames(self._incoming)
+            self.frames += frames.split_frames(self._incoming)
             out = b"".join(
-                body for kind, rid, body in self.frames if rid == request_id and kind == agent.STDOUT
+                body for kind, rid, body in self.frames if rid == request_id and kind == frames.STDOUT
             )
             return out.splitlines()[:count] if out.count(b"\n") >= count else []
 
@@ -108,13 +109,13 @@ def worker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[AgentProc
 
 
 def test_frames_split_only_when_whole():
-    buffer = bytearray(agent.encode_run(1, b"echo hi", b"in") + agent.encode_frame(agent.KILL, 2))
-    tail = agent.encode_frame(agent.STDOUT, 3, b"partial")
+    buffer = bytearray(frames.encode_run(1, b"echo hi", b"in") + frames.encode_frame(frames.KILL, 2))
+    tail = frames.encode_frame(frames.STDOUT, 3, b"partial")
     buffer += tail[:-2]
-    assert agent.split_frames(buffer) == [(agent.RUN, 1, b"\0\0\0\x07echo hiin"), (agent.KILL, 2, b"")]
+    assert frames.split_frames(buffer) == [(frames.RUN, 1, b"\0\0\0\x07echo hiin"), (frames.KILL, 2, b"")]
     assert buffer == tail[:-2]  # the incomplete frame waits for its end
     buffer += tail[-2:]
-    assert agent.split_frames(buffer) == [(agent.STDOUT, 3, b"partial")] and not buffer
+    assert frames.split_frames(buffer) == [(frames.STDOUT, 3, b"partial")] and not buffer
 
 
 def test_output_streams_exit_status_and_stdin(worker: AgentProcess, tmp_path: Path):
@@ -155,7 +156,7 @@ def test_a_reader_that_falls_behind_slows_the_command_but_not_the_agent(worker: 
     time.sleep(0.5)  # nobody reads: the agent's stdout and then the command's pipe fill up
     rss_kib = int(Path(f"/proc/{worker.process.pid}/status").read_text().split("VmRSS:")[1].split()[0])
     assert rss_kib < 64 * 1024  # the agent holds about OUTBOX_HIGH of output, not all `yes` could write
-    worker.send(agent.encode_frame(agent.KILL, 1))  # still read while its output waits
+    worker.send(frames.encode_frame(frames.KILL, 1))  # still read while its output waits
     wait_for(lambda: not pid_alive(pid), timeout=5)
     stdout, _, status = worker.result(1)
     assert status == 128 + 15 and set(stdout.splitlines()[1:]) == {b"y"}
@@ -165,7 +166,7 @@ def test_kill_stops_the_process_group(worker: AgentProcess):
     worker.run(1, "sleep 60 & echo $!; wait")
     [sleeper] = map(int, worker.lines(1, 1))  # a background child: in the command's process group
     assert pid_alive(sleeper)
-    worker.send(agent.encode_frame(agent.KILL, 1))
+    worker.send(frames.encode_frame(frames.KILL, 1))
     assert worker.result(1)[2] == 128 + 15
     wait_for(lambda: not pid_alive(sleeper), timeout=5)
 
@@ -195,18 +196,18 @@ sys.exit(int(sys.argv[2]))
 
 
 def test_a_python_program_runs_in_a_fork_of_the_agent_with_its_arguments(worker: AgentProcess):
-    worker.send(agent.encode_python(1, PROGRAM, [b"exit", b"5"]))
+    worker.send(frames.encode_python(1, PROGRAM, [b"exit", b"5"]))
     stdout, stderr, status = worker.result(1)
     assert status == 5 and stderr == b""
     args_line, fds_line = stdout.decode().splitlines()
     assert args_line == "args ['exit', '5'] pgid is pid True"  # a session of its own: KILL stops it all
     assert fds_line == "open fds [0, 1, 2]"  # nothing of the agent's (its SSH channel, epoll) leaks in
-    worker.send(agent.encode_python(2, PROGRAM, [b"fail"]))
+    worker.send(frames.encode_python(2, PROGRAM, [b"fail"]))
     stdout, stderr, status = worker.result(2)
     assert status == 1 and stderr.decode().splitlines()[-1] == "ValueError: boom"
-    worker.send(agent.encode_python(3, PROGRAM, [b"wait"]))
+    worker.send(frames.encode_python(3, PROGRAM, [b"wait"]))
     worker.lines(3, 1)
-    worker.send(agent.encode_frame(agent.KILL, 3))
+    worker.send(frames.encode_frame(frames.KILL, 3))
     assert worker.result(3)[2] == 128 + 15
     worker.run(4, "echo still serving")  # the agent itself carries on
     assert worker.result(4) == (b"still serving\n", b"", 0)
