@@ -28,7 +28,8 @@ from tpu_console.worker import agent_frames as frames
 AGENT_PYTHON = "python3"
 # A cold start of 64 agents on a 2-core machine takes about a second; a real host far less.
 START_TIMEOUT_S = 30.0
-AGENT_SOURCE = worker.bundle("agent.py", "agent_frames.py")  # the agent, with the frames it speaks
+# The agent, with the frames it speaks and the processes it starts.
+AGENT_SOURCE = worker.bundle("agent.py", "agent_frames.py", "agent_processes.py")
 _STDERR_KEPT = 2048  # the agent's own stderr, kept to say why it did not start
 
 

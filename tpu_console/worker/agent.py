@@ -3,13 +3,13 @@ long-lived SSH session, so a warm command costs one write and a few reads instea
 session (open, exec, exit status, close).
 
 The fleet ships this file: it starts `python3 -I -S -c 'import sys;exec(sys.stdin.buffer.read(N))'`
-on the worker and writes this source with agent_frames.py's (N bytes, `worker.bundle`) to the session's
+on the worker and writes this source with its two modules' (N bytes, `worker.bundle`) to the session's
 stdin, so nothing but that short loader ever shows on a command line. It needs Python 3.8+ and its
 standard library only, and must run under any python3 a worker has (the system one on a Cloud TPU VM, the
 console's on a local pod): no third-party imports, no syntax newer than 3.8.
 
-The frames both ways are agent_frames.py's; the fleet sends that module with this file, as one program
-(`worker.bundle`).
+The frames both ways are agent_frames.py's, and the processes it starts are agent_processes.py's; the
+fleet sends both modules with this file, as one program (`worker.bundle`).
 
 Each command runs in a fresh bash in a session of its own (so it can be stopped by killing its process
 group) with the agent's environment and working directory, the worker's home. Like the local worker
@@ -25,15 +25,34 @@ exits. Jobs a command detached with `setsid` are in sessions of their own and ar
 from __future__ import annotations
 
 import os
-import select
 import signal
 import sys
 import time
 
 try:  # on a worker: sent with this file as one program (worker.bundle)
     import agent_frames as frames
+    from agent_processes import (
+        Child,
+        Poller,
+        close_fd,
+        exit_status,
+        find_bash,
+        run_program,
+        signal_group,
+        still_running,
+    )
 except ImportError:  # imported as tpu_console.worker.agent (the console, the local pods' worker servers)
     from tpu_console.worker import agent_frames as frames
+    from tpu_console.worker.agent_processes import (
+        Child,
+        Poller,
+        close_fd,
+        exit_status,
+        find_bash,
+        run_program,
+        signal_group,
+        still_running,
+    )
 
 # A command goes to the spare bash through a pipe that takes it in one write; longer ones start their
 # own `bash -c` (as do commands that find no spare ready, e.g. two at once).
@@ -63,68 +82,6 @@ def spare_loader(fd: int) -> str:
 
 
 SPARE_LOADER = spare_loader(3)  # the agent hands its spares the command pipe as fd 3
-
-
-def exit_status(wait_status: int) -> int:
-    if os.WIFSIGNALED(wait_status):
-        return 128 + os.WTERMSIG(wait_status)
-    return os.WEXITSTATUS(wait_status)
-
-
-class Child:
-    """A bash the agent started, and the one command it runs (None while it is the spare)."""
-
-    def __init__(self, pid: int, pidfd: int, stdin_fd: int, stdout_fd: int, stderr_fd: int, command_fd: int):
-        self.pid = pid  # also its process group: it leads a session of its own
-        self.pidfd = pidfd  # readable once it exits; -1 where pidfds are missing (SIGCHLD instead)
-        self.stdin_fd = stdin_fd
-        self.stdout_fd = stdout_fd
-        self.stderr_fd = stderr_fd
-        self.command_fd = command_fd  # where a spare is handed its command; -1 once handed or for bash -c
-        self.request_id = None
-        self.early = []  # (kind, data) written while a spare (a startup warning): the command's output
-        self.open_streams = 2
-        self.wait_status = None
-        self.pending_stdin = b""
-        self.started = 0.0
-        self.kill_at = None  # when a stopped command gets SIGKILL
-
-
-class Poller:
-    """epoll where there is one (Linux), else poll: readiness of a few descriptors, and nothing more."""
-
-    def __init__(self):
-        self._epoll = select.epoll() if hasattr(select, "epoll") else None
-        self._poll = None if self._epoll else select.poll()
-        self._read = select.EPOLLIN if self._epoll else select.POLLIN
-        self._write = select.EPOLLOUT if self._epoll else select.POLLOUT
-
-    def register(self, fd: int, write: bool = False) -> None:
-        (self._epoll or self._poll).register(fd, self._write if write else self._read)
-
-    def unregister(self, fd: int) -> None:
-        (self._epoll or self._poll).unregister(fd)
-
-    def poll(self, timeout):
-        """(fd, events) pairs of the ready descriptors; timeout in seconds, None to wait for ever."""
-        if self._epoll is not None:
-            return self._epoll.poll(-1 if timeout is None else timeout)
-        return self._poll.poll(None if timeout is None else timeout * 1000)
-
-
-def _close(fd: int) -> None:
-    if fd >= 0:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class Agent:
@@ -175,7 +132,7 @@ class Agent:
             if child.kill_at is not None:
                 if now >= child.kill_at:
                     child.kill_at = None
-                    _signal_group(child.pid, signal.SIGKILL)
+                    signal_group(child.pid, signal.SIGKILL)
                 elif deadline is None or child.kill_at < deadline:
                     deadline = child.kill_at
         if self.refill_at is not None and now >= self.refill_at:
@@ -236,7 +193,7 @@ class Agent:
                     self._run_python(request_id, body[frames.LENGTH.size : end], args)
             elif kind == frames.KILL and request_id in self.running:
                 child = self.running[request_id]
-                _signal_group(child.pid, signal.SIGTERM)
+                signal_group(child.pid, signal.SIGTERM)
                 child.kill_at = time.monotonic() + STOP_GRACE_S
 
     def _run(self, request_id: int, text: bytes, stdin: bytes) -> None:
@@ -259,7 +216,7 @@ class Agent:
             child.pending_stdin = stdin
             self._watch(child.stdin_fd, self._on_stdin, child, write=True)
         else:
-            _close(child.stdin_fd)
+            close_fd(child.stdin_fd)
             child.stdin_fd = -1
         self._refill_by(child.started + LONG_COMMAND_S)  # sooner, at its end, if it is short
 
@@ -273,7 +230,7 @@ class Agent:
         child.request_id = request_id
         child.started = time.monotonic()
         self.running[request_id] = child
-        _close(child.stdin_fd)  # the program gets an empty stdin
+        close_fd(child.stdin_fd)  # the program gets an empty stdin
         child.stdin_fd = -1
 
     # -- a child's output, input and exit ------------------------------------------------------------
@@ -386,11 +343,11 @@ class Agent:
             )
         except BaseException:
             for fd in (stdin_w, stdout_r, stderr_r):
-                _close(fd)
+                close_fd(fd)
             raise
         finally:
             for fd in (stdin_r, stdout_w, stderr_w):
-                _close(fd)
+                close_fd(fd)
         return self._adopt(pid, stdin_w, stdout_r, stderr_r)
 
     def _fork_python(self, source: bytes, args) -> Child:
@@ -402,12 +359,12 @@ class Agent:
             pid = os.fork()
         except BaseException:
             for fd in (stdin_r, stdin_w, stdout_r, stdout_w, stderr_r, stderr_w):
-                _close(fd)
+                close_fd(fd)
             raise
         if pid == 0:
-            _run_program(source, args, stdin_r, stdout_w, stderr_w)  # never returns
+            run_program(source, args, stdin_r, stdout_w, stderr_w)  # never returns
         for fd in (stdin_r, stdout_w, stderr_w):
-            _close(fd)
+            close_fd(fd)
         return self._adopt(pid, stdin_w, stdout_r, stderr_r)
 
     def _adopt(self, pid: int, stdin_w: int, stdout_r: int, stderr_r: int) -> Child:
@@ -444,10 +401,10 @@ class Agent:
         try:
             self.spare = self._spawn([b"bash", b"-c", SPARE_LOADER.encode()], command_pipe=command_r)
         except (OSError, ValueError):
-            _close(command_w)  # no spare this time: commands start their own bash
+            close_fd(command_w)  # no spare this time: commands start their own bash
             return
         finally:
-            _close(command_r)
+            close_fd(command_r)
         self.spare.command_fd = command_w
 
     def _take_spare(self, text: bytes):
@@ -464,7 +421,7 @@ class Agent:
             written = os.write(spare.command_fd, data)
         except OSError:
             written = -1
-        _close(spare.command_fd)
+        close_fd(spare.command_fd)
         spare.command_fd = -1
         if written != len(data):  # the spare died under us; it never saw a whole command
             self._discard(spare)
@@ -477,12 +434,12 @@ class Agent:
             self._discard(spare)
 
     def _discard(self, child: Child) -> None:
-        _close(child.command_fd)
+        close_fd(child.command_fd)
         for fd in (child.stdin_fd, child.stdout_fd, child.stderr_fd, child.pidfd):
             if fd >= 0:
                 self._forget(fd)
         if child.wait_status is None:
-            _signal_group(child.pid, signal.SIGKILL)
+            signal_group(child.pid, signal.SIGKILL)
             try:
                 os.waitpid(child.pid, 0)
             except ChildProcessError:
@@ -506,7 +463,7 @@ class Agent:
             self.output_fds.discard(fd)
             if not paused:
                 self.poller.unregister(fd)
-        _close(fd)
+        close_fd(fd)
 
     # -- the end -------------------------------------------------------------------------------------
 
@@ -518,73 +475,21 @@ class Agent:
         self._discard_spare()
         running = [c for c in self.running.values() if c.wait_status is None]
         for child in running:
-            _signal_group(child.pid, signal.SIGTERM)
+            signal_group(child.pid, signal.SIGTERM)
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
         while running and time.monotonic() < deadline:
             time.sleep(0.02)
-            running = [c for c in running if _still_running(c.pid)]
+            running = [c for c in running if still_running(c.pid)]
         for child in running:
-            _signal_group(child.pid, signal.SIGKILL)
+            signal_group(child.pid, signal.SIGKILL)
         os._exit(0)
-
-
-def _run_program(source: bytes, args, stdin_fd: int, stdout_fd: int, stderr_fd: int) -> None:
-    """In a fresh fork of the agent: become a session of our own with the three pipes as stdin, stdout and
-    stderr, let go of everything else the agent holds, and run the program as __main__ with `args` as
-    sys.argv[1:]. Exits with its status (1 for an exception, after its traceback); never returns."""
-    status = 1
-    try:
-        os.setsid()  # stopping it stops its whole group, as for a command
-        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
-            signal.signal(signum, signal.SIG_DFL)
-        signal.set_wakeup_fd(-1)
-        for target, fd in ((0, stdin_fd), (1, stdout_fd), (2, stderr_fd)):
-            os.dup2(fd, target)
-            os.set_blocking(target, True)
-        for fd in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else range(3, 256):
-            if int(fd) > 2:
-                _close(int(fd))
-        sys.argv = ["-c"] + [arg.decode("utf-8", "surrogateescape") for arg in args]
-        exec(compile(source, "<program>", "exec"), {"__name__": "__main__"})  # noqa: S102 - what it is for
-        status = 0
-    except SystemExit as exc:
-        if exc.code is None or isinstance(exc.code, int):
-            status = exc.code or 0
-        else:
-            sys.stderr.write(f"{exc.code}\n")
-    except BaseException:  # noqa: BLE001 - whatever it was, its traceback is the program's stderr
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001, S110 - a reader that went away: nothing more to say
-                pass
-        os._exit(status)
-
-
-def _still_running(pid: int) -> bool:
-    try:
-        return os.waitpid(pid, os.WNOHANG)[0] == 0
-    except ChildProcessError:
-        return False
-
-
-def _find_bash():
-    for folder in os.environ.get("PATH", "").split(os.pathsep) + ["/bin", "/usr/bin"]:
-        path = os.path.join(folder or ".", "bash")
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    return None
 
 
 def main() -> None:
     if sys.version_info < (3, 8) or not hasattr(os, "posix_spawn"):
         sys.stderr.write("tpu-console agent: needs python 3.8+ with os.posix_spawn\n")
         sys.exit(3)
-    bash = _find_bash()
+    bash = find_bash()
     if bash is None:
         sys.stderr.write("tpu-console agent: no bash on PATH\n")
         sys.exit(3)

@@ -1,10 +1,12 @@
 """Files sent to a worker as one program (worker/__init__.py's `bundle`): the command channel's agent with the
-frames it speaks, run as the fleet runs it, with nothing of the console importable."""
+modules it imports, run as the fleet runs it, with nothing of the console importable."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+
+import pytest
 
 from tpu_console import worker
 from tpu_console.fleet.command_channel import AGENT_SOURCE, loader_command
@@ -23,6 +25,7 @@ def test_the_agent_is_sent_with_the_modules_it_imports():
     assert started.returncode == 0
 
 
-def test_an_agent_sent_without_its_frames_does_not_start():
-    started = run_alone(worker.bundle("agent.py"))
+@pytest.mark.parametrize("left_out", ["agent_frames.py", "agent_processes.py"])
+def test_an_agent_sent_without_a_module_it_imports_does_not_start(left_out):
+    started = run_alone(worker.bundle("agent.py", *{"agent_frames.py", "agent_processes.py"} - {left_out}))
     assert b"No module named" in started.stderr and started.returncode != 0
