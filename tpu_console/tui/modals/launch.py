@@ -127,7 +127,7 @@ class LaunchModal(FormModal[LaunchOrder]):
                 compact=True,
             )
             # The run's supervisor (docs/supervisor.md): the CLI's launch flags, blank meaning off.
-            yield Label("Supervisor (blank: off): delete the node when done, budgets, restarts, stragglers")
+            yield Label("Supervisor (blank: off): delete when done, budgets, restarts, stragglers")
             with Horizontal(classes="options"):
                 yield Static("On end")
                 yield FormSelect([("keep", "keep"), ("delete", "delete")], value="keep", id="on-end",
