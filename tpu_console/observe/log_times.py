@@ -39,6 +39,18 @@ class LogTimes:
         return self.times[at] if at < len(self.sizes) else None
 
 
+def line_times(times: LogTimes, end: int, lines: Sequence[str]) -> tuple[float | None, ...]:
+    """When each of `lines` was written (`time_of` of its end), the last ending at `end`. Lines newer
+    than the last mark (all of them, on a log followed closely, or from a job that writes no times) are
+    told by one encoding of the whole chunk, not a look per line."""
+    if not times.sizes:
+        return (None,) * len(lines)
+    first_start = end - len("\n".join(lines).encode("utf-8", errors="replace")) - 1
+    if times.sizes[-1] <= first_start:
+        return (None,) * len(lines)  # every line ends past the last mark
+    return tuple(times.time_of(at) for at in line_ends(end, lines))
+
+
 def line_ends(end: int, lines: Sequence[str]) -> list[int]:
     """The byte offset just past each of `lines` (each followed by its newline), the last ending at `end`."""
     ends = []

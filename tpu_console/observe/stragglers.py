@@ -50,10 +50,12 @@ class Pace:
 def paces(recent: Mapping[int, Steps], window: int = WINDOW) -> dict[int, Pace]:
     """Each worker's pace over its last `window` steps."""
     windows = {w: sorted(steps.items())[-window:] for w, steps in recent.items() if steps}
-    first_at: dict[int, list[float]] = {}
+    reached: dict[int, list[float]] = {}
     for steps in windows.values():
         for step, (t, _) in steps:
-            first_at.setdefault(step, []).append(t)
+            reached.setdefault(step, []).append(t)
+    # when the first worker reached each step that more than one did (once per step: not per worker)
+    first_at = {step: min(times) for step, times in reached.items() if len(times) > 1}
     out = {}
     for worker, steps in windows.items():
         times, waits, lags = [], [], []
@@ -63,8 +65,8 @@ def paces(recent: Mapping[int, Steps], window: int = WINDOW) -> dict[int, Pace]:
             if step_s is not None and step == prev_step + 1:
                 waits.append(max(0.0, gap - step_s))
         for step, (t, _) in steps:
-            if len(first_at[step]) > 1:
-                lags.append(t - min(first_at[step]))
+            if step in first_at:
+                lags.append(t - first_at[step])
         out[worker] = Pace(worker, len(steps), _median(times), _median(waits), _median(lags))
     return out
 

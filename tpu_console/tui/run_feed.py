@@ -30,9 +30,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
+import itertools
+import operator
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -159,8 +161,9 @@ class RunFeed:
         self.seen: dict[int, WorkerSeen] = {}
         self.wandb_url: str | None = None
         self.ended = False  # the watch has read every worker's files to the end after its job ended
-        # (worker, line, when it was written: its mark on the worker, else when it arrived here)
-        self._pending_lines: list[tuple[int, str, float]] = []
+        # (worker, lines, when they were written: one time for them all (when they arrived here), or each
+        # line's mark on the worker, else its arrival)
+        self._pending_lines: list[tuple[int, list[str], float | tuple[float, ...]]] = []
         self._pending_steps: dict[int, list[StepMetrics]] = {}  # by worker, since the last flush
         # The first lines of each worker (its last lines so far) come at once, a worker after another:
         # held until every worker's have come (or BACKLOG_WAIT_S passed), so they interleave by time.
@@ -261,9 +264,11 @@ class RunFeed:
         match update:
             case LogLines(worker, lines, times):
                 arrived = time.time()
-                written = times or (None,) * len(lines)
-                self._pending_lines.extend((worker, line, arrived if at is None else at)
-                                           for line, at in zip(lines, written, strict=True))
+                if times.count(None) < len(times):  # some have their mark: each line its own time
+                    self._pending_lines.append((worker, lines, tuple(arrived if at is None else at
+                                                                     for at in times)))
+                else:
+                    self._pending_lines.append((worker, lines, arrived))
                 self._seen(worker).last_line = lines[-1]
                 self._backlog_from.discard(worker)
             case NewEvents(worker, events):
@@ -517,14 +522,39 @@ def _turning_point(health: RunHealth) -> tuple:
     return health.state, health.failure, workers
 
 
-def in_time_order(lines: list[tuple[int, str, float]]) -> list[tuple[int, str]]:
-    """(worker, line, when written) as (worker, line), the workers' lines merged by when each was written
-    (ties by worker); a worker's own lines keep their order whatever the times say."""
-    by_worker: dict[int, list[tuple[int, str, float]]] = {}
-    for entry in lines:
-        by_worker.setdefault(entry[0], []).append(entry)
-    merged = heapq.merge(*by_worker.values(), key=lambda entry: (entry[2], entry[0]))
-    return [(worker, text) for worker, text, _ in merged]
+def in_time_order(chunks: list[tuple[int, list[str], float | tuple[float, ...]]]) -> list[tuple[int, str]]:
+    """(worker, lines, when written: one time for them all, or each line's) as (worker, line), the workers'
+    lines merged by when each was written (ties by worker); a worker's own lines keep their order whatever
+    the times say. A worker's lines written at the same time move as one run, and while every worker's
+    runs come in time order (the usual case) one stable sort merges them; else a merge per worker."""
+    runs: list[tuple[float, int, list[str]]] = []
+    last: dict[int, float] = {}  # each worker's latest run's time
+    in_order = True
+    for worker, lines, written in chunks:
+        if not isinstance(written, tuple):
+            pieces = [(written, worker, lines)]
+        else:
+            pieces, start = [], 0
+            for end in range(1, len(lines) + 1):
+                if end == len(lines) or written[end] != written[start]:
+                    pieces.append((written[start], worker, lines[start:end]))
+                    start = end
+        for piece in pieces:
+            in_order = in_order and piece[0] >= last.get(worker, piece[0])
+            last[worker] = piece[0]
+            runs.append(piece)
+    by_time = operator.itemgetter(0, 1)
+    if in_order:  # stable: a worker's runs with the same time keep their order
+        ordered: Iterable[tuple[float, int, list[str]]] = sorted(runs, key=by_time)
+    else:
+        by_worker: dict[int, list[tuple[float, int, list[str]]]] = {}
+        for run in runs:
+            by_worker.setdefault(run[1], []).append(run)
+        ordered = heapq.merge(*by_worker.values(), key=by_time)
+    merged: list[tuple[int, str]] = []
+    for _, worker, lines in ordered:
+        merged.extend(zip(itertools.repeat(worker), lines))
+    return merged
 
 
 def carry_over(failed: RunWatch, watch: RunWatch) -> None:

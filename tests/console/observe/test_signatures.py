@@ -197,3 +197,31 @@ def test_the_patterns_the_pod_classifies_with_are_the_scanners():
     compiled = [(kind, re.compile(pattern)) for kind, pattern in sig.patterns()]
     line = "jaxlib.xla_extension.XlaRuntimeError: DEADLINE_EXCEEDED: Barrier timed out"
     assert next(kind for kind, p in compiled if p.search(line)) == sig.DISTRIBUTED_TIMEOUT
+
+
+def test_a_chunk_scanned_at_once_finds_what_scanning_each_line_finds():
+    """`scan_lines` passes over the lines without a pre-filter word: the same findings, in the same order,
+    and the same state after, however the log is cut into chunks (tracebacks, chained ones, across cuts)."""
+    import random
+
+    traceback = ["Traceback (most recent call last):", '  File "t.py", line 3, in f', "    g()",
+                 "KeyError: 'y'"]
+    pieces = [["step 3 | loss 0.3 | all good"], ["step 4 | the TPU is busy computing"], [OOM_LINE],
+              [TRAINER_OOM_LINE], traceback, ["", "The above exception was the direct cause of it:", ""],
+              ["wandb: View run at https://wandb.ai/e/p/runs/abc123"], ["  indented, outside a traceback"],
+              ["DEADLINE_EXCEEDED: Barrier timed out"], [""]]
+    rng = random.Random(7)
+    log = [line for _ in range(300) for line in rng.choice(pieces)]
+    one_by_one = SignatureScanner()
+    expected = [f for line in log if (f := one_by_one.scan(line)) is not None]
+    for _ in range(5):
+        chunked, found, at = SignatureScanner(), [], 0
+        while at < len(log):
+            size = rng.choice([1, 2, 3, 7, 40])
+            found += chunked.scan_lines(log[at : at + size])
+            at += size
+        assert found == expected
+        assert (chunked.findings, chunked.last_exception, chunked.wandb_url, chunked._chained) == (
+            one_by_one.findings, one_by_one.last_exception, one_by_one.wandb_url, one_by_one._chained)
+    assert {f.kind for f in expected} >= {sig.OOM, sig.EXCEPTION, sig.WANDB_URL, sig.DISTRIBUTED_TIMEOUT}
+    assert SignatureScanner().scan_lines([]) == []

@@ -10,6 +10,7 @@ however long the run. Lines arrive already masked (RunFeed masks secrets before 
 from __future__ import annotations
 
 import bisect
+import itertools
 import re
 from collections import deque
 
@@ -76,6 +77,10 @@ class LogPane(ScrollView, can_focus=True):
     def add_lines(self, lines: list[tuple[int, str]]) -> None:
         if not lines:
             return
+        texts = [text for _, text in lines]
+        if "".join(texts).isprintable():  # the usual batch: no line to clean, none redrawn in place
+            self._add_printable(lines, texts)
+            return
         touches_view = self.worker is None
         length_before = self.view_length()
         added: list[str] = []
@@ -101,6 +106,26 @@ class LogPane(ScrollView, can_focus=True):
         elif added and self.wrap:
             self._add_rows(added, length_before)
         if touches_view:
+            if self.search_term:
+                self._find_matches()
+            self._resize()
+
+    def _add_printable(self, lines: list[tuple[int, str]], texts: list[str]) -> None:
+        """`add_lines` of lines that need no cleaning: the interleaved view takes them at once."""
+        length_before = self.view_length()
+        by_worker = self.by_worker
+        for worker, text in lines:
+            buffer = by_worker.get(worker)
+            if buffer is None:
+                buffer = by_worker[worker] = deque(maxlen=self.lines_per_worker)
+            buffer.append(text)
+        self.interleaved.extend(lines)
+        added = texts if self.worker is None else [text for worker, text in lines if worker == self.worker]
+        if (widest := max(map(len, texts))) > self._width:
+            self._width = min(widest, MAX_WIDTH)
+        if added and self.wrap:
+            self._add_rows(added, length_before)
+        if self.worker is None or added:
             if self.search_term:
                 self._find_matches()
             self._resize()
@@ -152,9 +177,11 @@ class LogPane(ScrollView, can_focus=True):
         if self._wrap_width != self._text_width():
             self._rebuild_rows()  # the width changed since: every line's rows again, this batch included
             return
-        for text in texts:
-            self._starts.append(self._rows)
-            self._rows += self._rows_of(text)
+        width = self._wrap_width
+        # each line's rows: _rows_of, inline (thousands of lines a second)
+        rows = [max(1, -(-min(len(text), MAX_WIDTH) // width)) for text in texts]
+        self._starts.extend(itertools.accumulate(rows, initial=self._rows))
+        self._rows = self._starts.pop()
         # lines the view's bounded buffer let go of
         self._first += max(0, length_before + len(texts) - self.view_length())
         if self._first > 50_000:
@@ -332,4 +359,4 @@ class LogStatus(Static):
         if pane.search_term:
             hint += "  n/N next/prev"
         text.append(hint if worker_count else "", style="dim")
-        self.update(text)
+        self.update(text, layout=False)  # one row whatever it says: no layout of the screen for it

@@ -33,6 +33,7 @@ class RunHeader(Vertical):
         background: $panel;
     }
     RunHeader Static {
+        height: 1;
         text-wrap: nowrap;
         text-overflow: ellipsis;
     }
@@ -48,8 +49,9 @@ class RunHeader(Vertical):
         if theirs:  # another person's run: said first, before the ellipsis can cut it
             title = Text.assemble(Text(f"{theirs}'s ", style="bold magenta"), title, no_wrap=True,
                                   overflow="ellipsis")
-        self.query_one("#run-title", Static).update(title)
-        self.query_one("#run-notes", Static).update(notes_text(snapshot, problem))
+        # a row each whatever they say: no layout of the screen for them (once a second on a large run)
+        self.query_one("#run-title", Static).update(title, layout=False)
+        self.query_one("#run-notes", Static).update(notes_text(snapshot, problem), layout=False)
 
 
 def title_text(run_id: str, snapshot: RunSnapshot | None, problem: str | None) -> Text:
