@@ -93,11 +93,11 @@ def _peak_rss_mib() -> float:
 
 
 async def _start_jobs(fleet, run_id: str, workers: list[int], script: str, args: list[str]) -> None:
-    from tpu_console.fleet import recipes
+    from tpu_console.fleet import run_recipes
 
-    for result in await fleet.run(recipes.prepare_run_dir(run_id), workers, timeout=120):
+    for result in await fleet.run(run_recipes.prepare_run_dir(run_id), workers, timeout=120):
         assert result.ok, result.stderr
-    start = recipes.start_detached(run_id, sys.executable, ["-c", script, *args], {})
+    start = run_recipes.start_detached(run_id, sys.executable, ["-c", script, *args], {})
     for result in await fleet.run(start, workers, timeout=120):
         assert result.ok, result.stderr
 

@@ -255,7 +255,7 @@ def calibrate_part(results: dict, slices: list[str]) -> None:
 
 
 def sweep_part(results: dict) -> None:
-    from tpu_console.experiments.plan import compile_only_sweep
+    from tpu_console.experiments.planning import compile_only_sweep
 
     config = CONFIGS / "qwen25_7b_v4_16.yaml"
     start = time.perf_counter()

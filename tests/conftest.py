@@ -86,7 +86,7 @@ async def local_fleet(local_pod: LocalPod) -> AsyncIterator[Fleet]:
 def planner(monkeypatch):
     """The launch form's plan, stubbed: the real one compiles with libtpu in a subprocess (tests/trainer/
     test_plan.py and tests/console/cli/test_plan.py run it). Set `planner.status` to choose the answer."""
-    from tpu_console.experiments import plan as planning
+    from tpu_console.experiments import planning
 
     class Stub:
         status, verdict = "unavailable", "stubbed in this test"

@@ -125,7 +125,7 @@ async def sweep(args: argparse.Namespace, settings: Settings, providers: dict[st
 
 
 async def _compile_only_sweep(args: argparse.Namespace, providers: dict[str, Provider]) -> int:
-    from tpu_console.experiments.plan import compile_only_sweep
+    from tpu_console.experiments.planning import compile_only_sweep
     from tpu_console.launch.job_kinds import validate_config
 
     config = validate_config(args.config, args.overrides)  # a bad config is one line, before any plan
@@ -151,7 +151,7 @@ async def _compile_only_sweep(args: argparse.Namespace, providers: dict[str, Pro
 
 
 async def plan(args: argparse.Namespace, settings: Settings, providers: dict[str, Provider]) -> int:
-    from tpu_console.experiments.plan import plan as make_plan
+    from tpu_console.experiments.planning import plan as make_plan
     from tpu_console.launch.job_kinds import validate_config
 
     config = validate_config(args.config, args.overrides)  # a bad config is one line, before any plan
@@ -176,7 +176,7 @@ async def plan(args: argparse.Namespace, settings: Settings, providers: dict[str
 async def _tpu_type(args: argparse.Namespace, providers: dict[str, Provider]) -> tuple[str, int]:
     """The TPU type to plan for and how many slices of it: --type T's and --slices N, or the node's (a local
     pod's rehearsed type)."""
-    from tpu_console.experiments.plan import tpu_type_for
+    from tpu_console.experiments.planning import tpu_type_for
 
     if bool(args.node) == bool(args.accelerator_type):
         raise UserError("give a node or --type T (e.g. --type v6e-16), one of them")

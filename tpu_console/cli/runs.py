@@ -266,9 +266,9 @@ def _first_positional(argv: Sequence[str]) -> int | None:
 
 
 def plan_check(enabled: bool) -> Callable[[ValidatedConfig, Node], Awaitable[None]] | None:
-    """launch's check of the TPU compiler's plan (experiments/plan.py `launch_check`); None with
+    """launch's check of the TPU compiler's plan (experiments/planning.py `launch_check`); None with
     --no-plan-check."""
-    from tpu_console.experiments.plan import launch_check
+    from tpu_console.experiments.planning import launch_check
 
     return launch_check(output.progress) if enabled else None
 

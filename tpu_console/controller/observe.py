@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from tpu_console.domain import Node, NodeState, QueuedRequest
 from tpu_console.errors import NotFound, one_line
 from tpu_console.fleet.fleet import Fleet
-from tpu_console.fleet.recipes import RUNS_DIR
+from tpu_console.fleet.run_recipes import RUNS_DIR
 from tpu_console.history import discovery
 from tpu_console.history.store import RunStore
 from tpu_console.observe import lookup

@@ -41,7 +41,7 @@ from tpu_console.fleet.preflight import require_all_reachable
 from tpu_console.history import bucket_record
 from tpu_console.providers.base import Progress, no_progress
 from tpu_console.providers.ssh import SshProvider, parse_host
-from tpu_console.provision import recipes
+from tpu_console.provision import worker_recipes
 from tpu_console.provision.bootstrap import (
     BOOTSTRAP_TIMEOUT_S,
     checked_python_version,
@@ -54,7 +54,7 @@ from tpu_console.provision.requirements import environment_digest
 from tpu_console.provision.steps import console_site_packages, run_on_workers
 from tpu_console.settings import Settings, SshNodeSettings, SshSettings
 
-ROOT = f"{recipes.ROOT}/controller"  # relative to the host's home
+ROOT = f"{worker_recipes.ROOT}/controller"  # relative to the host's home
 HOME_DIR = f"{ROOT}/home"
 CODE_DIR = f"{ROOT}/code"
 # What the checkout's wheel is built from: enough to install it, and for the controller there to build it.
@@ -180,8 +180,9 @@ def _home(relative: str) -> str:
 def controller_command(verb: list[str], where: str = "") -> str:
     """`tpu-console controller VERB` as the console installed there runs it, with its own home."""
     named = f"{daemon.WHERE_ENV}={shlex.quote(where)} " if where else ""
-    python = _home(f"{recipes.ENV_DIR}/bin/python")
-    return (f"if [ ! -x {python} ]; then echo 'no controller installed there: no ~/{recipes.ENV_DIR}'; "
+    python = _home(f"{worker_recipes.ENV_DIR}/bin/python")
+    env_dir = worker_recipes.ENV_DIR
+    return (f"if [ ! -x {python} ]; then echo 'no controller installed there: no ~/{env_dir}'; "
             f"exit 3; fi; cd && TPU_CONSOLE_HOME={_home(HOME_DIR)} {named}{python} -m tpu_console controller "
             + " ".join(shlex.quote(part) for part in verb))
 
@@ -191,7 +192,7 @@ def install_code(digest: str) -> str:
     dependencies, with the installer bootstrap chose (uv, else pip)."""
     code = _home(f"{CODE_DIR}/{digest}")
     return (
-        f"( env={_home(recipes.ENV_DIR)}; code={code}\n"
+        f"( env={_home(worker_recipes.ENV_DIR)}; code={code}\n"
         'if [ ! -f "$code/pyproject.toml" ]; then rm -rf "$code.tmp" && mkdir -p "$code.tmp" && '
         'tar -xzf "$code.tar.gz" -C "$code.tmp" && mv "$code.tmp" "$code" || exit 21; fi\n'
         'rm -f "$code.tar.gz"\n'
@@ -220,7 +221,7 @@ async def start_on(settings: Settings, host: RemoteHost, *, detached: bool = Fal
     version = console_python_version() if linked else checked_python_version(settings.workers.python)
     requirements = console_requirements(packed.root)
     spec = f"{'==' if linked else '>='}{version}"
-    command, script = recipes.bootstrap(
+    command, script = worker_recipes.bootstrap(
         None, version, requirements, environment_digest(requirements, spec, linked), exact=linked is not None,
         link_site_packages=linked, link_tools=console_tools() if linked else (),
         install_mirror=settings.workers.python_install_mirror)

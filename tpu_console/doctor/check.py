@@ -36,13 +36,13 @@ from tpu_console.domain import Node
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.port_check import problem_line, unreachable_ports
 from tpu_console.fleet.preflight import open_node, unreachable_workers
-from tpu_console.fleet.recipes import python_word
 from tpu_console.fleet.results import WorkerLine
+from tpu_console.fleet.run_recipes import python_word
 from tpu_console.history.run_id import new_run_id
 from tpu_console.launch import job_ports
 from tpu_console.launch.start import launch_env
 from tpu_console.providers.base import Provider
-from tpu_console.provision.recipes import ENV_PYTHON
+from tpu_console.provision.worker_recipes import ENV_PYTHON
 
 PROGRAM = "doctor_check.py"
 PROGRAM_SOURCE = worker.source(PROGRAM)

@@ -20,7 +20,7 @@ from typing import Any
 from tpu_console.errors import UserError
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.preflight import open_node, require_all_reachable
-from tpu_console.fleet.recipes import python_word
+from tpu_console.fleet.run_recipes import python_word
 from tpu_console.launch.start import launch_env
 from tpu_console.providers.base import Provider, no_progress
 from tpu_console.provision.worker_inspection import inspect_workers, worker_python

@@ -4,7 +4,7 @@ run's evidence after its node is deleted (a spot VM may be gone an hour later).
     $TPU_CONSOLE_HOME/archive/<run_id>/worker-<i>/output.log
     $TPU_CONSOLE_HOME/archive/<run_id>/worker-<i>/events.jsonl
 
-The files travel through the same byte-offset reads as `logs` (fleet/recipes.py `tail_log`), a chunk at a
+The files travel through the same byte-offset reads as `logs` (fleet/run_recipes.py `tail_log`), a chunk at a
 time, so a large log never sits in memory whole, and every line is masked (tpu_console/secrets.py) before
 it is written: a value from `.env` that a job printed is stored as `***`.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpu_console import locations
-from tpu_console.fleet import recipes
+from tpu_console.fleet import run_recipes
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.history.events import Event, EventSummary, StepMetrics, parse_event_line
 from tpu_console.history.tail import TailCursor, parse_chunk
@@ -78,7 +78,7 @@ async def _copy(
     tmp = local.with_suffix(local.suffix + ".part")
     with tmp.open("w", encoding="utf-8") as out:
         while True:
-            command = recipes.tail_log(run_id, offset=cursor.offset, max_bytes=CHUNK_BYTES, file=name)
+            command = run_recipes.tail_log(run_id, offset=cursor.offset, max_bytes=CHUNK_BYTES, file=name)
             (answer,) = await fleet.run(command, [worker], timeout=120)
             chunk = parse_chunk(answer.stdout) if answer.ok else None
             if chunk is None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from tpu_console.errors import NotFound, UserError
 from tpu_console.fleet.fleet import Fleet
-from tpu_console.fleet.recipes import _MARK_PRINTF, MARK, RUNS_DIR
+from tpu_console.fleet.run_recipes import _MARK_PRINTF, MARK, RUNS_DIR
 from tpu_console.history.run_id import is_run_id
 from tpu_console.history.store import RunRecord, RunStore
 from tpu_console.providers.base import Provider

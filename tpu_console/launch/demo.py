@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tpu_console.domain import Node
 from tpu_console.errors import UserError
-from tpu_console.fleet import recipes
+from tpu_console.fleet import run_recipes
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.preflight import open_node, require_all_reachable
 from tpu_console.launch.inputs import job_inputs
@@ -73,6 +73,6 @@ async def make_tiny_inputs(
         await require_all_reachable(fleet, node_name, workers, "nothing was made")
         interpreter = python or worker_python(provider, await inspect_workers(fleet, workers))
         progress(f"{node.name}: the tiny model and data on {len(workers)} worker(s) where missing")
-        command = recipes.make_tiny_inputs(interpreter, paths["model_path"], paths["data.path"])
+        command = run_recipes.make_tiny_inputs(interpreter, paths["model_path"], paths["data.path"])
         setups = await run_on_workers(fleet, command, workers, timeout=600, on_worker=on_worker)
     return DemoResult(node, paths["model_path"], paths["data.path"], setups)

@@ -15,7 +15,7 @@ from typing import Any
 
 from tpu_console.domain import Node
 from tpu_console.errors import UserError
-from tpu_console.fleet import recipes
+from tpu_console.fleet import run_recipes
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.launch.inputs import job_inputs, refuse_missing
 from tpu_console.launch.job_spec import JobSpec, MetricsSpec
@@ -23,9 +23,9 @@ from tpu_console.observe.supervision import SupervisionPolicy
 from tpu_console.providers.base import Provider
 from tpu_console.provision.project_setup import stale_requirements, stale_setup
 from tpu_console.provision.project_sync import changed_since_sync, project_path_in
-from tpu_console.provision.recipes import ENV_DIR, ENV_PYTHON
 from tpu_console.provision.report import WorkerReport, mismatches
 from tpu_console.provision.worker_inspection import inspect_workers, worker_python
+from tpu_console.provision.worker_recipes import ENV_DIR, ENV_PYTHON
 from tpu_console.secrets import parse_env
 
 TRAINER_ARGS = ("-m", "trainer", "--config", "config.yaml", "--run-dir", ".")
@@ -103,7 +103,7 @@ class PreparedJob:
         return {
             "kind": self.kind,
             "command": self.argv,
-            "cwd": self.cwd or recipes.run_dir(run_id),
+            "cwd": self.cwd or run_recipes.run_dir(run_id),
             "env_dir": self.env_dir,
             "project": self.project,
             "setup": self.setup,
@@ -289,7 +289,7 @@ class TrainerKind:
 
     async def prepare(self, provider: Provider, node: Node, fleet: Fleet, selected: list[int],
                       env_data: bytes | None) -> PreparedJob:
-        reports = await inspect_workers(fleet, selected, also=recipes.check_inputs(
+        reports = await inspect_workers(fleet, selected, also=run_recipes.check_inputs(
             [(i.key, i.path, i.need) for i in self.needed]))
         refuse_unready(node, reports, self.config, env_data, self.python, self.check_code)
         refuse_missing(node, self.needed, {r.worker: r.inputs for r in reports})

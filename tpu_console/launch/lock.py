@@ -29,7 +29,7 @@ from typing import Any
 from tpu_console.domain import Node
 from tpu_console.errors import UserError
 from tpu_console.fleet.fleet import Fleet
-from tpu_console.fleet.recipes import RUNS_DIR
+from tpu_console.fleet.run_recipes import RUNS_DIR
 from tpu_console.history import ownership
 
 LOCK_DIR = "tpu-console/launch.lock"  # relative to the worker's home

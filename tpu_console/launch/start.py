@@ -29,7 +29,7 @@ from typing import Any
 from tpu_console import secrets
 from tpu_console.domain import Node
 from tpu_console.errors import UserError
-from tpu_console.fleet import recipes
+from tpu_console.fleet import run_recipes
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.preflight import open_node, require_all_reachable
 from tpu_console.fleet.selection import parse_worker_selection
@@ -50,7 +50,7 @@ from tpu_console.observe import supervision
 from tpu_console.observe.supervision import SupervisionPolicy
 from tpu_console.pricing import price_per_hour
 from tpu_console.providers.base import Provider, no_progress
-from tpu_console.provision import recipes as provision_recipes
+from tpu_console.provision import worker_recipes as provision_recipes
 from tpu_console.provision.code_sync import ENV_FILE as SYNCED_ENV_FILE
 from tpu_console.provision.code_sync import code_version
 from tpu_console.provision.steps import ignore_worker, run_on_workers
@@ -236,7 +236,7 @@ async def launch(
     `[supervisor]` when None); `webhook_url` is where it sends notifications (uploaded 0600 to the
     supervisor's worker only).
     `before_send` runs once the config and the node's shape are checked, before any worker is reached:
-    a check of the caller's (the plan's fit, experiments/plan.py) that refuses by raising UserError.
+    a check of the caller's (the plan's fit, experiments/planning.py) that refuses by raising UserError.
     `slices` (a multislice node's slice indices, in order): run on every host of those slices only, as a
     run of that many slices (multislice.slices_env; the shape checks and `before_send` see that node), in
     place of `workers`; a command only when its job is `elastic`.
@@ -344,9 +344,10 @@ async def _start_run(
         starts = await _start(fleet, run_id, selected, envs, prepared, supervisor_python)
         if not all(s.ok for s in starts):
             await _undo(fleet, run_id, [s.worker for s in starts if s.ok], stop_grace_s)
-            await fleet.run(recipes.stop_supervisor(run_id), [selected[0]], timeout=30)
+            await fleet.run(run_recipes.stop_supervisor(run_id), [selected[0]], timeout=30)
     _record(store, record, starts)
-    return LaunchResult(run_id, node, selected, starts, prepared.digest, recipes.run_dir(run_id), job_record)
+    return LaunchResult(run_id, node, selected, starts, prepared.digest, run_recipes.run_dir(run_id),
+                        job_record)
 
 
 async def _prepare(
@@ -362,14 +363,14 @@ async def _prepare(
     run_id, workers = launch.run_id, launch.workers
     # Without --env-file, the .env that `sync --env-file` left on the worker (if any) goes with the run.
     made = await fleet.run(
-        recipes.prepare_run_dir(run_id, copy_env_from=None if env_data else SYNCED_ENV_FILE),
+        run_recipes.prepare_run_dir(run_id, copy_env_from=None if env_data else SYNCED_ENV_FILE),
         workers,
         timeout=60,
     )
     problems = {r.worker: r.error or r.stderr.strip() or f"exit {r.exit_status}" for r in made if not r.ok}
     if problems:
         return problems
-    folder = recipes.run_dir(run_id)
+    folder = run_recipes.run_dir(run_id)
     synced_env = any("env=synced" in r.stdout for r in made)
     uploads = [fleet.put(content, f"{folder}/{name}", workers, mode=0o644)
                for name, content in prepared.files.items()]
@@ -382,17 +383,19 @@ async def _prepare(
     if plan is not None:
         uploads.append(fleet.put(json.dumps(plan, indent=2).encode() + b"\n",
                                  f"{folder}/{supervision.PLAN_FILE}", workers, mode=0o600))
-        uploads.append(fleet.put(recipes.RUNNER_SOURCE, f"{folder}/{RUNNER}", workers, mode=0o644))
-        uploads.append(fleet.put(recipes.RUN_RECORD_SOURCE, f"{folder}/{RUN_RECORD}", workers, mode=0o644))
-        uploads.append(fleet.put(recipes.STEP_LINES_SOURCE, f"{folder}/{STEP_LINES}", workers, mode=0o644))
-        uploads.append(fleet.put(recipes.STEP_FORMATS_SOURCE, f"{folder}/{STEP_FORMATS}", workers,
+        uploads.append(fleet.put(run_recipes.RUNNER_SOURCE, f"{folder}/{RUNNER}", workers, mode=0o644))
+        uploads.append(fleet.put(run_recipes.RUN_RECORD_SOURCE, f"{folder}/{RUN_RECORD}", workers,
                                  mode=0o644))
-        uploads.append(fleet.put(recipes.LOG_TIMESTAMPS_SOURCE, f"{folder}/{LOG_TIMESTAMPS}", workers,
+        uploads.append(fleet.put(run_recipes.STEP_LINES_SOURCE, f"{folder}/{STEP_LINES}", workers,
                                  mode=0o644))
-        uploads.append(fleet.put(recipes.PREEMPTION_NOTICE_SOURCE, f"{folder}/{PREEMPTION_NOTICE}", workers,
+        uploads.append(fleet.put(run_recipes.STEP_FORMATS_SOURCE, f"{folder}/{STEP_FORMATS}", workers,
                                  mode=0o644))
+        uploads.append(fleet.put(run_recipes.LOG_TIMESTAMPS_SOURCE, f"{folder}/{LOG_TIMESTAMPS}", workers,
+                                 mode=0o644))
+        uploads.append(fleet.put(run_recipes.PREEMPTION_NOTICE_SOURCE, f"{folder}/{PREEMPTION_NOTICE}",
+                                 workers, mode=0o644))
         first = workers[:1]  # the supervisor's worker
-        uploads.append(fleet.put(recipes.SUPERVISOR_SOURCE, f"{folder}/{SUPERVISOR}", first, mode=0o644))
+        uploads.append(fleet.put(run_recipes.SUPERVISOR_SOURCE, f"{folder}/{SUPERVISOR}", first, mode=0o644))
         if webhook_url:
             notify = supervision.notify_file(webhook_url)
             uploads.append(fleet.put(notify, f"{folder}/{supervision.NOTIFY_FILE}", first, mode=0o600))
@@ -407,7 +410,7 @@ async def _start_supervisor(
     fleet: Fleet, run_id: str, worker: int, python: str, host: str
 ) -> str | dict[int, str]:
     """Start the run's supervisor on `worker`: the address the jobs report to, or the problem."""
-    (result,) = await fleet.run(recipes.start_supervisor(run_id, python), [worker], timeout=60)
+    (result,) = await fleet.run(run_recipes.start_supervisor(run_id, python), [worker], timeout=60)
     port = next((line[5:] for line in result.stdout.splitlines() if line.startswith("port=")), "")
     if not result.ok or not port.isdigit():
         said = result.stderr.strip().splitlines()
@@ -423,7 +426,7 @@ async def _start(
     job_args = (RUNNER, "--", *prepared.argv)  # the runner starts it in launch.json's job "cwd"
 
     async def start_one(worker: int) -> WorkerStart:
-        command = recipes.start_detached(
+        command = run_recipes.start_detached(
             run_id, runner_python, job_args, envs[worker], home_env=prepared.home_env,
             home_prepend=prepared.home_prepend,
         )
@@ -446,7 +449,7 @@ async def _start(
 async def _undo(fleet: Fleet, run_id: str, started: list[int], grace_s: float) -> None:
     """Stop the workers that did start when others did not: a partial pod would only wait and time out."""
     if started:
-        await fleet.run(recipes.stop_run(run_id, grace_s), started, timeout=grace_s + 30)
+        await fleet.run(run_recipes.stop_run(run_id, grace_s), started, timeout=grace_s + 30)
 
 
 def _record(store: RunStore, record: RunRecord, starts: list[WorkerStart]) -> None:

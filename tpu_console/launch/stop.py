@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpu_console.errors import UserError
-from tpu_console.fleet import recipes
+from tpu_console.fleet import run_recipes
 from tpu_console.history.run_id import check_run_id
 from tpu_console.history.store import RunStore
 from tpu_console.launch import lock as launch_lock
@@ -37,7 +37,7 @@ async def stop(
         record = store.get(record.run_id)
         workers = [w for w in record.workers if w in reach.fleet.targets]
         results = await reach.fleet.run(
-            recipes.stop_run(record.run_id, grace_s), workers, timeout=grace_s + 30
+            run_recipes.stop_run(record.run_id, grace_s), workers, timeout=grace_s + 30
         )
         stops = [
             _stop_outcome(r.worker, r.stdout, r.error or (None if r.ok else last_line(r.stderr, "failed")))

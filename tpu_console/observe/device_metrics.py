@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from tpu_console.domain import Node
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.preflight import open_node, require_all_reachable
-from tpu_console.fleet.recipes import LIBTPU_METRICS_ADDRESS, libtpu_metrics
+from tpu_console.fleet.run_recipes import LIBTPU_METRICS_ADDRESS, libtpu_metrics
 from tpu_console.fleet.selection import parse_worker_selection
 from tpu_console.providers.base import Provider
 from tpu_console.provision.worker_inspection import inspect_workers, worker_python

@@ -37,7 +37,7 @@ from typing import Any
 
 from tpu_console import locations
 from tpu_console.errors import Unreachable, one_line
-from tpu_console.fleet import recipes
+from tpu_console.fleet import run_recipes
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.history.archive import archived_last_steps_in
 from tpu_console.history.events import Event, StepMetrics
@@ -84,7 +84,7 @@ def written_by_run(run_id: str, folder: str, tests: str, action: str) -> str:
     where the folder or the run's folder is missing."""
     where = '"$HOME"/' + shlex.quote(folder) if not folder.startswith("/") else shlex.quote(folder)
     find = f'find . {tests} -newer "$run/launch.json"'
-    return (f'( run="$HOME"/{shlex.quote(recipes.run_dir(run_id))}; [ -e "$run/launch.json" ] || exit 0; '
+    return (f'( run="$HOME"/{shlex.quote(run_recipes.run_dir(run_id))}; [ -e "$run/launch.json" ] || exit 0; '
             f"cd {where} 2>/dev/null || exit 0; "
             f'if [ -e "$run/exit" ]; then {find} ! -newer "$run/exit" {action}; else {find} {action}; fi '
             "2>/dev/null; exit 0 )")

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from tpu_console.fleet import recipes
+from tpu_console.fleet import run_recipes
 from tpu_console.history.events import Event, parse_events
 from tpu_console.history.goodput import (
     Goodput,
@@ -134,7 +134,7 @@ async def live_events(providers: dict[str, Provider], record: RunRecord) -> dict
             return None
         worker = record.workers[0]
         (result,) = await reached.fleet.run(
-            recipes.read_run_file(record.run_id, EVENTS, MAX_EVENTS_BYTES), [worker], timeout=120
+            run_recipes.read_run_file(record.run_id, EVENTS, MAX_EVENTS_BYTES), [worker], timeout=120
         )
     if not result.ok:
         return None

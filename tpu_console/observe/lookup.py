@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tpu_console.errors import UserError
-from tpu_console.fleet import recipes
+from tpu_console.fleet import run_recipes
 from tpu_console.fleet.selection import parse_worker_selection
 from tpu_console.history.archive import archived_events_in
 from tpu_console.history.run_id import check_run_id
@@ -157,7 +157,7 @@ async def probe_records(
             for r in records
         ]
     workers = sorted({w for r in records for w in r.workers if w in reach.fleet.targets})
-    command = recipes.probe_runs([r.run_id for r in records], events_tail_bytes, log_tail_lines,
+    command = run_recipes.probe_runs([r.run_id for r in records], events_tail_bytes, log_tail_lines,
                                  decisions_bytes=DECISIONS_TAIL_BYTES if decisions else 0)
     results = await reach.fleet.run(command, workers, timeout=60)
     said: dict[str, list[Decision]] = {}  # the supervisor's decisions, from its worker (the run's first)
@@ -277,9 +277,9 @@ async def logs(
         async def read(worker: int, first: bool) -> None:
             cursor = cursors[worker]
             if first and lines is not None:
-                tail = recipes.tail_log(record.run_id, lines=lines)
+                tail = run_recipes.tail_log(record.run_id, lines=lines)
             else:
-                tail = recipes.tail_log(record.run_id, offset=cursor.offset, max_bytes=cursor.max_bytes)
+                tail = run_recipes.tail_log(record.run_id, offset=cursor.offset, max_bytes=cursor.max_bytes)
             (result,) = await fleet.run(tail, [worker], timeout=60)
             chunk = parse_chunk(result.stdout) if result.ok else None
             if chunk is None:  # unreachable, or no log to read: the closing probe says which
@@ -333,7 +333,7 @@ async def supervisor_decisions(providers: dict[str, Provider], record: RunRecord
         if reached.fleet is None or not record.workers:
             return None
         (result,) = await reached.fleet.run(
-            recipes.read_run_file(record.run_id, DECISIONS_FILE), [record.workers[0]], timeout=30
+            run_recipes.read_run_file(record.run_id, DECISIONS_FILE), [record.workers[0]], timeout=30
         )
     return parse_decisions(result.stdout) if result.ok else None
 

@@ -1,11 +1,11 @@
 """Reading what one worker says about each of its runs: the run follower's single look (worker/run_follower.py
-`--once`, sent by fleet/recipes.py's `probe_runs`), and its state lines while it follows a run."""
+`--once`, sent by fleet/run_recipes.py's `probe_runs`), and its state lines while it follows a run."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from tpu_console.fleet.recipes import MARK
+from tpu_console.fleet.run_recipes import MARK
 from tpu_console.history.events import Event, parse_events
 
 

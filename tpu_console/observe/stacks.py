@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tpu_console.domain import worker_slices
 from tpu_console.errors import Unreachable, UserError, one_line
-from tpu_console.fleet import recipes
+from tpu_console.fleet import run_recipes
 from tpu_console.history.store import RunRecord
 from tpu_console.observe.device_metrics import WorkerDeviceMetrics, read_device_metrics
 from tpu_console.observe.reach import NodeWorkers, reach_node
@@ -167,7 +167,7 @@ def dump_stacks_py_spy(run_id: str, py_spy: Sequence[str], wait_s: float = 5.0) 
     -n` is tried when ptrace is refused. Prints `state=answered` and the dump base64-encoded on one line,
     `state=no-py-spy`, `state=failed` and py-spy's last line, `state=starting` (no job.pid yet),
     `state=ended` or `state=missing`."""
-    d = _home_word(recipes.run_dir(run_id))
+    d = _home_word(run_recipes.run_dir(run_id))
     candidates = " ".join(_home_word(c[2:]) if c.startswith("~/") else shlex.quote(c) for c in py_spy)
     timeout = max(1, int(wait_s))
     return (
@@ -288,7 +288,7 @@ def parse_answer(worker: int, stdout: str, error: str | None) -> WorkerStacks:
 
 
 async def collect_stacks(providers: dict[str, Provider], record: RunRecord, wait_s: float = 5.0,
-                         address: str = recipes.LIBTPU_METRICS_ADDRESS) -> RunStacks:
+                         address: str = run_recipes.LIBTPU_METRICS_ADDRESS) -> RunStacks:
     """Every worker's stacks of `record`'s run, grouped, with libtpu's view of its chips; a UserError-free
     answer even for a node that is gone (every worker silent, saying why)."""
     async with reach_node(providers, record.node) as reached:
@@ -297,7 +297,7 @@ async def collect_stacks(providers: dict[str, Provider], record: RunRecord, wait
                                                                   for w in record.workers})
         py_spy = is_command_job(record)
         ask = (dump_stacks_py_spy(record.run_id, py_spy_places(record), wait_s) if py_spy
-               else recipes.request_stacks(record.run_id, wait_s))
+               else run_recipes.request_stacks(record.run_id, wait_s))
         results, devices = await asyncio.gather(
             reached.fleet.run(ask, record.workers, timeout=wait_s + 30),
             _device_state(reached, record.workers, address),

@@ -47,7 +47,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from tpu_console.errors import UserError
-from tpu_console.fleet import recipes
+from tpu_console.fleet import run_recipes
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.results import WorkerLine
 from tpu_console.history.events import Event, EventSummary, parse_event_line
@@ -349,8 +349,8 @@ class RunWatch:
             offsets[LOG] = stream.log.offset
         if stream.worker == self.record.workers[0]:  # where the run's supervisor writes
             offsets[SUPERVISOR] = stream.decisions_cursor.offset
-        follower = recipes.follow_run(self.record.run_id, offsets, self.poll_s, PROBE_EVERY_S, self.max_bytes,
-                                      last_lines=last_lines)
+        follower = run_recipes.follow_run(self.record.run_id, offsets, self.poll_s, PROBE_EVERY_S,
+                                          self.max_bytes, last_lines=last_lines)
         loop = asyncio.get_running_loop()
         follow = _Follow(heard=loop.time())
 

@@ -19,7 +19,7 @@ from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.preflight import open_node, require_all_reachable
 from tpu_console.fleet.selection import parse_worker_selection
 from tpu_console.providers.base import Progress, Provider, no_progress
-from tpu_console.provision import recipes
+from tpu_console.provision import worker_recipes
 from tpu_console.provision.requirements import JaxFlavour, environment_digest, trainer_requirements
 from tpu_console.provision.steps import (
     OnWorker,
@@ -93,7 +93,7 @@ async def bootstrap_node(
         version = console_python_version()
     requirements = trainer_requirements(flavour)
     spec = python or f"{'==' if exact else '>='}{version}"
-    command, script = recipes.bootstrap(
+    command, script = worker_recipes.bootstrap(
         python, version, requirements, environment_digest(requirements, spec, linked),
         exact=exact, link_site_packages=linked, link_tools=console_tools() if linked else (),
         force=force, install_mirror=mirror,

@@ -30,11 +30,11 @@ from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.preflight import open_node, require_all_reachable
 from tpu_console.fleet.selection import parse_worker_selection
 from tpu_console.providers.base import Progress, Provider, no_progress
-from tpu_console.provision import recipes
+from tpu_console.provision import worker_recipes
 from tpu_console.provision.report import WorkerReport
 from tpu_console.provision.steps import OnWorker, SetupResult, WorkerSetup, ignore_worker, run_on_workers
 
-ENV_FILE = recipes.ENV_FILE  # where sync puts the secrets; launch copies them into each run
+ENV_FILE = worker_recipes.ENV_FILE  # where sync puts the secrets; launch copies them into each run
 SYNC_TIMEOUT_S = 600.0
 
 
@@ -162,8 +162,8 @@ async def sync_node(
                 f"{node.name}: {wheel.path.name} at {str(wheel.git_sha or 'no git')[:12]} ({state}), "
                 f"uploading to {len(selected)} worker(s)"
             )
-            uploads = await fleet.put(wheel.path, f"{recipes.WHEELS_DIR}/{wheel.path.name}", selected)
-            command = recipes.install_wheel(wheel.path.name, wheel.code_json())
+            uploads = await fleet.put(wheel.path, f"{worker_recipes.WHEELS_DIR}/{wheel.path.name}", selected)
+            command = worker_recipes.install_wheel(wheel.path.name, wheel.code_json())
             failed = {r.worker: r.error or "upload failed" for r in uploads if not r.ok}
             if env_data is not None:
                 put = await fleet.put(env_data, ENV_FILE, selected, mode=0o600)

@@ -1,6 +1,6 @@
 """Shell recipes for a project of your own on the workers: its synced tree (`sync --dir`, `sync --git`) and
 its setup environment (`setup`). Each function returns one bash command built with `shlex.quote` from data,
-like tpu_console/provision/recipes.py, whose layout under `~/tpu-console/` this extends:
+like tpu_console/provision/worker_recipes.py, whose layout under `~/tpu-console/` this extends:
 
     projects/<digest>/    a synced project tree, content-addressed, never modified by the console again
     project.json          the current project (source, digest, dir, name, git_sha, dirty, url, branch)
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import shlex
 
-from tpu_console.provision.recipes import (
+from tpu_console.provision.worker_recipes import (
     PROJECT_FILE,
     PROJECTS_DIR,
     ROOT,

@@ -25,8 +25,8 @@ from tpu_console.providers.base import Progress, Provider, no_progress
 from tpu_console.provision import worker_setup
 from tpu_console.provision.bootstrap import checked_python_version
 from tpu_console.provision.project_sync import synced_file_hashes
-from tpu_console.provision.recipes import PYTHON_FILE, _home
 from tpu_console.provision.steps import OnWorker, SetupResult, ignore_worker, run_on_workers
+from tpu_console.provision.worker_recipes import PYTHON_FILE, _home
 
 SETUP_TIMEOUT_S = 3600.0  # a first `pip install -r` of a JAX project downloads gigabytes
 

@@ -42,9 +42,9 @@ from tpu_console.fleet.preflight import open_node, require_all_reachable
 from tpu_console.fleet.selection import parse_worker_selection
 from tpu_console.providers.base import Progress, Provider, no_progress
 from tpu_console.provision import project_recipes
-from tpu_console.provision.recipes import ENV_FILE, PROJECTS_DIR
 from tpu_console.provision.report import WorkerReport
 from tpu_console.provision.steps import OnWorker, SetupResult, WorkerSetup, ignore_worker, run_on_workers
+from tpu_console.provision.worker_recipes import ENV_FILE, PROJECTS_DIR
 
 SYNC_TIMEOUT_S = 600.0
 

@@ -8,9 +8,9 @@ import sys
 from tpu_console.errors import UserError
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.providers.base import Provider
-from tpu_console.provision import recipes as provision_recipes
-from tpu_console.provision.recipes import ENV_PYTHON
+from tpu_console.provision import worker_recipes as provision_recipes
 from tpu_console.provision.report import WorkerReport
+from tpu_console.provision.worker_recipes import ENV_PYTHON
 
 
 def default_python(provider: Provider) -> str:

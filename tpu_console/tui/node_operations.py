@@ -96,7 +96,7 @@ async def sync(providers: Providers, node: Node, order: SyncOrder, say: Say) -> 
 async def launch(providers: Providers, node: Node, order: LaunchOrder, say: Say, *, store: RunStore | None,
                  webhook_url: str | None):
     """Launch the order's run on every worker; returns the launch's result (its run id, its workers)."""
-    from tpu_console.experiments.plan import launch_check
+    from tpu_console.experiments.planning import launch_check
     from tpu_console.launch.start import launch as launch_run
 
     if order.make_inputs:

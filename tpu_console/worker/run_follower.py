@@ -21,7 +21,7 @@ It writes one line per record on stdout, flushed as it goes:
     E                                        the job has ended and every file was read to its end: the last
 
 A single look, `--once RUNS_DIR EVENTS_TAIL_BYTES LOG_TAIL_LINES DECISIONS_BYTES RUN_ID...`
-(fleet/recipes.py, `probe_runs`), prints for each run, then exits:
+(fleet/run_recipes.py, `probe_runs`), prints for each run, then exits:
 
     <RS>run <id>                             RS: the record separator, \x1e (no JSON line holds it raw)
     <status>                                 as in `P` above
@@ -187,7 +187,7 @@ def _write(out, records):
     out.flush()
 
 
-MARK = b"\x1e"  # fleet/recipes.py's MARK: separates a single look's sections
+MARK = b"\x1e"  # fleet/run_recipes.py's MARK: separates a single look's sections
 DECISIONS_FILE = "supervisor.jsonl"  # the run's supervisor's decisions (supervisor.py)
 
 

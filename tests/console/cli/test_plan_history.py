@@ -12,7 +12,7 @@ import pytest
 
 from tests.console.launch.test_local import fake_trainer, run
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
-from tpu_console.experiments.plan import measured_longest_rows
+from tpu_console.experiments.planning import measured_longest_rows
 from tpu_console.history.store import RunRecord, RunStore
 from tpu_console.launch.job_kinds import validate_config
 
@@ -39,7 +39,7 @@ def test_without_libtpu_plan_says_cannot_plan_here_once(tmp_path, config, capsys
     assert lines[-1].startswith("error: cannot plan here: libtpu is not installed")
     assert lines[-1].count("cannot plan here") == 1 and "pip install" in lines[-1]
     # The launch form's line says it once too.
-    from tpu_console.experiments.plan import PlanOutcome
+    from tpu_console.experiments.planning import PlanOutcome
 
     summary = PlanOutcome("v6e-8", "unavailable", "libtpu is not installed; pip install ...").summary()
     assert summary == "v6e-8: cannot plan here: libtpu is not installed; pip install ..."

@@ -59,7 +59,7 @@ def test_the_memory_bench_names_the_error_event_or_else_the_last_output_line():
 def test_a_compile_only_sweep_on_several_slices_tries_only_what_all_their_hosts_divide():
     from pathlib import Path
 
-    from tpu_console.experiments.plan import slice_candidates
+    from tpu_console.experiments.planning import slice_candidates
 
     config = Path(__file__).resolve().parents[3] / "trainer" / "configs" / "qwen25_3b_v6e16_bench.yaml"
     one = slice_candidates(config, [], "rollout.batch_size", "v6e-16", 16)

@@ -16,7 +16,7 @@ import pytest
 
 from tests.processes import pid_alive, wait_for
 from tpu_console.errors import NotFound, UserError
-from tpu_console.fleet import recipes
+from tpu_console.fleet import run_recipes
 from tpu_console.fleet.program import PythonProgram
 from tpu_console.history.events import EventSummary, parse_event_line, parse_events
 from tpu_console.history.run_id import check_run_id, is_run_id, new_run_id, started_at
@@ -90,18 +90,18 @@ def write_fake(path: Path, body: str) -> Path:
 
 
 def test_prepare_makes_a_private_folder_once(tmp_path):
-    assert bash(recipes.prepare_run_dir(RUN), tmp_path).returncode == 0
-    folder = tmp_path / recipes.run_dir(RUN)
+    assert bash(run_recipes.prepare_run_dir(RUN), tmp_path).returncode == 0
+    folder = tmp_path / run_recipes.run_dir(RUN)
     assert folder.is_dir() and (folder.stat().st_mode & 0o777) == 0o700
-    again = bash(recipes.prepare_run_dir(RUN), tmp_path)
+    again = bash(run_recipes.prepare_run_dir(RUN), tmp_path)
     assert again.returncode == 3 and "already exists" in again.stderr
 
 
 def test_start_runs_detached_records_pgid_output_and_exit(tmp_path):
     fake = write_fake(tmp_path / "fake py", 'echo "args=$*"; echo "v=$HOSTILE_VAR"; echo oops >&2; exit 7\n')
-    bash(recipes.prepare_run_dir(RUN), tmp_path)
-    folder = tmp_path / recipes.run_dir(RUN)
-    command = recipes.start_detached(RUN, str(fake), ["-m", "trainer", HOSTILE], {"HOSTILE_VAR": HOSTILE})
+    bash(run_recipes.prepare_run_dir(RUN), tmp_path)
+    folder = tmp_path / run_recipes.run_dir(RUN)
+    command = run_recipes.start_detached(RUN, str(fake), ["-m", "trainer", HOSTILE], {"HOSTILE_VAR": HOSTILE})
     started = bash(command, tmp_path)
     assert started.returncode == 0, started.stderr
     pgid = int(started.stdout.strip().removeprefix("pgid="))
@@ -118,18 +118,18 @@ def test_start_runs_detached_records_pgid_output_and_exit(tmp_path):
 
 
 def test_python_in_home_is_expanded_and_other_paths_are_quoted():
-    assert recipes.python_word("~/venv/bin/python") == "\"$HOME\"/venv/bin/python"
-    assert recipes.python_word("/opt/my py") == "'/opt/my py'"
+    assert run_recipes.python_word("~/venv/bin/python") == "\"$HOME\"/venv/bin/python"
+    assert run_recipes.python_word("/opt/my py") == "'/opt/my py'"
     with pytest.raises(ValueError):
-        recipes.start_detached(RUN, "python3", [], {"BAD NAME": "x"})
+        run_recipes.start_detached(RUN, "python3", [], {"BAD NAME": "x"})
 
 
 def test_env_file_is_sourced_and_reaches_the_job_only_through_the_environment(tmp_path):
     fake = write_fake(tmp_path / "py", 'echo "token=$TOKEN"; ps -eo args >ps.txt\n')
-    bash(recipes.prepare_run_dir(RUN), tmp_path)
-    folder = tmp_path / recipes.run_dir(RUN)
+    bash(run_recipes.prepare_run_dir(RUN), tmp_path)
+    folder = tmp_path / run_recipes.run_dir(RUN)
     (folder / ".env").write_text("TOKEN=s3cr3t-value\n")
-    command = recipes.start_detached(RUN, str(fake), [], {})
+    command = run_recipes.start_detached(RUN, str(fake), [], {})
     assert "s3cr3t" not in command
     assert bash(command, tmp_path).returncode == 0
     wait_for(lambda: (folder / "exit").exists())
@@ -142,26 +142,26 @@ def test_stop_terms_the_whole_group_then_kills_what_ignores_it(tmp_path):
     fake = write_fake(
         tmp_path / "py", "trap '' TERM; (trap '' TERM; sleep 300) & echo $! > child; sleep 300\n"
     )
-    bash(recipes.prepare_run_dir(RUN), tmp_path)
-    folder = tmp_path / recipes.run_dir(RUN)
-    bash(recipes.start_detached(RUN, str(fake), [], {}), tmp_path)
+    bash(run_recipes.prepare_run_dir(RUN), tmp_path)
+    folder = tmp_path / run_recipes.run_dir(RUN)
+    bash(run_recipes.start_detached(RUN, str(fake), [], {}), tmp_path)
     wait_for(lambda: (folder / "child").exists())
     child = int((folder / "child").read_text())
     start = time.monotonic()
-    stopped = bash(recipes.stop_run(RUN, grace_s=0.5), tmp_path)
+    stopped = bash(run_recipes.stop_run(RUN, grace_s=0.5), tmp_path)
     assert time.monotonic() - start < 8
     assert stopped.stdout.split() == ["state=stopped", "signal=KILL", "exit=137"]
     assert not pid_alive(child)
     # stopping again says it already exited; a run that does not exist is reported, not an error
-    assert bash(recipes.stop_run(RUN), tmp_path).stdout.split() == ["state=exited", "exit=137"]
-    assert bash(recipes.stop_run("20250314-120000-0000"), tmp_path).stdout.strip() == "state=missing"
+    assert bash(run_recipes.stop_run(RUN), tmp_path).stdout.split() == ["state=exited", "exit=137"]
+    assert bash(run_recipes.stop_run("20250314-120000-0000"), tmp_path).stdout.strip() == "state=missing"
 
 
 def test_stop_with_term_records_128_plus_15(tmp_path):
     fake = write_fake(tmp_path / "py", "sleep 300\n")
-    bash(recipes.prepare_run_dir(RUN), tmp_path)
-    bash(recipes.start_detached(RUN, str(fake), [], {}), tmp_path)
-    stopped = bash(recipes.stop_run(RUN, grace_s=5), tmp_path)
+    bash(run_recipes.prepare_run_dir(RUN), tmp_path)
+    bash(run_recipes.start_detached(RUN, str(fake), [], {}), tmp_path)
+    stopped = bash(run_recipes.stop_run(RUN, grace_s=5), tmp_path)
     assert stopped.stdout.split() == ["state=stopped", "signal=TERM", "exit=143"]
 
 
@@ -172,12 +172,13 @@ def test_probe_reports_running_then_exited_with_events_and_log(tmp_path):
         "events.jsonl\n"
         "echo line-a; echo line-b; while [ ! -e go ]; do sleep 0.05; done; exit 1\n",
     )
-    bash(recipes.prepare_run_dir(RUN), tmp_path)
-    folder = tmp_path / recipes.run_dir(RUN)
-    bash(recipes.start_detached(RUN, str(fake), [], {}), tmp_path)
+    bash(run_recipes.prepare_run_dir(RUN), tmp_path)
+    folder = tmp_path / run_recipes.run_dir(RUN)
+    bash(run_recipes.start_detached(RUN, str(fake), [], {}), tmp_path)
     wait_for(lambda: (folder / "output.log").exists() and "line-b" in (folder / "output.log").read_text())
     other = "20250314-120000-0001"
-    out = bash(recipes.probe_runs([RUN, other], events_tail_bytes=4096, log_tail_lines=1), tmp_path).stdout
+    probe = run_recipes.probe_runs([RUN, other], events_tail_bytes=4096, log_tail_lines=1)
+    out = bash(probe, tmp_path).stdout
     probes = parse_probe(out.decode(), 4096)
     assert probes[other].missing
     running = probes[RUN]
@@ -186,20 +187,20 @@ def test_probe_reports_running_then_exited_with_events_and_log(tmp_path):
     assert [e.kind for e in running.events] == ["step"]
     (folder / "go").touch()
     wait_for(lambda: (folder / "exit").exists())
-    done = parse_probe(bash(recipes.probe_runs([RUN]), tmp_path).stdout.decode())[RUN]
+    done = parse_probe(bash(run_recipes.probe_runs([RUN]), tmp_path).stdout.decode())[RUN]
     assert not done.alive and done.exit_status == 1 and done.exit_time and done.events == []
 
 
 def test_tail_reads_exact_bytes_from_an_offset_and_the_last_lines(tmp_path):
-    folder = tmp_path / recipes.run_dir(RUN)
+    folder = tmp_path / run_recipes.run_dir(RUN)
     folder.mkdir(parents=True)
     data = "héllo\nwörld\n".encode() + bytes([0xFF, 0x0A]) + b"partial"
     (folder / "output.log").write_bytes(data)
-    chunk = parse_chunk(bash(recipes.tail_log(RUN, offset=3, max_bytes=5), tmp_path).stdout)
+    chunk = parse_chunk(bash(run_recipes.tail_log(RUN, offset=3, max_bytes=5), tmp_path).stdout)
     assert chunk == LogChunk(end=8, size=len(data), data=data[3:8])
-    last = parse_chunk(bash(recipes.tail_log(RUN, lines=2), tmp_path).stdout)
+    last = parse_chunk(bash(run_recipes.tail_log(RUN, lines=2), tmp_path).stdout)
     assert last.end == len(data) and last.data == data[len("héllo\n".encode()) + len("wörld\n".encode()) :]
-    missing = parse_chunk(bash(recipes.tail_log("20250314-120000-0001", offset=0), tmp_path).stdout)
+    missing = parse_chunk(bash(run_recipes.tail_log("20250314-120000-0001", offset=0), tmp_path).stdout)
     assert missing == LogChunk(end=0, size=0, data=b"")
 
 
@@ -412,14 +413,14 @@ def test_check_inputs_recipe_reports_what_is_missing_or_unwritable(tmp_path):
         ("data.path", "~/data.jsonl", "file"),
         ("checkpoint.dir", "~/new/ck", "writable"),  # made by the job, under a writable home
     ]
-    assert bash(recipes.check_inputs(checks), tmp_path).stdout == ""
+    assert bash(run_recipes.check_inputs(checks), tmp_path).stdout == ""
     checks = [
         ("model_path", "~/no-model", "exists"),
         ("data.path", "~/model", "file"),  # a folder is no data file
         ("checkpoint.dir", "~/data.jsonl/ck", "writable"),  # under a file: nothing can make it
         ("hostile", "~/" + HOSTILE, "exists"),
     ]
-    said = bash(recipes.check_inputs(checks), tmp_path)
+    said = bash(run_recipes.check_inputs(checks), tmp_path)
     assert said.returncode == 0 and said.stdout.splitlines() == [
         "@@ input missing model_path",
         "@@ input missing data.path",

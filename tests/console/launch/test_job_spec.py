@@ -14,7 +14,7 @@ from tests.console.history.test_units import bash, write_fake
 from tests.fixtures_cli import make_node
 from tests.processes import wait_for
 from tpu_console.errors import UserError
-from tpu_console.fleet import recipes
+from tpu_console.fleet import run_recipes
 from tpu_console.history.store import RunRecord, RunStore
 from tpu_console.launch.job_kinds import command_job
 from tpu_console.launch.job_spec import JobSpec, load_job_file
@@ -206,11 +206,11 @@ def test_the_start_puts_the_environment_and_the_project_first_under_the_workers_
     """start_detached in real bash with a temporary HOME: folders under the home with spaces stay one word."""
     fake = write_fake(tmp_path / "py", 'printf "%s\\n" "$PATH" "$PYTHONPATH" "$VIRTUAL_ENV" '
                                        '"$TPU_CONSOLE_RUN_DIR"\n')
-    bash(recipes.prepare_run_dir("R1"), tmp_path)
-    command = recipes.start_detached("R1", str(fake), [], {}, home_env={"VIRTUAL_ENV": "envs/my env"},
+    bash(run_recipes.prepare_run_dir("R1"), tmp_path)
+    command = run_recipes.start_detached("R1", str(fake), [], {}, home_env={"VIRTUAL_ENV": "envs/my env"},
                                      home_prepend={"PATH": "envs/my env/bin", "PYTHONPATH": "projects/p"})
     assert bash(command, tmp_path).returncode == 0
-    folder = tmp_path / recipes.run_dir("R1")
+    folder = tmp_path / run_recipes.run_dir("R1")
     wait_for(lambda: (folder / "exit").exists())
     path, pythonpath, venv, run_dir = (folder / "output.log").read_text().splitlines()
     assert path.startswith(f"{tmp_path}/envs/my env/bin:") and path.endswith(os.environ["PATH"])

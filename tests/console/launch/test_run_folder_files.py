@@ -9,18 +9,19 @@ import re
 from pathlib import Path
 
 from tpu_console import worker
-from tpu_console.fleet import recipes
+from tpu_console.fleet import run_recipes
 from tpu_console.launch import start
 
 
 def shipped_into_run_folder() -> set[str]:
     """The worker files `launch` uploads into the run folder, read from its `fleet.put` calls."""
-    uploads = re.findall(r'fleet\.put\(recipes\.(\w+_SOURCE), f"\{folder\}/\{(\w+)\}"',
+    uploads = re.findall(r'fleet\.put\(run_recipes\.(\w+_SOURCE), f"\{folder\}/\{(\w+)\}"',
                          Path(start.__file__).read_text())
     files = set()
     for source_name, file_name in uploads:
         file = getattr(start, file_name)
-        assert getattr(recipes, source_name) == worker.source(file), f"{source_name} is not {file}'s bytes"
+        shipped = getattr(run_recipes, source_name)
+        assert shipped == worker.source(file), f"{source_name} is not {file}'s bytes"
         files.add(file)
     return files
 

@@ -1,6 +1,6 @@
 """RunWatch against a real local pod, with faults injected: connections dropped mid-stream, a job killed, a
 worker's SSH server stopped and started again, fail-fast. Jobs are bash scripts started by the real wrapper
-(recipes.start_detached), so the files, pid and exit status are those of a real run."""
+(run_recipes.start_detached), so the files, pid and exit status are those of a real run."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 import pytest
 
 from tests.conftest import LocalPod
-from tpu_console.fleet import recipes
+from tpu_console.fleet import run_recipes
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.results import WorkerLine, WorkerResult
 from tpu_console.history.run_id import new_run_id
@@ -41,10 +41,10 @@ def record_for(run_id: str, workers: list[int]) -> RunRecord:
 
 
 async def start_job(fleet: Fleet, run_id: str, workers: list[int], script: str) -> None:
-    for result in await fleet.run(recipes.prepare_run_dir(run_id), workers, timeout=30):
+    for result in await fleet.run(run_recipes.prepare_run_dir(run_id), workers, timeout=30):
         assert result.ok, result.stderr
     for result in await fleet.run(
-        recipes.start_detached(run_id, "bash", ["-c", script], {}), workers, timeout=30
+        run_recipes.start_detached(run_id, "bash", ["-c", script], {}), workers, timeout=30
     ):
         assert result.ok, result.stderr
 
@@ -146,7 +146,7 @@ async def test_a_killed_job_shows_exited_and_the_others_hung_until_they_are_stop
     assert seconds < 5
     await _until(watch, lambda h: h.hung == (0, 2))  # the watch says so; stopping them is not its part
     assert not task.done()
-    for result in await local_fleet.run(recipes.stop_run(run_id, 2), [0, 2], timeout=30):  # `stop`'s way
+    for result in await local_fleet.run(run_recipes.stop_run(run_id, 2), [0, 2], timeout=30):  # `stop`'s way
         assert result.ok, result.stderr
     health = await asyncio.wait_for(task, 20)
     assert health.first_failure == 1 and health.failure.startswith("worker 1 exited 137")
@@ -355,8 +355,8 @@ async def test_a_silent_follower_is_stopped_and_the_worker_shows_unreachable(mon
 
 async def test_a_worker_without_python3_says_so(local_pod, monkeypatch):
     run_id = new_run_id()
-    real = recipes.follow_run
-    monkeypatch.setattr(recipes, "follow_run", lambda *a, **k: real(*a, **k, python="no-such-python3"))
+    real = run_recipes.follow_run
+    monkeypatch.setattr(run_recipes, "follow_run", lambda *a, **k: real(*a, **k, python="no-such-python3"))
     async with Fleet(local_pod.targets, command_channels=False) as fleet:  # where no agent can run
         await start_job(fleet, run_id, [0], "sleep 5")
         watch = RunWatch(fleet, record_for(run_id, [0]))

@@ -20,7 +20,7 @@ from tests.console.launch.test_local import CONFIG, LONG_RUNNING, fake_trainer, 
 from tests.fixtures_cli import console_home, stand_in_tiny_inputs  # noqa: F401 - fixture
 from tests.processes import wait_for
 from tpu_console import cli
-from tpu_console.fleet import recipes as run_recipes
+from tpu_console.fleet import run_recipes
 from tpu_console.locations import database_file
 from trainer.synthetic_gsm8k import write_jsonl
 

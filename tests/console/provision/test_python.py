@@ -38,7 +38,7 @@ from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tests.fixtures_sshd import Sshd, running_sshd
 from tests.python310 import INSTALL, find_python310
 from tpu_console import cli
-from tpu_console.provision import recipes
+from tpu_console.provision import worker_recipes
 from tpu_console.ssh_identity import client_key_path
 from trainer.synthetic_gsm8k import write_jsonl
 
@@ -276,7 +276,8 @@ def test_uv_installs_a_real_standalone_cpython_from_the_mirror_and_the_environme
     home = tmp_path / "home"
     home.mkdir()
     wheel = probe_wheel(tmp_path)
-    command, script = recipes.bootstrap(None, "3.9", [str(wheel)], "digest", exact=True, install_mirror=url)
+    command, script = worker_recipes.bootstrap(None, "3.9", [str(wheel)], "digest", exact=True,
+                                               install_mirror=url)
     path = tools_without_python(tmp_path / "bin", old_python, {"uv": str(uv)})
     environment = {"PATH": path, "HOME": str(home), "UV_PYTHON_DOWNLOADS_JSON_URL": str(downloads)}
     done = subprocess.run(["bash", "-c", command], input=script, env=environment, capture_output=True,

@@ -13,7 +13,7 @@ import pytest
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tests.processes import pid_alive
 from tpu_console.errors import UserError
-from tpu_console.provision import recipes
+from tpu_console.provision import worker_recipes
 from tpu_console.provision.report import WorkerReport, mismatches
 from tpu_console.provision.requirements import environment_digest, trainer_requirements
 from tpu_console.secrets import SecretMasker, parse_env, remember_env_file, remembered_env_files
@@ -93,7 +93,7 @@ def test_kill_stale_kills_device_holders_and_removes_the_lockfile(tmp_path):
             if any(str(device) in str(p.resolve()) for p in Path(f"/proc/{holder.pid}/fd").iterdir()):
                 break
             time.sleep(0.02)
-        command = recipes.kill_stale((str(tmp_path / "accel") + "*",), str(lock))
+        command = worker_recipes.kill_stale((str(tmp_path / "accel") + "*",), str(lock))
         done = subprocess.run(
             ["bash", "-c", command], check=False, capture_output=True, text=True, timeout=30
         )
@@ -149,7 +149,7 @@ def test_inspect_worker_reads_python_project_and_setup_records(tmp_path):
     project = {"source": "dir", "digest": "d" * 16, "dir": "tpu-console/projects/" + "d" * 16, "name": "p"}
     setup = {"digest": "e" * 16, "env": "tpu-console/envs/" + "e" * 16, "command": "pip install -e ."}
     run = subprocess.run(
-        ["bash", "-c", recipes.inspect_worker()], env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        ["bash", "-c", worker_recipes.inspect_worker()], env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
         capture_output=True, text=True, check=True, timeout=30,
     )
     bare = WorkerReport.parse(0, run.stdout)
@@ -158,7 +158,7 @@ def test_inspect_worker_reads_python_project_and_setup_records(tmp_path):
     (root / "project.json").write_text(json.dumps(project))
     (root / "setup.json").write_text(json.dumps(setup))
     run = subprocess.run(
-        ["bash", "-c", recipes.inspect_worker()], env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        ["bash", "-c", worker_recipes.inspect_worker()], env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
         capture_output=True, text=True, check=True, timeout=30,
     )
     report = WorkerReport.parse(0, run.stdout)

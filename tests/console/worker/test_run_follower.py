@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tpu_console.fleet import recipes
+from tpu_console.fleet import run_recipes
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.output import CommandOutput
 from tpu_console.history.tail import LogChunk, TailCursor, parse_chunk_record
@@ -25,7 +25,8 @@ RUN = "20250314-120000-0000"
 
 
 def start_follower(home, offsets, poll_s=0.02, probe_s=0.2, max_bytes=1 << 16, last_lines=None):
-    program = recipes.follow_run(RUN, offsets, poll_s, probe_s, max_bytes, last_lines=last_lines)  # as the
+    program = run_recipes.follow_run(RUN, offsets, poll_s, probe_s, max_bytes,
+                                     last_lines=last_lines)  # as the
     # exec path runs it
     process = subprocess.Popen(["bash", "-c", program.command_line()], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, env={**os.environ, "HOME": str(home)},
@@ -55,7 +56,7 @@ def chunks_of(lines, name):
 
 
 def run_folder(tmp_path):
-    folder = tmp_path / recipes.run_dir(RUN)
+    folder = tmp_path / run_recipes.run_dir(RUN)
     folder.mkdir(parents=True)
     return folder
 
@@ -75,7 +76,7 @@ def test_it_streams_both_files_from_their_offsets_then_the_exit_and_ends(tmp_pat
     assert probe.exit_time == pytest.approx((folder / "exit").stat().st_mtime, abs=1e-3)
 
     # a single look (`status`, `runs`) is the same producer: the same state line, with the files' ends
-    look = recipes.probe_runs([RUN, "20250314-120000-0001"], events_tail_bytes=8, log_tail_lines=2)
+    look = run_recipes.probe_runs([RUN, "20250314-120000-0001"], events_tail_bytes=8, log_tail_lines=2)
     done = subprocess.run(["bash", "-c", look.command_line()], input=look.source, capture_output=True,
                           env={**os.environ, "HOME": str(tmp_path)}, timeout=30, check=True)
     probes = parse_probe(done.stdout.decode(), 8)

@@ -20,7 +20,7 @@ import pytest
 from tests.fixtures_gcp import PROJECT, ZONES, emulator, gcp_home, make_provider  # noqa: F401 - fixtures
 from tests.processes import wait_for
 from tpu_console.domain import CreateRequest
-from tpu_console.fleet import recipes
+from tpu_console.fleet import run_recipes
 from tpu_console.observe import supervision
 from tpu_console.observe.health import Thresholds
 from tpu_console.observe.supervision import SupervisionPolicy
@@ -193,8 +193,8 @@ def test_the_run_folders_names_are_the_consoles_on_both_sides():
         supervision.PLAN_FILE, supervision.NOTIFY_FILE, supervision.DECISIONS_FILE, supervision.PORT_FILE,
         supervision.PID_FILE)
     assert (job_runner.PLAN_FILE, job_runner.ADDRESS_ENV) == (supervision.PLAN_FILE, supervision.ADDRESS_ENV)
-    assert f"-s {supervision.PORT_FILE} " in recipes.start_supervisor("20260101-000000-aaaa", "python3")
-    assert supervision.PID_FILE in recipes.stop_supervisor("20260101-000000-aaaa")
+    assert f"-s {supervision.PORT_FILE} " in run_recipes.start_supervisor("20260101-000000-aaaa", "python3")
+    assert supervision.PID_FILE in run_recipes.stop_supervisor("20260101-000000-aaaa")
 
 
 def test_without_fail_fast_a_failure_is_told_as_a_hang_of_the_others(tmp_path):

@@ -17,7 +17,7 @@ import json
 import sys
 from collections.abc import AsyncIterator
 
-from tpu_console import keys
+from tpu_console import ssh_identity
 from tpu_console.providers.local.provider import LocalProvider
 from tpu_console.providers.local.worker_server import WorkerServer, WorkerSpec
 
@@ -28,7 +28,7 @@ async def serve(name: str, first: int | None = None, last: int | None = None) ->
     provider = LocalProvider()
     node = await provider.get(name)
     workers = range(first or 0, node.shape.workers if last is None else last)
-    authorized = keys.public_key_line()
+    authorized = ssh_identity.public_key_line()
     servers = [  # as LocalProvider serves them in-process, for this share of the workers
         WorkerServer(WorkerSpec(index=i, count=node.shape.workers, devices=node.shape.devices_per_worker,
                                 home=provider.store.worker_dir(name, i),
@@ -51,7 +51,7 @@ async def start_pod_hosts(
 ) -> AsyncIterator[list[int]]:
     """Serve the pod `name` (`workers` workers) from pod_host processes of `per_host` workers each; yields
     every worker's port, in worker order, and stops the processes on exit."""
-    keys.public_key_line()  # made here once, not raced for by the processes
+    ssh_identity.public_key_line()  # made here once, not raced for by the processes
     hosts: list[asyncio.subprocess.Process] = []
     try:
         for first in range(0, workers, per_host):

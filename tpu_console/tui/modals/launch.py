@@ -5,7 +5,7 @@ trainer, the form runs a job of your own: a job file (`.toml`, launch/job_spec.p
 line (split into words as a shell would, no shell runs it), as `launch --job` and `launch -- CMD` do.
 
 On a node of a TPU type (and local pods that rehearse one, local-v6e-16), the form also shows the planned
-peak HBM per chip for the chosen config, from the TPU compiler (tpu_console/experiments/plan.py, cached),
+peak HBM per chip for the chosen config, from the TPU compiler (tpu_console/experiments/planning.py, cached),
 and refuses a config the compiler says will not fit unless "Skip the plan check" is ticked."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 
 from tpu_console.domain import Node
 from tpu_console.errors import UserError
-from tpu_console.experiments import plan as planning
-from tpu_console.experiments.plan import PlanOutcome, tpu_type_for
+from tpu_console.experiments import planning
+from tpu_console.experiments.planning import PlanOutcome, tpu_type_for
 from tpu_console.launch.demo import is_tiny_config
 from tpu_console.launch.job_kinds import check_shape, refuse_unseen_hang, validate_config
 from tpu_console.launch.job_spec import JobSpec, load_job_file

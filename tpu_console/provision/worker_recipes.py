@@ -1,7 +1,7 @@
 """Shell recipes that make a worker able to run the trainer: the Python environment, the code, the checks
 before a launch, and clearing stale TPU holders.
 
-Like `tpu_console/fleet/recipes.py`, each function returns the text of one bash command built with
+Like `tpu_console/fleet/run_recipes.py`, each function returns the text of one bash command built with
 `shlex.quote` from data, so it can be read and tested without a worker. Everything lives under
 `~/tpu-console/` on the worker:
 
