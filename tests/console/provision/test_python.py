@@ -1,7 +1,7 @@
 """bootstrap on a worker whose only python3 is 3.10, as on the v4/v5e/v5p TPU VM images (Ubuntu 22.04),
 reached through a stock OpenSSH sshd whose sessions get a PATH of this machine's tools minus every Python:
 - with a python3.11 also on the PATH, bootstrap finds it, records it in python.json, and the bundled trainer
-  then runs one step in that environment (the full sync + launch loop over sshd is tests/console/runs/
+  then runs one step in that environment (the full sync + launch loop over sshd is tests/console/launch/
   test_trainer.py's);
 - with nothing but 3.10 and uv, bootstrap has uv install one from the configured mirror: a local HTTP server
   here (the tests have no internet) laid out as python-build-standalone's releases, described to uv by a
