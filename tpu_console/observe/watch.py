@@ -56,9 +56,9 @@ from tpu_console.history.store import RunRecord, RunStore, WorkerRecord
 from tpu_console.history.tail import TailCursor, parse_chunk_record
 from tpu_console.observe.foreign_metrics import steps_read
 from tpu_console.observe.health import Progress, RunHealth, Thresholds, assess
-from tpu_console.observe.log_times import TIMES, LogTimes, line_ends
+from tpu_console.observe.log_times import TIMES, LogTimes, line_times
 from tpu_console.observe.monitor import RunMonitor
-from tpu_console.observe.probe import probe_from_status
+from tpu_console.observe.probe import RunProbe, probe_from_status
 from tpu_console.observe.reach import reach_node
 from tpu_console.observe.run_end import keep_run_end
 from tpu_console.observe.signatures import Finding, SignatureScanner
@@ -156,6 +156,8 @@ class WorkerStream:
     failing_since: float | None = None  # when the current run of broken follows began
     finished: bool = False  # the job ended and both files were read to their end
     log_placed: bool = False  # a follower said where in the log it starts (its last lines, at first)
+    heartbeat: str = ""  # the follower's last heartbeat (`P` record) as it came, and what it said
+    probe: RunProbe | None = None
 
     def __post_init__(self) -> None:
         self.lines = deque(maxlen=self.ring_lines)
@@ -167,6 +169,13 @@ def next_judgement_in(spent_s: float, every_s: float = HEALTH_EVERY_S) -> float:
     `every_s`, or less often where judging would take more than HEALTH_SHARE of a core (it grows with the
     workers: a judgement looks at every one)."""
     return max(every_s, spent_s / HEALTH_SHARE)
+
+
+def _masked(masker: SecretMasker, lines: list[str]) -> list[str]:
+    """Each line masked: the chunk in one pass, unless a secret holding a newline matched across lines
+    (then the lines would not be the same lines: each is masked on its own)."""
+    masked = masker.mask("\n".join(lines)).split("\n")
+    return masked if len(masked) == len(lines) else [masker.mask(line) for line in lines]
 
 
 async def _until_silent(follow: _Follow, loop: asyncio.AbstractEventLoop) -> None:
@@ -415,7 +424,9 @@ class RunWatch:
             # the follower's first write places the log (its `C` record, if the log exists, comes first):
             # from here on its offset is the cursor's, also when the log did not exist (0)
             stream.log_placed = True
-            self.monitor.observe(stream.worker, probe_from_status(self.record.run_id, fields))
+            if fields != stream.heartbeat or stream.probe is None:  # the same as the last: read once
+                stream.heartbeat, stream.probe = fields, probe_from_status(self.record.run_id, fields)
+            self.monitor.observe(stream.worker, stream.probe)
         elif kind == "E":
             follow.ended = True
             stream.log_times.add(stream.times_cursor.finish())
@@ -437,19 +448,17 @@ class RunWatch:
     def _take_log_lines(self, stream: WorkerStream, lines: list[str]) -> None:
         if not lines:
             return
-        times = tuple(stream.log_times.time_of(end) for end in line_ends(stream.log.offset, lines))
+        times = line_times(stream.log_times, stream.log.offset, lines)
         if self.masker:
-            lines = [self.masker.mask(line) for line in lines]
+            lines = _masked(self.masker, lines)
         stream.lines.extend(lines)
         stream.lines_total += len(lines)
         # the failure's detail, as a probe's log tail gives it to `status` (RunMonitor.failure_message)
         status = self.monitor.workers[stream.worker]
         status.log_tail = (status.log_tail + lines)[-3:]
         self._emit(LogLines(stream.worker, lines, times))
-        scan = stream.scanner.scan
-        for line in lines:
-            if (finding := scan(line)) is not None:
-                self._emit(SignatureFound(stream.worker, finding))
+        for finding in stream.scanner.scan_lines(lines):
+            self._emit(SignatureFound(stream.worker, finding))
 
     def _take_decisions(self, lines: list[str]) -> None:
         if decisions := parse_decisions("\n".join(lines)):

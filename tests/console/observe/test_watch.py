@@ -372,3 +372,10 @@ def test_the_health_is_judged_less_often_where_a_judgement_takes_long():
     # a judgement taking 50 ms of CPU (thousands of workers) waits 20 times that: 5% of a core at most
     waited = watch_module.next_judgement_in(0.05, every_s=0.25)
     assert waited == pytest.approx(0.05 / watch_module.HEALTH_SHARE) and waited > 0.25
+
+
+def test_a_chunk_is_masked_as_its_lines_are_one_by_one():
+    masker = SecretMasker(["sekrit-value-123", "two\nline-secret"])
+    lines = ["a sekrit-value-123 b", "", "x two", "line-secret y sekrit-value-123"]
+    assert watch_module._masked(masker, lines) == [masker.mask(line) for line in lines] == [
+        "a *** b", "", "x two", "line-secret y ***"]  # a secret across two lines is in neither of them
