@@ -9,7 +9,7 @@ The runner starts COMMAND (its pid in `job.pid`, which `tpu-console stacks` sign
 supervisor at `$TPU_CONSOLE_SUPERVISOR` (host:port, on the pod's network) over HTTP: `start`; a
 `heartbeat` every `heartbeat_s` with the last step of its `events.jsonl`; `exit` with the status and the
 failure's class, read from this attempt's part of `output.log` with the console's log signatures (the
-patterns come in `supervision.json`, written by `launch` from tpu_console/runs/signatures.py). Each answer
+patterns come in `supervision.json`, written by `launch` from tpu_console/observe/signatures.py). Each answer
 is an order: carry on, stop the job (SIGTERM to the job's group, SIGKILL to the job after `stop_grace_s`),
 start it again (a restart: the trainer resumes from its latest checkpoint; on pods where the console names
 the coordinator, on a new port), wait, or be done. A supervisor that does not answer changes nothing: the
@@ -33,7 +33,7 @@ import threading
 import time
 import urllib.request
 
-try:  # shipped beside this file into the run folder (runs/launch.py)
+try:  # shipped beside this file into the run folder (launch/start.py)
     import step_lines
 except ImportError:  # a run folder without it: a command job's steps are not read
     step_lines = None
@@ -54,7 +54,7 @@ PLAN_FILE = "supervision.json"
 ADDRESS_ENV = "TPU_CONSOLE_SUPERVISOR"
 JOB_PID_FILE = "job.pid"
 COORDINATOR_ENV = "TRAINER_COORDINATOR_ADDRESS"
-# A command job's coordinator (runs/launch.py, coordinator_env): each moves to the restart's new port.
+# A command job's coordinator (launch/start.py, coordinator_env): each moves to the restart's new port.
 COORDINATOR_ENVS = (COORDINATOR_ENV, "JAX_COORDINATOR_ADDRESS", "TPU_CONSOLE_COORDINATOR_ADDRESS")
 PORT_ENV = "MASTER_PORT"
 # Rich (Lightning's progress bar, any program's live display) draws into a file only once, at its end: these
