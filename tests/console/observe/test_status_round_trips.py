@@ -16,8 +16,8 @@ pytestmark = pytest.mark.usefixtures("console_home", "pod")
 STEPPING = """\
 echo '{"t": 1, "kind": "step", "process": '$TRAINER_PROCESS_ID', "step": 1, "time/train/step_s": 0.5}' >> events.jsonl
 echo stepped
-while true; do sleep 0.1; done
-"""  # noqa: E501 - an event line of the fake trainer
+for _ in $(seq 600); do sleep 0.1; done
+"""  # noqa: E501 - an event line of the fake trainer; it ends by itself if the test is killed before its stop
 
 
 def test_status_of_a_running_run_reaches_each_worker_once(capsys, tmp_path, monkeypatch):
