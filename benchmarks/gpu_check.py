@@ -210,7 +210,7 @@ def trainer_rollout_section(report: Report, shapes: dict, config: Any, model: An
     import numpy as np
     from flax import nnx
 
-    from trainer.rollout.sampler import Sampler
+    from trainer.rollout.sampler import Sampler, SamplingState
 
     rng = np.random.default_rng(rows)
     prompts = rng.integers(3, config.vocab_size, size=(rows, shapes["prompt"])).tolist()
@@ -251,7 +251,8 @@ def trainer_rollout_section(report: Report, shapes: dict, config: Any, model: An
     n = shapes["new"]
     tokens = jnp.zeros((rows, n), jnp.int32).at[:, 0].set(f)
     logprobs = jnp.zeros((rows, n), jnp.float32)
-    carry = (jnp.int32(1), c, m, tokens, logprobs, jnp.zeros((rows,), bool))
+    carry = SamplingState(step=jnp.int32(1), cache=c, kv_mask=m, tokens=tokens, logprobs=logprobs,
+                          done=jnp.zeros((rows,), bool))
     uniforms = jax.random.uniform(key, (rows, n), jnp.float32)
     carry = jax.block_until_ready(step(state, carry, uniforms, lens, one, one))  # compiles
     times = []
