@@ -34,11 +34,15 @@ PLANNER_ENVIRONMENT = ("TPU_SKIP_MDS_QUERY", "TPU_ACCELERATOR_TYPE", "TPU_WORKER
                        "ALLOW_MULTIPLE_LIBTPU_LOAD")
 
 
+# As the session found them: a module-scoped fixture that plans (its setup runs before a test's own
+# fixtures) must not make its values the ones later tests are given back.
+PRISTINE_PLANNER_ENVIRONMENT = {key: os.environ.get(key) for key in PLANNER_ENVIRONMENT}
+
+
 @pytest.fixture(autouse=True)
 def planner_environment_stays_in_its_test() -> Iterator[None]:
-    before = {key: os.environ.get(key) for key in PLANNER_ENVIRONMENT}
     yield
-    for key, value in before.items():
+    for key, value in PRISTINE_PLANNER_ENVIRONMENT.items():
         if value is None:
             os.environ.pop(key, None)
         else:

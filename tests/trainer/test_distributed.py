@@ -127,9 +127,9 @@ def test_checkpoint_resume_and_eval(tmp_path, tiny_model_dir):
     )
     assert first.returncode == 0, first.output[-3000:]
     # The layout `auto` chose, recorded before the weights load (CPU: fsdp) and printed once.
-    assert first.events[0]["rollout_layout"] == {"weight_layout": "fsdp", "rows": "legacy",
-                                                 "configured": "auto", "why": "auto: not on TPU", "copies": 1}
-    assert "info: rollout layout fsdp, rows legacy (auto: not on TPU)" in first.output
+    assert first.events[0]["rollout_layout"] == {"weight_layout": "fsdp", "configured": "auto",
+                                                 "why": "auto: not on TPU", "copies": 1}
+    assert "info: rollout layout fsdp (auto: not on TPU)" in first.output
     [evaluation] = [e for e in first.events if e["kind"] == "eval"]
     assert evaluation["step"] == 1 and evaluation["eval/samples"] == 3
     assert 0.0 <= evaluation["eval/accuracy"] <= 1.0 and "eval step=1 accuracy=" in first.output

@@ -530,7 +530,9 @@ class Controller:
             await self._give_up(stored, f"{why}; it is left alone")
             return False
         since = inc.created_at or float(run.intent.get("at") or time.time())
-        found = await runs_since(self.providers, run.node, since, self.run_store)
+        earlier = {i.run_id for i in run.incarnations if i.run_id}  # a shrink's old run is still alive there
+        since_then = await runs_since(self.providers, run.node, since, self.run_store)
+        found = [r for r in since_then if r not in earlier]
         if found:
             run_id = found[0]  # launched before a crash, not journaled: the same run, adopted
         elif not self.lease.held:

@@ -30,7 +30,7 @@ from trainer.synthetic_gsm8k import write_jsonl
 pytest_plugins = ("tests.trainer.fixtures",)
 pytestmark = pytest.mark.usefixtures("console_home")
 
-FOREIGN = str(Path(__file__).resolve().parent / "foreign_job.py")
+FOREIGN = str(Path(__file__).resolve().parents[1] / "launch" / "foreign_job.py")  # beside the launch tests
 
 
 @pytest.fixture
