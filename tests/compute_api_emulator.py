@@ -19,9 +19,11 @@ import itertools
 import json
 import re
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
+
+from tests.local_http_api import LocalHttpApi
 
 INSTANCE = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances"
                       r"(?:/([^/:]+))?(?:/(start|stop))?$")
@@ -29,7 +31,7 @@ OPERATION = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/operations/
 BOOTING = ("PROVISIONING", "STAGING", "RUNNING")
 
 
-class ComputeApiEmulator:
+class ComputeApiEmulator(LocalHttpApi):
     def __init__(self, nat_ip: str = "127.0.0.1") -> None:
         self.nat_ip = nat_ip
         self.instances: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -39,28 +41,9 @@ class ComputeApiEmulator:
         self._booting: dict[tuple[str, str, str], list[str]] = {}  # states still to show, one per read
         self._ids = itertools.count(4_000_000_000_000_000_001)
         self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
 
     def start(self) -> str:
-        emulator = self
-
-        class Handler(_Handler):
-            api = emulator
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        return self.endpoint
-
-    @property
-    def endpoint(self) -> str:
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        return self._serve(_Handler)
 
     def fail_next(self, method: str, status: int, times: int = 1) -> None:
         """The next `times` calls of `method` (get, insert, start, stop, delete, operation) answer

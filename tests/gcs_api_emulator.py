@@ -20,12 +20,14 @@ import itertools
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from tests.local_http_api import LocalHttpApi
 
-class GcsApiEmulator:
+
+class GcsApiEmulator(LocalHttpApi):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.objects: dict[tuple[str, str], tuple[bytes, int, str]] = {}  # (bucket, name): (data, gen, type)
@@ -33,28 +35,9 @@ class GcsApiEmulator:
         self._failures: list[list[Any]] = []  # [method, status, remaining]
         self._delays: list[list[Any]] = []  # [method, seconds, remaining]
         self.calls: list[tuple[str, str]] = []
-        self._server: ThreadingHTTPServer | None = None
 
     def start(self) -> str:
-        emulator = self
-
-        class Handler(_Handler):
-            api = emulator
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        return self.endpoint
-
-    @property
-    def endpoint(self) -> str:
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        return self._serve(_Handler)
 
     def fail_next(self, method: str, status: int, times: int = 1) -> None:
         """The next `times` calls of `method` (get, download, upload, list, delete) answer HTTP `status`."""
