@@ -90,6 +90,28 @@ def ended_status(capsys, run_id: str) -> dict:
     return json.loads(out)
 
 
+def followed_to_its_end(run_id: str) -> tuple[RunFeed, dict[int, list]]:
+    """The app's feed of the run, followed until it ended (the watch keeps its archive and summary), and
+    the steps each worker's messages brought."""
+    posted = []
+    provider = LocalProvider()  # the pod the CLI made, from the same console home
+    feed = RunFeed({"local": provider}, run_id, RunStore(), poll_s=0.1, devices_every_s=60)
+
+    async def follow() -> None:
+        try:
+            await feed.follow(posted.append)
+        finally:
+            await provider.close()
+
+    asyncio.run(follow())
+    arrived: dict[int, list] = {}
+    for message in posted:
+        if type(message).__name__ == "RunStepsArrived":
+            for worker, steps in message.by_worker.items():
+                arrived.setdefault(worker, []).extend(steps)
+    return feed, arrived
+
+
 def test_seeds_and_maxtext_steps_reach_status_runs_show_and_the_run_feed(capsys, tmp_path):
     run_id = launch(capsys, "--", sys.executable, foreign(tmp_path), "mixed")
     document = ended_status(capsys, run_id)
@@ -118,22 +140,7 @@ def test_seeds_and_maxtext_steps_reach_status_runs_show_and_the_run_feed(capsys,
 
 def test_the_run_feed_and_the_steps_tab_show_a_foreign_programs_phases(capsys, tmp_path):
     run_id = launch(capsys, "--", sys.executable, foreign(tmp_path), "mixed")
-    posted = []
-    provider = LocalProvider()  # the pod the CLI made, from the same console home
-    feed = RunFeed({"local": provider}, run_id, RunStore(), poll_s=0.1, devices_every_s=60)
-
-    async def follow() -> None:
-        try:
-            await feed.follow(posted.append)
-        finally:
-            await provider.close()
-
-    asyncio.run(follow())
-    arrived = {}
-    for message in posted:
-        if type(message).__name__ == "RunStepsArrived":
-            for worker, steps in message.by_worker.items():
-                arrived.setdefault(worker, []).extend(steps)
+    feed, arrived = followed_to_its_end(run_id)
     assert [s.step for s in arrived[0]] == [1, 2, 3] and [s.step for s in arrived[1]] == [1, 2, 3]
     latest = {w: steps[-1] for w, steps in arrived.items()}
     assert latest[0].phases == {"rollout_generate": 0.2, "update": 0.08, "data_wait": 0.02}
@@ -223,22 +230,7 @@ def test_tensorboard_steps_reach_the_dashboard_and_wandb_fills_the_summary_kept(
     job.write_text(f'command = ["{sys.executable}", "{foreign(tmp_path)}", "metrics"]\n'
                    '[metrics]\nformat = "none"\ntensorboard = "tb"\n')
     first = launch(capsys, "--job", str(job))
-    posted = []
-    provider = LocalProvider()
-    feed = RunFeed({"local": provider}, first, RunStore(), poll_s=0.1, devices_every_s=60)
-
-    async def follow() -> None:
-        try:
-            await feed.follow(posted.append)  # the watch keeps the run's end: archive and summary
-        finally:
-            await provider.close()
-
-    asyncio.run(follow())
-    arrived = {}
-    for message in posted:
-        if type(message).__name__ == "RunStepsArrived":
-            for worker, steps in message.by_worker.items():
-                arrived.setdefault(worker, []).extend(steps)
+    feed, arrived = followed_to_its_end(first)
     assert sorted(arrived) == [0, 1]
     assert [s.step for s in arrived[0]] == [1, 2, 3]  # every event file's step, each once
     assert (arrived[0][-1].step_s, arrived[0][-1].loss) == (0.5, pytest.approx(1 / 3))
