@@ -312,15 +312,15 @@ async def _start_run(
         config_source=prepared.source, config_digest=prepared.digest, overrides=prepared.overrides,
         config=prepared.config, code_version=version, job=job_record, launched_by=ownership.me(),
         fail_fast=policy.fail_fast, supervised=True,
-        price_per_hour=estimate.per_hour if estimate is not None else None,
+        # --price-per-hour where given (a node the price table does not know), else the table's
+        price_per_hour=policy.price_per_hour if policy.price_per_hour is not None else (
+            estimate.per_hour if estimate is not None else None),
     )
     record = RunRecord.from_launch(launch)
     bind, supervisor_host = provider.supervisor_address(node, targets)
+    # the supervisor's orders; the run's own facts it reads from the record, uploaded before it starts
     plan = supervision.plan(
-        run_id=run_id, node=node.name, provider=node.provider, workers=selected,
-        started_at=started.timestamp(), policy=policy,
-        price_per_hour=estimate.per_hour if estimate is not None else None,
-        delete_target=provider.supervisor_delete_target(node), bind=bind,
+        policy=policy, delete_target=provider.supervisor_delete_target(node), bind=bind,
         coordinator_host=supervisor_host if has_coordinator(envs[selected[0]]) else None,
         record=bucket_record.supervisor_target(load_settings(), node.provider),
     )

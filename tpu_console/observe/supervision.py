@@ -177,36 +177,25 @@ def check_policy(policy: SupervisionPolicy, provider: str, can_delete: bool, pri
 
 def plan(
     *,
-    run_id: str,
-    node: str,
-    provider: str,
-    workers: list[int],
-    started_at: float,
     policy: SupervisionPolicy,
-    price_per_hour: float | None,
     delete_target: dict[str, Any] | None,
     bind: str,
     coordinator_host: str | None,
     record: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """supervision.json: everything the supervisor and the job runners are told (no secret but the
+    """supervision.json: the supervisor's orders and what the job runners are told (no secret but the
     run's own token, and the file is 0600). The console's facts the supervisor judges by travel in it
     (health's thresholds, how a local pod is removed, where the run's record goes: history/bucket_record.py),
-    so the supervisor keeps no copy of them."""
+    so the supervisor keeps no copy of them. The run's own facts (its id, node, provider, workers, start,
+    price, fail-fast) are not repeated here: they are in its record, launch.json (worker/run_record.py),
+    which launch writes beside this file before the supervisor starts."""
     return {
-        "run_id": run_id,
-        "node": node,
-        "provider": provider,
-        "workers": workers,
-        "started_at": started_at,
         "token": token_source.token_urlsafe(24),
         "bind": bind,
         "coordinator_host": coordinator_host,
-        "fail_fast": policy.fail_fast,
         "on_end": policy.on_end,
         "grace_s": policy.grace_s,
         "max_cost": policy.max_cost,
-        "price_per_hour": policy.price_per_hour if policy.price_per_hour is not None else price_per_hour,
         "max_hang_s": policy.max_hang_s,
         "restart_on": list(policy.restart_on),
         "max_restarts": policy.max_restarts,

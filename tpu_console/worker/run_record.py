@@ -1,6 +1,7 @@
 """A run's record as written once, at launch: `launch.json` in each worker's run folder (docs/contract.md).
 
-Every reader goes through `LaunchRecord`: the job runner and the supervisor on the pod, and in the console
+Every reader goes through `LaunchRecord`: the job runner and the supervisor on the pod (the supervisor
+takes the run's id, node, provider, workers, start, price and fail-fast from it alone), and in the console
 the history (history/store.py builds its entry from it), the runs found on a node (history/discovery.py)
 and the record the supervisor leaves in a bucket (history/bucket_record.py), which embeds this record as
 its `launch`. A record of an older version reads with what it lacks defaulted; one of a newer version
@@ -152,12 +153,23 @@ class LaunchRecord:
         return cls.from_json(data, run_id, node)
 
 
+def load(folder: str) -> LaunchRecord:
+    """The record in a run folder; RecordError (one line) when it has none, or none this version can read."""
+    run_id = os.path.basename(os.path.abspath(folder))
+    try:
+        with open(os.path.join(folder, FILE), "rb") as f:
+            text = f.read()
+    except OSError as exc:
+        raise RecordError(f"run {run_id} has no readable {FILE} ({exc.strerror}): launch writes it "
+                          "first; launch the run again") from None
+    return LaunchRecord.loads(text, run_id)
+
+
 def read(folder: str) -> LaunchRecord | None:
     """The record in a run folder; None when it has none, or none this version can read."""
     try:
-        with open(os.path.join(folder, FILE), "rb") as f:
-            return LaunchRecord.loads(f.read(), os.path.basename(os.path.abspath(folder)))
-    except (OSError, RecordError):
+        return load(folder)
+    except RecordError:
         return None
 
 

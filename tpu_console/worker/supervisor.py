@@ -8,8 +8,10 @@ exit status with the failure class read from its log. The answers carry the supe
 stop the job, start it again, or end. What it decides goes to `supervisor.jsonl` in the run folder (one
 JSON object per line: `t`, `decision`, `message`), which the console shows.
 
-It reads `supervision.json` (the plan `launch` wrote, 0600) and, when webhook notifications are set up,
-`.notify` (0600: the webhook URL is a secret, so it is never on a command line). It enforces:
+It reads the run's record, `launch.json` (run_record.py: the run's id, node, provider, workers, start time,
+price and fail-fast, written once by `launch` before it starts the supervisor), `supervision.json` (the
+plan `launch` wrote, 0600: its orders) and, when webhook notifications are set up, `.notify` (0600: the
+webhook URL is a secret, so it is never on a command line). It enforces:
 
 - fail-fast: when one worker's job fails, stop the others (they would hang in a collective);
 - restart by failure class: a failure of a class named in `restart_on` starts every job again (they resume
@@ -106,15 +108,18 @@ class WorkerView:
 
 
 class Supervisor:
-    def __init__(self, folder, plan, webhook=None, clock=now):
+    def __init__(self, folder, plan, launch, webhook=None, clock=now):
         self.folder = folder
         self.plan = plan
+        self.launch = launch  # the run's record (run_record.LaunchRecord), as launch wrote it once
         self.webhook = webhook
         self.clock = clock
         self.lock = threading.Lock()
         self.record_lock = threading.Lock()
         started = clock()
-        self.workers = {w: WorkerView(w, started) for w in plan["workers"]}
+        self.workers = {w: WorkerView(w, started) for w in launch.workers}
+        launched = launch.started()
+        self.started_at = launched.timestamp() if launched is not None else started  # what max_cost counts
         self.attempt = 0
         self.restarts = {}  # class -> count
         self.stopping = None  # why every job is being stopped (cost, hang, fail-fast), or None
@@ -128,8 +133,7 @@ class Supervisor:
         self.stragglers_told = set()  # (worker, attempt): each straggler is named once an attempt
         # a command job whose output is not read for steps (metrics format none) never reports one: its
         # silence says nothing, so it is judged neither hung nor past max_hang
-        launch = run_record.read(folder)
-        self.steps_read = launch is None or launch.steps_read
+        self.steps_read = launch.steps_read
         # observe/health.py's Thresholds, shipped in the plan (one home: the console's)
         self.thresholds = plan["thresholds"]
 
@@ -274,7 +278,7 @@ class Supervisor:
             self.decide("not-restarted", f"{what}: a {cause} failure is never restarted", cause=cause)
         # a worker whose runner has not reported yet is stopped as soon as it does
         others = [w.index for w in self.workers.values() if w.state in ("pending", "running")]
-        if (self.plan.get("fail_fast") or classes) and others:
+        if (self.launch.fail_fast or classes) and others:
             self.stopping = "fail-fast"
             self.decide("stop-others", f"{what}: stopping worker(s) {_join(others)} "
                         "(they would wait in a collective)", workers=others)
@@ -301,7 +305,7 @@ class Supervisor:
                                 f"{t - w.last_seen:.0f}s: the worker is lost")
                     if not self.stopping and not self.restart_pending and self.preemption is None:
                         others = [o.index for o in self.workers.values() if o.state in ("pending", "running")]
-                        if others and (self.plan.get("fail_fast") or self.plan.get("restart_on")):
+                        if others and (self.launch.fail_fast or self.plan.get("restart_on")):
                             self.stopping = "fail-fast"
                             self.decide("stop-others", f"stopping worker(s) {_join(others)} after worker "
                                         f"{w.index} was lost", workers=others)
@@ -328,10 +332,10 @@ class Supervisor:
                 self._end()
 
     def _check_budget(self, t):
-        budget, price = self.plan.get("max_cost"), self.plan.get("price_per_hour")
+        budget, price = self.plan.get("max_cost"), self.launch.price_per_hour
         if budget is None or price is None:
             return
-        cost = price * (t - float(self.plan["started_at"])) / 3600.0
+        cost = price * (t - self.started_at) / 3600.0
         if cost >= budget:
             self._stop_and_delete("max-cost", f"the run has cost ~${cost:.2f} of its ${budget:g} budget "
                                   f"(at ${price:g}/h): stopping it and deleting the node")
@@ -444,8 +448,9 @@ class Supervisor:
         if not wait:
             threading.Thread(target=self.notify, args=(event, text, True)).start()
             return
-        body = {"text": f"tpu-console: run {self.plan['run_id']} on {self.plan['node']}: {text}",
-                "event": event, "run_id": self.plan["run_id"], "node": self.plan["node"]}
+        run_id, node = self.launch.run_id, self.launch.node
+        body = {"text": f"tpu-console: run {run_id} on {node}: {text}", "event": event, "run_id": run_id,
+                "node": node}
         request = urllib.request.Request(self.webhook, data=json.dumps(body).encode(), method="POST",
                                          headers={"Content-Type": "application/json"})
         try:
@@ -460,12 +465,8 @@ class Supervisor:
 
     def record(self):
         """The run's summary for the bucket (history/bucket_record.py reads it): the run's record as
-        launched (`launch`: launch.json by its one schema, run_record.py; what the plan says of it when
-        there is none), the decisions, each worker's exit status, last step event and last lines of
-        output."""
-        launch = run_record.read(self.folder) or run_record.LaunchRecord(
-            run_id=self.plan["run_id"], node=self.plan["node"], provider=self.plan.get("provider") or "?",
-            workers=list(self.plan["workers"]))
+        launched (`launch`: launch.json by its one schema, run_record.py), the decisions, each worker's exit
+        status, last step event and last lines of output."""
         try:
             with open(os.path.join(self.folder, DECISIONS_FILE)) as f:
                 decisions = [json.loads(line) for line in f if line.strip()]
@@ -478,9 +479,9 @@ class Supervisor:
                                   "stopped": w.stopped, "step": w.step, "step_s": w.step_s,
                                   "last_event": w.last_event, "tail": [_mask(t, secrets) for t in w.tail]}
                    for w in self.workers.values()}
-        return {"format": RECORD_FORMAT, "run_id": self.plan["run_id"], "written_at": round(self.clock(), 3),
+        return {"format": RECORD_FORMAT, "run_id": self.launch.run_id, "written_at": round(self.clock(), 3),
                 "outcome": self.ended, "reason": self.delete_reason, "restarts": dict(self.restarts),
-                "launch": launch.to_json(), "decisions": decisions, "workers": workers}
+                "launch": self.launch.to_json(), "decisions": decisions, "workers": workers}
 
     def save_record(self):
         """Write the record where the plan says (a bucket, or the folder standing for one); a failure is
@@ -516,7 +517,7 @@ class Supervisor:
         elif kind == "gcp":
             delete_gcp_node(target)
         else:
-            raise RuntimeError(f"this node's provider ({self.plan.get('provider')}) cannot be deleted "
+            raise RuntimeError(f"this node's provider ({self.launch.provider}) cannot be deleted "
                                "from the pod")
 
 
@@ -635,7 +636,7 @@ def serve(folder, supervisor, bind):
 
 def supervise(folder, supervisor):
     """Tick until the run has ended, then delete the node when the plan or a budget says so."""
-    plan = supervisor.plan
+    plan, node = supervisor.plan, supervisor.launch.node
     while supervisor.ended is None:
         if not os.path.isdir(folder):
             return  # the node was deleted under us
@@ -655,21 +656,21 @@ def supervise(folder, supervisor):
         if newer:
             supervisor.decide("kept", f"a newer run ({newer}) started on the node: it is not deleted")
             return
-    supervisor.decide("deleting", f"deleting node {plan['node']} ({supervisor.delete_reason})")
+    supervisor.decide("deleting", f"deleting node {node} ({supervisor.delete_reason})")
     supervisor.save_record()  # before the node and its run folders are gone: how it ended, and why
-    supervisor.notify("deleted", f"node {plan['node']} deleted by the supervisor "
+    supervisor.notify("deleted", f"node {node} deleted by the supervisor "
                       f"({supervisor.delete_reason})", wait=True)
     try:
         supervisor.delete_node()
     except Exception as exc:  # noqa: BLE001 - whatever failed, say so in the record
         detail = f"{type(exc).__name__}: {exc}"
         if os.path.isdir(folder):
-            supervisor.decide("delete-failed", f"could not delete node {plan['node']}: {detail}")
+            supervisor.decide("delete-failed", f"could not delete node {node}: {detail}")
             supervisor.save_record()
         print(f"delete failed: {detail}", flush=True)
         return
     if os.path.isdir(folder):  # on a local pod the folder went with the node
-        supervisor.decide("deleted", f"node {plan['node']} deleted")
+        supervisor.decide("deleted", f"node {node} deleted")
 
 
 def _env_values(path, min_length):
@@ -701,12 +702,19 @@ def main(argv):
     folder = os.path.abspath(argv[0] if argv else ".")
     with open(os.path.join(folder, PLAN_FILE)) as f:
         plan = json.load(f)
+    try:  # the run's own facts: launch wrote its record before it started this supervisor
+        launch = run_record.load(folder)
+    except run_record.RecordError as exc:
+        sys.exit(f"error: {exc}")
+    if not launch.workers:
+        sys.exit(f"error: {run_record.FILE} of run {launch.run_id} names no workers to supervise; launch the "
+                 "run again")
     webhook = None
     notify_path = os.path.join(folder, NOTIFY_FILE)
     if os.path.exists(notify_path):
         with open(notify_path) as f:
             webhook = json.load(f).get("webhook_url")
-    supervisor = Supervisor(folder, plan, webhook)
+    supervisor = Supervisor(folder, plan, launch, webhook)
 
     def on_sigterm(signum, frame):
         supervisor.on_sigterm()
@@ -714,15 +722,16 @@ def main(argv):
 
     signal.signal(signal.SIGTERM, on_sigterm)
     server = serve(folder, supervisor, plan.get("bind", "127.0.0.1"))
-    supervisor.decide("started", f"supervising {len(plan['workers'])} worker(s): " + describe(plan))
+    supervisor.decide("started", f"supervising {len(launch.workers)} worker(s): "
+                      + describe(plan, launch.fail_fast))
     try:
         supervise(folder, supervisor)
     finally:
         server.shutdown()
 
 
-def describe(plan):
-    parts = ["fail-fast" if plan.get("fail_fast") else "no fail-fast"]
+def describe(plan, fail_fast):
+    parts = ["fail-fast" if fail_fast else "no fail-fast"]
     if plan.get("restart_on"):
         parts.append(f"restart on {','.join(plan['restart_on'])} up to {plan['max_restarts']} each")
     if plan.get("on_end") == "delete":

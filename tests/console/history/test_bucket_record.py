@@ -151,7 +151,7 @@ def test_on_a_tpu_vm_the_record_goes_up_with_the_vms_token_and_a_failure_is_a_de
     assert metadata_server.asked  # the VM's own service account, from the metadata server
     (data,) = bucket_record.read_records(bucket_record.parse_bucket(f"gs://{BUCKET}"))
     assert (data["run_id"], data["outcome"], data["decisions"][-1]["decision"]) == (
-        s.plan["run_id"], "succeeded", "ended")
+        s.launch.run_id, "succeeded", "ended")
 
     s.plan["record"] = {**s.plan["record"], "endpoint": "http://127.0.0.1:9"}  # nothing listens there
     s.save_record()  # says so, and carries on: the node is still deleted after it

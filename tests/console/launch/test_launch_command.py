@@ -176,7 +176,10 @@ def test_a_job_file_is_launched_and_recorded_with_the_run(capsys, tmp_path):
     assert (job["job_file"], job["job_file_text"]) == (str(job_file.resolve()), text)
     assert job["metrics"]["format"] == "none"
     plan = json.loads((run_folder(0, run_id) / "supervision.json").read_text())
-    assert plan["max_restarts"] == 2 and "distributed_timeout" in plan["restart_on"] and plan["fail_fast"]
+    assert plan["max_restarts"] == 2 and "distributed_timeout" in plan["restart_on"]
+    # each fact once: the run's own (fail-fast among them) are in its record, never in the plan
+    record_facts = {"run_id", "node", "provider", "workers", "started_at", "fail_fast", "price_per_hour"}
+    assert not record_facts & set(plan)
     assert RunStore().get(run_id).job["job_file_text"] == text
 
 

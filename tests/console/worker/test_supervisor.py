@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -24,8 +25,9 @@ from tpu_console.fleet import run_recipes
 from tpu_console.observe import supervision
 from tpu_console.observe.health import Thresholds
 from tpu_console.observe.supervision import SupervisionPolicy
-from tpu_console.worker import job_runner
+from tpu_console.worker import job_runner, run_record
 from tpu_console.worker import supervisor as sv
+from tpu_console.worker.run_record import LaunchRecord
 
 WORKER_DIR = Path(sv.__file__).parent
 
@@ -38,16 +40,27 @@ class Clock:
         return self.t
 
 
-def make(tmp_path: Path, workers=(0, 1), **policy) -> tuple[sv.Supervisor, Clock]:
+def launched(folder: Path, workers=(0, 1), provider: str = "local", node: str = "pod",
+             started_at: float = 1000.0, job: dict | None = None,
+             policy: SupervisionPolicy | None = None) -> LaunchRecord:
+    """Worker 0's launch.json, written into `folder` as launch writes it (before the supervisor starts)."""
+    policy = policy or SupervisionPolicy()
+    launch = LaunchRecord(
+        run_id=folder.name, node=node, provider=provider, workers=list(workers),
+        started_at=datetime.fromtimestamp(started_at, UTC).isoformat(), job=job, fail_fast=policy.fail_fast,
+        supervised=True, price_per_hour=policy.price_per_hour, worker=0)
+    (folder / run_record.FILE).write_bytes(launch.dumps())
+    return launch
+
+
+def make(tmp_path: Path, workers=(0, 1), job: dict | None = None, **policy) -> tuple[sv.Supervisor, Clock]:
     folder = tmp_path / "runs" / "20260101-000000-aaaa"
     folder.mkdir(parents=True, exist_ok=True)
-    plan = supervision.plan(
-        run_id=folder.name, node="pod", provider="local", workers=list(workers), started_at=1000.0,
-        policy=SupervisionPolicy(**policy), price_per_hour=None, delete_target=None, bind="127.0.0.1",
-        coordinator_host=None,
-    )
+    chosen = SupervisionPolicy(**policy)
+    launch = launched(folder, workers, job=job, policy=chosen)
+    plan = supervision.plan(policy=chosen, delete_target=None, bind="127.0.0.1", coordinator_host=None)
     clock = Clock()
-    return sv.Supervisor(str(folder), plan, clock=clock), clock
+    return sv.Supervisor(str(folder), plan, launch, clock=clock), clock
 
 
 def start_all(s: sv.Supervisor) -> None:
@@ -140,12 +153,8 @@ def test_a_job_before_its_first_step_is_compiling_until_half_an_hour(tmp_path):
 
 
 def test_a_command_job_whose_steps_are_not_read_is_never_judged_hung(tmp_path):
-    # launch.json is read when the supervisor starts: written first, as `launch` does
-    folder = tmp_path / "runs" / "20260101-000000-aaaa"
-    folder.mkdir(parents=True)
     job = {"kind": "command", "command": ["python", "train.py"], "metrics": {"format": "none"}}
-    (folder / "launch.json").write_text(json.dumps({"worker": 0, "job": job}))
-    s, clock = make(tmp_path, max_hang_s=600)
+    s, clock = make(tmp_path, job=job, max_hang_s=600)
     sent: list[str] = []
     s.notify = lambda event, text, wait=False: sent.append(event)
     start_all(s)
@@ -186,6 +195,20 @@ def test_the_supervisor_judges_a_hang_by_the_thresholds_the_console_ships(tmp_pa
     beat(s, clock, 10, {0: 1, 1: 1})
     beat(s, clock, 30, {0: 1, 1: 1})  # a step, then 30 s without one: past the shipped floor of 20 s
     assert sent == ["hung", "hung"]
+
+
+def test_the_supervisor_takes_the_runs_facts_from_its_record_and_refuses_to_start_without_one(tmp_path):
+    s, clock = make(tmp_path, workers=(0, 2), max_cost=1.0, price_per_hour=3.6)
+    assert set(s.workers) == {0, 2} and s.started_at == 1000.0  # the record's workers and start
+    assert s.record()["launch"] == s.launch.to_json()
+    folder = Path(s.folder)
+    (folder / supervision.PLAN_FILE).write_text(json.dumps(s.plan))
+    (folder / run_record.FILE).unlink()
+    with pytest.raises(SystemExit) as exited:
+        sv.main([str(folder)])
+    assert str(exited.value) == (f"error: run {folder.name} has no readable launch.json (No such file or "
+                                 "directory): launch writes it first; launch the run again")
+    assert not (folder / supervision.PORT_FILE).exists()
 
 
 def test_the_run_folders_names_are_the_consoles_on_both_sides():
@@ -264,13 +287,10 @@ async def test_on_gcp_the_supervisor_deletes_the_node_through_the_api_with_the_v
     assert target["node"] == f"projects/{PROJECT}/locations/{ZONES[0]}/nodes/night"
     folder = tmp_path / "runs" / "20260101-000000-aaaa"
     folder.mkdir(parents=True)
-    plan = supervision.plan(
-        run_id=folder.name, node="night", provider="gcp", workers=[0], started_at=0.0,
-        policy=SupervisionPolicy(on_end="delete", grace_s=0, heartbeat_s=0.2), price_per_hour=None,
-        delete_target=target, bind="127.0.0.1", coordinator_host=None,
-    )
+    policy = SupervisionPolicy(on_end="delete", grace_s=0, heartbeat_s=0.2)
+    launched(folder, [0], provider="gcp", node="night", started_at=0.0, policy=policy)
+    plan = supervision.plan(policy=policy, delete_target=target, bind="127.0.0.1", coordinator_host=None)
     (folder / supervision.PLAN_FILE).write_text(json.dumps(plan))
-    (folder / "launch.json").write_text(json.dumps({"worker": 0}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_CONSOLE_")}
     supervisor = subprocess.Popen([sys.executable, str(WORKER_DIR / "supervisor.py"), str(folder)], env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
