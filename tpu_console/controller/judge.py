@@ -18,15 +18,24 @@ made-up readings.
 Slices that shrink and grow (elastic.py): a multislice node some of whose slices are lost reads lost as a
 whole (its state is the worst of its slices'), but a run that may go on on the others (`elastic`) is judged
 `shrink` onto the slices left, once two reads some seconds apart say so, and `grow` onto every slice once
-all read READY again and the run on fewer has made a step. A run on fewer slices is read, and judged, on
-its own slices alone.
+all read READY again, the run on fewer has made a step and no failed grow holds it back
+(elastic.next_grow_at). A grown run that ends failed before its first step is judged `back`: onto the
+slices it was on, not the end of the managed run. A run on fewer slices is read, and judged, on its own
+slices alone.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpu_console.controller.elastic import elastic, grown_back, slices_left
+from tpu_console.controller.elastic import (
+    before_grow,
+    elastic,
+    grown_back,
+    next_grow_at,
+    on_trial,
+    slices_left,
+)
 from tpu_console.controller.observe import NodeReading, RunReading
 from tpu_console.controller.state import INCARNATION_LABEL, MANAGED_LABEL, ManagedRun, Status
 from tpu_console.domain import Node
@@ -37,11 +46,11 @@ NOTICE_GRACE_S = 60.0  # past the notice's deadline, a node still READY is taken
 
 @dataclass(frozen=True)
 class Verdict:
-    action: str  # wait | recover | end | shrink | grow
+    action: str  # wait | recover | end | shrink | grow | back (a grow that failed: onto the slices before)
     reason: str | None = None
     status: Status | None = None  # the end's
     in_place: bool = False  # recover on the same node, which stayed READY: no delete, no create
-    slices: tuple[int, ...] = ()  # shrink, grow: the slices to run on
+    slices: tuple[int, ...] = ()  # shrink, grow, back: the slices to run on
 
 
 WAIT = Verdict("wait")
@@ -75,6 +84,10 @@ def judge(run: ManagedRun, node: NodeReading, reading: RunReading | None) -> Ver
         if reading.killed_unasked and run.killed_reads < KILLED_READS:
             run.killed_reads += 1  # the provider may not have noticed the preemption yet: look again
             return WAIT
+        if on_trial(run):
+            on = len(run.current.on_slices(run.slices))
+            return Verdict("back", f"the run on {on} slices failed before its first step",
+                           slices=before_grow(run))
         return Verdict("end", "failed", Status.FAILED)
     run.killed_reads = 0
     if reading.lost_workers:
@@ -105,7 +118,9 @@ def _resize(run: ManagedRun, node: NodeReading) -> Verdict | None:
         gone = [i for i in on if i not in left]
         states = ", ".join(f"slice {i} {node.node.slice_states[i].lower()}" for i in gone)
         return _confirm(run, states, node.at, Verdict("shrink", states, slices=left))
-    if left is None and run.current.first_step_at is not None and grown_back(node.node, on):
+    due = next_grow_at(run)
+    if (left is None and run.current.first_step_at is not None and grown_back(node.node, on)
+            and due is not None and node.at >= due):
         run.suspect = None
         return Verdict("grow", f"every slice READY again: from {len(on)} to {run.slices}",
                        slices=tuple(range(run.slices)))

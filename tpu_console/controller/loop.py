@@ -222,7 +222,7 @@ class Controller:
                 if inc.first_step_at is None:
                     await self._first_step(stored, node, reading.at)
         verdict = judge(run, node, reading)
-        if verdict.action == "end":
+        if verdict.action in ("end", "back"):
             # the node is read again after the run: a preemption between the two reads ends the jobs on a
             # node that read READY a moment before, and is no end of the run
             again = await self._read_node(stored)
@@ -236,6 +236,8 @@ class Controller:
             return True
         if verdict.action in ("shrink", "grow"):
             return await self._resize(stored, verdict)
+        if verdict.action == "back":
+            return await self._grow_failed(stored, str(verdict.reason), inc.run_id)
         inc.ended, inc.ended_at = verdict.reason, (run.suspect or {}).get("first_at") or time.time()
         if verdict.action == "end":
             run.status, run.note, run.intent = verdict.status.value, verdict.reason, None
@@ -275,7 +277,10 @@ class Controller:
             return
         at = marks.first_step_at
         plausible = at is not None and (inc.started_at or 0) - 60 <= at <= seen_at + 60  # the job's clock
+        held_back = elastic.grow_note(run)
         inc.first_step_at, inc.resumed_step = at if plausible else seen_at, marks.resumed_step
+        if run.note is not None and run.note == held_back:
+            run.note = elastic.grow_note(run)  # a grow that held: failed grows no longer hold the run back
         recovery = next((r for r in run.recoveries if r.n == inc.n), None)
         if recovery is not None:
             recovery.first_step_at, recovery.resumed_step = inc.first_step_at, inc.resumed_step
@@ -310,6 +315,27 @@ class Controller:
                     f"managed run {run.id}: {run.node} {verdict.reason}; going on on "
                     f"{len(verdict.slices)} of {run.slices} slices")
         await self._intend(stored, Action.LAUNCH, run.current.n, stop=inc.run_id)
+        return False
+
+    async def _grow_failed(self, stored: Stored, problem: str, grown: str | None) -> bool:
+        """A grow on trial failed (its launch, or its run `grown` before the first step): the run launched
+        again on the slices it was on, as a new incarnation, the grown run stopped first (or, when none
+        started, the run before it, should its stop have failed); the grow is tried again after a back-off
+        (elastic.next_grow_at). No recovery of the budget."""
+        run, inc = stored.run, stored.run.current
+        back = elastic.before_grow(run)
+        running = grown or run.incarnations[-2].run_id
+        now = time.time()
+        inc.run_id = inc.run_id or grown  # so the relaunch never adopts it
+        inc.ended, inc.ended_at = f"{elastic.GROW_FAILED}: {problem}", now
+        run.incarnations.append(Incarnation(len(run.incarnations), run.node, inc.zone, created_at=now,
+                                            slices=list(back)))
+        run.status, run.suspect, run.killed_reads = Status.RUNNING.value, None, 0
+        run.note = elastic.grow_note(run)
+        self.progress(f"{run.id}: growing {run.node} back to {run.slices} slices failed: {problem}; "
+                      f"relaunching on slice(s) {', '.join(map(str, back))}")
+        self.notify("grow-failed", f"managed run {run.id}: {run.note}")
+        await self._intend(stored, Action.LAUNCH, run.current.n, stop=running)
         return False
 
     async def _remake_slices(self, stored: Stored, node: Node) -> None:
@@ -548,13 +574,17 @@ class Controller:
                     result = await relaunch.launch_again(self.providers, run.id, run.node, run.job,
                                                          self.webhook_url, self.run_store, self.progress)
             except Exception as exc:  # noqa: BLE001 - refused (UserError) or failed: a few tries
+                if elastic.on_trial(run):  # a grow: back onto the slices it was on
+                    return await self._grow_failed(stored, one_line(exc), None)
                 return await self._launch_failed(stored, one_line(exc))
             if not result.ok:
                 problem = next((s.error for s in result.starts if not s.ok), "a worker did not start")
+                if elastic.on_trial(run):
+                    return await self._grow_failed(stored, str(problem), result.run_id)
                 return await self._launch_failed(stored, str(problem))
             run_id = result.run_id
         inc.run_id, inc.started_at = run_id, time.time()
-        run.status, run.note = Status.RUNNING.value, None
+        run.status, run.note = Status.RUNNING.value, elastic.grow_note(run)
         if run.recoveries and run.recoveries[-1].n == inc.n:
             run.recoveries[-1].started_at = inc.started_at
         await self._intend(stored, Action.WATCH, inc.n)

@@ -2,7 +2,8 @@
 whole again, and the controller's loop doing it on a local multislice pod: slice 0 preempted alone, the
 managed run on both slices is stopped (it checkpoints on its SIGTERM) and goes on on slice 1 at once, told
 its one slice; the controller makes slice 0 again, and once the run on slice 1 made a step it grows back
-to both."""
+to both. A grow that fails (its run fails before its first step, or its launch fails) puts the run back
+on the slice it was on, and is tried again after a back-off, within a limit."""
 
 from __future__ import annotations
 
@@ -16,10 +17,14 @@ from tests.console.controller.test_invariants import drive
 from tests.console.launch.test_local import worker_home
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tests.processes import wait_for
-from tpu_console.controller import elastic
+from tpu_console.controller import elastic, relaunch
+from tpu_console.controller import state as st
 from tpu_console.controller.handover import Budgets, hand_over
+from tpu_console.controller.judge import judge
 from tpu_console.controller.loop import Controller
+from tpu_console.controller.observe import NodeReading, RunReading
 from tpu_console.controller.relaunch import job_of_command
+from tpu_console.controller.state import Incarnation, ManagedRun, Recovery
 from tpu_console.controller.store import FolderStore
 from tpu_console.domain import AcceleratorShape, CreateRequest, Node, NodeState
 from tpu_console.errors import UserError
@@ -58,9 +63,49 @@ def test_the_trainer_is_elastic_and_a_command_only_when_its_job_file_says_so():
     assert not elastic.elastic(job_of_command(JobSpec(command=["x"]), None, policy))
 
 
+def two_slice_run(*incarnations: Incarnation, recoveries: tuple[Recovery, ...] = ()) -> ManagedRun:
+    return ManagedRun(id="m1", provider="local", node="ms", accelerator_type="v6e-16",
+                      job={"kind": "trainer"}, slices=2, incarnations=list(incarnations),
+                      recoveries=list(recoveries))
+
+
+def test_a_grown_run_that_fails_before_its_first_step_goes_back_and_grows_again_after_a_back_off():
+    whole = Incarnation(0, "ms", first_step_at=1.0)
+    shrunk = Incarnation(1, "ms", slices=[1], first_step_at=5.0)
+    grown = Incarnation(2, "ms", run_id="r2", started_at=10.0)
+    run = two_slice_run(whole, shrunk, grown, recoveries=(Recovery(1, "slice 0 preempted", 4.0),))
+    assert elastic.on_trial(run) and elastic.before_grow(run) == (1,)
+    verdict = judge(run, NodeReading(20.0, node=node(R, R)), RunReading(20.0, state="failed"))
+    assert (verdict.action, verdict.slices) == ("back", (1,))
+    assert verdict.reason == "the run on 2 slices failed before its first step"
+    a_shrink = two_slice_run(whole, Incarnation(1, "ms", slices=[1]),
+                             recoveries=(Recovery(1, "slice 0 preempted", 4.0),))
+    assert not elastic.on_trial(a_shrink)
+
+    # back on slice 1: the next grow is due GROW_BACKOFF_S after the failure, then twice that, then never
+    grown.ended, grown.ended_at = f"{elastic.GROW_FAILED}: it broke", 20.0
+    run.incarnations.append(Incarnation(3, "ms", slices=[1], first_step_at=30.0))
+    assert not elastic.on_trial(run) and elastic.next_grow_at(run) == 20.0 + elastic.GROW_BACKOFF_S
+    assert "failed 1 of 3 time(s), last: it broke; on 1 of 2 slices, next try from" in elastic.grow_note(run)
+    early = NodeReading(20.0 + elastic.GROW_BACKOFF_S - 1, node=node(R, R))
+    assert judge(run, early, RunReading(early.at, state="running")).action == "wait"
+    due = NodeReading(20.0 + elastic.GROW_BACKOFF_S, node=node(R, R))
+    assert judge(run, due, RunReading(due.at, state="running")).action == "grow"
+    for n in (4, 6):
+        run.incarnations += [Incarnation(n, "ms", ended=f"{elastic.GROW_FAILED}: again", ended_at=100.0 * n),
+                             Incarnation(n + 1, "ms", slices=[1], first_step_at=100.0 * n + 1)]
+    assert elastic.next_grow_at(run) is None and "no more tries: it stays on them" in elastic.grow_note(run)
+    later = NodeReading(10**9, node=node(R, R))
+    assert judge(run, later, RunReading(later.at, state="running")).action == "wait"
+    run.incarnations.append(Incarnation(8, "ms", first_step_at=900.0))  # a whole run made a step again
+    assert elastic.next_grow_at(run) == 0.0 and elastic.grow_note(run) is None
+
+
 JOB = """\
 import json, os, signal, sys, time
 run = os.environ["TPU_CONSOLE_RUN_DIR"]
+if os.environ["TPU_CONSOLE_NUM_SLICES"] == "2" and os.path.exists(os.environ.get("FAIL_ON_TWO", "-")):
+    sys.exit(3)  # as a host that cannot join the others' first collective
 def checkpoint(signum, frame):
     open(os.path.join(run, "checkpointed"), "w").close()
     sys.exit(0)
@@ -123,6 +168,71 @@ async def test_a_managed_run_goes_on_on_the_slice_left_and_grows_back_once_it_is
         rigid = job_of_command(JobSpec(command=[sys.executable, str(script)]), None, SupervisionPolicy())
         with pytest.raises(UserError, match="without `elastic = true`: it runs on every slice or not at all"):
             await elastic.relaunch_on_slices(providers, "managed-2", "ms", rigid, (1,), grown.run_id)
+    finally:
+        await controller.stop()
+        stop_groups([g for w in range(2) for g in running_job_groups(worker_home(w, "ms"))], grace_s=1.0)
+        await provider.close()
+
+
+async def test_a_grow_that_fails_leaves_the_run_on_the_slice_left_and_is_tried_again_later(tmp_path,
+                                                                                          monkeypatch):
+    """Slice 0 lost and made again: the grow's run on both slices fails before its first step, then the
+    next grow's launch fails; each time the run goes on on slice 1 (no recovery, no end), the record and
+    the webhook say why, and the third grow, once the back-off let it, holds."""
+    script, fail_on_two = tmp_path / "job.py", tmp_path / "fail-on-two"
+    script.write_text(JOB)
+    monkeypatch.setattr(elastic, "GROW_BACKOFF_S", 3600.0)
+    provider = LocalProvider()
+    providers = {"local": provider}
+    spec = JobSpec(command=[sys.executable, str(script)], elastic=True, env={"FAIL_ON_TWO": str(fail_on_two)})
+    job = job_of_command(spec, None, SupervisionPolicy())
+    store = FolderStore(tmp_path / "controller")
+    told: list[tuple[str, str]] = []
+    controller = Controller(providers, store, poll_s=0.1, read_timeout_s=30.0,
+                            notify=lambda event, text: told.append((event, text)))
+    launch_again = relaunch.launch_again
+
+    async def refused_once_on_both(*args, slices=None, **kw):
+        if slices == (0, 1) and not any("injected" in text for _, text in told):
+            raise UserError("injected: a host of slice 0 did not answer")
+        return await launch_again(*args, slices=slices, **kw)
+
+    try:
+        await provider.create(CreateRequest(name="ms", accelerator_type="local-1x1", slices=2))
+        first = await launch(providers, "ms", job=spec)
+        managed = hand_over(store, first, job, [], Budgets(confirm_s=0.3))
+        fail_on_two.touch()
+        await provider.preempt("ms", slice_index=0)
+
+        # shrunk, slice 0 made again, grown: the run on both fails at its start; back on slice 1, where
+        # it stays for the back-off
+        run = await drive(controller, lambda r: len(r.incarnations) == 4 and r.current.first_step_at,
+                          managed.id, store)
+        shrunk, grown, back = run.incarnations[1:]
+        assert shrunk.slices == [1] and grown.slices is None and back.slices == [1]
+        assert grown.run_id and grown.ended == "grow failed: the run on 2 slices failed before its first step"
+        assert run.status == "RUNNING" and len(run.recoveries) == 1  # a failed grow is no recovery
+        assert "growing back to 2 slices failed 1 of 3 time(s)" in run.note
+        assert env_of(1, back.run_id)["TPU_CONSOLE_NUM_SLICES"] == "1"
+        assert [event for event, _ in told] == ["preempted", "recovered", "grown", "grow-failed"]
+        for _ in range(5):
+            await controller.run_pass()
+            await controller.wait_idle()
+        assert len(st.load(store, managed.id).run.incarnations) == 4  # held back
+
+        # once due, the next grow's launch fails: back again; the third holds
+        fail_on_two.unlink()
+        monkeypatch.setattr(relaunch, "launch_again", refused_once_on_both)
+        monkeypatch.setattr(elastic, "GROW_BACKOFF_S", 0.01)
+        run = await drive(controller, lambda r: len(r.incarnations) == 7 and r.current.first_step_at,
+                          managed.id, store)
+        assert run.incarnations[4].ended == "grow failed: injected: a host of slice 0 did not answer"
+        assert run.incarnations[5].slices == [1] and run.incarnations[5].ended.startswith("every slice READY")
+        assert [event for event, _ in told][4:] == ["grown", "grow-failed", "grown"]
+        assert "failed 2 of 3 time(s), last: injected" in told[5][1]
+        assert run.current.slices is None
+        assert [env_of(w, run.current.run_id)["TPU_CONSOLE_NUM_SLICES"] for w in range(2)] == ["2", "2"]
+        assert run.status == "RUNNING" and run.note is None and len(run.recoveries) == 1
     finally:
         await controller.stop()
         stop_groups([g for w in range(2) for g in running_job_groups(worker_home(w, "ms"))], grace_s=1.0)
