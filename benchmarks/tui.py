@@ -255,13 +255,13 @@ def run_child(workers: int, lines_per_s: int, stats_path: str) -> None:
 
         lines_shown = 0
 
-        def flush(self, post) -> None:
+        def flush(self, post, force: bool = False) -> None:
             def counted(message) -> None:
                 if isinstance(message, RunLogLines):
                     self.lines_shown += len(message.lines)
                 post(message)
 
-            super().flush(counted)
+            super().flush(counted, force=force)
 
     feed = CountingFeed({}, run_id, first_log_lines=None, open_watch=open_watch)
 

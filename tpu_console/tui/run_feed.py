@@ -6,7 +6,8 @@ exclusive Textual worker:
 
     follow(post)          the watch's updates until the run has ended: log lines and every step event from
                           step 1 (the watch reads events.jsonl from offset 0, so the plots have the whole
-                          history), each batched every `flush_every_s` into one message, log signatures
+                          history), posted as they arrive, at most every `flush_every_s` (one message for
+                          what arrived meanwhile), log signatures
                           (OOM with its hint, TPU in use, tracebacks ...), the W&B URL, and a `RunSnapshot`
                           whenever the watcher's health changes (and every `snapshot_every_s`, so stall
                           ages move)
@@ -132,7 +133,7 @@ class RunFeed:
         clock: Callable[[], datetime] = local_now,
         first_log_lines: int | None = 200,
         poll_s: float = 0.25,
-        flush_every_s: float = 0.1,
+        flush_every_s: float = 0.05,
         snapshot_every_s: float = 1.0,
         devices_every_s: float = 5.0,
         metrics_address: str = LIBTPU_METRICS_ADDRESS,
@@ -164,6 +165,7 @@ class RunFeed:
         # (worker, lines, when they were written: one time for them all (when they arrived here), or each
         # line's mark on the worker, else its arrival)
         self._pending_lines: list[tuple[int, list[str], float | tuple[float, ...]]] = []
+        self._arrived = asyncio.Event()  # lines or steps wait to be posted
         self._pending_steps: dict[int, list[StepMetrics]] = {}  # by worker, since the last flush
         # The first lines of each worker (its last lines so far) come at once, a worker after another:
         # held until every worker's have come (or BACKLOG_WAIT_S passed), so they interleave by time.
@@ -271,6 +273,7 @@ class RunFeed:
                     self._pending_lines.append((worker, lines, arrived))
                 self._seen(worker).last_line = lines[-1]
                 self._backlog_from.discard(worker)
+                self._arrived.set()
             case NewEvents(worker, events):
                 self._seen(worker).events.add(events)
                 if (tracker := self._goodput_tracker()) is not None:
@@ -278,6 +281,7 @@ class RunFeed:
                 steps = [StepMetrics.from_event(e) for e in events if e.kind == "step"]
                 if steps:  # posted with the next lines: one message for every worker's
                     self._pending_steps.setdefault(worker, []).extend(steps)
+                    self._arrived.set()
             case SupervisorDecided(decisions):
                 if (tracker := self._goodput_tracker()) is not None:
                     tracker.add_decisions(decisions)
@@ -300,12 +304,22 @@ class RunFeed:
                     post(RunUpdated(self.snapshot()))
 
     async def _tick(self, watch: RunWatch, post: Post) -> None:
-        """Batch the lines every `flush_every_s`; judge the run again every `snapshot_every_s` (the health
+        """Post what arrived as soon as it arrives, at most once every `flush_every_s` (a line after a quiet
+        spell shows at once; a stream is batched); judge the run again every `snapshot_every_s` (the health
         changes only when a label does; a stalled worker's age and the straggler times move in between)."""
-        judged = time.monotonic()
+        judged = flushed = time.monotonic()
         while True:
-            await asyncio.sleep(self.flush_every_s)
+            until_judgement = judged + self.snapshot_every_s - time.monotonic()
+            if not self._arrived.is_set() and until_judgement > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._arrived.wait(), until_judgement)
+            if (pause := flushed + self.flush_every_s - time.monotonic()) > 0:
+                await asyncio.sleep(pause)
+            self._arrived.clear()
             self.flush(post)
+            flushed = time.monotonic()
+            if self._pending_lines:  # held back while the workers' first lines wait for each other's
+                self._arrived.set()
             if time.monotonic() - judged >= self.snapshot_every_s and not self.ended:
                 judged = time.monotonic()
                 self.health = watch.latest_health or watch.health()  # judged by the watch a moment ago

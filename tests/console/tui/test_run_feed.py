@@ -103,6 +103,35 @@ def test_feed_posts_every_step_event_from_the_first_and_batches_the_lines():
     ]
 
 
+async def test_a_line_after_a_quiet_spell_is_posted_at_once_and_a_stream_is_batched():
+    feed, posted = new_feed(), []
+    feed.flush_every_s, feed.snapshot_every_s = 0.6, 3600.0
+
+    def lines_posted() -> list:
+        return [m.lines for m in posted if isinstance(m, RunLogLines)]
+
+    async def posted_within(seconds: float, count: int) -> bool:
+        deadline = asyncio.get_running_loop().time() + seconds
+        while len(lines_posted()) < count and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        return len(lines_posted()) >= count
+
+    ticker = asyncio.create_task(feed._tick(None, posted.append))  # the watch is asked only to judge
+    try:
+        await asyncio.sleep(0.7)  # quiet for longer than flush_every_s
+        feed.take(LogLines(0, ["first"]), posted.append)
+        assert await posted_within(0.3, 1)  # at once, not at the next 0.6 s tick
+        feed.take(LogLines(0, ["second"]), posted.append)
+        feed.take(LogLines(1, ["third"]), posted.append)
+        assert not await posted_within(0.3, 2)  # within flush_every_s of the last message: they wait ...
+        assert await posted_within(1.0, 2)  # ... and go together
+        assert lines_posted() == [[(0, "first")], [(0, "second"), (1, "third")]]
+    finally:
+        ticker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ticker
+
+
 def test_feed_keeps_the_most_telling_log_signature_and_the_first_wandb_url():
     feed, posted = new_feed(), []
     scanner = SignatureScanner()
