@@ -1,14 +1,17 @@
 """Launching is exclusive across consoles: an atomic lock on the pod (`mkdir ~/tpu-console/launch.lock`
-on the node's worker 0, whichever workers a launch selects, with `owner.json` saying who holds it, from
-where, since when and, once the job started, for which run). Of any number of launches at once on one node,
-on any worker subsets, exactly one takes it; the others are refused naming the holder.
+on the node's worker 0, whichever workers a launch selects; on a multislice with slices lost, the first
+host of the first slice left: `lock_worker`), with `owner.json` saying who holds it, from where, since when
+and, once the job started, for which run. Of any number of launches at once on one node, on any worker
+subsets, exactly one takes it; the others are refused naming the holder.
 
-The lock is released when a launch fails, when its run is stopped, and is recognised as released once
-its run has ended (no live process group, or an `exit` file) or, for a launch that never got as far as a
-run (its console died half-way), after STALE_AFTER_S; the next launch then takes it over. A run on a worker
-subset without worker 0 is seen ended where it runs (owner.json's `run_worker`): the acquirer asks that
-worker, then takes the lock over only if it still names the holder it asked about (a compare-and-swap on
-the holder's token), so a lock taken meanwhile by a third launch is never removed.
+The lock is released when a launch fails, when its run is stopped (on every worker where a run of the
+node may hold it, `lock_places`: a run launched on the slices left of a multislice holds it on the first
+host of the first of them, which need not be worker 0 once the lost slices are back), and is recognised as
+released once its run has ended (no live process group, or an `exit` file) or, for a launch that never got
+as far as a run (its console died half-way), after STALE_AFTER_S; the next launch then takes it over. A
+run on a worker subset without worker 0 is seen ended where it runs (owner.json's `run_worker`): the
+acquirer asks that worker, then takes the lock over only if it still names the holder it asked about (a
+compare-and-swap on the holder's token), so a lock taken meanwhile by a third launch is never removed.
 
 Every recipe holds `flock` on the worker's home folder while it looks and acts, so taking, taking over,
 keeping and releasing never interleave: without it, two launches that both saw the same stale holder could
@@ -140,6 +143,12 @@ def lock_worker(node: Node) -> int:
     going on on the others), the first host of the first slice left, which every launch reads alike."""
     ready = node.ready_slices
     return LOCK_WORKER if not ready or ready[0] == 0 else ready[0] * node.workers_per_slice
+
+
+def lock_places(node: Node) -> tuple[int, ...]:
+    """Every worker where a run of the node may hold the lock: the first host of each slice (worker 0
+    first), since `lock_worker` depended on which slices were READY when the run was launched, not now."""
+    return tuple(index * node.workers_per_slice for index in range(node.slices))
 
 
 class LaunchLock:

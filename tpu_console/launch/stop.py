@@ -1,5 +1,6 @@
 """Stopping a run: SIGTERM its job's process group on every worker, SIGKILL after a grace period, and free
-the node's launch lock for the next launch once every worker has ended."""
+the node's launch lock for the next launch once every worker has ended, wherever the run holds it (worker 0,
+or on a multislice the first host of another slice: launch/lock.py's `lock_places`)."""
 
 from __future__ import annotations
 
@@ -45,9 +46,10 @@ async def stop(
         ]
         (view,) = await probe_records(reach, [record], STATUS_EVENTS_TAIL_BYTES, 3)
         save_view(store, view)
-        lock_worker = launch_lock.LOCK_WORKER
-        if all(s.done for s in view.workers) and lock_worker in reach.fleet.targets:  # free for the next
-            await reach.fleet.run(launch_lock.release_recipe(run_id=record.run_id), [lock_worker], timeout=30)
+        places = launch_lock.lock_places(reach.node) if reach.node else (launch_lock.LOCK_WORKER,)
+        held_at = [w for w in places if w in reach.fleet.targets]  # released only where it names this run
+        if all(s.done for s in view.workers) and held_at:  # free for the next
+            await reach.fleet.run(launch_lock.release_recipe(run_id=record.run_id), held_at, timeout=30)
     return view, stops
 
 

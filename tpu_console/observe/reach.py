@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tpu_console.domain import Node
 from tpu_console.errors import NotFound, UserError, one_line
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.fleet.preflight import unreachable_workers
@@ -20,6 +21,7 @@ class NodeWorkers:
     problem: str | None = None
     node_gone: bool = False
     provider: Provider | None = None
+    node: Node | None = None  # as read when it was reached
 
 
 class reach_node:
@@ -45,7 +47,7 @@ class reach_node:
             self._state.problem = one_line(exc)
             return self._state
         fleet = Fleet(targets)
-        self._state.fleet, self._state.provider = fleet, provider
+        self._state.fleet, self._state.provider, self._state.node = fleet, provider, node
         await unreachable_workers(fleet, list(fleet.targets))  # connect all at once, up front
         return self._state
 
