@@ -109,6 +109,9 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
                         help="with --managed: no recovery once all its nodes together cost this much")
     launch.add_argument("--deadline", metavar="DURATION",
                         help="with --managed: no recovery begins this long after the launch (e.g. 12h)")
+    launch.add_argument("--doctor", action=argparse.BooleanOptionalAction, default=None,
+                        help="with --managed: the pod doctor checks each new node before the relaunch "
+                        "(default: on, but for local pods; over a job file's [recovery] doctor)")
     launch.add_argument("--watch-every", type=float, default=30.0, metavar="S",
                         help="with --recover: seconds between two looks at the node and the run (default 30)")
     launch.add_argument(
@@ -378,7 +381,7 @@ async def _check_managed(args: argparse.Namespace, job: JobSpec | None, policy: 
         provider, _ = await find_node(providers, args.node)
         require_durable_checkpoints(args.config, args.overrides, provider.name)
     return budgets_of(job.recovery if job is not None else None, max_recoveries=args.max_recoveries,
-                      max_cost=args.max_total_cost, deadline=args.deadline)
+                      max_cost=args.max_total_cost, deadline=args.deadline, doctor=args.doctor)
 
 
 def _hand_over(args: argparse.Namespace, job: JobSpec | None, policy: SupervisionPolicy, result: Any,

@@ -62,7 +62,7 @@ def hand_over(store: StateStore, result: LaunchResult, job: dict[str, Any], zone
 
 def budgets_of(recovery: Any = None, *, max_recoveries: int | None = None, max_cost: str | None = None,
                deadline: str | None = None, lost_after: str | None = None, queued: bool | None = None,
-               now: float | None = None) -> Budgets:
+               doctor: bool | None = None, now: float | None = None) -> Budgets:
     """The budgets from a job file's `[recovery]` with launch's flags over it (None: not given); a
     one-line UserError naming the flag for a bad value."""
     from tpu_console.observe.supervision import parse_amount, parse_duration
@@ -85,7 +85,7 @@ def budgets_of(recovery: Any = None, *, max_recoveries: int | None = None, max_c
         if wait is not None else None,
         lost_after_s=parse_duration(str(lost), "--lost-after"),
         queued=bool(pick(queued, "queued", False)),
-        doctor=pick(None, "doctor", None),
+        doctor=pick(doctor, "doctor", None),
     )
 
 
