@@ -280,6 +280,11 @@ STEP_FORMATS_SOURCE = worker.source("step_formats.py")  # step_lines.py reads ea
 LOG_TIMESTAMPS_SOURCE = worker.source("log_timestamps.py")  # the runner reads a log line's own time with it
 PREEMPTION_NOTICE_SOURCE = worker.source("preemption_notice.py")  # the runner watches the VM's notice with it
 RUN_RECORD_SOURCE = worker.source("run_record.py")  # the runner and the supervisor read launch.json with it
+# The supervisor's own modules, beside it on the first worker: how the runners reach it, the webhook, the
+# straggler rule, the record that outlives the node, the node's deletion and the Google APIs it calls.
+SUPERVISOR_MODULES = ("report_server.py", "webhook.py", "step_pace.py", "bucket_writer.py",
+                      "node_deletion.py", "google_apis.py")
+SUPERVISOR_MODULE_SOURCES = {name: worker.source(name) for name in SUPERVISOR_MODULES}
 
 
 def follow_run(

@@ -396,6 +396,8 @@ async def _prepare(
                                  workers, mode=0o644))
         first = workers[:1]  # the supervisor's worker
         uploads.append(fleet.put(run_recipes.SUPERVISOR_SOURCE, f"{folder}/{SUPERVISOR}", first, mode=0o644))
+        for name, source in run_recipes.SUPERVISOR_MODULE_SOURCES.items():
+            uploads.append(fleet.put(source, f"{folder}/{name}", first, mode=0o644))
         if webhook_url:
             notify = supervision.notify_file(webhook_url)
             uploads.append(fleet.put(notify, f"{folder}/{supervision.NOTIFY_FILE}", first, mode=0o600))

@@ -2,11 +2,11 @@
 console gone (a laptop asleep, a terminal closed).
 
 `launch` starts it detached in worker 0's run folder (`python3 supervisor.py`), before the jobs; it serves
-HTTP on the pod's network and writes `supervisor.port` once listening. Every worker's job runs under a
-job runner (job_runner.py) that reports to it: the job's start, a heartbeat with its last step, and its
-exit status with the failure class read from its log. The answers carry the supervisor's orders: carry on,
-stop the job, start it again, or end. What it decides goes to `supervisor.jsonl` in the run folder (one
-JSON object per line: `t`, `decision`, `message`), which the console shows.
+HTTP on the pod's network and writes `supervisor.port` once listening (report_server.py). Every worker's
+job runs under a job runner (job_runner.py) that reports to it: the job's start, a heartbeat with its last
+step, and its exit status with the failure class read from its log. The answers carry the supervisor's
+orders: carry on, stop the job, start it again, or end. What it decides goes to `supervisor.jsonl` in the
+run folder (one JSON object per line: `t`, `decision`, `message`), which the console shows.
 
 It reads the run's record, `launch.json` (run_record.py: the run's id, node, provider, workers, start time,
 price and fail-fast, written once by `launch` before it starts the supervisor), `supervision.json` (the
@@ -29,54 +29,44 @@ webhook URL is a secret, so it is never on a command line). It enforces:
   worker's runner in its next answer, so all jobs checkpoint together; failures that follow (peers gone
   from a collective) are not restarted, and the run ends `preempted`.
 
-Deleting a node: on Cloud TPU, with the VM's own service account (a token from the metadata server), the
-TPU API's DELETE on the node (and on its queued resource when it has one). On a local pod, the command the
-plan names (the console's providers/local/remove_pod.py, which `LocalProvider.delete` uses too).
-
-The run's record: when the run has ended, and again just before the node is deleted, the run's summary
-(launch.json, these decisions, each worker's exit status, last step event and last lines of output) goes
-where the plan's `record` says: a Cloud Storage bucket, through its JSON API with the VM's credentials, or
-a local pod's folder standing for one. `runs` on any console reads it back (history/bucket_record.py).
+Its parts, each a module beside it: how the runners reach it (report_server.py), the webhook's messages
+(webhook.py), who straggles (step_pace.py), the run's record that outlives the node, written when the run
+has ended and again just before the node is deleted (bucket_writer.py), and the node's deletion
+(node_deletion.py): on Cloud TPU the TPU API's DELETE with the VM's own credentials (google_apis.py), on a
+local pod the console's own removal, the command the plan names.
 
 The console's facts it judges by come in the plan, never as copies here: health's thresholds
 (observe/health.py), the failure signatures, the removal of a local pod, where the record goes.
 
-Python 3.8+ and the standard library only; it imports nothing of the console.
+Python 3.8+ and the standard library only; it imports nothing of the console. Its modules (the ones named
+here, run_record.py and preemption_notice.py) are shipped beside it into the run folder (launch/start.py).
 """
 
 import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 try:  # shipped into the run folder beside this file (launch/start.py)
     import preemption_notice
 except ImportError:
     preemption_notice = None
-try:  # launch.json's one schema: beside this file in the run folder (launch/start.py ships it)
+try:  # beside this file in the run folder (launch/start.py ships them)
+    import bucket_writer
+    import node_deletion
+    import report_server
     import run_record
+    import step_pace
+    import webhook
 except ImportError:  # imported as tpu_console.worker.supervisor (the console's tests)
-    from tpu_console.worker import run_record
+    from tpu_console.worker import bucket_writer, node_deletion, report_server, run_record, step_pace, webhook
 
 PLAN_FILE = "supervision.json"
-NOTIFY_FILE = ".notify"
 DECISIONS_FILE = "supervisor.jsonl"
-PORT_FILE = "supervisor.port"
-PID_FILE = "supervisor.pid"
-METADATA_URL = "http://metadata.google.internal/computeMetadata/v1"
-TPU_API = "https://tpu.googleapis.com"
 TICK_S = 0.25
-# The run's record in the bucket. 2: the run's node, provider and the rest only in `launch` (1 said the
-# node and provider beside it too).
-RECORD_FORMAT = 2
 
 # Orders in the answers to a job runner.
 RUN, STOP, RESTART, WAIT, DONE, PREEMPT = "run", "stop", "restart", "wait", "done", "preempt"
@@ -108,11 +98,12 @@ class WorkerView:
 
 
 class Supervisor:
-    def __init__(self, folder, plan, launch, webhook=None, clock=now):
+    def __init__(self, folder, plan, launch, webhook_url=None, clock=now):
         self.folder = folder
         self.plan = plan
         self.launch = launch  # the run's record (run_record.LaunchRecord), as launch wrote it once
-        self.webhook = webhook
+        self.webhook = webhook.Webhook(webhook_url, launch.run_id, launch.node, self.decide) if webhook_url \
+            else None
         self.clock = clock
         self.lock = threading.Lock()
         self.record_lock = threading.Lock()
@@ -179,7 +170,7 @@ class Supervisor:
                 worker.step_interval = self.clock() - worker.progress_at
             worker.step, worker.progress_at = step, self.clock()
             worker.paced[step] = (self.clock(), worker.step_s)
-            while len(worker.paced) > 2 * int((self.plan.get("pace") or {}).get("window", 20)):
+            while len(worker.paced) > step_pace.kept_steps(self.plan.get("pace") or {}):
                 del worker.paced[min(worker.paced)]
         if self.preemption is not None and worker.index not in self.told_notice:
             return self._preempt(worker)
@@ -369,23 +360,16 @@ class Supervisor:
                                   f"{steps}): stopping the run and deleting the node")
 
     def _check_stragglers(self):
-        """on_straggler: name a worker whose recent step time is `factor` x the others' median; restart."""
-        action, rule = self.plan.get("on_straggler"), self.plan.get("pace") or {}
+        """on_straggler: name a straggler (step_pace.py's rule) once an attempt; restart, when asked to."""
+        action = self.plan.get("on_straggler")
         if action not in ("report", "restart"):
             return
-        window, factor = int(rule.get("window", 20)), float(rule.get("factor", 1.5))
-        times = {w.index: _step_time(w.paced, window) for w in self.workers.values()
-                 if w.state == "running" and len(w.paced) >= int(rule.get("min_steps", 5))}
-        times = {w: s for w, s in times.items() if s is not None}
-        excess = float(rule.get("min_excess_s", 0))
-        for index, seconds in sorted(times.items()):
-            median = _median([s for w, s in times.items() if w != index])
-            if median is None or (index, self.attempt) in self.stragglers_told:
-                continue
-            if median <= 0 or seconds < factor * median or seconds - median < excess:
+        paced = {w.index: w.paced for w in self.workers.values() if w.state == "running"}
+        slow = step_pace.stragglers(paced, self.plan.get("pace") or {})
+        for index, (seconds, median, steps) in sorted(slow.items()):
+            if (index, self.attempt) in self.stragglers_told:
                 continue
             self.stragglers_told.add((index, self.attempt))
-            steps = min(window, len(self.workers[index].paced))
             what = (f"worker {index}: {seconds / median:.1f}x the median step for the last {steps} steps "
                     f"({seconds:.2f}s vs {median:.2f}s)")
             used, allowed = self.restarts.get("straggler", 0), int(self.plan.get("max_restarts", 0))
@@ -428,7 +412,7 @@ class Supervisor:
         if self.plan.get("on_end") == "delete" and self.delete_reason is None:
             self.delete_reason = "on-end"
 
-    # ---- the record, notifications ------------------------------------------------------------------
+    # ---- the decisions file, notifications ----------------------------------------------------------
 
     def decide(self, decision, message, **fields):
         record = {"t": round(self.clock(), 3), "decision": decision, "message": message, **fields}
@@ -441,47 +425,27 @@ class Supervisor:
         print(f"{decision}: {message}", flush=True)
 
     def notify(self, event, text, wait=False):
-        """One webhook message (Slack-compatible: a JSON body with `text`), when a webhook is set up. Sent
-        from a thread of its own unless `wait`: a slow webhook must not hold up the runners' reports."""
-        if not self.webhook:
-            return
-        if not wait:
-            threading.Thread(target=self.notify, args=(event, text, True)).start()
-            return
-        run_id, node = self.launch.run_id, self.launch.node
-        body = {"text": f"tpu-console: run {run_id} on {node}: {text}", "event": event, "run_id": run_id,
-                "node": node}
-        request = urllib.request.Request(self.webhook, data=json.dumps(body).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
-        try:
-            urllib.request.urlopen(request, timeout=10).close()
-            self.decide("notified", f"sent the {event} notification", event=event)
-        except (OSError, ValueError) as exc:
-            # The URL is a secret: say what failed, never where to.
-            self.decide("notify-failed", f"the {event} notification was not delivered "
-                        f"({type(exc).__name__})", event=event)
+        """One webhook message (webhook.py), when a webhook is set up."""
+        if self.webhook is not None:
+            self.webhook.send(event, text, wait)
 
     # ---- the run's record: outlives the node ---------------------------------------------------------
 
     def record(self):
-        """The run's summary for the bucket (history/bucket_record.py reads it): the run's record as
-        launched (`launch`: launch.json by its one schema, run_record.py), the decisions, each worker's exit
-        status, last step event and last lines of output."""
+        """The run's record for the bucket (bucket_writer.py): as launched, the decisions, how it ended, and
+        each worker's exit status, last step event and last lines of output."""
         try:
             with open(os.path.join(self.folder, DECISIONS_FILE)) as f:
                 decisions = [json.loads(line) for line in f if line.strip()]
         except (OSError, ValueError):
             decisions = []
-        # the bucket is the team's: a secret of the run's .env a job printed is masked, as the console does
-        secrets = _env_values(os.path.join(self.folder, ".env"),
-                              int((self.plan.get("record") or {}).get("mask_min_length", 1)))
-        workers = {str(w.index): {"state": w.state, "exit_status": w.status, "cause": w.cause,
-                                  "stopped": w.stopped, "step": w.step, "step_s": w.step_s,
-                                  "last_event": w.last_event, "tail": [_mask(t, secrets) for t in w.tail]}
-                   for w in self.workers.values()}
-        return {"format": RECORD_FORMAT, "run_id": self.launch.run_id, "written_at": round(self.clock(), 3),
-                "outcome": self.ended, "reason": self.delete_reason, "restarts": dict(self.restarts),
-                "launch": self.launch.to_json(), "decisions": decisions, "workers": workers}
+        workers = {w.index: {"state": w.state, "exit_status": w.status, "cause": w.cause,
+                             "stopped": w.stopped, "step": w.step, "step_s": w.step_s,
+                             "last_event": w.last_event, "tail": w.tail} for w in self.workers.values()}
+        return bucket_writer.build(
+            self.launch, decisions, workers, os.path.join(self.folder, ".env"),
+            int((self.plan.get("record") or {}).get("mask_min_length", 1)), written_at=round(self.clock(), 3),
+            outcome=self.ended, reason=self.delete_reason, restarts=dict(self.restarts))
 
     def save_record(self):
         """Write the record where the plan says (a bucket, or the folder standing for one); a failure is
@@ -490,148 +454,12 @@ class Supervisor:
         if not target:
             return
         try:
-            where = write_record(target, self.record())
+            where = bucket_writer.write(target, self.record())
         except Exception as exc:  # noqa: BLE001 - whatever failed, say so in the decisions
-            self.decide("record-failed", f"the run's record was not written to {_record_place(target)} "
+            self.decide("record-failed", f"the run's record was not written to {bucket_writer.place(target)} "
                         f"({type(exc).__name__}: {exc})")
             return
         print(f"record: {where}", flush=True)
-
-    # ---- the end: delete the node --------------------------------------------------------------------
-
-    def newer_run(self):
-        """A run started on this node after this one (its folder beside this one's): leave the node be."""
-        runs = os.path.dirname(os.path.abspath(self.folder))
-        mine = os.path.basename(os.path.abspath(self.folder))
-        try:
-            return next((n for n in sorted(os.listdir(runs)) if n > mine and os.path.isdir(
-                os.path.join(runs, n))), None)
-        except OSError:
-            return None
-
-    def delete_node(self):
-        target = self.plan.get("delete") or {}
-        kind = target.get("kind")
-        if kind == "local":
-            delete_local_pod(target)
-        elif kind == "gcp":
-            delete_gcp_node(target)
-        else:
-            raise RuntimeError(f"this node's provider ({self.launch.provider}) cannot be deleted "
-                               "from the pod")
-
-
-# ---- the run's record ----------------------------------------------------------------------------------
-
-
-def write_record(target, record):
-    """One JSON object, `<prefix><run_id>.json`: in a folder (a local pod's stand-in for the bucket), or
-    uploaded through Cloud Storage's JSON API with the VM's own credentials (none for an emulator)."""
-    data = json.dumps(record, indent=1).encode()
-    name = target.get("prefix", "") + record["run_id"] + ".json"
-    if target["kind"] == "folder":
-        path = os.path.join(target["path"], name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path + ".tmp", "wb") as out:
-            out.write(data)
-        os.replace(path + ".tmp", path)
-        return path
-    endpoint = target["endpoint"].rstrip("/")
-    url = (f"{endpoint}/upload/storage/v1/b/{urllib.parse.quote(target['bucket'], safe='')}/o"
-           f"?uploadType=media&name={urllib.parse.quote(name, safe='')}")
-    # octet-stream: an emulator would parse a JSON body instead of storing it
-    headers = {"Content-Type": "application/octet-stream"}
-    if target.get("auth") == "metadata":
-        headers["Authorization"] = "Bearer " + metadata_token(target.get("metadata_url") or METADATA_URL)
-    request = urllib.request.Request(url, data=data, method="POST", headers=headers)
-    urllib.request.urlopen(request, timeout=30).close()
-    return f"gs://{target['bucket']}/{name}"
-
-
-def _record_place(target):
-    if target.get("kind") == "folder":
-        return target.get("path")
-    return f"gs://{target.get('bucket')}/{target.get('prefix', '')}"
-
-
-# ---- deleting a node ---------------------------------------------------------------------------------
-
-
-def delete_local_pod(target):
-    """Run the console's own removal of a local pod (providers/local/remove_pod.py: its layout and how
-    its jobs are stopped live there only); this machine is the pod's, so the console's interpreter is
-    here."""
-    result = subprocess.run(target["command"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            timeout=120, cwd=os.path.dirname(os.path.abspath(target["node_dir"])))
-    if result.returncode != 0:
-        lines = result.stdout.decode("utf-8", "replace").strip().splitlines()
-        raise RuntimeError(lines[-1] if lines else f"the removal exited {result.returncode}")
-
-
-def metadata_token(metadata_url):
-    """An access token of the VM's service account, from the metadata server."""
-    request = urllib.request.Request(
-        metadata_url.rstrip("/") + "/instance/service-accounts/default/token",
-        headers={"Metadata-Flavor": "Google"})
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        return json.loads(answer.read().decode())["access_token"]
-
-
-def delete_gcp_node(target):
-    """DELETE the node through the TPU API with the VM's own credentials; a node made from a queued
-    resource is deleted with it (`force`: the request and its node), else the request would stay queued."""
-    token = metadata_token(target.get("metadata_url") or METADATA_URL)
-    api = (target.get("api") or TPU_API).rstrip("/")
-    if target.get("queued_resource"):
-        url = f"{api}/v2/{target['queued_resource']}?force=true"
-    else:
-        url = f"{api}/v2/{target['node']}"
-    request = urllib.request.Request(url, method="DELETE", headers={"Authorization": f"Bearer {token}"})
-    try:
-        urllib.request.urlopen(request, timeout=30).close()
-    except urllib.error.HTTPError as exc:
-        if exc.code != 404:  # gone already is what we wanted
-            raise
-
-
-# ---- serving -----------------------------------------------------------------------------------------
-
-
-def serve(folder, supervisor, bind):
-    token = supervisor.plan["token"]
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - http.server's name
-            try:
-                length = int(self.headers.get("Content-Length", "0"))
-                message = json.loads(self.rfile.read(length).decode())
-            except ValueError:
-                return self._answer(400, {"error": "not JSON"})
-            if message.get("token") != token:
-                return self._answer(403, {"error": "wrong token"})
-            return self._answer(200, supervisor.report(message))
-
-        def _answer(self, code, body):
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, format, *args):  # noqa: A002 - quiet: the decisions file is the record
-            pass
-
-    server = ThreadingHTTPServer((bind, 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    port = server.server_address[1]
-    with open(os.path.join(folder, PID_FILE), "w") as out:
-        out.write(f"{os.getpid()}\n")
-    with open(os.path.join(folder, PORT_FILE + ".tmp"), "w") as out:
-        out.write(f"{port}\n")
-    os.replace(os.path.join(folder, PORT_FILE + ".tmp"), os.path.join(folder, PORT_FILE))
-    return server
 
 
 def supervise(folder, supervisor):
@@ -652,7 +480,7 @@ def supervise(folder, supervisor):
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-        newer = supervisor.newer_run()
+        newer = node_deletion.newer_run(folder)
         if newer:
             supervisor.decide("kept", f"a newer run ({newer}) started on the node: it is not deleted")
             return
@@ -661,7 +489,7 @@ def supervise(folder, supervisor):
     supervisor.notify("deleted", f"node {node} deleted by the supervisor "
                       f"({supervisor.delete_reason})", wait=True)
     try:
-        supervisor.delete_node()
+        node_deletion.delete_node(plan.get("delete"), supervisor.launch.provider)
     except Exception as exc:  # noqa: BLE001 - whatever failed, say so in the record
         detail = f"{type(exc).__name__}: {exc}"
         if os.path.isdir(folder):
@@ -671,31 +499,6 @@ def supervise(folder, supervisor):
         return
     if os.path.isdir(folder):  # on a local pod the folder went with the node
         supervisor.decide("deleted", f"node {node} deleted")
-
-
-def _env_values(path, min_length):
-    """The values of a `.env` file's KEY=value lines (quotes and `export` taken off), longest first."""
-    values = set()
-    try:
-        with open(path) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        line = line.strip()
-        key, sep, value = (line[len("export "):] if line.startswith("export ") else line).partition("=")
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        if sep and key.strip() and not key.lstrip().startswith("#") and len(value) >= max(1, min_length):
-            values.add(value)
-    return sorted(values, key=len, reverse=True)
-
-
-def _mask(line, secrets):
-    for value in secrets:
-        line = line.replace(value, "***")
-    return line
 
 
 def main(argv):
@@ -709,19 +512,14 @@ def main(argv):
     if not launch.workers:
         sys.exit(f"error: {run_record.FILE} of run {launch.run_id} names no workers to supervise; launch the "
                  "run again")
-    webhook = None
-    notify_path = os.path.join(folder, NOTIFY_FILE)
-    if os.path.exists(notify_path):
-        with open(notify_path) as f:
-            webhook = json.load(f).get("webhook_url")
-    supervisor = Supervisor(folder, plan, launch, webhook)
+    supervisor = Supervisor(folder, plan, launch, webhook.read_url(folder))
 
     def on_sigterm(signum, frame):
         supervisor.on_sigterm()
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    server = serve(folder, supervisor, plan.get("bind", "127.0.0.1"))
+    server = report_server.serve(folder, supervisor.report, plan["token"], plan.get("bind", "127.0.0.1"))
     supervisor.decide("started", f"supervising {len(launch.workers)} worker(s): "
                       + describe(plan, launch.fail_fast))
     try:
@@ -754,25 +552,6 @@ def _free_port(host):
 
 def _join(workers):
     return ",".join(str(w) for w in workers)
-
-
-def _step_time(paced, window):
-    """The median step time of a worker's last `window` steps seen: the runner's figure, else the time between
-    two steps seen here (over the steps between them)."""
-    steps = sorted(paced.items())[-window:]
-    times = []
-    for i in range(1, len(steps)):
-        (step0, (t0, _)), (step, (t, s)) = steps[i - 1], steps[i]
-        times.append(s if s is not None else (t - t0) / max(1, step - step0))
-    return _median(times)
-
-
-def _median(values):
-    if not values:
-        return None
-    values = sorted(values)
-    middle = len(values) // 2
-    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
 
 
 def _duration(seconds):

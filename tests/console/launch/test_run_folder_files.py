@@ -14,10 +14,15 @@ from tpu_console.launch import start
 
 
 def shipped_into_run_folder() -> set[str]:
-    """The worker files `launch` uploads into the run folder, read from its `fleet.put` calls."""
-    uploads = re.findall(r'fleet\.put\(run_recipes\.(\w+_SOURCE), f"\{folder\}/\{(\w+)\}"',
-                         Path(start.__file__).read_text())
+    """The worker files `launch` uploads into the run folder, read from its `fleet.put` calls (and its loop
+    over the supervisor's modules)."""
+    text = Path(start.__file__).read_text()
+    uploads = re.findall(r'fleet\.put\(run_recipes\.(\w+_SOURCE), f"\{folder\}/\{(\w+)\}"', text)
     files = set()
+    if "in run_recipes.SUPERVISOR_MODULE_SOURCES.items():" in text:
+        for name, shipped in run_recipes.SUPERVISOR_MODULE_SOURCES.items():
+            assert shipped == worker.source(name), f"SUPERVISOR_MODULE_SOURCES[{name!r}] is not its bytes"
+            files.add(name)
     for source_name, file_name in uploads:
         file = getattr(start, file_name)
         shipped = getattr(run_recipes, source_name)

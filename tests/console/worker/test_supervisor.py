@@ -18,14 +18,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.console.launch.test_run_folder_files import shipped_into_run_folder
 from tests.fixtures_gcp import PROJECT, ZONES, emulator, gcp_home, make_provider  # noqa: F401 - fixtures
 from tests.processes import wait_for
+from tpu_console import worker
 from tpu_console.domain import CreateRequest
 from tpu_console.fleet import run_recipes
 from tpu_console.observe import supervision
 from tpu_console.observe.health import Thresholds
 from tpu_console.observe.supervision import SupervisionPolicy
-from tpu_console.worker import job_runner, run_record
+from tpu_console.worker import google_apis, job_runner, node_deletion, report_server, run_record, webhook
 from tpu_console.worker import supervisor as sv
 from tpu_console.worker.run_record import LaunchRecord
 
@@ -211,8 +213,38 @@ def test_the_supervisor_takes_the_runs_facts_from_its_record_and_refuses_to_star
     assert not (folder / supervision.PORT_FILE).exists()
 
 
+def test_the_supervisor_and_a_runner_work_from_the_files_launch_ships_alone(tmp_path):
+    """As on a pod: the run folder holds only what launch uploads, and nothing of the console is importable
+    (-E -s -S: no PYTHONPATH, no site-packages), so a module left out of the upload fails here."""
+    folder = tmp_path / "runs" / "20260101-000000-aaaa"
+    folder.mkdir(parents=True)
+    for name in shipped_into_run_folder():
+        (folder / name).write_bytes(worker.source(name))
+    policy = SupervisionPolicy(heartbeat_s=0.2)
+    launched(folder, [0], policy=policy)
+    plan = supervision.plan(policy=policy, delete_target=None, bind="127.0.0.1", coordinator_host=None)
+    (folder / supervision.PLAN_FILE).write_text(json.dumps(plan))
+    alone, env = [sys.executable, "-E", "-s", "-S"], {"PATH": os.environ["PATH"]}
+    supervisor = subprocess.Popen([*alone, "supervisor.py", "."], cwd=folder, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: (folder / report_server.PORT_FILE).exists() or supervisor.poll() is not None)
+        address = f"127.0.0.1:{(folder / report_server.PORT_FILE).read_text().strip()}"
+        runner = subprocess.run([*alone, "job_runner.py", "--", "true"], cwd=folder, timeout=60, text=True,
+                                env={**env, supervision.ADDRESS_ENV: address}, capture_output=True)
+        assert runner.returncode == 0, runner.stdout + runner.stderr
+        out, _ = supervisor.communicate(timeout=60)
+    finally:
+        supervisor.kill()
+    assert supervisor.returncode == 0, out
+    said = supervision.parse_decisions((folder / supervision.DECISIONS_FILE).read_text())
+    assert [(d.decision, d.fields.get("outcome")) for d in said] == [("started", None),
+                                                                     ("ended", "succeeded")]
+
+
 def test_the_run_folders_names_are_the_consoles_on_both_sides():
-    assert (sv.PLAN_FILE, sv.NOTIFY_FILE, sv.DECISIONS_FILE, sv.PORT_FILE, sv.PID_FILE) == (
+    assert (sv.PLAN_FILE, webhook.NOTIFY_FILE, sv.DECISIONS_FILE, report_server.PORT_FILE,
+            report_server.PID_FILE) == (
         supervision.PLAN_FILE, supervision.NOTIFY_FILE, supervision.DECISIONS_FILE, supervision.PORT_FILE,
         supervision.PID_FILE)
     assert (job_runner.PLAN_FILE, job_runner.ADDRESS_ENV) == (supervision.PLAN_FILE, supervision.ADDRESS_ENV)
@@ -239,9 +271,9 @@ def test_a_lost_worker_stops_the_others_and_a_newer_run_keeps_the_node(tmp_path)
     clock.t += 31  # worker 2 silent for 61 s
     s.tick()
     assert s.workers[2].state == "lost" and s.stopping == "fail-fast"
-    assert (tmp_path / "runs").is_dir() and s.newer_run() is None
+    assert (tmp_path / "runs").is_dir() and node_deletion.newer_run(s.folder) is None
     (tmp_path / "runs" / "20260101-000001-bbbb").mkdir()
-    assert s.newer_run() == "20260101-000001-bbbb"
+    assert node_deletion.newer_run(s.folder) == "20260101-000001-bbbb"
 
 
 @pytest.fixture
@@ -321,7 +353,7 @@ async def test_a_queued_node_has_the_scope_too_and_the_supervisor_deletes_its_re
     assert spec["serviceAccount"]["scope"] == ["https://www.googleapis.com/auth/cloud-platform"]
     target = {**provider.supervisor_delete_target(node), "metadata_url": metadata_server.url}
     assert target["queued_resource"] == f"projects/{PROJECT}/locations/{ZONES[0]}/queuedResources/qn"
-    await asyncio.to_thread(sv.delete_gcp_node, target)
+    await asyncio.to_thread(google_apis.delete_tpu_node, target)
     wait_for(lambda: emulator.queued_json(ZONES[0], "qn") is None, timeout=10)
     assert len(metadata_server.asked) == 1
 
@@ -343,7 +375,7 @@ def test_a_node_of_a_queued_request_is_deleted_with_its_request(metadata_server)
     api = ThreadingHTTPServer(("127.0.0.1", 0), Api)
     threading.Thread(target=api.serve_forever, daemon=True).start()
     try:
-        sv.delete_gcp_node({
+        google_apis.delete_tpu_node({
             "api": f"http://127.0.0.1:{api.server_address[1]}", "metadata_url": metadata_server.url,
             "node": "projects/p/locations/z/nodes/n",
             "queued_resource": "projects/p/locations/z/queuedResources/n",
