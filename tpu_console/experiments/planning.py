@@ -104,8 +104,8 @@ def _trainer_source_digest() -> str:
 
     root = Path(trainer.__file__).parent
     digest = hashlib.sha256()
-    for path in sorted(root.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    for path in sorted(root.rglob("*.py")):  # the planner and the rollout layouts are in subpackages
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 
 

@@ -10,8 +10,9 @@ code) + the state that stays resident through the step but is not one of its arg
 and optimizer state while the rollout runs, the reference weights during the update).
 
 Estimated time: a range per chip and per program: HBM priced from the floor (what must be read once) at
-the low end and from the bytes the compiled program moves across HBM at the high end
-(trainer/planner/hbm_traffic.py; the compiler's `bytes accessed` is shown beside it), collectives priced by
+the low end and at the high end from the bytes the compiled program moves across HBM
+(trainer/planner/hbm_traffic.py; the compiler's `bytes accessed` is shown beside it) or the floor times what
+a chip was measured to take over it, whichever is more; collectives priced by
 kind over the slice's torus with the scaling book's latencies at either end (trainer/planner/estimate.py). The
 step is rollout weights + prefill + the decode loop's expected steps (the longest row of each earlier step of
 the same config when the console has them, `--longest-rows`; else the config's maximum) + the update (+
@@ -300,8 +301,8 @@ def format_plan(plan: Plan) -> str:
     )
     header = (
         f"{'program (bytes per chip)':<24}{'runs':<15}{'args':>7}{'out':>7}{'temp':>7}{'alias':>7}"
-        f"{'peak':>7}{'GFLOP':>9}{'acc GB':>8}{'HBM GB':>8}{'floor GB':>9}{'coll MB':>9}{'#coll':>6}"
-        f"{'est ms':>16}{'xla ms':>9}"
+        f"{'peak':>7}{'GFLOP':>9}{'acc GB':>8}{'HBM GB':>8}{'floor GB':>9}{'coll MB':>9}{'#coll':>7}"
+        f"{'est ms':>18}{'xla ms':>9}"
     )
     lines = [
         title,
@@ -322,8 +323,8 @@ def format_plan(plan: Plan) -> str:
             f"{_size(c.temp_bytes):>7}{_size(c.alias_bytes):>7}{_size(p.peak_bytes):>7}"
             f"{c.flops / 1e9:>9.1f}{c.bytes_accessed / 1e9:>8.2f}{c.hbm_traffic_bytes / 1e9:>8.2f}"
             f"{p.floor_bytes / 1e9:>9.2f}"
-            f"{c.collectives.bytes / 1e6:>9.1f}{c.collectives.count:>6}"
-            f"{'-' if p.estimate is None else p.estimate.text(1e3):>16}{xla:>9}"
+            f"{c.collectives.bytes / 1e6:>9.1f}{c.collectives.count:>7}"
+            f"{'-' if p.estimate is None else p.estimate.text(1e3):>18}{xla:>9}"
         )
     as_json = plan.to_json()
     lines += ["", *step_lines(as_json), *network_lines(as_json), plan.verdict()]
