@@ -14,7 +14,7 @@ RMSNorm, rotary embeddings, attention, MLP, block, model. The model knows two fo
 
 Parameters are stored in `param_dtype` (fp32 by default) and cast to `compute_dtype` (bf16 by default) at use.
 Each parameter carries `out_sharding` metadata naming mesh axes ("dp", "fsdp", "tp"); `nnx.get_partition_spec`
-and `param_shardings` below turn it into shardings. Layouts are [in, out] (HF Linear weights transposed).
+and `param_sharding.py` turn it into shardings. Layouts are [in, out] (HF Linear weights transposed).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-Axes = tuple[str | tuple[str, ...] | None, ...]
+from trainer.param_sharding import Axes, constrain_batch
+
 # A large finite negative instead of -inf: rows with every key masked (left padding) stay finite.
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
@@ -590,54 +590,9 @@ def project_logits(hidden: jax.Array, weight: jax.Array, vocab_major: bool, comp
     return jnp.einsum(pattern, h, w, preferred_element_type=out_dtype).astype(jnp.float32)
 
 
-def constrain_batch(x: jax.Array, batch_axes: Axes) -> jax.Array:
-    """Rows of an activation [B, ...] over the batch axes of the mesh in context (`jax.set_mesh`); the other
-    dims replicated. A no-op outside a mesh context (single-device tests, tools)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
-        return x
-    return jax.lax.with_sharding_constraint(x, fit_spec(x.shape, batch_axes, mesh))
-
-
 def create_model(config: Qwen2Config, *, seed: int = 0, param_dtype: Any = jnp.float32,
                  compute_dtype: Any = jnp.bfloat16, remat: bool = False) -> Qwen2ForCausalLM:
     """A randomly initialised model (params on the default device, sharding kept as metadata)."""
     with nnx.use_eager_sharding(False):
         return Qwen2ForCausalLM(config, nnx.Rngs(seed), param_dtype=param_dtype, compute_dtype=compute_dtype,
                                 remat=remat)
-
-
-def placed_abstract(model: Any, mesh: Mesh) -> Any:
-    """An abstract model (shapes from nnx.eval_shape) whose every weight carries the sharding the loader
-    places it with (fit_spec of its axes on `mesh`): what the planner compiles, unrolled or scanned."""
-    for _, var in nnx.iter_graph(model):
-        if isinstance(var, nnx.Param):
-            axes = var.get_metadata().get("out_sharding") or ()
-            var.set_value(jax.ShapeDtypeStruct(var.shape, var.dtype,
-                                               sharding=NamedSharding(mesh, fit_spec(var.shape, axes, mesh))))
-    return model
-
-
-def fit_spec(shape: Sequence[int], axes: Axes, mesh: Mesh) -> PartitionSpec:
-    """PartitionSpec from axis names, dropping mesh axes the mesh lacks or that do not divide the dim."""
-    entries = []
-    for dim, entry in zip(shape, tuple(axes) + (None,) * (len(shape) - len(axes)), strict=False):
-        names = (entry,) if isinstance(entry, str) else tuple(entry or ())
-        kept, size = [], 1
-        for name in names:
-            if name in mesh.shape and dim % (size * mesh.shape[name]) == 0:
-                kept.append(name)
-                size *= mesh.shape[name]
-        entries.append(None if not kept else kept[0] if len(kept) == 1 else tuple(kept))
-    return PartitionSpec(*entries)
-
-
-def param_shardings(model_or_state: Any, mesh: Mesh) -> Any:
-    """A tree of NamedSharding matching the model's nnx.State (same structure as `nnx.state(model)`)."""
-    state = model_or_state if isinstance(model_or_state, nnx.State) else nnx.state(model_or_state)
-
-    def one(var: nnx.Variable) -> nnx.Variable:
-        axes = var.get_metadata().get("out_sharding") or ()
-        return var.replace(NamedSharding(mesh, fit_spec(var.shape, axes, mesh)))
-
-    return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))

@@ -28,7 +28,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from trainer.config import TrainerConfig
 from trainer.grpo import GRPOStep, LossSettings, chunked_token_stats, make_optimizer, make_schedule
 from trainer.mesh import train_sharding
-from trainer.model import Qwen2Config, Qwen2ForCausalLM, placed_abstract, project_logits
+from trainer.model import Qwen2Config, Qwen2ForCausalLM, project_logits
+from trainer.param_sharding import placed_abstract
 from trainer.rollout.layouts import RolloutLayout
 from trainer.rollout.sharded import ShardedSampler
 from trainer.rollout.stacked import StackedWeightsSampler

@@ -33,10 +33,9 @@ from trainer.model import (
     KVCache,
     Qwen2Config,
     Qwen2ForCausalLM,
-    constrain_batch,
-    placed_abstract,
     rotary_tables,
 )
+from trainer.param_sharding import constrain_batch, placed_abstract
 
 
 class ScannedQwen2(Qwen2ForCausalLM):

@@ -25,7 +25,8 @@ from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from trainer.model import Qwen2Config, Qwen2ForCausalLM, fit_spec
+from trainer.model import Qwen2Config, Qwen2ForCausalLM
+from trainer.param_sharding import fit_spec
 
 ParamPath = tuple[str | int, ...]
 

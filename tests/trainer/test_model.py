@@ -12,7 +12,8 @@ import pytest
 from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 
-from trainer.model import PRESETS, Qwen2Config, create_model, fit_spec, param_shardings
+from trainer.model import PRESETS, Qwen2Config, create_model
+from trainer.param_sharding import fit_spec, param_shardings
 
 SMALL = Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2)

@@ -36,7 +36,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
-from trainer.model import DecodeLayout, DecodeOptions, KVCache, Qwen2ForCausalLM, fit_spec
+from trainer.model import DecodeLayout, DecodeOptions, KVCache, Qwen2ForCausalLM
+from trainer.param_sharding import fit_spec
 from trainer.rollout.sampling import sample_logits, sample_with_uniform
 
 

@@ -19,7 +19,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from trainer.mesh import batch_sharding, global_from_local_rows, reshard
-from trainer.model import DecodeLayout, Qwen2ForCausalLM, fit_spec
+from trainer.model import DecodeLayout, Qwen2ForCausalLM
+from trainer.param_sharding import fit_spec
 from trainer.rollout.decode_layouts import head_group_layout, head_group_mesh, megatron_layout
 from trainer.rollout.layouts import RolloutLayout, on_tpu, resolve_rollout_layout
 from trainer.rollout.sampler import Sampler

@@ -31,7 +31,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from trainer.model import ShardingRules, fit_spec
+from trainer.model import ShardingRules
+from trainer.param_sharding import fit_spec
 
 # Every device of the rollout's mesh, for the weights `megatron` and `head_groups` split over all of them.
 ALL_AXES = ("dp", "fsdp", "tp")

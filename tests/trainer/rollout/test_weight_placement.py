@@ -11,7 +11,8 @@ import pytest
 from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 
-from trainer.model import Qwen2Config, create_model, param_shardings
+from trainer.model import Qwen2Config, create_model
+from trainer.param_sharding import param_shardings
 from trainer.planner import tpu_compile as aot
 from trainer.planner.tpu_specs import parse_accelerator_type
 from trainer.rollout.weight_placement import (
