@@ -288,7 +288,7 @@ async def launch(args: argparse.Namespace, settings: Settings, providers: dict[s
         await check_before_launch(args, providers, job)
     managed = args.managed or (job is not None and job.recovery is not None)
     if managed:
-        budgets = await _check_managed(args, job, policy, providers)
+        budgets = await _check_managed(args, job, policy, providers, settings)
     webhook = settings.notify.webhook_url
     result = await launch_run(
         providers, args.node, args.config, args.overrides, args.env_file, args.worker,
@@ -302,7 +302,7 @@ async def launch(args: argparse.Namespace, settings: Settings, providers: dict[s
         print(f"{result.run_id}: supervised on worker {result.workers[0]}: {describe_policy(policy)}",
               file=sys.stderr)
     if result.ok and managed:
-        await asyncio.to_thread(_hand_over, args, job, policy, result, settings, budgets)
+        await _hand_over(args, job, policy, result, settings, budgets)
     if args.json:
         output.print_json(run_table.launch_record(result))
     else:
@@ -367,27 +367,31 @@ async def _launch_with_recovery(
 
 
 async def _check_managed(args: argparse.Namespace, job: JobSpec | None, policy: SupervisionPolicy,
-                         providers: dict[str, Provider]) -> Any:
+                         providers: dict[str, Provider], settings: Settings) -> Any:
     """The budgets of a managed launch; refused before anything is launched: a policy that deletes the
-    node, a worker subset, the trainer without checkpoints a new node can read, a bad budget."""
-    from tpu_console.controller.handover import budgets_of, refuse_unmanageable
+    node, a worker subset, the trainer without checkpoints a new node can read, what no controller could
+    recover (handover.refuse_unrecoverable), a bad budget."""
+    from tpu_console.controller.handover import budgets_of, refuse_unmanageable, refuse_unrecoverable
+    from tpu_console.controller.store import open_store
     from tpu_console.experiments.recovery import require_durable_checkpoints
     from tpu_console.providers.registry import find_node
 
     refuse_unmanageable(policy)
     if args.worker != "all":
         raise UserError("a managed run is relaunched on every worker; leave out --worker")
+    provider, _ = await find_node(providers, args.node)
     if job is None:
-        provider, _ = await find_node(providers, args.node)
         require_durable_checkpoints(args.config, args.overrides, provider.name)
+    await asyncio.to_thread(refuse_unrecoverable, open_store(settings), provider.name, args.node,
+                            job.project_dir() if job is not None else None, args.env_file)
     return budgets_of(job.recovery if job is not None else None, max_recoveries=args.max_recoveries,
                       max_cost=args.max_total_cost, deadline=args.deadline, doctor=args.doctor)
 
 
-def _hand_over(args: argparse.Namespace, job: JobSpec | None, policy: SupervisionPolicy, result: Any,
-               settings: Settings, budgets: Any) -> None:
+async def _hand_over(args: argparse.Namespace, job: JobSpec | None, policy: SupervisionPolicy, result: Any,
+                     settings: Settings, budgets: Any) -> None:
     from tpu_console.controller import relaunch
-    from tpu_console.controller.handover import hand_over
+    from tpu_console.controller.handover import give_env, hand_over
     from tpu_console.controller.lease import read_lease
     from tpu_console.controller.store import open_store
     from tpu_console.launch.job_kinds import validate_config
@@ -397,10 +401,12 @@ def _hand_over(args: argparse.Namespace, job: JobSpec | None, policy: Supervisio
             relaunch.job_of_trainer(validate_config(args.config, args.overrides), args.env_file, args.python,
                                     policy, args.check_code, args.check_ports))
     store = open_store(settings)
-    run = hand_over(store, result, spec, list(settings.gcp.zones), budgets)
+    run = await asyncio.to_thread(hand_over, store, result, spec, list(settings.gcp.zones), budgets)
     print(f"{result.run_id}: managed as {run.id} (state in {store.place}); up to {budgets.max_recoveries} "
           "recoveries", file=sys.stderr)
-    if read_lease(store) is None:
+    if warning := await give_env(store, run, settings):
+        print(f"warning: {warning}", file=sys.stderr)
+    if await asyncio.to_thread(read_lease, store) is None:
         print("warning: no controller serves this project yet: start one with `tpu-console controller "
               "start`", file=sys.stderr)
 

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpu_console import locations
+from tpu_console.controller.lease import WHERE_ENV  # how the daemon names itself in its lease
 from tpu_console.errors import UserError
 
 UNIT = "tpu-console-controller.service"
 POLL_S = 15.0
-WHERE_ENV = "TPU_CONSOLE_CONTROLLER_WHERE"  # how the daemon names itself in its lease (`--on` sets it)
 
 
 def folder() -> Path:

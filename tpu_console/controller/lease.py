@@ -19,8 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 from tpu_console.controller.store import Conflict, StateStore
+from tpu_console.history import ownership
 
 LEASE = "lease"
+WHERE_ENV = "TPU_CONSOLE_CONTROLLER_WHERE"  # a daemon's `where`: the host's label (`--on` sets it)
 TTL_S = 60.0
 HOLD_FRACTION = 0.8
 
@@ -29,8 +31,9 @@ class Lease:
     def __init__(self, store: StateStore, ttl_s: float = TTL_S, where: str | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.store, self.ttl_s, self._clock = store, ttl_s, clock
+        # `home`: which console home it serves from (a local pod is reachable from that one alone)
         self.holder = {"id": uuid.uuid4().hex[:12], "host": socket.gethostname(), "pid": os.getpid(),
-                       "where": where or "this machine"}
+                       "where": where or "this machine", "home": ownership.home_id()}
         self._generation = 0  # of the lease object while we hold it; 0: not held
         self._held_until = 0.0  # by our own clock
         self._watched: tuple[int, float] | None = None  # (another's generation, when we first saw it)

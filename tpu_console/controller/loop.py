@@ -169,6 +169,12 @@ class Controller(NodeActions):
                 return True
             await self._intend(stored, Action.WATCH, run.current.n)
         action = Action(run.intent["action"])
+        if (why := await asyncio.to_thread(relaunch.blocked, run, action, self.store)) is not None:
+            if run.note != why:  # it waits for the fix the note names: said once
+                run.note = why
+                await self._save(stored)
+                self.progress(f"{run.id}: waits: {why}")
+            return True
         handler = {Action.WATCH: self._watch, Action.DELETE: self._delete, Action.CREATE: self._create,
                    Action.PREPARE: self._prepare, Action.LAUNCH: self._launch, Action.SWEEP: self._sweep}
         return await handler[action](stored)
@@ -354,7 +360,7 @@ class Controller(NodeActions):
             return True
         try:
             await relaunch.prepare(self.providers, run.node, run.job, run.project, run.setup, self.progress,
-                                   bootstrapped)
+                                   bootstrapped, self.store)
         except Exception as exc:  # noqa: BLE001 - a worker not up yet, a network error: a few tries
             return await self._failed(stored, Action.PREPARE, PREPARE_TRIES, f"preparing {run.node}",
                                       "prepare", one_line(exc))

@@ -4,19 +4,28 @@ command (the job file's spec), the `.env` path, the interpreter, every superviso
 console's checkout wheel for the trainer; the project, by its folder or git and digest) and the setup.
 
 `job_of_trainer` / `job_of_command` make the record at hand-over (launch --managed, a job file's
-`[recovery]`); `prepare` and `launch_again` use it on each new incarnation.
+`[recovery]`); `prepare` and `launch_again` use it on each new incarnation, on whichever machine the
+controller runs: a project synced from a folder comes from its snapshot in the controller's store
+(snapshot.py), the `.env` from the controller's own copy (env_copies.py). `blocked` says why a controller
+cannot take the next step of a run (a local pod of another console home, no `.env`, no snapshot).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
+import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from tpu_console import locations
+from tpu_console.controller import env_copies, snapshot
+from tpu_console.controller.state import Action, ManagedRun
+from tpu_console.controller.store import StateStore
 from tpu_console.errors import UserError
+from tpu_console.history import ownership
 from tpu_console.history.store import RunStore
 from tpu_console.launch.job_kinds import ValidatedConfig
 from tpu_console.launch.job_spec import JobSpec
@@ -89,10 +98,10 @@ def _config_path(run_id: str, job: dict[str, Any]) -> tuple[str, list[str]]:
 async def prepare(providers: dict[str, Provider], node: str, job: dict[str, Any],
                   project: dict[str, Any] | None, setup: dict[str, Any] | None,
                   progress: Progress = no_progress,
-                  bootstrapped: Callable[[], None] = lambda: None) -> None:
+                  bootstrapped: Callable[[], None] = lambda: None, store: StateStore | None = None) -> None:
     """Bootstrap the new node (then `bootstrapped()`) and sync the same code: the checkout wheel for the
-    trainer, the project (by its digest: a folder changed since is refused) and its setup for a command.
-    Raises UserError."""
+    trainer, the project (by its digest: from its snapshot in `store` when it has one, else its folder,
+    refused when changed since) and its setup for a command. Raises UserError."""
     from tpu_console.provision.bootstrap import bootstrap_node
     from tpu_console.provision.code_sync import sync_node
 
@@ -106,8 +115,13 @@ async def prepare(providers: dict[str, Provider], node: str, job: dict[str, Any]
     if project is not None and not job["spec"].get("project"):
         from tpu_console.provision.project_sync import sync_project
 
-        synced = await sync_project(providers, node, directory=project.get("dir"), git_url=project.get("git"),
-                                    branch=project.get("branch"), progress=progress)
+        if project.get("snapshot") and store is not None:
+            packed = await asyncio.to_thread(snapshot.fetch, store, project)
+            synced = await sync_project(providers, node, packed=packed, progress=progress)
+        else:
+            synced = await sync_project(providers, node, directory=project.get("dir"),
+                                        git_url=project.get("git"), branch=project.get("branch"),
+                                        progress=progress)
         _checked(synced, "project sync")
         digests = {(w.report.project or {}).get("digest") for w in synced.workers}
         if project.get("digest") and digests != {project["digest"]}:
@@ -136,13 +150,46 @@ async def launch_again(providers: dict[str, Provider], run_id: str, node: str, j
     policy = policy_of(job)
     if job["kind"] == "trainer":
         config_path, overrides = _config_path(run_id, job)
-        return await launch(providers, node, config_path, overrides, job.get("env_file"),
+        return await launch(providers, node, config_path, overrides, env_copies.env_file_for(run_id, job),
                             python=job.get("python"), check_code=job.get("check_code", True),
                             check_ports=job.get("check_ports", True), store=store, progress=progress,
                             policy=policy, webhook_url=webhook_url, slices=slices)
     spec = JobSpec.model_validate({**job["spec"], "job_file": job.get("job_file"),
                                    "job_file_text": job.get("job_file_text")})
-    return await launch(providers, node, None, (), job.get("env_file"),
+    return await launch(providers, node, None, (), env_copies.env_file_for(run_id, job),
                         check_code=job.get("check_code", True), check_ports=job.get("check_ports", True),
                         store=store, progress=progress, policy=policy, webhook_url=webhook_url, job=spec,
                         slices=slices)
+
+
+RELAUNCHING = (Action.CREATE, Action.PREPARE, Action.LAUNCH)  # the steps that need the job's inputs here
+
+
+def blocked(run: ManagedRun, action: Action, store: StateStore) -> str | None:
+    """Why this controller cannot take the run's next step, naming the fix; None when it can. A local
+    pod's workers are folders of the console home that made it: no other home (another machine's, or a
+    controller's own home started with `--on` on this one) can read, delete or make it. Making a node
+    again waits for the `.env` (env_copies.py) and the project's snapshot (read into this home's cache)."""
+    if run.provider == "local" and not launched_from_this_home(run.owner):
+        owner = run.owner or {}
+        return (f"{run.node} is a local pod of {owner.get('host', 'another machine')}, whose folders only a "
+                "controller of the console that made it can reach; run `tpu-console controller start` "
+                "there (and stop this one) to recover it")
+    if action not in RELAUNCHING:
+        return None
+    if (why := env_copies.missing(run.id, run.job)) is not None:
+        return why
+    if run.project and run.project.get("snapshot"):
+        try:
+            snapshot.ensure(store, run.project)
+        except UserError as exc:
+            return str(exc)
+    return None
+
+
+def launched_from_this_home(owner: dict[str, Any] | None) -> bool:
+    """Whether the run was handed over from this machine's console home (a record without an owner: yes,
+    as every run was before owners were kept)."""
+    if not owner:
+        return True
+    return owner.get("host") == socket.gethostname() and owner.get("home") in (None, ownership.home_id())

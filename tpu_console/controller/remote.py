@@ -16,7 +16,10 @@ then runs `tpu-console controller start` there (a systemd user service where tha
 else a detached process) and reports which. The controller's state is in the bucket, so any console sees
 it; a store that is a folder of this machine (no `[gcp] bucket`) is refused unless the host is this
 machine. Nothing secret travels on a command line: the config (the webhook URL is a secret) is uploaded
-over SFTP.
+over SFTP, and so is the `.env` of every managed run not yet ended, from the path it was launched with,
+into `controller/home/controller/env/<managed id>.env` (0600; env_copies.py). The host is remembered
+(`$TPU_CONSOLE_HOME/controller/hosts.json`: how to reach it, by its label) so that a run handed over later
+gives its `.env` to the controller there at once (handover.give_env).
 """
 
 from __future__ import annotations
@@ -33,11 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tpu_console import ssh_identity
-from tpu_console.controller import daemon
-from tpu_console.errors import UserError
+from tpu_console import locations, secrets, ssh_identity
+from tpu_console.controller import daemon, env_copies
+from tpu_console.controller.state import ManagedRun
+from tpu_console.errors import UserError, one_line
 from tpu_console.fleet.fleet import Fleet
-from tpu_console.fleet.preflight import require_all_reachable
+from tpu_console.fleet.preflight import require_all_reachable, unreachable_workers
 from tpu_console.history import bucket_record
 from tpu_console.providers.base import Progress, no_progress
 from tpu_console.providers.ssh import SshProvider, parse_host
@@ -242,6 +246,9 @@ async def start_on(settings: Settings, host: RemoteHost, *, detached: bool = Fal
                                     mode=0o600)):
             if not put[0].ok:
                 raise UserError(f"{host.label}: upload failed ({put[0].error}); nothing was started")
+        await asyncio.to_thread(remember, host)
+        for line in await _give_every_env(fleet, settings):
+            progress(f"{host.label}: {line}")
         (installed,) = await run_on_workers(fleet, install_code(packed.digest), [0],
                                             timeout=COMMAND_TIMEOUT_S, on_worker=on_line)
         _checked(installed, host, "installing the console")
@@ -264,6 +271,76 @@ async def run_there(host: RemoteHost, verb: list[str]) -> str:
     if not done.ok:
         raise UserError(f"{host.label}: `controller {verb[0]}` failed there: {_said(done)}")
     return (done.stdout + done.stderr).strip()
+
+
+def _hosts_file() -> Path:
+    return locations.home() / "controller" / "hosts.json"
+
+
+def remember(host: RemoteHost) -> None:
+    """Keep how to reach a host a controller was started on, by its label (the lease's `where`)."""
+    path = _hosts_file()
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    known[host.label] = host.ssh.model_dump(mode="json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".tmp")
+    partial.write_text(json.dumps(known, indent=1))
+    partial.replace(path)
+
+
+def known_host(label: str, settings: Settings) -> RemoteHost | None:
+    """The host a lease's `where` names, as this console reaches it: one it started a controller on, or an
+    [[ssh.nodes]] name; None otherwise."""
+    try:
+        known = json.loads(_hosts_file().read_text())
+    except (OSError, ValueError):
+        known = {}
+    if label in known:
+        return RemoteHost(label, SshNodeSettings.model_validate(known[label]))
+    if label in {node.name for node in settings.ssh.nodes}:
+        return resolve_host(label, settings)
+    return None
+
+
+async def _put_env_files(fleet: Fleet, runs: list[ManagedRun]) -> list[str]:
+    """Each run's `.env`, read from the path it was launched with, into the controller's home there (0600,
+    over SFTP); a line for each that was not given."""
+    problems = []
+    for run in runs:
+        try:
+            data = await asyncio.to_thread(secrets.read_env_file, run.job["env_file"])
+        except UserError:
+            problems.append(f"{run.id}: its .env {run.job['env_file']} is not on this machine; not given")
+            continue
+        (put,) = await fleet.put(data, f"{HOME_DIR}/{env_copies.relative_copy(run.id)}", [0], mode=0o600)
+        if not put.ok:
+            problems.append(f"{run.id}: its .env could not be uploaded ({put.error})")
+    return problems
+
+
+async def _give_every_env(fleet: Fleet, settings: Settings) -> list[str]:
+    """The `.env` of every managed run not yet ended, to the controller being started there."""
+    from tpu_console.controller import state as st
+    from tpu_console.controller.store import open_store
+
+    try:
+        stored = await asyncio.to_thread(st.all_runs, open_store(settings))
+    except Exception as exc:  # noqa: BLE001 - an unreadable store: nothing to give, said so
+        return [f"the managed runs could not be read ({one_line(exc)}); no .env was given"]
+    runs = [s.run for s in stored if s.run.job.get("env_file") and not s.run.state.terminal]
+    return await _put_env_files(fleet, runs)
+
+
+async def give_env_files(host: RemoteHost, runs: list[ManagedRun]) -> str | None:
+    """The runs' `.env` files to the controller on `host`; what went wrong, in a few words, or None."""
+    async with await fleet_of(host) as fleet:
+        if await unreachable_workers(fleet, [0]):
+            return f"{host.label} did not answer"
+        problems = await _put_env_files(fleet, runs)
+    return "; ".join(problems) or None
 
 
 def _checked(setup: Any, host: RemoteHost, doing: str) -> None:

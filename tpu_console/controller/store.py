@@ -9,6 +9,9 @@ object has changed since. That one primitive is the lease (lease.py) and the fen
 In the bucket: objects `<path>/controller/<name>.json`, written with `ifGenerationMatch` (google-cloud-
 storage); in a folder: `<folder>/controller/<name>.json` holding `{"generation": N, "data": ...}`, replaced
 atomically under `flock` on a lock file beside it, so two processes on this machine cannot both win.
+
+Beside them, files written once and never changed, named by their content's digest (a managed run's project
+snapshot, controller/snapshot.py): `put_file` keeps an object already there, `get_file` reads one back.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from tpu_console.settings import Settings
 
 FOLDER = "controller"
 TIMEOUT_S = 10.0
+FILE_TIMEOUT_S = 300.0  # a project snapshot may be tens of MB
 
 
 class Conflict(Exception):
@@ -48,6 +52,12 @@ class StateStore(Protocol):
 
     def delete(self, name: str, generation: int) -> None:
         """Remove the object if its generation is still `generation`; Conflict otherwise."""
+
+    def put_file(self, name: str, data: bytes) -> None:
+        """Write the file `name` (a path such as `projects/<digest>.tar.gz`) unless it is there already."""
+
+    def get_file(self, name: str) -> bytes | None:
+        """The file's content; None when there is none."""
 
 
 class FolderStore:
@@ -103,6 +113,21 @@ class FolderStore:
             if found != generation:
                 raise Conflict(f"{name} is at generation {found}, not {generation}")
             self._path(name).unlink(missing_ok=True)
+
+    def put_file(self, name: str, data: bytes) -> None:
+        path = self.root / name
+        if path.exists():
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        partial.write_bytes(data)
+        partial.replace(path)
+
+    def get_file(self, name: str) -> bytes | None:
+        try:
+            return (self.root / name).read_bytes()
+        except FileNotFoundError:
+            return None
 
 
 class GcsStore:
@@ -171,6 +196,22 @@ class GcsStore:
         except NotFound:
             if generation:
                 raise Conflict(f"{name} is gone") from None
+
+    def put_file(self, name: str, data: bytes) -> None:
+        from google.api_core.exceptions import PreconditionFailed
+
+        blob = self._client_bucket().blob(self.prefix + name)
+        with contextlib.suppress(PreconditionFailed):  # there already: the same content, by its name
+            blob.upload_from_string(data, content_type="application/octet-stream", if_generation_match=0,
+                                    timeout=FILE_TIMEOUT_S)
+
+    def get_file(self, name: str) -> bytes | None:
+        from google.api_core.exceptions import NotFound
+
+        try:
+            return self._client_bucket().blob(self.prefix + name).download_as_bytes(timeout=FILE_TIMEOUT_S)
+        except NotFound:
+            return None
 
 
 def open_store(settings: Settings) -> StateStore:

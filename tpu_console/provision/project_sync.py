@@ -200,18 +200,21 @@ async def sync_project(
     directory: str | Path | None = None,
     git_url: str | None = None,
     branch: str | None = None,
+    packed: PackedProject | None = None,
     workers: str = "all",
     env_file: str | Path | None = None,
     progress: Progress = no_progress,
     on_worker: OnWorker = ignore_worker,
 ) -> SetupResult:
     """Make a project the current one on the selected workers (`report.project` of each is its
-    project.json). Bad input raises UserError before any worker is touched."""
-    if (directory is None) == (git_url is None):
+    project.json): a folder, a git branch, or a folder already `packed` (a managed run's snapshot,
+    controller/snapshot.py). Bad input raises UserError before any worker is touched."""
+    if [directory, git_url, packed].count(None) != 2:
         raise UserError("give the project as --dir PATH or as --git URL --branch B (one of them)")
     if git_url is not None and not branch:
         raise UserError("--git and --branch go together: --git URL --branch main")
-    packed = await asyncio.to_thread(pack_project, directory) if directory is not None else None
+    if directory is not None:
+        packed = await asyncio.to_thread(pack_project, directory)
     env_data = secrets.read_env_file(env_file) if env_file is not None else None
     provider, node = await open_node(providers, node_name)
     selected = parse_worker_selection(workers, node.shape.workers)

@@ -63,7 +63,8 @@ def steps_made(provider: EmulatedPods, run_id: str) -> int:
 async def test_a_managed_run_through_preemptions_a_late_request_a_failing_zone_and_a_killed_controller(
         emulator, gcp_home, tmp_path, monkeypatch):
     # the stand-in trainer needs no bootstrap nor sync (test_daemon.py and test_local.py recover with them)
-    async def prepared(providers, node, job, project, setup, progress=None, bootstrapped=lambda: None):
+    async def prepared(providers, node, job, project, setup, progress=None, bootstrapped=lambda: None,
+                       store=None):
         bootstrapped()
 
     monkeypatch.setattr(relaunch, "prepare", prepared)
