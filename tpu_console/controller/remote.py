@@ -247,7 +247,7 @@ async def start_on(settings: Settings, host: RemoteHost, *, detached: bool = Fal
             if not put[0].ok:
                 raise UserError(f"{host.label}: upload failed ({put[0].error}); nothing was started")
         await asyncio.to_thread(remember, host)
-        for line in await _give_every_env(fleet, settings):
+        for line in await give_every_env(fleet, settings):
             progress(f"{host.label}: {line}")
         (installed,) = await run_on_workers(fleet, install_code(packed.digest), [0],
                                             timeout=COMMAND_TIMEOUT_S, on_worker=on_line)
@@ -321,7 +321,7 @@ async def _put_env_files(fleet: Fleet, runs: list[ManagedRun]) -> list[str]:
     return problems
 
 
-async def _give_every_env(fleet: Fleet, settings: Settings) -> list[str]:
+async def give_every_env(fleet: Fleet, settings: Settings) -> list[str]:
     """The `.env` of every managed run not yet ended, to the controller being started there."""
     from tpu_console.controller import state as st
     from tpu_console.controller.store import open_store

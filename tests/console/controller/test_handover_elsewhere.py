@@ -20,6 +20,8 @@ import pytest
 
 from tests.console.controller.test_invariants import drive
 from tests.console.controller.test_store_lease import gcs, store  # noqa: F401 - fixtures
+from tests.console.launch.test_local import run as run_cli
+from tests.console.launch.test_local import worker_home
 from tests.emulated_pods import EmulatedPods
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
 from tests.fixtures_gcp import PROJECT, ZONES, emulator, gcp_home  # noqa: F401 - fixtures
@@ -31,7 +33,7 @@ from tpu_console.controller.handover import Budgets, hand_over
 from tpu_console.controller.lease import WHERE_ENV, Lease
 from tpu_console.controller.loop import Controller
 from tpu_console.controller.state import Action, Incarnation, ManagedRun
-from tpu_console.controller.store import FolderStore
+from tpu_console.controller.store import FolderStore, open_store
 from tpu_console.domain import CreateRequest
 from tpu_console.errors import UserError
 from tpu_console.history import ownership
@@ -42,7 +44,7 @@ from tpu_console.providers.local import LocalProvider
 from tpu_console.providers.local.jobs import running_job_groups, stop_groups
 from tpu_console.providers.nodes import create_node
 from tpu_console.provision.project_sync import pack_project
-from tpu_console.settings import Settings, SshNodeSettings
+from tpu_console.settings import Settings, SshNodeSettings, load_settings
 
 SECRET = "tok-5ecret-7781"
 JOB = f"""\
@@ -162,8 +164,8 @@ def test_a_project_holding_a_dotenv_or_changed_since_its_sync_is_not_put_in_the_
 
 
 def test_a_local_pods_run_and_a_controller_of_another_home_are_refused_in_one_line(
-        console_home, tmp_path, monkeypatch):
-    store = FolderStore(tmp_path / "bucket")
+        console_home, tmp_path, monkeypatch, capsys):
+    store = open_store(load_settings())
     handover.refuse_unreachable_pod(store, "local", "pod")  # no controller yet
     Lease(store, where="ctl").acquire()  # this home's controller: it reaches the pod
     handover.refuse_unreachable_pod(store, "local", "pod")
@@ -174,6 +176,10 @@ def test_a_local_pods_run_and_a_controller_of_another_home_are_refused_in_one_li
                                   "acting controller runs on ctl; stop it there and `tpu-console controller "
                                   "start` here, or launch without --managed")
     handover.refuse_unreachable_pod(store, "gcp", "pod")  # a cloud node is any controller's
+    assert run_cli(capsys, "create", "pod", "--type", "local-1x1")[0] == 0
+    status, _, err = run_cli(capsys, "launch", "pod", "--managed", "--", "true")
+    assert status == 2 and err == f"error: {refused.value}\n", err
+    assert not (worker_home(0) / "tpu-console" / "runs").exists()  # nothing launched
 
     run = ManagedRun(id="m1", provider="local", node="pod", accelerator_type="local-1x1", job={"kind": "x"},
                      zones=[], owner={"user": "a", "host": "laptop-7", "home": "1a2b3c4d"},
@@ -203,25 +209,38 @@ async def test_the_env_goes_to_the_controller_over_sftp_never_into_the_store(
     ssh_identity.client_key_path()  # the console's key, made before sshd authorizes it
     env_file = tmp_path / "secrets.env"
     env_file.write_text(f"API_TOKEN={SECRET}\n")
-    store = FolderStore(tmp_path / "bucket")
-    run = ManagedRun(id="m7", provider="gcp", node="spot", accelerator_type="v6e-8",
-                     job={"kind": "command", "env_file": str(env_file)}, zones=[],
-                     incarnations=[Incarnation(0, "spot", None, run_id="r1")])
-    st.add(store, run)
+    settings = Settings.model_validate({"gcp": {"bucket": f"file://{tmp_path}/bucket"}})
+    store = open_store(settings)
+
+    def managed(run_id: str, **kw) -> ManagedRun:
+        run = ManagedRun(id=run_id, provider="gcp", node="spot", accelerator_type="v6e-8",
+                         job={"kind": "command", "env_file": str(env_file)},
+                         incarnations=[Incarnation(0, "spot", None, run_id="r1")], **kw)
+        st.add(store, run)
+        return run
+
+    run, _ended = managed("m7"), managed("m8", status="SUCCEEDED")
     for sshd in running_sshd(tmp_path):
         known_hosts = tmp_path / "known_hosts"
         known_hosts.write_text(f"[127.0.0.1]:{sshd.port} {sshd.host_key_line}\n")
         host = remote.RemoteHost("ctl", SshNodeSettings(
             name="ctl", hosts=[f"127.0.0.1:{sshd.port}"], user=getpass.getuser(),
             key=str(ssh_identity.client_key_path()), known_hosts=str(known_hosts)))
+        copies = sshd.folder / "home" / remote.HOME_DIR / env_copies.FOLDER
+        # `controller start --on ctl`: every managed run not yet ended is given its .env
+        async with await remote.fleet_of(host) as fleet:
+            assert await remote.give_every_env(fleet, settings) == []
+        assert sorted(p.name for p in copies.iterdir()) == ["m7.env"]
+        (copies / "m7.env").unlink()
+        # a run handed over later: its .env at once to the acting controller on a host started from here
         remote.remember(host)  # as `controller start --on ctl` does
         Lease(store, where="ctl").acquire()
         monkeypatch.setattr(ownership, "home_id", lambda: "c0ntr0ll")  # the lease's, not this console's
-        assert await handover.give_env(store, run, Settings()) is None
-        copy = sshd.folder / "home" / remote.HOME_DIR / env_copies.relative_copy("m7")
+        assert await handover.give_env(store, run, settings) is None
+        copy = copies / "m7.env"
         assert copy.read_text() == f"API_TOKEN={SECRET}\n" and copy.stat().st_mode & 0o777 == 0o600
         env_file.unlink()
-        warning = await handover.give_env(store, run, Settings())
+        warning = await handover.give_env(store, run, settings)
         assert warning.startswith("the acting controller (ctl) has no copy of m7's .env (m7: its .env ")
         assert warning.endswith("give it with `tpu-console controller start --on ctl` from this console, or "
                                 "it will not recover the run")
