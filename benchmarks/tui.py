@@ -61,8 +61,10 @@ class SyntheticPod:
 
     `follow(command, worker, on_line)` streams each file's new bytes and the job's state as a worker's
     follower does (worker/run_follower.py's records), so everything from the records on is the watch's own
-    code. One pump sends every worker's records each `poll_s` (a real pod's followers poll on their own
-    hosts; here a coroutine per worker would time the pod, not the console). It starts at the watch's
+    code. One pump sends the records (a real pod's followers poll on their own hosts; here a coroutine per
+    worker would time the pod, not the console): each worker's every `poll_s`, the workers in PHASES groups
+    whose turns are spread over the interval, as independent followers' polls are, not all in the same
+    millisecond. It starts at the watch's
     cursors (what the follower is told); bytes before them are dropped, so memory stays small however
     long it runs. `cpu_s` is the CPU its own work took in this process (writing, pumping), not the watch's."""
 
@@ -130,19 +132,21 @@ class SyntheticPod:
             del self.followers[w]
 
     async def pump(self) -> None:
-        """Every `poll_s`, the records of the workers whose files grew; every second, every worker's
-        heartbeat (`P`, as a follower's)."""
+        """Every `poll_s / PHASES`, the records of one group of workers (those whose files grew); every
+        second, each worker's heartbeat (`P`, as a follower's)."""
         from tpu_console.fleet.results import WorkerLine
 
-        next_probe = 0.0
+        next_probe, phase = [0.0] * PHASES, 0
         while True:
-            await asyncio.sleep(self.watch.poll_s if self.watch else 0.05)
+            await asyncio.sleep((self.watch.poll_s if self.watch else 0.05) / PHASES)
+            phase = (phase + 1) % PHASES
             cpu = time.thread_time()
-            probe = time.monotonic() >= next_probe
+            probe = time.monotonic() >= next_probe[phase]
             if probe:
-                next_probe = time.monotonic() + 1.0
-            workers = list(self.followers) if probe else [w for w in self.grown if w in self.followers]
-            self.grown.clear()
+                next_probe[phase] = time.monotonic() + 1.0
+            turn = [w for w in self.followers if w % PHASES == phase]
+            workers = turn if probe else [w for w in turn if w in self.grown]
+            self.grown.difference_update(workers)
             records = []
             for w in workers:
                 on_line, offsets = self.followers[w]
@@ -189,6 +193,7 @@ class SyntheticPod:
         pass
 
 
+PHASES = 8  # the pump's groups of workers, whose polls take turns over the interval
 TIMED_EVERY = 10  # every 10th line's latency is timed (a multiple of 10: its number ends in 0)
 SETTLE_S = 2.0  # lines that arrive this soon after the watch starts are its first ones, held to interleave
 
