@@ -11,7 +11,7 @@ console's machine). A controller launches with, in order:
 2. else the file at the recorded path, when it is there (the controller on the launching machine itself).
 
 Without either, the recovery waits before it makes anything, its note naming the command that gives the
-copy (`missing`).
+copy (`missing`). The copy is removed once the run has ended (`forget`).
 """
 
 from __future__ import annotations
@@ -52,6 +52,11 @@ def missing(managed_id: str, job: dict[str, Any]) -> str | None:
                 "there")
     return (f"this controller has no copy of the run's .env ({path} on the machine that launched it); run "
             f"{fix} from that console, which gives it the .env of every managed run")
+
+
+def forget(managed_id: str) -> None:
+    """Remove this controller's copy once the run has ended (the loop, every pass)."""
+    copy_path(managed_id).unlink(missing_ok=True)
 
 
 def env_file_for(managed_id: str, job: dict[str, Any]) -> str | None:

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any
 
-from tpu_console.controller import elastic, relaunch
+from tpu_console.controller import elastic, env_copies, relaunch
 from tpu_console.controller import state as st
 from tpu_console.controller.judge import Verdict, judge, not_ours, usable
 from tpu_console.controller.lease import TTL_S, Lease
@@ -125,6 +125,7 @@ class Controller(NodeActions):
             if self.only is not None and run.id not in self.only:
                 continue
             if run.state.terminal and not run.intent:
+                env_copies.forget(run.id)  # its secrets are needed here no more
                 continue
             if run.id not in self._tasks:
                 self._tasks[run.id] = asyncio.create_task(self._advance(run.id))

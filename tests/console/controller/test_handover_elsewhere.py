@@ -204,6 +204,22 @@ def test_a_controller_without_the_env_names_the_command_that_gives_it(console_ho
     assert env_copies.env_file_for("m1", {"env_file": None}) is None
 
 
+async def test_a_controller_removes_its_copy_of_the_env_once_the_run_has_ended(console_home, tmp_path):
+    store = FolderStore(tmp_path / "bucket")
+    st.add(store, ManagedRun(id="m9", provider="gcp", node="spot", accelerator_type="v6e-8",
+                             job={"kind": "command", "env_file": "/laptop/.env"}, status="SUCCEEDED",
+                             incarnations=[Incarnation(0, "spot", None, run_id="r1")]))
+    copy = env_copies.copy_path("m9")
+    copy.parent.mkdir(parents=True)
+    copy.write_text(f"API_TOKEN={SECRET}\n")
+    controller = Controller({}, store, poll_s=0.05)
+    try:
+        await controller.run_pass()
+    finally:
+        await controller.stop()
+    assert not copy.exists()
+
+
 async def test_the_env_goes_to_the_controller_over_sftp_never_into_the_store(
         console_home, tmp_path, monkeypatch):
     ssh_identity.client_key_path()  # the console's key, made before sshd authorizes it
