@@ -15,7 +15,18 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 
-from tpu_console.cli import app, controller, doctor, experiments, flags, nodes, output, provision, runs
+from tpu_console.cli import (
+    app,
+    controller,
+    doctor,
+    experiments,
+    flags,
+    launch,
+    nodes,
+    output,
+    provision,
+    runs,
+)
 from tpu_console.errors import Unreachable, UserError
 from tpu_console.history import prep_log
 from tpu_console.providers.base import Provider
@@ -24,8 +35,8 @@ from tpu_console.settings import Settings, load_settings
 
 Handler = Callable[[argparse.Namespace, Settings, dict[str, Provider]], Awaitable[int]]
 HANDLERS: dict[str, Handler] = {
-    **nodes.HANDLERS, **provision.HANDLERS, **runs.HANDLERS, **experiments.HANDLERS, **controller.HANDLERS,
-    **doctor.HANDLERS,
+    **nodes.HANDLERS, **provision.HANDLERS, **launch.HANDLERS, **runs.HANDLERS, **experiments.HANDLERS,
+    **controller.HANDLERS, **doctor.HANDLERS,
 }
 
 EXAMPLES = """\
@@ -76,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tpu-console {_version()}")
     flags.add_settings_flags(parser, default=argparse.SUPPRESS)
     verbs = parser.add_subparsers(dest="verb", metavar="COMMAND")
-    for group in (nodes, provision, runs, doctor, experiments, controller, app):
+    for group in (nodes, provision, launch, runs, doctor, experiments, controller, app):
         group.add_verbs(verbs, common)
     return parser
 
