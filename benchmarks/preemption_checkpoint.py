@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.fake_metadata import FakeMetadata  # noqa: E402 - after the path
+from tpu_console.fleet.run_recipes import RUNNER_MODULES  # noqa: E402
 from tpu_console.worker import HERE as WORKER_DIR  # noqa: E402
 from tpu_console.worker.preemption_notice import METADATA_HOST_ENV, PREEMPTED_KEY  # noqa: E402
 
@@ -48,8 +49,8 @@ def tiny_run(root: Path, model: Path, data: Path, index: int) -> dict:
     """One run of the tiny trainer under the job runner, preempted after step 2."""
     folder = root / f"run-{index}"
     folder.mkdir()
-    # as `launch` ships them
-    for name in ("job_runner.py", "step_lines.py", "step_formats.py", "preemption_notice.py"):
+    # as launch ships them (fleet/run_recipes.py)
+    for name in RUNNER_MODULES:
         shutil.copy(WORKER_DIR / name, folder / name)
     (folder / "launch.json").write_text(json.dumps({"worker": 0, "provider": "local",
                                                     "job": {"kind": "trainer"}}))

@@ -271,19 +271,16 @@ def tail_log(
     )
 
 
-# The run's supervision, uploaded into the run folder by `launch` (worker/supervisor.py, job_runner.py,
-# step_lines.py).
-SUPERVISOR_SOURCE = worker.source("supervisor.py")
-RUNNER_SOURCE = worker.source("job_runner.py")
-STEP_LINES_SOURCE = worker.source("step_lines.py")  # the runner reads a command job's step lines with it
-STEP_FORMATS_SOURCE = worker.source("step_formats.py")  # step_lines.py reads each format's lines with it
-LOG_TIMESTAMPS_SOURCE = worker.source("log_timestamps.py")  # the runner reads a log line's own time with it
-PREEMPTION_NOTICE_SOURCE = worker.source("preemption_notice.py")  # the runner watches the VM's notice with it
-RUN_RECORD_SOURCE = worker.source("run_record.py")  # the runner and the supervisor read launch.json with it
-# The supervisor's own modules, beside it on the first worker: how the runners reach it, the webhook, the
-# straggler rule, the record that outlives the node, the node's deletion and the Google APIs it calls.
-SUPERVISOR_MODULES = ("report_server.py", "webhook.py", "step_pace.py", "bucket_writer.py",
+# The run's supervision, uploaded into the run folder by `launch` (launch/start.py), as the files import
+# one another there (by their bare names): on every worker, the job runner and what it imports (the run's
+# record, a command job's step lines and their formats, a log line's own time, the VM's preemption notice);
+# on the first worker, the supervisor and its parts (how the runners reach it, the webhook, the straggler
+# rule, the record that outlives the node, the node's deletion, the Google APIs it calls).
+RUNNER_MODULES = ("job_runner.py", "run_record.py", "step_lines.py", "step_formats.py", "log_timestamps.py",
+                  "preemption_notice.py")
+SUPERVISOR_MODULES = ("supervisor.py", "report_server.py", "webhook.py", "step_pace.py", "bucket_writer.py",
                       "node_deletion.py", "google_apis.py")
+RUNNER_MODULE_SOURCES = {name: worker.source(name) for name in RUNNER_MODULES}
 SUPERVISOR_MODULE_SOURCES = {name: worker.source(name) for name in SUPERVISOR_MODULES}
 
 

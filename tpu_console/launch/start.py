@@ -61,12 +61,7 @@ from tpu_console.worker.run_record import LaunchRecord
 
 # The job as the wrapper starts it: the job runner (worker/job_runner.py), which runs the trainer and
 # reports it to the run's supervisor.
-RUNNER, SUPERVISOR = "job_runner.py", "supervisor.py"
-STEP_LINES = "step_lines.py"  # imported by the runner: a command job's step lines into events.jsonl
-STEP_FORMATS = "step_formats.py"  # imported by step_lines.py: what one line of each format says
-LOG_TIMESTAMPS = "log_timestamps.py"  # imported by the runner: the time a step line gives itself
-PREEMPTION_NOTICE = "preemption_notice.py"  # imported by the runner: the VM's notice, passed to the job
-RUN_RECORD = "run_record.py"  # imported by the runner and the supervisor: launch.json's one schema
+RUNNER, SUPERVISOR = "job_runner.py", "supervisor.py"  # with the files they import: fleet/run_recipes.py
 # The names under which the console gives a job its coordinator (local and ssh pods only).
 COORDINATOR_NAMES = ("TRAINER_COORDINATOR_ADDRESS", "TPU_CONSOLE_COORDINATOR_ADDRESS")
 
@@ -383,21 +378,11 @@ async def _prepare(
     if plan is not None:
         uploads.append(fleet.put(json.dumps(plan, indent=2).encode() + b"\n",
                                  f"{folder}/{supervision.PLAN_FILE}", workers, mode=0o600))
-        uploads.append(fleet.put(run_recipes.RUNNER_SOURCE, f"{folder}/{RUNNER}", workers, mode=0o644))
-        uploads.append(fleet.put(run_recipes.RUN_RECORD_SOURCE, f"{folder}/{RUN_RECORD}", workers,
-                                 mode=0o644))
-        uploads.append(fleet.put(run_recipes.STEP_LINES_SOURCE, f"{folder}/{STEP_LINES}", workers,
-                                 mode=0o644))
-        uploads.append(fleet.put(run_recipes.STEP_FORMATS_SOURCE, f"{folder}/{STEP_FORMATS}", workers,
-                                 mode=0o644))
-        uploads.append(fleet.put(run_recipes.LOG_TIMESTAMPS_SOURCE, f"{folder}/{LOG_TIMESTAMPS}", workers,
-                                 mode=0o644))
-        uploads.append(fleet.put(run_recipes.PREEMPTION_NOTICE_SOURCE, f"{folder}/{PREEMPTION_NOTICE}",
-                                 workers, mode=0o644))
         first = workers[:1]  # the supervisor's worker
-        uploads.append(fleet.put(run_recipes.SUPERVISOR_SOURCE, f"{folder}/{SUPERVISOR}", first, mode=0o644))
-        for name, source in run_recipes.SUPERVISOR_MODULE_SOURCES.items():
-            uploads.append(fleet.put(source, f"{folder}/{name}", first, mode=0o644))
+        for to, sources in ((workers, run_recipes.RUNNER_MODULE_SOURCES),
+                            (first, run_recipes.SUPERVISOR_MODULE_SOURCES)):
+            for name, source in sources.items():
+                uploads.append(fleet.put(source, f"{folder}/{name}", to, mode=0o644))
         if webhook_url:
             notify = supervision.notify_file(webhook_url)
             uploads.append(fleet.put(notify, f"{folder}/{supervision.NOTIFY_FILE}", first, mode=0o600))

@@ -20,6 +20,7 @@ from tests.console.launch.test_local import (  # noqa: F401 - fixture
     worker_home,
 )
 from tests.fixtures_cli import console_home  # noqa: F401 - fixture
+from tpu_console.fleet.run_recipes import RUNNER_MODULES, SUPERVISOR_MODULES
 from tpu_console.history.store import RunStore
 
 pytestmark = pytest.mark.usefixtures("console_home", "pod")
@@ -122,6 +123,9 @@ def test_each_workers_exit_status_is_kept(capsys):
     view = status_of(capsys, run_id)
     assert view["state"] == "failed" and view["failure"].startswith("worker 1 exited 5")
     assert [w["exit_status"] for w in view["worker_status"]] == [0, 5]
+    # what launch shipped: the runner's files on every worker, the supervisor's on the first alone
+    shipped = [{f.name for f in run_folder(w, run_id).glob("*.py")} for w in (0, 1)]
+    assert shipped == [set(RUNNER_MODULES) | set(SUPERVISOR_MODULES), set(RUNNER_MODULES)]
 
     # a program that is not there: a shell's 127 and one line in the log, not the job runner's traceback
     run_id = launch(capsys, "--", "no-such-program-here", "--flag")

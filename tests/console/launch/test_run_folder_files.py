@@ -1,34 +1,22 @@
-"""What launch ships into a run's folder (launch/start.py) holds every worker module that a shipped one
-imports beside itself (`import step_formats` in step_lines.py): one left out would be missed only on a worker,
-where the import fails or falls back."""
+"""What launch ships into a run's folder (fleet/run_recipes.py's tables, uploaded by launch/start.py) holds
+every worker module that a shipped one imports beside itself (`import step_formats` in step_lines.py), on the
+first worker and on the others: one left out would be missed only on a worker, where the import fails or
+falls back. That launch uploads the tables is held by test_launch_command.py, which lists a run's folders."""
 
 from __future__ import annotations
 
 import ast
-import re
-from pathlib import Path
+
+import pytest
 
 from tpu_console import worker
 from tpu_console.fleet import run_recipes
-from tpu_console.launch import start
 
 
-def shipped_into_run_folder() -> set[str]:
-    """The worker files `launch` uploads into the run folder, read from its `fleet.put` calls (and its loop
-    over the supervisor's modules)."""
-    text = Path(start.__file__).read_text()
-    uploads = re.findall(r'fleet\.put\(run_recipes\.(\w+_SOURCE), f"\{folder\}/\{(\w+)\}"', text)
-    files = set()
-    if "in run_recipes.SUPERVISOR_MODULE_SOURCES.items():" in text:
-        for name, shipped in run_recipes.SUPERVISOR_MODULE_SOURCES.items():
-            assert shipped == worker.source(name), f"SUPERVISOR_MODULE_SOURCES[{name!r}] is not its bytes"
-            files.add(name)
-    for source_name, file_name in uploads:
-        file = getattr(start, file_name)
-        shipped = getattr(run_recipes, source_name)
-        assert shipped == worker.source(file), f"{source_name} is not {file}'s bytes"
-        files.add(file)
-    return files
+def shipped_into_run_folder(first_worker: bool = True) -> set[str]:
+    """The worker files `launch` uploads into a worker's run folder (fleet/run_recipes.py's tables: the
+    runner's on every worker, the supervisor's beside them on the first)."""
+    return set(run_recipes.RUNNER_MODULES) | (set(run_recipes.SUPERVISOR_MODULES) if first_worker else set())
 
 
 def sibling_imports(file: str) -> set[str]:
@@ -42,12 +30,17 @@ def sibling_imports(file: str) -> set[str]:
     return found
 
 
-def test_every_worker_module_a_shipped_file_imports_is_shipped_with_it():
-    shipped = shipped_into_run_folder()
-    assert {"job_runner.py", "supervisor.py", "step_lines.py"} <= shipped  # the uploads were read
+@pytest.mark.parametrize("first_worker", [True, False], ids=["the first worker", "the others"])
+def test_every_worker_module_a_shipped_file_imports_is_shipped_with_it(first_worker):
+    shipped = shipped_into_run_folder(first_worker)
     missing = sorted(f"{imported} (imported by {file})" for file in shipped
                      for imported in sibling_imports(file) - shipped)
-    assert missing == [], f"launch/start.py does not ship these into the run folder: {missing}"
+    assert missing == [], f"fleet/run_recipes.py does not ship these into the run folder: {missing}"
+
+
+def test_what_is_shipped_is_each_files_own_bytes():
+    for sources in (run_recipes.RUNNER_MODULE_SOURCES, run_recipes.SUPERVISOR_MODULE_SOURCES):
+        assert all(source == worker.source(name) for name, source in sources.items())
 
 
 def test_the_step_line_formats_are_read_beside_the_step_lines():

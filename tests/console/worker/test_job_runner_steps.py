@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tpu_console.fleet.run_recipes import RUNNER_MODULES
 from tpu_console.observe import signatures, supervision
 from tpu_console.worker import HERE as WORKER_DIR
 from tpu_console.worker import job_runner
@@ -68,8 +69,8 @@ def stand_in() -> Iterator[StandInSupervisor]:
 def run_folder(tmp_path: Path, job: dict | None) -> Path:
     folder = tmp_path / "run"
     folder.mkdir()
-    # as launch/start.py ships them (tests/console/launch/test_run_folder_files.py)
-    for name in ("job_runner.py", "step_lines.py", "step_formats.py", "log_timestamps.py"):
+    # as launch ships them (fleet/run_recipes.py)
+    for name in RUNNER_MODULES:
         shutil.copy(WORKER_DIR / name, folder / name)
     (folder / "launch.json").write_text(json.dumps({"worker": 1, "job": job}))
     plan = {"heartbeat_s": 0.2, "signatures": signatures.patterns()}  # as observe/supervision.py plans it

@@ -19,6 +19,7 @@ from tests.console.worker.test_job_runner_steps import StandInSupervisor
 from tests.console.worker.test_supervisor import make, start_all
 from tests.fake_metadata import FakeMetadata
 from tests.processes import wait_for
+from tpu_console.fleet.run_recipes import RUNNER_MODULES
 from tpu_console.observe import signatures, supervision
 from tpu_console.worker import HERE as WORKER_DIR
 from tpu_console.worker import preemption_notice as pn
@@ -101,8 +102,8 @@ while True:
 def test_the_runner_passes_a_notice_to_a_foreign_job_and_reports_it(tmp_path, metadata, stand_in):
     folder = tmp_path / "run"
     folder.mkdir()
-    # as launch/start.py ships them
-    for name in ("job_runner.py", "step_lines.py", "step_formats.py", "preemption_notice.py"):
+    # as launch ships them (fleet/run_recipes.py)
+    for name in RUNNER_MODULES:
         shutil.copy(WORKER_DIR / name, folder / name)
     job = {"kind": "command", "command": ["python", "foreign.py"], "metrics": {"format": "none"}}
     (folder / "launch.json").write_text(json.dumps({"worker": 1, "provider": "local", "job": job}))
