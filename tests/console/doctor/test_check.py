@@ -5,7 +5,10 @@ stopped in bursts, a coordinator port no worker reaches. Nothing is left running
 
 from __future__ import annotations
 
-import subprocess
+import contextlib
+import os
+import time
+from pathlib import Path
 
 import pytest
 
@@ -21,9 +24,22 @@ async def check(local_pod: LocalPod, **options):
     return await check_node({"local": local_pod.provider}, "pod", **options)
 
 
-def nothing_left_running() -> bool:
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
-    return "doctor_check.py" not in ps
+def nothing_left_running(local_pod: LocalPod, within_s: float = 5.0) -> bool:
+    """No check program runs in this pod's workers' folders once `within_s` has passed (a process killed a
+    moment ago may still be on its way out; another test's pod, in a parallel test process, may be running
+    its own)."""
+    pod_dir = str(local_pod.provider.store.node_dir("pod"))
+    deadline = time.monotonic() + within_s
+    while True:
+        running = []
+        for entry in Path("/proc").iterdir():
+            with contextlib.suppress(OSError):
+                if (entry.name.isdigit() and b"doctor_check.py" in (entry / "cmdline").read_bytes()
+                        and os.readlink(entry / "cwd").startswith(pod_dir)):
+                    running.append(entry.name)
+        if not running or time.monotonic() > deadline:
+            return not running
+        time.sleep(0.1)
 
 
 async def test_a_healthy_pod_passes_with_every_figure_per_worker(local_pod: LocalPod):
@@ -42,7 +58,7 @@ async def test_a_healthy_pod_passes_with_every_figure_per_worker(local_pod: Loca
         assert w["done"] is not None and w["local_s"] > 0
     assert document["expected"]["seconds"] == {}  # CPU devices: no interconnect figure to time against
     assert report.lines()[0].startswith("pod: 4 worker(s), 8 chip(s) answered right")
-    assert nothing_left_running()
+    assert nothing_left_running(local_pod)
 
 
 async def test_a_chip_that_answers_wrong_is_named_with_its_host(local_pod: LocalPod, monkeypatch):
@@ -60,7 +76,7 @@ async def test_a_worker_that_never_enters_the_collective_is_named(local_pod: Loc
     assert [(f.kind, f.workers) for f in report.findings] == [("collective", (3,))]
     assert report.findings[0].line.startswith(
         "worker 3 of 'pod' never reached the all-reduce ring:host that workers 0,1,2 wait in")
-    assert nothing_left_running()  # the others, stuck in the collective, were stopped
+    assert nothing_left_running(local_pod)  # the others, stuck in the collective, were stopped
 
 
 async def test_a_host_exposing_fewer_devices_is_named(local_pod: LocalPod):

@@ -91,8 +91,9 @@ class LaunchModal(FormModal[LaunchOrder]):
         self.planned: dict[tuple[str, tuple[str, ...]], PlanOutcome] = {}  # (config, overrides) -> outcome
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="dialog"):
-            yield Static(
+        with Vertical(id="dialog") as dialog:
+            # in the border, so it stays in sight when the form is taller than the terminal and scrolls
+            dialog.border_title = (
                 f"[b]Launch on {self.node.name}[/b] ({self.node.accelerator_type}, "
                 f"{self.node.shape.workers} workers x {self.node.shape.devices_per_worker} devices)"
             )
