@@ -95,6 +95,9 @@ def add_verbs(verbs: Any, common: argparse.ArgumentParser) -> None:
                         help="with --managed: no recovery once all its nodes together cost this much")
     launch.add_argument("--deadline", metavar="DURATION",
                         help="with --managed: no recovery begins this long after the launch (e.g. 12h)")
+    launch.add_argument("--lost-after", metavar="DURATION",
+                        help="with --managed: a node whose workers stay unreachable this long is lost and "
+                        "made again (default 10m; over a job file's [recovery] lost_after)")
     launch.add_argument("--doctor", action=argparse.BooleanOptionalAction, default=None,
                         help="with --managed: the pod doctor checks each new node before the relaunch "
                         "(default: on, but for local pods; over a job file's [recovery] doctor)")
@@ -262,7 +265,8 @@ async def _check_managed(args: argparse.Namespace, job: JobSpec | None, policy: 
     await asyncio.to_thread(refuse_unrecoverable, open_store(settings), provider.name, args.node,
                             job.project_dir() if job is not None else None, args.env_file)
     return budgets_of(job.recovery if job is not None else None, max_recoveries=args.max_recoveries,
-                      max_cost=args.max_total_cost, deadline=args.deadline, doctor=args.doctor)
+                      max_cost=args.max_total_cost, deadline=args.deadline, lost_after=args.lost_after,
+                      doctor=args.doctor)
 
 
 async def _hand_over(args: argparse.Namespace, job: JobSpec | None, policy: SupervisionPolicy, result: Any,
