@@ -42,16 +42,19 @@ def missing(managed_id: str, job: dict[str, Any]) -> str | None:
     if not path or copy_path(managed_id).is_file() or Path(path).is_file():
         return None
     started_as = os.environ.get(WHERE_ENV)  # the host's label when started there by another console
-    if started_as and started_as.startswith("gce:"):
-        zone = started_as.removeprefix("gce:").partition("/")[0]
-        fix = f"`tpu-console controller start --gce --zone {zone}`"
-    elif started_as:
-        fix = f"`tpu-console controller start --on {started_as}`"
-    else:
+    if not started_as:
         return (f"this controller has no copy of the run's .env and {path} is not here; put the file back "
                 "there")
     return (f"this controller has no copy of the run's .env ({path} on the machine that launched it); run "
-            f"{fix} from that console, which gives it the .env of every managed run")
+            f"{start_again(started_as)} from that console, which gives it the .env of every managed run")
+
+
+def start_again(where: str) -> str:
+    """The command that starts the controller at `where` (a lease's label: a host, or `gce:ZONE/NAME`)
+    again from the launching console, giving it every managed run's `.env`."""
+    if where.startswith("gce:"):
+        return f"`tpu-console controller start --gce --zone {where.removeprefix('gce:').partition('/')[0]}`"
+    return f"`tpu-console controller start --on {where}`"
 
 
 def forget(managed_id: str) -> None:

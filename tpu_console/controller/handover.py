@@ -11,14 +11,13 @@ controller is of another console home, which cannot reach the pod (`refuse_unrea
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tpu_console import pricing
-from tpu_console.controller import relaunch, snapshot
+from tpu_console.controller import env_copies, relaunch, snapshot
 from tpu_console.controller import state as st
 from tpu_console.controller.lease import read_lease
 from tpu_console.controller.state import Action, Incarnation, ManagedRun
@@ -123,10 +122,7 @@ def acting_elsewhere(store: StateStore) -> dict[str, Any] | None:
     machine's, or one started with `--on` on this machine); None when it is this home's, or none acts."""
     lease = read_lease(store)
     holder = (lease or {}).get("holder") or {}
-    if not holder:
-        return None
-    here = holder.get("host") == socket.gethostname() and holder.get("home") in (None, ownership.home_id())
-    return None if here else holder
+    return holder if holder and not ownership.is_this_home(holder) else None
 
 
 def refuse_unreachable_pod(store: StateStore, provider: str, node: str) -> None:
@@ -163,6 +159,5 @@ async def give_env(store: StateStore, run: ManagedRun, settings: Settings) -> st
     problem = "this console did not start it" if host is None else await remote.give_env_files(host, [run])
     if problem is None:
         return None
-    again = f"--gce --zone {where[4:].partition('/')[0]}" if where.startswith("gce:") else f"--on {where}"
     return (f"the acting controller ({where}) has no copy of {run.id}'s .env ({problem}); give it with "
-            f"`tpu-console controller start {again}` from this console, or it will not recover the run")
+            f"{env_copies.start_again(where)} from this console, or it will not recover the run")

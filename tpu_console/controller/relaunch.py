@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -170,7 +169,7 @@ def blocked(run: ManagedRun, action: Action, store: StateStore) -> str | None:
     pod's workers are folders of the console home that made it: no other home (another machine's, or a
     controller's own home started with `--on` on this one) can read, delete or make it. Making a node
     again waits for the `.env` (env_copies.py) and the project's snapshot (read into this home's cache)."""
-    if run.provider == "local" and not launched_from_this_home(run.owner):
+    if run.provider == "local" and run.owner and not ownership.is_this_home(run.owner):  # none: from before
         owner = run.owner or {}
         return (f"{run.node} is a local pod of {owner.get('host', 'another machine')}, whose folders only a "
                 "controller of the console that made it can reach; run `tpu-console controller start` "
@@ -185,11 +184,3 @@ def blocked(run: ManagedRun, action: Action, store: StateStore) -> str | None:
         except UserError as exc:
             return str(exc)
     return None
-
-
-def launched_from_this_home(owner: dict[str, Any] | None) -> bool:
-    """Whether the run was handed over from this machine's console home (a record without an owner: yes,
-    as every run was before owners were kept)."""
-    if not owner:
-        return True
-    return owner.get("host") == socket.gethostname() and owner.get("home") in (None, ownership.home_id())

@@ -38,6 +38,12 @@ def me() -> dict[str, str]:
     return {"user": current_user(), "host": socket.gethostname(), "home": home_id()}
 
 
+def is_this_home(mark: dict[str, Any]) -> bool:
+    """Whether a record's `host` and `home` (an owner, a lease's holder) are this console home's (a record
+    without a home: its host decides, as every one did before homes were kept)."""
+    return mark.get("host") == socket.gethostname() and mark.get("home") in (None, home_id())
+
+
 def owner(launched_by: dict[str, Any] | None) -> str | None:
     """The user a run or lock names; None when it names none (a run from before launched_by existed)."""
     user = (launched_by or {}).get("user")

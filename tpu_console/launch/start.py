@@ -61,7 +61,7 @@ from tpu_console.worker.run_record import LaunchRecord
 
 # The job as the wrapper starts it: the job runner (worker/job_runner.py), which runs the trainer and
 # reports it to the run's supervisor.
-RUNNER, SUPERVISOR = "job_runner.py", "supervisor.py"  # with the files they import: fleet/run_recipes.py
+RUNNER = "job_runner.py"  # shipped with the files it imports: fleet/run_recipes.py RUNNER_MODULES
 # The names under which the console gives a job its coordinator (local and ssh pods only).
 COORDINATOR_NAMES = ("TRAINER_COORDINATOR_ADDRESS", "TPU_CONSOLE_COORDINATOR_ADDRESS")
 
