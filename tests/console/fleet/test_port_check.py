@@ -5,7 +5,10 @@ rule."""
 
 from __future__ import annotations
 
+import contextlib
+import random
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -23,9 +26,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def free_port_outside_the_ephemeral_range() -> int:
+    """A port free now that no outgoing connection will be given meanwhile (the kernel gives those from
+    ip_local_port_range; a parallel test's SSH connection once took the one this test binds again)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.sample(range(max(1024, low - 10_000), low), 200):
+        with socket.socket() as sock, contextlib.suppress(OSError):
+            sock.bind(("127.0.0.1", port))
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
+
+
 @pytest.mark.parametrize("channels", [False, True], ids=["exec", "channel"])
 async def test_a_free_port_passes_and_a_held_one_is_named(local_pod: LocalPod, channels: bool):
-    free = free_port()
+    free = free_port_outside_the_ephemeral_range()
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
