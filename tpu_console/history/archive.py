@@ -12,6 +12,8 @@ it is written: a value from `.env` that a job printed is stored as `***`.
 from __future__ import annotations
 
 import asyncio
+import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,21 +77,28 @@ async def _copy(
 ) -> int | str:
     """The number of bytes read from the worker, or why the copy failed."""
     cursor = TailCursor(max_bytes=CHUNK_BYTES)
-    tmp = local.with_suffix(local.suffix + ".part")
-    with tmp.open("w", encoding="utf-8") as out:
-        while True:
-            command = run_recipes.tail_log(run_id, offset=cursor.offset, max_bytes=CHUNK_BYTES, file=name)
-            (answer,) = await fleet.run(command, [worker], timeout=120)
-            chunk = parse_chunk(answer.stdout) if answer.ok else None
-            if chunk is None:
-                return answer.error or answer.stderr.strip() or "read failed"
-            at_end = chunk.end >= chunk.size
-            lines = cursor.take(chunk, final=at_end)
-            if lines:
-                out.write("\n".join(masker.mask(line) for line in lines) + "\n")
-            if at_end:
-                break
-    tmp.replace(local)
+    # A temporary file of this copy's own: two copies of one run at once (the app and `status` in another
+    # terminal) each write theirs, and the last to finish replaces the other's with the same bytes.
+    descriptor, tmp_name = tempfile.mkstemp(prefix=f".{local.name}.", suffix=".part", dir=local.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+            while True:
+                command = run_recipes.tail_log(run_id, offset=cursor.offset, max_bytes=CHUNK_BYTES, file=name)
+                (answer,) = await fleet.run(command, [worker], timeout=120)
+                chunk = parse_chunk(answer.stdout) if answer.ok else None
+                if chunk is None:
+                    return answer.error or answer.stderr.strip() or "read failed"
+                at_end = chunk.end >= chunk.size
+                lines = cursor.take(chunk, final=at_end)
+                if lines:
+                    out.write("\n".join(masker.mask(line) for line in lines) + "\n")
+                if at_end:
+                    break
+        tmp.chmod(0o644)  # as a plain write would leave it (mkstemp's is 0600)
+        tmp.replace(local)
+    finally:
+        tmp.unlink(missing_ok=True)
     return cursor.offset
 
 

@@ -5,6 +5,7 @@ run end had only read the end of each file)."""
 from __future__ import annotations
 
 import asyncio
+import weakref
 
 from tpu_console.fleet.fleet import Fleet
 from tpu_console.history.archive import archive_run, archived_last_steps_in
@@ -14,14 +15,30 @@ from tpu_console.observe.foreign_metrics import complete_summary, read_foreign
 from tpu_console.observe.monitor import RunMonitor
 from tpu_console.secrets import SecretMasker
 
+# per event loop and run id: one archive of a run at a time in this process (a lock belongs to one loop)
+_ARCHIVING: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (
+    weakref.WeakKeyDictionary()
+)
+
 
 async def keep_run_end(
     fleet: Fleet, record: RunRecord, store: RunStore, monitor: RunMonitor | None = None,
     masker: SecretMasker | None = None,
 ) -> None:
-    """Archive the run's files and store its summary, once (a run already archived is left alone)."""
-    if record.archive_path is not None:
-        return
+    """Archive the run's files and store its summary, once (a run already archived is left alone). Two
+    callers in one process at once (the dashboard's watch and its one-shot look, both seeing the end) take
+    turns: the second finds the run archived."""
+    locks = _ARCHIVING.setdefault(asyncio.get_running_loop(), {})
+    lock = locks.setdefault(record.run_id, asyncio.Lock())
+    async with lock:
+        record = store.get(record.run_id)  # as the first caller left it
+        if record.archive_path is None:
+            await _keep(fleet, record, store, monitor, masker)
+
+
+async def _keep(
+    fleet: Fleet, record: RunRecord, store: RunStore, monitor: RunMonitor | None, masker: SecretMasker | None
+) -> None:
     result = await archive_run(
         fleet, record.run_id, record.workers, masker or SecretMasker.for_node(record.node)
     )
