@@ -21,8 +21,9 @@ On each worker, from the program's own output (output.log):
   step where `truth` tells the steps (the first from a step's line to the next step's: a redraw weighs
   once); where it prints none, the median time per step between its consecutive step lines by the times
   those lines give themselves, where they give one (absl's `I1127 21:44:59.518823 ...`, Python logging's
-  asctime, ISO 8601: tpu_console/worker/log_timestamps.py), else the wall time per step from when its first
-  step line reached the file to when its last one did, over the steps between them, measured here;
+  asctime, ISO 8601: tpu_console/worker/log_timestamps.py), else the median of its rate at each step line
+  (since the line ten steps back, or 0.25 s: as the console has it, but by when the lines reached the
+  file, looked at every 5 ms here);
 - its loss: the last value `loss` matches.
 From the console: its step events (events.jsonl, as the run's archive keeps it), the last step `status`
 shows, the median of its events' step times, the loss of its last step.
@@ -31,6 +32,9 @@ The targets, on every worker: steps seen = steps made, exactly: `status` at the 
 `truth` tells each step, one step event a step; no spurious step: none the program did not make (with
 `steps` only: none past N, none that does not rise), none seen twice; the step time seen within 10% of the
 program's own; the loss seen at the last step equal to the program's last, wherever it prints one.
+And the app's run dashboard (benchmarks/dashboard_view.py: its Steps and Plots tabs, read from the real
+app) holds the same steps as the step events, at the same last step, step time and loss; its step-time
+plot is drawn wherever there are two steps, and its third plot is the loss wherever the program prints one.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tpu_console.worker.log_timestamps import timestamp
+from tpu_console.worker.step_lines import ARRIVAL_SPAN_S
 
 STEP_TIME_TOLERANCE = 0.10
 STEP_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}  # seconds per unit; `per_s` is steps a second
@@ -198,6 +203,23 @@ def measured_step_s(steps: Sequence[tuple[int, int]], growth: Sequence[tuple[flo
     return (end - start) / (last - first)
 
 
+def arrived_step_s(steps: Sequence[tuple[int, int]], growth: Sequence[tuple[float, int]]) -> float | None:
+    """The median of its rate at each step line: the time per step since the step line ten steps back, or
+    further back until 0.25 s (the rule the console times such a step by, step_lines.ARRIVAL_SPAN_S, the
+    first lines timed since the first), by when the lines reached the file, looked at every 5 ms here
+    where the console reads every 20 ms on a worker that also runs the program; None with no two looks that
+    brought step lines."""
+    arrived = [(step, when) for step, at in steps if (when := arrival(growth, at)) is not None]
+    rates = []
+    for i, (step, when) in enumerate(arrived):
+        back = i - 1
+        while back > 0 and (i - back < 10 or when - arrived[back][1] < ARRIVAL_SPAN_S):
+            back -= 1
+        if back >= 0 and step > arrived[back][0] and when > arrived[back][1]:
+            rates.append((when - arrived[back][1]) / (step - arrived[back][0]))
+    return statistics.median(rates) if rates else None
+
+
 def stamped_step_s(text: str, steps: Sequence[tuple[int, int]]) -> float | None:
     """The median time per step between consecutive step lines, by the times the lines give themselves
     (each step's own figure, as a printed step time is); None where no two consecutive lines both give one
@@ -240,7 +262,8 @@ def made(program: Program, text: str, growth: Sequence[tuple[float, int]]) -> Ma
     untimed = steps is not None and not printed  # its step time is measured here
     stamped = stamped_step_s(text, steps) if untimed else None
     wall = measured_step_s(steps, growth) if steps is not None else None
-    measured = stamped if stamped is not None else wall if untimed else None
+    arrived = arrived_step_s(steps, growth) if untimed and stamped is None else None
+    measured = stamped if stamped is not None else arrived
     losses = [parse_number(m.group("loss")) for m in program.loss.finditer(text)] if program.loss else []
     if printed or measured is not None:
         no_step_s = None
@@ -356,10 +379,62 @@ def judge(program_made: Made, console_seen: Seen) -> list[str]:
 
 
 @dataclass
+class Shown:
+    """One worker as the app's run dashboard holds it (benchmarks/dashboard_view.py): what its Steps tab
+    and its plots are drawn from."""
+
+    steps: int
+    last: int | None
+    step_s: float | None  # the median of its steps' step times
+    loss: float | None  # at its last step
+
+
+def dashboard_shown(document: dict) -> dict[int, Shown]:
+    """Each worker's `Shown` from dashboard_view.py's JSON (a worker with no step is absent there)."""
+    return {int(w): Shown(v["steps"], v["last"], v["step_s"], v["loss"])
+            for w, v in (document.get("workers") or {}).items()}
+
+
+def judge_dashboard(console_seen: Seen, shown: Shown | None) -> list[str]:
+    """What the dashboard shows of one worker against what the console's step events and `status` say
+    (the dashboard is a third reader of the same steps: it must agree with them, not only be close)."""
+    s = console_seen
+    if shown is None:
+        return ["the dashboard holds no step"] if s.steps else []
+    problems = []
+    if shown.steps != len(set(s.steps)):
+        problems.append(f"the dashboard holds {shown.steps} step(s), the console saw {len(set(s.steps))}")
+    if shown.last != s.last:
+        problems.append(f"the dashboard's last step is {shown.last}, status shows {s.last}")
+    for name, value, reference in (("step time", shown.step_s, s.step_s), ("loss", shown.loss, s.loss)):
+        if (value is None) != (reference is None) or (
+                value is not None and relative_error(value, reference) > LOSS_TOLERANCE):
+            problems.append(f"the dashboard's {name} is {_number(value)}, the console's {_number(reference)}")
+    return problems
+
+
+def judge_plots(document: dict, steps_seen: int, prints_loss: bool) -> list[str]:
+    """The Plots tab: a step-time line wherever there are two steps, the loss as its third plot wherever
+    the program prints one."""
+    plots = document.get("plots") or {}
+    problems = []
+    if steps_seen >= 2 and not plots.get("plot-step-time", {}).get("drawn"):
+        problems.append("the Plots tab draws no step time: "
+                        f"{plots.get('plot-step-time', {}).get('note') or 'no plot'}")
+    if prints_loss:
+        third = plots.get("plot-reward", {})
+        if not third.get("drawn") or "loss" not in (document.get("plot_titles") or []):
+            why = third.get("note") or "its third plot is not the loss"
+            problems.append(f"the Plots tab draws no loss: {why}")
+    return problems
+
+
+@dataclass
 class WorkerResult:
     made: Made
     seen: Seen
     problems: list[str]
+    shown: Shown | None = None  # the app's dashboard; None: it holds no step of this worker
 
 
 @dataclass
@@ -396,8 +471,8 @@ class Row:
 
 # --- the table ---------------------------------------------------------------------------------------
 
-COLUMNS = ("PROGRAM", "VERSION", "MADE", "LAST", "SEEN", "SHOWN", "OWN_S", "SEEN_S", "LOSS", "LOSS_SEEN",
-           "FORMAT", "GOODPUT", "SYNC", "SETUP", "RUN", "VERDICT")
+COLUMNS = ("PROGRAM", "VERSION", "MADE", "LAST", "SEEN", "SHOWN", "DASH", "OWN_S", "SEEN_S", "LOSS",
+           "LOSS_SEEN", "FORMAT", "GOODPUT", "SYNC", "SETUP", "RUN", "VERDICT")
 
 
 def _each(row: Row, value) -> str:
@@ -429,6 +504,7 @@ def cells(row: Row) -> list[str]:
         _each(row, lambda r: "-" if r.made.last is None else str(r.made.last)),
         _each(row, lambda r: str(len(r.seen.steps))),
         _each(row, lambda r: "-" if r.seen.last is None else str(r.seen.last)),
+        _each(row, lambda r: "-" if r.shown is None or r.shown.last is None else str(r.shown.last)),
         _each(row, own_s),
         _each(row, lambda r: _number(r.seen.step_s)),
         _each(row, lambda r: _number(r.made.losses[-1]) if r.made.losses else "-"),
@@ -454,7 +530,8 @@ def table(rows: Sequence[Row]) -> str:
         lines.extend(f"{name}: {problem}" for name, problem in failing)
     lines.append("")
     lines.append("MADE, LAST: the steps the program made and its last (its own output, or program.toml's "
-                 "`steps`); SEEN: the console's step events; SHOWN: the step `status` shows; OWN_S, SEEN_S: "
+                 "`steps`); SEEN: the console's step events; SHOWN: the step `status` shows; DASH: the last "
+                 "step the app's run dashboard holds; OWN_S, SEEN_S: "
                  "median step time, the program's (@: measured by its step lines' own times, ~: by when they "
                  "arrived) and the "
                  "console's; LOSS, LOSS_SEEN: the program's last and the console's at its last step; a/b: "

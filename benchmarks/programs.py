@@ -8,8 +8,9 @@ how its own output tells its steps, step time and loss: benchmarks/program_rows.
 through its CLI as a user would, with a throwaway TPU_CONSOLE_HOME: one local pod (`create`, `bootstrap`)
 for all of them; then for each program, one after another, `sync --dir` its folder, `setup -- pip install
 -r requirements.txt` where it has one (`--python-version` where program.toml names a `python`), `launch --
-COMMAND`, `logs --follow` until it ends, then `status --json` and `runs show --json`; the step events
-are read from the run's archive (what the console kept of it). `exec` tells each worker's version of the
+COMMAND`, `logs --follow` until it ends, then `status --json`, `runs show --json` and the app's run dashboard
+(benchmarks/dashboard_view.py: its Steps and Plots tabs, the real app headless); the step events are read
+from the run's archive (what the console kept of it). `exec` tells each worker's version of the
 program's package. The pod is deleted at the end, on Ctrl-C too (`--keep` keeps it, and the home).
 
 Prints, as it goes, how long each phase took (sync, setup, the run from launch to its end), then one row
@@ -39,13 +40,26 @@ import threading
 import time
 from pathlib import Path
 
-from program_rows import BadProgram, Program, Row, WorkerResult, first_requirement, judge, load_program, table
+from program_rows import (
+    BadProgram,
+    Program,
+    Row,
+    WorkerResult,
+    dashboard_shown,
+    first_requirement,
+    judge,
+    judge_dashboard,
+    judge_plots,
+    load_program,
+    table,
+)
 from program_rows import made as made_from
 from program_rows import seen as seen_from
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "benchmarks" / "programs"
 CONSOLE = str(Path(sys.executable).parent / "tpu-console")
+DASHBOARD_VIEW = str(ROOT / "benchmarks" / "dashboard_view.py")
 POD = "programs"
 POLL_S = 0.005
 
@@ -72,6 +86,16 @@ class Console:
             said = f"$ tpu-console {' '.join(args)}\n{done.stdout}{done.stderr}"
             (self.logs / f"{log}.log").write_text(said)
         return done
+
+    def dashboard(self, run_id: str, log: str) -> dict:
+        """What the app's run dashboard shows of the run (benchmarks/dashboard_view.py, the real app
+        headless, in this console's home)."""
+        done = subprocess.run([sys.executable, DASHBOARD_VIEW, run_id], env=self.env, capture_output=True,
+                              text=True, check=False, timeout=300)
+        (self.logs / f"{log}.log").write_text(f"$ dashboard_view.py {run_id}\n{done.stdout}{done.stderr}")
+        if done.returncode != 0:
+            raise RuntimeError(f"the dashboard could not be read: {last_line(done.stderr)}")
+        return json.loads(done.stdout)
 
     def json(self, *args: str, log: str | None = None) -> dict:
         """The one JSON document a command prints with --json (put before a `--` command)."""
@@ -253,6 +277,12 @@ class Bench:
         row.goodput_pct = (shown.get("goodput") or {}).get("goodput_pct")
         archive = Path(shown["archive_path"]) if shown.get("archive_path") else None
         by_worker = {w["worker"]: w for w in status.get("worker_status", [])}
+        try:
+            dashboard = self.console.dashboard(run_id, log=f"{program.name}-dashboard")
+        except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
+            row.problems.append(str(exc))
+            dashboard = None
+        on_dashboard = dashboard_shown(dashboard) if dashboard is not None else {}
         formats: list[str] = []
         for worker in launched["workers"]:
             run_dir = self.homes[worker] / "tpu-console" / "runs" / run_id
@@ -263,9 +293,16 @@ class Bench:
             events = read(events_file)
             program_made = made_from(program, output, stopwatch.growth.get((worker, run_id), []))
             console_seen = seen_from(events, by_worker.get(worker))
-            row.workers[worker] = WorkerResult(program_made, console_seen, judge(program_made, console_seen))
+            problems = judge(program_made, console_seen)
+            if dashboard is not None:
+                problems += judge_dashboard(console_seen, on_dashboard.get(worker))
+            row.workers[worker] = WorkerResult(program_made, console_seen, problems, on_dashboard.get(worker))
             formats += [f for f in console_seen.formats if f not in formats]
         row.format = ",".join(formats) or "-"
+        if dashboard is not None:
+            most_steps = max((len(r.seen.steps) for r in row.workers.values()), default=0)
+            prints_loss = any(r.made.losses for r in row.workers.values())
+            row.problems += judge_plots(dashboard, most_steps, prints_loss)
         lasts = [r.made.last for r in row.workers.values() if r.made.last is not None]
         summary_step = (shown.get("summary") or {}).get("step")
         if lasts and summary_step != max(lasts):

@@ -14,11 +14,12 @@ before it being a redraw of the same step, as benchmarks/program_rows.py counts 
 matches, one a step where `truth` tells the steps, as program_rows.py has it; its named group `s`, `ms` or
 `us` gives the unit, `per_s` a rate), the wall time per step measured
 here from when the first and last steps' lines reached the file (its size is polled every 5 ms), the
-median time per step between consecutive step lines by the times they give themselves
+median time per step from one poll's step lines to the next's (`arrived_step_time_s`), the median time per
+step between consecutive step lines by the times they give themselves
 (`stamped_step_time_s`, where they give one: absl's prefix, Python logging's asctime, ISO 8601, as
 benchmarks/program_rows.py reads them), and the last loss `loss` matches. Where the program prints no step
 time (`step_time_measured`), its step time is the stamped one where there is one (`step_time_stamped`),
-else the wall one measured here.
+else the arrived one measured here.
 """
 
 import argparse
@@ -36,7 +37,7 @@ import tomllib
 
 BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [BENCHMARKS, os.path.dirname(BENCHMARKS)]  # program_rows.py, and the checkout it reads with
-from program_rows import printed_step_times, stamped_step_s  # noqa: E402 - after the path that finds it
+from program_rows import arrived_step_s, printed_step_times, stamped_step_s  # noqa: E402 - after its path
 
 from tpu_console.worker.job_runner import TERMINAL_ENV  # noqa: E402 - found by the path above
 
@@ -85,7 +86,8 @@ def made_steps(program, text):
 def summarize(program, text, growth):
     """The figures of one recording, from program.toml's regexes over the output."""
     figures = {"steps": program.get("steps"), "last_step": None, "step_time_s": None,
-               "wall_step_time_s": None, "stamped_step_time_s": None, "loss": None}
+               "wall_step_time_s": None, "arrived_step_time_s": None, "stamped_step_time_s": None,
+               "loss": None}
     if "truth" in program:
         steps = made_steps(program, text)
         figures["steps"] = len(steps)
@@ -95,6 +97,8 @@ def summarize(program, text, growth):
             if last > first:
                 wall = (arrival(growth, last_at) - arrival(growth, first_at)) / (last - first)
                 figures["wall_step_time_s"] = round(wall, 4)
+            arrived = arrived_step_s(steps, growth)
+            figures["arrived_step_time_s"] = round(arrived, 6) if arrived is not None else None
             stamped = stamped_step_s(text, steps)
             figures["stamped_step_time_s"] = round(stamped, 6) if stamped is not None else None
     if "step_time" in program:  # one a step where truth tells the steps, as program_rows.py has it
@@ -106,9 +110,9 @@ def summarize(program, text, growth):
     untimed = figures["step_time_s"] is None
     figures["step_time_stamped"] = untimed and figures["stamped_step_time_s"] is not None
     figures["step_time_measured"] = figures["step_time_stamped"] or (
-        untimed and figures["wall_step_time_s"] is not None)
+        untimed and figures["arrived_step_time_s"] is not None)
     if figures["step_time_measured"]:
-        figures["step_time_s"] = figures["stamped_step_time_s"] or figures["wall_step_time_s"]
+        figures["step_time_s"] = figures["stamped_step_time_s"] or figures["arrived_step_time_s"]
     if "loss" in program:
         losses = [float(m.group("loss")) for m in re.finditer(program["loss"], text)]
         figures["loss"] = losses[-1] if losses else None

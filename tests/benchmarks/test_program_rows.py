@@ -93,6 +93,18 @@ def test_its_step_time_in_ms_and_measured_where_it_prints_none(tmp_path):
     assert made.wall_step_s == made.step_s
 
 
+def test_measured_as_the_console_times_it_a_slow_first_step_weighing_on_the_ten_after_it(tmp_path):
+    silent = program(tmp_path, LOOP.replace("step_time", "#"), "silent")
+    text = "".join(f"step {n} | x\n" for n in range(1, 41))
+    ends = [text.index(f"step {n} |") + 1 for n in range(1, 41)]  # a byte of each step's line
+    # step 1 at 0 s, step 2 a second later (compiling), then 0.1 s a step, 39 and 40 in one look
+    growth = [(0.0, ends[0])] + [(1.0 + 0.1 * (n - 2), ends[n - 1]) for n in range(2, 39)]
+    growth.append((4.8, len(text)))
+    made = rows.made(silent, text, growth)
+    assert made.step_s == pytest.approx(0.1) and made.step_s_measured and not made.step_s_stamped
+    assert made.wall_step_s == pytest.approx(4.8 / 39)  # the first step and the rest averaged: a check
+
+
 def test_measured_by_the_times_its_step_lines_give_themselves_where_they_give_one(tmp_path):
     absl = program(tmp_path, 'command = ["python"]\ntruth = \'Train step (?P<step>\\d+) training\'\n', "absl")
     text = ("I1127 21:44:59.000000 140 peft_trainer.py:802] Train step 0 eval loss: 5.5\n"
@@ -204,14 +216,15 @@ def test_the_table_has_a_row_a_program_and_names_each_failure(tmp_path):
     made = rows.made(program(tmp_path), OUTPUT, [])
     good = rows.Row("loop", "jax 0.10.2", format="loop", goodput_pct=41.26,
                     phases_s={"sync": 0.4, "setup": 30.2, "run": 20.0})
-    good.workers = {w: rows.WorkerResult(made, rows.seen("", status(None)), []) for w in (0, 1)}
+    shown = rows.Shown(3, 3, 0.22, 0.7)
+    good.workers = {w: rows.WorkerResult(made, rows.seen("", status(None)), [], shown) for w in (0, 1)}
     bad = rows.Row("keras", problems=["setup failed: no matching distribution"])
     assert good.passed and not bad.passed and not rows.Row("empty").passed
     text = rows.table([good, bad])
     lines = text.splitlines()
     assert lines[0].split() == list(rows.COLUMNS)
-    assert lines[1].split() == ["loop", "jax", "0.10.2", "3", "3", "0", "-", "0.22", "-", "0.7", "-", "loop",
-                                "41.3%", "0s", "30s", "20s", "PASS"]
+    assert lines[1].split() == ["loop", "jax", "0.10.2", "3", "3", "0", "-", "3", "0.22", "-", "0.7", "-",
+                                "loop", "41.3%", "0s", "30s", "20s", "PASS"]
     assert lines[2].split()[-1] == "FAIL"
     assert "keras: setup failed: no matching distribution" in lines
     assert json.loads(json.dumps([good.to_json(), bad.to_json()]))[1]["problems"] == [
@@ -242,3 +255,42 @@ def test_why_there_is_no_step_time_of_the_programs_own_is_said(tmp_path, toml, t
     assert made.step_s is None
     said = rows.judge(made, rows.seen("", None))
     assert f"no step time of the program's own to compare with: {why}" in said
+
+
+def dashboard(workers: dict, step_time_drawn: bool = True, third: str | None = "loss") -> dict:
+    """dashboard_view.py's document: `third`, the third plot's title (None: not drawn)."""
+    return {
+        "workers": {str(w): {"steps": n, "last": last, "step_s": s, "loss": loss, "losses": n}
+                    for w, (n, last, s, loss) in workers.items()},
+        "plots": {
+            "plot-step-time": {"drawn": step_time_drawn, "note": None if step_time_drawn else "no steps yet"},
+            "plot-reward": {"drawn": third is not None, "note": None if third else "loss\n\nno steps yet"},
+        },
+        "plot_titles": ["step time (s)", *([third] if third else [])],
+    }
+
+
+def test_the_dashboard_agrees_with_the_steps_the_console_saw_or_each_difference_is_named():
+    seen = rows.seen(events(*({"step": s, "time/train/step_s": 0.22, "loss": 0.7} for s in (1, 2, 3))),
+                     status(3, 0.7))
+    shown = rows.dashboard_shown(dashboard({0: (3, 3, 0.22, 0.7)}))
+    assert rows.judge_dashboard(seen, shown[0]) == []
+    assert rows.judge_dashboard(seen, None) == ["the dashboard holds no step"]
+    assert rows.judge_dashboard(rows.seen("", status(None)), None) == []  # a worker with no step: none held
+    wrong = rows.dashboard_shown(dashboard({0: (2, 2, 0.3, None)}))[0]
+    assert rows.judge_dashboard(seen, wrong) == [
+        "the dashboard holds 2 step(s), the console saw 3",
+        "the dashboard's last step is 2, status shows 3",
+        "the dashboard's step time is 0.3, the console's 0.22",
+        "the dashboard's loss is -, the console's 0.7"]
+
+
+def test_the_plots_tab_draws_the_step_time_and_the_loss_wherever_the_program_prints_one():
+    assert rows.judge_plots(dashboard({}), 3, prints_loss=True) == []
+    assert rows.judge_plots(dashboard({}, step_time_drawn=False, third=None), 1, prints_loss=False) == []
+    assert rows.judge_plots(dashboard({}, step_time_drawn=False), 3, prints_loss=True) == [
+        "the Plots tab draws no step time: no steps yet"]
+    assert rows.judge_plots(dashboard({}, third=None), 3, prints_loss=True) == [
+        "the Plots tab draws no loss: loss\n\nno steps yet"]
+    assert rows.judge_plots(dashboard({}, third="mean reward"), 3, prints_loss=True) == [
+        "the Plots tab draws no loss: its third plot is not the loss"]

@@ -4,6 +4,8 @@ that are no step."""
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
 
 import pytest
@@ -423,6 +425,28 @@ def test_a_step_whose_line_gives_no_time_gets_the_time_per_step_since_the_lines_
     same_read = [e for step in (1, 2) for e in parser.feed(f"Step {step}/9, loss=1", now=3.0)]
     assert [e["step"] for e in same_read] == [1, 2]
     assert all(tm.phase_key("step") not in e for e in same_read)  # read at once: no time to tell
+
+
+def test_fast_steps_are_timed_over_a_span_the_reads_cannot_blur():
+    # 15 ms steps whose lines are read every 0.02 s (the runner's pace while output flows): over ten steps
+    # (0.135 s) a read's 0.02 s is 15%; over ARRIVAL_SPAN_S (0.25 s) 8% at most
+    parser = StepLines("auto")
+    events = []
+    for step in range(1, 301):
+        read_at = math.ceil(step * 0.015 / 0.02) * 0.02
+        events += parser.feed(f"Step {step}/300, loss=0.5", now=read_at)
+    late = [e[tm.phase_key("step")] for e in events if e["t"] >= step_lines.ARRIVAL_SPAN_S + 0.02]
+    assert all(abs(t / 0.015 - 1) <= 0.08 + 1e-9 for t in late), (min(late), max(late))
+    assert len(parser._arrived) <= 20  # what a 0.25 s span needs at 67 steps a second, not every step
+
+
+def test_a_slow_first_step_weighs_only_on_the_steps_within_the_span_after_it():
+    parser = StepLines("auto")
+    events = parser.feed("Step 1/100, loss=1", now=0.0)
+    for step in range(2, 101):  # step 2 took 1 s (compiling), every other 20 ms
+        events += parser.feed(f"Step {step}/100, loss=1", now=1.0 + (step - 2) * 0.02)
+    times = [e[tm.phase_key("step")] for e in events[1:]]
+    assert times[0] == 1.0 and statistics.median(times) == pytest.approx(0.02)
 
 
 def test_lines_that_give_their_own_time_are_timed_by_it_step_by_step():
