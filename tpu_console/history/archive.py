@@ -59,6 +59,7 @@ async def archive_run(
     async def one(worker: int) -> None:
         folder = result.path / f"worker-{worker}"
         folder.mkdir(parents=True, exist_ok=True)
+        _remove_stale_parts(folder)
         total = 0
         for name in ARCHIVED_FILES:
             copied = await _copy(fleet, run_id, worker, name, folder / name, masker)
@@ -72,6 +73,26 @@ async def archive_run(
     return result
 
 
+def _remove_stale_parts(folder: Path) -> None:
+    """What copies killed half-way left (kill -9, a laptop's lid): each copy's temporary file is named with
+    its process id (`.output.log.<pid>.<random>.part`), and one whose process is gone is removed; a live
+    copy's, in this process or another, is left to finish."""
+    for part in folder.glob(".*.part"):
+        pid = part.name.split(".")[-3]
+        if pid.isdigit() and not _alive(int(pid)):
+            part.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
 async def _copy(
     fleet: Fleet, run_id: str, worker: int, name: str, local: Path, masker: SecretMasker
 ) -> int | str:
@@ -79,7 +100,8 @@ async def _copy(
     cursor = TailCursor(max_bytes=CHUNK_BYTES)
     # A temporary file of this copy's own: two copies of one run at once (the app and `status` in another
     # terminal) each write theirs, and the last to finish replaces the other's with the same bytes.
-    descriptor, tmp_name = tempfile.mkstemp(prefix=f".{local.name}.", suffix=".part", dir=local.parent)
+    descriptor, tmp_name = tempfile.mkstemp(prefix=f".{local.name}.{os.getpid()}.", suffix=".part",
+                                            dir=local.parent)
     tmp = Path(tmp_name)
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as out:

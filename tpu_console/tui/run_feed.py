@@ -212,6 +212,9 @@ class RunFeed:
             except Exception as exc:  # noqa: BLE001 - shown on screen; the next watch resumes
                 post(RunFeedProblem(f"watching {self.run_id} failed: {one_line(exc)}"))
                 if self.watch is not None and self.watch.ended:
+                    # every job is over and read: what failed came after (keeping its archive, a full
+                    # disk); the run's end is shown all the same, with that problem beside it
+                    self.take(WatchEnded(self.watch.health()), post)
                     return
                 failed = self.watch or failed
             finally:
