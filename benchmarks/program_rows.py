@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tpu_console.worker.log_timestamps import timestamp
-from tpu_console.worker.step_lines import ARRIVAL_SPAN_S
+from tpu_console.worker.step_lines import StepLines
 
 STEP_TIME_TOLERANCE = 0.10
 STEP_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}  # seconds per unit; `per_s` is steps a second
@@ -204,19 +204,16 @@ def measured_step_s(steps: Sequence[tuple[int, int]], growth: Sequence[tuple[flo
 
 
 def arrived_step_s(steps: Sequence[tuple[int, int]], growth: Sequence[tuple[float, int]]) -> float | None:
-    """The median of its rate at each step line: the time per step since the step line ten steps back, or
-    further back until 0.25 s (the rule the console times such a step by, step_lines.ARRIVAL_SPAN_S, the
-    first lines timed since the first), by when the lines reached the file, looked at every 5 ms here
-    where the console reads every 20 ms on a worker that also runs the program; None with no two looks that
-    brought step lines."""
-    arrived = [(step, when) for step, at in steps if (when := arrival(growth, at)) is not None]
+    """The median of its rate at each step line by the console's own rule (worker/step_lines.py: since the
+    line ten steps back, or further until 0.25 s), applied to when the lines reached the file as looked at
+    every 5 ms here, where the console reads every 20 ms on a worker that also runs the program; None with
+    no two looks that brought step lines."""
+    parser = StepLines("regex", r"(?P<step>\d+)")
     rates = []
-    for i, (step, when) in enumerate(arrived):
-        back = i - 1
-        while back > 0 and (i - back < 10 or when - arrived[back][1] < ARRIVAL_SPAN_S):
-            back -= 1
-        if back >= 0 and step > arrived[back][0] and when > arrived[back][1]:
-            rates.append((when - arrived[back][1]) / (step - arrived[back][0]))
+    for step, at in steps:
+        when = arrival(growth, at)
+        if when is not None:
+            rates += [e[STEP_S] for e in parser.feed(str(step), now=when) if e.get(STEP_S) is not None]
     return statistics.median(rates) if rates else None
 
 

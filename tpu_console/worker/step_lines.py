@@ -56,10 +56,12 @@ MAX_STEP_LINE = 1 << 16  # what of a line is read for a step (a step line is far
 OPEN_S = 10.0  # a bar's open step that nothing added to for this long is written (`idle`)
 MAX_KINDS = 64  # kinds of line waiting for support at once
 MAX_WAITING = 10000  # lines one kind keeps while it waits
-# A step timed by when its line was read is timed over the last ten steps' lines, or further back until they
-# span ARRIVAL_SPAN_S: the job runner reads output every 0.02 s while it keeps coming, so a line's time is
-# known to 0.02 s, 8% of 0.25 s at worst (ten steps of 15 ms span 0.15 s). Not longer: the steps' time
-# follows the program's pace late (a slow start weighs on every step of a short run). At most MAX_ARRIVALS.
+# A step timed by when its line was read is timed over the last ARRIVAL_STEPS steps' lines, or further back
+# until they span ARRIVAL_SPAN_S: the job runner reads output every 0.02 s while it keeps coming, so a line's
+# time is known to 0.02 s, 8% of 0.25 s at worst (ten steps of 15 ms span 0.15 s). Not longer: the steps'
+# time follows the program's pace late (a slow start weighs on every step of a short run). At most
+# MAX_ARRIVALS.
+ARRIVAL_STEPS = 10
 ARRIVAL_SPAN_S = 0.25
 MAX_ARRIVALS = 10000
 _WRITTEN = "_written"  # a step event's line's own time while the event waits (never written out)
@@ -121,7 +123,7 @@ class StepLines:
 
     def _restart(self):
         self._top = None  # the last step taken this attempt (emitted or open)
-        # (step, when its line came, its own time) of the last steps emitted: ten, or those of ARRIVAL_SPAN_S
+        # (step, when its line came, its own time) of the last steps emitted: ARRIVAL_STEPS, or ARRIVAL_SPAN_S
         self._arrived = deque(maxlen=MAX_ARRIVALS)
         self._open = None  # a bar's newest step, not yet emitted
         self._open_at = 0.0  # when a line last added to it
@@ -291,7 +293,7 @@ class StepLines:
             elif event["step"] > step and event["t"] > t:
                 event[STEP_S] = (event["t"] - t) / (event["step"] - step)
         self._arrived.append((event["step"], event["t"], written))
-        while len(self._arrived) > 10 and event["t"] - self._arrived[1][1] >= ARRIVAL_SPAN_S:
+        while len(self._arrived) > ARRIVAL_STEPS and event["t"] - self._arrived[1][1] >= ARRIVAL_SPAN_S:
             self._arrived.popleft()  # the rest still make ten and span the time
         step_s = event.get(STEP_S)
         if isinstance(step_s, (int, float)):
