@@ -90,14 +90,16 @@ class LocalProvider(Provider):
         await asyncio.to_thread(stop_groups, groups, 0.0)
 
     async def recreate_slice(self, name: str, index: int, progress: Progress = no_progress) -> None:
-        """A lost slice made again: READY, its hosts' servers up again (on their ports) where they run."""
+        """A lost slice made again: READY, its hosts' servers up again where they run, each on a port of its
+        own again (a remade slice's hosts have new addresses; its old ports, in the ephemeral range, may
+        have gone to another program's connection meanwhile)."""
         node = self.store.read(name)
         if index >= len(node.slice_states) or node.slice_states[index] == NodeState.READY:
             return  # not lost
         progress(f"{name}: making slice {index} again")
         for server in self._servers.get(name, []):
             if node.slice_of(server.spec.index) == index:
-                await server.start(server.port)
+                await server.start()
         self.store.set_slice_state(name, index, NodeState.READY)
 
     async def ssh_targets(self, node: Node) -> list[SshTarget]:

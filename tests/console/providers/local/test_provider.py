@@ -4,6 +4,7 @@ the console process."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 import textwrap
 import time
@@ -221,3 +222,27 @@ async def test_a_command_on_a_spare_shell_sees_the_worker_and_shares_no_state(lo
         left, pwd, pid = second.stdout.split()
         assert (left, pwd) == ("unset", str(home))
         assert pid != lines[2]  # a fresh bash for each command
+
+
+async def test_a_slice_made_again_is_reached_even_where_its_old_port_was_taken_meanwhile():
+    provider = LocalProvider()
+    try:
+        await provider.create(CreateRequest(name="ms", accelerator_type="local-1x1", slices=2))
+        before = await provider.ssh_targets(await provider.get("ms"))
+        await provider.preempt("ms", slice_index=0)
+        with socket.socket() as taken:  # another program's connection got the port meanwhile
+            taken.bind(("127.0.0.1", before[0].port))
+            taken.listen()
+            await provider.recreate_slice("ms", 0)
+            node = await provider.get("ms")
+            assert node.state is NodeState.READY
+            targets = await provider.ssh_targets(node)
+            assert targets[0].port != before[0].port
+            fleet = Fleet(targets)
+            try:
+                (answer,) = await fleet.run("echo up", [0], timeout=30)
+            finally:
+                await fleet.close()
+            assert answer.ok and answer.stdout.strip() == "up"
+    finally:
+        await provider.close()
